@@ -1,0 +1,14 @@
+"""Experiments: train Llama-style language models under FP4 recipes, compare them with BF16, fit scaling laws.
+
+Modules (one concept each):
+  model        the decoder and its size table; projections take an FP4 dot chosen per layer by recipe name
+  data         token corpora (byte-level default, nanoGPT ``.bin``) and the resumable batch stream
+  prepare      builders for corpora: text files, the standard-library corpus, the linux-6.12 corpus
+  schedule     the learning-rate schedule and the optimizer
+  diagnostics  per-layer quantization error of the FP4 projections
+  train        the training loop and its command line
+  compare      the main job: tiny model, several recipes, one plot and one table
+  sweep        grids of runs (sizes x tokens-per-parameter x recipes), resumable, several GPUs
+  scaling_law  Quartet and Chinchilla loss laws, Huber fit on log residuals, bootstrap intervals
+  plots        loss curves, loss vs compute, fitted curves, efficiency bars
+"""

@@ -1,0 +1,271 @@
+"""Llama-style decoder-only language model in Flax linen, with FP4 projections chosen per layer by recipe name.
+
+Architecture (the Quartet / Quartet II training setup, FP4-REFERENCE.md §4):
+  h_0     = Embed(tokens)                                       (untied from the LM head)
+  h'_l    = h_l  + Attn_l(RMSNorm(h_l))                         (pre-norm residual blocks)
+  h_{l+1} = h'_l + SwiGLU_l(RMSNorm(h'_l))
+  logits  = LMHead(RMSNorm(h_L))
+  RMSNorm(x) = g ⊙ x / sqrt(mean(x²) + ε)                       (computed in fp32)
+  Attn(x)    = o( softmax(RoPE(q(x)) RoPE(k(x))ᵀ / sqrt(d_head) + causal mask) v(x) )
+  SwiGLU(x)  = down( silu(gate(x)) ⊙ up(x) ),  hidden = m·ceil(8d/3/m)
+with no biases anywhere. m = 256 for the Quartet sizes; the tiny CPU sizes use m = 64 so that the hidden width stays
+close to 8d/3 (m = 256 would make a d = 128 model's MLP 1.5x too wide).
+
+Precision: parameters fp32 (master weights); activations and GEMM inputs bf16 (``dtype``). Only the seven projections
+of each block (q, k, v, o, gate, up, down) take the recipe's dot; embeddings, the LM head, the attention
+score/value products (fp32 logits and softmax inside ``jax.nn.dot_product_attention``) and the norms stay high
+precision, as in all published FP4 recipes. ``bf16_first`` / ``bf16_last`` keep that many blocks at each end in BF16
+(NVIDIA's NVFP4 policy, arXiv 2509.25149).
+
+Initialization: every weight ~ N(0, 0.02²); the two residual-output projections (o, down) ~ N(0, (0.02/sqrt(2L))²)
+(GPT-2 scaling); RMSNorm gains 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+BF16_RECIPE = "bf16"
+INIT_STD = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSize:
+    """One row of the size table: shape, the Quartet learning rate, and the SwiGLU hidden-width multiple."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    lr: float
+    ffn_multiple: int = 256
+
+
+# Names count non-embedding parameters (the Quartet convention), except 125M / 350M: those are the GPT-2/GPT-3
+# benchmark shapes (12 x 768, 24 x 1024) named as in those papers, whose counts include a 50k-token embedding.
+SIZES: dict[str, ModelSize] = {
+    "1M": ModelSize(n_layers=4, d_model=128, n_heads=2, lr=3e-3, ffn_multiple=64),
+    "3M": ModelSize(n_layers=6, d_model=192, n_heads=3, lr=2e-3, ffn_multiple=64),
+    "10M": ModelSize(n_layers=8, d_model=320, n_heads=5, lr=1.5e-3, ffn_multiple=64),
+    "30M": ModelSize(n_layers=6, d_model=640, n_heads=5, lr=1.2e-3),
+    "50M": ModelSize(n_layers=7, d_model=768, n_heads=6, lr=1.2e-3),
+    "100M": ModelSize(n_layers=8, d_model=1024, n_heads=8, lr=6e-4),
+    "125M": ModelSize(n_layers=12, d_model=768, n_heads=12, lr=6e-4),
+    "200M": ModelSize(n_layers=10, d_model=1280, n_heads=10, lr=3e-4),
+    "350M": ModelSize(n_layers=24, d_model=1024, n_heads=16, lr=3e-4),
+}
+
+
+def swiglu_hidden(d_model: int, multiple: int) -> int:
+    """SwiGLU hidden width m·ceil(8d/3/m) (Llama); 8d/3 keeps the 3-matrix MLP at the 2-matrix 4d MLP's size."""
+    return multiple * math.ceil(8 * d_model / 3 / multiple)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape, precision policy and recipe of a model. Build from the size table with :func:`model_config`."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    ffn_hidden: int
+    vocab_size: int = 256
+    recipe: str = BF16_RECIPE
+    bf16_first: int = 0
+    bf16_last: int = 0
+    rope_theta: float = 1e4
+    norm_eps: float = 1e-6
+    dtype: Any = jnp.bfloat16
+    param_dtype: Any = jnp.float32
+    attention_impl: str | None = None  # jax.nn.dot_product_attention's `implementation`: None (XLA), "cudnn"
+
+    def __post_init__(self):
+        for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(
+                f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even width (RoPE rotates pairs)"
+            )
+        if not isinstance(self.recipe, str) or not self.recipe:
+            raise ValueError(f"recipe must be a non-empty recipe name, got {self.recipe!r}")
+        if self.bf16_first < 0 or self.bf16_last < 0 or self.bf16_first + self.bf16_last > self.n_layers:
+            raise ValueError(
+                f"bf16_first={self.bf16_first} and bf16_last={self.bf16_last} must be >= 0 and sum to at most "
+                f"n_layers={self.n_layers}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def layer_recipe(self, layer: int) -> str:
+        """The recipe of block ``layer``: BF16 for the first ``bf16_first`` and last ``bf16_last`` blocks."""
+        if layer < self.bf16_first or layer >= self.n_layers - self.bf16_last:
+            return BF16_RECIPE
+        return self.recipe
+
+
+def model_config(size: str, **overrides) -> ModelConfig:
+    """The :class:`ModelConfig` of a named size (a key of :data:`SIZES`), with field overrides (recipe, vocab_size, ...)."""
+    if size not in SIZES:
+        raise ValueError(f"model size {size!r} is not one of {sorted(SIZES, key=lambda s: float(s[:-1]))}")
+    row = SIZES[size]
+    return ModelConfig(
+        n_layers=row.n_layers,
+        d_model=row.d_model,
+        n_heads=row.n_heads,
+        ffn_hidden=swiglu_hidden(row.d_model, row.ffn_multiple),
+        **overrides,
+    )
+
+
+def parameter_count(config: ModelConfig) -> dict[str, int]:
+    """Analytic parameter counts: per block 4d² (attention) + 3dh (SwiGLU) + 2d (norms); plus final norm d.
+
+    ``non_embedding`` excludes the input embedding and the LM head (V·d each); ``total`` includes them.
+    """
+    d, h, v = config.d_model, config.ffn_hidden, config.vocab_size
+    non_embedding = config.n_layers * (4 * d * d + 3 * d * h + 2 * d) + d
+    return {"non_embedding": non_embedding, "total": non_embedding + 2 * v * d}
+
+
+def projection_dot_cls(recipe: str):
+    """The ``dot_general_cls`` for a projection under ``recipe``: None (flax's plain dot) for BF16, else fp4jax's.
+
+    fp4jax.flax.linen is imported here, not at module import, so BF16 models work without it.
+    """
+    if recipe == BF16_RECIPE:
+        return None
+    try:
+        from fp4jax.flax.linen import DotGeneral
+    except ImportError as err:
+        raise ImportError(
+            f"recipe {recipe!r} needs fp4jax.flax.linen.DotGeneral, which could not be imported ({err}); "
+            f"use recipe={BF16_RECIPE!r} or install a build of fp4jax that has it"
+        ) from err
+    return functools.partial(DotGeneral, recipe=recipe)
+
+
+def apply_rope(x: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding (rotate-half convention) on x of shape (batch, seq, heads, head_dim).
+
+    With x = [x₁, x₂] split in halves and ω_i = θ^(−2i/head_dim), position t:
+      RoPE(x)_t = [x₁ cos(tω) − x₂ sin(tω),  x₂ cos(tω) + x₁ sin(tω)]       (computed in fp32, cast back).
+    """
+    seq, dim = x.shape[1], x.shape[3]
+    inv_freq = theta ** (-jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
+    angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _projection(config: ModelConfig, recipe: str, features: int, name: str, init_std: float = INIT_STD) -> nn.Dense:
+    return nn.Dense(
+        features,
+        use_bias=False,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        kernel_init=nn.initializers.normal(init_std),
+        dot_general_cls=projection_dot_cls(recipe),
+        name=name,
+    )
+
+
+def _norm(config: ModelConfig, name: str) -> nn.RMSNorm:
+    return nn.RMSNorm(epsilon=config.norm_eps, dtype=config.dtype, param_dtype=config.param_dtype, name=name)
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with RoPE; q, k, v, o are the recipe's projections."""
+
+    config: ModelConfig
+    recipe: str
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        batch, seq, _ = x.shape
+        heads = (batch, seq, cfg.n_heads, cfg.head_dim)
+        q = _projection(cfg, self.recipe, cfg.d_model, "q")(x).reshape(heads)
+        k = _projection(cfg, self.recipe, cfg.d_model, "k")(x).reshape(heads)
+        v = _projection(cfg, self.recipe, cfg.d_model, "v")(x).reshape(heads)
+        q, k = apply_rope(q, cfg.rope_theta), apply_rope(k, cfg.rope_theta)
+        y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=cfg.attention_impl)
+        out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
+        return _projection(cfg, self.recipe, cfg.d_model, "o", out_std)(y.reshape(batch, seq, cfg.d_model))
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) ⊙ up(x)); gate, up, down are the recipe's projections."""
+
+    config: ModelConfig
+    recipe: str
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        gate = _projection(cfg, self.recipe, cfg.ffn_hidden, "gate")(x)
+        up = _projection(cfg, self.recipe, cfg.ffn_hidden, "up")(x)
+        out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
+        return _projection(cfg, self.recipe, cfg.d_model, "down", out_std)(nn.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: h + Attn(RMSNorm(h)), then h + SwiGLU(RMSNorm(h))."""
+
+    config: ModelConfig
+    recipe: str
+
+    @nn.compact
+    def __call__(self, h: jax.Array) -> jax.Array:
+        h = h + Attention(self.config, self.recipe, name="attn")(_norm(self.config, "attn_norm")(h))
+        return h + SwiGLU(self.config, self.recipe, name="mlp")(_norm(self.config, "mlp_norm")(h))
+
+
+class Llama(nn.Module):
+    """tokens int (batch, seq) → next-token logits fp32 (batch, seq, vocab).
+
+    Random recipes draw from the RNG stream "quant": ``model.apply(params, tokens, rngs={"quant": key})``.
+    """
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        cfg = self.config
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must have shape (batch, seq), got {tokens.shape}")
+        h = nn.Embed(
+            cfg.vocab_size,
+            cfg.d_model,
+            embedding_init=nn.initializers.normal(INIT_STD),
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name="embed",
+        )(tokens)
+        for layer in range(cfg.n_layers):
+            h = Block(cfg, cfg.layer_recipe(layer), name=f"block_{layer}")(h)
+        h = _norm(cfg, "final_norm")(h)
+        logits = nn.Dense(
+            cfg.vocab_size,
+            use_bias=False,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            kernel_init=nn.initializers.normal(INIT_STD),
+            name="lm_head",
+        )(h)
+        return logits.astype(jnp.float32)
+
+
+def init_params(config: ModelConfig, key: jax.Array, seq_len: int = 8):
+    """Fresh fp32 parameters for ``config`` from ``key`` (the "quant" stream gets a key folded from it)."""
+    tokens = jnp.zeros((1, seq_len), jnp.int32)
+    return Llama(config).init({"params": key, "quant": jax.random.fold_in(key, 1)}, tokens)["params"]

@@ -1,0 +1,25 @@
+"""fp4jax: training neural networks with 4-bit floating point (NVFP4, MXFP4) in JAX.
+
+Formats -> quantizers -> gradient estimators -> dot_general -> Flax modules; kernels plug in beneath the
+quantizers and the dot (package ``fp4jax_kernels``).
+"""
+
+from fp4jax import bits, hadamard, metrics, rounding, scaling
+from fp4jax.formats import MXFP4, NVFP4, FP4Format
+from fp4jax.quantize import QTensor, fake_quantize, quantize
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FP4Format",
+    "MXFP4",
+    "NVFP4",
+    "QTensor",
+    "bits",
+    "fake_quantize",
+    "hadamard",
+    "metrics",
+    "quantize",
+    "rounding",
+    "scaling",
+]

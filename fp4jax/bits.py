@@ -1,0 +1,63 @@
+"""Counter-based random bits: ``bits[i] = hash(seed, i)`` for the global element index ``i``.
+
+The same function runs in pure JAX, in Pallas kernels (which have no in-kernel PRNG) and under any sharding,
+so every backend and every layout draws the same bits for the same logical element. The hash is two keyed
+rounds of MurmurHash3's 32-bit finalizer ``fmix32`` (a bijection with full avalanche):
+
+    h = fmix32(i * 0x9E3779B9 + s0);  bits = fmix32(h ^ s1)
+
+with the seed ``(s0, s1)`` drawn once from a JAX PRNG key. All arithmetic is uint32, wrapping.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_GOLDEN = 0x9E3779B9
+MAX_ELEMENTS = 2**32
+
+
+def fmix32(h: jnp.ndarray) -> jnp.ndarray:
+  """MurmurHash3 finalizer on uint32 (wrapping multiplies)."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def hash_bits(seed: jnp.ndarray, index: jnp.ndarray) -> jnp.ndarray:
+  """32 random bits per element from a uint32[2] ``seed`` and uint32 element ``index``."""
+  seed = seed.astype(jnp.uint32)
+  h = fmix32(index.astype(jnp.uint32) * jnp.uint32(_GOLDEN) + seed[0])
+  return fmix32(h ^ seed[1])
+
+
+def seed_from_key(key: jax.Array) -> jnp.ndarray:
+  """The uint32[2] hash seed of a JAX PRNG key (raw uint32 keys and typed keys both work)."""
+  return jax.random.bits(key, (2,), jnp.uint32)
+
+
+def index_grid(shape: tuple[int, ...]) -> jnp.ndarray:
+  """Row-major flat index of every element of ``shape`` as uint32 (``iota``, no host constant)."""
+  size = int(np.prod(shape, dtype=np.int64))
+  if size > MAX_ELEMENTS:
+    raise ValueError(f"random bits address at most 2**32 elements per tensor, got shape {shape}")
+  idx = jnp.zeros(shape, jnp.uint32)
+  stride = 1
+  for dim in reversed(range(len(shape))):
+    idx = idx + jax.lax.broadcasted_iota(jnp.uint32, shape, dim) * jnp.uint32(stride)
+    stride *= shape[dim]
+  return idx
+
+
+def random_bits(key: jax.Array, shape: tuple[int, ...]) -> jnp.ndarray:
+  """uint32 bits for a tensor of ``shape``: ``hash_bits(seed_from_key(key), row-major index)``."""
+  return hash_bits(seed_from_key(key), index_grid(shape))
+
+
+def uniform_from_bits(bits: jnp.ndarray) -> jnp.ndarray:
+  """Uniform float32 in [0, 1) on a 2^-24 grid from the top 24 bits: ``(bits >> 8) * 2^-24`` (exact)."""
+  return (bits >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)

@@ -1,0 +1,395 @@
+"""``quantize`` / ``fake_quantize`` / ``QTensor``: block-scaled FP4 quantization along any axis.
+
+The pipeline, all in fp32 and explicit arithmetic (see ``fp4jax.scaling``, ``fp4jax.rounding``, ``fp4jax.eden``):
+
+    x ─► optional blockwise Hadamard along ``axis`` (bf16 inputs: rounded once to bf16, as TE)
+      ─► pad ``axis`` (and, for 2D blocks, the other matrix axis) with zeros to whole blocks
+      ─► tensor scale (NVFP4) and block scales ─► E2M1 codes by RTN / SR / MS-EDEN ─► QTensor or dequantized array
+
+Dequantized value of an element: ``f32(value(q) · f32(dec_b)) · s_dec`` (NVFP4, TE order) or
+``f32(value(q) · 2^e_b) · g`` (MXFP4, ``g`` = 1, or 4/3 for the "floor_headroom" mode).
+
+NaN and Inf never become finite: a block holding a non-finite value gets the NaN scale (E4M3 0x7F / E8M0 0xFF),
+and for NVFP4 a non-finite tensor amax makes the tensor scale NaN.
+
+Random bits come from ``fp4jax.bits``: a counter-based hash of a seed from ``key`` and the element's row-major
+index in ``x`` (the same bits on every backend and under any sharding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp4jax import bits as bits_lib
+from fp4jax import eden, hadamard as hadamard_lib, scaling
+from fp4jax.formats import E2M1_MAX, E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS, FP4Format, e2m1_decode, pow2
+from fp4jax.rounding import rtn_bf16, rtn_e2m1, sr_e2m1
+
+ROUNDINGS = ("rtn", "sr", "eden")
+SIGN_MODES = ("random", "te", "none")
+EDEN_HADAMARD = 128
+
+
+# ------------------------------------------------------------------------------------------------ layout
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """Moves ``axis`` last, pads to whole blocks and splits into blocks; 2D blocks also tile the other matrix axis."""
+
+  shape: tuple[int, ...]
+  axis: int
+  block: tuple[int, ...]  # (bs,) or (rows, bs)
+
+  @property
+  def moved_shape(self):
+    s = list(self.shape)
+    s.append(s.pop(self.axis))
+    return tuple(s)
+
+  @property
+  def padded(self):
+    s = list(self.moved_shape)
+    for i, b in enumerate(reversed(self.block)):
+      s[-1 - i] = -(-s[-1 - i] // b) * b
+    return tuple(s)
+
+  @property
+  def blocked(self):
+    p = self.padded
+    if len(self.block) == 1:
+      return p[:-1] + (p[-1] // self.block[0], self.block[0])
+    (br, bc) = self.block
+    return p[:-2] + (p[-2] // br, br, p[-1] // bc, bc)
+
+  @property
+  def red_axes(self):
+    return (-1,) if len(self.block) == 1 else (-3, -1)
+
+  def to_blocks(self, a: jnp.ndarray) -> jnp.ndarray:
+    a = jnp.moveaxis(a, self.axis, -1)
+    pad = [(0, p - m) for m, p in zip(self.moved_shape, self.padded)]
+    return jnp.pad(a, pad).reshape(self.blocked)
+
+  def from_blocks(self, b: jnp.ndarray) -> jnp.ndarray:
+    b = b.reshape(self.padded)[tuple(slice(0, m) for m in self.moved_shape)]
+    return jnp.moveaxis(b, -1, self.axis)
+
+  @property
+  def scale_shape(self):
+    """Shape of the scale array in the caller's layout: blocked axes divided by the block (rounded up)."""
+    s = list(self.shape)
+    axes = (self.axis,) if len(self.block) == 1 else (self.axis, self._other_axis)
+    for ax, b in zip(axes, (self.block[-1],) + tuple(self.block[:-1])):
+      s[ax] = -(-s[ax] // b)
+    return tuple(s)
+
+  @property
+  def _other_axis(self):
+    nd = len(self.shape)
+    return nd - 2 if self.axis == nd - 1 else nd - 1
+
+  def scales_from_blocks(self, s: jnp.ndarray) -> jnp.ndarray:
+    """Keep-dims block scales -> the caller's layout (``scale_shape``)."""
+    s = jnp.squeeze(s, axis=tuple(a % s.ndim for a in self.red_axes))
+    return jnp.moveaxis(s, -1, self.axis)
+
+  def scales_to_blocks(self, s: jnp.ndarray) -> jnp.ndarray:
+    s = jnp.moveaxis(s, self.axis, -1)
+    keep = list(self.blocked)
+    for a in self.red_axes:
+      keep[a] = 1
+    return s.reshape(keep)
+
+
+# ------------------------------------------------------------------------------------------------ QTensor
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["codes", "scales", "global_scale", "signs"],
+    meta_fields=["shape", "axis", "fmt", "block_shape", "hadamard", "dtype"],
+)
+@dataclasses.dataclass(frozen=True)
+class QTensor:
+  """A block-scaled FP4 tensor (a pytree).
+
+  Attributes:
+    codes: uint8, two E2M1 codes per byte along ``axis`` (even element in the low nibble); the axis length is
+      padded to whole blocks, so ``codes.shape[axis] = ceil(n / block) * block / 2``.
+    scales: block scales, ``float8_e4m3fn`` (NVFP4) or ``float8_e8m0fnu`` (MXFP4), ``scale_shape`` of the layout.
+    global_scale: fp32 scalar decode scale: ``s_dec`` (≈ amax/(6·448)) for NVFP4, 1 (or 4/3) for MXFP4.
+    signs: the Hadamard sign vector when ``hadamard > 0`` (codes then hold the rotated tensor), else None.
+    shape, axis, fmt, block_shape, hadamard, dtype: static metadata (logical shape, quantized axis, format,
+      block shape, Hadamard size or 0, the input dtype).
+  """
+
+  codes: jax.Array
+  scales: jax.Array
+  global_scale: jax.Array
+  signs: jax.Array | None
+  shape: tuple[int, ...]
+  axis: int
+  fmt: FP4Format
+  block_shape: tuple[int, ...]
+  hadamard: int
+  dtype: Any
+
+  @property
+  def _layout(self) -> _Layout:
+    return _Layout(self.shape, self.axis, self.block_shape)
+
+  def unpacked_codes(self) -> jnp.ndarray:
+    """uint8 codes, one per element, in the caller's layout (padding along ``axis`` dropped)."""
+    c = jnp.moveaxis(self.codes, self.axis, -1)
+    c = jnp.stack([c & 0xF, c >> 4], axis=-1).reshape(*c.shape[:-1], 2 * c.shape[-1])
+    return jnp.moveaxis(c[..., : self.shape[self.axis]], -1, self.axis)
+
+  def scale_values(self) -> jnp.ndarray:
+    """Block scales as exact fp32 values (E8M0 decoded from its bits; NaN for the NaN pattern)."""
+    return _scale_values(self.scales, self.fmt)
+
+  def dequantize(self, dtype: Any = None, *, rotated: bool = False) -> jnp.ndarray:
+    """Dequantized tensor, ``value(q) · scale_b · global_scale``; inverse Hadamard unless ``rotated=True``."""
+    lay = self._layout
+    codes = lay.to_blocks(self.unpacked_codes())
+    dec = lay.scales_to_blocks(self.scale_values())
+    y = lay.from_blocks(_decode(codes, dec, self.global_scale))
+    return _finish(y, self.hadamard, self.signs, self.axis, rotated, dtype or self.dtype)
+
+
+def _scale_values(scales: jnp.ndarray, fmt: FP4Format) -> jnp.ndarray:
+  if fmt.name == "mxfp4":
+    b = jax.lax.bitcast_convert_type(scales, jnp.uint8).astype(jnp.int32)
+    return jnp.where(b == E8M0_NAN_BITS, jnp.float32(jnp.nan), pow2(b - E8M0_BIAS))
+  return scales.astype(jnp.float32)
+
+
+def _encode_scales(dec: jnp.ndarray, fmt: FP4Format, exps: jnp.ndarray | None) -> jnp.ndarray:
+  if fmt.name == "mxfp4":
+    b = jnp.where(jnp.isnan(dec), E8M0_NAN_BITS, exps + E8M0_BIAS).astype(jnp.uint8)
+    return jax.lax.bitcast_convert_type(b, jnp.float8_e8m0fnu)
+  nan = jax.lax.bitcast_convert_type(jnp.uint8(E4M3_NAN_BITS), jnp.float8_e4m3fn)
+  return jnp.where(jnp.isnan(dec), nan, dec.astype(jnp.float8_e4m3fn))  # dec lies on the E4M3 grid: exact
+
+
+def _decode(codes: jnp.ndarray, dec: jnp.ndarray, global_scale: jnp.ndarray) -> jnp.ndarray:
+  return (e2m1_decode(codes) * dec) * global_scale
+
+
+def _finish(y, hadamard: int, signs, axis: int, rotated: bool, dtype) -> jnp.ndarray:
+  if hadamard and not rotated:
+    y = hadamard_lib.inverse_hadamard(y, hadamard, axis=axis, signs=signs)
+  return y.astype(dtype)
+
+
+# ------------------------------------------------------------------------------------------------ core
+def _check_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_signs):
+  if not isinstance(fmt, FP4Format):
+    raise TypeError(f"fmt must be an FP4Format such as fp4jax.NVFP4 or fp4jax.MXFP4, got {fmt!r}")
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise TypeError(f"x must be a floating-point array, got dtype {x.dtype}")
+  if x.ndim == 0:
+    raise ValueError("x must have at least one dimension to quantize along, got a scalar")
+  if not -x.ndim <= axis < x.ndim:
+    raise ValueError(f"axis must be in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}, got {axis}")
+  axis %= x.ndim
+  if rounding not in ROUNDINGS:
+    raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+  if hadamard == "auto":
+    hadamard = EDEN_HADAMARD if rounding == "eden" else 0
+  hadamard = int(hadamard or 0)
+  if hadamard:
+    hadamard_lib.check_size(hadamard, "hadamard")
+  if hadamard_signs not in SIGN_MODES:
+    raise ValueError(f"hadamard_signs must be one of {SIGN_MODES}, got {hadamard_signs!r}")
+  if hadamard_signs == "te" and hadamard not in (0, 16):
+    raise ValueError(f"hadamard_signs='te' is Transformer Engine's 16-point sign vector; got hadamard={hadamard}")
+  if block_shape is None:
+    block = (fmt.block_size,)
+  else:
+    block = tuple(int(b) for b in block_shape)
+    if len(block) == 1:
+      if block[0] != fmt.block_size:
+        raise ValueError(f"block_shape {block_shape} must match the format's block size {fmt.block_size}")
+    elif len(block) == 2:
+      if fmt.name != "nvfp4" or block != (16, 16):
+        raise ValueError(f"block_shape {block_shape}: 2D blocks are (16, 16) with NVFP4 only")
+      if x.ndim < 2:
+        raise ValueError(f"block_shape (16, 16) tiles a matrix: x must have ndim >= 2, got shape {x.shape}")
+      if axis < x.ndim - 2:
+        raise ValueError(f"with 2D blocks, axis must be one of the last two dimensions, got axis={axis} for {x.shape}")
+    else:
+      raise ValueError(f"block_shape must be (block,) or (16, 16), got {block_shape}")
+  if rounding == "eden":
+    if fmt.name != "nvfp4" or fmt.scale_mode != "absmax" or len(block) != 1:
+      raise ValueError("rounding='eden' is MS-EDEN for NVFP4 1x16 blocks: use fp4jax.NVFP4 and no block_shape")
+  if fmt.scale_mode == "four_over_six" and rounding != "rtn":
+    raise ValueError(f"scale_mode 'four_over_six' chooses scales by RTN error; rounding must be 'rtn', got {rounding!r}")
+  return axis, block, hadamard
+
+
+def _split_key(key, rounding, hadamard, hadamard_signs):
+  needs = rounding in ("sr", "eden") or (hadamard and hadamard_signs == "random")
+  if not needs:
+    return None, None, None
+  if key is None:
+    what = f"rounding={rounding!r}" if rounding != "rtn" else f"hadamard={hadamard} with random signs"
+    raise ValueError(f"key is required for {what}: pass key=jax.random.key(...)")
+  return tuple(jax.random.split(key, 3))
+
+
+def _signs(hadamard, hadamard_signs, key):
+  if not hadamard or hadamard_signs == "none":
+    return None
+  if hadamard_signs == "te":
+    return jnp.asarray(hadamard_lib.TE_SIGNS_16)
+  return hadamard_lib.random_signs(key, hadamard)
+
+
+def _quantize_blocks(xb, lay: _Layout, fmt: FP4Format, rounding: str, bits, scale_bits, amax):
+  """Blocked fp32 ``xb`` -> (codes, fp32 block scales (keep-dims), tensor decode scale, E8M0 exponents or None)."""
+  axes = lay.red_axes
+  amax_b = jnp.max(jnp.abs(xb), axis=axes, keepdims=True)
+  nonfinite = jnp.any(~jnp.isfinite(xb), axis=axes, keepdims=True)
+  round_codes = (lambda v: sr_e2m1(v, bits)) if rounding == "sr" else rtn_e2m1
+  exps = None
+  if fmt.name == "nvfp4":
+    rule = "eden" if rounding == "eden" else fmt.scale_mode
+    s_enc, s_dec = scaling.nvfp4_tensor_scales(amax, rule)
+    target = scaling.V_MAX_EDEN if rule == "eden" else E2M1_MAX
+    dec, enc = scaling.nvfp4_block_scales(amax_b, s_enc, s_dec, target)
+    v = jnp.clip(xb * enc, -E2M1_MAX, E2M1_MAX)
+    codes = round_codes(v)
+    if rule == "four_over_six":
+      dec4, enc4 = scaling.nvfp4_block_scales(amax_b, s_enc, s_dec, 4.0)
+      codes4 = rtn_e2m1(jnp.clip(xb * enc4, -E2M1_MAX, E2M1_MAX))
+      err = lambda c, d: jnp.sum(jnp.square(xb - _decode(c, d, s_dec)), axis=axes, keepdims=True)
+      use4 = err(codes4, dec4) < err(codes, dec)
+      codes, dec = jnp.where(use4, codes4, codes), jnp.where(use4, dec4, dec)
+    elif rule == "eden":
+      dec = eden.corrected_scale(dec, eden.correction(xb * enc, codes, axes), scale_bits)
+    global_scale = s_dec
+  else:
+    sigma = _block_std(xb, lay) if fmt.scale_mode.startswith("quest") else None
+    exps = scaling.mx_exponents(amax_b, fmt.scale_mode, sigma)
+    pre = scaling.mx_element_prescale(fmt.scale_mode)
+    dec = pow2(exps)
+    codes = round_codes(jnp.clip(xb * jnp.float32(pre) * pow2(-exps), -E2M1_MAX, E2M1_MAX))
+    global_scale = jnp.float32(1.0 / pre)
+  dec = jnp.where(nonfinite, jnp.float32(jnp.nan), dec)
+  return codes, dec, global_scale, exps
+
+
+def _block_std(xb, lay: _Layout):
+  """Per-block standard deviation over the real (unpadded) elements: sqrt(max(E[x²] - E[x]², 0))."""
+  axes = lay.red_axes
+  count = jnp.sum(lay.to_blocks(jnp.ones(lay.shape, jnp.float32)), axis=axes, keepdims=True)
+  count = jnp.maximum(count, 1.0)
+  mean = jnp.sum(xb, axis=axes, keepdims=True) / count
+  mean_sq = jnp.sum(xb * xb, axis=axes, keepdims=True) / count
+  return jnp.sqrt(jnp.maximum(mean_sq - mean * mean, 0.0))
+
+
+def _run(x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs):
+  x = jnp.asarray(x)
+  axis, block, hadamard = _check_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_signs)
+  k_signs, k_elems, k_scales = _split_key(key, rounding, hadamard, hadamard_signs)
+  signs = _signs(hadamard, hadamard_signs, k_signs)
+  xf = x.astype(jnp.float32)
+  if hadamard:
+    xf = hadamard_lib.hadamard(xf, hadamard, axis=axis, signs=signs)
+    if x.dtype == jnp.bfloat16:
+      xf = rtn_bf16(xf)
+  lay = _Layout(x.shape, axis, block)
+  bits = lay.to_blocks(bits_lib.random_bits(k_elems, x.shape)) if rounding == "sr" else None
+  scale_bits = (
+      lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape)) if rounding == "eden" else None
+  )
+  amax = jnp.max(jnp.abs(xf))
+  codes, dec, global_scale, exps = _quantize_blocks(lay.to_blocks(xf), lay, fmt, rounding, bits, scale_bits, amax)
+  return lay, codes, dec, global_scale, exps, signs, hadamard
+
+
+def quantize(
+    x: jax.Array,
+    fmt: FP4Format,
+    *,
+    axis: int = -1,
+    rounding: str = "rtn",
+    key: jax.Array | None = None,
+    block_shape: tuple[int, ...] | None = None,
+    hadamard: int | str | None = "auto",
+    hadamard_signs: str = "random",
+) -> QTensor:
+  """Quantize ``x`` to a block-scaled FP4 ``QTensor`` along ``axis``.
+
+  Args:
+    x: float array (f32/bf16/f16), any shape and length along ``axis`` (partial blocks are zero-padded).
+    fmt: ``fp4jax.NVFP4`` or ``fp4jax.MXFP4`` (or a ``dataclasses.replace`` of them, e.g. another ``scale_mode``).
+    axis: the axis blocks run along (the GEMM's contraction axis).
+    rounding: ``"rtn"`` (nearest, ties to even), ``"sr"`` (stochastic, unbiased) or ``"eden"`` (MS-EDEN, NVFP4).
+    key: JAX PRNG key; required exactly when ``rounding`` is random or the Hadamard signs are random.
+    block_shape: None for 1D blocks of ``fmt.block_size``; ``(16, 16)`` for NVFP4 2D tiles of the last two dims.
+    hadamard: blockwise Hadamard size applied along ``axis`` before quantizing (0/None: none); ``"auto"`` means
+      128 for ``rounding="eden"`` (its random rotation) and none otherwise.
+    hadamard_signs: ``"random"`` (from ``key``), ``"te"`` (Transformer Engine's fixed 16 signs) or ``"none"``.
+  """
+  lay, codes, dec, global_scale, exps, signs, hadamard = _run(
+      x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs
+  )
+  scales = _encode_scales(lay.scales_from_blocks(dec), fmt, None if exps is None else lay.scales_from_blocks(exps))
+  return QTensor(
+      codes=_pack(codes, lay),
+      scales=scales,
+      global_scale=jnp.asarray(global_scale, jnp.float32),
+      signs=signs,
+      shape=tuple(x.shape),
+      axis=lay.axis,
+      fmt=fmt,
+      block_shape=lay.block,
+      hadamard=hadamard,
+      dtype=jnp.asarray(x).dtype,
+  )
+
+
+def fake_quantize(
+    x: jax.Array,
+    fmt: FP4Format,
+    *,
+    axis: int = -1,
+    rounding: str = "rtn",
+    key: jax.Array | None = None,
+    block_shape: tuple[int, ...] | None = None,
+    hadamard: int | str | None = "auto",
+    hadamard_signs: str = "random",
+    rotated: bool = False,
+    dtype: Any = None,
+) -> jax.Array:
+  """``quantize(x, ...).dequantize(dtype)`` without packing: the same bits, fewer passes.
+
+  ``rotated=True`` returns the quantized tensor in the Hadamard domain (what a GEMM whose operands share the
+  rotation consumes); ``dtype`` defaults to ``x.dtype``.
+  """
+  lay, codes, dec, global_scale, _, signs, hadamard = _run(
+      x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs
+  )
+  y = lay.from_blocks(_decode(codes, dec, global_scale))
+  return _finish(y, hadamard, signs, lay.axis, rotated, dtype or jnp.asarray(x).dtype)
+
+
+def _pack(codes_blocked: jnp.ndarray, lay: _Layout) -> jnp.ndarray:
+  """Blocked codes -> uint8 pairs along ``axis`` (even element low nibble), other-axis padding dropped."""
+  c = codes_blocked.reshape(lay.padded)
+  if len(lay.block) == 2:
+    c = c[..., : lay.moved_shape[-2], :]
+  c = c.reshape(*c.shape[:-1], c.shape[-1] // 2, 2)
+  packed = (c[..., 0] | (c[..., 1] << 4)).astype(jnp.uint8)
+  return jnp.moveaxis(packed, -1, lay.axis)
+
+
+def packed_nbytes(q: QTensor) -> int:
+  """Bytes a ``QTensor`` stores: codes + scales + the fp32 tensor scale."""
+  return int(np.prod(q.codes.shape)) + int(np.prod(q.scales.shape)) + 4

@@ -1,0 +1,91 @@
+"""Tensor and block scales for NVFP4 and MXFP4.
+
+NVFP4 (NVIDIA Transformer Engine's reference quantizer ``NVFP4QuantizerRef``; arXiv 2509.25149), all fp32, in
+this order:
+
+    amax  = max|x|;   s_enc = min(6·448 / amax, FLT_MAX)   (1 when amax == 0);   s_dec = 1 / s_enc
+    dec_b = rne_e4m3(clamp(amax_b · (s_enc · f32(1/6)), ±448));   enc_b = min(1 / (f32(dec_b) · s_dec), FLT_MAX)
+
+Variants change the tensor-scale numerator and the block target ``t`` (``amax_b`` maps to ``t``):
+``"absmax"`` 6·448, t = 6 (TE); ``"four_over_six"`` 6·256, t = 6 or 4 per block (Quartet II; the 4/6 choice
+itself is made in ``fp4jax.quantize``); MS-EDEN 255.99·V_MAX_EDEN, t = V_MAX_EDEN (Quartet II, headroom so the
+corrected scale cannot overflow E4M3).
+
+MXFP4 (OCP MX v1.0; power-of-two ``float8_e8m0fnu`` scales 2^e, e in [-127, 127]):
+``"floor"`` e = floor(log2 amax_b) - 2 (elements clamp at ±6); ``"rceil"`` e = ceil(log2(amax_b / 6)) (no clipping);
+``"floor_headroom"`` e as "floor" with elements pre-scaled by 3/4 so amax_b/s lands in [3, 6) (Quartet backward,
+after Tseng et al. arXiv 2502.20586; the 4/3 is returned in the tensor decode scale);
+``"quest"`` e = floor(log2(0.48708·σ_b + 1e-8)) with σ_b the block's standard deviation (QuEST / Quartet forward,
+0.48708 = 2.92247856/6, the MSE-optimal E2M1 clip of N(0,1)); ``"quest_nearest"`` the nearest power of two instead
+(log-domain nearest: round up iff mantissa >= sqrt 2). All-zero blocks get e = -127, the smallest scale.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+
+from fp4jax.formats import E2M1_MAX, E4M3_MAX, FLT_MAX, floor_log2, is_pow2, pow2
+from fp4jax.rounding import rtn_e4m3
+
+E8M0_EMIN, E8M0_EMAX = -127, 127
+V_MAX_EDEN = 6.0 / ((17.0 / 16.0) * 0.93)
+QUEST_CLIP = 2.92247856
+_NUMERATOR = {"absmax": 6.0 * 448.0, "four_over_six": 6.0 * 256.0, "eden": 255.99 * V_MAX_EDEN}
+
+
+def nvfp4_tensor_scales(amax: jnp.ndarray, rule: str) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """``(s_enc, s_dec)`` from the tensor ``amax`` (fp32 scalar). Non-finite ``amax`` gives NaN scales.
+
+  ``s_enc = min(N / amax, FLT_MAX)`` with N = 2688 (``rule="absmax"``), 1536 (``"four_over_six"``) or
+  255.99·V_MAX_EDEN (``"eden"``); ``s_enc = 1`` when amax == 0; ``s_dec = 1 / s_enc``.
+  """
+  amax = amax.astype(jnp.float32)
+  s_enc = jnp.minimum(jnp.float32(_NUMERATOR[rule]) / amax, jnp.float32(FLT_MAX))
+  s_enc = jnp.where(amax == 0, jnp.float32(1.0), s_enc)
+  s_enc = jnp.where(jnp.isfinite(amax), s_enc, jnp.float32(jnp.nan))
+  return s_enc, jnp.float32(1.0) / s_enc
+
+
+def nvfp4_block_scales(amax_b: jnp.ndarray, s_enc: jnp.ndarray, s_dec: jnp.ndarray, target: float = E2M1_MAX):
+  """``(dec_b, enc_b)``: the E4M3 block decode scale (as fp32) and the fp32 element encode scale.
+
+  ``dec_b = rne_e4m3(clamp(amax_b · (s_enc · f32(1/target)), ±448))``, ``enc_b = min(1 / (dec_b · s_dec), FLT_MAX)``.
+  A block whose scale rounds to 0 gets ``enc_b = FLT_MAX`` (its codes saturate, and it dequantizes to 0).
+  """
+  ratio = s_enc * jnp.float32(1.0 / target)
+  dec = rtn_e4m3(jnp.clip(amax_b * ratio, -E4M3_MAX, E4M3_MAX))
+  enc = jnp.minimum(jnp.float32(1.0) / (dec * s_dec), jnp.float32(FLT_MAX))
+  return dec, enc
+
+
+def _ceil_log2(x: jnp.ndarray) -> jnp.ndarray:
+  return floor_log2(x) + jnp.where(is_pow2(x), 0, 1)
+
+
+def _nearest_log2(x: jnp.ndarray) -> jnp.ndarray:
+  """Nearest power-of-two exponent in the log domain: floor(log2 x) + [x / 2^floor >= sqrt 2]."""
+  f = floor_log2(x)
+  return f + (x >= jnp.float32(math.sqrt(2.0)) * pow2(f)).astype(jnp.int32)
+
+
+def mx_exponents(amax_b: jnp.ndarray, mode: str, sigma_b: jnp.ndarray | None = None) -> jnp.ndarray:
+  """int32 E8M0 exponents ``e`` (scale 2^e) per block for an MXFP4 ``mode`` (see module docstring)."""
+  if mode in ("floor", "floor_headroom"):
+    e = floor_log2(amax_b) - 2
+  elif mode == "rceil":
+    e = _ceil_log2(amax_b / jnp.float32(E2M1_MAX))
+  elif mode in ("quest", "quest_nearest"):
+    if sigma_b is None:
+      raise ValueError("mx_exponents: mode 'quest' needs sigma_b, the per-block standard deviation")
+    target = jnp.float32(QUEST_CLIP / E2M1_MAX) * sigma_b + jnp.float32(1e-8)
+    e = floor_log2(target) if mode == "quest" else _nearest_log2(target)
+  else:
+    raise ValueError(f"unknown MXFP4 scale mode {mode!r}")
+  return jnp.where(amax_b == 0, E8M0_EMIN, jnp.clip(e, E8M0_EMIN, E8M0_EMAX))
+
+
+def mx_element_prescale(mode: str) -> float:
+  """Factor applied to elements before the block scale: 3/4 for ``"floor_headroom"``, else 1."""
+  return 0.75 if mode == "floor_headroom" else 1.0
