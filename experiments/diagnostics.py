@@ -1,0 +1,49 @@
+"""Per-layer quantization error of the FP4 projections, sampled during training.
+
+For every projection y = Q(x)·Q(W) whose dot is not flax's plain one, the error is measured against the
+high-precision product of the same (bf16) operands, so each layer's number is isolated from upstream error:
+  err_l = metric(x·W, y_l),   metric = fp4jax.metrics.relative_mse:  ‖x·W − y_l‖² / ‖x·W‖².
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def default_metric() -> Callable | None:
+    """fp4jax.metrics.relative_mse(reference, approximation) if that module exists, else None."""
+    try:
+        from fp4jax.metrics import relative_mse
+    except ImportError:
+        return None
+    return relative_mse
+
+
+def projection_quant_errors(model: nn.Module, params, tokens: jax.Array, key: jax.Array, metric: Callable) -> dict:
+    """{module path: metric(x·W in fp32, quantized projection output)} for one forward pass over ``tokens``.
+
+    Layers with flax's plain dot (BF16 recipe, first/last BF16 blocks, embeddings, LM head) are not listed.
+    """
+
+    def run(params, tokens, key):
+        errors = {}
+
+        def interceptor(next_fun, args, kwargs, context):
+            out = next_fun(*args, **kwargs)
+            module = context.module
+            if isinstance(module, nn.Dense) and context.method_name == "__call__" and module.dot_general_cls:
+                x = args[0].astype(module.dtype)
+                kernel = module.variables["params"]["kernel"].astype(module.dtype)
+                reference = jnp.dot(x, kernel, preferred_element_type=jnp.float32)
+                errors["/".join(module.scope.path)] = metric(reference, out.astype(jnp.float32))
+            return out
+
+        with nn.intercept_methods(interceptor):
+            model.apply({"params": params}, tokens, rngs={"quant": key})
+        return errors
+
+    return {name: float(err) for name, err in jax.jit(run)(params, tokens, key).items()}

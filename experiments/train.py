@@ -1,0 +1,359 @@
+"""Train a Llama-style model under one recipe: JSONL metrics, orbax checkpoints, exact resume.
+
+  python -m experiments.train --recipe quartet2 --model 10M --tokens 200M --data stdlib --out runs/q2-10M
+
+Loss: mean next-token cross-entropy ℓ = −(1/BT)·Σ log softmax(logits)[target] in nats; bits per byte =
+ℓ / (ln 2 · bytes_per_token) (byte-level corpora: bytes_per_token = 1). Steps = ⌊tokens / (batch·seq)⌋.
+
+Run folder (``--out``): ``config.json`` (the run's identity; a rerun with another config is refused),
+``metrics.jsonl`` (records {"kind": "train" | "val" | "quant_error", "step", "tokens", ...}), ``ckpt/`` (orbax: fp32
+params and optimizer state at step s; s is also the data stream's position), ``summary.json`` (once finished).
+Rerunning the same command resumes from the newest checkpoint, drops metric records after it, and reproduces
+the uninterrupted run bit for bit: batches are a function of the step, the "quant" key of step s is
+fold_in(key(seed), s), and every record of step s is written before the checkpoint of step s.
+``--max-minutes`` pauses (checkpoint, exit 0, status "paused") before the budget runs out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+from experiments import data, diagnostics, model as model_lib, optimizer
+
+QUANT_KEY_SALT = 1
+EVAL_KEY_SALT = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines a run's loss curve (saved as config.json; a resume must match it)."""
+
+    model: str = "1M"
+    recipe: str = model_lib.BF16_RECIPE
+    tokens: int = 1_000_000
+    data: str = "stdlib"
+    batch_size: int = 16
+    seq_len: int = 128
+    lr: float | None = None  # None: the size table's learning rate
+    warmup_frac: float = 0.1
+    weight_decay: float = 0.1
+    clip_norm: float = 1.0
+    seed: int = 0
+    bf16_first: int = 0
+    bf16_last: int = 0
+    dtype: str = "bfloat16"
+    attention_impl: str | None = None
+    token_dtype: str | None = None
+    log_every: int = 10
+    eval_every: int = 100
+    eval_batches: int = 4
+    ckpt_every: int = 100
+    quant_error_every: int = 0  # 0: never
+
+    def __post_init__(self):
+        for name in ("tokens", "batch_size", "seq_len", "log_every", "eval_every", "eval_batches", "ckpt_every"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.quant_error_every < 0:
+            raise ValueError(f"quant_error_every={self.quant_error_every} must be >= 0 (0 turns it off)")
+        if self.ckpt_every % self.log_every:
+            raise ValueError(f"ckpt_every={self.ckpt_every} must be a multiple of log_every={self.log_every} "
+                             "(a checkpoint must not split a logging window, or a resumed curve would differ)")
+        if self.tokens < self.tokens_per_step:
+            raise ValueError(f"tokens={self.tokens} is less than one step of batch_size·seq_len={self.tokens_per_step}")
+        if self.lr is not None and self.lr <= 0:
+            raise ValueError(f"lr={self.lr} must be positive")
+        if self.dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"dtype={self.dtype!r} must be 'bfloat16' or 'float32'")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+    @property
+    def steps(self) -> int:
+        return self.tokens // self.tokens_per_step
+
+    @property
+    def peak_lr(self) -> float:
+        return self.lr if self.lr is not None else model_lib.SIZES[self.model].lr
+
+
+def parse_count(text: str) -> int:
+    """'200M' → 200_000_000; accepts k/M/B/T suffixes, plain integers and floats like '2e6'."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kKmMbBtT]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count like 200M, 1.5B, 100k or 2e6")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[match.group(2).lower()]
+    return int(round(float(match.group(1)) * scale))
+
+
+def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """Mean cross-entropy (nats) of logits (B, T, V) for targets tokens (B, T)."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
+
+
+class Trainer:
+    """Model, optimizer, data and the jitted steps of one run."""
+
+    def __init__(self, config: TrainConfig, cache_dir: str | None = None):
+        self.config = config
+        self.corpus = data.load_corpus(config.data, cache_dir, config.token_dtype)
+        self.model_config = model_lib.model_config(
+            config.model,
+            vocab_size=self.corpus.vocab_size,
+            recipe=config.recipe,
+            bf16_first=config.bf16_first,
+            bf16_last=config.bf16_last,
+            dtype=jnp.dtype(config.dtype),
+            attention_impl=config.attention_impl,
+        )
+        model_lib.projection_dot_cls(config.recipe)  # fail now, not after the data and compile, if fp4jax lacks it
+        self.model = model_lib.Llama(self.model_config)
+        self.schedule = optimizer.lr_schedule(config.peak_lr, config.steps, config.warmup_frac)
+        self.optimizer = optimizer.adamw(
+            self.schedule,
+            weight_decay=config.weight_decay,
+            clip_norm=config.clip_norm,
+        )
+        self.stream = data.BatchStream(self.corpus.train, config.batch_size, config.seq_len, config.seed)
+        self.eval_set = data.eval_batches(self.corpus.val, config.batch_size, config.seq_len, config.eval_batches)
+        self.key = jax.random.key(config.seed)
+        self.train_step = jax.jit(self._train_step, donate_argnums=0)
+        self.eval_loss = jax.jit(self._eval_loss)
+
+    def init_state(self) -> dict:
+        params = model_lib.init_params(self.model_config, self.key, self.config.seq_len)
+        return {"params": params, "opt_state": self.optimizer.init(params)}
+
+    def quant_key(self, step: int) -> jax.Array:
+        return jax.random.fold_in(jax.random.fold_in(self.key, QUANT_KEY_SALT), step)
+
+    def _loss(self, params, batch, key):
+        logits = self.model.apply({"params": params}, batch[:, :-1], rngs={"quant": key})
+        return next_token_loss(logits, batch[:, 1:])
+
+    def _train_step(self, state, batch, key):
+        loss, grads = jax.value_and_grad(self._loss)(state["params"], batch, key)
+        updates, opt_state = self.optimizer.update(grads, state["opt_state"], state["params"])
+        new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
+        return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+
+    def _eval_loss(self, params, batch, key):
+        return self._loss(params, batch, key)
+
+    def validation_loss(self, params) -> float:
+        """Mean loss over the fixed validation set, with a fixed "quant" key."""
+        key = jax.random.fold_in(self.key, EVAL_KEY_SALT)
+        return float(np.mean([self.eval_loss(params, batch, key) for batch in self.eval_set]))
+
+    def bits_per_byte(self, loss: float) -> float | None:
+        bpt = self.corpus.bytes_per_token
+        return None if bpt is None else loss / math.log(2) / bpt
+
+
+class RunFolder:
+    """config.json, metrics.jsonl, summary.json and the orbax checkpoints of one run."""
+
+    def __init__(self, path: str | Path, config: TrainConfig):
+        self.path = Path(path).resolve()
+        self.path.mkdir(parents=True, exist_ok=True)
+        saved = self.path / "config.json"
+        mine = dataclasses.asdict(config)
+        if saved.exists():
+            theirs = json.loads(saved.read_text())
+            if theirs != mine:
+                diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+                raise ValueError(f"out={str(self.path)!r} holds a run with a different config (fields {diff}); "
+                                 "use another --out or the same arguments to resume")
+        else:
+            saved.write_text(json.dumps(mine, indent=1) + "\n")
+        self.metrics = self.path / "metrics.jsonl"
+        self.summary = self.path / "summary.json"
+        self.checkpoints = ocp.CheckpointManager(
+            self.path / "ckpt", options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True)
+        )
+
+    def restore(self, template: dict) -> tuple[dict, int]:
+        """The newest checkpoint (state, step) and the metrics truncated to it; (template, 0) if there is none."""
+        step = self.checkpoints.latest_step()
+        if step is None:
+            self.metrics.unlink(missing_ok=True)
+            return template, 0
+        state = self.checkpoints.restore(step, args=ocp.args.StandardRestore(template))
+        if self.metrics.exists():
+            kept = [line for line in self.metrics.read_text().splitlines() if json.loads(line)["step"] <= step]
+            self.metrics.write_text("".join(line + "\n" for line in kept))
+        return state, step
+
+    def save(self, step: int, state: dict) -> None:
+        self.checkpoints.save(step, args=ocp.args.StandardSave(state))
+
+    def log(self, record: dict) -> None:
+        with open(self.metrics, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self.checkpoints.wait_until_finished()
+        self.checkpoints.close()
+
+
+def read_metrics(path: str | Path, kind: str | None = None) -> list[dict]:
+    """Records of a run folder's metrics.jsonl (all, or only those of ``kind``)."""
+    lines = (Path(path) / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if kind is None or r["kind"] == kind]
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def train(
+    config: TrainConfig,
+    out: str | Path,
+    cache_dir: str | None = None,
+    max_minutes: float | None = None,
+    stop_at_step: int | None = None,
+    quiet: bool = False,
+) -> dict:
+    """Train (or resume) the run in ``out``; return its summary ({"status": "finished" | "paused", ...}).
+
+    ``max_minutes`` and ``stop_at_step`` pause at the first logging boundary where the time budget would run out /
+    the step is reached; rerunning resumes.
+    """
+    started = time.perf_counter()
+    trainer = Trainer(config, cache_dir)
+    folder = RunFolder(out, config)
+    state, step = folder.restore(trainer.init_state())
+    counts = model_lib.parameter_count(trainer.model_config)
+    quant_metric = diagnostics.default_metric() if config.quant_error_every else None
+    if config.quant_error_every and quant_metric is None and not quiet:
+        print("quant_error_every: fp4jax.metrics.relative_mse is not available; no quant_error records", file=sys.stderr)
+
+    def emit(record):
+        folder.log({"step": step, "tokens": step * config.tokens_per_step, **record})
+
+    def log_validation():
+        loss = trainer.validation_loss(state["params"])
+        emit({"kind": "val", "val_loss": loss, "val_bpb": trainer.bits_per_byte(loss)})
+        return loss
+
+    if step == 0:
+        log_validation()
+    resumed_from, window_losses, window_start, last_window_s = step, [], time.perf_counter(), 0.0
+    run_start, status, last = time.perf_counter(), "finished", {}
+    while step < config.steps:
+        batch = trainer.stream.batch(step)
+        state, out_metrics = trainer.train_step(state, batch, trainer.quant_key(step))
+        window_losses.append(out_metrics)
+        step += 1
+        boundary = step % config.log_every == 0 or step == config.steps
+        if boundary:
+            fetched = jax.device_get(window_losses)
+            now = time.perf_counter()
+            last_window_s = now - window_start
+            step_time = last_window_s / len(fetched)
+            last = {"loss": float(np.mean([m["loss"] for m in fetched])),
+                    "grad_norm": float(fetched[-1]["grad_norm"]),
+                    "lr": float(trainer.schedule(step - 1)),
+                    "step_time_s": step_time, "tokens_per_s": config.tokens_per_step / step_time}
+            emit({"kind": "train", **last})
+            window_losses, window_start = [], now
+        if step % config.eval_every == 0 or step == config.steps:
+            last["val_loss"] = log_validation()
+        if quant_metric and step % config.quant_error_every == 0:
+            errors = diagnostics.projection_quant_errors(
+                trainer.model, state["params"], trainer.eval_set[0][:, :-1], trainer.quant_key(step), quant_metric)
+            if errors:
+                emit({"kind": "quant_error", "relative_mse": errors})
+        out_of_time = max_minutes is not None and (
+            time.perf_counter() - started + 1.5 * last_window_s > 60 * max_minutes)
+        pause = boundary and step < config.steps and (out_of_time or (stop_at_step is not None and step >= stop_at_step))
+        if step % config.ckpt_every == 0 or step == config.steps or pause:
+            folder.save(step, state)
+        if boundary and not quiet:
+            done = step - resumed_from
+            eta = (time.perf_counter() - run_start) / done * (config.steps - step)
+            print(f"\r{config.recipe} {config.model} | step {step}/{config.steps} | "
+                  f"{step * config.tokens_per_step:,} tok | loss {last['loss']:.4f} | "
+                  f"{last['tokens_per_s']:,.0f} tok/s | ETA {_duration(eta)}   ",
+                  end="" if sys.stderr.isatty() else "\n", file=sys.stderr, flush=True)
+        if pause:
+            status = "paused"
+            break
+    folder.close()
+    if not quiet and sys.stderr.isatty():
+        print(file=sys.stderr)
+    train_records = read_metrics(folder.path, "train")
+    val_records = read_metrics(folder.path, "val")
+    summary = {
+        "status": status, "step": step, "steps": config.steps, "tokens": step * config.tokens_per_step,
+        "model": config.model, "recipe": config.recipe, "bf16_first": config.bf16_first, "bf16_last": config.bf16_last,
+        "params": counts["total"], "non_embedding_params": counts["non_embedding"],
+        "train_loss": train_records[-1]["loss"] if train_records else None,
+        "val_loss": val_records[-1]["val_loss"], "val_bpb": val_records[-1]["val_bpb"],
+        "tokens_per_s": float(np.median([r["tokens_per_s"] for r in train_records])) if train_records else None,
+        "wall_s": time.perf_counter() - started,
+    }
+    if status == "finished":
+        folder.summary.write_text(json.dumps(summary, indent=1) + "\n")
+    if not quiet:
+        print(f"{status}: recipe={config.recipe} model={config.model} step={step}/{config.steps} "
+              f"tokens={summary['tokens']:,} val_loss={summary['val_loss']:.4f} "
+              + (f"val_bpb={summary['val_bpb']:.4f} " if summary["val_bpb"] is not None else "")
+              + f"tok/s={summary['tokens_per_s'] or 0:,.0f} wall={_duration(summary['wall_s'])} out={folder.path}")
+    return summary
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--flag`` per TrainConfig field (shared with the sweep and compare commands)."""
+    defaults = TrainConfig()
+    parser.add_argument("--model", default=defaults.model, choices=list(model_lib.SIZES))
+    parser.add_argument("--recipe", default=defaults.recipe, help="bf16, or an fp4jax recipe name (e.g. quartet2)")
+    parser.add_argument("--tokens", type=parse_count, default=defaults.tokens, help="training tokens, e.g. 200M")
+    parser.add_argument("--data", default=defaults.data, help="stdlib | linux | corpus folder | train .bin[.xz]")
+    for name in ("batch_size", "seq_len", "seed", "bf16_first", "bf16_last", "log_every", "eval_every",
+                 "eval_batches", "ckpt_every", "quant_error_every"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+    for name in ("lr", "warmup_frac", "weight_decay", "clip_norm"):
+        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    parser.add_argument("--dtype", default=defaults.dtype, choices=["bfloat16", "float32"])
+    parser.add_argument("--attention-impl", default=None, choices=["xla", "cudnn"])
+    parser.add_argument("--token-dtype", default=None, choices=["uint8", "uint16", "uint32"])
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.train", description=__doc__.split("\n\n")[0])
+    add_config_arguments(parser)
+    parser.add_argument("--out", default=None, help="run folder (default runs/<model>-<recipe>-<tokens>)")
+    parser.add_argument("--cache-dir", default=None, help="corpus cache (default $FP4JAX_CACHE or ~/.cache/fp4jax)")
+    parser.add_argument("--max-minutes", type=float, default=None, help="pause (checkpoint and exit) before this")
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as err:
+        parser.error(str(err))
+    out = args.out or f"runs/{config.model}-{config.recipe}-{config.tokens}"
+    train(config, out, cache_dir=args.cache_dir, max_minutes=args.max_minutes)
+
+
+if __name__ == "__main__":
+    main()
