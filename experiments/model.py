@@ -50,6 +50,7 @@ class ModelSize:
 # Names count non-embedding parameters (the Quartet convention), except 125M / 350M: those are the GPT-2/GPT-3
 # benchmark shapes (12 x 768, 24 x 1024) named as in those papers, whose counts include a 50k-token embedding.
 SIZES: dict[str, ModelSize] = {
+    "100K": ModelSize(n_layers=2, d_model=64, n_heads=1, lr=3e-3, ffn_multiple=64),  # smoke tests
     "1M": ModelSize(n_layers=4, d_model=128, n_heads=2, lr=3e-3, ffn_multiple=64),
     "3M": ModelSize(n_layers=6, d_model=192, n_heads=3, lr=2e-3, ffn_multiple=64),
     "10M": ModelSize(n_layers=8, d_model=320, n_heads=5, lr=1.5e-3, ffn_multiple=64),
@@ -113,17 +114,13 @@ class ModelConfig:
 
 
 def model_config(size: str, **overrides) -> ModelConfig:
-    """The :class:`ModelConfig` of a named size (a key of :data:`SIZES`), with field overrides (recipe, vocab_size, ...)."""
+    """The :class:`ModelConfig` of a named size (a key of :data:`SIZES`), with any field overridden."""
     if size not in SIZES:
-        raise ValueError(f"model size {size!r} is not one of {sorted(SIZES, key=lambda s: float(s[:-1]))}")
+        raise ValueError(f"model size {size!r} is not one of {list(SIZES)}")
     row = SIZES[size]
-    return ModelConfig(
-        n_layers=row.n_layers,
-        d_model=row.d_model,
-        n_heads=row.n_heads,
-        ffn_hidden=swiglu_hidden(row.d_model, row.ffn_multiple),
-        **overrides,
-    )
+    shape = dict(n_layers=row.n_layers, d_model=row.d_model, n_heads=row.n_heads,
+                 ffn_hidden=swiglu_hidden(row.d_model, row.ffn_multiple))
+    return ModelConfig(**{**shape, **overrides})
 
 
 def parameter_count(config: ModelConfig) -> dict[str, int]:

@@ -150,7 +150,7 @@ class Trainer:
         loss, grads = jax.value_and_grad(self._loss)(state["params"], batch, key)
         updates, opt_state = self.optimizer.update(grads, state["opt_state"], state["params"])
         new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
-        return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     def _eval_loss(self, params, batch, key):
         return self._loss(params, batch, key)
@@ -338,6 +338,16 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+
+
+def config_to_args(config: TrainConfig) -> list[str]:
+    """The command-line flags that :func:`config_from_args` turns back into ``config``."""
+    flags = []
+    for field in dataclasses.fields(TrainConfig):
+        value = getattr(config, field.name)
+        if value is not None:
+            flags += ["--" + field.name.replace("_", "-"), repr(value) if isinstance(value, float) else str(value)]
+    return flags
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,154 @@
+"""Grids of training runs: model sizes × tokens-per-parameter ratios × recipes, resumable, in time-boxed pieces.
+
+  python -m experiments.sweep --out runs/sweep --sizes 30M 50M 100M --ratios 100 \\
+      --recipes bf16 nvfp4_rtn nvidia_nvfp4 quartet quartet2 ms_fp4 --data linux --max-minutes 9 --devices 0,1,2,3
+
+Run ``{size}-r{ratio}-{recipe}`` trains D = ratio · N tokens (N = non-embedding parameters, the Quartet convention;
+D rounded down to whole steps) in ``OUT/{name}``. Each invocation skips finished runs (``summary.json``), resumes
+unfinished ones from their checkpoints, and stops launching when ``--max-minutes`` is nearly spent; each launched
+run gets the remaining time as its own ``--max-minutes`` and pauses cleanly, so a piece ends before the budget.
+``--devices 0,1`` runs one training process per GPU at once (``CUDA_VISIBLE_DEVICES``); without it, runs go one
+after another on the default device. ``--results FILE`` writes one JSON line per finished run (its summary and
+validation curve), the input of :mod:`experiments.scaling_law`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from experiments import model as model_lib
+from experiments import train
+
+STARTUP_MINUTES = 1.0  # a run is launched only with at least this much budget left (imports, data, compile)
+POLL_SECONDS = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    name: str
+    config: train.TrainConfig
+
+
+def plan(base: train.TrainConfig, sizes: Sequence[str], ratios: Sequence[float], recipes: Sequence[str]) -> list[Run]:
+    """Every (size, ratio, recipe) as a :class:`Run`, tokens = ratio · N rounded down to whole steps."""
+    runs = []
+    for size in sizes:
+        n = model_lib.parameter_count(model_lib.model_config(size))["non_embedding"]
+        for ratio in ratios:
+            if ratio <= 0:
+                raise ValueError(f"ratios: {ratio} must be positive")
+            tokens = int(ratio * n) // base.tokens_per_step * base.tokens_per_step
+            for recipe in recipes:
+                config = dataclasses.replace(base, model=size, recipe=recipe, tokens=tokens)
+                runs.append(Run(f"{size}-r{ratio:g}-{recipe}", config))
+    return runs
+
+
+def run_state(folder: Path) -> str:
+    """"finished" (summary.json), "partial" (a started run: resumes), or "new"."""
+    if (folder / "summary.json").exists():
+        return "finished"
+    return "partial" if (folder / "config.json").exists() else "new"
+
+
+def train_command(run: Run, folder: Path, minutes: float, cache_dir: str | None) -> list[str]:
+    command = [sys.executable, "-m", "experiments.train", *train.config_to_args(run.config),
+               "--out", str(folder), "--max-minutes", f"{minutes:.2f}"]
+    return command + (["--cache-dir", cache_dir] if cache_dir else [])
+
+
+def execute(
+    runs: Sequence[Run],
+    out: Path,
+    max_minutes: float,
+    devices: Sequence[str] = (),
+    cache_dir: str | None = None,
+    command: Callable[[Run, Path, float, str | None], list[str]] = train_command,
+) -> dict[str, str]:
+    """Launch the unfinished runs (partial ones first) on free device slots until the budget is nearly spent.
+
+    Returns {run name: state after this piece}.
+    """
+    deadline = time.monotonic() + 60 * max_minutes
+    pending = sorted((r for r in runs if run_state(out / r.name) != "finished"),
+                     key=lambda r: run_state(out / r.name) != "partial")
+    slots = list(devices) or [None]
+    running: dict[str | None, tuple[Run, subprocess.Popen]] = {}
+    while pending or running:
+        for slot, (run, proc) in list(running.items()):
+            if proc.poll() is not None:
+                del running[slot]
+                if proc.returncode:
+                    print(f"{run.name}: exit status {proc.returncode}, see {out / run.name / 'train.log'}",
+                          file=sys.stderr)
+        minutes_left = (deadline - time.monotonic()) / 60
+        if minutes_left < STARTUP_MINUTES:
+            pending = []
+        for slot in [s for s in slots if s not in running]:
+            if not pending:
+                break
+            run = pending.pop(0)
+            folder = out / run.name
+            folder.mkdir(parents=True, exist_ok=True)
+            env = dict(os.environ) if slot is None else {**os.environ, "CUDA_VISIBLE_DEVICES": slot}
+            with open(folder / "train.log", "a") as log:
+                proc = subprocess.Popen(command(run, folder, minutes_left - 0.5, cache_dir), env=env,
+                                        stdout=log, stderr=subprocess.STDOUT)
+            running[slot] = (run, proc)
+            print(f"started {run.name} on {'device ' + slot if slot else 'the default device'} "
+                  f"({minutes_left:.1f} min left)", file=sys.stderr)
+        time.sleep(POLL_SECONDS if running else 0)
+    return {run.name: run_state(out / run.name) for run in runs}
+
+
+def collect(out: Path, runs: Sequence[Run]) -> list[dict]:
+    """Summary and validation curve [[tokens, val_loss], ...] of every finished run."""
+    results = []
+    for run in runs:
+        folder = out / run.name
+        if run_state(folder) == "finished":
+            summary = json.loads((folder / "summary.json").read_text())
+            curve = [[r["tokens"], r["val_loss"]] for r in train.read_metrics(folder, "val")]
+            results.append({"name": run.name, **summary, "val_curve": curve})
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__.split("\n\n")[0])
+    train.add_config_arguments(parser)
+    parser.add_argument("--out", type=Path, required=True, help="sweep folder; one subfolder per run")
+    parser.add_argument("--sizes", nargs="+", required=True, choices=list(model_lib.SIZES))
+    parser.add_argument("--ratios", nargs="+", type=float, required=True, help="tokens per parameter, e.g. 25 100")
+    parser.add_argument("--recipes", nargs="+", required=True)
+    parser.add_argument("--max-minutes", type=float, default=9.0, help="budget of this piece (default 9)")
+    parser.add_argument("--devices", default="", help="comma-separated GPU ids, one run per GPU at once")
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--results", type=Path, default=None, help="write finished runs' summaries here (JSONL)")
+    args = parser.parse_args(argv)
+    try:
+        base = train.config_from_args(args)
+        runs = plan(base, args.sizes, args.ratios, args.recipes)
+    except ValueError as err:
+        parser.error(str(err))
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+    states = execute(runs, args.out, args.max_minutes, devices, args.cache_dir)
+    counts = {state: sum(s == state for s in states.values()) for state in ("finished", "partial", "new")}
+    print(f"sweep {args.out}: {counts['finished']}/{len(runs)} finished, {counts['partial']} partial, "
+          f"{counts['new']} not started" + ("" if counts["finished"] == len(runs) else "; rerun to continue"))
+    if args.results:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        results = collect(args.out, runs)
+        args.results.write_text("".join(json.dumps(r) + "\n" for r in results))
+        print(f"wrote {len(results)} results to {args.results}")
+
+
+if __name__ == "__main__":
+    main()

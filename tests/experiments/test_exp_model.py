@@ -1,0 +1,117 @@
+"""Model: parameter counts per size, shapes, causality, RoPE, per-layer recipe policy."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import model as m
+
+def _has_fp4jax_linen() -> bool:
+    try:
+        import fp4jax.flax.linen  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+QUARTET_SIZES = {"30M": 30e6, "50M": 50e6, "100M": 100e6, "200M": 200e6}
+TINY_SIZES = {"100K": 1e5, "1M": 1e6, "3M": 3e6, "10M": 10e6}
+
+
+def _leaf_count(tree) -> int:
+    return sum(x.size for x in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize("size", list(m.SIZES))
+def test_analytic_parameter_count_matches_initialized_model(size):
+    config = m.model_config(size)
+    shapes = jax.eval_shape(lambda k: m.init_params(config, k), jax.random.key(0))
+    assert _leaf_count(shapes) == m.parameter_count(config)["total"]
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(shapes))
+
+
+@pytest.mark.parametrize("size,nominal,tolerance", [(s, n, 0.05) for s, n in QUARTET_SIZES.items()]
+                         + [(s, n, 0.20) for s, n in TINY_SIZES.items()])
+def test_size_names_are_non_embedding_counts(size, nominal, tolerance):
+    count = m.parameter_count(m.model_config(size))["non_embedding"]
+    assert abs(count - nominal) / nominal < tolerance, count
+
+
+def test_quartet_shapes_and_swiglu_width():
+    config = m.model_config("30M")
+    assert (config.n_layers, config.d_model, config.n_heads, config.head_dim) == (6, 640, 5, 128)
+    assert config.ffn_hidden == 1792  # 256·ceil(8·640/3/256)
+    assert m.SIZES["100M"].lr == 6e-4
+
+
+def test_forward_shape_dtype_and_causality():
+    config = m.model_config("1M", vocab_size=64)
+    params = m.init_params(config, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
+    forward = jax.jit(m.Llama(config).apply)
+    logits = forward({"params": params}, tokens)
+    assert logits.shape == (2, 16, 64) and logits.dtype == jnp.float32
+    changed = tokens.at[:, 10].set((tokens[:, 10] + 1) % 64)
+    logits2 = forward({"params": params}, changed)
+    np.testing.assert_array_equal(logits[:, :10], logits2[:, :10])
+    assert not np.allclose(logits[:, 10:], logits2[:, 10:])
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    q = jax.random.normal(jax.random.key(0), (1, 1, 1, 32))
+    k = jax.random.normal(jax.random.key(1), (1, 1, 1, 32))
+    seq = 12
+    rq = m.apply_rope(jnp.broadcast_to(q, (1, seq, 1, 32)), 1e4)[0, :, 0]
+    rk = m.apply_rope(jnp.broadcast_to(k, (1, seq, 1, 32)), 1e4)[0, :, 0]
+    scores = rq @ rk.T
+    np.testing.assert_allclose(scores[7, 4], scores[3, 0], rtol=1e-5)
+    np.testing.assert_allclose(scores[11, 2], scores[9, 0], rtol=1e-5)
+    np.testing.assert_allclose(jnp.linalg.norm(rq, axis=-1), jnp.linalg.norm(q), rtol=1e-5)
+    assert not np.isclose(scores[7, 4], scores[7, 3])
+
+
+def test_bf16_first_last_policy():
+    config = m.model_config("3M", recipe="some_fp4", bf16_first=1, bf16_last=2)
+    assert [config.layer_recipe(i) for i in range(6)] == ["bf16", "some_fp4", "some_fp4", "some_fp4", "bf16", "bf16"]
+    assert m.projection_dot_cls("bf16") is None
+
+
+@pytest.mark.parametrize("field,value", [("bf16_last", 7), ("n_heads", 3), ("recipe", ""), ("vocab_size", 0)])
+def test_bad_config_names_the_argument(field, value):
+    with pytest.raises(ValueError, match=field):
+        m.model_config("1M", **{field: value})
+
+
+def test_unknown_size_is_refused():
+    with pytest.raises(ValueError, match="model size '7M'"):
+        m.model_config("7M")
+
+
+@pytest.mark.skipif(_has_fp4jax_linen(), reason="fp4jax.flax.linen exists")
+def test_fp4_recipe_without_fp4jax_flax_says_what_is_missing():
+    with pytest.raises(ImportError, match="fp4jax.flax.linen.DotGeneral"):
+        m.projection_dot_cls("quartet2")
+
+
+@pytest.mark.parametrize("recipe", ["nvidia_nvfp4", "quartet2"])
+def test_fp4_model_keeps_first_and_last_blocks_in_bf16(recipe):
+    pytest.importorskip("fp4jax.flax.linen")
+    config = m.model_config("1M", recipe=recipe, bf16_first=1, bf16_last=1)
+    params = m.init_params(config, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (2, 32), 0, 256)
+    seen = {}
+
+    def record(next_fun, args, kwargs, context):
+        if isinstance(context.module, nn.Dense) and context.method_name == "__call__":
+            seen["/".join(context.module.scope.path)] = context.module.dot_general_cls is not None
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(record):
+        logits = m.Llama(config).apply({"params": params}, tokens, rngs={"quant": jax.random.key(2)})
+    assert np.isfinite(logits).all()
+    assert not seen["block_0/attn/q"] and not seen["block_3/mlp/down"] and not seen["lm_head"]
+    assert seen["block_1/attn/q"] and seen["block_2/mlp/down"]
+    reference = m.Llama(m.model_config("1M")).apply({"params": params}, tokens)
+    assert 0 < float(jnp.mean((logits - reference) ** 2)) < float(jnp.mean(reference**2))

@@ -1,0 +1,100 @@
+"""Training: schedule, loss goes down, exact resume after a kill, config mismatch refused."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments import optimizer, prepare, train
+
+REPO = Path(__file__).resolve().parents[2]
+TIMING = {"step_time_s", "tokens_per_s"}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A small byte corpus with learnable structure (repeated sentences with counters)."""
+    folder = tmp_path_factory.mktemp("corpus")
+    text = "".join(f"line {i % 97}: the quick brown fox jumps over the lazy dog.\n" for i in range(3000))
+    (folder / "text.txt").write_text(text)
+    prepare.prepare_text(folder / "bytes", [folder / "text.txt"])
+    return str(folder / "bytes")
+
+
+def _config(corpus, **changes):
+    fields = dict(model="100K", tokens=8 * 8 * 64, data=corpus, batch_size=8, seq_len=64, log_every=1,
+                  eval_every=4, eval_batches=2, ckpt_every=4, lr=3e-3)
+    return train.TrainConfig(**{**fields, **changes})
+
+
+def _curve(folder):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in train.read_metrics(folder)]
+
+
+def test_parse_count():
+    assert train.parse_count("200M") == 200_000_000 and train.parse_count("1.5B") == 1_500_000_000
+    assert train.parse_count("100k") == 100_000 and train.parse_count("2e6") == 2_000_000
+    with pytest.raises(Exception, match="not a count"):
+        train.parse_count("lots")
+
+
+def test_schedule_warmup_cosine_endpoints():
+    schedule = optimizer.lr_schedule(1e-3, total_steps=1000, warmup_frac=0.1)
+    np.testing.assert_allclose([schedule(0), schedule(100), schedule(550), schedule(1000)],
+                               [1e-5, 1e-3, (1e-3 + 1e-4) / 2, 1e-4], rtol=1e-5)
+
+
+def test_bad_train_config_names_the_argument(corpus):
+    with pytest.raises(ValueError, match="ckpt_every"):
+        _config(corpus, ckpt_every=5, log_every=2)
+    with pytest.raises(ValueError, match="tokens"):
+        _config(corpus, tokens=10)
+
+
+def test_loss_goes_down_and_resume_after_kill_reproduces_the_curve(corpus, tmp_path):
+    config = _config(corpus, tokens=16 * 8 * 64)
+    reference = train.train(config, tmp_path / "reference", quiet=True)
+    losses = [r["loss"] for r in train.read_metrics(tmp_path / "reference", "train")]
+    assert reference["status"] == "finished" and len(losses) == 16
+    assert np.mean(losses[-4:]) < 0.75 * np.mean(losses[:2])
+
+    # A real kill: the CLI is SIGKILLed after its step-9 record (checkpoint at 8), then resumed in process.
+    killed = tmp_path / "killed"
+    args = [sys.executable, "-m", "experiments.train", "--out", str(killed), "--model", "100K", "--tokens", "8192",
+            "--data", corpus, "--batch-size", "8", "--seq-len", "64", "--log-every", "1", "--eval-every", "4",
+            "--eval-batches", "2", "--ckpt-every", "4", "--lr", "3e-3"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.time() + 90
+    while time.time() < deadline and proc.poll() is None:
+        if (killed / "metrics.jsonl").exists() and any(
+                json.loads(line)["step"] >= 9 for line in (killed / "metrics.jsonl").read_text().splitlines()):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the training process ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "summary.json").exists()
+    resumed = train.train(config, killed, quiet=True)
+    assert resumed["status"] == "finished"
+    assert _curve(killed) == _curve(tmp_path / "reference")
+
+
+def test_pause_and_resume_in_process_and_config_mismatch(corpus, tmp_path):
+    config = _config(corpus)
+    paused = train.train(config, tmp_path / "run", stop_at_step=4, quiet=True)
+    assert paused["status"] == "paused" and paused["step"] == 4
+    assert not (tmp_path / "run" / "summary.json").exists()
+    with pytest.raises(ValueError, match="different config.*seed"):
+        train.train(_config(corpus, seed=1), tmp_path / "run", quiet=True)
+    finished = train.train(config, tmp_path / "run", quiet=True)
+    assert finished["status"] == "finished" and finished["step"] == 8
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["val_loss"] == finished["val_loss"]
+    steps = [r["step"] for r in train.read_metrics(tmp_path / "run", "train")]
+    assert steps == list(range(1, 9))
