@@ -1,0 +1,240 @@
+"""Fused FP4 quantize kernel, Pallas on the Triton backend (GPU; interpret mode on CPU).
+
+One program reads one (block_rows, block_cols) tile of ``x`` once and writes packed E2M1 codes (even element in
+the low nibble), block-scale bit patterns (uint8; bitcast to float8 outside) and optionally the dequantized tile.
+Fused in the tile: the blockwise Hadamard (fixed TE or random signs, any size up to the tile), the per-element
+random bits (``fp4jax.bits.hash_bits`` of the element's row-major index in ``x``: the reference's bits exactly),
+the "along columns" transpose (done in registers; the outputs are written K-major), and every rounding / scale rule
+of ``fp4jax.quantize`` — the block numerics are the foundation's own ``_quantize_blocks`` evaluated in the kernel
+(``fp4jax_kernels.triton_compat``), so RTN, SR, four-over-six, MS-EDEN and MXFP4 agree bit for bit by construction.
+
+Per-tensor amax (NVFP4 only): a separate XLA reduction reads ``x`` once before the kernel (for a Hadamard spec, the
+reduction of the rotated tensor, fused by XLA). Any current-scaling scheme must see every element before the first
+code is final, so it costs one extra read of ``x`` whatever the split; a standalone reduction is that one read with
+nothing else written (a 4-byte result), so bytes moved per element are 2·sizeof(x) + 1/2 (codes) + 1/16 (scales).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from fp4jax import bits as bits_lib
+from fp4jax import hadamard as hadamard_lib
+from fp4jax import scaling
+from fp4jax.formats import E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS
+from fp4jax.quantize import QTensor, _check_args, _decode, _Layout, _quantize_blocks, _signs, _split_key
+from fp4jax.rounding import rtn_bf16
+from fp4jax_kernels.quantize.spec import QuantizeSpec
+from fp4jax_kernels.triton_compat import kernel_safe
+
+
+# ------------------------------------------------------------------------------------------------ in-kernel pieces
+def fwht(x: jax.Array, d: int) -> jax.Array:
+  """Unnormalized Walsh-Hadamard transform of the last axis (length ``d``), Sylvester order.
+
+  The same butterflies in the same order as ``fp4jax.hadamard`` (stage h: ``(a + b, a - b)`` for elements h apart),
+  so fp32 results are identical; written with split/stack on the last axes, which Triton lowers (no slicing).
+  """
+  lead = x.shape[:-1]
+  h = 1
+  while h < d:
+    a, b = jnp.split(x.reshape(*lead, d // (2 * h), 2, h), 2, axis=-2)
+    a, b = a.reshape(*lead, d // (2 * h), h), b.reshape(*lead, d // (2 * h), h)
+    x = jnp.swapaxes(jnp.stack([a + b, a - b], axis=-1), -1, -2).reshape(*lead, d)
+    h *= 2
+  return x
+
+
+def rotate_rows(x: jax.Array, d: int, signs: jax.Array | None, round_bf16: bool) -> jax.Array:
+  """``fp4jax.hadamard.hadamard(x, d, axis=-1, signs)`` of a 2D tile, then one bf16 rounding for bf16 inputs."""
+  r, c = x.shape
+  x3 = x.reshape(r, c // d, d)
+  if signs is not None:
+    x3 = x3 * signs.reshape(1, 1, d)
+  y = (fwht(x3, d) * jnp.float32(1.0 / math.sqrt(d))).reshape(r, c)
+  return rtn_bf16(y) if round_bf16 else y
+
+
+def e4m3_bits(dec: jax.Array) -> jax.Array:
+  """uint8 float8_e4m3fn bit pattern of fp32 ``dec >= 0`` lying on the E4M3 grid (exact; NaN -> 0x7F).
+
+  Normal (dec >= 2^-6): ``(E + 7) << 3 | top 3 mantissa bits``; subnormal: ``dec · 2^9`` (0..7).
+  """
+  b = lax.bitcast_convert_type(dec, jnp.uint32)
+  exp = (b >> 23).astype(jnp.int32) - 127
+  normal = ((exp + 7) << 3) | ((b >> 20) & 7).astype(jnp.int32)
+  sub = (jnp.where(jnp.isnan(dec), 0.0, dec) * jnp.float32(512.0)).astype(jnp.int32)
+  out = jnp.where(dec >= jnp.float32(2.0**-6), normal, sub)
+  return jnp.where(jnp.isnan(dec), E4M3_NAN_BITS, out).astype(jnp.uint8)
+
+
+def pack_nibbles(codes: jax.Array) -> jax.Array:
+  """(R, C) uint8 codes -> (R, C/2) bytes, even element in the low nibble."""
+  r, c = codes.shape
+  lo, hi = jnp.split(codes.reshape(r, c // 2, 2), 2, axis=-1)
+  return (lo.reshape(r, c // 2) | (hi.reshape(r, c // 2) << 4)).astype(jnp.uint8)
+
+
+# ------------------------------------------------------------------------------------------------ kernel
+def _kernel(*refs, spec: QuantizeSpec, shape, tile, interpret: bool, bf16_input: bool):
+  it = iter(refs)
+  x_ref, amax_ref, eseed_ref, sseed_ref = next(it), next(it), next(it), next(it)
+  signs_ref = next(it) if spec.hadamard and spec.hadamard_signs != "none" else None
+  codes_ref, scales_ref = next(it), next(it)
+  deq_ref = next(it) if spec.dequantize else None
+  (m, k), (bm, bk) = shape, tile
+  i, j = pl.program_id(0), pl.program_id(1)
+  rows = i * bm + lax.broadcasted_iota(jnp.int32, (bm, bk), 0)
+  cols = j * bk + lax.broadcasted_iota(jnp.int32, (bm, bk), 1)
+  x = jnp.where((rows < m) & (cols < k), x_ref[...].astype(jnp.float32), jnp.float32(0.0))
+  safe = functools.partial(kernel_safe, interpret=interpret)
+
+  bits = sbits = None
+  if spec.rounding == "sr":
+    index = (rows * k + cols).astype(jnp.uint32)
+    bits = safe(bits_lib.hash_bits)(eseed_ref[...], index)
+  if spec.rounding == "eden":  # one bit word per scale, indexed in the reference's scale layout (rows only)
+    nb = k // spec.block
+    srow = i * bm + lax.broadcasted_iota(jnp.int32, (bm, bk // spec.block), 0)
+    scol = j * (bk // spec.block) + lax.broadcasted_iota(jnp.int32, (bm, bk // spec.block), 1)
+    sbits = safe(bits_lib.hash_bits)(sseed_ref[...], (srow * nb + scol).astype(jnp.uint32))[..., None]
+  if spec.along == "cols":
+    x = x.T
+    bits = None if bits is None else bits.T
+  if spec.hadamard:
+    signs = None if signs_ref is None else signs_ref[...]
+    x = rotate_rows(x, spec.hadamard, signs, bf16_input)
+
+  r, c = x.shape
+  block = (spec.block,) if spec.block_shape is None else tuple(spec.block_shape)
+  lay = _Layout((r, c), 1, block)
+  bits = None if bits is None else bits.reshape(lay.blocked)
+  blocks = lambda xb, b, sb, amax: _quantize_blocks(xb, lay, spec.fmt, spec.rounding, b, sb, amax)
+  codes, dec, gscale, exps = safe(blocks)(x.reshape(lay.blocked), bits, sbits, amax_ref[0])
+
+  sshape = scales_ref.shape
+  if spec.fmt.name == "mxfp4":
+    sb = jnp.where(jnp.isnan(dec), E8M0_NAN_BITS, exps + E8M0_BIAS).astype(jnp.uint8)
+  else:
+    sb = e4m3_bits(dec)
+  scales_ref[...] = sb.reshape(sshape)
+  codes_ref[...] = pack_nibbles(codes.reshape(r, c))
+  if deq_ref is not None:
+    deq_ref[...] = _decode(codes, dec, gscale).reshape(r, c).astype(deq_ref.dtype)
+
+
+# ------------------------------------------------------------------------------------------------ wrapper
+def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs) -> jax.Array:
+  """max|x| of the (rotated, bf16-rounded) tensor, fp32: the pre-pass (one XLA reduction reading x once)."""
+  xf = x.astype(jnp.float32)
+  if spec.hadamard:
+    xf = hadamard_lib.hadamard(xf, spec.hadamard, axis=spec.axis, signs=signs)
+    if x.dtype == jnp.bfloat16:
+      xf = rtn_bf16(xf)
+  return jnp.max(jnp.abs(xf))
+
+
+def _check(x, spec: QuantizeSpec, tile):
+  if x.ndim != 2:
+    raise ValueError(f"x must be 2D (rows, cols) for the fused quantize kernel, got shape {x.shape}")
+  if x.dtype not in (jnp.float32, jnp.bfloat16):
+    raise TypeError(f"x must be float32 or bfloat16, got {x.dtype}")
+  bm, bk = tile
+  if any(t & (t - 1) for t in tile):
+    raise ValueError(f"tile {tile} must be powers of two (Triton tensor shapes)")
+  n_axis = x.shape[-1] if spec.along == "rows" else x.shape[0]
+  t_axis, t_other = (bk, bm) if spec.along == "rows" else (bm, bk)
+  unit = max(spec.block, spec.hadamard or 1)
+  if spec.along == "rows" and n_axis % spec.block:
+    raise ValueError(f"x.shape[-1]={n_axis} must be a multiple of the block size {spec.block}")
+  if spec.hadamard and n_axis % spec.hadamard:
+    raise ValueError(f"the quantized axis length {n_axis} must be a multiple of hadamard={spec.hadamard}")
+  if t_axis % unit or (spec.block_shape is not None and t_other % 16):
+    raise ValueError(f"tile {tile} must hold whole blocks/Hadamard chunks ({unit} along the quantized axis)")
+  if spec.rounding == "eden" and spec.along == "cols":
+    raise NotImplementedError("MS-EDEN along columns: quantize x.T along rows (its scale bits follow x.T's layout)")
+
+
+def default_tile(spec: QuantizeSpec) -> tuple[int, int]:
+  """(block_rows, block_cols): a tile of 16·256 elements, wide along the quantized axis (coalesced loads)."""
+  unit = max(spec.block, spec.hadamard or 1, 16)
+  along = max(256, unit)
+  return (16, along) if spec.along == "rows" else (along, 32)
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret"))
+def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, tile=None, num_warps: int = 4,
+             interpret: bool = False):
+  """Quantize 2D ``x`` per ``spec`` in one kernel pass (plus the amax pre-pass for NVFP4).
+
+  Returns ``(qtensor, dequantized)``: an ``fp4jax.QTensor`` bit-identical to ``fp4jax.quantize(x, **spec)`` for
+  ``along="rows"``; for ``along="cols"`` the QTensor of ``xᵀ`` (shape (K, M), blocks along its last axis) holding
+  exactly ``fp4jax.quantize(x, axis=0)`` transposed. ``dequantized`` (or None) is in the same layout.
+  """
+  tile = tuple(tile or default_tile(spec))
+  _check(x, spec, tile)
+  m, k = x.shape
+  bm, bk = tile
+  xq = x  # the logical tensor the reference quantizes
+  axis, block, hadamard = _check_args(xq, spec.fmt, spec.axis, spec.rounding, spec.block_shape,
+                                                   spec.hadamard or None, spec.hadamard_signs)
+  k_signs, k_elems, k_scales = _split_key(key, spec.rounding, hadamard, spec.hadamard_signs)
+  signs = _signs(hadamard, spec.hadamard_signs, k_signs)
+  zero_seed = jnp.zeros((2,), jnp.uint32)
+  eseed = bits_lib.seed_from_key(k_elems) if spec.rounding == "sr" else zero_seed
+  sseed = bits_lib.seed_from_key(k_scales) if spec.rounding == "eden" else zero_seed
+  amax = tensor_amax(x, spec, signs) if spec.fmt.name == "nvfp4" else jnp.float32(0.0)
+
+  bs, two_d = spec.block, spec.block_shape is not None
+  if spec.along == "rows":
+    out_rows, n_axis, t_rows, t_axis, index = m, k, bm, bk, (lambda i, j: (i, j))
+  else:
+    out_rows, n_axis, t_rows, t_axis, index = k, m, bk, bm, (lambda i, j: (j, i))
+  n_pad = -(-n_axis // bs) * bs
+  if two_d:
+    s_shape, s_tile = (-(-out_rows // 16), n_pad // 16), (t_rows // 16, t_axis // 16)
+  else:
+    s_shape, s_tile = (out_rows, n_pad // bs), (t_rows, t_axis // bs)
+  out_shape = [jax.ShapeDtypeStruct((out_rows, n_pad // 2), jnp.uint8), jax.ShapeDtypeStruct(s_shape, jnp.uint8)]
+  out_specs = [pl.BlockSpec((t_rows, t_axis // 2), index), pl.BlockSpec(s_tile, index)]
+  if spec.dequantize:
+    out_shape.append(jax.ShapeDtypeStruct((out_rows, n_axis), x.dtype))
+    out_specs.append(pl.BlockSpec((t_rows, t_axis), index))
+  whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
+  args = [x, amax.reshape(1), eseed, sseed]
+  in_specs = [pl.BlockSpec((bm, bk), lambda i, j: (i, j)), whole(1), whole(2), whole(2)]
+  if signs is not None:
+    args.append(signs)
+    in_specs.append(whole(spec.hadamard))
+  kernel = functools.partial(_kernel, spec=spec, shape=(m, k), tile=(bm, bk), interpret=interpret,
+                             bf16_input=x.dtype == jnp.bfloat16)
+  outs = pl.pallas_call(
+      kernel,
+      grid=(pl.cdiv(m, bm), pl.cdiv(k, bk)),
+      in_specs=in_specs,
+      out_specs=out_specs,
+      out_shape=out_shape,
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret,
+      name=f"fp4_quantize_{spec.fmt.name}_{spec.rounding}",
+  )(*args)
+  codes, scale_bits = outs[0], outs[1]
+  deq = outs[2] if spec.dequantize else None
+  if spec.fmt.name == "nvfp4":
+    rule = "eden" if spec.rounding == "eden" else spec.fmt.scale_mode
+    gscale = scaling.nvfp4_tensor_scales(amax, rule)[1]
+  else:
+    gscale = jnp.float32(1.0 / scaling.mx_element_prescale(spec.fmt.scale_mode))
+  qt = QTensor(
+      codes=codes, scales=lax.bitcast_convert_type(scale_bits, spec.fmt.scale_dtype),
+      global_scale=jnp.asarray(gscale, jnp.float32), signs=signs, shape=(out_rows, n_axis), axis=1, fmt=spec.fmt,
+      block_shape=block, hadamard=hadamard, dtype=x.dtype)
+  return qt, deq

@@ -1,0 +1,115 @@
+"""Run fp4jax's pure-JAX numerics inside Pallas Triton kernels, unchanged.
+
+Kernels here call the foundation's functions (``fp4jax.rounding``, ``scaling``, ``eden``, ``bits``) on in-kernel
+tiles instead of re-implementing them. A few primitives those functions use have no Pallas Triton lowering or lower
+to something inexact, so ``kernel_safe(fn)`` traces ``fn`` to a jaxpr and evaluates it with these substitutions:
+
+* ``div`` (float32): Triton lowers ``arith.divf`` to the approximate ``div.full.f32`` (up to 2 ulp); on the GPU it
+  becomes PTX ``div.rn.f32`` (IEEE round-to-nearest-even, what XLA computes).
+* ``round`` (ties to even): no Triton lowering; PTX ``cvt.rni.f32.f32`` (round to nearest integer, ties to even).
+* ``reduce_or``: no Triton lowering; ``max`` of the int32 values, exact.
+* ``slice`` of a short rank-1 vector (``seed[0]`` in ``fp4jax.bits.hash_bits``): no Triton lowering; a masked sum
+  over the vector, exact (one non-zero term).
+
+In interpret mode (CPU) the first two keep their own primitives, so CPU tests compare the same jaxpr the GPU runs,
+less the two PTX instructions whose IEEE semantics equal XLA's.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.extend import core as jex_core
+
+
+def _asm(instruction: str, *args: jax.Array) -> jax.Array:
+  """One PTX instruction per fp32 element (operands broadcast; scalars and constants as 1-element tensors)."""
+  from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415  (GPU-only path)
+
+  shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in args))
+  tshape = shape or (1,)
+  args = [jnp.broadcast_to(jnp.asarray(a, jnp.float32), tshape) for a in args]
+  constraints = ",".join(["=f"] + ["f"] * len(args))
+  (out,) = plgpu.elementwise_inline_asm(
+      instruction, args=args, constraints=constraints, pack=1,
+      result_shape_dtypes=[jax.ShapeDtypeStruct(tshape, jnp.float32)],
+  )
+  return out.reshape(shape)
+
+
+def _div(x, y, *, interpret: bool):
+  if interpret or x.dtype != jnp.float32:
+    return lax.div(x, y)
+  return _asm("div.rn.f32 $0, $1, $2;", x, y)
+
+
+def _round(x, *, rounding_method, interpret: bool):
+  if interpret or x.dtype != jnp.float32 or rounding_method != lax.RoundingMethod.TO_NEAREST_EVEN:
+    return lax.round(x, rounding_method)
+  return _asm("cvt.rni.f32.f32 $0, $1;", x)
+
+
+def _reduce_or(x, *, axes, **_):
+  return jnp.max(x.astype(jnp.int32), axis=axes) != 0
+
+
+def _slice(x, *, start_indices, limit_indices, strides, **_):
+  if x.ndim != 1 or (strides and any(s != 1 for s in strides)) or limit_indices[0] - start_indices[0] != 1:
+    raise NotImplementedError(f"kernel_safe: only single-element slices of vectors are supported, got {x.shape}")
+  hit = lax.broadcasted_iota(jnp.int32, x.shape, 0) == start_indices[0]
+  return jnp.sum(jnp.where(hit, x, jnp.zeros_like(x)), keepdims=True).astype(x.dtype)
+
+
+def _rules(interpret: bool) -> dict[str, Callable]:
+  return {
+      "div": lambda x, y: _div(x, y, interpret=interpret),
+      "round": lambda x, **p: _round(x, rounding_method=p["rounding_method"], interpret=interpret),
+      "reduce_or": _reduce_or,
+      "slice": _slice,
+  }
+
+
+def _eval(jaxpr, consts, args, rules):
+  env = {}
+
+  def read(v):
+    return v.val if isinstance(v, jex_core.Literal) else env[v]
+
+  for var, val in zip(jaxpr.constvars, consts):
+    env[var] = val
+  for var, val in zip(jaxpr.invars, args):
+    env[var] = val
+  for eqn in jaxpr.eqns:
+    invals = [read(v) for v in eqn.invars]
+    name = eqn.primitive.name
+    inner = eqn.params.get("jaxpr") if name in ("jit", "pjit", "closed_call") else None
+    if name == "custom_jvp_call":
+      inner = eqn.params["call_jaxpr"]
+    if name in rules:
+      outs = rules[name](*invals, **eqn.params)
+    elif inner is not None:
+      outs = _eval(inner.jaxpr, inner.consts, invals, rules)
+    else:
+      outs = eqn.primitive.bind(*invals, **eqn.params)
+    if not eqn.primitive.multiple_results and not isinstance(outs, (list, tuple)):
+      outs = [outs]
+    for var, val in zip(eqn.outvars, outs):
+      env[var] = val
+  return [read(v) for v in jaxpr.outvars]
+
+
+def kernel_safe(fn: Callable, *, interpret: bool) -> Callable:
+  """``fn`` evaluated with the substitutions above; same outputs (pytree) as ``fn``."""
+
+  @functools.wraps(fn)
+  def wrapped(*args):
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+    flat_args = jax.tree_util.tree_leaves(args)
+    outs = _eval(closed.jaxpr, closed.consts, flat_args, _rules(interpret))
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
+
+  return wrapped
