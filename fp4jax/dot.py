@@ -1,0 +1,292 @@
+"""``dot_general`` and ``einsum`` whose forward and backward GEMMs are quantized as a ``Recipe`` prescribes.
+
+Any ``dimension_numbers`` are canonicalized into a batched 2D problem ``X (B, M, K)`` x ``W (B, N, K)`` (batch dims
+first, free dims flattened, contracting dims flattened last; JAX differentiates the transposes and reshapes), and a
+``jax.custom_vjp`` runs the three GEMMs, each quantizing both operands along its own contraction axis:
+
+    fwd    Y  = Q(X)  · Q(W)ᵀ       contraction K (features)
+    dgrad  dX = Q(dY) · Q(Wᵀ)ᵀ      contraction N (outputs)
+    wgrad  dW = Q(dYᵀ)· Q(Xᵀ)ᵀ      contraction M (tokens)
+
+A GEMM with a Hadamard rotates both operands along its contraction axis with the same signs, so the rotation cancels.
+When the backward re-uses the forward-quantized W (or X) (``OperandSpec.source="forward"``), its GEMM yields the
+gradient of the forward-quantized operand, which the forward operand's estimator (straight-through or trust mask)
+and the inverse forward rotation map back to the input; DGE multiplies the weight gradient by its derivative.
+
+Randomness: one ``key`` per call, split by ``jax.random.fold_in`` with a fixed id per operand (and one per signs
+draw: the forward GEMM's, and one shared by the two backward GEMMs); the same key gives the same result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fp4jax import estimators, recipes as recipes_lib
+from fp4jax.operand import Operand, channel_scale, inverse_rotate, matmul, quantize_operand, rotate, signs_for
+from fp4jax.recipes import Recipe
+
+_KEY_IDS = {"fwd_lhs": 1, "fwd_rhs": 2, "dgrad_lhs": 3, "dgrad_rhs": 4, "wgrad_lhs": 5, "wgrad_rhs": 6}
+_SIGNS_IDS = {"fwd": 7, "bwd": 8}
+
+
+def _fold(key, idx: int):
+  return None if key is None else jax.random.fold_in(key, idx)
+
+
+# ------------------------------------------------------------------------------------------------ canonical form
+@dataclasses.dataclass(frozen=True)
+class _Canonical:
+  lhs_perm: tuple[int, ...]
+  rhs_perm: tuple[int, ...]
+  bmk: tuple[int, int, int]
+  bnk: tuple[int, int, int]
+  out_shape: tuple[int, ...]
+
+
+def _canonicalize(lhs_shape, rhs_shape, dimension_numbers) -> _Canonical:
+  try:
+    (lc, rc), (lb, rb) = dimension_numbers
+  except (TypeError, ValueError):
+    raise ValueError(
+        f"dimension_numbers must be ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)), got {dimension_numbers!r}"
+    ) from None
+  norm = lambda dims, nd, what: tuple(_axis(d, nd, what) for d in dims)
+  lc, lb = norm(lc, len(lhs_shape), "lhs"), norm(lb, len(lhs_shape), "lhs")
+  rc, rb = norm(rc, len(rhs_shape), "rhs"), norm(rb, len(rhs_shape), "rhs")
+  if len(lc) != len(rc) or len(lb) != len(rb):
+    raise ValueError(f"dimension_numbers pair unequal numbers of lhs/rhs dims: {dimension_numbers!r}")
+  for name, dims in (("lhs", lc + lb), ("rhs", rc + rb)):
+    if len(set(dims)) != len(dims):
+      raise ValueError(f"dimension_numbers repeat a {name} dimension: {dimension_numbers!r}")
+  for l, r in zip(lc + lb, rc + rb):
+    if lhs_shape[l] != rhs_shape[r]:
+      raise ValueError(f"lhs dim {l} (size {lhs_shape[l]}) and rhs dim {r} (size {rhs_shape[r]}) must match")
+  lf = tuple(d for d in range(len(lhs_shape)) if d not in lc + lb)
+  rf = tuple(d for d in range(len(rhs_shape)) if d not in rc + rb)
+  size = lambda shape, dims: math.prod(shape[d] for d in dims)
+  b, m, n, k = size(lhs_shape, lb), size(lhs_shape, lf), size(rhs_shape, rf), size(lhs_shape, lc)
+  out_shape = tuple(lhs_shape[d] for d in lb + lf) + tuple(rhs_shape[d] for d in rf)
+  return _Canonical(lb + lf + lc, rb + rf + rc, (b, m, k), (b, n, k), out_shape)
+
+
+def _axis(d: int, ndim: int, what: str) -> int:
+  if not -ndim <= d < ndim:
+    raise ValueError(f"dimension_numbers: {what} dimension {d} out of range for rank {ndim}")
+  return d % ndim
+
+
+# ------------------------------------------------------------------------------------------------ the custom VJP
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  recipe: Recipe
+  precision: Any
+  backend: str
+  out_dtype: Any
+  lhs_dtype: Any
+  rhs_dtype: Any
+
+
+def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs):
+  """Rotate (if the GEMM has a Hadamard) and quantize both operands; an ``Operand`` argument is used as given."""
+  lspec, rspec = static.recipe.operands(gemm)
+  out = []
+  for side, x, spec in (("lhs", lhs, lspec), ("rhs", rhs, rspec)):
+    if isinstance(x, Operand):
+      out.append((x, None))
+      continue
+    if spec.hadamard:
+      x = rotate(x, spec.hadamard, signs)
+    out.append(quantize_operand(x, spec, _fold(key, _KEY_IDS[f"{gemm}_{side}"]), backend=static.backend))
+  return out
+
+
+def _forward_source(spec, raw, forward: Operand):
+  """The backward GEMM's W or X (transposed to contract its last axis) according to ``spec.source``."""
+  if spec.source == "input":
+    return jnp.swapaxes(raw, -1, -2)
+  if spec.is_identity:
+    return forward.swap_last()
+  return jnp.swapaxes(forward.dequantize(), -1, -2)
+
+
+def _to_input(grad, fwd_spec, mask, signs):
+  """Gradient of a forward-quantized operand -> gradient of the layer input: estimator, then inverse rotation."""
+  if fwd_spec.estimator == "trust_mask":
+    grad = jnp.where(mask, grad, 0.0)
+  if fwd_spec.hadamard:
+    grad = inverse_rotate(grad, fwd_spec.hadamard, signs)
+  return grad
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _qdot(static: _Static, x, w, key):
+  return _qdot_fwd(static, x, w, key)[0]
+
+
+def _qdot_fwd(static: _Static, x, w, key):
+  r = static.recipe
+  signs = signs_for(r.fwd_lhs, _fold(key, _SIGNS_IDS["fwd"]))
+  (xq, mask_x), (wq, mask_w) = _quantize_gemm(static, "fwd", x, w, key, signs)
+  y = matmul(xq, wq, static.precision).astype(static.out_dtype)
+  keep_x = r.wgrad_rhs.source == "input"
+  keep_w = r.dgrad_rhs.source == "input" or r.fwd_rhs.estimator == "dge"
+  res = (
+      x if keep_x else None,
+      w if keep_w else None,
+      None if keep_x else xq,
+      wq if r.dgrad_rhs.source == "forward" else None,
+      mask_x,
+      mask_w,
+      signs,
+      key,
+  )
+  return y, res
+
+
+def _qdot_bwd(static: _Static, res, dy):
+  x, w, xq, wq, mask_x, mask_w, fwd_signs, key = res
+  r = static.recipe
+  bwd_key = _fold(key, _SIGNS_IDS["bwd"])
+  # dgrad: dX (B, M, K) = dY (B, M, N) . W (B, N, K), contraction over N.
+  (a, _), (b, _) = _quantize_gemm(
+      static, "dgrad", dy, _forward_source(r.dgrad_rhs, w, wq), key, signs_for(r.dgrad_lhs, bwd_key)
+  )
+  dx = matmul(a, b, static.precision)
+  if r.dgrad_rhs.source == "forward":
+    dx = _to_input(dx, r.fwd_lhs, mask_x, fwd_signs)
+  # wgrad: dW (B, N, K) = dYᵀ (B, N, M) . X (B, M, K), contraction over M.
+  (a, _), (b, _) = _quantize_gemm(
+      static, "wgrad", jnp.swapaxes(dy, -1, -2), _forward_source(r.wgrad_rhs, x, xq), key, signs_for(r.wgrad_lhs, bwd_key)
+  )
+  dw = matmul(a, b, static.precision)
+  if r.wgrad_rhs.source == "forward":
+    dw = _to_input(dw, r.fwd_rhs, mask_w, fwd_signs)
+  if r.fwd_rhs.estimator == "dge":
+    spec = r.fwd_rhs
+    scaled = w.astype(jnp.float32) * channel_scale(w, spec.scale_pow2)
+    dw = dw * estimators.dge_derivative(scaled, spec.dge_k, spec.dge_cap)
+  return dx.astype(static.lhs_dtype), dw.astype(static.rhs_dtype), None
+
+
+_qdot.defvjp(_qdot_fwd, _qdot_bwd)
+
+
+# ------------------------------------------------------------------------------------------------ public API
+def dot_general(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    dimension_numbers,
+    *,
+    recipe: str | Recipe,
+    key: jax.Array | None = None,
+    precision=None,
+    preferred_element_type=None,
+    backend: str = "xla",
+) -> jax.Array:
+  """``jax.lax.dot_general`` whose forward and backward GEMMs are quantized by ``recipe``.
+
+  Args:
+    lhs, rhs: floating-point arrays (the activation-like and the weight-like operand: ``rhs`` plays W in
+      ``Y = X·Wᵀ``, so its free dims are the outputs and its gradient is the weight gradient).
+    dimension_numbers: ``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))`` as in ``lax.dot_general``;
+      any number of contracting and batch dims.
+    recipe: a ``fp4jax.recipes.Recipe`` or a registered name (``fp4jax.recipes.names()``).
+    key: JAX PRNG key, required when ``recipe.is_random`` (stochastic rounding, MS-EDEN, fresh Hadamard signs).
+    precision: passed to the internal GEMMs (default: bf16 GEMMs for exact-in-bf16 quantized values, HIGHEST for
+      float32 ones).
+    preferred_element_type: output dtype (default ``result_type(lhs, rhs)``); gradients keep the input dtypes.
+    backend: quantizer implementation (``"xla"``; see ``fp4jax.operand``).
+
+  Returns an array of ``lax.dot_general``'s shape: batch dims, then lhs free dims, then rhs free dims.
+  """
+  recipe = recipes_lib.get(recipe)
+  lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+  for name, a in (("lhs", lhs), ("rhs", rhs)):
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+      raise TypeError(f"fp4jax.dot_general: {name} must be a floating-point array, got dtype {a.dtype}")
+  canon = _canonicalize(lhs.shape, rhs.shape, dimension_numbers)
+  if recipe.is_identity:
+    return jax.lax.dot_general(
+        lhs, rhs, dimension_numbers, precision=precision, preferred_element_type=preferred_element_type
+    )
+  if recipe.is_random and key is None:
+    raise ValueError(
+        f"recipe {recipe.name!r} is random (stochastic rounding, MS-EDEN or random Hadamard signs): "
+        "pass key=jax.random.key(...)"
+    )
+  out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
+  static = _Static(recipe, precision, backend, out_dtype, lhs.dtype, rhs.dtype)
+  x = jnp.transpose(lhs, canon.lhs_perm).reshape(canon.bmk)
+  w = jnp.transpose(rhs, canon.rhs_perm).reshape(canon.bnk)
+  return _qdot(static, x, w, key).reshape(canon.out_shape)
+
+
+def einsum(
+    spec: str,
+    a: jax.Array,
+    b: jax.Array,
+    *,
+    recipe: str | Recipe,
+    key: jax.Array | None = None,
+    precision=None,
+    preferred_element_type=None,
+    backend: str = "xla",
+) -> jax.Array:
+  """Two-operand ``jnp.einsum`` lowered to ``fp4jax.dot_general`` (``b`` is the weight-like operand).
+
+  ``spec`` is explicit (``"bsk,nk->bsn"``) or implicit (``"bsk,nk"``: output letters are those appearing once,
+  sorted). Letters in both operands and the output are batch dims; in both but not the output, contracted; in one
+  operand only and not the output, summed out first. No ellipsis, no repeated letter within an operand.
+  """
+  in_a, in_b, out = _parse_einsum(spec, a.ndim, b.ndim)
+  a, in_a = _sum_out(a, in_a, in_b + out)
+  b, in_b = _sum_out(b, in_b, in_a + out)
+  batch = [c for c in in_a if c in in_b and c in out]
+  contract = [c for c in in_a if c in in_b and c not in out]
+  dn = (
+      (tuple(in_a.index(c) for c in contract), tuple(in_b.index(c) for c in contract)),
+      (tuple(in_a.index(c) for c in batch), tuple(in_b.index(c) for c in batch)),
+  )
+  y = dot_general(
+      a, b, dn, recipe=recipe, key=key, precision=precision,
+      preferred_element_type=preferred_element_type, backend=backend,
+  )
+  labels = batch + [c for c in in_a if c not in in_b] + [c for c in in_b if c not in in_a]
+  return jnp.transpose(y, tuple(labels.index(c) for c in out))
+
+
+def _parse_einsum(spec: str, ndim_a: int, ndim_b: int) -> tuple[str, str, str]:
+  s = spec.replace(" ", "")
+  if "." in s:
+    raise ValueError(f"fp4jax.einsum: ellipsis is not supported, got spec {spec!r}")
+  ins, arrow, out = s.partition("->")
+  operands = ins.split(",")
+  if len(operands) != 2:
+    raise ValueError(f"fp4jax.einsum takes exactly two operands, got spec {spec!r}")
+  in_a, in_b = operands
+  if not arrow:
+    out = "".join(sorted(c for c in set(in_a + in_b) if (in_a + in_b).count(c) == 1))
+  for name, labels, nd in (("a", in_a, ndim_a), ("b", in_b, ndim_b), ("output", out, None)):
+    if not labels.isalpha() and labels:
+      raise ValueError(f"fp4jax.einsum: spec {spec!r} has a non-letter label in {name}")
+    if len(set(labels)) != len(labels):
+      raise ValueError(f"fp4jax.einsum: spec {spec!r} repeats a letter in {name} (diagonals are not supported)")
+    if nd is not None and len(labels) != nd:
+      raise ValueError(f"fp4jax.einsum: spec {spec!r} gives {name} {len(labels)} dims, but it has {nd}")
+  missing = set(out) - set(in_a + in_b)
+  if missing:
+    raise ValueError(f"fp4jax.einsum: output letters {sorted(missing)} appear in no operand of {spec!r}")
+  return in_a, in_b, out
+
+
+def _sum_out(x: jax.Array, labels: str, keep: str) -> tuple[jax.Array, str]:
+  drop = tuple(i for i, c in enumerate(labels) if c not in keep)
+  if not drop:
+    return x, labels
+  return jnp.sum(x, axis=drop), "".join(c for c in labels if c not in keep)

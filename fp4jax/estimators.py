@@ -1,0 +1,76 @@
+"""Backward rules of the forward quantizers: straight-through, trust mask, DGE, and outlier clamping (OCC).
+
+In ``fp4jax.dot_general`` a forward operand ``x`` is replaced by its quantized ``Q(x)``; the gradient that arrives
+for ``Q(x)`` is mapped back to ``x`` by the operand's estimator:
+
+* straight-through (STE, Bengio et al. 2013): ``∂x = ∂Q(x)``.
+* trust mask (QuEST / Quartet, arXiv 2502.05003, 2505.14669): ``∂x̂ = 1[|x̂/s| < 6] ⊙ ∂Q(x̂)`` with ``x̂`` the
+  (rotated) operand and ``s`` its block decode scale; gradient is dropped where the value was clipped.
+* DGE (Microsoft FP4, arXiv 2501.17116): the quantizer is smoothed inside each E2M1 interval and the gradient is
+  multiplied by the smooth function's derivative evaluated at the scaled value (``dge_derivative``).
+* OCC (same paper): before quantizing, clamp to per-row quantiles; the clamped-off residual is added back at high
+  precision (``occ_clamp``); its gradient is straight-through.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fp4jax.formats import E2M1_MAX
+
+
+def trust_mask(x: jax.Array, scale: jax.Array) -> jax.Array:
+  """``|x| < 6 · scale`` elementwise (bool): where E2M1 quantization with decode scale ``scale`` did not clip.
+
+  ``scale`` broadcasts against ``x`` (the per-element block decode scale times any tensor scale). Division-free,
+  so the boundary ``|x| = 6·s`` is exact (it counts as clipped, as ``|x̂/s| < 6`` in Quartet).
+  """
+  return jnp.abs(x.astype(jnp.float32)) < jnp.float32(E2M1_MAX) * scale
+
+
+def e2m1_interval_width(a: jax.Array) -> jax.Array:
+  """Width δ of the E2M1 grid interval holding magnitude ``a``: 0.5 below 2, 1 on [2, 4), 2 from 4 (to 6)."""
+  return jnp.where(a < 2.0, 0.5, jnp.where(a < 4.0, 1.0, 2.0)).astype(jnp.float32)
+
+
+def dge_derivative(x: jax.Array, k: float = 5.0, cap: float = 3.0) -> jax.Array:
+  """Derivative of Microsoft FP4's differentiable E2M1 quantizer at the scaled values ``x`` (arXiv 2501.17116, Eq. 8).
+
+  Inside an E2M1 interval [lo, lo + δ] the hard step is replaced by
+  ``f(u) = (δ/2)·(1 + sign(2u/δ − 1)·|2u/δ − 1|^(1/k))`` with ``u = |x| − lo``, whose derivative is
+
+      f'(x) = (1/k) · |2u/δ − 1|^(1/k − 1),   capped at ``cap``
+
+  (symmetric in the sign of ``x``; at the interval midpoint the uncapped value is infinite, so it is ``cap``).
+  Magnitudes at or above 6 use the top interval [4, 6]. With k = 5, f'(±6) = f'(grid point) = 1/k = 0.2.
+  """
+  if k <= 1:
+    raise ValueError(f"dge_derivative: k must be > 1 (a smooth step), got {k}")
+  a = jnp.minimum(jnp.abs(x.astype(jnp.float32)), E2M1_MAX)
+  delta = e2m1_interval_width(a)
+  lo = jnp.where(a < 2.0, jnp.floor(a / 0.5) * 0.5, jnp.where(a < 4.0, 2.0 + jnp.floor(a - 2.0), 4.0))
+  t = jnp.abs(2.0 * (a - lo) / delta - 1.0)
+  safe = jnp.where(t > 0, t, 1.0)
+  d = jnp.where(t > 0, (1.0 / k) * safe ** (1.0 / k - 1.0), jnp.float32(cap))
+  return jnp.where(jnp.isnan(x), x.astype(jnp.float32), jnp.minimum(d, cap))
+
+
+def occ_bounds(x: jax.Array, quantile: float, axis: int = -1) -> tuple[jax.Array, jax.Array]:
+  """Per-row ``(low, high)`` clamp bounds along ``axis``: order statistics at indices ``floor((1−q)·n)`` and
+  ``min(floor(q·n), n−1)`` of the sorted row (Microsoft FP4's token-wise quantile clipping; keepdims)."""
+  n = x.shape[axis]
+  s = jnp.sort(x, axis=axis)
+  lo_i, hi_i = int((1.0 - quantile) * n), min(int(quantile * n), n - 1)
+  take = lambda i: jax.lax.slice_in_dim(s, i, i + 1, axis=axis % x.ndim)
+  return take(lo_i), take(hi_i)
+
+
+def occ_clamp(x: jax.Array, quantile: float = 0.99, axis: int = -1) -> tuple[jax.Array, jax.Array]:
+  """``(x_c, r)``: ``x`` clamped to its per-row quantile bounds (``occ_bounds``) and the residual ``r = x − x_c``.
+
+  ``r`` is non-zero only at the outliers and is added back to ``Q(x_c)`` at high precision (OCC). NaN rows stay NaN.
+  """
+  lo, hi = occ_bounds(x, quantile, axis)
+  xc = jnp.clip(x, lo, hi)
+  return xc, x - xc

@@ -1,0 +1,77 @@
+"""FP8 with per-tensor current scaling (E4M3 for activations/weights, E5M2 for gradients): the common FP8 baseline.
+
+Current scaling (Transformer Engine's ``Float8CurrentScaling``, margin 0), all fp32:
+
+    amax = max|x|;   s = f8_max / amax   (s = 1 when amax == 0; NaN when amax is not finite);
+    optionally s = 2^floor(log2 s) (power-of-two scale);   v = rne_f8(clamp(x · s, ±f8_max));   x ≈ v / s
+
+``v`` lies on the FP8 grid (3 resp. 2 mantissa bits), so it is exact in bfloat16 and a GEMM can consume it at bf16
+with the two tensors' ``1/s`` applied in the epilogue. Rounding is explicit arithmetic (never ``astype``): on GPU XLA
+removes convert pairs under ``jit``. Formats (OCP FP8): E4M3 (``float8_e4m3fn``) max 448, subnormal step 2^-9;
+E5M2 max 57344, subnormal step 2^-16. Ties go to even.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from fp4jax.formats import floor_log2, pow2
+from fp4jax.rounding import rtn_e4m3
+
+
+@dataclasses.dataclass(frozen=True)
+class FP8Format:
+  """An OCP FP8 element format: ``name``, largest finite value, smallest normal exponent, mantissa bits."""
+
+  name: str
+  max: float
+  emin: int
+  mantissa_bits: int
+
+
+E4M3 = FP8Format("fp8_e4m3", 448.0, -6, 3)
+E5M2 = FP8Format("fp8_e5m2", 57344.0, -14, 2)
+FORMATS = {f.name: f for f in (E4M3, E5M2)}
+
+
+def rtn_e5m2(x: jnp.ndarray) -> jnp.ndarray:
+  """Float32 ``x`` rounded to the E5M2 grid, nearest-even, saturated to ±57344. NaN stays NaN.
+
+  The grid quantum at ``|x|`` is ``2^(max(floor(log2|x|), -14) - 2)``; ``x / quantum`` is exact, so ``round`` (ties
+  to even) on it is the RNE rounding.
+  """
+  x = jnp.clip(x.astype(jnp.float32), -E5M2.max, E5M2.max)
+  q = pow2(jnp.maximum(floor_log2(x), E5M2.emin) - E5M2.mantissa_bits)
+  return jnp.clip(jnp.round(x / q) * q, -E5M2.max, E5M2.max)
+
+
+def _rtn(x: jnp.ndarray, fmt: FP8Format) -> jnp.ndarray:
+  return rtn_e4m3(x) if fmt is E4M3 else rtn_e5m2(x)
+
+
+def current_scale(x: jax.Array, fmt: FP8Format, *, pow2_scale: bool = False) -> jnp.ndarray:
+  """fp32 encode scale ``s = f8_max / max|x|`` (1 if the tensor is zero, NaN if its amax is not finite)."""
+  amax = jnp.max(jnp.abs(x.astype(jnp.float32)))
+  s = jnp.float32(fmt.max) / jnp.where(amax == 0, jnp.float32(fmt.max), amax)
+  if pow2_scale:
+    s = pow2(floor_log2(s))
+  return jnp.where(jnp.isfinite(amax), s, jnp.float32(jnp.nan))
+
+
+def quantize_fp8(x: jax.Array, fmt: FP8Format | str, *, pow2_scale: bool = False) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """``(v, inv_scale)``: float32 values ``v`` on the FP8 grid and the fp32 decode scale, ``x ≈ v · inv_scale``."""
+  fmt = FORMATS[fmt] if isinstance(fmt, str) else fmt
+  if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
+    raise TypeError(f"x must be a floating-point array, got dtype {jnp.asarray(x).dtype}")
+  s = current_scale(x, fmt, pow2_scale=pow2_scale)
+  v = _rtn(x.astype(jnp.float32) * s, fmt)
+  return v, jnp.float32(1.0) / s
+
+
+def fake_quantize_fp8(x: jax.Array, fmt: FP8Format | str, *, pow2_scale: bool = False) -> jnp.ndarray:
+  """``v · inv_scale`` of ``quantize_fp8`` in float32 (the dequantized tensor)."""
+  v, inv = quantize_fp8(x, fmt, pow2_scale=pow2_scale)
+  return v * inv

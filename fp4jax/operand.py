@@ -1,0 +1,143 @@
+"""Quantizing one GEMM operand by its ``OperandSpec``, and the GEMM that consumes two of them.
+
+This is the seam between the recipes and the numerics: ``quantize_operand`` is the single place where an operand's
+quantizer is chosen (the ``backend`` argument; ``"xla"`` is the pure-JAX path built on ``fp4jax.quantize``,
+``fp4jax.fp8`` and ``fp4jax.estimators``; Pallas kernels plug in here).
+
+An ``Operand`` is a pair ``(values, scale)`` with the dequantized operand equal to ``values · scale``, where ``scale``
+is an fp32 scalar (the NVFP4 tensor scale, the MXFP4 headroom factor 4/3 or an FP8 decode scale) and ``values``
+carries everything else. For FP4 and FP8 operands ``values`` are exact in bfloat16 (an E2M1 value times an E4M3 or
+power-of-two block scale has at most 6 significant bits; FP8 values at most 4), so ``matmul`` multiplies them at
+bf16 with fp32 accumulation and applies ``scale_a · scale_b`` in the epilogue, as the hardware does with block-scaled
+FP4 GEMMs (FP4-REFERENCE §2). Operands that are not exact in bf16 (unquantized f32 inputs, per-channel E2M1 with
+non-power-of-two scales, OCC with its residual) stay float32 and their GEMM runs at HIGHEST precision unless the
+caller passes a ``precision``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fp4jax import estimators, fp8, hadamard as hadamard_lib
+from fp4jax.formats import E2M1_MAX, FP4Format, e2m1_decode, floor_log2, pow2
+from fp4jax.quantize import quantize
+from fp4jax.recipes import E2M1_CHANNEL, OperandSpec
+from fp4jax.rounding import rtn_bf16, rtn_e2m1
+
+BACKENDS = ("xla",)
+FIXED_SIGNS_SEED = 0x5EED5
+
+
+class Operand(NamedTuple):
+  """A quantized GEMM operand: dequantized value ``values · scale`` (``scale`` an fp32 scalar)."""
+
+  values: jax.Array
+  scale: jax.Array
+
+  def dequantize(self) -> jax.Array:
+    return self.values.astype(jnp.float32) * self.scale
+
+  def swap_last(self) -> "Operand":
+    return Operand(jnp.swapaxes(self.values, -1, -2), self.scale)
+
+
+def signs_for(spec: OperandSpec, key: jax.Array | None) -> jax.Array | None:
+  """The Hadamard sign vector of ``spec``: None, TE's 16, a constant random vector, or fresh from ``key``."""
+  if not spec.hadamard or spec.signs == "none":
+    return None
+  if spec.signs == "te":
+    return jnp.asarray(hadamard_lib.TE_SIGNS_16)
+  if spec.signs == "fixed":
+    return hadamard_lib.random_signs(jax.random.key(FIXED_SIGNS_SEED), spec.hadamard)
+  return hadamard_lib.random_signs(key, spec.hadamard)
+
+
+def rotate(x: jax.Array, d: int, signs: jax.Array | None) -> jax.Array:
+  """Blockwise randomized Hadamard of the last axis (float32; bf16 inputs rounded once to bf16, as TE)."""
+  if x.shape[-1] % d:
+    raise ValueError(
+        f"Hadamard size {d} must divide the contraction length {x.shape[-1]} of this GEMM operand (shape {x.shape}); "
+        "pad the dimension or use a recipe variant with a smaller Hadamard size"
+    )
+  y = hadamard_lib.hadamard(x, d, axis=-1, signs=signs)
+  return rtn_bf16(y) if x.dtype == jnp.bfloat16 else y
+
+
+def inverse_rotate(g: jax.Array, d: int, signs: jax.Array | None) -> jax.Array:
+  """Transpose of ``rotate`` on the last axis (float32): maps a gradient from the rotated domain back."""
+  return hadamard_lib.inverse_hadamard(g, d, axis=-1, signs=signs)
+
+
+def channel_scale(x: jax.Array, pow2_scale: bool) -> jax.Array:
+  """Per-row E2M1 encode scale along the last axis: γ = 6 / max|x_row| (1 for a zero row, NaN if not finite);
+  ``pow2_scale``: 2^floor(log2 γ) (Microsoft FP4's released code). Keepdims."""
+  amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+  g = jnp.float32(E2M1_MAX) / jnp.where(amax == 0, jnp.float32(E2M1_MAX), amax)
+  if pow2_scale:
+    g = pow2(floor_log2(g))
+  return jnp.where(jnp.isfinite(amax), g, jnp.float32(jnp.nan))
+
+
+def _e2m1_channel(x: jax.Array, pow2_scale: bool) -> Operand:
+  """E2M1 with per-row absmax scales: ``values = value(rtn_e2m1(x·γ)) / γ`` (exact in bf16 when γ is 2^e)."""
+  g = channel_scale(x, pow2_scale)
+  values = e2m1_decode(rtn_e2m1(x.astype(jnp.float32) * g)) / g
+  return Operand(values.astype(jnp.bfloat16) if pow2_scale else values, jnp.float32(1.0))
+
+
+def _block_fp4(x: jax.Array, spec: OperandSpec, key) -> tuple[Operand, jax.Array | None]:
+  q = quantize(x, spec.fmt, axis=-1, rounding=spec.rounding, key=key, block_shape=spec.block_shape, hadamard=0)
+  unit = dataclasses.replace(q, global_scale=jnp.float32(1.0))
+  mask = None
+  if spec.estimator == "trust_mask":
+    s = jnp.repeat(q.scale_values(), spec.fmt.block_size, axis=-1)[..., : x.shape[-1]]
+    mask = estimators.trust_mask(x, s * q.global_scale)
+  return Operand(unit.dequantize(jnp.bfloat16), q.global_scale), mask
+
+
+def quantize_operand(
+    x: jax.Array, spec: OperandSpec, key: jax.Array | None, *, backend: str = "xla"
+) -> tuple[Operand, jax.Array | None]:
+  """Quantize ``x`` along its last axis (already rotated if the GEMM has a Hadamard) as ``spec`` says.
+
+  Returns the ``Operand`` and, for ``estimator="trust_mask"``, the bool mask of unclipped elements (else None).
+  ``key`` feeds stochastic rounding / MS-EDEN. ``backend`` selects the implementation (only ``"xla"`` so far).
+  """
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  residual = None
+  if spec.clip == "occ":
+    x, residual = estimators.occ_clamp(x, spec.clip_quantile, axis=-1)
+  mask = None
+  if spec.fmt is None:
+    op = Operand(x, jnp.float32(1.0))
+  elif isinstance(spec.fmt, FP4Format):
+    op, mask = _block_fp4(x, spec, key)
+  elif spec.fmt == E2M1_CHANNEL:
+    op = _e2m1_channel(x, spec.scale_pow2)
+  else:
+    v, inv = fp8.quantize_fp8(x, spec.fmt, pow2_scale=spec.scale_pow2)
+    op = Operand(v.astype(jnp.bfloat16), inv)  # FP8 grid values: exact in bf16
+  if residual is not None:
+    op = Operand(op.dequantize() + residual.astype(jnp.float32), jnp.float32(1.0))
+  return op, mask
+
+
+def matmul(a: Operand, b: Operand, precision=None) -> jax.Array:
+  """``(a.values · b.valuesᵀ) · (a.scale · b.scale)`` batched over the leading axis, fp32 accumulation and result.
+
+  ``a``: (B, R, C), ``b``: (B, S, C) -> (B, R, S). bf16 values (exact) multiply at bf16; otherwise at the promoted
+  dtype with ``precision`` (default HIGHEST, so f32 emulation is not silently TF32 on GPUs).
+  """
+  dt = jnp.promote_types(a.values.dtype, b.values.dtype)
+  if precision is None and dt != jnp.bfloat16:
+    precision = jax.lax.Precision.HIGHEST
+  dims = (((2,), (2,)), ((0,), (0,)))
+  y = jax.lax.dot_general(
+      a.values.astype(dt), b.values.astype(dt), dims, precision=precision, preferred_element_type=jnp.float32
+  )
+  return y * (a.scale * b.scale)

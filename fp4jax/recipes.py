@@ -1,0 +1,284 @@
+"""FP4 training recipes as data: how each operand of each of a linear layer's three GEMMs is quantized.
+
+A linear layer ``Y = X·Wᵀ`` (X: tokens x features, W: outputs x features) runs three GEMMs, each quantizing both of its
+operands along its own contraction axis:
+
+    fwd    Y  = X  · Wᵀ     operands X (along features)  and W  (along features)
+    dgrad  dX = dY · W      operands dY (along outputs)  and Wᵀ (along outputs)
+    wgrad  dW = dYᵀ · X     operands dYᵀ (along tokens)  and Xᵀ (along tokens)
+
+A ``Recipe`` holds one ``OperandSpec`` per operand. Recipes are frozen dataclasses: build a variant with
+``dataclasses.replace`` (e.g. ``replace(recipes.get("nvidia_nvfp4"), wgrad_lhs=...)``). ``get(name)`` / ``names()``
+is the registry; one constructor per paper below, whose docstring cites the paper and states every choice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from fp4jax import hadamard as hadamard_lib
+from fp4jax.formats import MXFP4, NVFP4, FP4Format
+
+FP8_FORMATS = ("fp8_e4m3", "fp8_e5m2")
+E2M1_CHANNEL = "e2m1_channel"
+SIGNS = ("none", "te", "fixed", "random")
+ESTIMATORS = ("ste", "trust_mask", "dge")
+CLIPS = ("none", "occ")
+SOURCES = ("input", "forward")
+GEMMS = ("fwd", "dgrad", "wgrad")
+
+
+@dataclasses.dataclass(frozen=True)
+class OperandSpec:
+  """How one GEMM operand is quantized (always along that GEMM's contraction axis).
+
+  Attributes:
+    fmt: ``None`` (not quantized: used at its input precision), an ``FP4Format`` (block-scaled NVFP4/MXFP4 via
+      ``fp4jax.quantize``), ``"fp8_e4m3"`` / ``"fp8_e5m2"`` (per-tensor current scaling, ``fp4jax.fp8``) or
+      ``"e2m1_channel"`` (E2M1 with one absmax scale per row along the contraction axis: per token for
+      activations, per output channel for weights; Microsoft FP4).
+    block_shape: ``None`` (1D blocks of the format) or ``(16, 16)`` (NVFP4 2D tiles).
+    rounding: ``"rtn"``, ``"sr"`` or ``"eden"`` (MS-EDEN); FP8 and ``e2m1_channel`` support ``"rtn"`` only.
+    hadamard: blockwise Hadamard size along the contraction axis (0: none). Both operands of a GEMM must have the
+      same size and sign mode: they are rotated with the same signs, so the rotation cancels in the product.
+    signs: Hadamard signs: ``"none"``, ``"te"`` (Transformer Engine's fixed 16), ``"fixed"`` (one constant random
+      vector for the whole run) or ``"random"`` (fresh per call, from the call's key).
+    scale_pow2: power-of-two scales for FP8 / ``e2m1_channel``.
+    clip: ``"occ"``: clamp to the [1 - q, q] quantiles before quantizing and add the clamped-off residual back at
+      high precision (Microsoft FP4's outlier clamping and compensation); forward operands only.
+    clip_quantile: q for ``"occ"``.
+    estimator: backward rule of a forward operand: ``"ste"`` (straight-through), ``"trust_mask"`` (Quartet/QuEST:
+      gradient only where the scaled value was not clipped) or ``"dge"`` (Microsoft FP4's differentiable gradient
+      estimator, weights quantized with ``"e2m1_channel"``).
+    dge_k, dge_cap: DGE's sharpness k and the cap on its derivative.
+    source: for the backward operands W and X: ``"input"`` (quantize the layer input) or ``"forward"`` (re-quantize
+      the forward-quantized tensor; with ``fmt=None`` and no Hadamard it is reused unchanged).
+  """
+
+  fmt: FP4Format | str | None = None
+  block_shape: tuple[int, int] | None = None
+  rounding: str = "rtn"
+  hadamard: int = 0
+  signs: str = "none"
+  scale_pow2: bool = False
+  clip: str = "none"
+  clip_quantile: float = 0.99
+  estimator: str = "ste"
+  dge_k: float = 5.0
+  dge_cap: float = 3.0
+  source: str = "input"
+
+  def __post_init__(self):
+    fmt = self.fmt
+    if not (fmt is None or isinstance(fmt, FP4Format) or fmt in FP8_FORMATS + (E2M1_CHANNEL,)):
+      raise ValueError(f"OperandSpec.fmt must be None, an FP4Format, {FP8_FORMATS} or {E2M1_CHANNEL!r}, got {fmt!r}")
+    if self.rounding not in ("rtn", "sr", "eden"):
+      raise ValueError(f"OperandSpec.rounding must be 'rtn', 'sr' or 'eden', got {self.rounding!r}")
+    if self.rounding != "rtn" and not isinstance(fmt, FP4Format):
+      raise ValueError(f"OperandSpec.rounding={self.rounding!r} needs an FP4Format fmt, got {fmt!r}")
+    if self.block_shape is not None and not isinstance(fmt, FP4Format):
+      raise ValueError(f"OperandSpec.block_shape applies to FP4Format fmts only, got fmt={fmt!r}")
+    if self.hadamard:
+      hadamard_lib.check_size(self.hadamard, "OperandSpec.hadamard")
+    if self.signs not in SIGNS:
+      raise ValueError(f"OperandSpec.signs must be one of {SIGNS}, got {self.signs!r}")
+    if self.signs == "te" and self.hadamard != 16:
+      raise ValueError(f"OperandSpec.signs='te' is Transformer Engine's 16-point vector; hadamard={self.hadamard}")
+    if self.clip not in CLIPS:
+      raise ValueError(f"OperandSpec.clip must be one of {CLIPS}, got {self.clip!r}")
+    if not 0.5 < self.clip_quantile <= 1.0:
+      raise ValueError(f"OperandSpec.clip_quantile must be in (0.5, 1], got {self.clip_quantile}")
+    if self.estimator not in ESTIMATORS:
+      raise ValueError(f"OperandSpec.estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+    if self.estimator == "trust_mask" and not isinstance(fmt, FP4Format):
+      raise ValueError(f"estimator 'trust_mask' needs an FP4Format fmt (its block scales), got {fmt!r}")
+    if self.estimator == "dge" and fmt != E2M1_CHANNEL:
+      raise ValueError(f"estimator 'dge' is defined on {E2M1_CHANNEL!r} weights, got fmt={fmt!r}")
+    if self.source not in SOURCES:
+      raise ValueError(f"OperandSpec.source must be one of {SOURCES}, got {self.source!r}")
+
+  @property
+  def is_random(self) -> bool:
+    return self.rounding in ("sr", "eden") or (self.hadamard > 0 and self.signs == "random")
+
+  @property
+  def is_identity(self) -> bool:
+    return self.fmt is None and not self.hadamard and self.clip == "none"
+
+
+HIGH_PRECISION = OperandSpec()
+REUSE_FORWARD = OperandSpec(source="forward")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """Per-GEMM operand specs of a linear layer (see the module docstring for which operand is which)."""
+
+  name: str
+  fwd_lhs: OperandSpec = HIGH_PRECISION
+  fwd_rhs: OperandSpec = HIGH_PRECISION
+  dgrad_lhs: OperandSpec = HIGH_PRECISION
+  dgrad_rhs: OperandSpec = HIGH_PRECISION
+  wgrad_lhs: OperandSpec = HIGH_PRECISION
+  wgrad_rhs: OperandSpec = HIGH_PRECISION
+
+  def __post_init__(self):
+    for gemm in GEMMS:
+      lhs, rhs = self.operands(gemm)
+      if (lhs.hadamard, lhs.signs) != (rhs.hadamard, rhs.signs):
+        raise ValueError(
+            f"recipe {self.name!r}: both {gemm} operands must share the Hadamard size and signs so the rotation "
+            f"cancels; got ({lhs.hadamard}, {lhs.signs!r}) and ({rhs.hadamard}, {rhs.signs!r})"
+        )
+    for field in ("dgrad_lhs", "dgrad_rhs", "wgrad_lhs", "wgrad_rhs"):
+      spec = getattr(self, field)
+      if spec.estimator != "ste" or spec.clip != "none":
+        raise ValueError(f"recipe {self.name!r}: {field} is a backward operand; estimators and clipping are forward-only")
+    for field in ("fwd_lhs", "fwd_rhs", "dgrad_lhs", "wgrad_lhs"):
+      if getattr(self, field).source != "input":
+        raise ValueError(f"recipe {self.name!r}: {field}.source must be 'input' (only W and X can come from forward)")
+    for fwd, bwd in (("fwd_lhs", "dgrad_rhs"), ("fwd_rhs", "wgrad_rhs")):
+      est = getattr(self, fwd).estimator
+      if est == "trust_mask" and getattr(self, bwd).source != "forward":
+        raise ValueError(f"recipe {self.name!r}: {fwd} trust_mask acts in the forward domain; set {bwd}.source='forward'")
+      if est == "dge" and self.fwd_lhs.hadamard:
+        raise ValueError(f"recipe {self.name!r}: {fwd} dge needs an unrotated forward (fwd hadamard=0)")
+
+  def operands(self, gemm: str) -> tuple[OperandSpec, OperandSpec]:
+    """``(lhs, rhs)`` specs of ``gemm`` in ``("fwd", "dgrad", "wgrad")``."""
+    return getattr(self, f"{gemm}_lhs"), getattr(self, f"{gemm}_rhs")
+
+  @property
+  def specs(self) -> tuple[OperandSpec, ...]:
+    return tuple(s for g in GEMMS for s in self.operands(g))
+
+  @property
+  def is_random(self) -> bool:
+    """True when some operand uses stochastic rounding, MS-EDEN or fresh random Hadamard signs (needs a key)."""
+    return any(s.is_random for s in self.specs)
+
+  @property
+  def is_identity(self) -> bool:
+    """True when nothing is quantized or rotated: the recipe is exactly ``lax.dot_general``."""
+    return all(s.is_identity for s in self.specs)
+
+
+# ------------------------------------------------------------------------------------------------ the recipes
+def bf16() -> Recipe:
+  """No quantization: every GEMM is ``lax.dot_general`` on the inputs as given (the reference)."""
+  return Recipe("bf16")
+
+
+def fp8() -> Recipe:
+  """The common FP8 baseline (Transformer Engine per-tensor current scaling; Micikevicius et al., arXiv 2209.05433).
+
+  Forward X and W: E4M3, per-tensor scale 448/amax, RTN. dgrad: dY in E5M2 (scale 57344/amax, RTN), W the forward
+  E4M3 tensor reused (a per-tensor scale does not depend on the axis). wgrad: dYᵀ in E5M2, Xᵀ the forward E4M3
+  tensor. Straight-through everywhere.
+  """
+  e4m3, e5m2 = OperandSpec(fmt="fp8_e4m3"), OperandSpec(fmt="fp8_e5m2")
+  return Recipe("fp8", e4m3, e4m3, e5m2, REUSE_FORWARD, e5m2, REUSE_FORWARD)
+
+
+def nvfp4_rtn() -> Recipe:
+  """Naive NVFP4 everywhere: all six operands NVFP4 1x16 (TE scales), RTN, no Hadamard, straight-through.
+
+  The floor every real recipe must beat: its backward is deterministic and biased.
+  """
+  q = OperandSpec(fmt=NVFP4)
+  return Recipe("nvfp4_rtn", q, q, q, q, q, q)
+
+
+def nvidia_nvfp4() -> Recipe:
+  """NVIDIA's NVFP4 pretraining recipe (NVIDIA, "Pretraining LLMs with NVFP4", arXiv 2509.25149).
+
+  Forward: X NVFP4 1x16, RTN; W NVFP4 16x16 2D tiles, RTN (FP32 tensor scales, E4M3 block scales, TE order).
+  dgrad: dY NVFP4 1x16 with stochastic rounding; W the forward 2D tensor reused unchanged (2D tiles make W and Wᵀ
+  identical). wgrad: dYᵀ and Xᵀ quantized along tokens after a 16-point random Hadamard transform with one fixed sign
+  vector (Transformer Engine's, ``hadamard.TE_SIGNS_16``) on both; SR on dYᵀ, RTN on Xᵀ (from the layer input).
+  Straight-through estimators. (The paper keeps ~15% of layers in BF16; that is a model-level policy, not this op.)
+  """
+  x_fwd = OperandSpec(fmt=NVFP4)
+  w_fwd = OperandSpec(fmt=NVFP4, block_shape=(16, 16))
+  dy = OperandSpec(fmt=NVFP4, rounding="sr")
+  dy_t = OperandSpec(fmt=NVFP4, rounding="sr", hadamard=16, signs="te")
+  x_t = OperandSpec(fmt=NVFP4, hadamard=16, signs="te")
+  return Recipe("nvidia_nvfp4", x_fwd, w_fwd, dy, REUSE_FORWARD, dy_t, x_t)
+
+
+def quartet() -> Recipe:
+  """Quartet (Castro et al., "Quartet: Native FP4 Training Can Be Optimal for LLMs", arXiv 2505.14669), MXFP4.
+
+  Forward (QuEST): X and W rotated by the 32-point Hadamard along K (no signs), MXFP4 with the QuEST scale
+  2^floor(log2(0.48708·σ_b)) (σ_b the block's standard deviation), RTN; backward through the trust mask
+  (gradient only where |x̂/s| < 6) and then Hᵀ. Backward (after Tseng et al., arXiv 2502.20586): E, Ŵᵀ, Eᵀ, X̂ᵀ
+  rotated by a 32-point Hadamard with fresh random signs per call, shared by the four backward operands; MXFP4
+  with 3/4 headroom (amax/s in [3, 6), nothing clips) and stochastic rounding; Ŵ and X̂ re-quantized from the
+  forward-quantized tensors.
+  """
+  fwd = OperandSpec(
+      fmt=dataclasses.replace(MXFP4, scale_mode="quest"), hadamard=32, signs="none", estimator="trust_mask"
+  )
+  bwd = OperandSpec(fmt=dataclasses.replace(MXFP4, scale_mode="floor_headroom"), rounding="sr", hadamard=32, signs="random")
+  from_fwd = dataclasses.replace(bwd, source="forward")
+  return Recipe("quartet", fwd, fwd, bwd, from_fwd, bwd, from_fwd)
+
+
+def quartet2(four_over_six: bool = True) -> Recipe:
+  """Quartet II (IST Austria; NVFP4 training with MS-EDEN, FP4-REFERENCE.md §5).
+
+  Forward: X and W NVFP4 1x16, RTN, with four-over-six block scales (each block keeps the lower-error of the
+  scales mapping its max to 6 and to 4; tensor scale amax/(256·6)) when ``four_over_six``, plain TE scales otherwise.
+  Backward: E, Wᵀ, Eᵀ, Xᵀ rotated by a 128-point Hadamard with fresh random signs per call (shared by the backward
+  GEMMs) and quantized by MS-EDEN (RTN plus an EDEN correction folded into a stochastically rounded E4M3 scale,
+  unbiased); Wᵀ and Xᵀ re-quantized from the forward NVFP4 tensors. Straight-through estimators.
+  """
+  fwd_fmt = dataclasses.replace(NVFP4, scale_mode="four_over_six") if four_over_six else NVFP4
+  fwd = OperandSpec(fmt=fwd_fmt)
+  bwd = OperandSpec(fmt=NVFP4, rounding="eden", hadamard=128, signs="random")
+  from_fwd = dataclasses.replace(bwd, source="forward")
+  return Recipe("quartet2" if four_over_six else "quartet2_no46", fwd, fwd, bwd, from_fwd, bwd, from_fwd)
+
+
+def ms_fp4(*, pow2_scale: bool = False, fp4_gradients: bool = False, clip_quantile: float = 0.99) -> Recipe:
+  """Microsoft FP4 (Wang et al., "Optimizing Large Language Model Training Using FP4 Quantization", arXiv 2501.17116).
+
+  Forward: E2M1 with absmax scaling, γ = 6/max|x| per token for X and per output channel for W (``pow2_scale``:
+  2^floor(log2 γ) as in the released code), RTN. X gets outlier clamping and compensation (OCC): clamped to its
+  [1 - q, q] quantiles (q = ``clip_quantile``, 0.99) before quantizing, the clamped-off residual added back at high
+  precision. W's gradient goes through the differentiable gradient estimator (DGE, k = 5, derivative capped at 3)
+  evaluated on the scaled weight; X's is straight-through. Backward: gradients dY / dYᵀ in FP8 E5M2 (per-tensor
+  current scaling), W and X the forward FP4 tensors cast to FP8 E4M3 (as the released MS-AMP code does);
+  ``fp4_gradients``: dY / dYᵀ in E2M1 with per-row absmax scales along the contraction axis instead.
+  """
+  x = OperandSpec(fmt=E2M1_CHANNEL, scale_pow2=pow2_scale, clip="occ", clip_quantile=clip_quantile)
+  w = OperandSpec(fmt=E2M1_CHANNEL, scale_pow2=pow2_scale, estimator="dge")
+  grad = OperandSpec(fmt=E2M1_CHANNEL, scale_pow2=pow2_scale) if fp4_gradients else OperandSpec(fmt="fp8_e5m2")
+  from_fwd = OperandSpec(fmt="fp8_e4m3", source="forward")
+  return Recipe("ms_fp4", x, w, grad, from_fwd, grad, from_fwd)
+
+
+_REGISTRY: dict[str, Callable[[], Recipe]] = {
+    "bf16": bf16,
+    "fp8": fp8,
+    "nvfp4_rtn": nvfp4_rtn,
+    "nvidia_nvfp4": nvidia_nvfp4,
+    "quartet": quartet,
+    "quartet2": quartet2,
+    "ms_fp4": ms_fp4,
+}
+
+
+def names() -> tuple[str, ...]:
+  """Names of the registered recipes."""
+  return tuple(_REGISTRY)
+
+
+def get(name: str | Recipe) -> Recipe:
+  """The recipe called ``name`` with its paper's defaults (a ``Recipe`` is returned unchanged)."""
+  if isinstance(name, Recipe):
+    return name
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown recipe {name!r}; expected a Recipe or one of {names()}")
+  return _REGISTRY[name]()
