@@ -1,0 +1,44 @@
+"""Flax integration: FP4 layers for linen and NNX, rule-based quantization of existing models, summary, export.
+
+Modules: ``linen`` (DotGeneral, Dense, DenseGeneral, Einsum, quantize), ``nnx`` (DotGeneral, EinsumOp, Linear,
+Einsum, quantize), ``rules`` (Rule, keep_high_precision, plan), ``summary`` (which layers run which recipe, FP4
+share of linear FLOPs), ``export`` (packed FP4 weights as QTensors, orbax save/restore).
+"""
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+from flax import nnx as _nnx
+
+from fp4jax.flax import export, linen, nnx, rules
+from fp4jax.flax.export import pack, restore, save, unpack
+from fp4jax.flax.rules import DEFAULT_HIGH_PRECISION, Rule, keep_high_precision
+from fp4jax.flax.summary import LayerSummary, summary
+
+
+def quantize(model, rules: Sequence[Any], **kwargs):
+  """Quantize an existing model by ``rules``: ``linen.quantize`` for linen Modules (returns a ``QuantizedModule``
+  with ``init`` / ``apply``), ``nnx.quantize`` for NNX Modules (in place; pass ``rngs=nnx.Rngs(quant=...)``)."""
+  if isinstance(model, nn.Module):
+    return linen.quantize(model, rules, **kwargs)
+  if isinstance(model, _nnx.Module):
+    return nnx.quantize(model, rules, **kwargs)
+  raise TypeError(f"model must be a flax.linen or flax.nnx Module, got {type(model).__name__}")
+
+
+__all__ = [
+    "DEFAULT_HIGH_PRECISION",
+    "LayerSummary",
+    "Rule",
+    "export",
+    "keep_high_precision",
+    "linen",
+    "nnx",
+    "pack",
+    "quantize",
+    "restore",
+    "rules",
+    "save",
+    "summary",
+    "unpack",
+]

@@ -1,0 +1,245 @@
+"""FP4 layers for Flax linen, and rule-based quantization of existing linen models.
+
+Explicit use, in a model you write::
+
+    nn.Dense(512, dot_general_cls=functools.partial(DotGeneral, recipe="nvidia_nvfp4"))
+    Dense(512, recipe="quartet")              # the same, as a layer
+    model.apply(variables, x, rngs={"quant": key})
+
+Existing models, unchanged (rules on module paths, see ``fp4jax.flax.rules``)::
+
+    qmodel = quantize(model, [keep_high_precision(last=1), Rule(r".*", "nvidia_nvfp4")])
+    variables = qmodel.init(key, x); y = qmodel.apply(variables, x, rngs={"quant": key})
+
+Randomness: a random recipe draws one key per call with ``make_rng("quant")``; linen folds the module path and a
+per-call counter into it, so every layer and call gets distinct bits, and a new "quant" key per step gives new
+bits per step (under ``nn.scan`` over layers, pass ``split_rngs={"quant": True}``). Without a "quant" stream a
+random recipe raises, except with ``deterministic=True`` (evaluation: ``fp4jax.recipes.deterministic(recipe)``)
+and during ``init`` (parameters do not depend on the forward's random bits, so init runs the deterministic
+variant).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+import fp4jax
+from fp4jax.flax import ops, rules as rules_lib
+
+LAYERS = (nn.Dense, nn.DenseGeneral, nn.Einsum)
+
+
+def _key(module: nn.Module, recipe: Any, deterministic: bool, where: str):
+  """(Recipe to run, key or None): the deterministic variant when asked for, or while initializing without "quant"."""
+  no_stream = not module.has_rng(ops.QUANT_STREAM)
+  run = ops.effective(recipe, deterministic or (no_stream and module.is_initializing()), where)
+  if not run.is_random:
+    return run, None
+  if no_stream:
+    raise ops.missing_stream_error(where, recipe, 'pass rngs={"quant": key} to apply')
+  return run, module.make_rng(ops.QUANT_STREAM)
+
+
+class DotGeneral(nn.Module):
+  """``lax.dot_general`` replaced by ``fp4jax.dot_general`` under ``recipe``: a linen ``dot_general_cls``.
+
+  Attributes:
+    recipe: a name from ``fp4jax.recipes.names()`` or a ``fp4jax.recipes.Recipe``.
+    deterministic: evaluation mode; runs ``fp4jax.recipes.deterministic(recipe)`` and needs no "quant" stream.
+  """
+
+  recipe: Any
+  deterministic: bool = False
+
+  @nn.compact
+  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+    run, key = _key(self, self.recipe, self.deterministic, f"fp4jax DotGeneral at {_path(self)!r}")
+    return fp4jax.dot_general(
+        lhs, rhs, dimension_numbers, recipe=run, key=key, precision=precision,
+        preferred_element_type=preferred_element_type,
+    )
+
+
+def _dot_general_cls(recipe: Any, deterministic: bool):
+  return functools.partial(DotGeneral, recipe=recipe, deterministic=deterministic)
+
+
+def _is_fp4jax_cls(cls) -> bool:
+  return isinstance(cls, functools.partial) and cls.func is DotGeneral
+
+
+class _RecipeDot:
+  """Mixin for ``nn.Dense`` / ``nn.DenseGeneral``: ``dot_general_cls`` is derived from ``recipe``."""
+
+  def __post_init__(self):
+    if self.dot_general is not None or (self.dot_general_cls is not None and not _is_fp4jax_cls(self.dot_general_cls)):
+      raise ValueError(f"fp4jax.flax.linen.{type(self).__name__} takes `recipe`, not dot_general / dot_general_cls")
+    object.__setattr__(self, "dot_general_cls", _dot_general_cls(self.recipe, self.deterministic))
+    super().__post_init__()
+
+
+class Dense(_RecipeDot, nn.Dense):
+  """``nn.Dense`` whose matmul runs ``fp4jax.dot_general`` under ``recipe`` (see ``DotGeneral``)."""
+
+  recipe: Any = dataclasses.field(kw_only=True)
+  deterministic: bool = False
+
+
+class DenseGeneral(_RecipeDot, nn.DenseGeneral):
+  """``nn.DenseGeneral`` whose contraction runs ``fp4jax.dot_general`` under ``recipe``."""
+
+  recipe: Any = dataclasses.field(kw_only=True)
+  deterministic: bool = False
+
+
+def einsum_layer(module: nn.Einsum, inputs, einsum_str, recipe: Any, deterministic: bool):
+  """``nn.Einsum``'s computation (kernel, optional bias, dtype promotion) with ``fp4jax.einsum`` under ``recipe``.
+
+  Called from inside ``module``'s compact ``__call__`` (its own, or the rule interceptor's); ``recipe=None`` runs
+  ``jnp.einsum`` (high precision).
+  """
+  einsum_str = nn.merge_param("einsum_str", module.einsum_str, einsum_str).replace(" ", "")
+  if "->" not in einsum_str or einsum_str.count(",") != 1:
+    raise ValueError(f"einsum_str must be explicit ('->') with exactly two operands, got {einsum_str!r}")
+  kernel = module.param("kernel", module.kernel_init, module.shape, module.param_dtype)
+  bias = None
+  if module.use_bias:
+    bias_shape, broadcast_shape = module._get_bias_shape(einsum_str, inputs, kernel)
+    bias = module.param("bias", module.bias_init, bias_shape, module.param_dtype)
+  inputs, kernel, bias = module.promote_dtype(inputs, kernel, bias, dtype=module.dtype)
+  if recipe is None:
+    y = jnp.einsum(einsum_str, inputs, kernel, precision=module.precision,
+                   preferred_element_type=module.preferred_element_type)
+  else:
+    run, key = _key(module, recipe, deterministic, f"fp4jax Einsum at {_path(module)!r}")
+    y = fp4jax.einsum(einsum_str, inputs, kernel, recipe=run, key=key, precision=module.precision,
+                      preferred_element_type=module.preferred_element_type)
+  if bias is not None:
+    y += jnp.reshape(bias, broadcast_shape)
+  return y
+
+
+class Einsum(nn.Einsum):
+  """``nn.Einsum`` whose contraction runs ``fp4jax.einsum`` under ``recipe``."""
+
+  recipe: Any = dataclasses.field(kw_only=True)
+  deterministic: bool = False
+
+  @nn.compact
+  def __call__(self, inputs, einsum_str: str | None = None):
+    return einsum_layer(self, inputs, einsum_str, self.recipe, self.deterministic)
+
+
+# ------------------------------------------------------------------------------------------------ interception
+def _path(module: nn.Module) -> str:
+  return "/".join(str(p) for p in module.scope.path) if module.scope is not None else type(module).__name__
+
+
+def own_recipe(module: nn.Module):
+  """The recipe a layer was written with: its fp4jax ``dot_general_cls`` / ``recipe``, or None (plain dot)."""
+  if isinstance(module, Einsum):
+    return module.recipe
+  cls = getattr(module, "dot_general_cls", None)
+  return cls.keywords["recipe"] if _is_fp4jax_cls(cls) else None
+
+
+def _call_args(module, args, kwargs):
+  inputs = args[0] if args else kwargs["inputs"]
+  einsum_str = args[1] if len(args) > 1 else kwargs.get("einsum_str")
+  return inputs, einsum_str
+
+
+def _flops(module, inputs, einsum_str) -> int:
+  if isinstance(module, nn.Einsum):
+    spec = nn.merge_param("einsum_str", module.einsum_str, einsum_str)
+    return ops.einsum_flops(spec, inputs.shape, module.shape)
+  features = module.features if isinstance(module.features, Sequence) else (module.features,)
+  return 2 * math.prod(inputs.shape) * math.prod(features)  # Dense / DenseGeneral: each input meets each output
+
+
+@contextlib.contextmanager
+def _fields(module, **values):
+  """Temporarily set frozen dataclass fields of a bound module (restored on exit)."""
+  old = {k: getattr(module, k) for k in values}
+  for k, v in values.items():
+    object.__setattr__(module, k, v)
+  try:
+    yield
+  finally:
+    for k, v in old.items():
+      object.__setattr__(module, k, v)
+
+
+def interceptor(plan: dict[str, Any] | None, deterministic: bool) -> Callable:
+  """An ``nn.intercept_methods`` interceptor: records every linear layer call (``ops.record_dots``) and makes
+  the layers in ``plan`` ({path: recipe or None}) run that recipe; other layers run as written."""
+
+  def intercept(next_fun, args, kwargs, context):
+    module = context.module
+    if context.method_name != "__call__" or not isinstance(module, LAYERS):
+      return next_fun(*args, **kwargs)
+    path = _path(module)
+    inputs, einsum_str = _call_args(module, args, kwargs)
+    override = plan is not None and path in plan
+    recipe = plan[path] if override else own_recipe(module)
+    ops.record(path, type(module).__name__, recipe, _flops(module, inputs, einsum_str))
+    if not override:
+      return next_fun(*args, **kwargs)
+    if isinstance(module, nn.Einsum):
+      return einsum_layer(module, inputs, einsum_str, recipe, deterministic)
+    cls = None if recipe is None else _dot_general_cls(recipe, deterministic)
+    with _fields(module, dot_general_cls=cls, dot_general=None):
+      return next_fun(*args, **kwargs)
+
+  return intercept
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedModule:
+  """A linen module run under rules: ``init`` / ``apply`` / ``init_with_output`` as the module's own.
+
+  Each call first traces the module abstractly (``jax.eval_shape``, cheap) to find its linear layers, resolves
+  ``rules`` against their paths (``fp4jax.flax.rules.plan``), then runs it with the planned recipes. Parameters are
+  the module's own (same tree), so a trained BF16 model can be quantized and vice versa. For evaluation use
+  ``dataclasses.replace(qmodel, deterministic=True)``.
+  """
+
+  module: nn.Module
+  rules: Sequence[Any]
+  defaults: Sequence[Any] = rules_lib.DEFAULT_HIGH_PRECISION
+  deterministic: bool = False
+
+  def plan(self, call: Callable[[], Any]) -> dict[str, Any]:
+    """{path: recipe or None} for the layers the rules decide, found by tracing ``call`` (a thunk running the module)."""
+    with ops.record_dots() as records, nn.intercept_methods(interceptor(None, False)):
+      jax.eval_shape(call)
+    return rules_lib.plan([r.path for r in records], self.rules, defaults=self.defaults)
+
+  def run(self, call: Callable[[], Any]):
+    with nn.intercept_methods(interceptor(self.plan(call), self.deterministic)):
+      return call()
+
+  def init(self, rngs, *args, **kwargs):
+    return self.run(lambda: self.module.init(rngs, *args, **kwargs))
+
+  def init_with_output(self, rngs, *args, **kwargs):
+    return self.run(lambda: self.module.init_with_output(rngs, *args, **kwargs))
+
+  def apply(self, variables, *args, **kwargs):
+    return self.run(lambda: self.module.apply(variables, *args, **kwargs))
+
+
+def quantize(module: nn.Module, rules: Sequence[Any], *, defaults=rules_lib.DEFAULT_HIGH_PRECISION,
+             deterministic: bool = False) -> QuantizedModule:
+  """``module`` with its linear layers quantized by ``rules`` (see ``QuantizedModule``, ``fp4jax.flax.rules``)."""
+  if not isinstance(module, nn.Module):
+    raise TypeError(f"module must be a flax.linen Module, got {type(module).__name__}")
+  return QuantizedModule(module, tuple(rules), tuple(defaults), deterministic)

@@ -1,0 +1,157 @@
+"""FP4 layers for Flax NNX, and rule-based quantization of existing NNX models.
+
+Explicit use::
+
+    layer = Linear(256, 512, recipe="nvidia_nvfp4", rngs=nnx.Rngs(params=0, quant=1))
+    nnx.Linear(256, 512, dot_general=DotGeneral("quartet", rngs=rngs), rngs=rngs)     # the same
+
+Existing models, changed in place (see ``fp4jax.flax.rules``)::
+
+    quantize(model, [keep_high_precision(last=1), Rule(r".*", "quartet")], rngs=nnx.Rngs(quant=0))
+
+``DotGeneral`` / ``EinsumOp`` are small modules that stand in for ``lax.dot_general`` / ``jnp.einsum`` inside the
+layers (``nnx.Linear.dot_general``, ``nnx.LinearGeneral.dot_general``, ``nnx.Einsum.einsum_op``). Each holds its
+recipe, a ``deterministic`` flag (set by ``model.eval()`` / ``model.train()``) and a fork of the "quant" RNG stream;
+a random recipe draws a fresh key from it on every call, so every layer and step gets distinct bits and the stream
+state advances through ``nnx.jit`` / ``nnx.value_and_grad``. Without a "quant" stream a random recipe raises at
+call time unless ``deterministic=True`` (which runs ``fp4jax.recipes.deterministic(recipe)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import fp4jax
+from fp4jax.flax import ops, rules as rules_lib
+
+LAYERS = (nnx.Linear, nnx.LinearGeneral, nnx.Einsum)
+_OP_ATTR = {nnx.Linear: "dot_general", nnx.LinearGeneral: "dot_general", nnx.Einsum: "einsum_op"}
+
+
+def _stream(rngs):
+  if rngs is None:
+    return nnx.data(None)
+  if isinstance(rngs, nnx.Rngs):
+    return rngs[ops.QUANT_STREAM].fork() if ops.QUANT_STREAM in rngs else nnx.data(None)
+  if isinstance(rngs, nnx.RngStream):
+    return rngs.fork()
+  raise TypeError(f"rngs must be an nnx.Rngs (with a {ops.QUANT_STREAM!r} stream), an nnx.RngStream or None, got {rngs!r}")
+
+
+class _QuantOp(nnx.Module):
+  """Recipe, ``deterministic`` flag and "quant" stream of an FP4 op; ``path`` names its layer in errors and summaries."""
+
+  def __init__(self, recipe: Any, *, rngs=None, deterministic: bool = False, path: str = ""):
+    ops.resolve(recipe, f"fp4jax {type(self).__name__}")
+    self.recipe = recipe
+    self.deterministic = deterministic
+    self.rngs = _stream(rngs)
+    self.path = path or type(self).__name__
+
+  def _recipe_and_key(self):
+    where = f"fp4jax {type(self).__name__} at {self.path!r}"
+    run = ops.effective(self.recipe, self.deterministic, where)
+    if not run.is_random:
+      return run, None
+    if self.rngs is None:
+      raise ops.missing_stream_error(where, self.recipe, "pass rngs=nnx.Rngs(quant=...) when building the layer")
+    return run, self.rngs()
+
+  @staticmethod
+  def _check_sharding(out_sharding):
+    if out_sharding is not None:
+      raise NotImplementedError(f"fp4jax ops do not take out_sharding; got {out_sharding!r} (shard the inputs instead)")
+
+
+class DotGeneral(_QuantOp):
+  """``lax.dot_general`` replaced by ``fp4jax.dot_general`` under ``recipe``: an NNX ``dot_general``."""
+
+  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
+    self._check_sharding(out_sharding)
+    run, key = self._recipe_and_key()
+    ops.record(self.path, "dot_general", self.recipe, ops.dot_general_flops(lhs.shape, rhs.shape, dimension_numbers))
+    return fp4jax.dot_general(lhs, rhs, dimension_numbers, recipe=run, key=key, precision=precision,
+                              preferred_element_type=preferred_element_type)
+
+
+class EinsumOp(_QuantOp):
+  """``jnp.einsum`` (two operands) replaced by ``fp4jax.einsum`` under ``recipe``: an NNX ``einsum_op``."""
+
+  def __call__(self, spec, lhs, rhs, precision=None, preferred_element_type=None, out_sharding=None):
+    self._check_sharding(out_sharding)
+    run, key = self._recipe_and_key()
+    ops.record(self.path, "einsum", self.recipe, ops.einsum_flops(spec, lhs.shape, rhs.shape))
+    return fp4jax.einsum(spec, lhs, rhs, recipe=run, key=key, precision=precision,
+                         preferred_element_type=preferred_element_type)
+
+
+class Linear(nnx.Linear):
+  """``nnx.Linear`` whose matmul runs ``fp4jax.dot_general`` under ``recipe`` (see ``DotGeneral``)."""
+
+  def __init__(self, in_features: int, out_features: int, *, recipe: Any, rngs: nnx.Rngs,
+               deterministic: bool = False, **kwargs):
+    op = DotGeneral(recipe, rngs=rngs, deterministic=deterministic)
+    super().__init__(in_features, out_features, dot_general=op, rngs=rngs, **kwargs)
+
+
+class Einsum(nnx.Einsum):
+  """``nnx.Einsum`` whose contraction runs ``fp4jax.einsum`` under ``recipe`` (see ``EinsumOp``)."""
+
+  def __init__(self, einsum_str: str, kernel_shape, bias_shape=None, *, recipe: Any, rngs: nnx.Rngs,
+               deterministic: bool = False, **kwargs):
+    op = EinsumOp(recipe, rngs=rngs, deterministic=deterministic)
+    super().__init__(einsum_str, kernel_shape, bias_shape, einsum_op=op, rngs=rngs, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ rules
+def layers(model: nnx.Module) -> dict[str, nnx.Module]:
+  """{path: layer} of the quantizable layers (Linear, LinearGeneral, Einsum) of ``model``, in graph order."""
+  return {
+      "/".join(str(p) for p in path): m for path, m in nnx.iter_graph(model) if isinstance(m, LAYERS)
+  }
+
+
+def _op_attr(layer) -> str:
+  return next(attr for cls, attr in _OP_ATTR.items() if isinstance(layer, cls))
+
+
+def layer_recipe(layer) -> Any:
+  """The recipe a layer runs (its fp4jax op's), or None for a plain dot."""
+  op = getattr(layer, _op_attr(layer))
+  return op.recipe if isinstance(op, _QuantOp) else None
+
+
+def set_recipe(layer, path: str, recipe: Any, *, rngs=None, deterministic: bool = False) -> None:
+  """Make ``layer`` run ``recipe`` (None: ``lax.dot_general`` / ``jnp.einsum``), in place."""
+  attr = _op_attr(layer)
+  if recipe is None:
+    op = nnx.static(jnp.einsum if attr == "einsum_op" else jax.lax.dot_general)
+  else:
+    op_cls = EinsumOp if attr == "einsum_op" else DotGeneral
+    op = nnx.data(op_cls(recipe, rngs=rngs, deterministic=deterministic, path=path))
+  setattr(layer, attr, op)
+  if isinstance(layer, nnx.LinearGeneral):
+    layer.dot_general_cls = None  # it would take precedence over dot_general
+
+
+def quantize(model: nnx.Module, rules: Sequence[Any], *, rngs: nnx.Rngs | None = None,
+             defaults: Sequence[Any] = rules_lib.DEFAULT_HIGH_PRECISION, deterministic: bool = False) -> nnx.Module:
+  """Quantize the linear layers of ``model`` in place by ``rules`` (``fp4jax.flax.rules.plan``); returns ``model``.
+
+  ``rngs`` supplies the "quant" stream random recipes draw from (each layer gets a fork); it may be omitted when
+  every planned recipe is deterministic or ``deterministic=True``. Layers no rule matches are left as they are.
+  """
+  if not isinstance(model, nnx.Module):
+    raise TypeError(f"model must be a flax.nnx Module, got {type(model).__name__}")
+  found = layers(model)
+  plan = rules_lib.plan(list(found), rules, defaults=defaults)
+  has_stream = isinstance(rngs, nnx.Rngs) and ops.QUANT_STREAM in rngs or isinstance(rngs, nnx.RngStream)
+  for path, recipe in plan.items():
+    if recipe is not None and not deterministic and not has_stream and ops.resolve(recipe, path).is_random:
+      raise ops.missing_stream_error(f"quantize: layer {path!r}", recipe, "pass rngs=nnx.Rngs(quant=...) to quantize")
+    set_recipe(found[path], path, recipe, rngs=rngs, deterministic=deterministic)
+  return model
