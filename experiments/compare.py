@@ -1,0 +1,83 @@
+"""The main job: train one small model under several recipes on the same data; plot and tabulate the losses.
+
+  python -m experiments.compare                      # 1M model, 1M bytes of the stdlib corpus, CPU, minutes
+  python -m experiments.compare --recipes bf16 nvidia_nvfp4 quartet2 --model 10M --tokens 50M --data linux
+
+Writes ``OUT/<recipe>/`` (each a resumable training run), ``OUT/loss_curves.png`` and ``OUT/results.md``:
+final validation loss, bits per byte, gap to BF16 (same model, data, batches and seed), tokens/s. A recipe that
+cannot run (e.g. fp4jax lacks it) is reported in the table with the reason instead of stopping the comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from experiments import model as model_lib
+from experiments import plots, train
+
+DEFAULT_RECIPES = ("bf16", "nvidia_nvfp4", "quartet2")
+
+
+def compare(base: train.TrainConfig, recipes, out: Path, cache_dir: str | None = None) -> list[dict]:
+    """Train ``base`` under each recipe in ``out/<recipe>``; return one row per recipe (summary or error)."""
+    rows = []
+    for recipe in recipes:
+        config = dataclasses.replace(base, recipe=recipe)
+        try:
+            rows.append(train.train(config, out / recipe, cache_dir=cache_dir))
+        except (ImportError, NotImplementedError, KeyError, ValueError) as err:
+            if recipe == model_lib.BF16_RECIPE:
+                raise
+            print(f"{recipe}: cannot run ({type(err).__name__}: {err})")
+            rows.append({"recipe": recipe, "status": "unavailable", "error": f"{type(err).__name__}: {err}"})
+    return rows
+
+
+def results_table(rows: list[dict]) -> str:
+    """Markdown table of final losses; gap = val loss − BF16's val loss."""
+    base = next((r["val_loss"] for r in rows if r["recipe"] == model_lib.BF16_RECIPE and "val_loss" in r), None)
+    lines = ["| recipe | val loss | val bits/byte | gap to bf16 | tokens/s |", "|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] != "finished":
+            lines.append(f"| {r['recipe']} | {r['status']}: {r.get('error', '')} | | | |")
+            continue
+        bpb = f"{r['val_bpb']:.4f}" if r["val_bpb"] is not None else "n/a"
+        gap = f"{r['val_loss'] - base:+.4f}" if base is not None else "n/a"
+        lines.append(f"| {r['recipe']} | {r['val_loss']:.4f} | {bpb} | {gap} | {r['tokens_per_s']:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES))
+    parser.add_argument("--model", default="1M", choices=list(model_lib.SIZES))
+    parser.add_argument("--tokens", type=train.parse_count, default=1_000_000)
+    parser.add_argument("--data", default="stdlib")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("runs/compare"))
+    parser.add_argument("--cache-dir", default=None)
+    args = parser.parse_args(argv)
+    try:
+        base = train.TrainConfig(model=args.model, tokens=args.tokens, data=args.data, batch_size=args.batch_size,
+                                 seq_len=args.seq_len, eval_every=args.eval_every, ckpt_every=args.eval_every,
+                                 seed=args.seed)
+    except ValueError as err:
+        parser.error(str(err))
+    rows = compare(base, args.recipes, args.out, args.cache_dir)
+    curves = {r["recipe"]: train.read_metrics(args.out / r["recipe"]) for r in rows if r["status"] == "finished"}
+    title = f"{args.model} model, {args.tokens:,} tokens of {args.data}"
+    plot = plots.loss_curves(curves, args.out / "loss_curves.png", title)
+    table = results_table(rows)
+    (args.out / "results.md").write_text(f"{title}\n\n{table}")
+    (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"\n{title}\n\n{table}\nplot: {plot}\ntable: {args.out / 'results.md'}")
+
+
+if __name__ == "__main__":
+    main()

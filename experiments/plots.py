@@ -1,0 +1,84 @@
+"""Figures (matplotlib, Agg backend): loss curves, loss vs compute with fitted laws, efficiency bars.
+
+Compute is the usual estimate C = 6·N·D FLOPs (N non-embedding parameters, D tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def loss_curves(curves: Mapping[str, Sequence[dict]], path: str | Path, title: str = "") -> Path:
+    """Train (thin) and validation (markers) loss against tokens; ``curves`` maps a label to metrics records."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lows, finals = [], []
+    for i, (label, records) in enumerate(curves.items()):
+        train = [(r["tokens"], r["loss"]) for r in records if r["kind"] == "train"]
+        val = [(r["tokens"], r["val_loss"]) for r in records if r["kind"] == "val"]
+        if train:
+            ax.plot(*zip(*train), color=f"C{i}", alpha=0.45, lw=1)
+        if val:
+            ax.plot(*zip(*val), "o-", color=f"C{i}", ms=3, label=f"{label} (val {val[-1][1]:.4f})")
+            finals.append(val[-1][1])
+        lows += [loss for _, loss in train + val]
+    if finals:  # show the late phase, where recipes differ, rather than the initial drop
+        ax.set_ylim(min(lows) - 0.05, max(finals) + 1.0)
+    ax.set(xlabel="tokens", ylabel="loss (nats/token)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def loss_vs_compute(results: Sequence[dict], law=None, efficiencies: Mapping | None = None,
+                    path: str | Path = "loss_vs_compute.png") -> Path:
+    """Final validation loss against C = 6ND per recipe; with ``law``, the fitted curve of each (recipe, D/N)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    recipes = sorted({r["recipe"] for r in results}, key=lambda x: (x != "bf16", x))
+    for i, recipe in enumerate(recipes):
+        rows = [r for r in results if r["recipe"] == recipe]
+        n = np.array([r["non_embedding_params"] for r in rows], float)
+        d = np.array([r["tokens"] for r in rows], float)
+        ax.scatter(6 * n * d, [r["val_loss"] for r in rows], color=f"C{i}", label=recipe, s=18)
+        eff = (1.0, 1.0) if recipe == "bf16" else (efficiencies or {}).get(recipe)
+        if law is None or eff is None:
+            continue
+        eff = eff if isinstance(eff, tuple) else (eff["eff_N"], eff["eff_D"])
+        for ratio in sorted({round(x, 6) for x in d / n}):
+            ns = np.geomspace(n.min() / 1.5, n.max() * 1.5, 50)
+            ax.plot(6 * ns * ns * ratio, law(ns, ns * ratio, *eff), color=f"C{i}", lw=0.8, alpha=0.7)
+    ax.set(xscale="log", xlabel="compute 6ND (FLOPs)", ylabel="final validation loss")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    return _save(fig, path)
+
+
+def efficiency_bars(efficiencies: Mapping[str, Mapping], path: str | Path) -> Path:
+    """eff_N and eff_D per recipe with their bootstrap 95% intervals as error bars."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = list(efficiencies)
+    x = np.arange(len(names))
+    for offset, key in ((-0.2, "eff_N"), (0.2, "eff_D")):
+        values = np.array([efficiencies[r][key] for r in names])
+        ci = np.array([efficiencies[r][f"{key}_ci"] for r in names]).reshape(-1, 2)
+        yerr = np.abs(np.stack([values - ci[:, 0], ci[:, 1] - values])) if len(names) else None
+        ax.bar(x + offset, values, 0.4, yerr=yerr, capsize=3, label=key)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(x, names, rotation=20)
+    ax.set(ylabel="efficiency (BF16 = 1)")
+    ax.legend()
+    return _save(fig, path)

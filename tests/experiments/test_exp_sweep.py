@@ -1,0 +1,74 @@
+"""Sweep: grid planning, CLI round trip of configs, skip / resume / device scheduling."""
+
+import argparse
+import json
+import sys
+
+import pytest
+
+from experiments import model, sweep, train
+
+BASE = train.TrainConfig(batch_size=4, seq_len=32)
+
+
+def test_plan_covers_the_grid_with_tokens_per_parameter():
+    runs = sweep.plan(BASE, ["1M", "3M"], [25, 100], ["bf16", "quartet2"])
+    assert len(runs) == 8 and len({r.name for r in runs}) == 8
+    run = next(r for r in runs if r.name == "3M-r100-quartet2")
+    n = model.parameter_count(model.model_config("3M"))["non_embedding"]
+    assert run.config.recipe == "quartet2" and run.config.model == "3M"
+    assert run.config.tokens % BASE.tokens_per_step == 0 and 0 <= 100 * n - run.config.tokens < BASE.tokens_per_step
+    with pytest.raises(ValueError, match="ratios"):
+        sweep.plan(BASE, ["1M"], [0], ["bf16"])
+
+
+def test_config_survives_the_command_line():
+    config = train.TrainConfig(model="3M", recipe="quartet2", tokens=123456, lr=1.5e-3, bf16_last=1, data="linux")
+    parser = argparse.ArgumentParser()
+    train.add_config_arguments(parser)
+    assert train.config_from_args(parser.parse_args(train.config_to_args(config))) == config
+
+
+FAKE_TRAINER = """
+import json, os, pathlib, sys
+folder = pathlib.Path(sys.argv[1])
+(folder / "config.json").write_text("{}")
+(folder / "launches.txt").open("a").write(os.environ.get("CUDA_VISIBLE_DEVICES", "none") + "\\n")
+if folder.name.endswith("bf16"):
+    (folder / "summary.json").write_text(json.dumps({"val_loss": 1.0}))
+"""
+
+
+def _fake_command(run, folder, minutes, cache_dir):
+    return [sys.executable, "-c", FAKE_TRAINER, str(folder)]
+
+
+def test_execute_skips_finished_resumes_partial_and_spreads_over_devices(tmp_path):
+    runs = sweep.plan(BASE, ["100K"], [10], ["bf16", "quartet2", "nvidia_nvfp4"])
+    (tmp_path / "100K-r10-quartet2").mkdir()
+    (tmp_path / "100K-r10-quartet2" / "summary.json").write_text("{}")
+    states = sweep.execute(runs, tmp_path, max_minutes=5, devices=["0", "1"], command=_fake_command)
+    assert states == {"100K-r10-bf16": "finished", "100K-r10-quartet2": "finished", "100K-r10-nvidia_nvfp4": "partial"}
+    assert not (tmp_path / "100K-r10-quartet2" / "launches.txt").exists()
+    used = {(tmp_path / n / "launches.txt").read_text() for n in ("100K-r10-bf16", "100K-r10-nvidia_nvfp4")}
+    assert used == {"0\n", "1\n"}
+
+    states = sweep.execute(runs, tmp_path, max_minutes=5, command=_fake_command)  # second piece: only the partial run
+    assert (tmp_path / "100K-r10-nvidia_nvfp4" / "launches.txt").read_text().splitlines() == ["1", "none"]
+    assert (tmp_path / "100K-r10-bf16" / "launches.txt").read_text() == "0\n"
+
+
+def test_nothing_launches_without_budget(tmp_path):
+    runs = sweep.plan(BASE, ["100K"], [10], ["bf16"])
+    states = sweep.execute(runs, tmp_path, max_minutes=0.5, command=_fake_command)
+    assert states == {"100K-r10-bf16": "new"}
+
+
+def test_collect_reads_finished_runs(tmp_path):
+    runs = sweep.plan(BASE, ["100K"], [10], ["bf16", "quartet2"])
+    folder = tmp_path / runs[0].name
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps({"val_loss": 2.5, "tokens": 100}))
+    (folder / "metrics.jsonl").write_text(json.dumps({"kind": "val", "step": 0, "tokens": 0, "val_loss": 5.5}) + "\n")
+    assert sweep.collect(tmp_path, runs) == [
+        {"name": runs[0].name, "val_loss": 2.5, "tokens": 100, "val_curve": [[0, 5.5]]}]
