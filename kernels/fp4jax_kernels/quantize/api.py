@@ -1,0 +1,25 @@
+"""User entry for the fused quantize: picks an implementation per device and shape (``fp4jax.backends``).
+
+Implementations sit behind one signature, ``impl(x, spec, key) -> (QTensor, dequantized | None)``, in
+``IMPLEMENTATIONS``; a Mosaic GPU kernel can be added beside the Triton one without touching callers.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from fp4jax import backends
+from fp4jax_kernels.quantize import pallas_triton, reference
+from fp4jax_kernels.quantize.spec import QuantizeSpec
+
+IMPLEMENTATIONS = {"xla": reference.quantize, "pallas": pallas_triton.quantize}
+
+
+def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, backend: str = "auto"):
+  """``(qtensor, dequantized)`` for ``spec`` (see ``pallas_triton.quantize``); identical bits from every backend."""
+  unit = max(spec.block, spec.hadamard or 1)
+  n_axis_shape = x.shape if spec.along == "rows" else x.shape[::-1]
+  name = backends.resolve(backend, backends.quantize_backend(n_axis_shape, unit))
+  if name not in IMPLEMENTATIONS:
+    raise ValueError(f"quantize has no {name!r} implementation; choose from {sorted(IMPLEMENTATIONS)}")
+  return IMPLEMENTATIONS[name](x, spec, key)
