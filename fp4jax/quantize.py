@@ -313,6 +313,13 @@ def _run(x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs):
   return lay, codes, dec, global_scale, exps, signs, hadamard
 
 
+_STATIC = ("fmt", "axis", "rounding", "block_shape", "hadamard", "hadamard_signs")
+
+
+def _static_block_shape(block_shape):
+  return None if block_shape is None else tuple(int(b) for b in block_shape)
+
+
 def quantize(
     x: jax.Array,
     fmt: FP4Format,
@@ -337,6 +344,14 @@ def quantize(
       128 for ``rounding="eden"`` (its random rotation) and none otherwise.
     hadamard_signs: ``"random"`` (from ``key``), ``"te"`` (Transformer Engine's fixed 16 signs) or ``"none"``.
   """
+  return _quantize_jit(
+      x, fmt=fmt, axis=axis, rounding=rounding, key=key, block_shape=_static_block_shape(block_shape),
+      hadamard=hadamard, hadamard_signs=hadamard_signs,
+  )
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _quantize_jit(x, *, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs) -> QTensor:
   lay, codes, dec, global_scale, exps, signs, hadamard = _run(
       x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs
   )
