@@ -83,9 +83,13 @@ def _check(a: QTensor, b: QTensor, tile):
 
 
 @functools.partial(jax.jit, static_argnames=("tile", "out_dtype", "num_warps", "num_stages", "interpret"))
-def matmul(a: QTensor, b: QTensor, *, tile=(128, 128, 128), out_dtype=jnp.bfloat16, num_warps: int = 8,
+def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_warps: int = 8,
            num_stages: int = 3, interpret: bool = False) -> jax.Array:
-  """``dq(a) · dq(b)ᵀ`` (M, N) from packed FP4 operands, dequantized in the kernel; fp32 accumulation."""
+  """``dq(a) · dq(b)ᵀ`` (M, N) from packed FP4 operands, dequantized in the kernel; fp32 accumulation.
+
+  ``tile`` = (bm, bn, bk), default (128, 128, the largest of 128/64/32 dividing K).
+  """
+  tile = tuple(tile or (128, 128, next((t for t in (128, 64, 32) if a.shape[1] % t == 0), 128)))
   _check(a, b, tile)
   bm, bn, bk = tile
   (m, k), (n, _) = a.shape, b.shape

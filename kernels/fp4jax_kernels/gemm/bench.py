@@ -1,0 +1,56 @@
+"""FP4 GEMM ``dq(A)·dq(B)ᵀ``: Pallas dequantize-in-kernel vs XLA (dequantize + dot), ``jax.nn.scaled_matmul`` and a
+bf16 matmul of the same shape, one run, one table.
+
+    PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+import fp4jax
+from fp4jax_kernels.benchtools import header, time_ms
+from fp4jax_kernels.gemm import pallas_triton, reference
+from fp4jax_kernels.native import matmul as native
+
+SHAPES = [(8192, 4096, 4096), (16, 8192, 8192)]  # (M, N, K)
+TILES = {(8192, 4096, 4096): [((128, 128, 128), 8, 3), ((128, 256, 64), 8, 3)],
+         (16, 8192, 8192): [((16, 128, 256), 4, 3), ((16, 64, 512), 4, 3)]}
+
+
+def main():
+  print(header())
+  print(f"{'M x N x K':20s} {'impl':36s} {'ms':>8s} {'TFLOP/s':>8s} {'vs bf16':>8s} {'rel.err':>9s}")
+  for m, n, k in SHAPES:
+    xa = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
+    xb = jax.random.normal(jax.random.key(1), (n, k), jnp.float32)
+    a, b = fp4jax.quantize(xa, fp4jax.NVFP4), fp4jax.quantize(xb, fp4jax.NVFP4)
+    ref = reference.matmul(a, b, out_dtype=jnp.float32)
+    flops = 2 * m * n * k
+    ab, bb = xa.astype(jnp.bfloat16), xb.astype(jnp.bfloat16)
+    bf16_ms = time_ms(jax.jit(lambda p, q: jnp.dot(p, q.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16)),
+                      ab, bb)
+    row = lambda impl, ms, err="": print(f"{f'{m}x{n}x{k}':20s} {impl:36s} {ms:8.3f} {flops / ms / 1e9:8.1f} "
+                                         f"{bf16_ms / ms:7.2f}x {err:>9s}", flush=True)
+    row("bf16 jnp.dot", bf16_ms)
+    row("xla dequantize + dot", time_ms(reference.matmul, a, b))
+    for tile, nw, ns in TILES[(m, n, k)]:
+      try:
+        f = jax.jit(lambda a, b, tile=tile, nw=nw, ns=ns: pallas_triton.matmul(a, b, tile=tile, num_warps=nw,
+                                                                               num_stages=ns))
+        y = f(a, b).astype(jnp.float32)
+        err = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
+        row(f"pallas {tile} w{nw} s{ns}", time_ms(f, a, b), f"{err:.1e}")
+      except Exception as e:
+        print(f"{f'{m}x{n}x{k}':20s} pallas {tile} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+    try:
+      y = native.matmul(a, b).astype(jnp.float32)
+      err = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
+      row("jax.nn.scaled_matmul (nvfp4)", time_ms(native.matmul, a, b), f"{err:.1e}")
+    except Exception as e:
+      print(f"{f'{m}x{n}x{k}':20s} jax.nn.scaled_matmul FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+
+
+if __name__ == "__main__":
+  main()

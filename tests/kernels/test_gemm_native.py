@@ -1,0 +1,94 @@
+"""FP4 GEMM (Pallas dequantize-in-kernel, native scaled_matmul operands) vs the XLA path; scale swizzle; dispatch."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fp4jax
+from fp4jax import backends
+from fp4jax_kernels.gemm import pallas_triton, reference
+from fp4jax_kernels.native import matmul as native
+from fp4jax_kernels.native import swizzle
+
+
+def _operands(fmt, m=48, n=40, k=128):
+  a = fp4jax.quantize(jax.random.normal(jax.random.key(0), (m, k)) * 3.0, fmt)
+  b = fp4jax.quantize(jax.random.normal(jax.random.key(1), (n, k)), fmt)
+  return a, b
+
+
+def _rel(y, r):
+  return float(jnp.linalg.norm(y - r) / jnp.linalg.norm(r))
+
+
+@pytest.mark.parametrize("fmt", [fp4jax.NVFP4, fp4jax.MXFP4], ids=lambda f: f.name)
+def test_pallas_gemm_matches_dequantize_dot(fmt, interpret):
+  # Products value·scale are exact in bf16; only fp32 summation order and the epilogue alpha differ (~1 ulp).
+  a, b = _operands(fmt)
+  y = pallas_triton.matmul(a, b, tile=(16, 16, 64), out_dtype=jnp.float32, interpret=interpret)
+  assert y.shape == (48, 40)
+  assert _rel(y, reference.matmul(a, b, out_dtype=jnp.float32)) < 1e-6
+
+
+def test_pallas_gemm_rejects_mismatched_operands():
+  a, _ = _operands(fp4jax.NVFP4)
+  _, b = _operands(fp4jax.MXFP4)
+  with pytest.raises(ValueError, match="share format"):
+    pallas_triton.matmul(a, b, tile=(16, 16, 64), interpret=True)
+
+
+@pytest.mark.parametrize("fmt", [fp4jax.NVFP4, fp4jax.MXFP4], ids=lambda f: f.name)
+def test_native_operands_reproduce_the_reference(fmt):
+  a, b = _operands(fmt)
+  lhs, _, ls, _ = native.operands(a, b)
+  assert lhs.dtype == jnp.float4_e2m1fn and ls.dtype == fmt.scale_dtype and ls.shape == (1, 48, 128 // fmt.block_size)
+  assert _rel(native.emulate(a, b, out_dtype=jnp.float32), reference.matmul(a, b, out_dtype=jnp.float32)) < 1e-6
+
+
+def test_native_matmul_lowers_for_cuda():
+  a, b = _operands(fp4jax.NVFP4, m=128, n=128, k=128)
+  text = jax.jit(native.matmul).trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
+  assert "scaled_matmul" in text or "block_scaled" in text
+
+
+def test_swizzle_round_trip_and_padding():
+  s = jax.random.randint(jax.random.key(0), (200, 6), 1, 255).astype(jnp.uint8)
+  flat = swizzle.swizzle(s)
+  assert flat.shape == (256 * 8,)
+  np.testing.assert_array_equal(np.asarray(swizzle.unswizzle(flat, 200, 6)), np.asarray(s))
+  assert int(jnp.sum(flat != 0)) == 200 * 6  # every padding byte is 0, no element lost
+
+
+@pytest.mark.parametrize("r, c, want", [(0, 0, 0), (0, 3, 3), (32, 0, 4), (1, 0, 16), (31, 1, 31 * 16 + 1),
+                                        (127, 3, 31 * 16 + 3 * 4 + 3), (0, 4, 512), (128, 0, 2 * 512),
+                                        (128 + 65, 5, (1 * 2 + 1) * 512 + 1 * 16 + 2 * 4 + 1)])
+def test_swizzle_known_positions(r, c, want):
+  cols = 6  # padded to 8: two column tiles
+  assert swizzle.offset(r, c, cols) == want
+  s = jnp.zeros((256, cols), jnp.int32).at[r, c].set(7)
+  assert int(swizzle.swizzle(s)[want]) == 7
+
+
+def _device(platform, cc=None):
+  return types.SimpleNamespace(platform=platform, compute_capability=cc)
+
+
+@pytest.mark.parametrize("dev, want", [(_device("cpu"), "xla"), (_device("gpu", "9.0"), "pallas"),
+                                       (_device("gpu", "10.0"), "native"), (_device("gpu", "12.0"), "native"),
+                                       (_device("gpu", "7.5"), "xla")])
+def test_gemm_dispatch_decision(dev, want):
+  assert backends.gemm_backend(256, 256, 256, 16, dev) == want
+
+
+def test_dispatch_small_or_ragged_shapes_fall_back():
+  h100 = _device("gpu", "9.0")
+  assert backends.gemm_backend(8, 256, 256, 16, h100) == "xla"
+  assert backends.gemm_backend(256, 256, 250, 16, h100) == "xla"
+  assert backends.quantize_backend((64, 256), 16, h100) == "pallas"
+  assert backends.quantize_backend((64, 200), 16, h100) == "xla"
+  assert backends.quantize_backend((2, 64, 256), 16, h100) == "xla"
+  with pytest.raises(ValueError, match="backend"):
+    backends.resolve("triton", "xla")

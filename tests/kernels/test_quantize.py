@@ -1,0 +1,117 @@
+"""Fused quantize kernel vs fp4jax's pure-JAX quantizer: atol = rtol = 0 on codes, scales, tensor scale and the
+dequantized tensor, for every rounding / scale rule / block shape / direction, on ragged and non-power-of-two shapes."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fp4jax
+from fp4jax_kernels.quantize import api, pallas_triton, reference
+from fp4jax_kernels.quantize.spec import QuantizeSpec
+
+N, M = fp4jax.NVFP4, fp4jax.MXFP4
+N46 = dataclasses.replace(N, scale_mode="four_over_six")
+CASES = {  # name: (spec, shape, tile)
+    "nvfp4_rtn": (QuantizeSpec(N, dequantize=True), (48, 96), (16, 64)),
+    "nvfp4_rtn_f32_ragged": (QuantizeSpec(N, dequantize=True), (37, 80), (16, 32)),
+    "nvfp4_sr": (QuantizeSpec(N, rounding="sr", dequantize=True), (40, 64), (16, 64)),
+    "nvfp4_rht16_te_sr": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", dequantize=True),
+                          (48, 96), (16, 64)),
+    "nvfp4_rht16_random_rtn": (QuantizeSpec(N, hadamard=16, hadamard_signs="random"), (24, 64), (16, 32)),
+    "nvfp4_four_over_six": (QuantizeSpec(N46, dequantize=True), (48, 96), (16, 64)),
+    "nvfp4_ms_eden": (QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", dequantize=True),
+                      (40, 256), (16, 128)),
+    "mxfp4_floor": (QuantizeSpec(M, dequantize=True), (48, 96), (16, 32)),
+    "mxfp4_quest_h32": (QuantizeSpec(dataclasses.replace(M, scale_mode="quest"), hadamard=32), (32, 64), (16, 64)),
+    "mxfp4_headroom_sr": (QuantizeSpec(dataclasses.replace(M, scale_mode="floor_headroom"), rounding="sr",
+                                       hadamard=32, hadamard_signs="random", dequantize=True), (48, 64), (16, 64)),
+    "nvfp4_2d": (QuantizeSpec(N, block_shape=(16, 16), dequantize=True), (40, 96), (16, 64)),
+    "nvfp4_cols_rtn": (QuantizeSpec(N, along="cols", dequantize=True), (40, 96), (32, 32)),
+    "nvfp4_cols_rht16_sr": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along="cols",
+                                         dequantize=True), (48, 96), (16, 32)),
+    "nvfp4_cols_2d": (QuantizeSpec(N, block_shape=(16, 16), along="cols"), (40, 96), (32, 32)),
+}
+
+
+def _input(shape, dtype, seed=0):
+  """N(0,1) columns spread over 4 decades, one all-zero row and values on E2M1 decision edges."""
+  x = jax.random.normal(jax.random.key(seed), shape) * jnp.logspace(-2, 2, shape[1])
+  x = x.at[1].set(0.0)
+  return x.at[2, :8].set(jnp.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -6.0])).astype(dtype)
+
+
+def _bits(a):
+  return np.asarray(jax.lax.bitcast_convert_type(a, jnp.uint8))
+
+
+def _assert_same(got, want):
+  (qg, dg), (qw, dw) = got, want
+  np.testing.assert_array_equal(np.asarray(qg.codes), np.asarray(qw.codes))
+  np.testing.assert_array_equal(_bits(qg.scales), _bits(qw.scales))
+  np.testing.assert_array_equal(np.asarray(qg.global_scale), np.asarray(qw.global_scale))
+  assert (qg.shape, qg.axis, qg.block_shape, qg.hadamard) == (qw.shape, qw.axis, qw.block_shape, qw.hadamard)
+  if dw is not None:
+    np.testing.assert_array_equal(np.asarray(dg, np.float32), np.asarray(dw, np.float32))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_kernel_matches_reference_bit_for_bit(name, interpret):
+  spec, shape, tile = CASES[name]
+  dtype = jnp.float32 if "f32" in name else jnp.bfloat16
+  x, key = _input(shape, dtype), jax.random.key(7)
+  _assert_same(pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret), reference.quantize(x, spec, key))
+
+
+def test_nan_block_keeps_nan_scale(interpret):
+  spec = QuantizeSpec(M, dequantize=True)
+  x = _input((16, 64), jnp.float32).at[3, 40].set(jnp.nan)
+  (q, deq), _ = pallas_triton.quantize(x, spec, tile=(16, 64), interpret=interpret), None
+  _assert_same((q, deq), reference.quantize(x, spec))
+  assert _bits(q.scales)[3, 1] == 0xFF and np.isnan(np.asarray(deq[3, 32:])).all()
+
+
+def test_api_auto_uses_reference_on_cpu_and_accepts_names():
+  spec, shape, _ = CASES["nvfp4_rtn"]
+  x = _input(shape, jnp.bfloat16)
+  _assert_same(api.quantize(x, spec, backend="xla"), reference.quantize(x, spec))
+  with pytest.raises(ValueError, match="backend"):
+    api.quantize(x, spec, backend="cuda")
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(x=jnp.ones((4, 4, 16))), "2D"),
+    (dict(x=jnp.ones((16, 40))), "multiple of the block"),
+    (dict(tile=(16, 48)), "powers of two"),
+    (dict(tile=(16, 8)), "whole blocks"),
+])
+def test_bad_input_is_named(bad, match):
+  args = dict(x=jnp.ones((16, 64)), spec=QuantizeSpec(N), tile=(16, 64))
+  args.update(bad)
+  with pytest.raises(ValueError, match=match):
+    pallas_triton.quantize(args["x"], args["spec"], tile=args["tile"], interpret=True)
+
+
+@pytest.mark.parametrize("name", ["nvfp4_rtn", "nvfp4_ms_eden", "nvfp4_cols_rht16_sr", "nvfp4_four_over_six"])
+def test_kernel_lowers_to_triton(name):
+  """Every primitive of the kernel has a Pallas Triton lowering (checked on CPU by lowering for CUDA)."""
+  spec, _, _ = CASES[name]
+  x = jnp.ones((256, 256), jnp.bfloat16)
+  text = jax.jit(lambda x, k: pallas_triton.quantize(x, spec, k)).trace(x, jax.random.key(0)).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "triton" in text
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="randomized larger shapes: GPU only (interpret mode is slow)")
+@pytest.mark.parametrize("seed", range(3))
+def test_randomized_shapes_on_gpu(seed):
+  rng = np.random.default_rng(seed)
+  m, k = int(rng.integers(1, 700)), 128 * int(rng.integers(1, 24))
+  for name in ("nvfp4_rtn", "nvfp4_rht16_te_sr", "nvfp4_ms_eden", "nvfp4_cols_rht16_sr"):
+    spec = CASES[name][0]
+    if spec.along == "cols":
+      m = 16 * max(1, m // 16)
+    x, key = _input((max(m, 3), k), jnp.bfloat16, seed), jax.random.key(seed)
+    _assert_same(pallas_triton.quantize(x, spec, key), reference.quantize(x, spec, key))
