@@ -1,0 +1,67 @@
+"""Hadamard transforms: the Sylvester definition, orthogonality, any axis, signs, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp4jax import hadamard as H
+
+
+@pytest.mark.parametrize("d", H.SIZES)
+def test_matches_matrix_definition_and_inverts(d):
+  rng = np.random.RandomState(d)
+  x = rng.randn(3, 2 * d).astype(np.float32)
+  s = rng.choice([-1.0, 1.0], d).astype(np.float32)
+  h = H.hadamard_matrix(d)
+  np.testing.assert_allclose(h @ h.T, np.eye(d), atol=1e-6)
+  expect = ((x.reshape(3, 2, d).astype(np.float64) * s) @ h).reshape(3, 2 * d)
+  y = np.asarray(H.hadamard(x, d, signs=s))
+  np.testing.assert_allclose(y, expect, rtol=0, atol=1e-5 * np.abs(x).max())
+  np.testing.assert_allclose(np.asarray(H.inverse_hadamard(y, d, signs=s)), x, atol=1e-5 * np.abs(x).max())
+
+
+def test_sylvester_recursion():
+  h4 = np.sign(H.hadamard_matrix(32))
+  h2 = np.sign(H.hadamard_matrix(16))
+  np.testing.assert_array_equal(h4, np.block([[h2, h2], [h2, -h2]]))
+
+
+def test_along_other_axes_equals_transposed_call():
+  x = np.random.RandomState(0).randn(64, 5, 3).astype(np.float32)
+  a = np.asarray(H.hadamard(x, 32, axis=0))
+  b = np.moveaxis(np.asarray(H.hadamard(np.moveaxis(x, 0, -1), 32)), -1, 0)
+  np.testing.assert_array_equal(a, b)
+
+
+def test_te_signs_mask():
+  bits = sum(1 << i for i, s in enumerate(H.TE_SIGNS_16) if s < 0)
+  assert bits == 0xD7E8
+
+
+def test_random_signs_are_pm1_and_keyed():
+  a = np.asarray(H.random_signs(jax.random.key(0), 128))
+  b = np.asarray(H.random_signs(jax.random.key(0), 128))
+  c = np.asarray(H.random_signs(jax.random.key(1), 128))
+  assert set(np.unique(a)) <= {-1.0, 1.0} and np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_grad_and_vmap():
+  x = jnp.asarray(np.random.RandomState(1).randn(4, 32), jnp.float32)
+  g = jax.grad(lambda v: jnp.sum(H.hadamard(v, 32) ** 2))(x)  # orthogonal: d/dx ||Hx||² = 2x
+  np.testing.assert_allclose(np.asarray(g), 2 * np.asarray(x), rtol=1e-5, atol=1e-5)
+  v = jax.vmap(lambda r: H.hadamard(r, 16))(x)
+  np.testing.assert_array_equal(np.asarray(v), np.asarray(H.hadamard(x, 16)))
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: H.hadamard(jnp.ones((4, 48)), 32), "must divide"),
+        (lambda: H.hadamard(jnp.ones((4, 48)), 24), "Hadamard size"),
+        (lambda: H.hadamard(jnp.ones((4, 32)), 32, signs=jnp.ones(16)), "signs"),
+    ],
+)
+def test_errors(call, match):
+  with pytest.raises(ValueError, match=match):
+    call()
