@@ -15,13 +15,15 @@ def header() -> str:
           f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
 
 
-def time_ms(fn, *args, warmup: int = 3, iters: int = 20) -> float:
-  """Median milliseconds of ``fn(*args)`` (jitted by the caller), each call synchronized."""
+def time_ms(fn, *args, warmup: int = 3, repeats: int = 7, calls: int = 10) -> float:
+  """Milliseconds per call of ``fn(*args)`` (jitted by the caller): median over ``repeats`` of ``calls`` back-to-back
+  asynchronous calls synchronized once (launch overhead hidden behind the queued device work)."""
   for _ in range(warmup):
     jax.block_until_ready(fn(*args))
   times = []
-  for _ in range(iters):
+  for _ in range(repeats):
     t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
+    out = [fn(*args) for _ in range(calls)]
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - t0) / calls)
   return 1e3 * statistics.median(times)

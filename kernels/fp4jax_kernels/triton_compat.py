@@ -8,10 +8,11 @@ to something inexact, so ``kernel_safe(fn)`` traces ``fn`` to a jaxpr and evalua
   becomes PTX ``div.rn.f32`` (IEEE round-to-nearest-even, what XLA computes).
 * ``round`` (ties to even): no Triton lowering; PTX ``cvt.rni.f32.f32`` (round to nearest integer, ties to even).
 * ``reduce_or``: no Triton lowering; ``max`` of the int32 values, exact.
+* ``clz``: lowers to ``math.ctlz``, which Triton fails to legalize; a 5-step binary search with shifts, exact.
 * ``slice`` of a short rank-1 vector (``seed[0]`` in ``fp4jax.bits.hash_bits``): no Triton lowering; a masked sum
   over the vector, exact (one non-zero term).
 
-In interpret mode (CPU) the first two keep their own primitives, so CPU tests compare the same jaxpr the GPU runs,
+In interpret mode (CPU) ``div`` and ``round`` keep their own primitives, so CPU tests compare the same jaxpr the GPU runs,
 less the two PTX instructions whose IEEE semantics equal XLA's.
 """
 
@@ -57,6 +58,17 @@ def _reduce_or(x, *, axes, **_):
   return jnp.max(x.astype(jnp.int32), axis=axes) != 0
 
 
+def _clz(x):
+  """Leading zeros of a 32-bit integer: halve the window 16, 8, 4, 2, 1 bits (32 for x == 0)."""
+  u = lax.bitcast_convert_type(x, jnp.uint32) if x.dtype == jnp.int32 else x.astype(jnp.uint32)
+  n = jnp.zeros(u.shape, jnp.int32)
+  for s in (16, 8, 4, 2, 1):
+    top_clear = (u >> (32 - s)) == 0
+    n = n + jnp.where(top_clear, s, 0)
+    u = jnp.where(top_clear, u << s, u)
+  return (n + (u == 0).astype(jnp.int32)).astype(x.dtype)
+
+
 def _slice(x, *, start_indices, limit_indices, strides, **_):
   if x.ndim != 1 or (strides and any(s != 1 for s in strides)) or limit_indices[0] - start_indices[0] != 1:
     raise NotImplementedError(f"kernel_safe: only single-element slices of vectors are supported, got {x.shape}")
@@ -69,6 +81,7 @@ def _rules(interpret: bool) -> dict[str, Callable]:
       "div": lambda x, y: _div(x, y, interpret=interpret),
       "round": lambda x, **p: _round(x, rounding_method=p["rounding_method"], interpret=interpret),
       "reduce_or": _reduce_or,
+      "clz": _clz,
       "slice": _slice,
   }
 

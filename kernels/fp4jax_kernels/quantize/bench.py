@@ -41,14 +41,17 @@ def main():
   print(header())
   n = m * k
   copy_ms = min(time_ms(jax.jit(lambda x: jnp.array(x, copy=True)), x), time_ms(jax.jit(lambda x: -x), x))
-  copy_bw = 2 * 2 * n / copy_ms / 1e9
+  copy_bw = 2 * 2 * n / copy_ms / 1e6
   print(f"shape {m}x{k} bf16; copy {copy_ms:.3f} ms = {copy_bw:.0f} GB/s (read + write)")
   print(f"{'op':24s} {'impl':28s} {'ms':>8s} {'% copy BW':>10s} {'kernel-only ms':>15s}")
   for name, (spec, tiles) in OPS.items():
     min_bytes = 2 * n + n // 2 + n // spec.block
-    pct = lambda ms: 100 * (min_bytes / ms / 1e9) / copy_bw
+    pct = lambda ms: 100 * (min_bytes / ms / 1e6) / copy_bw
     signs = fp4jax.hadamard.TE_SIGNS_16 if spec.hadamard_signs == "te" else None
     pre = time_ms(jax.jit(lambda x: pallas_triton.tensor_amax(x, spec, signs)), x) if spec.fmt.name == "nvfp4" else 0.0
+    if spec.hadamard:
+      xla_pre = time_ms(jax.jit(lambda x: pallas_triton.tensor_amax(x, spec, signs, use_kernel=False)), x)
+      print(f"{name:24s} {'amax pre-pass, xla hadamard':28s} {xla_pre:8.3f}", flush=True)
     for tile, nw in tiles:
       try:
         f = jax.jit(lambda x, key, tile=tile, nw=nw: pallas_triton.quantize(x, spec, key, tile=tile, num_warps=nw)[0])
@@ -60,7 +63,7 @@ def main():
     for impl, fn in (("xla fp4jax.quantize", fp4jax.quantize), ("xla fp4jax.fake_quantize", fp4jax.fake_quantize)):
       ms = time_ms(jax.jit(lambda x, key, fn=fn: fn(x, spec.fmt, key=key, **kw)), x, key)
       print(f"{name:24s} {impl:28s} {ms:8.3f} {pct(ms):9.1f}% {'':>15s}", flush=True)
-    print(f"{name:24s} {'amax pre-pass (xla)':28s} {pre:8.3f}", flush=True)
+    print(f"{name:24s} {'amax pre-pass (used)':28s} {pre:8.3f}", flush=True)
 
 
 if __name__ == "__main__":

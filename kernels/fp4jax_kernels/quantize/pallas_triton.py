@@ -8,8 +8,8 @@ the "along columns" transpose (done in registers; the outputs are written K-majo
 of ``fp4jax.quantize`` — the block numerics are the foundation's own ``_quantize_blocks`` evaluated in the kernel
 (``fp4jax_kernels.triton_compat``), so RTN, SR, four-over-six, MS-EDEN and MXFP4 agree bit for bit by construction.
 
-Per-tensor amax (NVFP4 only): a separate XLA reduction reads ``x`` once before the kernel (for a Hadamard spec, the
-reduction of the rotated tensor, fused by XLA). Any current-scaling scheme must see every element before the first
+Per-tensor amax (NVFP4 only): a separate reduction reads ``x`` once before the kernel (``tensor_amax``; with a
+Hadamard, a small Pallas kernel that rotates each tile and writes one partial max). Any current-scaling scheme must see every element before the first
 code is final, so it costs one extra read of ``x`` whatever the split; a standalone reduction is that one read with
 nothing else written (a 4-byte result), so bytes moved per element are 2·sizeof(x) + 1/2 (codes) + 1/16 (scales).
 """
@@ -132,14 +132,46 @@ def _kernel(*refs, spec: QuantizeSpec, shape, tile, interpret: bool, bf16_input:
 
 
 # ------------------------------------------------------------------------------------------------ wrapper
-def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs) -> jax.Array:
-  """max|x| of the (rotated, bf16-rounded) tensor, fp32: the pre-pass (one XLA reduction reading x once)."""
-  xf = x.astype(jnp.float32)
-  if spec.hadamard:
-    xf = hadamard_lib.hadamard(xf, spec.hadamard, axis=spec.axis, signs=signs)
-    if x.dtype == jnp.bfloat16:
-      xf = rtn_bf16(xf)
-  return jnp.max(jnp.abs(xf))
+def _amax_kernel(*refs, spec: QuantizeSpec, shape, tile, bf16_input: bool):
+  x_ref, signs_ref, o_ref = refs if len(refs) == 3 else (refs[0], None, refs[1])
+  (m, k), (bm, bk) = shape, tile
+  rows = pl.program_id(0) * bm + lax.broadcasted_iota(jnp.int32, (bm, bk), 0)
+  cols = pl.program_id(1) * bk + lax.broadcasted_iota(jnp.int32, (bm, bk), 1)
+  x = jnp.where((rows < m) & (cols < k), x_ref[...].astype(jnp.float32), jnp.float32(0.0))
+  x = x.T if spec.along == "cols" else x
+  y = jnp.abs(rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input))
+  finite = jnp.min(jnp.where(y <= jnp.float32(jnp.inf), 1, 0))  # 0 if any NaN/Inf
+  o_ref[...] = jnp.where(finite == 1, jnp.max(y), jnp.float32(jnp.inf)).reshape(1, 1)
+
+
+def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs, *, use_kernel: bool = True, interpret: bool = False):
+  """max|x| of the (rotated, bf16-rounded) tensor, fp32: the pre-pass, one read of ``x``.
+
+  No Hadamard: an XLA reduction. With a Hadamard: a Pallas kernel that rotates each tile as the quantize kernel does
+  and writes one partial max per tile (XLA's version of the rotation is several passes); a tile holding NaN/Inf
+  reports +Inf, so the tensor scale becomes NaN exactly when the reference's does.
+  """
+  if not spec.hadamard or not use_kernel:
+    xf = x.astype(jnp.float32)
+    if spec.hadamard:
+      xf = hadamard_lib.hadamard(xf, spec.hadamard, axis=spec.axis, signs=signs)
+      if x.dtype == jnp.bfloat16:
+        xf = rtn_bf16(xf)
+    return jnp.max(jnp.abs(xf))
+  m, k = x.shape
+  tile = default_tile(spec)
+  grid = (pl.cdiv(m, tile[0]), pl.cdiv(k, tile[1]))
+  args, in_specs = [x], [pl.BlockSpec(tile, lambda i, j: (i, j))]
+  if signs is not None:
+    args.append(jnp.asarray(signs, jnp.float32))
+    in_specs.append(pl.BlockSpec((spec.hadamard,), lambda i, j: (0,)))
+  partial_max = pl.pallas_call(
+      functools.partial(_amax_kernel, spec=spec, shape=(m, k), tile=tile, bf16_input=x.dtype == jnp.bfloat16),
+      grid=grid, in_specs=in_specs, out_specs=pl.BlockSpec((1, 1), lambda i, j: (i, j)),
+      out_shape=jax.ShapeDtypeStruct(grid, jnp.float32),
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=interpret, name="fp4_rotated_amax",
+  )(*args)
+  return jnp.max(partial_max)
 
 
 def _check(x, spec: QuantizeSpec, tile):
@@ -191,7 +223,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   zero_seed = jnp.zeros((2,), jnp.uint32)
   eseed = bits_lib.seed_from_key(k_elems) if spec.rounding == "sr" else zero_seed
   sseed = bits_lib.seed_from_key(k_scales) if spec.rounding == "eden" else zero_seed
-  amax = tensor_amax(x, spec, signs) if spec.fmt.name == "nvfp4" else jnp.float32(0.0)
+  amax = tensor_amax(x, spec, signs, interpret=interpret) if spec.fmt.name == "nvfp4" else jnp.float32(0.0)
 
   bs, two_d = spec.block, spec.block_shape is not None
   if spec.along == "rows":
