@@ -23,6 +23,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.extend import core as jex_core
 
@@ -90,7 +91,8 @@ def _eval(jaxpr, consts, args, rules):
   env = {}
 
   def read(v):
-    return v.val if isinstance(v, jex_core.Literal) else env[v]
+    # Literals as plain numpy: JAX 0.11 wraps them in a type the Triton lowering does not accept.
+    return np.asarray(v.val) if isinstance(v, jex_core.Literal) else env[v]
 
   for var, val in zip(jaxpr.constvars, consts):
     env[var] = val
