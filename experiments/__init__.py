@@ -4,7 +4,7 @@ Modules (one concept each):
   model        the decoder and its size table; projections take an FP4 dot chosen per layer by recipe name
   data         token corpora (byte-level default, nanoGPT ``.bin``) and the resumable batch stream
   prepare      builders for corpora: text files, the standard-library corpus, the linux-6.12 corpus
-  schedule     the learning-rate schedule and the optimizer
+  optimizer    AdamW with clipping and the warmup + cosine schedule
   diagnostics  per-layer quantization error of the FP4 projections
   train        the training loop and its command line
   compare      the main job: tiny model, several recipes, one plot and one table

@@ -31,7 +31,7 @@ import optax
 PARAMS = ("A", "alpha", "B", "beta", "E", "gamma")
 LOG_PARAMS = ("A", "B", "E")  # fitted as logarithms (positive)
 HUBER_DELTA = 1e-4
-LBFGS_STEPS = 300
+LBFGS_STEPS = 150
 BF16 = "bf16"
 
 

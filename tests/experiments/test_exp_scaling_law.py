@@ -1,0 +1,77 @@
+"""Scaling-law fits recover known parameters from synthetic runs; report and plots are written."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from experiments import plots, scaling_law as sl
+
+TRUE = sl.QUARTET_C4_BF16
+EFF = (0.65, 0.82)
+SIZES = {"30M": 30e6, "50M": 50e6, "100M": 100e6, "200M": 200e6}
+RATIOS = (25, 100, 400)
+
+
+def _grid():
+    n, r = np.meshgrid(list(SIZES.values()), RATIOS)
+    return n.ravel(), (n * r).ravel()
+
+
+def _results(noise: float, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for name, n in SIZES.items():
+        for ratio in RATIOS:
+            for recipe, eff in (("bf16", (1.0, 1.0)), ("quartet", EFF)):
+                loss = float(TRUE(n, n * ratio, *eff)) * float(np.exp(rng.normal(0, noise)))
+                rows.append({"model": name, "recipe": recipe, "non_embedding_params": n, "tokens": n * ratio,
+                             "val_loss": loss})
+    return rows
+
+
+def test_noise_free_fit_recovers_the_law_and_the_efficiencies():
+    n, d = _grid()
+    fit = sl.fit_law(n, d, TRUE(n, d))
+    for name in sl.PARAMS:
+        assert getattr(fit, name) == pytest.approx(getattr(TRUE, name), rel=2e-3), name
+    eff = sl.fit_efficiency(fit, n, d, TRUE(n, d, *EFF))
+    assert eff == pytest.approx(EFF, rel=1e-3)
+
+
+def test_chinchilla_form_is_gamma_one_and_fixed_parameters_stay():
+    n, d = _grid()
+    chinchilla = sl.LossLaw(A=400.0, alpha=0.34, B=410.0, beta=0.28, E=1.69)
+    fit = sl.fit_law(n, d, chinchilla(n, d), fixed={"gamma": 1.0})
+    assert fit.gamma == 1.0
+    assert [fit.alpha, fit.beta, fit.E] == pytest.approx([0.34, 0.28, 1.69], rel=1e-2)
+    with pytest.raises(ValueError, match="fixed"):
+        sl.fit_law(n, d, chinchilla(n, d), fixed={"delta": 1.0})
+
+
+def test_bootstrap_intervals_cover_the_truth_under_noise_and_report_is_written(tmp_path):
+    results = _results(noise=0.002)
+    exponents = {"alpha": TRUE.alpha, "beta": TRUE.beta, "gamma": TRUE.gamma}  # the free fit is tested above
+    report = sl.analyze(results, fixed=exponents, samples=12, seed=0)
+    quartet = report["recipes"]["quartet"]
+    for key, true in zip(("eff_N", "eff_D"), EFF):
+        low, high = quartet[f"{key}_ci"]
+        assert low < true < high and low < quartet[key] < high, (key, quartet)
+        assert high - low < 0.5
+    law = sl.LossLaw(**report["quartet"])
+    n, d = _grid()
+    assert np.max(np.abs(law(n, d) / TRUE(n, d) - 1)) < 0.01
+    gaps = sl.gaps_to_bf16(results)
+    assert len(gaps) == len(SIZES) * len(RATIOS) and all(g["gap"] > 0 for g in gaps)
+    table = sl.markdown(report, gaps)
+    assert "| quartet | 12 |" in table
+    for path in (plots.loss_vs_compute(results, law, report["recipes"], tmp_path / "lc.png"),
+                 plots.efficiency_bars(report["recipes"], tmp_path / "eff.png")):
+        assert path.stat().st_size > 10_000
+
+
+def test_fit_needs_bf16_runs_and_valid_inputs():
+    with pytest.raises(ValueError, match="bf16"):
+        sl.analyze([dataclasses.asdict(TRUE) | {"recipe": "quartet"}])
+    with pytest.raises(ValueError, match="positive"):
+        sl.fit_law([1.0, -1.0], [1.0, 1.0], [1.0, 1.0])
