@@ -9,6 +9,7 @@ to something inexact, so ``kernel_safe(fn)`` traces ``fn`` to a jaxpr and evalua
 * ``round`` (ties to even): no Triton lowering; PTX ``cvt.rni.f32.f32`` (round to nearest integer, ties to even).
 * ``reduce_or``: no Triton lowering; ``max`` of the int32 values, exact.
 * ``clz``: lowers to ``math.ctlz``, which Triton fails to legalize; a 5-step binary search with shifts, exact.
+* ``bitcast_convert_type`` of a constant: the Triton rule expects an IR value; done in numpy instead.
 * ``slice`` of a short rank-1 vector (``seed[0]`` in ``fp4jax.bits.hash_bits``): no Triton lowering; a masked sum
   over the vector, exact (one non-zero term).
 
@@ -70,6 +71,13 @@ def _clz(x):
   return (n + (u == 0).astype(jnp.int32)).astype(x.dtype)
 
 
+def _bitcast(x, *, new_dtype, **params):
+  """Constants (literals) are bitcast in numpy: the Triton rule for ``bitcast_convert_type`` needs an IR value."""
+  if isinstance(x, (np.ndarray, np.generic)):
+    return np.asarray(x).view(np.dtype(new_dtype))
+  return lax.bitcast_convert_type_p.bind(x, new_dtype=new_dtype, **params)
+
+
 def _slice(x, *, start_indices, limit_indices, strides, **_):
   if x.ndim != 1 or (strides and any(s != 1 for s in strides)) or limit_indices[0] - start_indices[0] != 1:
     raise NotImplementedError(f"kernel_safe: only single-element slices of vectors are supported, got {x.shape}")
@@ -83,6 +91,7 @@ def _rules(interpret: bool) -> dict[str, Callable]:
       "round": lambda x, **p: _round(x, rounding_method=p["rounding_method"], interpret=interpret),
       "reduce_or": _reduce_or,
       "clz": _clz,
+      "bitcast_convert_type": _bitcast,
       "slice": _slice,
   }
 
