@@ -6,6 +6,8 @@ this order:
     amax  = max|x|;   s_enc = min(6·448 / amax, FLT_MAX)   (1 when amax == 0);   s_dec = 1 / s_enc
     dec_b = rne_e4m3(clamp(amax_b · (s_enc · f32(1/6)), ±448));   enc_b = min(1 / (f32(dec_b) · s_dec), FLT_MAX)
 
+Divisions are correctly rounded on every backend (``fp4jax.ieee.div_rn``; XLA:GPU's own is not).
+
 Variants change the tensor-scale numerator and the block target ``t`` (``amax_b`` maps to ``t``):
 ``"absmax"`` 6·448, t = 6 (TE); ``"four_over_six"`` 6·256, t = 6 or 4 per block (Quartet II; the 4/6 choice
 itself is made in ``fp4jax.quantize``); MS-EDEN 255.99·V_MAX_EDEN, t = V_MAX_EDEN (Quartet II, headroom so the
@@ -26,6 +28,7 @@ import math
 
 import jax.numpy as jnp
 
+from fp4jax.ieee import div_rn
 from fp4jax.formats import E2M1_MAX, E4M3_MAX, FLT_MAX, floor_log2, is_pow2, pow2
 from fp4jax.rounding import rtn_e4m3
 
@@ -42,10 +45,10 @@ def nvfp4_tensor_scales(amax: jnp.ndarray, rule: str) -> tuple[jnp.ndarray, jnp.
   255.99·V_MAX_EDEN (``"eden"``); ``s_enc = 1`` when amax == 0; ``s_dec = 1 / s_enc``.
   """
   amax = amax.astype(jnp.float32)
-  s_enc = jnp.minimum(jnp.float32(_NUMERATOR[rule]) / amax, jnp.float32(FLT_MAX))
+  s_enc = jnp.minimum(div_rn(jnp.float32(_NUMERATOR[rule]), amax), jnp.float32(FLT_MAX))
   s_enc = jnp.where(amax == 0, jnp.float32(1.0), s_enc)
   s_enc = jnp.where(jnp.isfinite(amax), s_enc, jnp.float32(jnp.nan))
-  return s_enc, jnp.float32(1.0) / s_enc
+  return s_enc, div_rn(jnp.float32(1.0), s_enc)
 
 
 def nvfp4_block_scales(amax_b: jnp.ndarray, s_enc: jnp.ndarray, s_dec: jnp.ndarray, target: float = E2M1_MAX):
@@ -56,7 +59,7 @@ def nvfp4_block_scales(amax_b: jnp.ndarray, s_enc: jnp.ndarray, s_dec: jnp.ndarr
   """
   ratio = s_enc * jnp.float32(1.0 / target)
   dec = rtn_e4m3(jnp.clip(amax_b * ratio, -E4M3_MAX, E4M3_MAX))
-  enc = jnp.minimum(jnp.float32(1.0) / (dec * s_dec), jnp.float32(FLT_MAX))
+  enc = jnp.minimum(div_rn(jnp.float32(1.0), dec * s_dec), jnp.float32(FLT_MAX))
   return dec, enc
 
 
@@ -75,7 +78,7 @@ def mx_exponents(amax_b: jnp.ndarray, mode: str, sigma_b: jnp.ndarray | None = N
   if mode in ("floor", "floor_headroom"):
     e = floor_log2(amax_b) - 2
   elif mode == "rceil":
-    e = _ceil_log2(amax_b / jnp.float32(E2M1_MAX))
+    e = _ceil_log2(div_rn(amax_b, jnp.float32(E2M1_MAX)))
   elif mode in ("quest", "quest_nearest"):
     if sigma_b is None:
       raise ValueError("mx_exponents: mode 'quest' needs sigma_b, the per-block standard deviation")

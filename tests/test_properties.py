@@ -17,7 +17,10 @@ FOUR_SIX = dataclasses.replace(NV, scale_mode="four_over_six")
 RCEIL = dataclasses.replace(MX, scale_mode="rceil")
 SHAPE = (4, 64)
 
-finite = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False, width=32, allow_subnormal=False)
+# Magnitudes below 1e-30 are left out: their dequantized values are float32 subnormals, which XLA flushes to zero.
+finite = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False, width=32, allow_subnormal=False).filter(
+    lambda v: v == 0 or abs(v) > 1e-30
+)
 tensors = hnp.arrays(np.float32, SHAPE, elements=finite)
 settings.register_profile("fp4jax", max_examples=40, deadline=None)
 settings.load_profile("fp4jax")
