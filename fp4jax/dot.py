@@ -47,6 +47,7 @@ class _Canonical:
   bmk: tuple[int, int, int]
   bnk: tuple[int, int, int]
   out_shape: tuple[int, ...]
+  dimension_numbers: tuple  # with non-negative dims, as lax.dot_general wants
 
 
 def _canonicalize(lhs_shape, rhs_shape, dimension_numbers) -> _Canonical:
@@ -72,7 +73,7 @@ def _canonicalize(lhs_shape, rhs_shape, dimension_numbers) -> _Canonical:
   size = lambda shape, dims: math.prod(shape[d] for d in dims)
   b, m, n, k = size(lhs_shape, lb), size(lhs_shape, lf), size(rhs_shape, rf), size(lhs_shape, lc)
   out_shape = tuple(lhs_shape[d] for d in lb + lf) + tuple(rhs_shape[d] for d in rf)
-  return _Canonical(lb + lf + lc, rb + rf + rc, (b, m, k), (b, n, k), out_shape)
+  return _Canonical(lb + lf + lc, rb + rf + rc, (b, m, k), (b, n, k), out_shape, ((lc, rc), (lb, rb)))
 
 
 def _axis(d: int, ndim: int, what: str) -> int:
@@ -213,7 +214,7 @@ def dot_general(
   canon = _canonicalize(lhs.shape, rhs.shape, dimension_numbers)
   if recipe.is_identity:
     return jax.lax.dot_general(
-        lhs, rhs, dimension_numbers, precision=precision, preferred_element_type=preferred_element_type
+        lhs, rhs, canon.dimension_numbers, precision=precision, preferred_element_type=preferred_element_type
     )
   if recipe.is_random and key is None:
     raise ValueError(
@@ -289,4 +290,4 @@ def _sum_out(x: jax.Array, labels: str, keep: str) -> tuple[jax.Array, str]:
   drop = tuple(i for i, c in enumerate(labels) if c not in keep)
   if not drop:
     return x, labels
-  return jnp.sum(x, axis=drop), "".join(c for c in labels if c not in keep)
+  return jnp.sum(x, axis=drop), "".join(c for c in labels if c in keep)

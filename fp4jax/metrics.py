@@ -39,3 +39,30 @@ def cosine(a: jax.Array, b: jax.Array) -> jax.Array:
   """⟨a, b⟩ / (‖a‖ · ‖b‖)."""
   a, b = _f32(a, b)
   return jnp.sum(a * b) / jnp.sqrt(jnp.sum(a * a) * jnp.sum(b * b))
+
+
+# ------------------------------------------------------------------------------------------------ gradients
+def _tree_dot(a, b) -> jax.Array:
+  """Σ over all leaves of Σ a·b, in float32 (``a`` and ``b`` must have the same tree structure)."""
+  return sum(jnp.sum(x * y) for x, y in zip(_f32(*jax.tree.leaves(a)), _f32(*jax.tree.leaves(b))))
+
+
+def tree_cosine(a, b) -> jax.Array:
+  """Cosine similarity of two pytrees of the same structure, as one flattened vector (float32)."""
+  return _tree_dot(a, b) / jnp.sqrt(_tree_dot(a, a) * _tree_dot(b, b))
+
+
+def tree_misalignment(exact, approx) -> jax.Array:
+  """1 − ⟨g, ĝ⟩ / ⟨g, g⟩ over pytrees: the relative shrinkage of ``approx`` along ``exact`` (0 if unbiased on average)."""
+  return 1.0 - _tree_dot(exact, approx) / _tree_dot(exact, exact)
+
+
+def gradient_alignment(loss_fn, params, *args, recipe, key=None, exact_recipe="bf16") -> dict[str, jax.Array]:
+  """Cosine and misalignment of ``recipe``'s gradients of ``loss_fn`` against those of ``exact_recipe``.
+
+  ``loss_fn(params, *args, recipe=..., key=...)`` must route its matmuls through ``fp4jax.dot_general`` /
+  ``fp4jax.einsum`` with the given recipe and key. Returns ``{"cosine": ..., "misalignment": ...}`` over all leaves.
+  """
+  grads = jax.grad(loss_fn)(params, *args, recipe=recipe, key=key)
+  exact = jax.grad(loss_fn)(params, *args, recipe=exact_recipe, key=None)
+  return {"cosine": tree_cosine(exact, grads), "misalignment": tree_misalignment(exact, grads)}

@@ -1,0 +1,245 @@
+"""fp4jax.dot_general / einsum: exactness of bf16, canonicalization, per-GEMM quantization axes, transformations."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fp4jax
+from fp4jax import recipes
+from fp4jax.recipes import OperandSpec, Recipe
+
+DN = (((1,), (1,)), ((), ()))
+KEY = jax.random.key(0)
+# A recipe that rotates but does not quantize: exercises canonicalization and the custom VJP with exact numerics.
+ROTATE_ONLY = Recipe("rotate_only", *(OperandSpec(hadamard=16, signs="fixed"),) * 2)
+# Shapes whose every GEMM axis suits every recipe (Quartet II's backward RHT-128 needs M, N multiples of 128).
+SHAPES = {"quartet2": (128, 64, 128)}
+
+
+def _normal(seed, shape, dtype=jnp.float32):
+  return jax.random.normal(jax.random.key(seed), shape, dtype)
+
+
+def _value_and_grads(fn, a, b, dy):
+  """Jitted ``(y, da, db)`` of ``fn(a, b)`` for the cotangent ``dy`` (one compilation per test)."""
+  def run(a, b, dy):
+    y, vjp = jax.vjp(fn, a, b)
+    return (y, *vjp(dy.astype(y.dtype)))
+  return jax.jit(run)(a, b, dy)
+
+
+def _out_shape(fn, a, b):
+  return jax.eval_shape(fn, a, b).shape
+
+
+CASES = [  # (lhs shape, rhs shape, dimension_numbers)
+    ((32, 64), (48, 64), DN),
+    ((4, 8, 32), (4, 16, 32), (((2,), (2,)), ((0,), (0,)))),  # batch dim
+    ((8, 4, 16), (4, 16, 24), (((1, 2), (0, 1)), ((), ()))),  # two contracting dims, rhs contracting first
+    ((16, 3, 32), (32, 5, 3), (((-1, 1), (0, 2)), ((), ()))),  # negative dims, interleaved
+    ((2, 16, 3, 32), (3, 2, 32, 8), (((3,), (2,)), ((0, 2), (1, 0)))),  # two batch dims in another order
+]
+
+
+def _nonnegative(dn, lhs_shape, rhs_shape):
+  """lax.dot_general wants non-negative dims; fp4jax accepts negative ones."""
+  norm = lambda pair: tuple(tuple(d % len(s) for d in dims) for dims, s in zip(pair, (lhs_shape, rhs_shape)))
+  return norm(dn[0]), norm(dn[1])
+
+
+@pytest.mark.parametrize("lhs_shape, rhs_shape, dn", CASES)
+def test_bf16_recipe_is_lax_dot_general_bit_for_bit(lhs_shape, rhs_shape, dn):
+  a, b = _normal(1, lhs_shape, jnp.bfloat16), _normal(2, rhs_shape, jnp.bfloat16)
+  dn_lax = _nonnegative(dn, lhs_shape, rhs_shape)
+  ref = lambda a, b: jax.lax.dot_general(a, b, dn_lax, preferred_element_type=jnp.float32)
+  ours = lambda a, b: fp4jax.dot_general(a, b, dn, recipe="bf16", preferred_element_type=jnp.float32)
+  dy = _normal(3, _out_shape(ref, a, b))
+  y_ref, *g_ref = _value_and_grads(ref, a, b, dy)
+  y, *g = _value_and_grads(ours, a, b, dy)
+  assert y.dtype == y_ref.dtype == jnp.float32
+  np.testing.assert_array_equal(y, y_ref)
+  for g, g_ref in zip(g, g_ref):
+    assert g.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(g, g_ref)
+
+
+@pytest.mark.parametrize("lhs_shape, rhs_shape, dn", CASES)
+def test_canonicalization_through_the_custom_vjp(lhs_shape, rhs_shape, dn):
+  """A rotation-only recipe runs the full custom VJP (rotate, GEMMs, inverse mapping): equal to lax up to f32."""
+  a, b = _normal(1, lhs_shape), _normal(2, rhs_shape)
+  dn_lax = _nonnegative(dn, lhs_shape, rhs_shape)
+  ref = lambda a, b: jax.lax.dot_general(a, b, dn_lax, precision="highest")
+  dy = _normal(3, _out_shape(ref, a, b))
+  y_ref, *g_ref = _value_and_grads(ref, a, b, dy)
+  y, *g = _value_and_grads(lambda a, b: fp4jax.dot_general(a, b, dn, recipe=ROTATE_ONLY), a, b, dy)
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-4)
+  for g, g_ref in zip(g, g_ref):
+    np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-4)
+
+
+def _fq(x, axis, **kw):
+  return fp4jax.fake_quantize(x, fp4jax.NVFP4, axis=axis, dtype=jnp.float32, **kw)
+
+
+def test_each_gemm_quantizes_both_operands_along_its_own_contraction_axis():
+  """nvfp4_rtn: fwd Q_K(X)·Q_K(W)ᵀ, dgrad Q_N(dY)·Q_N(W), wgrad Q_M(dY)ᵀ·Q_M(X), against fake_quantize."""
+  x, w, dy = _normal(1, (32, 64)), _normal(2, (48, 64)), _normal(3, (32, 48))
+  y, dx, dw = _value_and_grads(lambda a, b: fp4jax.dot_general(a, b, DN, recipe="nvfp4_rtn"), x, w, dy)
+
+  @jax.jit
+  def reference(x, w, dy):
+    mm = lambda a, b: jnp.matmul(a, b, precision="highest")
+    return mm(_fq(x, 1), _fq(w, 1).T), mm(_fq(dy, 1), _fq(w, 0)), mm(_fq(dy, 0).T, _fq(x, 0))
+
+  # Tensor scales are applied after the GEMM (hardware order), fake_quantize before: equal up to f32 rounding.
+  for got, want in zip((y, dx, dw), reference(x, w, dy)):
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_nvidia_forward_uses_2d_weight_tiles_and_reuses_them_for_dgrad():
+  x, w, dy = _normal(1, (32, 64)), _normal(2, (48, 64)), _normal(3, (32, 48))
+  # With dY's SR removed, dgrad is exactly dY·Ŵ with the forward's 2D tiles.
+  no_sr = dataclasses.replace(recipes.get("nvidia_nvfp4"), dgrad_lhs=recipes.HIGH_PRECISION)
+  y, dx, _ = _value_and_grads(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=no_sr, key=KEY), x, w, dy)
+  w2d = jax.jit(lambda w: _fq(w, 1, block_shape=(16, 16)))(w)
+  x1d = jax.jit(lambda x: _fq(x, 1))(x)
+  np.testing.assert_allclose(y, jnp.matmul(x1d, w2d.T, precision="highest"), rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(dx, jnp.matmul(dy, w2d, precision="highest"), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", [n for n in recipes.names() if recipes.get(n).is_random])
+def test_random_recipes_need_a_key_and_are_deterministic_given_one(name):
+  m, k, n = SHAPES.get(name, (32, 64, 64))
+  x, w, dy = _normal(1, (m, k)), _normal(2, (n, k)), _normal(3, (m, n))
+  with pytest.raises(ValueError, match=name):
+    fp4jax.dot_general(x, w, DN, recipe=name)
+  grads = jax.jit(lambda key: jax.vjp(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=name, key=key), x, w)[1](dy))
+  g1, g2, g3 = grads(KEY), grads(KEY), grads(jax.random.key(1))
+  for a, b, c in zip(g1, g2, g3):
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def _stacked_loss(name, key):
+  """Scan over 2 layers of a per-example (vmap) quantized linear map, rematerialized, squared-error loss.
+
+  Weights f32, activations bf16, outputs requested in f32 (``preferred_element_type``) and carried in bf16.
+  """
+  def layer(h, wk):
+    w, k = wk
+    dot = lambda h, w: fp4jax.dot_general(h, w, DN, recipe=name, key=k, preferred_element_type=jnp.float32)
+    y = jax.checkpoint(dot)(h, w)
+    assert y.dtype == jnp.float32  # checked while tracing
+    return y.astype(h.dtype), None
+
+  def loss(ws, xs):
+    keys = None if key is None else jax.random.split(key, ws.shape[0])
+    per_example = lambda x: jax.lax.scan(layer, x, (ws, keys))[0]
+    return jnp.mean(jnp.square(jax.vmap(per_example)(xs).astype(jnp.float32)))
+
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+
+@pytest.mark.parametrize("name", recipes.names())
+def test_every_recipe_under_jit_grad_vmap_scan_checkpoint(name):
+  d = 128 if name == "quartet2" else 64  # Quartet II's backward RHT-128 runs along tokens and outputs
+  ws = _normal(1, (2, d, d)) / np.sqrt(d)
+  xs = _normal(2, (3, d, d), jnp.bfloat16)  # (vmap, tokens, features)
+  key = KEY if recipes.get(name).is_random else None
+  value, (gw, gx) = _stacked_loss(name, key)(ws, xs)
+  exact_value, (exact_gw, _) = _stacked_loss("bf16", None)(ws, xs.astype(jnp.float32))
+  assert gw.dtype == jnp.float32 and gx.dtype == jnp.bfloat16
+  assert gw.shape == ws.shape and gx.shape == xs.shape
+  assert np.isfinite(value) and np.all(np.isfinite(gw)) and np.all(np.isfinite(gx))
+  assert abs(float(value) / float(exact_value) - 1) < 0.5  # Quartet's QuEST clipping shrinks outputs most
+  cos = fp4jax.metrics.cosine(gw, exact_gw)
+  assert cos > (0.5 if name == "ms_fp4" else 0.8), cos  # DGE rescales each weight gradient by 0.2 ... 3
+
+
+@pytest.mark.parametrize("name", recipes.names())
+def test_default_output_dtype_follows_lax(name):
+  x, w = jnp.ones((128, 64), jnp.bfloat16), jnp.ones((128, 64), jnp.float32)
+  key = KEY if recipes.get(name).is_random else None
+  f = lambda a, b: fp4jax.dot_general(a, b, DN, recipe=name, key=key)
+  assert jax.eval_shape(f, x, x).dtype == jnp.bfloat16
+  assert jax.eval_shape(f, x, w).dtype == jnp.float32
+
+
+def test_nan_and_inf_propagate():
+  x, w = _normal(1, (32, 64)), _normal(2, (48, 64))
+  for name in ("nvfp4_rtn", "fp8", "ms_fp4"):
+    f = jax.jit(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=name))
+    assert not np.all(np.isfinite(f(x.at[3, 5].set(jnp.nan), w))), name
+    assert not np.all(np.isfinite(f(x, w.at[0, 0].set(jnp.inf)))), name
+
+
+def test_hadamard_must_divide_the_contraction_length():
+  x, w = _normal(1, (32, 48)), _normal(2, (16, 48))  # K = 48 is not a multiple of Quartet's 32
+  with pytest.raises(ValueError, match="Hadamard size 32 must divide the contraction length 48"):
+    fp4jax.dot_general(x, w, DN, recipe="quartet", key=KEY)
+
+
+def test_bad_arguments():
+  x, w = _normal(1, (32, 64)), _normal(2, (48, 64))
+  with pytest.raises(ValueError, match="unknown recipe"):
+    fp4jax.dot_general(x, w, DN, recipe="fp2")
+  with pytest.raises(TypeError, match="lhs must be a floating-point"):
+    fp4jax.dot_general(jnp.ones((32, 64), jnp.int32), w, DN, recipe="nvfp4_rtn")
+  with pytest.raises(ValueError, match="must match"):
+    fp4jax.dot_general(x, w, (((1,), (0,)), ((), ())), recipe="nvfp4_rtn")
+  with pytest.raises(ValueError, match="out of range"):
+    fp4jax.dot_general(x, w, (((2,), (1,)), ((), ())), recipe="nvfp4_rtn")
+  with pytest.raises(ValueError, match="backend"):
+    fp4jax.dot_general(x, w, DN, recipe="nvfp4_rtn", backend="cuda")
+
+
+@pytest.mark.parametrize(
+    "spec, a_shape, b_shape",
+    [
+        ("bsk,nk->bsn", (2, 16, 32), (24, 32)),
+        ("bsk,nk->nbs", (2, 16, 32), (24, 32)),
+        ("bik,bjk->bij", (3, 16, 32), (3, 8, 32)),
+        ("ik,jk", (16, 32), (8, 32)),  # implicit output: "ij"
+        ("ikz,jk->ij", (16, 32, 3), (8, 32)),  # z summed out of a first
+    ],
+)
+def test_einsum_matches_jnp_einsum(spec, a_shape, b_shape):
+  a, b = _normal(1, a_shape), _normal(2, b_shape)
+  ref = lambda a, b: jnp.einsum(spec, a, b, precision="highest")
+  dy = _normal(3, _out_shape(ref, a, b))
+  y, *g = _value_and_grads(lambda a, b: fp4jax.einsum(spec, a, b, recipe=ROTATE_ONLY), a, b, dy)
+  y_ref, *g_ref = _value_and_grads(ref, a, b, dy)
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-4)
+  for g, g_ref in zip(g, g_ref):
+    np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-4)
+
+
+def test_einsum_quantizes_like_dot_general():
+  a, b = _normal(1, (2, 16, 64)), _normal(2, (48, 64))
+  y = jax.jit(lambda a, b: fp4jax.einsum("bsk,nk->bsn", a, b, recipe="nvfp4_rtn"))(a, b)
+  y_dot = jax.jit(lambda a, b: fp4jax.dot_general(a, b, (((2,), (1,)), ((), ())), recipe="nvfp4_rtn"))(a, b)
+  np.testing.assert_array_equal(y, y_dot)
+
+
+@pytest.mark.parametrize("spec", ["ij,jk,kl->il", "i...,j...->ij", "iik,jk->ij", "ik,jk->ijq"])
+def test_einsum_rejects_unsupported_specs(spec):
+  with pytest.raises(ValueError):
+    fp4jax.einsum(spec, jnp.ones((4, 4)), jnp.ones((4, 4)), recipe="nvfp4_rtn")
+
+
+def test_gradient_alignment_metrics():
+  x, w, t = _normal(1, (32, 64)), _normal(2, (48, 64)), _normal(3, (32, 48))
+
+  def loss(params, t, *, recipe, key=None):
+    x, w = params
+    return jnp.mean(jnp.square(fp4jax.dot_general(x, w, DN, recipe=recipe, key=key) - t))
+
+  exact = fp4jax.metrics.gradient_alignment(loss, (x, w), t, recipe="bf16")
+  assert float(exact["cosine"]) == pytest.approx(1.0, abs=1e-6) and float(exact["misalignment"]) == pytest.approx(0.0, abs=1e-6)
+  rtn = jax.jit(lambda p, t: fp4jax.metrics.gradient_alignment(loss, p, t, recipe="nvfp4_rtn"))((x, w), t)
+  assert 0.9 < float(rtn["cosine"]) < 1.0 and abs(float(rtn["misalignment"])) < 0.1

@@ -1,0 +1,123 @@
+"""Backward rules: DGE, OCC, trust mask; the FP8 current-scaling quantizer and the per-channel E2M1 operand."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp4jax import estimators, fp8
+from fp4jax.formats import E2M1_VALUES
+from fp4jax.operand import channel_scale, quantize_operand
+from fp4jax.quantize import quantize
+from fp4jax.recipes import OperandSpec, quartet
+
+
+def _smooth_step(x, k):
+  """Microsoft FP4's smooth E2M1 quantizer on magnitudes (the function whose derivative DGE uses)."""
+  a = np.abs(x)
+  delta = np.where(a < 2, 0.5, np.where(a < 4, 1.0, 2.0))
+  lo = np.where(a < 2, np.floor(a / 0.5) * 0.5, np.where(a < 4, 2 + np.floor(a - 2), 4.0))
+  t = 2 * (a - lo) / delta - 1
+  return lo + delta / 2 * (1 + np.sign(t) * np.abs(t) ** (1 / k))
+
+
+def test_dge_matches_ms_amp_check_at_minus_six():
+  assert float(estimators.dge_derivative(jnp.float32(-6.0), k=5.0)) == pytest.approx(0.2002, abs=5e-4)
+
+
+def test_dge_is_the_derivative_of_the_smooth_quantizer():
+  # Points inside intervals, away from the capped midpoints.
+  x = np.array([0.1, 0.37, 0.6, 1.1, 1.4, 1.9, 2.2, 2.8, 3.3, 3.9, 4.3, 5.5, 5.95], np.float64)
+  h = 1e-5
+  numeric = (_smooth_step(x + h, 5) - _smooth_step(x - h, 5)) / (2 * h)
+  got = np.asarray(estimators.dge_derivative(jnp.asarray(x, jnp.float32), k=5.0, cap=1e9))
+  np.testing.assert_allclose(got, numeric, rtol=1e-3)
+  np.testing.assert_array_equal(estimators.dge_derivative(-jnp.asarray(x, jnp.float32)), estimators.dge_derivative(jnp.asarray(x, jnp.float32)))
+
+
+def test_dge_cap_and_grid_points():
+  grid = jnp.asarray(E2M1_VALUES[1:])
+  np.testing.assert_allclose(estimators.dge_derivative(grid, k=5.0), 0.2, rtol=1e-6)  # f' = 1/k on the grid
+  midpoints = jnp.asarray([0.25, 1.75, 2.5, 3.5, 5.0])
+  np.testing.assert_array_equal(estimators.dge_derivative(midpoints, k=5.0, cap=3.0), 3.0)
+  assert np.isnan(estimators.dge_derivative(jnp.float32(jnp.nan)))
+  with pytest.raises(ValueError, match="k must be > 1"):
+    estimators.dge_derivative(grid, k=1.0)
+
+
+def test_occ_residual_is_zero_when_nothing_exceeds_the_quantiles():
+  # Each row of 200 has its 3 smallest and 3 largest values tied, so the quantile bounds equal min and max.
+  row = np.concatenate([[-5.0] * 3, np.linspace(-1, 1, 194), [4.0] * 3]).astype(np.float32)
+  x = jnp.asarray(np.stack([row, 2 * row]))
+  xc, r = estimators.occ_clamp(x, 0.99)
+  np.testing.assert_array_equal(xc, x)
+  np.testing.assert_array_equal(r, 0.0)
+
+
+def test_occ_residual_holds_exactly_the_outliers():
+  x = jax.random.normal(jax.random.key(0), (4, 200))
+  x = x.at[1, 7].set(50.0).at[2, 9].set(-40.0)
+  xc, r = estimators.occ_clamp(x, 0.99)
+  lo, hi = estimators.occ_bounds(x, 0.99)
+  np.testing.assert_array_equal(xc + r, x)
+  np.testing.assert_array_equal(r != 0, (x > hi) | (x < lo))
+  # 0.99 of 200: order statistics 2 and 198, so 2 clamped at the bottom and 1 at the top of every row.
+  np.testing.assert_array_equal(np.sum(np.asarray(r) != 0, axis=1), [3, 3, 3, 3])
+  assert float(r[1, 7]) == pytest.approx(50.0 - float(hi[1, 0]))
+
+
+def test_trust_mask_boundary():
+  s = jnp.float32(0.25)
+  x = jnp.asarray([0.0, 1.49, -1.4999999, 1.5, -1.5, 2.0], jnp.float32)
+  np.testing.assert_array_equal(estimators.trust_mask(x, s), [True, True, True, False, False, False])
+
+
+def test_quartet_trust_mask_marks_exactly_the_saturated_elements():
+  spec = quartet().fwd_lhs
+  x = jax.random.normal(jax.random.key(1), (8, 64)).at[0, 3].set(30.0)
+  _, mask = quantize_operand(x, spec, None)
+  s = np.repeat(np.asarray(quantize(x, spec.fmt, hadamard=0).scale_values()), 32, axis=-1)
+  a, mask = np.abs(np.asarray(x)), np.asarray(mask)
+  np.testing.assert_array_equal(mask, a < 6 * s)
+  assert not mask[0, 3]
+  assert 0.85 < float(np.mean(mask)) < 1.0  # QuEST's clip (1.46..2.92 σ) cuts a few percent
+
+
+@pytest.mark.parametrize("name, grid_max", [("fp8_e4m3", 448.0), ("fp8_e5m2", 57344.0)])
+def test_fp8_current_scaling(name, grid_max):
+  x = jax.random.normal(jax.random.key(2), (64, 64)) * 3.0
+  v, inv = fp8.quantize_fp8(x, name)
+  v, x = np.asarray(v), np.asarray(x)
+  assert np.max(np.abs(v)) == grid_max  # amax maps to the largest finite value
+  # Every value is on the FP8 grid: exactly representable in the ml_dtypes type.
+  np.testing.assert_array_equal(v.astype(jnp.dtype(f"float8_{name[4:]}{'fn' if name == 'fp8_e4m3' else ''}")).astype(np.float32), v)
+  rel = np.abs(v * float(inv) - x) / np.abs(x)
+  step = 2.0 ** -(4 if name == "fp8_e4m3" else 3)  # half a mantissa ulp, normal range
+  assert np.max(rel[np.abs(x) > 0.1]) <= step * (1 + 1e-6)
+
+
+def test_fp8_rounding_ties_to_even_and_specials():
+  e5m2 = fp8.rtn_e5m2(jnp.asarray([1.125, 1.375, 1.0625, 60000.0, -1e9, 2.0 ** -17, 3 * 2.0 ** -17, jnp.nan]))
+  np.testing.assert_array_equal(e5m2[:7], [1.0, 1.5, 1.0, 57344.0, -57344.0, 0.0, 2.0 ** -15])
+  assert np.isnan(e5m2[7])
+  v, inv = fp8.quantize_fp8(jnp.asarray([1.0, jnp.inf]), "fp8_e4m3")
+  assert np.all(np.isnan(np.asarray(v) * float(inv)))  # a non-finite amax gives NaN, never a finite number
+  v, inv = fp8.quantize_fp8(jnp.zeros(4), "fp8_e5m2")
+  np.testing.assert_array_equal(np.asarray(v) * float(inv), 0.0)
+
+
+@pytest.mark.parametrize("pow2", [False, True])
+def test_e2m1_channel_operand(pow2):
+  x = jax.random.normal(jax.random.key(3), (8, 40))
+  op, _ = quantize_operand(x, OperandSpec(fmt="e2m1_channel", scale_pow2=pow2), None)
+  g = np.asarray(channel_scale(x, pow2))
+  scaled = np.asarray(op.dequantize()) * g
+  nearest = E2M1_VALUES[np.argmin(np.abs(np.abs(scaled)[..., None] - E2M1_VALUES), axis=-1)]
+  np.testing.assert_allclose(np.abs(scaled), nearest, rtol=1e-6)  # rows land on the E2M1 grid (up to 1/γ·γ)
+  if pow2:
+    assert op.values.dtype == jnp.bfloat16 and np.all(np.log2(g) == np.round(np.log2(g)))
+    assert np.all(np.max(np.abs(np.asarray(x)) * g, axis=1) <= 6.0)
+  else:
+    np.testing.assert_allclose(np.max(np.abs(scaled), axis=1), 6.0)
