@@ -250,11 +250,15 @@ def _signs(hadamard, hadamard_signs, key):
   return hadamard_lib.random_signs(key, hadamard)
 
 
-def _quantize_blocks(xb, lay: _Layout, fmt: FP4Format, rounding: str, bits, scale_bits, amax):
-  """Blocked fp32 ``xb`` -> (codes, fp32 block scales (keep-dims), tensor decode scale, E8M0 exponents or None)."""
+def _quantize_blocks(xb, lay: _Layout, fmt: FP4Format, rounding: str, bits, scale_bits):
+  """Blocked fp32 ``xb`` -> (codes, fp32 block scales (keep-dims), tensor decode scale, E8M0 exponents or None).
+
+  Non-finite values are tracked with an explicit ``isfinite`` reduction: XLA's CPU max-reduction may drop NaN.
+  """
   axes = lay.red_axes
   amax_b = jnp.max(jnp.abs(xb), axis=axes, keepdims=True)
   nonfinite = jnp.any(~jnp.isfinite(xb), axis=axes, keepdims=True)
+  amax = jnp.where(jnp.any(nonfinite), jnp.float32(jnp.nan), jnp.max(amax_b))
   round_codes = (lambda v: sr_e2m1(v, bits)) if rounding == "sr" else rtn_e2m1
   exps = None
   if fmt.name == "nvfp4":
@@ -309,8 +313,7 @@ def _run(x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs):
   scale_bits = (
       lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape)) if rounding == "eden" else None
   )
-  amax = jnp.max(jnp.abs(xf))
-  codes, dec, global_scale, exps = _quantize_blocks(lay.to_blocks(xf), lay, fmt, rounding, bits, scale_bits, amax)
+  codes, dec, global_scale, exps = _quantize_blocks(lay.to_blocks(xf), lay, fmt, rounding, bits, scale_bits)
   return lay, codes, dec, global_scale, exps, signs, hadamard
 
 

@@ -204,13 +204,16 @@ def test_te_rht_matches_matrix_definition_and_rounds_bf16_once():
   np.testing.assert_array_equal(np.asarray(q.dequantize(jnp.float32, rotated=True)), expect)
 
 
+@pytest.mark.parametrize("hadamard_size", [None, 16])
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
 @pytest.mark.parametrize("fmt", [NV, MX])
-def test_nan_and_inf_never_become_finite(fmt):
+def test_nan_and_inf_never_become_finite(fmt, dtype, hadamard_size):
   x = np.random.RandomState(9).randn(4, 64).astype(np.float32)
   for bad in (np.nan, np.inf, -np.inf):
     xb = x.copy()
     xb[1, 5] = bad
-    y = np.asarray(fp4jax.fake_quantize(xb, fmt))
+    y = np.asarray(fp4jax.fake_quantize(jnp.asarray(xb, dtype), fmt, hadamard=hadamard_size, hadamard_signs="te"
+                                        if hadamard_size else "random"), np.float32)
     assert np.isnan(y[1, 5])
     if fmt is MX:  # per-block scale: only the poisoned block is NaN
       assert np.all(np.isnan(y[1, :32])) and np.all(np.isfinite(y[1, 32:])) and np.all(np.isfinite(y[0]))
