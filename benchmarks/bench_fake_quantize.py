@@ -2,7 +2,7 @@
 
 Times jitted ``fake_quantize`` (bf16 in, bf16 out) and ``quantize`` (bf16 in, packed codes + scales out) on a
 16384x8192 bf16 tensor, against ``-x`` (one read, one write of the same bytes: the copy ceiling). Reports the median
-of ``--iters`` timed calls after warm-up, effective bandwidth (bytes read + written) and the ratio to the copy.
+of ``--iters`` timings (each the mean of 10 back-to-back calls) after warm-up, effective bandwidth (bytes read + written) and the ratio to the copy.
 
     python benchmarks/bench_fake_quantize.py [--shape 16384 8192] [--iters 20]
 """
@@ -31,14 +31,17 @@ CASES = {
 }
 
 
-def timeit(f, *args, iters: int) -> float:
-  jax.block_until_ready(f(*args))
-  jax.block_until_ready(f(*args))
+def timeit(f, *args, iters: int, calls: int = 10) -> float:
+  """Median over ``iters`` of the mean time of ``calls`` back-to-back calls (launch overhead amortized)."""
+  for _ in range(3):
+    jax.block_until_ready(f(*args))
   ts = []
   for _ in range(iters):
     t0 = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    ts.append(time.perf_counter() - t0)
+    for _ in range(calls):
+      out = f(*args)
+    jax.block_until_ready(out)
+    ts.append((time.perf_counter() - t0) / calls)
   return float(np.median(ts))
 
 
@@ -51,7 +54,9 @@ def main(argv=None):
   x = jax.random.normal(jax.random.key(0), (m, n), jnp.bfloat16)
   key = jax.random.key(1)
   nbytes = 2 * x.size * 2  # read + write bf16
-  copy_t = timeit(jax.jit(lambda v: -v), x, iters=a.iters)
+  copy = jax.jit(lambda v: -v)
+  timeit(copy, x, iters=a.iters)  # warm the clocks before the reference measurement
+  copy_t = timeit(copy, x, iters=a.iters)
   dev = jax.devices()[0]
   print(f"device={dev.device_kind} jax={jax.__version__} date={datetime.date.today()} shape={m}x{n} bf16")
   print(f"| op | time (ms) | GB/s (read+write) | vs copy |")
@@ -67,6 +72,8 @@ def main(argv=None):
     t = timeit(q, x, key, iters=a.iters)
     qbytes = x.size * 2 + x.size // 2 + x.size // fmt.block_size
     print(f"| quantize (packed) {name} | {t * 1e3:.3f} | {qbytes / t / 1e9:.0f} | {copy_t / t * qbytes / nbytes:.2f} |")
+  copy_after = timeit(copy, x, iters=a.iters)
+  print(f"copy again after the table: {copy_after * 1e3:.3f} ms (drift check)")
 
 
 if __name__ == "__main__":
