@@ -7,7 +7,8 @@ Current scaling (Transformer Engine's ``Float8CurrentScaling``, margin 0), all f
 
 ``v`` lies on the FP8 grid (3 resp. 2 mantissa bits), so it is exact in bfloat16 and a GEMM can consume it at bf16
 with the two tensors' ``1/s`` applied in the epilogue. Rounding is explicit arithmetic (never ``astype``): on GPU XLA
-removes convert pairs under ``jit``. Formats (OCP FP8): E4M3 (``float8_e4m3fn``) max 448, subnormal step 2^-9;
+removes convert pairs under ``jit``; scale divisions use ``fp4jax.ieee.div_rn`` (GPU fp32 division is not correctly
+rounded), so CPU and GPU agree bit for bit. Formats (OCP FP8): E4M3 (``float8_e4m3fn``) max 448, subnormal step 2^-9;
 E5M2 max 57344, subnormal step 2^-16. Ties go to even.
 """
 
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from fp4jax.formats import floor_log2, pow2
+from fp4jax.ieee import div_rn
 from fp4jax.rounding import rtn_e4m3
 
 
@@ -55,7 +57,7 @@ def _rtn(x: jnp.ndarray, fmt: FP8Format) -> jnp.ndarray:
 def current_scale(x: jax.Array, fmt: FP8Format, *, pow2_scale: bool = False) -> jnp.ndarray:
   """fp32 encode scale ``s = f8_max / max|x|`` (1 if the tensor is zero, NaN if its amax is not finite)."""
   amax = jnp.max(jnp.abs(x.astype(jnp.float32)))
-  s = jnp.float32(fmt.max) / jnp.where(amax == 0, jnp.float32(fmt.max), amax)
+  s = div_rn(jnp.float32(fmt.max), jnp.where(amax == 0, jnp.float32(fmt.max), amax))
   if pow2_scale:
     s = pow2(floor_log2(s))
   return jnp.where(jnp.isfinite(amax), s, jnp.float32(jnp.nan))
@@ -68,7 +70,7 @@ def quantize_fp8(x: jax.Array, fmt: FP8Format | str, *, pow2_scale: bool = False
     raise TypeError(f"x must be a floating-point array, got dtype {jnp.asarray(x).dtype}")
   s = current_scale(x, fmt, pow2_scale=pow2_scale)
   v = _rtn(x.astype(jnp.float32) * s, fmt)
-  return v, jnp.float32(1.0) / s
+  return v, div_rn(jnp.float32(1.0), s)
 
 
 def fake_quantize_fp8(x: jax.Array, fmt: FP8Format | str, *, pow2_scale: bool = False) -> jnp.ndarray:

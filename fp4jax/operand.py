@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from fp4jax import estimators, fp8, hadamard as hadamard_lib
 from fp4jax.formats import E2M1_MAX, FP4Format, e2m1_decode, floor_log2, pow2
+from fp4jax.ieee import div_rn
 from fp4jax.quantize import quantize
 from fp4jax.recipes import E2M1_CHANNEL, OperandSpec
 from fp4jax.rounding import rtn_bf16, rtn_e2m1
@@ -76,16 +77,17 @@ def channel_scale(x: jax.Array, pow2_scale: bool) -> jax.Array:
   """Per-row E2M1 encode scale along the last axis: γ = 6 / max|x_row| (1 for a zero row, NaN if not finite);
   ``pow2_scale``: 2^floor(log2 γ) (Microsoft FP4's released code). Keepdims."""
   amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
-  g = jnp.float32(E2M1_MAX) / jnp.where(amax == 0, jnp.float32(E2M1_MAX), amax)
+  g = div_rn(jnp.float32(E2M1_MAX), jnp.where(amax == 0, jnp.float32(E2M1_MAX), amax))
   if pow2_scale:
     g = pow2(floor_log2(g))
   return jnp.where(jnp.isfinite(amax), g, jnp.float32(jnp.nan))
 
 
 def _e2m1_channel(x: jax.Array, pow2_scale: bool) -> Operand:
-  """E2M1 with per-row absmax scales: ``values = value(rtn_e2m1(x·γ)) / γ`` (exact in bf16 when γ is 2^e)."""
+  """E2M1 with per-row absmax scales: ``values = value(rtn_e2m1(x·γ)) · (1/γ)``, the per-row decode scale ``1/γ``
+  correctly rounded (``div_rn``); exact in bf16 when γ is a power of two."""
   g = channel_scale(x, pow2_scale)
-  values = e2m1_decode(rtn_e2m1(x.astype(jnp.float32) * g)) / g
+  values = e2m1_decode(rtn_e2m1(x.astype(jnp.float32) * g)) * div_rn(jnp.float32(1.0), g)
   return Operand(values.astype(jnp.bfloat16) if pow2_scale else values, jnp.float32(1.0))
 
 
