@@ -39,7 +39,7 @@ EDEN_HADAMARD = 128
 
 # ------------------------------------------------------------------------------------------------ layout
 @dataclasses.dataclass(frozen=True)
-class _Layout:
+class BlockLayout:
   """Moves ``axis`` last, pads to whole blocks and splits into blocks; 2D blocks also tile the other matrix axis."""
 
   shape: tuple[int, ...]
@@ -139,8 +139,8 @@ class QTensor:
   dtype: Any
 
   @property
-  def _layout(self) -> _Layout:
-    return _Layout(self.shape, self.axis, self.block_shape)
+  def _layout(self) -> BlockLayout:
+    return BlockLayout(self.shape, self.axis, self.block_shape)
 
   def unpacked_codes(self) -> jnp.ndarray:
     """uint8 codes, one per element, in the caller's layout (padding along ``axis`` dropped)."""
@@ -157,7 +157,7 @@ class QTensor:
     lay = self._layout
     codes = lay.to_blocks(self.unpacked_codes())
     dec = lay.scales_to_blocks(self.scale_values())
-    y = lay.from_blocks(_decode(codes, dec, self.global_scale))
+    y = lay.from_blocks(decode_blocks(codes, dec, self.global_scale))
     return _finish(y, self.hadamard, self.signs, self.axis, rotated, dtype or self.dtype)
 
 
@@ -176,7 +176,8 @@ def _encode_scales(dec: jnp.ndarray, fmt: FP4Format, exps: jnp.ndarray | None) -
   return jnp.where(jnp.isnan(dec), nan, dec.astype(jnp.float8_e4m3fn))  # dec lies on the E4M3 grid: exact
 
 
-def _decode(codes: jnp.ndarray, dec: jnp.ndarray, global_scale: jnp.ndarray) -> jnp.ndarray:
+def decode_blocks(codes: jnp.ndarray, dec: jnp.ndarray, global_scale: jnp.ndarray) -> jnp.ndarray:
+  """``f32(value(codes) · dec) · global_scale`` (TE's dequantization order)."""
   return (e2m1_decode(codes) * dec) * global_scale
 
 
@@ -187,7 +188,8 @@ def _finish(y, hadamard: int, signs, axis: int, rotated: bool, dtype) -> jnp.nda
 
 
 # ------------------------------------------------------------------------------------------------ core
-def _check_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_signs):
+def check_quantize_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_signs):
+  """Validate ``quantize``'s arguments; returns (normalized axis, block shape, Hadamard size or 0)."""
   if not isinstance(fmt, FP4Format):
     raise TypeError(f"fmt must be an FP4Format such as fp4jax.NVFP4 or fp4jax.MXFP4, got {fmt!r}")
   if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -232,7 +234,8 @@ def _check_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_signs):
   return axis, block, hadamard
 
 
-def _split_key(key, rounding, hadamard, hadamard_signs):
+def split_quantize_key(key, rounding, hadamard, hadamard_signs):
+  """(signs key, element-bits key, scale-bits key), or Nones when nothing is random; errors if ``key`` is missing."""
   needs = rounding in ("sr", "eden") or (hadamard and hadamard_signs == "random")
   if not needs:
     return None, None, None
@@ -242,7 +245,8 @@ def _split_key(key, rounding, hadamard, hadamard_signs):
   return tuple(jax.random.split(key, 3))
 
 
-def _signs(hadamard, hadamard_signs, key):
+def hadamard_sign_vector(hadamard, hadamard_signs, key):
+  """The ±1 sign vector of the Hadamard transform (TE's, random from ``key``), or None."""
   if not hadamard or hadamard_signs == "none":
     return None
   if hadamard_signs == "te":
@@ -250,15 +254,18 @@ def _signs(hadamard, hadamard_signs, key):
   return hadamard_lib.random_signs(key, hadamard)
 
 
-def _quantize_blocks(xb, lay: _Layout, fmt: FP4Format, rounding: str, bits, scale_bits):
-  """Blocked fp32 ``xb`` -> (codes, fp32 block scales (keep-dims), tensor decode scale, E8M0 exponents or None).
+def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, scale_bits, amax=None):
+  """The block numerics of ``quantize``, shared with the Pallas kernels (which call it on one tile).
 
-  Non-finite values are tracked with an explicit ``isfinite`` reduction: XLA's CPU max-reduction may drop NaN.
+  Blocked fp32 ``xb`` -> (codes, fp32 block scales (keep-dims), tensor decode scale, E8M0 exponents or None).
+  ``amax`` is the tensor's max|x| (NaN if any element is non-finite); None computes it from ``xb``. Non-finite
+  values are tracked with an explicit ``isfinite`` reduction: XLA's CPU max-reduction may drop NaN.
   """
   axes = lay.red_axes
   amax_b = jnp.max(jnp.abs(xb), axis=axes, keepdims=True)
   nonfinite = jnp.any(~jnp.isfinite(xb), axis=axes, keepdims=True)
-  amax = jnp.where(jnp.any(nonfinite), jnp.float32(jnp.nan), jnp.max(amax_b))
+  if amax is None:
+    amax = jnp.where(jnp.any(nonfinite), jnp.float32(jnp.nan), jnp.max(amax_b))
   round_codes = (lambda v: sr_e2m1(v, bits)) if rounding == "sr" else rtn_e2m1
   exps = None
   if fmt.name == "nvfp4":
@@ -271,7 +278,7 @@ def _quantize_blocks(xb, lay: _Layout, fmt: FP4Format, rounding: str, bits, scal
     if rule == "four_over_six":
       dec4, enc4 = scaling.nvfp4_block_scales(amax_b, s_enc, s_dec, 4.0)
       codes4 = rtn_e2m1(jnp.clip(xb * enc4, -E2M1_MAX, E2M1_MAX))
-      err = lambda c, d: jnp.sum(jnp.square(xb - _decode(c, d, s_dec)), axis=axes, keepdims=True)
+      err = lambda c, d: jnp.sum(jnp.square(xb - decode_blocks(c, d, s_dec)), axis=axes, keepdims=True)
       use4 = err(codes4, dec4) < err(codes, dec)
       codes, dec = jnp.where(use4, codes4, codes), jnp.where(use4, dec4, dec)
     elif rule == "eden":
@@ -288,7 +295,7 @@ def _quantize_blocks(xb, lay: _Layout, fmt: FP4Format, rounding: str, bits, scal
   return codes, dec, global_scale, exps
 
 
-def _block_std(xb, lay: _Layout):
+def _block_std(xb, lay: BlockLayout):
   """Per-block standard deviation over the real (unpadded) elements: sqrt(max(E[x²] - E[x]², 0))."""
   axes = lay.red_axes
   count = jnp.sum(lay.to_blocks(jnp.ones(lay.shape, jnp.float32)), axis=axes, keepdims=True)
@@ -300,20 +307,20 @@ def _block_std(xb, lay: _Layout):
 
 def _run(x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs):
   x = jnp.asarray(x)
-  axis, block, hadamard = _check_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_signs)
-  k_signs, k_elems, k_scales = _split_key(key, rounding, hadamard, hadamard_signs)
-  signs = _signs(hadamard, hadamard_signs, k_signs)
+  axis, block, hadamard = check_quantize_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_signs)
+  k_signs, k_elems, k_scales = split_quantize_key(key, rounding, hadamard, hadamard_signs)
+  signs = hadamard_sign_vector(hadamard, hadamard_signs, k_signs)
   xf = x.astype(jnp.float32)
   if hadamard:
     xf = hadamard_lib.hadamard(xf, hadamard, axis=axis, signs=signs)
     if x.dtype == jnp.bfloat16:
       xf = rtn_bf16(xf)
-  lay = _Layout(x.shape, axis, block)
+  lay = BlockLayout(x.shape, axis, block)
   bits = lay.to_blocks(bits_lib.random_bits(k_elems, x.shape)) if rounding == "sr" else None
   scale_bits = (
       lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape)) if rounding == "eden" else None
   )
-  codes, dec, global_scale, exps = _quantize_blocks(lay.to_blocks(xf), lay, fmt, rounding, bits, scale_bits)
+  codes, dec, global_scale, exps = quantize_blocks(lay.to_blocks(xf), lay, fmt, rounding, bits, scale_bits)
   return lay, codes, dec, global_scale, exps, signs, hadamard
 
 
@@ -395,11 +402,11 @@ def fake_quantize(
   lay, codes, dec, global_scale, _, signs, hadamard = _run(
       x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs
   )
-  y = lay.from_blocks(_decode(codes, dec, global_scale))
+  y = lay.from_blocks(decode_blocks(codes, dec, global_scale))
   return _finish(y, hadamard, signs, lay.axis, rotated, dtype or jnp.asarray(x).dtype)
 
 
-def _pack(codes_blocked: jnp.ndarray, lay: _Layout) -> jnp.ndarray:
+def _pack(codes_blocked: jnp.ndarray, lay: BlockLayout) -> jnp.ndarray:
   """Blocked codes -> uint8 pairs along ``axis`` (even element low nibble), other-axis padding dropped."""
   c = codes_blocked.reshape(lay.padded)
   if len(lay.block) == 2:

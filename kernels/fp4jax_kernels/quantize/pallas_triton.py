@@ -5,7 +5,7 @@ the low nibble), block-scale bit patterns (uint8; bitcast to float8 outside) and
 Fused in the tile: the blockwise Hadamard (fixed TE or random signs, any size up to the tile), the per-element
 random bits (``fp4jax.bits.hash_bits`` of the element's row-major index in ``x``: the reference's bits exactly),
 the "along columns" transpose (done in registers; the outputs are written K-major), and every rounding / scale rule
-of ``fp4jax.quantize`` — the block numerics are the foundation's own ``_quantize_blocks`` evaluated in the kernel
+of ``fp4jax.quantize`` — the block numerics are the foundation's own ``quantize_blocks`` evaluated in the kernel
 (``fp4jax_kernels.triton_compat``), so RTN, SR, four-over-six, MS-EDEN and MXFP4 agree bit for bit by construction.
 
 Per-tensor amax (NVFP4 only): a separate reduction reads ``x`` once before the kernel (``tensor_amax``; with a
@@ -30,7 +30,7 @@ from fp4jax import bits as bits_lib
 from fp4jax import hadamard as hadamard_lib
 from fp4jax import scaling
 from fp4jax.formats import E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS
-from fp4jax.quantize import QTensor, _check_args, _decode, _Layout, _quantize_blocks, _signs, _split_key
+from fp4jax.quantize import QTensor, check_quantize_args, decode_blocks, BlockLayout, quantize_blocks, hadamard_sign_vector, split_quantize_key
 from fp4jax.rounding import rtn_bf16
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 from fp4jax_kernels.triton_compat import kernel_safe
@@ -115,9 +115,9 @@ def _kernel(*refs, spec: QuantizeSpec, shape, tile, interpret: bool, bf16_input:
 
   r, c = x.shape
   block = (spec.block,) if spec.block_shape is None else tuple(spec.block_shape)
-  lay = _Layout((r, c), 1, block)
+  lay = BlockLayout((r, c), 1, block)
   bits = None if bits is None else bits.reshape(lay.blocked)
-  blocks = lambda xb, b, sb, amax: _quantize_blocks(xb, lay, spec.fmt, spec.rounding, b, sb, amax)
+  blocks = lambda xb, b, sb, amax: quantize_blocks(xb, lay, spec.fmt, spec.rounding, b, sb, amax)
   codes, dec, gscale, exps = safe(blocks)(x.reshape(lay.blocked), bits, sbits, amax_ref[0])
 
   sshape = scales_ref.shape
@@ -128,7 +128,7 @@ def _kernel(*refs, spec: QuantizeSpec, shape, tile, interpret: bool, bf16_input:
   scales_ref[...] = sb.reshape(sshape)
   codes_ref[...] = pack_nibbles(codes.reshape(r, c))
   if deq_ref is not None:
-    deq_ref[...] = _decode(codes, dec, gscale).reshape(r, c).astype(deq_ref.dtype)
+    deq_ref[...] = decode_blocks(codes, dec, gscale).reshape(r, c).astype(deq_ref.dtype)
 
 
 # ------------------------------------------------------------------------------------------------ wrapper
@@ -216,10 +216,10 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   m, k = x.shape
   bm, bk = tile
   xq = x  # the logical tensor the reference quantizes
-  axis, block, hadamard = _check_args(xq, spec.fmt, spec.axis, spec.rounding, spec.block_shape,
+  axis, block, hadamard = check_quantize_args(xq, spec.fmt, spec.axis, spec.rounding, spec.block_shape,
                                                    spec.hadamard or None, spec.hadamard_signs)
-  k_signs, k_elems, k_scales = _split_key(key, spec.rounding, hadamard, spec.hadamard_signs)
-  signs = _signs(hadamard, spec.hadamard_signs, k_signs)
+  k_signs, k_elems, k_scales = split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)
+  signs = hadamard_sign_vector(hadamard, spec.hadamard_signs, k_signs)
   zero_seed = jnp.zeros((2,), jnp.uint32)
   eseed = bits_lib.seed_from_key(k_elems) if spec.rounding == "sr" else zero_seed
   sseed = bits_lib.seed_from_key(k_scales) if spec.rounding == "eden" else zero_seed
