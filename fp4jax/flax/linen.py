@@ -15,8 +15,7 @@ Randomness: a random recipe draws one key per call with ``make_rng("quant")``; l
 per-call counter into it, so every layer and call gets distinct bits, and a new "quant" key per step gives new
 bits per step (under ``nn.scan`` over layers, pass ``split_rngs={"quant": True}``). Without a "quant" stream a
 random recipe raises, except with ``deterministic=True`` (evaluation: ``fp4jax.recipes.deterministic(recipe)``)
-and during ``init`` (parameters do not depend on the forward's random bits, so init runs the deterministic
-variant).
+and during ``init``, where keys come from the "params" stream (parameters do not depend on those bits).
 """
 
 from __future__ import annotations
@@ -38,14 +37,15 @@ LAYERS = (nn.Dense, nn.DenseGeneral, nn.Einsum)
 
 
 def _key(module: nn.Module, recipe: Any, deterministic: bool, where: str):
-  """(Recipe to run, key or None): the deterministic variant when asked for, or while initializing without "quant"."""
-  no_stream = not module.has_rng(ops.QUANT_STREAM)
-  run = ops.effective(recipe, deterministic or (no_stream and module.is_initializing()), where)
+  """(Recipe to run, key or None). Keys come from "quant"; while initializing without it, from "params"."""
+  run = ops.effective(recipe, deterministic, where)
   if not run.is_random:
     return run, None
-  if no_stream:
-    raise ops.missing_stream_error(where, recipe, 'pass rngs={"quant": key} to apply')
-  return run, module.make_rng(ops.QUANT_STREAM)
+  if module.has_rng(ops.QUANT_STREAM):
+    return run, module.make_rng(ops.QUANT_STREAM)
+  if module.is_initializing() and module.has_rng("params"):
+    return run, module.make_rng("params")
+  raise ops.missing_stream_error(where, recipe, 'pass rngs={"quant": key} to apply')
 
 
 class DotGeneral(nn.Module):
