@@ -59,7 +59,8 @@ def evaluate(name: str, params, x, target) -> dict[str, float]:
   out = jax.jit(lambda p, x, k: mlp(p, x, recipe=recipe, key=k))
   exact_out = mlp(params, x, recipe="bf16")
   fwd = jnp.linalg.norm(out(params, x, key) - exact_out) / jnp.linalg.norm(exact_out)
-  grad = jax.jit(lambda k: jax.grad(loss)((params, x), target, recipe=recipe, key=k))
+  grad_fn = jax.jit(lambda inputs, t, k: jax.grad(loss)(inputs, t, recipe=recipe, key=k))
+  grad = lambda k: grad_fn((params, x), target, k)
   exact = jax.grad(loss)((params, x), target, recipe="bf16")
   g = grad(key)
   row = {"fwd relerr": fwd, "cos": metrics.tree_cosine(exact, g), "misalign": metrics.tree_misalignment(exact, g)}
