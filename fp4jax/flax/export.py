@@ -22,10 +22,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import traverse_util
 
-from fp4jax import quantize as quantize_lib
 from fp4jax.flax import ops
 from fp4jax.formats import MXFP4, NVFP4, FP4Format
-from fp4jax.quantize import QTensor
+from fp4jax.quantize import QTensor, packed_nbytes, quantize
 
 DEFAULT_SELECT = r"(?:.*/)?kernel"
 _SIGNS = {"none": "none", "te": "te"}
@@ -59,7 +58,7 @@ def pack(params, *, recipe: Any = "nvidia_nvfp4", select: str = DEFAULT_SELECT, 
   if not chosen:
     raise ValueError(f"pack: select={select!r} matches no weight of ndim >= 2; leaf paths are {list(flat)}")
   for k in chosen:
-    flat[k] = quantize_lib.quantize(flat[k], axis=axis, **kwargs)
+    flat[k] = quantize(flat[k], axis=axis, **kwargs)
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
@@ -75,7 +74,7 @@ def nbytes(tree) -> int:
   total = 0
   for x in leaves:
     if isinstance(x, QTensor):
-      total += quantize_lib.packed_nbytes(x) + (0 if x.signs is None else x.signs.size * x.signs.dtype.itemsize)
+      total += packed_nbytes(x) + (0 if x.signs is None else x.signs.size * x.signs.dtype.itemsize)
     else:
       total += np.size(x) * np.dtype(jnp.asarray(x).dtype).itemsize
   return total
