@@ -1,7 +1,8 @@
 """Quantizing one GEMM operand by its ``OperandSpec``, and the GEMM that consumes two of them.
 
 This is the seam between the recipes and the numerics: ``quantize_operand`` is the single place where an operand's
-quantizer is chosen (the ``backend`` argument; ``"xla"`` is the pure-JAX path built on ``fp4jax.quantize``,
+quantizer is chosen (the ``backend`` argument; ``"xla"`` is the pure-JAX path built on ``fp4jax.quantize``'s block
+numerics,
 ``fp4jax.fp8`` and ``fp4jax.estimators``; Pallas kernels plug in here).
 
 An ``Operand`` is a pair ``(values, scale)`` with the dequantized operand equal to ``values · scale``, where ``scale``
@@ -22,10 +23,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fp4jax import bits as bits_lib
 from fp4jax import estimators, fp8, hadamard as hadamard_lib
 from fp4jax.formats import E2M1_MAX, FP4Format, e2m1_decode, floor_log2, pow2
 from fp4jax.ieee import div_rn
-from fp4jax.quantize import quantize
+from fp4jax.quantize import BlockLayout, check_quantize_args, decode_blocks, quantize_blocks, split_quantize_key
 from fp4jax.recipes import E2M1_CHANNEL, OperandSpec
 from fp4jax.rounding import rtn_bf16, rtn_e2m1
 
@@ -92,13 +94,21 @@ def _e2m1_channel(x: jax.Array, pow2_scale: bool) -> Operand:
 
 
 def _block_fp4(x: jax.Array, spec: OperandSpec, key) -> tuple[Operand, jax.Array | None]:
-  q = quantize(x, spec.fmt, axis=-1, rounding=spec.rounding, key=key, block_shape=spec.block_shape, hadamard=0)
-  unit = dataclasses.replace(q, global_scale=jnp.float32(1.0))
+  """Block-scaled FP4 along the last axis with ``fp4jax.quantize``'s block numerics and random bits (the same codes
+  and scales as ``quantize(x, ...)``), kept unpacked: ``values = value(q) · dec_b`` (exact in bf16), ``scale`` the
+  tensor decode scale."""
+  _, block, _ = check_quantize_args(x, spec.fmt, -1, spec.rounding, spec.block_shape, 0, "none")
+  _, k_elems, k_scales = split_quantize_key(key, spec.rounding, 0, "none")
+  lay = BlockLayout(x.shape, x.ndim - 1, block)
+  bits = lay.to_blocks(bits_lib.random_bits(k_elems, x.shape)) if spec.rounding == "sr" else None
+  scale_bits = lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape)) if spec.rounding == "eden" else None
+  xb = lay.to_blocks(x.astype(jnp.float32))
+  codes, dec, global_scale, _ = quantize_blocks(xb, lay, spec.fmt, spec.rounding, bits, scale_bits)
+  values = lay.from_blocks(decode_blocks(codes, dec, jnp.float32(1.0))).astype(jnp.bfloat16)
   mask = None
   if spec.estimator == "trust_mask":
-    s = jnp.repeat(q.scale_values(), spec.fmt.block_size, axis=-1)[..., : x.shape[-1]]
-    mask = estimators.trust_mask(x, s * q.global_scale)
-  return Operand(unit.dequantize(jnp.bfloat16), q.global_scale), mask
+    mask = lay.from_blocks(estimators.trust_mask(xb, dec * global_scale))
+  return Operand(values, jnp.asarray(global_scale, jnp.float32)), mask
 
 
 def quantize_operand(

@@ -1,6 +1,8 @@
-"""Backward rules: DGE, OCC, trust mask; the FP8 current-scaling quantizer and the per-channel E2M1 operand."""
+"""Backward rules: DGE, OCC, trust mask; the GEMM operand quantizers (FP4 blocks, FP8 current scaling, E2M1 per row)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +10,7 @@ import numpy as np
 import pytest
 
 from fp4jax import estimators, fp8
-from fp4jax.formats import E2M1_VALUES
+from fp4jax.formats import E2M1_VALUES, MXFP4, NVFP4
 from fp4jax.operand import channel_scale, quantize_operand
 from fp4jax.quantize import quantize
 from fp4jax.recipes import OperandSpec, quartet
@@ -121,3 +123,25 @@ def test_e2m1_channel_operand(pow2):
     assert np.all(np.max(np.abs(np.asarray(x)) * g, axis=1) <= 6.0)
   else:
     np.testing.assert_allclose(np.max(np.abs(scaled), axis=1), 6.0)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        OperandSpec(fmt=NVFP4, rounding="sr"),
+        OperandSpec(fmt=NVFP4, rounding="eden"),
+        OperandSpec(fmt=NVFP4, block_shape=(16, 16)),
+        OperandSpec(fmt=dataclasses.replace(NVFP4, scale_mode="four_over_six")),
+        OperandSpec(fmt=dataclasses.replace(MXFP4, scale_mode="floor_headroom"), rounding="sr"),
+    ],
+)
+def test_block_operand_is_quantize_unpacked(spec):
+  """The GEMM operand holds exactly quantize()'s codes and scales: values = value(q)·dec_b, scale = tensor scale."""
+  x = jax.random.normal(jax.random.key(4), (48, 80), jnp.bfloat16)  # 80: a partial MXFP4 block
+  key = jax.random.key(5)
+  op, _ = jax.jit(lambda x, k: quantize_operand(x, spec, k))(x, key)
+  q = quantize(x, spec.fmt, rounding=spec.rounding, key=key, block_shape=spec.block_shape, hadamard=0)
+  unit = dataclasses.replace(q, global_scale=jnp.float32(1.0)).dequantize(jnp.float32)
+  assert op.values.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(op.values, np.float32), unit)
+  assert float(op.scale) == float(q.global_scale)
