@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from fp4jax import bits as bits_lib
-from fp4jax import estimators, fp8, hadamard as hadamard_lib
+from fp4jax import backends, estimators, fp8, hadamard as hadamard_lib
 from fp4jax.formats import E2M1_MAX, FP4Format, e2m1_decode, floor_log2, pow2
 from fp4jax.ieee import div_rn
 from fp4jax.quantize import BlockLayout, check_quantize_args, decode_blocks, quantize_blocks, split_quantize_key
@@ -120,6 +120,8 @@ def quantize_operand(
   ``key`` feeds stochastic rounding / MS-EDEN. ``backend`` selects the implementation (only ``"xla"`` so far).
   """
   if backend not in BACKENDS:
+    if backend in backends.BACKENDS:
+      raise NotImplementedError(f"backend {backend!r} is not wired into fp4jax.operand.quantize_operand yet; use 'xla'")
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
   residual = None
   if spec.clip == "occ":
