@@ -5,8 +5,13 @@ tiles instead of re-implementing them. A few primitives those functions use have
 to something inexact, so ``kernel_safe(fn)`` traces ``fn`` to a jaxpr and evaluates it with these substitutions:
 
 * ``div`` (float32): Triton lowers ``arith.divf`` to the approximate ``div.full.f32`` (up to 2 ulp); on the GPU it
-  becomes PTX ``div.rn.f32`` (IEEE round-to-nearest-even, what XLA computes).
+  becomes PTX ``div.rn.f32`` (IEEE round-to-nearest-even). The foundation's scale divisions are integer long
+  divisions (``fp4jax.ieee.div_rn``); what still traces to ``div`` is their special-value fallback and the exact
+  power-of-two quotients of ``rtn_e4m3``, for which both instructions agree with XLA.
 * ``round`` (ties to even): no Triton lowering; PTX ``cvt.rni.f32.f32`` (round to nearest integer, ties to even).
+* ``max`` / ``min`` (elementwise and reductions, floating point): Triton lowers them to ``maxnumf`` / ``minnumf``,
+  which return the other operand for a NaN; JAX and XLA propagate NaN (``clip(NaN) = NaN``, a block max of a block
+  holding NaN is NaN). An explicit NaN test restores that.
 * ``reduce_or``: no Triton lowering; ``max`` of the int32 values, exact.
 * ``clz``: lowers to ``math.ctlz``, which Triton fails to legalize; a 5-step binary search with shifts, exact.
 * ``bitcast_convert_type`` of a constant: the Triton rule expects an IR value; done in numpy instead.
@@ -56,6 +61,27 @@ def _round(x, *, rounding_method, interpret: bool):
   return _asm("cvt.rni.f32.f32 $0, $1;", x)
 
 
+def _is_float(x) -> bool:
+  return jnp.issubdtype(jnp.result_type(x), jnp.floating)
+
+
+def _minmax(prim, x, y):
+  """Elementwise max/min with XLA's NaN rule (NaN if either operand is NaN); Triton's ``maxnumf`` drops NaN."""
+  out = prim.bind(*(jnp.asarray(v) if isinstance(v, (np.ndarray, np.generic)) else v for v in (x, y)))
+  if not _is_float(out):
+    return out
+  return jnp.where(x != x, x, jnp.where(y != y, y, out)).astype(out.dtype)
+
+
+def _reduce_minmax(prim, x, *, axes, **params):
+  """max/min reduction with XLA's NaN rule (NaN if any reduced element is NaN)."""
+  out = prim.bind(x, axes=axes, **params)
+  if not _is_float(out):
+    return out
+  has_nan = jnp.max((x != x).astype(jnp.int32), axis=axes) != 0
+  return jnp.where(has_nan, jnp.asarray(jnp.nan, out.dtype), out)
+
+
 def _reduce_or(x, *, axes, **_):
   return jnp.max(x.astype(jnp.int32), axis=axes) != 0
 
@@ -89,6 +115,10 @@ def _rules(interpret: bool) -> dict[str, Callable]:
   return {
       "div": lambda x, y: _div(x, y, interpret=interpret),
       "round": lambda x, **p: _round(x, rounding_method=p["rounding_method"], interpret=interpret),
+      "max": functools.partial(_minmax, lax.max_p),
+      "min": functools.partial(_minmax, lax.min_p),
+      "reduce_max": functools.partial(_reduce_minmax, lax.reduce_max_p),
+      "reduce_min": functools.partial(_reduce_minmax, lax.reduce_min_p),
       "reduce_or": _reduce_or,
       "clz": _clz,
       "bitcast_convert_type": _bitcast,

@@ -65,12 +65,18 @@ def test_kernel_matches_reference_bit_for_bit(name, interpret):
   _assert_same(pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret), reference.quantize(x, spec, key))
 
 
-def test_nan_block_keeps_nan_scale(interpret):
-  spec = QuantizeSpec(M, dequantize=True)
+@pytest.mark.parametrize("fmt", [M, N], ids=lambda f: f.name)
+def test_nan_block_keeps_nan_scale(fmt, interpret):
+  """MXFP4: the block holding NaN gets the NaN scale. NVFP4: the tensor amax is NaN, so every scale is NaN. Codes
+  agree with the reference too (Triton's NaN-dropping max/min would clip NaN to ±6)."""
+  spec = QuantizeSpec(fmt, dequantize=True)
   x = _input((16, 64), jnp.float32).at[3, 40].set(jnp.nan)
-  (q, deq), _ = pallas_triton.quantize(x, spec, tile=(16, 64), interpret=interpret), None
+  q, deq = pallas_triton.quantize(x, spec, tile=(16, 64), interpret=interpret)
   _assert_same((q, deq), reference.quantize(x, spec))
-  assert _bits(q.scales)[3, 1] == 0xFF and np.isnan(np.asarray(deq[3, 32:])).all()
+  if fmt is M:
+    assert _bits(q.scales)[3, 1] == 0xFF and np.isnan(np.asarray(deq[3, 32:])).all()
+  else:
+    assert (_bits(q.scales) == 0x7F).all() and np.isnan(np.asarray(q.global_scale)) and np.isnan(deq).all()
 
 
 def test_api_auto_uses_reference_on_cpu_and_accepts_names():
@@ -104,6 +110,36 @@ def test_kernel_lowers_to_triton(name):
   assert "triton" in text
 
 
+def _triton_modules(fn, *args):
+  """Triton IR (text) of every Pallas kernel that lowering ``fn(*args)`` for CUDA produces (works on CPU)."""
+  from jax._src.pallas.triton import lowering  # noqa: PLC0415  (private: the IR is not exposed otherwise)
+  modules, original = [], lowering.lower_jaxpr_to_triton_module
+
+  def capture(*a, **kw):
+    result = original(*a, **kw)
+    modules.append(result.module.operation.get_asm())
+    return result
+
+  lowering.lower_jaxpr_to_triton_module = capture
+  try:
+    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+  finally:
+    lowering.lower_jaxpr_to_triton_module = original
+  return modules
+
+
+@pytest.mark.parametrize("name", ["nvfp4_rtn_f32_ragged", "nvfp4_cols_rtn", "nvfp4_2d"])
+def test_ragged_edge_blocks_are_masked_in_triton(name):
+  """Pallas Triton does not clip edge blocks (interpret mode does): on ragged shapes every load and store must carry
+  a mask, or the kernel writes over the next row / the next buffer on the GPU."""
+  spec, shape, tile = CASES[name]
+  (module,) = _triton_modules(lambda x: pallas_triton.quantize(x, spec, tile=tile), jnp.ones(shape, jnp.float32))
+  accesses = [l.split(":")[0] for l in module.splitlines() if "tt.store" in l or ("tt.load" in l and "tensor<" in l)]
+  assert sum("tt.store" in a for a in accesses) == (3 if spec.dequantize else 2)
+  for access in accesses:  # tt.load %ptr, %mask, %other / tt.store %ptr, %value, %mask
+    assert access.count("%") >= 4 if "tt.load" in access else access.count("%") == 3, access
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="randomized larger shapes: GPU only (interpret mode is slow)")
 @pytest.mark.parametrize("seed", range(3))
 def test_randomized_shapes_on_gpu(seed):
@@ -130,6 +166,17 @@ def test_rotated_amax_prepass_matches_xla(along, nonfinite, interpret):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   else:  # non-finite amax -> NaN tensor scale (fp4jax.quantize's documented rule). XLA's CPU max can drop NaN, so
     assert not np.isfinite(np.asarray(got))  # the XLA pre-pass is not compared here (reported to the foundation).
+
+
+def test_minmax_substitutes_propagate_nan():
+  """Triton's maxnumf/minnumf drop NaN; kernel_safe restores XLA's rule (checked here on the substituted jaxpr)."""
+  from fp4jax_kernels import triton_compat
+  x = jnp.array([[1.0, jnp.nan, -2.0], [3.0, 0.5, -jnp.inf]], jnp.float32)
+  fn = lambda x: (jnp.clip(x, -1.5, 1.5), jnp.max(x, axis=1), jnp.min(x, axis=1), jnp.maximum(x, 0))
+  got = triton_compat.kernel_safe(fn, interpret=True)(x)
+  for g, w in zip(got, fn(x)):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+  assert np.isnan(np.asarray(got[1])[0]) and np.isnan(np.asarray(got[0])[0, 1])
 
 
 def test_clz_substitute_is_exact():

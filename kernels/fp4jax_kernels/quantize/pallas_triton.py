@@ -83,8 +83,37 @@ def pack_nibbles(codes: jax.Array) -> jax.Array:
   return (lo.reshape(r, c // 2) | (hi.reshape(r, c // 2) << 4)).astype(jnp.uint8)
 
 
+def _in_bounds(block_shape, block_index, full_shape) -> jax.Array | None:
+  """Mask of the elements of block ``block_index`` (in block units) that lie inside an array of ``full_shape``;
+  None when every block of the grid is whole (the shape is a multiple of the block)."""
+  if all(f % b == 0 for f, b in zip(full_shape, block_shape)):
+    return None
+  mask = None
+  for d, (b, f, idx) in enumerate(zip(block_shape, full_shape, block_index)):
+    if f % b:
+      inside = idx * b + lax.broadcasted_iota(jnp.int32, block_shape, d) < f
+      mask = inside if mask is None else mask & inside
+  return mask
+
+
+def load_in_bounds(ref, block_index, full_shape) -> jax.Array:
+  """The block, zeros outside the array. Pallas Triton does not clip ragged edge blocks: an unmasked access reads
+  (and a store writes) the flat memory past each row's end, i.e. the next row or the next buffer."""
+  mask = _in_bounds(ref.shape, block_index, full_shape)
+  return ref[...] if mask is None else plgpu.load(ref, mask=mask, other=jnp.zeros((), ref.dtype))
+
+
+def store_in_bounds(ref, value, block_index, full_shape) -> None:
+  """``ref[...] = value`` restricted to the array's elements (see ``load_in_bounds``)."""
+  mask = _in_bounds(ref.shape, block_index, full_shape)
+  if mask is None:
+    ref[...] = value
+  else:
+    plgpu.store(ref, value, mask=mask)
+
+
 # ------------------------------------------------------------------------------------------------ kernel
-def _kernel(*refs, spec: QuantizeSpec, shape, tile, interpret: bool, bf16_input: bool):
+def _kernel(*refs, spec: QuantizeSpec, shape, tile, out_shapes, interpret: bool, bf16_input: bool):
   it = iter(refs)
   x_ref, amax_ref, eseed_ref, sseed_ref = next(it), next(it), next(it), next(it)
   signs_ref = next(it) if spec.hadamard and spec.hadamard_signs != "none" else None
@@ -94,7 +123,7 @@ def _kernel(*refs, spec: QuantizeSpec, shape, tile, interpret: bool, bf16_input:
   i, j = pl.program_id(0), pl.program_id(1)
   rows = i * bm + lax.broadcasted_iota(jnp.int32, (bm, bk), 0)
   cols = j * bk + lax.broadcasted_iota(jnp.int32, (bm, bk), 1)
-  x = jnp.where((rows < m) & (cols < k), x_ref[...].astype(jnp.float32), jnp.float32(0.0))
+  x = load_in_bounds(x_ref, (i, j), shape).astype(jnp.float32)
   safe = functools.partial(kernel_safe, interpret=interpret)
 
   bits = sbits = None
@@ -120,24 +149,22 @@ def _kernel(*refs, spec: QuantizeSpec, shape, tile, interpret: bool, bf16_input:
   blocks = lambda xb, b, sb, amax: quantize_blocks(xb, lay, spec.fmt, spec.rounding, b, sb, amax)
   codes, dec, gscale, exps = safe(blocks)(x.reshape(lay.blocked), bits, sbits, amax_ref[0])
 
-  sshape = scales_ref.shape
   if spec.fmt.name == "mxfp4":
     sb = jnp.where(jnp.isnan(dec), E8M0_NAN_BITS, exps + E8M0_BIAS).astype(jnp.uint8)
   else:
     sb = e4m3_bits(dec)
-  scales_ref[...] = sb.reshape(sshape)
-  codes_ref[...] = pack_nibbles(codes.reshape(r, c))
+  out_index = (i, j) if spec.along == "rows" else (j, i)
+  store_in_bounds(scales_ref, sb.reshape(scales_ref.shape), out_index, out_shapes[1])
+  store_in_bounds(codes_ref, pack_nibbles(codes.reshape(r, c)), out_index, out_shapes[0])
   if deq_ref is not None:
-    deq_ref[...] = decode_blocks(codes, dec, gscale).reshape(r, c).astype(deq_ref.dtype)
+    deq = decode_blocks(codes, dec, gscale).reshape(r, c).astype(deq_ref.dtype)
+    store_in_bounds(deq_ref, deq, out_index, out_shapes[2])
 
 
 # ------------------------------------------------------------------------------------------------ wrapper
-def _amax_kernel(*refs, spec: QuantizeSpec, shape, tile, bf16_input: bool):
+def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool):
   x_ref, signs_ref, o_ref = refs if len(refs) == 3 else (refs[0], None, refs[1])
-  (m, k), (bm, bk) = shape, tile
-  rows = pl.program_id(0) * bm + lax.broadcasted_iota(jnp.int32, (bm, bk), 0)
-  cols = pl.program_id(1) * bk + lax.broadcasted_iota(jnp.int32, (bm, bk), 1)
-  x = jnp.where((rows < m) & (cols < k), x_ref[...].astype(jnp.float32), jnp.float32(0.0))
+  x = load_in_bounds(x_ref, (pl.program_id(0), pl.program_id(1)), shape).astype(jnp.float32)
   x = x.T if spec.along == "cols" else x
   y = jnp.abs(rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input))
   finite = jnp.min(jnp.where(y <= jnp.float32(jnp.inf), 1, 0))  # 0 if any NaN/Inf
@@ -147,7 +174,8 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, tile, bf16_input: bool):
 def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs, *, use_kernel: bool = True, interpret: bool = False):
   """max|x| of the (rotated, bf16-rounded) tensor, fp32: the pre-pass, one read of ``x``.
 
-  No Hadamard: an XLA reduction. With a Hadamard: a Pallas kernel that rotates each tile as the quantize kernel does
+  Any NaN/Inf makes it non-finite (so the tensor scale is NaN, as in ``fp4jax.quantize``), by an explicit
+  ``isfinite`` test: XLA's CPU max may drop NaN. No Hadamard: an XLA reduction. With a Hadamard: a Pallas kernel that rotates each tile as the quantize kernel does
   and writes one partial max per tile (XLA's version of the rotation is several passes); a tile holding NaN/Inf
   reports +Inf, so the tensor scale becomes NaN exactly when the reference's does.
   """
@@ -157,7 +185,7 @@ def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs, *, use_kernel: bool = T
       xf = hadamard_lib.hadamard(xf, spec.hadamard, axis=spec.axis, signs=signs)
       if x.dtype == jnp.bfloat16:
         xf = rtn_bf16(xf)
-    return jnp.max(jnp.abs(xf))
+    return jnp.where(jnp.all(jnp.isfinite(xf)), jnp.max(jnp.abs(xf)), jnp.float32(jnp.nan))
   m, k = x.shape
   tile = default_tile(spec)
   grid = (pl.cdiv(m, tile[0]), pl.cdiv(k, tile[1]))
@@ -166,7 +194,7 @@ def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs, *, use_kernel: bool = T
     args.append(jnp.asarray(signs, jnp.float32))
     in_specs.append(pl.BlockSpec((spec.hadamard,), lambda i, j: (0,)))
   partial_max = pl.pallas_call(
-      functools.partial(_amax_kernel, spec=spec, shape=(m, k), tile=tile, bf16_input=x.dtype == jnp.bfloat16),
+      functools.partial(_amax_kernel, spec=spec, shape=(m, k), bf16_input=x.dtype == jnp.bfloat16),
       grid=grid, in_specs=in_specs, out_specs=pl.BlockSpec((1, 1), lambda i, j: (i, j)),
       out_shape=jax.ShapeDtypeStruct(grid, jnp.float32),
       compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=interpret, name="fp4_rotated_amax",
@@ -247,7 +275,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     args.append(signs)
     in_specs.append(whole(spec.hadamard))
   kernel = functools.partial(_kernel, spec=spec, shape=(m, k), tile=(bm, bk), interpret=interpret,
-                             bf16_input=x.dtype == jnp.bfloat16)
+                             out_shapes=tuple(o.shape for o in out_shape), bf16_input=x.dtype == jnp.bfloat16)
   outs = pl.pallas_call(
       kernel,
       grid=(pl.cdiv(m, bm), pl.cdiv(k, bk)),
