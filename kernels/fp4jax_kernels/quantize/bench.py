@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -20,13 +21,14 @@ from fp4jax_kernels.quantize import pallas_triton
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 
 OPS = {  # name: (spec, tiles to try as (tile, num_warps))
-    "nvfp4_rtn_1x16": (QuantizeSpec(fp4jax.NVFP4), [((16, 256), 4), ((32, 256), 8), ((16, 512), 8)]),
+    "nvfp4_rtn_1x16": (QuantizeSpec(fp4jax.NVFP4), [((16, 256), 4), ((32, 256), 4), ((64, 256), 4), ((64, 256), 8),
+                                                    ((16, 512), 4), ((16, 256), 2)]),
     "nvfp4_rht16_sr": (QuantizeSpec(fp4jax.NVFP4, rounding="sr", hadamard=16, hadamard_signs="te"),
                        [((16, 256), 4), ((32, 256), 8)]),
     "nvfp4_ms_eden_rht128": (QuantizeSpec(fp4jax.NVFP4, rounding="eden", hadamard=128, hadamard_signs="random"),
                              [((16, 256), 4), ((32, 128), 4)]),
     "mxfp4_rtn_1x32": (QuantizeSpec(fp4jax.MXFP4), [((16, 256), 4)]),
-    "nvfp4_rtn_cols": (QuantizeSpec(fp4jax.NVFP4, along="cols"), [((256, 32), 4), ((128, 64), 4)]),
+    "nvfp4_rtn_cols": (QuantizeSpec(fp4jax.NVFP4, along="cols"), [((256, 32), 4), ((128, 64), 4), ((256, 64), 8)]),
 }
 
 
@@ -59,6 +61,10 @@ def main():
         print(f"{name:24s} {f'pallas {tile} w{nw}':28s} {ms:8.3f} {pct(ms):9.1f}% {ms - pre:15.3f}", flush=True)
       except Exception as e:  # a tile that fails to compile is reported, not fatal
         print(f"{name:24s} {f'pallas {tile} w{nw}':28s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+    if spec.along == "cols":  # the alternative to the in-kernel transpose: XLA transposes x, the rows kernel runs
+      rows_spec = dataclasses.replace(spec, along="rows")
+      ms = time_ms(jax.jit(lambda x: pallas_triton.quantize(x.T, rows_spec)[0]), x)
+      print(f"{name:24s} {'xla x.T + pallas rows':28s} {ms:8.3f} {pct(ms):9.1f}% {ms - pre:15.3f}", flush=True)
     kw = spec.quantize_kwargs
     for impl, fn in (("xla fp4jax.quantize", fp4jax.quantize), ("xla fp4jax.fake_quantize", fp4jax.fake_quantize)):
       ms = time_ms(jax.jit(lambda x, key, fn=fn: fn(x, spec.fmt, key=key, **kw)), x, key)
