@@ -12,6 +12,7 @@ Params are nested dicts (linen ``variables["params"]``; NNX ``nnx.state(model, n
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from typing import Any
@@ -19,7 +20,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import traverse_util
 
 from fp4jax.flax import ops
@@ -57,15 +57,17 @@ def pack(params, *, recipe: Any = "nvidia_nvfp4", select: str = DEFAULT_SELECT, 
   chosen = [k for k, v in flat.items() if re.fullmatch(select, k) and np.ndim(v) >= 2]
   if not chosen:
     raise ValueError(f"pack: select={select!r} matches no weight of ndim >= 2; leaf paths are {list(flat)}")
+  quantize_weight = jax.jit(functools.partial(quantize, axis=axis, **kwargs))
   for k in chosen:
-    flat[k] = quantize(flat[k], axis=axis, **kwargs)
+    flat[k] = quantize_weight(flat[k])
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
 def unpack(packed, dtype: Any = None):
-  """Every QTensor dequantized (to ``dtype``, default its original dtype); other leaves unchanged."""
-  return jax.tree.map(lambda x: x.dequantize(dtype) if isinstance(x, QTensor) else x, packed,
-                      is_leaf=lambda x: isinstance(x, QTensor))
+  """Every QTensor dequantized (to ``dtype``, default its original dtype); other leaves unchanged (one jit)."""
+  dequantize = lambda tree: jax.tree.map(lambda x: x.dequantize(dtype) if isinstance(x, QTensor) else x, tree,
+                                         is_leaf=lambda x: isinstance(x, QTensor))
+  return jax.jit(dequantize)(packed)
 
 
 def nbytes(tree) -> int:
@@ -139,6 +141,8 @@ def _join(arrays: dict, meta: dict):
 
 def save(path: str | os.PathLike, packed) -> None:
   """Write a packed tree to the (new) directory ``path`` with orbax: arrays via StandardSave, metadata as JSON."""
+  import orbax.checkpoint as ocp  # optional dependency (the "experiments" extra): needed only to save / restore
+
   arrays, meta = _split(packed)
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
     ckptr.save(os.fspath(os.path.abspath(path)),
@@ -147,6 +151,8 @@ def save(path: str | os.PathLike, packed) -> None:
 
 def restore(path: str | os.PathLike):
   """Read a tree written by ``save``: QTensors rebuilt bit for bit from their codes, scales and metadata."""
+  import orbax.checkpoint as ocp
+
   path = os.fspath(os.path.abspath(path))
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
     meta = ckptr.restore(path, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]

@@ -17,7 +17,6 @@ import dataclasses
 import math
 from typing import Any, Iterator
 
-import fp4jax
 from fp4jax import recipes
 
 QUANT_STREAM = "quant"

@@ -8,8 +8,9 @@ quantized by rules.
 
 Resolution (``plan``): the candidate paths are matched against ``(*defaults, *rules)`` with ``re.fullmatch``;
 the first matching rule decides; a rule with ``recipe=None`` keeps the layer in high precision; a layer no rule
-matches stays in high precision. ``DEFAULT_HIGH_PRECISION`` keeps the LM head (a layer named ``lm_head``,
-``head``, ``logits``, ``unembed`` or ``output``) in high precision as every published FP4 recipe does; pass
+matches is left as the model defines it. ``DEFAULT_HIGH_PRECISION`` keeps the LM head (a layer named ``lm_head``,
+``logits`` or ``unembed`` anywhere, or a top-level ``head`` / ``output``; an ``attn/output`` projection is not
+an LM head) in high precision as every published FP4 recipe does; pass
 ``defaults=()`` to let your rules decide it. A rule that matches no candidate, or names an unknown recipe, is an
 error: a typo must not silently train in high precision.
 
@@ -91,7 +92,7 @@ def keep_high_precision(first: int = 0, last: int = 0, *, block_pattern: str = D
   return KeepHighPrecision(first, last, block_pattern)
 
 
-DEFAULT_HIGH_PRECISION = (Rule(r"(?:.*/)?(?:lm_head|head|logits|unembed|output)", None),)
+DEFAULT_HIGH_PRECISION = (Rule(r"(?:.*/)?(?:lm_head|logits|unembed)|head|output", None),)
 
 
 def plan(

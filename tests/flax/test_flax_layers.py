@@ -23,6 +23,7 @@ def _data():
   return jax.random.normal(kx, (M, K), jnp.float32), jax.random.normal(kw, (K, N), jnp.float32)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def _expected_relative_mse(recipe, x, w):
   """e_x + e_w: the forward operands' relative MSE (in the Hadamard domain when the recipe rotates; rotations are
   orthogonal). For independent N(0,1) X and W, E‖ΔX·W‖² / E‖X·W‖² = ‖ΔX‖²/‖X‖² (and likewise for W); the cross
@@ -35,7 +36,7 @@ def _expected_relative_mse(recipe, x, w):
     if spec.hadamard:
       a = operand.rotate(a, spec.hadamard, operand.signs_for(spec, jax.random.key(1)))
     q, _ = operand.quantize_operand(a, spec, jax.random.key(2))
-    total += float(metrics.relative_mse(a, q.dequantize()))
+    total += metrics.relative_mse(a, q.dequantize())
   return total
 
 
@@ -43,14 +44,19 @@ def _expected_relative_mse(recipe, x, w):
 def test_linen_dense_is_fp4jax_dot_general_with_the_recipes_error(recipe):
   x, w = _data()
   layer = nn.Dense(N, use_bias=False, dot_general_cls=functools.partial(ql.DotGeneral, recipe=recipe))
-  y = jax.jit(lambda x, w, k: layer.apply({"params": {"kernel": w}}, x, rngs={"quant": k}))(x, w, jax.random.key(3))
-  y_ref = jax.jit(lambda x, w: fp4jax.dot_general(x, w, DN, recipe=recipe, key=jax.random.key(4)))(x, w)
+
+  @jax.jit
+  def outputs(x, w):
+    y = layer.apply({"params": {"kernel": w}}, x, rngs={"quant": jax.random.key(3)})
+    return y, fp4jax.dot_general(x, w, DN, recipe=recipe, key=jax.random.key(4))
+
+  y, y_ref = outputs(x, w)
   np.testing.assert_array_equal(y, y_ref)  # the forward of every published recipe is deterministic (RTN)
   err = float(metrics.relative_mse(x @ w, y))
   if recipes.get(recipe).is_identity:
     assert err == 0.0
   else:
-    expected = _expected_relative_mse(recipe, x, w)
+    expected = float(_expected_relative_mse(recipe, x, w))
     assert 0.85 * expected < err < 1.15 * expected, (err, expected)
 
 
@@ -112,15 +118,21 @@ def test_linen_quant_stream_gives_distinct_bits_per_layer_and_step():
 def test_linen_random_recipe_needs_quant_stream_unless_deterministic():
   x, w = _data()
   params = {"params": {"kernel": w}}
+  layer = ql.Dense(N, use_bias=False, recipe="nvidia_nvfp4")
   with pytest.raises(ValueError, match=r"'nvidia_nvfp4'.*'quant' RNG stream"):
-    ql.Dense(N, use_bias=False, recipe="nvidia_nvfp4").apply(params, x)
-  ql.Dense(N, use_bias=False, recipe="nvfp4_rtn").apply(params, x)  # deterministic recipe: no stream needed
-  ql.Dense(N, use_bias=False, recipe="nvidia_nvfp4").init(jax.random.key(0), x)  # init: keys from "params"
-  layer = ql.Dense(N, use_bias=False, recipe="nvidia_nvfp4", deterministic=True)
-  g = jax.jit(jax.grad(lambda p: jnp.sum(jnp.sin(layer.apply(p, x)))))(params)["params"]["kernel"]
+    jax.eval_shape(lambda: layer.apply(params, x))  # the error is raised while tracing
+  jax.eval_shape(lambda: ql.Dense(N, use_bias=False, recipe="nvfp4_rtn").apply(params, x))  # RTN: no stream needed
+  jax.eval_shape(lambda: layer.init(jax.random.key(0), x))  # init: keys from the "params" stream
+  eval_layer = ql.Dense(N, use_bias=False, recipe="nvidia_nvfp4", deterministic=True)
   run = recipes.deterministic(recipes.get("nvidia_nvfp4"))
   assert not run.is_random
-  g_ref = jax.jit(jax.grad(lambda w: jnp.sum(jnp.sin(fp4jax.dot_general(x, w, DN, recipe=run)))))(w)
+
+  @jax.jit
+  def grads(params, w):
+    g = jax.grad(lambda p: jnp.sum(jnp.sin(eval_layer.apply(p, x))))(params)["params"]["kernel"]
+    return g, jax.grad(lambda w: jnp.sum(jnp.sin(fp4jax.dot_general(x, w, DN, recipe=run))))(w)
+
+  g, g_ref = grads(params, w)
   np.testing.assert_array_equal(g, g_ref)
 
 

@@ -5,7 +5,6 @@ starts at ~ln(64) = 4.16; memorizing one batch lowers it by far more than the 0.
 (quantization noise in the loss is ~1e-3 at this size).
 """
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -66,9 +65,11 @@ def test_linen_scan_remat_transformer_trains():
 
 @pytest.mark.parametrize("recipe", recipes.names())
 def test_nnx_transformer_trains_under_recipe(recipe):
+  """The attention output and MLP down projections run the recipe (half of the linen test's quantized GEMMs: the
+  NNX mechanics under test, the stream through nnx.jit and nnx.value_and_grad, are per layer, the compile is not)."""
   toks = fm.tokens(jax.random.key(0))
   model = fm.NnxTransformer(fm.Config(), nnx.Rngs(params=1))
-  quantize(model, [Rule(".*", recipe)], rngs=nnx.Rngs(quant=2))
+  quantize(model, [Rule(r".*/(o|down)", recipe)], rngs=nnx.Rngs(quant=2))
   optimizer = nnx.Optimizer(model, optax.adam(LR), wrt=nnx.Param)
 
   @nnx.jit
