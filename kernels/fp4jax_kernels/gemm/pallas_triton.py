@@ -20,6 +20,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from fp4jax.formats import E4M3_NAN_BITS, E8M0_NAN_BITS
 from fp4jax.quantize import QTensor
+from fp4jax_kernels.edge_blocks import store_in_bounds
 
 
 def e2m1_to_bf16(codes: jax.Array) -> jax.Array:
@@ -56,7 +57,7 @@ def _dequant_chunk(codes: jax.Array, scales: jax.Array, block: int, fmt_name: st
   return (v * s).reshape(r, 2 * half).astype(jnp.bfloat16)
 
 
-def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, k: int, bk: int, block: int, fmt_name: str):
+def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, bk: int, block: int, fmt_name: str):
   bm, bn = o_ref.shape
 
   def body(t, acc):
@@ -67,7 +68,8 @@ def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, k: int, bk: int, bl
     return acc + lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
   acc = lax.fori_loop(0, k // bk, body, jnp.zeros((bm, bn), jnp.float32))
-  o_ref[...] = (acc * g_ref[0]).astype(o_ref.dtype)
+  out_block = (pl.program_id(0), pl.program_id(1))  # rows of A / B past M / N only feed the masked-off outputs
+  store_in_bounds(o_ref, (acc * g_ref[0]).astype(o_ref.dtype), out_block, out_shape)
 
 
 def _check(a: QTensor, b: QTensor, tile):
@@ -96,7 +98,7 @@ def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_war
   block = a.fmt.block_size
   u8 = lambda s: lax.bitcast_convert_type(s, jnp.uint8)
   alpha = (a.global_scale * b.global_scale).reshape(1).astype(jnp.float32)
-  kernel = functools.partial(_kernel, k=k, bk=bk, block=block, fmt_name=a.fmt.name)
+  kernel = functools.partial(_kernel, out_shape=(m, n), k=k, bk=bk, block=block, fmt_name=a.fmt.name)
   return pl.pallas_call(
       kernel,
       grid=(pl.cdiv(m, bm), pl.cdiv(n, bn)),

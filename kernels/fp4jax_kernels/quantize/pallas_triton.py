@@ -32,6 +32,7 @@ from fp4jax import scaling
 from fp4jax.formats import E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS
 from fp4jax.quantize import QTensor, check_quantize_args, decode_blocks, BlockLayout, quantize_blocks, hadamard_sign_vector, split_quantize_key
 from fp4jax.rounding import rtn_bf16
+from fp4jax_kernels.edge_blocks import load_in_bounds, store_in_bounds
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 from fp4jax_kernels.triton_compat import kernel_safe
 
@@ -81,35 +82,6 @@ def pack_nibbles(codes: jax.Array) -> jax.Array:
   r, c = codes.shape
   lo, hi = jnp.split(codes.reshape(r, c // 2, 2), 2, axis=-1)
   return (lo.reshape(r, c // 2) | (hi.reshape(r, c // 2) << 4)).astype(jnp.uint8)
-
-
-def _in_bounds(block_shape, block_index, full_shape) -> jax.Array | None:
-  """Mask of the elements of block ``block_index`` (in block units) that lie inside an array of ``full_shape``;
-  None when every block of the grid is whole (the shape is a multiple of the block)."""
-  if all(f % b == 0 for f, b in zip(full_shape, block_shape)):
-    return None
-  mask = None
-  for d, (b, f, idx) in enumerate(zip(block_shape, full_shape, block_index)):
-    if f % b:
-      inside = idx * b + lax.broadcasted_iota(jnp.int32, block_shape, d) < f
-      mask = inside if mask is None else mask & inside
-  return mask
-
-
-def load_in_bounds(ref, block_index, full_shape) -> jax.Array:
-  """The block, zeros outside the array. Pallas Triton does not clip ragged edge blocks: an unmasked access reads
-  (and a store writes) the flat memory past each row's end, i.e. the next row or the next buffer."""
-  mask = _in_bounds(ref.shape, block_index, full_shape)
-  return ref[...] if mask is None else plgpu.load(ref, mask=mask, other=jnp.zeros((), ref.dtype))
-
-
-def store_in_bounds(ref, value, block_index, full_shape) -> None:
-  """``ref[...] = value`` restricted to the array's elements (see ``load_in_bounds``)."""
-  mask = _in_bounds(ref.shape, block_index, full_shape)
-  if mask is None:
-    ref[...] = value
-  else:
-    plgpu.store(ref, value, mask=mask)
 
 
 # ------------------------------------------------------------------------------------------------ kernel
