@@ -12,6 +12,13 @@ Rerunning the same command resumes from the newest checkpoint, drops metric reco
 the uninterrupted run bit for bit: batches are a function of the step, the "quant" key of step s is
 fold_in(key(seed), s), and every record of step s is written before the checkpoint of step s.
 ``--max-minutes`` pauses (checkpoint, exit 0, status "paused") before the budget runs out.
+
+Several devices (``experiments.sharding``): ``--mesh data=4`` (data parallel), ``--mesh data=4 --fsdp`` (parameters and
+optimizer state sharded over the data axis), ``--mesh data=2,model=2`` (with Megatron-style tensor parallelism). The
+layout is not part of config.json: a run may resume on another mesh. Several hosts: start the same command on every
+host with ``--distributed --coordinator HOST0:PORT --num-processes N --process-id I`` (``jax.distributed.initialize``;
+on SLURM / Open MPI the three values can be left out), a ``--mesh`` spanning all devices of all hosts, and an
+``--out`` on a filesystem they share; process 0 writes the metrics.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from experiments import data, diagnostics, model as model_lib, optimizer
+from experiments import data, diagnostics, model as model_lib, optimizer, sharding
 
 QUANT_KEY_SALT = 1
 EVAL_KEY_SALT = 2
@@ -107,9 +114,14 @@ def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
 
 
 class Trainer:
-    """Model, optimizer, data and the jitted steps of one run."""
+    """Model, optimizer, data and the jitted steps of one run.
 
-    def __init__(self, config: TrainConfig, cache_dir: str | None = None):
+    ``layout`` (``experiments.sharding.Layout``): shard parameters, optimizer state and batches over a device mesh
+    (None: one device). ``model_overrides``: ModelConfig fields replacing the size table's (tests).
+    """
+
+    def __init__(self, config: TrainConfig, cache_dir: str | None = None,
+                 layout: sharding.Layout | None = None, model_overrides: dict | None = None):
         self.config = config
         self.corpus = data.load_corpus(config.data, cache_dir, config.token_dtype)
         self.model_config = model_lib.model_config(
@@ -120,6 +132,7 @@ class Trainer:
             bf16_last=config.bf16_last,
             dtype=jnp.dtype(config.dtype),
             attention_impl=config.attention_impl,
+            **(model_overrides or {}),
         )
         model_lib.projection_dot_cls(config.recipe)  # fail now, not after the data and compile, if fp4jax lacks it
         self.model = model_lib.Llama(self.model_config)
@@ -132,15 +145,36 @@ class Trainer:
         self.stream = data.BatchStream(self.corpus.train, config.batch_size, config.seq_len, config.seed)
         self.eval_set = data.eval_batches(self.corpus.val, config.batch_size, config.seq_len, config.eval_batches)
         self.key = jax.random.key(config.seed)
-        self.train_step = jax.jit(self._train_step, donate_argnums=0)
-        self.eval_loss = jax.jit(self._eval_loss)
+        self.layout = layout
+        if layout is None:
+            self.train_step = jax.jit(self._train_step, donate_argnums=0)
+            self.eval_loss = jax.jit(self._eval_loss)
+            return
+        sharding.check_layout(layout, self.model_config, config.batch_size, config.seq_len)
+        self.mesh = sharding.make_mesh(layout)
+        self.state_sharding = sharding.state_shardings(jax.eval_shape(self._init_state), self.mesh, layout)
+        self.batch_sharding = sharding.batch_sharding(self.mesh)
+        rep = sharding.replicated(self.mesh)
+        self.train_step = jax.jit(self._train_step, donate_argnums=0, out_shardings=(self.state_sharding, rep),
+                                  in_shardings=(self.state_sharding, self.batch_sharding, rep))
+        self.eval_loss = jax.jit(self._eval_loss, out_shardings=rep,
+                                 in_shardings=(self.state_sharding["params"], self.batch_sharding, rep))
 
-    def init_state(self) -> dict:
+    def _init_state(self) -> dict:
         params = model_lib.init_params(self.model_config, self.key, self.config.seq_len)
         return {"params": params, "opt_state": self.optimizer.init(params)}
 
+    def init_state(self) -> dict:
+        state = self._init_state()
+        return state if self.layout is None else sharding.place(state, self.state_sharding)
+
+    def place(self, batch: np.ndarray):
+        """A host batch as the train/eval steps' input: as is on one device, a global sharded array on a mesh."""
+        return batch if self.layout is None else sharding.place(batch, self.batch_sharding)
+
     def quant_key(self, step: int) -> jax.Array:
-        return jax.random.fold_in(jax.random.fold_in(self.key, QUANT_KEY_SALT), step)
+        key = jax.random.fold_in(jax.random.fold_in(self.key, QUANT_KEY_SALT), step)
+        return key if self.layout is None else sharding.place(key, sharding.replicated(self.mesh))
 
     def _loss(self, params, batch, key):
         logits = self.model.apply({"params": params}, batch[:, :-1], rngs={"quant": key})
@@ -158,7 +192,9 @@ class Trainer:
     def validation_loss(self, params) -> float:
         """Mean loss over the fixed validation set, with a fixed "quant" key."""
         key = jax.random.fold_in(self.key, EVAL_KEY_SALT)
-        return float(np.mean([self.eval_loss(params, batch, key) for batch in self.eval_set]))
+        if self.layout is not None:
+            key = sharding.place(key, sharding.replicated(self.mesh))
+        return float(np.mean([self.eval_loss(params, self.place(batch), key) for batch in self.eval_set]))
 
     def bits_per_byte(self, loss: float) -> float | None:
         bpt = self.corpus.bytes_per_token
@@ -171,6 +207,7 @@ class RunFolder:
     def __init__(self, path: str | Path, config: TrainConfig):
         self.path = Path(path).resolve()
         self.path.mkdir(parents=True, exist_ok=True)
+        self.primary = jax.process_index() == 0  # with several processes, process 0 writes config and metrics
         saved = self.path / "config.json"
         mine = dataclasses.asdict(config)
         if saved.exists():
@@ -179,7 +216,7 @@ class RunFolder:
                 diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
                 raise ValueError(f"out={str(self.path)!r} holds a run with a different config (fields {diff}); "
                                  "use another --out or the same arguments to resume")
-        else:
+        elif self.primary:
             saved.write_text(json.dumps(mine, indent=1) + "\n")
         self.metrics = self.path / "metrics.jsonl"
         self.summary = self.path / "summary.json"
@@ -191,10 +228,11 @@ class RunFolder:
         """The newest checkpoint (state, step) and the metrics truncated to it; (template, 0) if there is none."""
         step = self.checkpoints.latest_step()
         if step is None:
-            self.metrics.unlink(missing_ok=True)
+            if self.primary:
+                self.metrics.unlink(missing_ok=True)
             return template, 0
         state = self.checkpoints.restore(step, args=ocp.args.StandardRestore(template))
-        if self.metrics.exists():
+        if self.primary and self.metrics.exists():
             kept = [line for line in self.metrics.read_text().splitlines() if json.loads(line)["step"] <= step]
             self.metrics.write_text("".join(line + "\n" for line in kept))
         return state, step
@@ -203,6 +241,8 @@ class RunFolder:
         self.checkpoints.save(step, args=ocp.args.StandardSave(state))
 
     def log(self, record: dict) -> None:
+        if not self.primary:
+            return
         with open(self.metrics, "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -229,6 +269,7 @@ def train(
     max_minutes: float | None = None,
     stop_at_step: int | None = None,
     quiet: bool = False,
+    layout: sharding.Layout | None = None,
 ) -> dict:
     """Train (or resume) the run in ``out``; return its summary ({"status": "finished" | "paused", ...}).
 
@@ -236,7 +277,7 @@ def train(
     the step is reached; rerunning resumes.
     """
     started = time.perf_counter()
-    trainer = Trainer(config, cache_dir)
+    trainer = Trainer(config, cache_dir, layout)
     folder = RunFolder(out, config)
     state, step = folder.restore(trainer.init_state())
     counts = model_lib.parameter_count(trainer.model_config)
@@ -257,7 +298,7 @@ def train(
     resumed_from, window_losses, window_start, last_window_s = step, [], time.perf_counter(), 0.0
     run_start, status, last = time.perf_counter(), "finished", {}
     while step < config.steps:
-        batch = trainer.stream.batch(step)
+        batch = trainer.place(trainer.stream.batch(step))
         state, out_metrics = trainer.train_step(state, batch, trainer.quant_key(step))
         window_losses.append(out_metrics)
         step += 1
@@ -309,7 +350,7 @@ def train(
         "tokens_per_s": float(np.median([r["tokens_per_s"] for r in train_records])) if train_records else None,
         "wall_s": time.perf_counter() - started,
     }
-    if status == "finished":
+    if status == "finished" and folder.primary:
         folder.summary.write_text(json.dumps(summary, indent=1) + "\n")
     if not quiet:
         print(f"{status}: recipe={config.recipe} model={config.model} step={step}/{config.steps} "
@@ -356,13 +397,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="run folder (default runs/<model>-<recipe>-<tokens>)")
     parser.add_argument("--cache-dir", default=None, help="corpus cache (default $FP4JAX_CACHE or ~/.cache/fp4jax)")
     parser.add_argument("--max-minutes", type=float, default=None, help="pause (checkpoint and exit) before this")
+    parser.add_argument("--mesh", default=None, help="device mesh, e.g. data=4 or data=2,model=2 (default: 1 device)")
+    parser.add_argument("--fsdp", action="store_true", help="shard parameters and optimizer state over the data axis")
+    parser.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize")
+    parser.add_argument("--coordinator", default=None, help="with --distributed: process 0's host:port")
+    parser.add_argument("--num-processes", type=int, default=None, help="with --distributed: number of processes")
+    parser.add_argument("--process-id", type=int, default=None, help="with --distributed: this process's index")
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
     except ValueError as err:
         parser.error(str(err))
     out = args.out or f"runs/{config.model}-{config.recipe}-{config.tokens}"
-    train(config, out, cache_dir=args.cache_dir, max_minutes=args.max_minutes)
+    layout = None
+    if args.distributed:
+        sharding.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    if args.mesh is not None:
+        try:
+            layout = sharding.parse_mesh(args.mesh, fsdp=args.fsdp)
+        except ValueError as err:
+            parser.error(str(err))
+    elif args.fsdp:
+        parser.error("--fsdp needs --mesh data=N")
+    train(config, out, cache_dir=args.cache_dir, max_minutes=args.max_minutes, layout=layout)
 
 
 if __name__ == "__main__":

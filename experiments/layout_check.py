@@ -1,0 +1,170 @@
+"""Check that sharded training computes what one device computes: quantized operands and loss curves per layout.
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.layout_check \\
+      --recipes bf16,nvidia_nvfp4 --meshes data=4 data=4:fsdp model=2 data=2,model=2 --data CORPUS
+
+prints one JSON object per check (and ``--out FILE`` writes them all):
+
+``{"check": "operands", "recipe", "mesh", "spec", "equal"}``: every quantized operand of the recipe
+(``fp4jax.operand.rotate`` + ``quantize_operand``, the exact path of ``fp4jax.dot_general``) on a (tokens, features)
+array sharded along its rows, its columns (the contraction axis) or both, against the same jitted function on one
+device; ``equal`` means values and scale agree bit for bit.
+
+``{"check": "loss", "recipe", "mesh", "losses", "reference", "max_abs_diff", "max_ulp_diff", "collectives"}``: ``--steps`` training
+steps of ``experiments.train.Trainer`` on the mesh against the same steps on one device (same data, same keys).
+Bit-identical losses are not expected everywhere: a sum over a sharded axis becomes per-shard partial sums plus an
+all-reduce, a different fp32 summation order (the wgrad GEMM over tokens under data parallelism, the row-parallel
+GEMMs under tensor parallelism, the loss mean), and the rounding differences that follow can flip bf16 / FP4 roundings
+downstream and grow through Adam's normalized updates. ``collectives`` lists the element types each kind of
+collective of the compiled train step moves (gradient all-reduces should be f32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import fp4jax
+from fp4jax.operand import quantize_operand, rotate, signs_for
+
+from experiments import sharding, train
+
+OPERAND_SHAPE = (512, 256)  # (rows, contraction): tokens x features, or the transposes of the backward GEMMs
+
+
+def parse_layout(text: str) -> sharding.Layout:
+    """``"data=4"`` or ``"data=4:fsdp"`` -> Layout."""
+    mesh, _, flag = text.partition(":")
+    if flag not in ("", "fsdp"):
+        raise ValueError(f"layout {text!r}: the only suffix is ':fsdp'")
+    return sharding.parse_mesh(mesh, fsdp=flag == "fsdp")
+
+
+def operand_specs(recipe_name: str) -> dict[str, fp4jax.recipes.OperandSpec]:
+    """The recipe's operands that are quantized or rotated, by field name (fwd_lhs, ..., wgrad_rhs)."""
+    recipe = fp4jax.recipes.get(recipe_name)
+    return {name: spec for name in sharding.OPERAND_AXES if not (spec := getattr(recipe, name)).is_identity}
+
+
+def _quantizer(spec: fp4jax.recipes.OperandSpec) -> fp4jax.recipes.OperandSpec:
+    """``spec`` without the fields that do not change the quantized operand (its source, its backward estimator)."""
+    return dataclasses.replace(spec, source="input", estimator="ste")
+
+
+def _quantize(x, spec, key):
+    """One operand as ``fp4jax.dot`` quantizes it: rotate (if the GEMM has a Hadamard), then quantize."""
+    if spec.hadamard:
+        x = rotate(x, spec.hadamard, signs_for(spec, key))
+    op, _ = quantize_operand(x, spec, key)
+    return op.values, op.scale
+
+
+def _operand_shardings(layout: sharding.Layout, mesh) -> list[P]:
+    """Placements of an operand: rows and columns (the contraction axis) each split over one mesh axis of size > 1
+    (one axis: rows only, columns only; two: rows over one and columns over the other, both ways)."""
+    axes = [a for a in sharding.AXES if getattr(layout, a) > 1]
+    if len(axes) == 1:
+        return [P(axes[0], None), P(None, axes[0])]
+    return [P(*axes), P(*reversed(axes))]
+
+
+def _bits(a) -> np.ndarray:
+    a = np.asarray(jax.device_get(a))
+    return a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint32)
+
+
+def check_operands(recipe_names, layouts, seed: int = 0) -> list[dict]:
+    """Bit-compare every quantized operand of every recipe, sharded as each layout can shard it, with one device."""
+    key = jax.random.key(seed)
+    x = jax.random.normal(jax.random.fold_in(key, 1), OPERAND_SHAPE, jnp.float32)
+    x = (x * jnp.exp(jax.random.normal(jax.random.fold_in(key, 2), (1, OPERAND_SHAPE[1])))).astype(jnp.bfloat16)
+    operands = {(r, name): _quantizer(spec) for r in recipe_names for name, spec in operand_specs(r).items()}
+    unique = list(dict.fromkeys(operands.values()))
+    quantize_all = lambda x, key: [_quantize(x, spec, key) for spec in unique]  # noqa: E731
+    reference = jax.device_get(jax.jit(quantize_all)(x, key))
+    records = []
+    for layout in layouts:
+        mesh = sharding.make_mesh(layout)
+        for pspec in _operand_shardings(layout, mesh):
+            placed = jax.device_put(x, NamedSharding(mesh, pspec))
+            got = jax.jit(quantize_all)(placed, jax.device_put(key, sharding.replicated(mesh)))
+            same = [np.array_equal(_bits(v), _bits(rv)) and np.array_equal(_bits(s), _bits(rs))
+                    for (v, s), (rv, rs) in zip(got, reference)]
+            for (recipe, name), spec in operands.items():
+                equal = bool(same[unique.index(spec)])
+                records.append({"check": "operands", "recipe": recipe, "mesh": layout.describe(),
+                                "sharding": str(pspec), "operand": name, "equal": equal})
+    return records
+
+
+def _losses(config: train.TrainConfig, layout, steps: int, model_overrides) -> tuple[np.ndarray, dict]:
+    """The first ``steps`` losses and the collectives' element types of the compiled train step."""
+    trainer = train.Trainer(config, layout=layout, model_overrides=model_overrides)
+    state, losses = trainer.init_state(), []
+    batch = lambda step: trainer.place(trainer.stream.batch(step))  # noqa: E731
+    step_fn = trainer.train_step.lower(state, batch(0), trainer.quant_key(0)).compile()
+    for step in range(steps):
+        state, metrics = step_fn(state, batch(step), trainer.quant_key(step))
+        losses.append(metrics["loss"])
+    collectives = {op: sorted(types) for op, types in sharding.collective_dtypes(step_fn.as_text()).items()}
+    return np.asarray(jax.device_get(losses), np.float32), collectives
+
+
+def check_losses(config: train.TrainConfig, recipe_names, layouts, steps: int, model_overrides=None) -> list[dict]:
+    """Per recipe: ``steps`` losses on one device, then on each layout (``sharding.check_layout`` applies)."""
+    records = []
+    for recipe in recipe_names:
+        run = train.TrainConfig(**{**vars(config), "recipe": recipe})
+        reference, _ = _losses(run, None, steps, model_overrides)
+        for layout in layouts:
+            losses, collectives = _losses(run, layout, steps, model_overrides)
+            ulps = np.abs(losses.view(np.int32).astype(np.int64) - reference.view(np.int32).astype(np.int64))
+            records.append({"check": "loss", "recipe": recipe, "mesh": layout.describe(),
+                            "losses": losses.tolist(), "reference": reference.tolist(),
+                            "max_abs_diff": float(np.max(np.abs(losses - reference))),
+                            "max_ulp_diff": int(ulps.max()), "bit_identical": bool(ulps.max() == 0),
+                            "collectives": collectives})
+    return records
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.layout_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipes", default=",".join(fp4jax.recipes.names()), help="comma-separated recipe names")
+    parser.add_argument("--meshes", nargs="+", default=["data=4", "data=4:fsdp", "model=2", "data=2,model=2"],
+                        help="layouts: data=N, model=N, data=N,model=M, with ':fsdp' for FSDP")
+    parser.add_argument("--checks", default="operands,loss", help="operands, loss or both")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--data", default="stdlib")
+    parser.add_argument("--model", default="100K")
+    parser.add_argument("--model-overrides", default=None, help='JSON ModelConfig fields, e.g. \'{"d_model": 256}\'')
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--out", default=None, help="also write the records to this JSON file")
+    args = parser.parse_args(argv)
+    recipes = args.recipes.split(",")
+    layouts = [parse_layout(text) for text in args.meshes]
+    checks = set(args.checks.split(","))
+    records = []
+    if "operands" in checks:
+        records += check_operands(recipes, layouts)
+    if "loss" in checks:
+        config = train.TrainConfig(model=args.model, data=args.data, batch_size=args.batch_size, seq_len=args.seq_len,
+                                   tokens=args.batch_size * args.seq_len * args.steps, lr=3e-3)
+        overrides = json.loads(args.model_overrides) if args.model_overrides else None
+        records += check_losses(config, recipes, layouts, args.steps, overrides)
+    for record in records:
+        print(json.dumps(record), file=sys.stdout, flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""Sharded training layouts for the experiments' Llama model: data parallel, FSDP and Megatron-style tensor parallel.
+
+A ``Layout`` is a 2D device mesh ``(data, model)`` plus the FSDP switch; the training CLI takes it as
+``--mesh data=4`` (DP), ``--mesh data=4 --fsdp`` (FSDP: parameters and optimizer state sharded over the data axis),
+``--mesh model=2`` (TP) or ``--mesh data=2,model=2`` (DP x TP).
+
+Everything runs under plain ``jax.jit`` with ``NamedSharding`` on the parameters, the optimizer state and the
+batches; XLA's SPMD partitioner inserts every collective. The program is the single-device program, so every
+quantizer sees the logical tensor: the NVFP4 tensor amax is a max over all shards (exact in any order), blocks and
+Hadamard chunks are taken over logical indices, and random bits are ``fp4jax.bits`` hashes of global element
+indices. Quantized operands are therefore bit-identical to one device's; what may differ is the fp32 summation order
+of reductions over a sharded axis (the wgrad GEMM over tokens under DP, the row-parallel GEMMs over features under
+TP, the loss mean), which XLA splits into per-shard partial sums plus an all-reduce.
+
+Parameter partition specs (flax ``Dense`` kernels are ``(in, out)``; F = "data" with FSDP, else None):
+
+    q, k, v, gate, up   (column-parallel)   P(F, "model")      outputs (heads / hidden units) split over "model"
+    o, down             (row-parallel)      P("model", F)      inputs split over "model"
+    embed (vocab, d)                        P(F, None)
+    lm_head (d, vocab)                      P(None, F)
+    norm gains, scalars                     replicated
+    batch (B, T+1)                          P("data", None)
+
+Every optimizer-state leaf shaped like a parameter takes that parameter's spec. Gradient all-reduces happen inside
+the wgrad GEMMs, whose accumulator is fp32 (``fp4jax.operand.matmul``), so gradients are reduced in fp32 before the
+fp32 master update.
+
+``check_layout`` rejects, before anything is compiled, a layout that does not split the model evenly or whose shard
+along a quantized GEMM axis is not a whole number of the recipe's blocks and Hadamard chunks (a block or a
+Hadamard chunk would straddle two devices), e.g. quartet2's 128-point backward Hadamard over tokens needs
+(batch / data) x seq to be a multiple of 128.
+
+Multi-host: call :func:`initialize_distributed` (the CLI's ``--distributed``) in every process before any other
+JAX call; the mesh then spans the devices of all processes, and every process must run the same program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+import fp4jax
+from fp4jax.formats import FP4Format
+
+from experiments import model as model_lib
+
+DATA, MODEL = "data", "model"
+AXES = (DATA, MODEL)
+COLUMN_PARALLEL = ("q", "k", "v", "gate", "up")
+ROW_PARALLEL = ("o", "down")
+# (contraction axis, other axis) of each GEMM operand in the canonical form X (M, K), W (N, K), dY (M, N) of
+# fp4jax.dot: M = tokens, K = layer inputs, N = layer outputs (fp4jax/dot.py).
+OPERAND_AXES = {"fwd_lhs": ("K", "M"), "fwd_rhs": ("K", "N"), "dgrad_lhs": ("N", "M"), "dgrad_rhs": ("N", "K"),
+                "wgrad_lhs": ("M", "N"), "wgrad_rhs": ("M", "K")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A (data, model) device mesh and whether parameters are sharded over the data axis (FSDP)."""
+
+    data: int = 1
+    model: int = 1
+    fsdp: bool = False
+
+    def __post_init__(self):
+        for name in AXES:
+            size = getattr(self, name)
+            if not isinstance(size, int) or size < 1:
+                raise ValueError(f"mesh axis {name!r} must be a positive integer, got {size!r}")
+        if self.fsdp and self.data == 1:
+            raise ValueError("fsdp shards parameters over the data axis: it needs --mesh data=N with N > 1")
+
+    @property
+    def n_devices(self) -> int:
+        return self.data * self.model
+
+    def describe(self) -> str:
+        parts = [f"{name}={getattr(self, name)}" for name in AXES if getattr(self, name) > 1] or ["data=1"]
+        return ",".join(parts) + (" fsdp" if self.fsdp else "")
+
+
+def parse_mesh(text: str, fsdp: bool = False) -> Layout:
+    """``"data=4"`` / ``"data=2,model=2"`` / ``"model=2"`` -> ``Layout`` (axes not named are 1)."""
+    sizes = {}
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\w+)\s*=\s*(\d+)\s*", part)
+        if not match or match.group(1) not in AXES or match.group(1) in sizes:
+            raise ValueError(f"--mesh {text!r}: expected comma-separated axis=size with axes {AXES}, "
+                             "each at most once, e.g. 'data=4' or 'data=2,model=2'")
+        sizes[match.group(1)] = int(match.group(2))
+    return Layout(**sizes, fsdp=fsdp)
+
+
+def make_mesh(layout: Layout, devices=None) -> Mesh:
+    """The ``(data, model)`` mesh over the first ``layout.n_devices`` of ``devices`` (default: all, every process).
+
+    With several processes the mesh must span all devices of all of them.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if layout.n_devices > len(devices):
+        raise ValueError(f"mesh {layout.describe()} needs {layout.n_devices} devices, only {len(devices)} are visible "
+                         "(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax)")
+    if jax.process_count() > 1 and layout.n_devices != len(devices):
+        raise ValueError(f"with {jax.process_count()} processes the mesh must use all {len(devices)} devices, "
+                         f"got {layout.describe()} ({layout.n_devices} devices)")
+    grid = np.asarray(devices[:layout.n_devices], dtype=object).reshape(layout.data, layout.model)
+    return Mesh(grid, AXES, axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+# ------------------------------------------------------------------------------------------------ partition specs
+def _module_of(path) -> tuple[str | None, str | None]:
+    """(module name, parameter name) of a state leaf path ending in .../<module>/<kernel|embedding|scale>."""
+    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    for i in range(len(names) - 1, 0, -1):
+        if names[i] in ("kernel", "embedding"):
+            return names[i - 1], names[i]
+    return None, None
+
+
+def leaf_spec(path, shape: tuple[int, ...], layout: Layout) -> P:
+    """The partition spec of one parameter or optimizer-state leaf (see the module docstring's table)."""
+    fsdp = DATA if layout.fsdp else None
+    module, name = _module_of(path)
+    if name is None or len(shape) != 2:
+        return P()
+    if module in COLUMN_PARALLEL:
+        return P(fsdp, MODEL)
+    if module in ROW_PARALLEL:
+        return P(MODEL, fsdp)
+    if module == "embed":
+        return P(fsdp, None)
+    if module == "lm_head":
+        return P(None, fsdp)
+    raise ValueError(f"no sharding rule for the 2D parameter at {jax.tree_util.keystr(path)} (module {module!r})")
+
+
+def state_shardings(state, mesh: Mesh, layout: Layout):
+    """A pytree of ``NamedSharding`` matching ``state`` (params, optimizer state; arrays or ShapeDtypeStructs)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: NamedSharding(mesh, leaf_spec(path, np.shape(leaf), layout)), state)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Token batches (B, T+1): rows split over the data axis, replicated over the model axis."""
+    return NamedSharding(mesh, P(DATA, None))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def place(tree, shardings):
+    """Global arrays from values every process holds in full (a batch, the initial state, a key): each process
+    copies its devices' shards. Unlike ``jax.device_put`` this also works when the mesh spans several processes."""
+    def one(leaf, leaf_sharding):
+        return jax.make_array_from_callback(np.shape(leaf), leaf_sharding, lambda index: leaf[index])
+    return jax.tree.map(one, tree, shardings)
+
+
+# ------------------------------------------------------------------------------------------------ layout checks
+def _recipe_units(recipe) -> dict[str, tuple[int, int]]:
+    """Per quantized operand of ``recipe``: (unit along the contraction axis, unit along the other axis).
+
+    The contraction unit is lcm(block, Hadamard size); the other unit is the 2D tile height (1 for 1D blocks).
+    Per-tensor (FP8) and per-row (E2M1 channel) scales have no blocks: their reductions are exact under any split.
+    """
+    units = {}
+    for name in OPERAND_AXES:
+        spec = getattr(recipe, name)
+        if not isinstance(spec.fmt, FP4Format) and not spec.hadamard:
+            continue
+        block = spec.fmt.block_size if isinstance(spec.fmt, FP4Format) else 1
+        rows = 1
+        if spec.block_shape is not None:
+            rows, block = spec.block_shape
+        units[name] = (math.lcm(block, spec.hadamard or 1), rows)
+    return units
+
+
+def _projection_axes(config: model_lib.ModelConfig, layout: Layout, batch_size: int, seq_len: int):
+    """Per projection kind: {axis: (logical length, number of shards)} for M (tokens), K (inputs), N (outputs)."""
+    fsdp = layout.data if layout.fsdp else 1
+    tokens = (batch_size * seq_len, layout.data)
+    d, h = config.d_model, config.ffn_hidden
+    return {
+        "q/k/v": {"M": tokens, "K": (d, fsdp), "N": (d, layout.model)},
+        "gate/up": {"M": tokens, "K": (d, fsdp), "N": (h, layout.model)},
+        "o": {"M": tokens, "K": (d, layout.model), "N": (d, fsdp)},
+        "down": {"M": tokens, "K": (h, layout.model), "N": (d, fsdp)},
+    }
+
+
+def check_layout(layout: Layout, config: model_lib.ModelConfig, batch_size: int, seq_len: int) -> None:
+    """Raise ValueError unless ``layout`` splits the model evenly and no FP4 block / Hadamard chunk straddles shards.
+
+    ``seq_len`` is the number of tokens the model sees per row. Checked: batch_size % data, n_heads % model (tensor
+    parallelism splits whole heads), d_model and ffn_hidden % model, the FSDP-sharded dims % data; then, for every
+    FP4 projection recipe, every quantized operand and every GEMM axis split over the mesh, that the shard length is
+    a multiple of the operand's block and Hadamard size (contraction axis) and 2D tile height (other axis).
+    """
+    even = [("batch_size", batch_size, layout.data, DATA)]
+    if layout.model > 1:
+        even += [("n_heads", config.n_heads, layout.model, MODEL), ("d_model", config.d_model, layout.model, MODEL),
+                 ("ffn_hidden", config.ffn_hidden, layout.model, MODEL)]
+    if layout.fsdp:
+        even += [("d_model", config.d_model, layout.data, DATA), ("ffn_hidden", config.ffn_hidden, layout.data, DATA),
+                 ("vocab_size", config.vocab_size, layout.data, DATA)]
+    for name, value, parts, axis in even:
+        if value % parts:
+            raise ValueError(f"mesh {layout.describe()}: {name}={value} does not split evenly over {axis}={parts}")
+    recipes = sorted({config.layer_recipe(i) for i in range(config.n_layers)} - {model_lib.BF16_RECIPE})
+    for recipe_name in recipes:
+        units = _recipe_units(fp4jax.recipes.get(recipe_name))
+        for projection, axes in _projection_axes(config, layout, batch_size, seq_len).items():
+            for operand, (contraction_unit, other_unit) in units.items():
+                for axis, unit in zip(OPERAND_AXES[operand], (contraction_unit, other_unit)):
+                    length, parts = axes[axis]
+                    if parts > 1 and unit > 1 and (length // parts) % unit:
+                        raise ValueError(
+                            f"mesh {layout.describe()}: recipe {recipe_name!r} quantizes the {operand} operand of the "
+                            f"{projection} projections in units of {unit} along {_AXIS_NAMES[axis]} (length {length}), "
+                            f"but the mesh splits that axis into {parts} shards of {length // parts}: a block or "
+                            f"Hadamard chunk would straddle two devices. Use fewer shards on that axis or a "
+                            f"{_AXIS_FIX[axis]}")
+
+
+_AXIS_NAMES = {"M": "tokens (batch x seq)", "K": "the layer inputs", "N": "the layer outputs"}
+_AXIS_FIX = {"M": "larger batch_size x seq_len", "K": "wider model", "N": "wider model"}
+
+
+_COLLECTIVE = re.compile(r"= (.*?) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
+
+
+def collective_dtypes(hlo_text: str) -> dict[str, set[str]]:
+    """Element types moved by each kind of collective in a compiled HLO module (``jit(f).lower(...).compile()
+    .as_text()``), e.g. ``{"all-reduce": {"f32"}}``: how to check that gradients are all-reduced in fp32."""
+    found: dict[str, set[str]] = {}
+    for shapes, op in _COLLECTIVE.findall(hlo_text):
+        found.setdefault(op, set()).update(re.findall(r"\b([a-z]+[0-9]+[a-z0-9]*)\[", shapes))
+    return found
+
+
+def initialize_distributed(coordinator: str | None, num_processes: int | None, process_id: int | None) -> None:
+    """``jax.distributed.initialize`` for multi-host training (one process per host, or per GPU).
+
+    Every process gets the same ``coordinator`` ("host:port" of process 0), ``num_processes`` and its own
+    ``process_id``; on clusters JAX can detect all three (SLURM, Open MPI, TPU pods), so None leaves them to it.
+    Must run before any other JAX call in the process.
+    """
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
