@@ -69,14 +69,6 @@ def _clz32(x: jnp.ndarray) -> jnp.ndarray:
   return lax.clz(x.astype(jnp.uint32)).astype(jnp.int32)
 
 
-def is_pow2(x: jnp.ndarray) -> jnp.ndarray:
-  """True where finite ``x > 0`` is an exact power of two (normal or subnormal)."""
-  bits = lax.bitcast_convert_type(jnp.abs(x.astype(jnp.float32)), jnp.uint32)
-  biased = bits >> 23
-  mant = bits & 0x7FFFFF
-  return jnp.where(biased > 0, mant == 0, (mant & (mant - 1)) == 0) & (bits != 0)
-
-
 def e4m3_quantum(x: jnp.ndarray) -> jnp.ndarray:
   """Spacing of the E4M3 grid at ``|x|``: ``2^(max(floor(log2|x|), -6) - 3)`` (2^-9 in the subnormal range)."""
   return pow2(jnp.maximum(floor_log2(x), -6) - 3)

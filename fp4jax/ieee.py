@@ -28,6 +28,8 @@ def _fields(x):
 def div_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
   """``a / b`` in float32, correctly rounded (nearest, ties to even) for normal operands and results."""
   a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+  # Opaque operands: XLA's algebraic simplifier otherwise folds a constant operand into the 24 steps and can loop.
+  a, b = lax.optimization_barrier((a, b))
   sa, ea, ma = _fields(a)
   sb, eb, mb = _fields(b)
   # Normalize so the significand quotient lies in [1, 2): r = ma (or 2·ma when ma < mb).

@@ -14,7 +14,7 @@ itself is made in ``fp4jax.quantize``); MS-EDEN 255.99·V_MAX_EDEN, t = V_MAX_ED
 corrected scale cannot overflow E4M3).
 
 MXFP4 (OCP MX v1.0; power-of-two ``float8_e8m0fnu`` scales 2^e, e in [-127, 127]):
-``"floor"`` e = floor(log2 amax_b) - 2 (elements clamp at ±6); ``"rceil"`` e = ceil(log2(amax_b / 6)) (no clipping);
+``"floor"`` e = floor(log2 amax_b) - 2 (elements clamp at ±6); ``"rceil"`` e = ceil(log2(amax_b / 6)) in exact arithmetic, the smallest e with 6·2^e >= amax_b (no clipping);
 ``"floor_headroom"`` e as "floor" with elements pre-scaled by 3/4 so amax_b/s lands in [3, 6) (Quartet backward,
 after Tseng et al. arXiv 2502.20586; the 4/3 is returned in the tensor decode scale);
 ``"quest"`` e = floor(log2(0.48708·σ_b + 1e-8)) with σ_b the block's standard deviation (QuEST / Quartet forward,
@@ -29,7 +29,7 @@ import math
 import jax.numpy as jnp
 
 from fp4jax.ieee import div_rn
-from fp4jax.formats import E2M1_MAX, E4M3_MAX, FLT_MAX, floor_log2, is_pow2, pow2
+from fp4jax.formats import E2M1_MAX, E4M3_MAX, FLT_MAX, floor_log2, pow2
 from fp4jax.rounding import rtn_e4m3
 
 E8M0_EMIN, E8M0_EMAX = -127, 127
@@ -63,10 +63,6 @@ def nvfp4_block_scales(amax_b: jnp.ndarray, s_enc: jnp.ndarray, s_dec: jnp.ndarr
   return dec, enc
 
 
-def _ceil_log2(x: jnp.ndarray) -> jnp.ndarray:
-  return floor_log2(x) + jnp.where(is_pow2(x), 0, 1)
-
-
 def _nearest_log2(x: jnp.ndarray) -> jnp.ndarray:
   """Nearest power-of-two exponent in the log domain: floor(log2 x) + [x / 2^floor >= sqrt 2]."""
   f = floor_log2(x)
@@ -77,8 +73,9 @@ def mx_exponents(amax_b: jnp.ndarray, mode: str, sigma_b: jnp.ndarray | None = N
   """int32 E8M0 exponents ``e`` (scale 2^e) per block for an MXFP4 ``mode`` (see module docstring)."""
   if mode in ("floor", "floor_headroom"):
     e = floor_log2(amax_b) - 2
-  elif mode == "rceil":
-    e = _ceil_log2(div_rn(amax_b, jnp.float32(E2M1_MAX)))
+  elif mode == "rceil":  # smallest e with 6·2^e >= amax_b, exactly: amax_b in [2^f, 2^(f+1))
+    f = floor_log2(amax_b)
+    e = f - 2 + (amax_b > jnp.float32(1.5) * pow2(f)).astype(jnp.int32)
   elif mode in ("quest", "quest_nearest"):
     if sigma_b is None:
       raise ValueError("mx_exponents: mode 'quest' needs sigma_b, the per-block standard deviation")
