@@ -1,0 +1,190 @@
+"""Sharded training: mesh flags, partition specs, layout rejection, and equality with one device on 8 CPU devices.
+
+The multi-device checks run in subprocesses: XLA_FLAGS=--xla_force_host_platform_device_count must be set before
+jax is imported, and this pytest process has imported it already.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from experiments import model as model_lib, optimizer, prepare, sharding, train
+
+REPO = Path(__file__).resolve().parents[2]
+# One block of d_model 256 / ffn 256 / 2 heads: the smallest shape where quartet2's 128-point backward Hadamard fits
+# a tensor-parallel shard (d_model / 2 = 128). Batch 8 x seq 64: 128 tokens per shard at data=4.
+OVERRIDES = {"n_layers": 1, "d_model": 256, "n_heads": 2, "ffn_hidden": 256}
+FOUR_LAYOUTS = ["data=4", "data=4:fsdp", "model=2", "data=2,model=2"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    (folder / "text.txt").write_text("".join(f"line {i % 97}: the quick brown fox jumps.\n" for i in range(3000)))
+    prepare.prepare_text(folder / "bytes", [folder / "text.txt"])
+    return str(folder / "bytes")
+
+
+def _run(args, devices=8, timeout=600, env=None):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           **(env or {})}
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _layout_check(*args, devices=8):
+    out = _run(["-m", "experiments.layout_check", *args], devices)
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+# ------------------------------------------------------------------------------------------------ in process
+def test_parse_mesh_and_bad_flags():
+    assert sharding.parse_mesh("data=4") == sharding.Layout(data=4)
+    assert sharding.parse_mesh("data=2, model=2", fsdp=True) == sharding.Layout(2, 2, True)
+    assert sharding.parse_mesh("model=2").n_devices == 2
+    for bad in ("pipe=2", "data=2,data=2", "data", "data=-1"):
+        with pytest.raises(ValueError, match="--mesh"):
+            sharding.parse_mesh(bad)
+    with pytest.raises(ValueError, match="positive"):
+        sharding.parse_mesh("data=0")
+    with pytest.raises(ValueError, match="fsdp"):
+        sharding.parse_mesh("model=2", fsdp=True)
+    with pytest.raises(ValueError, match="needs 4 devices"):
+        sharding.make_mesh(sharding.Layout(data=4), devices=jax.devices()[:1])
+
+
+def _state_specs(layout):
+    config = model_lib.ModelConfig(**OVERRIDES)
+    params = jax.eval_shape(lambda k: model_lib.init_params(config, k), jax.random.key(0))
+    opt = optimizer.adamw(optimizer.lr_schedule(1e-3, 10))
+    state = {"params": params, "opt_state": jax.eval_shape(opt.init, params)}
+    return jax.tree_util.tree_map_with_path(lambda path, leaf: sharding.leaf_spec(path, leaf.shape, layout), state)
+
+
+def test_partition_specs_megatron_and_fsdp():
+    tp = _state_specs(sharding.Layout(data=2, model=2))["params"]
+    block = tp["block_0"]
+    for name in ("q", "k", "v"):
+        assert block["attn"][name]["kernel"] == P(None, "model")  # column-parallel: heads split
+    assert block["mlp"]["gate"]["kernel"] == block["mlp"]["up"]["kernel"] == P(None, "model")
+    assert block["attn"]["o"]["kernel"] == block["mlp"]["down"]["kernel"] == P("model", None)  # row-parallel
+    assert tp["embed"]["embedding"] == tp["lm_head"]["kernel"] == P(None, None)
+    assert block["attn_norm"]["scale"] == P()
+    fsdp = _state_specs(sharding.Layout(data=2, model=2, fsdp=True))
+    assert fsdp["params"]["block_0"]["attn"]["q"]["kernel"] == P("data", "model")
+    assert fsdp["params"]["block_0"]["mlp"]["down"]["kernel"] == P("model", "data")
+    assert fsdp["params"]["embed"]["embedding"] == P("data", None) and fsdp["params"]["lm_head"]["kernel"] == P(None, "data")
+    adam = fsdp["opt_state"][1][0]  # (clip state, (ScaleByAdamState, ...))
+    assert adam.mu["block_0"]["attn"]["q"]["kernel"] == P("data", "model") and adam.count == P()
+
+
+def test_check_layout_rejects_straddling_blocks_and_uneven_splits():
+    config = lambda recipe, **kw: model_lib.ModelConfig(**{**OVERRIDES, "recipe": recipe, **kw})  # noqa: E731
+    sharding.check_layout(sharding.Layout(data=4), config("quartet2"), batch_size=8, seq_len=64)  # 128 tokens/shard
+    sharding.check_layout(sharding.Layout(data=2, model=2, fsdp=True), config("quartet2"), 8, 64)
+    with pytest.raises(ValueError, match=r"quartet2.*wgrad_lhs.*units of 128 along tokens.*8 shards of 64.*straddle"):
+        sharding.check_layout(sharding.Layout(data=8), config("quartet2"), batch_size=8, seq_len=64)
+    with pytest.raises(ValueError, match=r"quartet2.*dgrad_lhs operand of the q/k/v.*units of 128 along the layer outputs"):
+        sharding.check_layout(sharding.Layout(model=2), config("quartet2", d_model=128, n_heads=2), 8, 64)
+    with pytest.raises(ValueError, match=r"quartet.*units of 32 along the layer outputs .length 256.*16 shards of 16"):
+        sharding.check_layout(sharding.Layout(model=16), config("quartet", n_heads=16, ffn_hidden=256), 8, 64)
+    with pytest.raises(ValueError, match=r"nvidia_nvfp4.*fwd_lhs.*units of 16 along the layer inputs .*4 shards of 8"):
+        sharding.check_layout(sharding.Layout(data=4, fsdp=True), config("nvidia_nvfp4", d_model=32, n_heads=1,
+                                                                             ffn_hidden=64), 8, 64)
+    sharding.check_layout(sharding.Layout(data=8), config("bf16"), 8, 64)  # nothing quantized: no block rule
+    with pytest.raises(ValueError, match="batch_size=6 does not split evenly over data=4"):
+        sharding.check_layout(sharding.Layout(data=4), config("bf16"), 6, 64)
+    with pytest.raises(ValueError, match="n_heads=1 does not split evenly over model=2"):
+        sharding.check_layout(sharding.Layout(model=2), config("bf16", n_heads=1), 8, 64)
+
+
+# ------------------------------------------------------------------------------------------------ 8 CPU devices
+def test_quantized_operands_are_bit_identical_for_every_recipe_and_layout():
+    """Every quantized operand of every recipe, its rows / contraction axis split over data=4 or data=2 x model=2
+    (also splits that cut 128-point Hadamard chunks), equals the one-device operand bit for bit."""
+    records = _layout_check("--checks", "operands", "--meshes", "data=4", "data=2,model=2")
+    recipes = {r["recipe"] for r in records}
+    assert recipes == set(__import__("fp4jax").recipes.names()) - {"bf16"}
+    assert len({(r["mesh"], r["sharding"]) for r in records}) == 4
+    assert all(r["equal"] for r in records), [r for r in records if not r["equal"]]
+
+
+NEGATIVE_CONTROL = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+import fp4jax
+from experiments import sharding
+mesh = sharding.make_mesh(sharding.Layout(data=4))
+x = (jax.random.normal(jax.random.key(0), (64, 256)) * jnp.arange(1, 257) / 64).astype(jnp.bfloat16)
+q = lambda x: fp4jax.fake_quantize(x, fp4jax.NVFP4, axis=-1)
+per_shard = jax.jit(jax.shard_map(q, mesh=mesh, in_specs=P(None, "data"), out_specs=P(None, "data")))(x)
+print(int(jnp.sum(per_shard != jax.jit(q)(x))))
+"""
+
+
+def test_per_shard_quantization_would_be_detected():
+    """Negative control: a quantizer that saw only its shard (local NVFP4 tensor amax) differs from the logical one,
+    so the bit-equality above is a real check of global numerics."""
+    assert int(_run(["-c", NEGATIVE_CONTROL], devices=4).split()[-1]) > 0
+
+
+# Worst |loss - one-device loss| over 3 steps, measured on CPU (see the module docstring of experiments.layout_check
+# and the report): DP/FSDP differ only by the fp32 order of the token sums (wgrad all-reduce, loss mean); TP by the
+# row-parallel GEMMs' partial sums, which then move some bf16 roundings by one bf16 ulp; the differences grow through
+# Adam's normalized updates. The step-0 loss (before any update) differs by at most this many fp32 ulps.
+LOSS_ATOL = 2e-3
+STEP0_ULPS = {"data=4": 4, "data=4 fsdp": 4}
+
+
+@pytest.mark.parametrize("recipes,meshes", [
+    ("bf16", FOUR_LAYOUTS),
+    ("nvidia_nvfp4", ["data=2,model=2:fsdp"]),
+])
+def test_sharded_losses_match_one_device(corpus, recipes, meshes):
+    records = _layout_check("--checks", "loss", "--recipes", recipes, "--meshes", *meshes, "--data", corpus,
+                            "--model-overrides", json.dumps(OVERRIDES), "--steps", "3")
+    assert len(records) == len(recipes.split(",")) * len(meshes)
+    for r in records:
+        losses, reference = np.float32(r["losses"]), np.float32(r["reference"])
+        assert np.all(np.isfinite(losses)) and reference[-1] < reference[0], r
+        np.testing.assert_allclose(losses, reference, rtol=0, atol=LOSS_ATOL, err_msg=str(r))
+        if r["mesh"] in STEP0_ULPS:
+            assert abs(int(losses[:1].view(np.int32)[0]) - int(reference[:1].view(np.int32)[0])) <= STEP0_ULPS[r["mesh"]]
+        assert set(r["collectives"].get("all-reduce", [])) <= {"f32", "pred", "s32", "u32"}, r["collectives"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_with_jax_distributed_match_one_process(corpus, tmp_path):
+    """Two CPU processes x 2 devices (jax.distributed.initialize, gloo collectives) train like one 4-device process:
+    the same loss up to the all-reduce's summation order (gloo's ring vs the in-process reduction)."""
+    args = ["-m", "experiments.train", "--model", "100K", "--tokens", "1536", "--data", corpus, "--batch-size", "8",
+            "--seq-len", "64", "--log-every", "1", "--eval-every", "3", "--eval-batches", "1", "--ckpt-every", "3",
+            "--lr", "3e-3", "--mesh", "data=4"]
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    procs = [subprocess.Popen([sys.executable, *args, "--out", str(tmp_path / "two"), "--distributed", "--coordinator",
+                               f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    _run([*args, "--out", str(tmp_path / "one")], devices=4)
+    curves = [[r.get("loss", r.get("val_loss")) for r in train.read_metrics(tmp_path / name)] for name in ("two", "one")]
+    assert len(curves[0]) == len(curves[1]) == 5  # val, 3 train, val
+    np.testing.assert_allclose(curves[0], curves[1], rtol=4e-7, atol=0)
+    assert (tmp_path / "two" / "summary.json").exists() and (tmp_path / "two" / "ckpt" / "3").exists()
