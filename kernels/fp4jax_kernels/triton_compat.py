@@ -123,6 +123,8 @@ def _rules(interpret: bool) -> dict[str, Callable]:
       "clz": _clz,
       "bitcast_convert_type": _bitcast,
       "slice": _slice,
+      # A compiler hint for XLA (fp4jax.ieee.div_rn); inside a kernel it is the identity.
+      "optimization_barrier": lambda *xs, **_: list(xs),
   }
 
 
