@@ -1,0 +1,111 @@
+"""Weak-scaling benchmark of sharded training: tokens/s on 1, 2, 4, ... devices at a fixed per-device batch.
+
+  python -m experiments.bench_scaling --model 125M --recipes bf16,nvidia_nvfp4,quartet2 --devices 1,2,4 \\
+      --per-device-batch 8 --seq-len 1024 --mesh data --out runs/bench_scaling.json
+  python -m experiments.bench_scaling --smoke        # CPU: 100K model, 1 and 2 host devices, a few steps
+
+Each point trains ``--steps`` timed steps (after ``--warmup`` steps that include compilation) of
+``experiments.train.Trainer`` on a mesh of n devices: ``--mesh data`` (data parallel, global batch n x per-device
+batch), ``fsdp`` (the same with sharded parameters) or ``model`` (tensor parallel over n devices, global batch = the
+per-device batch x 1). Batches are placed on the devices before timing, so the numbers are compute + communication.
+Weak-scaling efficiency = tokens/s(n) / (n · tokens/s(1)) for data / fsdp; for ``model`` it is the speed-up
+tokens/s(n) / tokens/s(1) divided by n.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__" and "--smoke" in sys.argv and "XLA_FLAGS" not in os.environ:
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # before jax is imported
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+
+from experiments import sharding, train  # noqa: E402
+
+MESH_KINDS = ("data", "fsdp", "model")
+
+
+def layout_for(kind: str, n: int) -> sharding.Layout:
+    if kind not in MESH_KINDS:
+        raise ValueError(f"mesh kind must be one of {MESH_KINDS}, got {kind!r}")
+    if kind == "model":
+        return sharding.Layout(model=n)
+    return sharding.Layout(data=n, fsdp=kind == "fsdp" and n > 1)
+
+
+def measure(recipe: str, model: str, n: int, kind: str, per_device_batch: int, seq_len: int, steps: int,
+            warmup: int, data: str) -> dict:
+    """Tokens/s of ``steps`` training steps of ``model`` under ``recipe`` on the first ``n`` devices."""
+    batch = per_device_batch * (n if kind != "model" else 1)
+    config = train.TrainConfig(model=model, recipe=recipe, data=data, batch_size=batch, seq_len=seq_len,
+                               tokens=batch * seq_len * (steps + warmup), log_every=1, ckpt_every=1)
+    trainer = train.Trainer(config, layout=layout_for(kind, n))
+    state = trainer.init_state()
+    inputs = [(trainer.place(trainer.stream.batch(s)), trainer.quant_key(s)) for s in range(steps + warmup)]
+    for tokens, key in inputs[:warmup]:
+        state, metrics = trainer.train_step(state, tokens, key)
+    jax.block_until_ready(metrics)
+    start = time.perf_counter()
+    for tokens, key in inputs[warmup:]:
+        state, metrics = trainer.train_step(state, tokens, key)
+    jax.block_until_ready(metrics)
+    seconds = time.perf_counter() - start
+    return {"recipe": recipe, "model": model, "devices": n, "mesh": kind, "global_batch": batch, "seq_len": seq_len,
+            "step_time_s": seconds / steps, "tokens_per_s": batch * seq_len * steps / seconds,
+            "loss": float(metrics["loss"]), "device_kind": jax.devices()[0].device_kind}
+
+
+def efficiencies(results: list[dict]) -> list[dict]:
+    """Adds ``scaling_efficiency`` = tokens/s(n) / (n · tokens/s(1)) per recipe and mesh kind (data / fsdp), or
+    the speed-up over one device divided by n (model)."""
+    base = {(r["recipe"], r["mesh"]): r for r in results if r["devices"] == 1}
+    for r in results:
+        one = base.get((r["recipe"], r["mesh"]))
+        r["scaling_efficiency"] = None if one is None else r["tokens_per_s"] / (r["devices"] * one["tokens_per_s"])
+    return results
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench_scaling", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="125M")
+    parser.add_argument("--recipes", default="bf16,nvidia_nvfp4,quartet2")
+    parser.add_argument("--devices", default="1,2,4", help="comma-separated device counts")
+    parser.add_argument("--mesh", default="data", choices=MESH_KINDS)
+    parser.add_argument("--per-device-batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--data", default="stdlib")
+    parser.add_argument("--out", default=None, help="write the results (JSON list) here")
+    parser.add_argument("--smoke", action="store_true", help="CPU check: 100K model, devices 1,2, 3 steps, bf16 + nvfp4")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.model, args.recipes, args.devices = "100K", "bf16,nvidia_nvfp4", "1,2"
+        args.per_device_batch, args.seq_len, args.steps, args.warmup = 2, 64, 3, 1
+    counts = [int(n) for n in args.devices.split(",")]
+    if max(counts) > len(jax.devices()):
+        parser.error(f"--devices {args.devices}: only {len(jax.devices())} devices are visible")
+    results = []
+    for recipe in args.recipes.split(","):
+        for n in counts:
+            results.append(measure(recipe, args.model, n, args.mesh, args.per_device_batch, args.seq_len, args.steps,
+                                   args.warmup, args.data))
+            print(json.dumps(results[-1]), flush=True)
+    efficiencies(results)
+    print(f"{'recipe':14s} {'devices':>7s} {'tokens/s':>12s} {'efficiency':>10s}")
+    for r in results:
+        eff = "" if r["scaling_efficiency"] is None else f"{r['scaling_efficiency']:.1%}"
+        print(f"{r['recipe']:14s} {r['devices']:7d} {r['tokens_per_s']:12,.0f} {eff:>10s}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
