@@ -282,3 +282,17 @@ def get(name: str | Recipe) -> Recipe:
   if name not in _REGISTRY:
     raise ValueError(f"unknown recipe {name!r}; expected a Recipe or one of {names()}")
   return _REGISTRY[name]()
+
+
+def deterministic(recipe: str | Recipe) -> Recipe:
+  """The evaluation variant of ``recipe``: stochastic roundings (SR, MS-EDEN) become RTN and fresh random Hadamard
+  signs become the run's fixed ones, so it needs no key. Deterministic recipes are returned unchanged."""
+  recipe = get(recipe)
+  if not recipe.is_random:
+    return recipe
+
+  def fixed(spec: OperandSpec) -> OperandSpec:
+    return dataclasses.replace(spec, rounding="rtn", signs="fixed" if spec.signs == "random" else spec.signs)
+
+  fields = {f"{g}_{side}": fixed(getattr(recipe, f"{g}_{side}")) for g in GEMMS for side in ("lhs", "rhs")}
+  return dataclasses.replace(recipe, name=f"{recipe.name}:deterministic", **fields)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
+
 import pytest
 
 import fp4jax
@@ -98,3 +100,19 @@ def test_variants_by_dataclasses_replace():
 def test_invalid_specs_name_the_problem(make, match):
   with pytest.raises(ValueError, match=match):
     make()
+
+
+@pytest.mark.parametrize("name", recipes.names())
+def test_deterministic_variant_needs_no_key_and_keeps_formats(name):
+  r = recipes.get(name)
+  d = recipes.deterministic(name)
+  assert not d.is_random
+  for a, b in zip(r.specs, d.specs):
+    assert (a.fmt, a.block_shape, a.hadamard, a.estimator, a.source) == (b.fmt, b.block_shape, b.hadamard, b.estimator, b.source)
+    assert b.rounding == "rtn" and b.signs != "random"
+  if not r.is_random:
+    assert d == r
+  x = jnp.ones((128, 256), jnp.float32)
+  w = jnp.ones((128, 256), jnp.float32) * 0.5
+  y = fp4jax.dot_general(x, w, (((1,), (1,)), ((), ())), recipe=d)  # no key needed
+  assert y.shape == (128, 128) and bool(jnp.all(jnp.isfinite(y)))
