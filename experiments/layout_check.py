@@ -3,7 +3,7 @@
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.layout_check \\
       --recipes bf16,nvidia_nvfp4 --meshes data=4 data=4:fsdp model=2 data=2,model=2 --data CORPUS
 
-prints one JSON object per check (and ``--out FILE`` writes them all):
+prints one JSON object per check as it finishes (and ``--out FILE`` writes them all):
 
 ``{"check": "operands", "recipe", "mesh", "spec", "equal"}``: every quantized operand of the recipe
 (``fp4jax.operand.rotate`` + ``quantize_operand``, the exact path of ``fp4jax.dot_general``) on a (tokens, features)
@@ -15,7 +15,8 @@ steps of ``experiments.train.Trainer`` on the mesh against the same steps on one
 Bit-identical losses are not expected everywhere: a sum over a sharded axis becomes per-shard partial sums plus an
 all-reduce, a different fp32 summation order (the wgrad GEMM over tokens under data parallelism, the row-parallel
 GEMMs under tensor parallelism, the loss mean), and the rounding differences that follow can flip bf16 / FP4 roundings
-downstream and grow through Adam's normalized updates. ``collectives`` lists the element types each kind of
+downstream and grow through Adam's normalized updates. A layout ``sharding.check_layout`` refuses for a recipe gives
+``{"check": "loss", "recipe", "mesh", "rejected": message}``. ``collectives`` lists the element types each kind of
 collective of the compiled train step moves (gradient all-reduces should be f32).
 """
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -124,13 +124,19 @@ def check_losses(config: train.TrainConfig, recipe_names, layouts, steps: int, m
         run = train.TrainConfig(**{**vars(config), "recipe": recipe})
         reference, _ = _losses(run, None, steps, model_overrides)
         for layout in layouts:
-            losses, collectives = _losses(run, layout, steps, model_overrides)
+            try:
+                losses, collectives = _losses(run, layout, steps, model_overrides)
+            except ValueError as err:  # sharding.check_layout refused the layout for this recipe
+                records.append({"check": "loss", "recipe": recipe, "mesh": layout.describe(), "rejected": str(err)})
+                print(json.dumps(records[-1]), flush=True)
+                continue
             ulps = np.abs(losses.view(np.int32).astype(np.int64) - reference.view(np.int32).astype(np.int64))
             records.append({"check": "loss", "recipe": recipe, "mesh": layout.describe(),
                             "losses": losses.tolist(), "reference": reference.tolist(),
                             "max_abs_diff": float(np.max(np.abs(losses - reference))),
                             "max_ulp_diff": int(ulps.max()), "bit_identical": bool(ulps.max() == 0),
                             "collectives": collectives})
+            print(json.dumps(records[-1]), flush=True)
     return records
 
 
@@ -154,13 +160,13 @@ def main(argv=None) -> None:
     records = []
     if "operands" in checks:
         records += check_operands(recipes, layouts)
+        for record in records:
+            print(json.dumps(record), flush=True)
     if "loss" in checks:
         config = train.TrainConfig(model=args.model, data=args.data, batch_size=args.batch_size, seq_len=args.seq_len,
                                    tokens=args.batch_size * args.seq_len * args.steps, lr=3e-3)
         overrides = json.loads(args.model_overrides) if args.model_overrides else None
         records += check_losses(config, recipes, layouts, args.steps, overrides)
-    for record in records:
-        print(json.dumps(record), file=sys.stdout, flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(records, f, indent=1)
