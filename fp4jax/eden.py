@@ -19,6 +19,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fp4jax.formats import e2m1_decode
+from fp4jax.ieee import div_rn
 from fp4jax.rounding import sr_e4m3
 
 
@@ -27,7 +28,7 @@ def correction(v: jnp.ndarray, codes: jnp.ndarray, axes: tuple[int, ...]) -> jnp
   v = v.astype(jnp.float32)
   num = jnp.sum(v * v, axis=axes, keepdims=True)
   den = jnp.sum(v * e2m1_decode(codes), axis=axes, keepdims=True)
-  return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), jnp.float32(1.0))
+  return jnp.where(den > 0, div_rn(num, jnp.where(den > 0, den, 1.0)), jnp.float32(1.0))
 
 
 def corrected_scale(dec: jnp.ndarray, c: jnp.ndarray, bits: jnp.ndarray) -> jnp.ndarray:

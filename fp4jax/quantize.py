@@ -28,6 +28,7 @@ import numpy as np
 
 from fp4jax import bits as bits_lib
 from fp4jax import eden, hadamard as hadamard_lib, scaling
+from fp4jax.ieee import div_rn
 from fp4jax.formats import E2M1_MAX, E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS, FP4Format, e2m1_decode, pow2
 from fp4jax.rounding import rtn_bf16, rtn_e2m1, sr_e2m1
 
@@ -299,8 +300,8 @@ def _block_std(xb, lay: BlockLayout):
   axes = lay.red_axes
   count = jnp.sum(lay.to_blocks(jnp.ones(lay.shape, jnp.float32)), axis=axes, keepdims=True)
   count = jnp.maximum(count, 1.0)
-  mean = jnp.sum(xb, axis=axes, keepdims=True) / count
-  mean_sq = jnp.sum(xb * xb, axis=axes, keepdims=True) / count
+  mean = div_rn(jnp.sum(xb, axis=axes, keepdims=True), count)
+  mean_sq = div_rn(jnp.sum(xb * xb, axis=axes, keepdims=True), count)
   return jnp.sqrt(jnp.maximum(mean_sq - mean * mean, 0.0))
 
 
