@@ -29,3 +29,23 @@ def test_hard_cases_and_specials():
   m = np.arange(1 << 23, (1 << 23) + 4096, dtype=np.uint32) | np.uint32(0x3F800000)
   x = m.view(np.float32) * np.float32(3163.0)
   assert np.all(np.asarray(div_rn(jnp.asarray(x), jnp.asarray(x))) == 1.0)
+
+
+def test_correction_recovers_from_guesses_two_off():
+  """The backend's division may be up to 2 ulp off (div.full.f32 on GPU): every such guess gives the exact result."""
+  from fp4jax.ieee import rounded_significand_quotient
+
+  rng = np.random.RandomState(1)
+  ma = rng.randint(1 << 23, 1 << 24, 5000).astype(np.uint64)
+  mb = rng.randint(1 << 23, 1 << 24, 5000).astype(np.uint64)
+  n = np.where(ma < mb, ma << 24, ma << 23)
+  floor_q, rem = n // mb, n % mb
+  up = (2 * rem > mb) | ((2 * rem == mb) & (floor_q % 2 == 1))
+  expect = floor_q + up
+  carry = expect >> 24
+  expect = np.where(carry == 1, expect >> 1, expect)
+  for off in (-2, -1, 0, 1, 2):
+    q, c = rounded_significand_quotient(jnp.asarray(ma, jnp.uint32), jnp.asarray(mb, jnp.uint32),
+                                        jnp.asarray(floor_q.astype(np.int64) + off, jnp.uint32))
+    np.testing.assert_array_equal(np.asarray(q), expect.astype(np.uint32))
+    np.testing.assert_array_equal(np.asarray(c), carry.astype(np.int32))
