@@ -13,6 +13,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from experiments import model as model_lib
+
+ERROR_NAME = "quant_error"
+
 
 def default_metric() -> Callable | None:
     """fp4jax.metrics.relative_mse(reference, approximation) if that module exists, else None."""
@@ -23,15 +27,15 @@ def default_metric() -> Callable | None:
     return relative_mse
 
 
-def projection_quant_errors(model: nn.Module, params, tokens: jax.Array, key: jax.Array, metric: Callable) -> dict:
-    """{module path: metric(x·W in fp32, quantized projection output)} for one forward pass over ``tokens``.
+def projection_quant_errors(model: model_lib.Llama, params, tokens: jax.Array, key: jax.Array,
+                            metric: Callable) -> dict:
+    """{"block_<l>/<module path>": metric(x·W in fp32, quantized projection output)} for one forward pass.
 
-    Layers with flax's plain dot (BF16 recipe, first/last BF16 blocks, embeddings, LM head) are not listed.
+    Layers with flax's plain dot (BF16 recipe, first/last BF16 blocks, embeddings, LM head) are not listed. Inside
+    the scanned block stacks each projection sows its error per layer; layer i of a stack is block start + i.
     """
 
     def run(params, tokens, key):
-        errors = {}
-
         def interceptor(next_fun, args, kwargs, context):
             out = next_fun(*args, **kwargs)
             module = context.module
@@ -39,11 +43,18 @@ def projection_quant_errors(model: nn.Module, params, tokens: jax.Array, key: ja
                 x = args[0].astype(module.dtype)
                 kernel = module.variables["params"]["kernel"].astype(module.dtype)
                 reference = jnp.dot(x, kernel, preferred_element_type=jnp.float32)
-                errors["/".join(module.scope.path)] = metric(reference, out.astype(jnp.float32))
+                module.sow("intermediates", ERROR_NAME, metric(reference, out.astype(jnp.float32)))
             return out
 
         with nn.intercept_methods(interceptor):
-            model.apply({"params": params}, tokens, rngs={"quant": key})
-        return errors
+            _, state = model.apply({"params": params}, tokens, rngs={"quant": key}, mutable=["intermediates"])
+        return state.get("intermediates", {})
 
-    return {name: float(err) for name, err in jax.jit(run)(params, tokens, key).items()}
+    starts = {stack.name: stack.start for stack in model_lib.layer_stacks(model.config)}
+    errors = {}
+    for path, per_layer in jax.tree_util.tree_leaves_with_path(jax.device_get(jax.jit(run)(params, tokens, key))):
+        names = [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]
+        stack, module_path = names[0], "/".join(names[1:-1])
+        for i, err in enumerate(per_layer):
+            errors[f"block_{starts[stack] + i}/{module_path}"] = float(err)
+    return errors

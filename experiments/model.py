@@ -17,6 +17,14 @@ score/value products (fp32 logits and softmax inside ``jax.nn.dot_product_attent
 precision, as in all published FP4 recipes. ``bf16_first`` / ``bf16_last`` keep that many blocks at each end in BF16
 (NVIDIA's NVFP4 policy, arXiv 2509.25149).
 
+Layout: the blocks run under ``nn.scan``, so one block is traced and compiled once per stack, not once per layer. The
+policy splits the blocks into up to three contiguous stacks (:func:`layer_stacks`): ``first_blocks`` (the
+``bf16_first`` BF16 blocks), ``blocks`` (the recipe's) and ``last_blocks`` (the ``bf16_last`` BF16 blocks). Every
+parameter of a stack has a leading layer axis (``params["blocks"]["attn"]["q"]["kernel"]`` is (layers, d, d)); the
+"params" and "quant" RNG streams are split per layer, so layers get distinct initial weights and quantization bits.
+The stacks follow the policy, not the recipe, so a BF16 and an FP4 model of one config share a parameter layout.
+``remat=True`` recomputes each block's activations in the backward pass (``nn.remat``) instead of storing them.
+
 Initialization: every weight ~ N(0, 0.02²); the two residual-output projections (o, down) ~ N(0, (0.02/sqrt(2L))²)
 (GPT-2 scaling); RMSNorm gains 1.
 """
@@ -85,6 +93,7 @@ class ModelConfig:
     dtype: Any = jnp.bfloat16
     param_dtype: Any = jnp.float32
     attention_impl: str | None = None  # jax.nn.dot_product_attention's `implementation`: None (XLA), "cudnn"
+    remat: bool = False  # recompute block activations in the backward pass (less memory, ~1/3 more compute)
 
     def __post_init__(self):
         for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size"):
@@ -111,6 +120,31 @@ class ModelConfig:
         if layer < self.bf16_first or layer >= self.n_layers - self.bf16_last:
             return BF16_RECIPE
         return self.recipe
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerStack:
+    """A contiguous run of blocks under one recipe, scanned as one module: blocks start .. start + length - 1."""
+
+    name: str
+    recipe: str
+    start: int
+    length: int
+
+
+STACK_NAMES = ("first_blocks", "blocks", "last_blocks")
+
+
+def layer_stacks(config: ModelConfig) -> tuple[LayerStack, ...]:
+    """The non-empty stacks of ``config``, in order: the first BF16 blocks, the recipe's blocks, the last BF16 blocks."""
+    middle = config.n_layers - config.bf16_first - config.bf16_last
+    runs = zip(STACK_NAMES, (BF16_RECIPE, config.recipe, BF16_RECIPE), (config.bf16_first, middle, config.bf16_last))
+    stacks, start = [], 0
+    for name, recipe, length in runs:
+        if length:
+            stacks.append(LayerStack(name, recipe, start, length))
+        start += length
+    return tuple(stacks)
 
 
 def model_config(size: str, **overrides) -> ModelConfig:
@@ -216,15 +250,27 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: h + Attn(RMSNorm(h)), then h + SwiGLU(RMSNorm(h))."""
+    """Pre-norm transformer block: h + Attn(RMSNorm(h)), then h + SwiGLU(RMSNorm(h)).
+
+    A scan body: carry h -> (new h, no per-layer output).
+    """
 
     config: ModelConfig
     recipe: str
 
     @nn.compact
-    def __call__(self, h: jax.Array) -> jax.Array:
+    def __call__(self, h: jax.Array, _=None) -> tuple[jax.Array, None]:
         h = h + Attention(self.config, self.recipe, name="attn")(_norm(self.config, "attn_norm")(h))
-        return h + SwiGLU(self.config, self.recipe, name="mlp")(_norm(self.config, "mlp_norm")(h))
+        return h + SwiGLU(self.config, self.recipe, name="mlp")(_norm(self.config, "mlp_norm")(h)), None
+
+
+def scanned_blocks(config: ModelConfig, stack: LayerStack) -> nn.Module:
+    """``stack.length`` blocks as one ``nn.scan``: parameters (and sown "intermediates") stacked on a leading layer
+    axis, the "params" and "quant" streams split per layer; each block under ``nn.remat`` if ``config.remat``."""
+    block = nn.remat(Block, prevent_cse=False) if config.remat else Block  # scan already keeps remat's CSE apart
+    scan = nn.scan(block, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True, "quant": True},
+                   length=stack.length)
+    return scan(config, stack.recipe, name=stack.name)
 
 
 class Llama(nn.Module):
@@ -248,8 +294,8 @@ class Llama(nn.Module):
             param_dtype=cfg.param_dtype,
             name="embed",
         )(tokens)
-        for layer in range(cfg.n_layers):
-            h = Block(cfg, cfg.layer_recipe(layer), name=f"block_{layer}")(h)
+        for stack in layer_stacks(cfg):
+            h, _ = scanned_blocks(cfg, stack)(h)
         h = _norm(cfg, "final_norm")(h)
         logits = nn.Dense(
             cfg.vocab_size,
@@ -263,6 +309,10 @@ class Llama(nn.Module):
 
 
 def init_params(config: ModelConfig, key: jax.Array, seq_len: int = 8):
-    """Fresh fp32 parameters for ``config`` from ``key`` (the "quant" stream gets a key folded from it)."""
+    """Fresh fp32 parameters for ``config`` from ``key``.
+
+    Parameters do not depend on the recipe (the FP4 dots have none, and their "quant" draws are a separate RNG
+    stream), so they are initialized through the BF16 model: no quantizer is traced or run (seconds, not tens of).
+    """
     tokens = jnp.zeros((1, seq_len), jnp.int32)
-    return Llama(config).init({"params": key, "quant": jax.random.fold_in(key, 1)}, tokens)["params"]
+    return Llama(dataclasses.replace(config, recipe=BF16_RECIPE)).init({"params": key}, tokens)["params"]

@@ -12,10 +12,11 @@ indices. Quantized operands are therefore bit-identical to one device's; what ma
 of reductions over a sharded axis (the wgrad GEMM over tokens under DP, the row-parallel GEMMs over features under
 TP, the loss mean), which XLA splits into per-shard partial sums plus an all-reduce.
 
-Parameter partition specs (flax ``Dense`` kernels are ``(in, out)``; F = "data" with FSDP, else None):
+Parameter partition specs (flax ``Dense`` kernels are ``(in, out)``; F = "data" with FSDP, else None). The blocks'
+parameters live in scanned stacks (``model.STACK_NAMES``) with a leading layer axis, which is replicated:
 
-    q, k, v, gate, up   (column-parallel)   P(F, "model")      outputs (heads / hidden units) split over "model"
-    o, down             (row-parallel)      P("model", F)      inputs split over "model"
+    q, k, v, gate, up   (layers, in, out)   P(None, F, "model")    outputs (heads / hidden units) split over "model"
+    o, down             (layers, in, out)   P(None, "model", F)    inputs split over "model"
     embed (vocab, d)                        P(F, None)
     lm_head (d, vocab)                      P(None, F)
     norm gains, scalars                     replicated
@@ -113,30 +114,29 @@ def make_mesh(layout: Layout, devices=None) -> Mesh:
 
 
 # ------------------------------------------------------------------------------------------------ partition specs
-def _module_of(path) -> tuple[str | None, str | None]:
-    """(module name, parameter name) of a state leaf path ending in .../<module>/<kernel|embedding|scale>."""
-    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-    for i in range(len(names) - 1, 0, -1):
-        if names[i] in ("kernel", "embedding"):
-            return names[i - 1], names[i]
-    return None, None
+def _path_names(path) -> list[str]:
+    return [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
 
 
 def leaf_spec(path, shape: tuple[int, ...], layout: Layout) -> P:
     """The partition spec of one parameter or optimizer-state leaf (see the module docstring's table)."""
     fsdp = DATA if layout.fsdp else None
-    module, name = _module_of(path)
-    if name is None or len(shape) != 2:
+    names = _path_names(path)
+    stacked = any(name in model_lib.STACK_NAMES for name in names)
+    matrix_rank = 3 if stacked else 2
+    if len(names) < 2 or names[-1] not in ("kernel", "embedding") or len(shape) != matrix_rank:
         return P()
-    if module in COLUMN_PARALLEL:
-        return P(fsdp, MODEL)
-    if module in ROW_PARALLEL:
-        return P(MODEL, fsdp)
-    if module == "embed":
+    module = names[-2]
+    if stacked and module in COLUMN_PARALLEL:  # the leading layer axis is replicated
+        return P(None, fsdp, MODEL)
+    if stacked and module in ROW_PARALLEL:
+        return P(None, MODEL, fsdp)
+    if not stacked and module == "embed":
         return P(fsdp, None)
-    if module == "lm_head":
+    if not stacked and module == "lm_head":
         return P(None, fsdp)
-    raise ValueError(f"no sharding rule for the 2D parameter at {jax.tree_util.keystr(path)} (module {module!r})")
+    raise ValueError(f"no sharding rule for the parameter of shape {shape} at {jax.tree_util.keystr(path)} "
+                     f"(module {module!r})")
 
 
 def state_shardings(state, mesh: Mesh, layout: Layout):

@@ -270,14 +270,16 @@ def train(
     stop_at_step: int | None = None,
     quiet: bool = False,
     layout: sharding.Layout | None = None,
+    model_overrides: dict | None = None,
 ) -> dict:
     """Train (or resume) the run in ``out``; return its summary ({"status": "finished" | "paused", ...}).
 
     ``max_minutes`` and ``stop_at_step`` pause at the first logging boundary where the time budget would run out /
-    the step is reached; rerunning resumes.
+    the step is reached; rerunning resumes. ``model_overrides``: ModelConfig fields that change how, not what, the
+    model computes (e.g. ``{"remat": True}``); like the layout they are not part of config.json.
     """
     started = time.perf_counter()
-    trainer = Trainer(config, cache_dir, layout)
+    trainer = Trainer(config, cache_dir, layout, model_overrides)
     folder = RunFolder(out, config)
     state, step = folder.restore(trainer.init_state())
     counts = model_lib.parameter_count(trainer.model_config)
@@ -399,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-minutes", type=float, default=None, help="pause (checkpoint and exit) before this")
     parser.add_argument("--mesh", default=None, help="device mesh, e.g. data=4 or data=2,model=2 (default: 1 device)")
     parser.add_argument("--fsdp", action="store_true", help="shard parameters and optimizer state over the data axis")
+    parser.add_argument("--remat", action="store_true", help="recompute block activations in the backward pass")
     parser.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize")
     parser.add_argument("--coordinator", default=None, help="with --distributed: process 0's host:port")
     parser.add_argument("--num-processes", type=int, default=None, help="with --distributed: number of processes")
@@ -419,7 +422,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(str(err))
     elif args.fsdp:
         parser.error("--fsdp needs --mesh data=N")
-    train(config, out, cache_dir=args.cache_dir, max_minutes=args.max_minutes, layout=layout)
+    train(config, out, cache_dir=args.cache_dir, max_minutes=args.max_minutes, layout=layout,
+          model_overrides={"remat": args.remat})
 
 
 if __name__ == "__main__":

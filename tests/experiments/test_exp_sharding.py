@@ -62,8 +62,8 @@ def test_parse_mesh_and_bad_flags():
         sharding.make_mesh(sharding.Layout(data=4), devices=jax.devices()[:1])
 
 
-def _state_specs(layout):
-    config = model_lib.ModelConfig(**OVERRIDES)
+def _state_specs(layout, **config_changes):
+    config = model_lib.ModelConfig(**{**OVERRIDES, **config_changes})
     params = jax.eval_shape(lambda k: model_lib.init_params(config, k), jax.random.key(0))
     opt = optimizer.adamw(optimizer.lr_schedule(1e-3, 10))
     state = {"params": params, "opt_state": jax.eval_shape(opt.init, params)}
@@ -72,19 +72,25 @@ def _state_specs(layout):
 
 def test_partition_specs_megatron_and_fsdp():
     tp = _state_specs(sharding.Layout(data=2, model=2))["params"]
-    block = tp["block_0"]
+    block = tp["blocks"]  # stacked: (layers, in, out), the layer axis replicated
     for name in ("q", "k", "v"):
-        assert block["attn"][name]["kernel"] == P(None, "model")  # column-parallel: heads split
-    assert block["mlp"]["gate"]["kernel"] == block["mlp"]["up"]["kernel"] == P(None, "model")
-    assert block["attn"]["o"]["kernel"] == block["mlp"]["down"]["kernel"] == P("model", None)  # row-parallel
+        assert block["attn"][name]["kernel"] == P(None, None, "model")  # column-parallel: heads split
+    assert block["mlp"]["gate"]["kernel"] == block["mlp"]["up"]["kernel"] == P(None, None, "model")
+    assert block["attn"]["o"]["kernel"] == block["mlp"]["down"]["kernel"] == P(None, "model", None)  # row-parallel
     assert tp["embed"]["embedding"] == tp["lm_head"]["kernel"] == P(None, None)
     assert block["attn_norm"]["scale"] == P()
     fsdp = _state_specs(sharding.Layout(data=2, model=2, fsdp=True))
-    assert fsdp["params"]["block_0"]["attn"]["q"]["kernel"] == P("data", "model")
-    assert fsdp["params"]["block_0"]["mlp"]["down"]["kernel"] == P("model", "data")
+    assert fsdp["params"]["blocks"]["attn"]["q"]["kernel"] == P(None, "data", "model")
+    assert fsdp["params"]["blocks"]["mlp"]["down"]["kernel"] == P(None, "model", "data")
     assert fsdp["params"]["embed"]["embedding"] == P("data", None) and fsdp["params"]["lm_head"]["kernel"] == P(None, "data")
     adam = fsdp["opt_state"][1][0]  # (clip state, (ScaleByAdamState, ...))
-    assert adam.mu["block_0"]["attn"]["q"]["kernel"] == P("data", "model") and adam.count == P()
+    assert adam.mu["blocks"]["attn"]["q"]["kernel"] == P(None, "data", "model") and adam.count == P()
+    policy = _state_specs(sharding.Layout(model=2), n_layers=3, bf16_first=1, bf16_last=1)["params"]
+    for stack in ("first_blocks", "blocks", "last_blocks"):
+        assert policy[stack]["mlp"]["up"]["kernel"] == P(None, None, "model"), stack
+    with pytest.raises(ValueError, match="no sharding rule.*'router'"):
+        sharding.leaf_spec((jax.tree_util.DictKey("blocks"), jax.tree_util.DictKey("router"),
+                            jax.tree_util.DictKey("kernel")), (2, 8, 8), sharding.Layout(model=2))
 
 
 def test_check_layout_rejects_straddling_blocks_and_uneven_splits():
