@@ -80,6 +80,19 @@ class BlockLayout:
     b = b.reshape(self.padded)[tuple(slice(0, m) for m in self.moved_shape)]
     return jnp.moveaxis(b, -1, self.axis)
 
+  def valid_counts(self) -> jnp.ndarray:
+    """Real (unpadded) elements per block, keep-dims float32 (iota arithmetic: no padding op, kernel-safe)."""
+    shape = [1] * len(self.blocked)
+    count = jnp.ones(shape, jnp.float32)
+    for i, b in enumerate(reversed(self.block)):
+      ax = -2 - 2 * i  # the block-index axis of this blocked dimension
+      n = self.moved_shape[-1 - i]
+      shape_b = [1] * len(self.blocked)
+      shape_b[ax] = self.blocked[ax]
+      start = jax.lax.broadcasted_iota(jnp.int32, shape_b, len(shape_b) + ax) * b
+      count = count * jnp.clip(n - start, 0, b).astype(jnp.float32)
+    return count
+
   @property
   def scale_shape(self):
     """Shape of the scale array in the caller's layout: blocked axes divided by the block (rounded up)."""
@@ -298,8 +311,7 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
 def _block_std(xb, lay: BlockLayout):
   """Per-block standard deviation over the real (unpadded) elements: sqrt(max(E[x²] - E[x]², 0))."""
   axes = lay.red_axes
-  count = jnp.sum(lay.to_blocks(jnp.ones(lay.shape, jnp.float32)), axis=axes, keepdims=True)
-  count = jnp.maximum(count, 1.0)
+  count = jnp.maximum(lay.valid_counts(), 1.0)
   mean = div_rn(jnp.sum(xb, axis=axes, keepdims=True), count)
   mean_sq = div_rn(jnp.sum(xb * xb, axis=axes, keepdims=True), count)
   return jnp.sqrt(jnp.maximum(mean_sq - mean * mean, 0.0))

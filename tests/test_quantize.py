@@ -249,3 +249,12 @@ def test_quest_scales_reproduce_published_relative_mse():
   for mode, expect in [("quest", 27.4e-3), ("quest_nearest", 12.7e-3)]:
     y = fp4jax.fake_quantize(x, dataclasses.replace(MX, scale_mode=mode), hadamard=32, hadamard_signs="none")
     assert abs(float(metrics.relative_mse(x, y)) / expect - 1) < 0.08, (mode, float(metrics.relative_mse(x, y)))
+
+
+@pytest.mark.parametrize("shape,axis,block", [((3, 70), 1, (32,)), ((37, 5), 0, (16,)), ((20, 40), 1, (16, 16)), ((40, 20), 0, (16, 16))])
+def test_valid_counts_match_padding(shape, axis, block):
+  from fp4jax.quantize import BlockLayout
+
+  lay = BlockLayout(shape, axis, block)
+  expect = jnp.sum(lay.to_blocks(jnp.ones(shape, jnp.float32)), axis=lay.red_axes, keepdims=True)
+  np.testing.assert_array_equal(np.asarray(lay.valid_counts() * jnp.ones_like(expect)), np.asarray(expect))

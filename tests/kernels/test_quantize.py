@@ -100,7 +100,8 @@ def test_bad_input_is_named(bad, match):
     pallas_triton.quantize(args["x"], args["spec"], tile=args["tile"], interpret=True)
 
 
-@pytest.mark.parametrize("name", ["nvfp4_rtn", "nvfp4_ms_eden", "nvfp4_cols_rht16_sr", "nvfp4_four_over_six"])
+@pytest.mark.parametrize("name", ["nvfp4_rtn", "nvfp4_ms_eden", "nvfp4_cols_rht16_sr", "nvfp4_four_over_six",
+                                  "mxfp4_quest_h32"])
 def test_kernel_lowers_to_triton(name):
   """Every primitive of the kernel has a Pallas Triton lowering (checked on CPU by lowering for CUDA)."""
   spec, _, _ = CASES[name]
