@@ -1,6 +1,6 @@
 """The main job: train one small model under several recipes on the same data; plot and tabulate the losses.
 
-  python -m experiments.compare                      # 1M model, 300k bytes of the stdlib corpus, CPU, minutes
+  python -m experiments.compare                      # 1M model, 120k bytes of the stdlib corpus, CPU, ~5 minutes
   python -m experiments.compare --recipes bf16 nvidia_nvfp4 quartet2 --model 10M --tokens 50M --data linux
 
 Writes ``OUT/<recipe>/`` (each a resumable training run), ``OUT/loss_curves.png`` and ``OUT/results.md``:
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES))
     parser.add_argument("--model", default="1M", choices=list(model_lib.SIZES))
-    parser.add_argument("--tokens", type=train.parse_count, default=300_000)
+    parser.add_argument("--tokens", type=train.parse_count, default=120_000)
     parser.add_argument("--data", default="stdlib")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=128)
