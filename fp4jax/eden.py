@@ -32,5 +32,9 @@ def correction(v: jnp.ndarray, codes: jnp.ndarray, axes: tuple[int, ...]) -> jnp
 
 
 def corrected_scale(dec: jnp.ndarray, c: jnp.ndarray, bits: jnp.ndarray) -> jnp.ndarray:
-  """``s_b' = SR_e4m3(s_b · c)``: the block scale times the correction, stochastically rounded to E4M3."""
-  return sr_e4m3(dec * c, bits)
+  """``s_b' = SR_e4m3(s_b · c)``: the block scale times the correction, stochastically rounded to E4M3.
+
+  A block whose scale underflowed to 0 keeps 0 (it dequantizes to 0; its unclipped v = x·FLT_MAX would make c
+  infinite and 0·c NaN); a NaN scale stays NaN.
+  """
+  return jnp.where(dec > 0, sr_e4m3(dec * c, bits), dec)

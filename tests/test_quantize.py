@@ -258,3 +258,14 @@ def test_valid_counts_match_padding(shape, axis, block):
   lay = BlockLayout(shape, axis, block)
   expect = jnp.sum(lay.to_blocks(jnp.ones(shape, jnp.float32)), axis=lay.red_axes, keepdims=True)
   np.testing.assert_array_equal(np.asarray(lay.valid_counts() * jnp.ones_like(expect)), np.asarray(expect))
+
+
+def test_ms_eden_blocks_whose_scale_underflows_dequantize_to_zero_not_nan():
+  """Regression: an outlier sets the tensor scale; tiny blocks get an E4M3 scale of 0, which EDEN must keep."""
+  x = np.zeros((2, 128), np.float32)
+  x[0, 0] = 1e3
+  x[1, :] = 1e-9 * np.arange(1, 129)
+  y = np.asarray(fp4jax.fake_quantize(x, NV, rounding="eden", key=KEY, hadamard=None))
+  assert np.all(np.isfinite(y)) and np.all(y[1] == 0)
+  q = fp4jax.quantize(x, NV, rounding="eden", key=KEY, hadamard=None)
+  assert np.all(np.asarray(q.scales).astype(np.float32)[1] == 0)
