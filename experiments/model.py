@@ -40,6 +40,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fp4jax.flax.linen import DotGeneral
+
 BF16_RECIPE = "bf16"
 INIT_STD = 0.02
 
@@ -168,19 +170,9 @@ def parameter_count(config: ModelConfig) -> dict[str, int]:
 
 
 def projection_dot_cls(recipe: str):
-    """The ``dot_general_cls`` for a projection under ``recipe``: None (flax's plain dot) for BF16, else fp4jax's.
-
-    fp4jax.flax.linen is imported here, not at module import, so BF16 models work without it.
-    """
+    """The ``dot_general_cls`` for a projection under ``recipe``: None (flax's plain dot) for BF16, else fp4jax's."""
     if recipe == BF16_RECIPE:
         return None
-    try:
-        from fp4jax.flax.linen import DotGeneral
-    except ImportError as err:
-        raise ImportError(
-            f"recipe {recipe!r} needs fp4jax.flax.linen.DotGeneral, which could not be imported ({err}); "
-            f"use recipe={BF16_RECIPE!r} or install a build of fp4jax that has it"
-        ) from err
     return functools.partial(DotGeneral, recipe=recipe)
 
 

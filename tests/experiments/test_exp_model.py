@@ -10,13 +10,6 @@ import pytest
 
 from experiments import model as m
 
-def _has_fp4jax_linen() -> bool:
-    try:
-        import fp4jax.flax.linen  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
 
 QUARTET_SIZES = {"30M": 30e6, "50M": 50e6, "100M": 100e6, "200M": 200e6}
 TINY_SIZES = {"100K": 1e5, "1M": 1e6, "3M": 3e6, "10M": 10e6}
@@ -89,12 +82,6 @@ def test_bad_config_names_the_argument(field, value):
 def test_unknown_size_is_refused():
     with pytest.raises(ValueError, match="model size '7M'"):
         m.model_config("7M")
-
-
-@pytest.mark.skipif(_has_fp4jax_linen(), reason="fp4jax.flax.linen exists")
-def test_fp4_recipe_without_fp4jax_flax_says_what_is_missing():
-    with pytest.raises(ImportError, match="fp4jax.flax.linen.DotGeneral"):
-        m.projection_dot_cls("quartet2")
 
 
 def test_layer_stacks_follow_the_bf16_policy():
