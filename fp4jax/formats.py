@@ -103,10 +103,6 @@ class FP4Format:
     if self.block_size <= 0 or self.block_size % 2:
       raise ValueError(f"FP4Format.block_size must be a positive even integer, got {self.block_size}")
 
-  @property
-  def scale_bits_nan(self) -> int:
-    return E4M3_NAN_BITS if self.name == "nvfp4" else E8M0_NAN_BITS
-
 
 _SCALE_MODES = {
     "nvfp4": ("absmax", "four_over_six"),

@@ -71,9 +71,3 @@ def quantize_fp8(x: jax.Array, fmt: FP8Format | str, *, pow2_scale: bool = False
   s = current_scale(x, fmt, pow2_scale=pow2_scale)
   v = _rtn(x.astype(jnp.float32) * s, fmt)
   return v, div_rn(jnp.float32(1.0), s)
-
-
-def fake_quantize_fp8(x: jax.Array, fmt: FP8Format | str, *, pow2_scale: bool = False) -> jnp.ndarray:
-  """``v · inv_scale`` of ``quantize_fp8`` in float32 (the dequantized tensor)."""
-  v, inv = quantize_fp8(x, fmt, pow2_scale=pow2_scale)
-  return v * inv
