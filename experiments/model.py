@@ -59,11 +59,12 @@ class ModelSize:
 
 # Names count non-embedding parameters (the Quartet convention), except 125M / 350M: those are the GPT-2/GPT-3
 # benchmark shapes (12 x 768, 24 x 1024) named as in those papers, whose counts include a 50k-token embedding.
+# Every width and SwiGLU hidden size from 1M up is a multiple of 128, so quartet2's 128-point rotation applies.
 SIZES: dict[str, ModelSize] = {
     "100K": ModelSize(n_layers=2, d_model=64, n_heads=1, lr=3e-3, ffn_multiple=64),  # smoke tests
     "1M": ModelSize(n_layers=4, d_model=128, n_heads=2, lr=3e-3, ffn_multiple=64),
-    "3M": ModelSize(n_layers=6, d_model=192, n_heads=3, lr=2e-3, ffn_multiple=64),
-    "10M": ModelSize(n_layers=8, d_model=320, n_heads=5, lr=1.5e-3, ffn_multiple=64),
+    "3M": ModelSize(n_layers=4, d_model=256, n_heads=4, lr=2e-3, ffn_multiple=128),
+    "10M": ModelSize(n_layers=6, d_model=384, n_heads=6, lr=1.5e-3, ffn_multiple=128),
     "30M": ModelSize(n_layers=6, d_model=640, n_heads=5, lr=1.2e-3),
     "50M": ModelSize(n_layers=7, d_model=768, n_heads=6, lr=1.2e-3),
     "100M": ModelSize(n_layers=8, d_model=1024, n_heads=8, lr=6e-4),

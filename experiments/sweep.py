@@ -7,8 +7,10 @@ Run ``{size}-r{ratio}-{recipe}`` trains D = ratio · N tokens (N = non-embedding
 D rounded down to whole steps) in ``OUT/{name}``. Each invocation skips finished runs (``summary.json``), resumes
 unfinished ones from their checkpoints, and stops launching when ``--max-minutes`` is nearly spent; each launched
 run gets the remaining time as its own ``--max-minutes`` and pauses cleanly, so a piece ends before the budget.
-``--devices 0,1`` runs one training process per GPU at once (``CUDA_VISIBLE_DEVICES``); without it, runs go one
-after another on the default device. ``--results FILE`` writes one JSON line per finished run (its summary and
+``--devices 0,1`` runs one training process per GPU at once (``CUDA_VISIBLE_DEVICES``), ``--runs-per-device 2`` two
+(each with that share of the GPU's memory: small models leave a GPU idle during compilation and between kernel
+launches); without ``--devices``, runs go one after another on the default device. Runs start in decreasing order of
+training compute (N·D), so the longest are not left for last. ``--results FILE`` writes one JSON line per finished run (its summary and
 validation curve), the input of :mod:`experiments.scaling_law`.
 """
 
@@ -65,6 +67,21 @@ def train_command(run: Run, folder: Path, minutes: float, cache_dir: str | None)
     return command + (["--cache-dir", cache_dir] if cache_dir else [])
 
 
+def training_compute(run: Run) -> float:
+    """N·D of a run (non-embedding parameters times tokens), the order in which runs are launched."""
+    return model_lib.parameter_count(model_lib.model_config(run.config.model))["non_embedding"] * run.config.tokens
+
+
+def slot_environment(device: str | None, runs_per_device: int) -> dict[str, str]:
+    """The environment of a training process on ``device``: its GPU, and its share of the GPU's memory."""
+    if device is None:
+        return dict(os.environ)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": device}
+    if runs_per_device > 1:
+        env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / runs_per_device:.2f}")
+    return env
+
+
 def execute(
     runs: Sequence[Run],
     out: Path,
@@ -72,16 +89,20 @@ def execute(
     devices: Sequence[str] = (),
     cache_dir: str | None = None,
     command: Callable[[Run, Path, float, str | None], list[str]] = train_command,
+    runs_per_device: int = 1,
 ) -> dict[str, str]:
-    """Launch the unfinished runs (partial ones first) on free device slots until the budget is nearly spent.
+    """Launch the unfinished runs (partial ones first, then by decreasing N·D) on free device slots until the budget
+    is nearly spent.
 
     Returns {run name: state after this piece}.
     """
+    if runs_per_device < 1:
+        raise ValueError(f"runs_per_device must be at least 1, got {runs_per_device}")
     deadline = time.monotonic() + 60 * max_minutes
     pending = sorted((r for r in runs if run_state(out / r.name) != "finished"),
-                     key=lambda r: run_state(out / r.name) != "partial")
-    slots = list(devices) or [None]
-    running: dict[str | None, tuple[Run, subprocess.Popen]] = {}
+                     key=lambda r: (run_state(out / r.name) != "partial", -training_compute(r)))
+    slots = [(d, i) for d in (list(devices) or [None]) for i in range(runs_per_device)]
+    running: dict[tuple[str | None, int], tuple[Run, subprocess.Popen]] = {}
     while pending or running:
         for slot, (run, proc) in list(running.items()):
             if proc.poll() is not None:
@@ -98,12 +119,13 @@ def execute(
             run = pending.pop(0)
             folder = out / run.name
             folder.mkdir(parents=True, exist_ok=True)
-            env = dict(os.environ) if slot is None else {**os.environ, "CUDA_VISIBLE_DEVICES": slot}
+            device = slot[0]
             with open(folder / "train.log", "a") as log:
-                proc = subprocess.Popen(command(run, folder, minutes_left - 0.5, cache_dir), env=env,
+                proc = subprocess.Popen(command(run, folder, minutes_left - 0.5, cache_dir),
+                                        env=slot_environment(device, runs_per_device),
                                         stdout=log, stderr=subprocess.STDOUT)
             running[slot] = (run, proc)
-            print(f"started {run.name} on {'device ' + slot if slot else 'the default device'} "
+            print(f"started {run.name} on {'device ' + device if device else 'the default device'} "
                   f"({minutes_left:.1f} min left)", file=sys.stderr)
         time.sleep(POLL_SECONDS if running else 0)
     return {run.name: run_state(out / run.name) for run in runs}
@@ -130,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--recipes", nargs="+", required=True)
     parser.add_argument("--max-minutes", type=float, default=9.0, help="budget of this piece (default 9)")
     parser.add_argument("--devices", default="", help="comma-separated GPU ids, one run per GPU at once")
+    parser.add_argument("--runs-per-device", type=int, default=1, help="training processes per GPU at once")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--results", type=Path, default=None, help="write finished runs' summaries here (JSONL)")
     args = parser.parse_args(argv)
@@ -139,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         parser.error(str(err))
     devices = [d.strip() for d in args.devices.split(",") if d.strip()]
-    states = execute(runs, args.out, args.max_minutes, devices, args.cache_dir)
+    states = execute(runs, args.out, args.max_minutes, devices, args.cache_dir, runs_per_device=args.runs_per_device)
     counts = {state: sum(s == state for s in states.values()) for state in ("finished", "partial", "new")}
     print(f"sweep {args.out}: {counts['finished']}/{len(runs)} finished, {counts['partial']} partial, "
           f"{counts['new']} not started" + ("" if counts["finished"] == len(runs) else "; rerun to continue"))

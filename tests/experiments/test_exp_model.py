@@ -69,7 +69,7 @@ def test_rope_scores_depend_only_on_relative_position():
 
 def test_bf16_first_last_policy():
     config = m.model_config("3M", recipe="some_fp4", bf16_first=1, bf16_last=2)
-    assert [config.layer_recipe(i) for i in range(6)] == ["bf16", "some_fp4", "some_fp4", "some_fp4", "bf16", "bf16"]
+    assert [config.layer_recipe(i) for i in range(4)] == ["bf16", "some_fp4", "bf16", "bf16"]
     assert m.projection_dot_cls("bf16") is None
 
 
@@ -86,11 +86,11 @@ def test_unknown_size_is_refused():
 
 def test_layer_stacks_follow_the_bf16_policy():
     config = m.model_config("3M", recipe="some_fp4", bf16_first=1, bf16_last=2)
-    assert m.layer_stacks(config) == (m.LayerStack("first_blocks", "bf16", 0, 1), m.LayerStack("blocks", "some_fp4", 1, 3),
-                                      m.LayerStack("last_blocks", "bf16", 4, 2))
-    assert m.layer_stacks(m.model_config("3M")) == (m.LayerStack("blocks", "bf16", 0, 6),)
+    assert m.layer_stacks(config) == (m.LayerStack("first_blocks", "bf16", 0, 1), m.LayerStack("blocks", "some_fp4", 1, 1),
+                                      m.LayerStack("last_blocks", "bf16", 2, 2))
+    assert m.layer_stacks(m.model_config("3M")) == (m.LayerStack("blocks", "bf16", 0, 4),)
     stacks = m.layer_stacks(config)
-    assert [s.recipe for s in stacks for _ in range(s.length)] == [config.layer_recipe(i) for i in range(6)]
+    assert [s.recipe for s in stacks for _ in range(s.length)] == [config.layer_recipe(i) for i in range(4)]
 
 
 def test_scanned_stacks_equal_blocks_applied_one_by_one():

@@ -4,6 +4,7 @@ import argparse
 import json
 import sys
 
+import numpy as np
 import pytest
 
 from experiments import model, sweep, train
@@ -72,3 +73,37 @@ def test_collect_reads_finished_runs(tmp_path):
     (folder / "metrics.jsonl").write_text(json.dumps({"kind": "val", "step": 0, "tokens": 0, "val_loss": 5.5}) + "\n")
     assert sweep.collect(tmp_path, runs) == [
         {"name": runs[0].name, "val_loss": 2.5, "tokens": 100, "val_curve": [[0, 5.5]]}]
+
+
+def test_biggest_runs_start_first_and_share_a_device(tmp_path, monkeypatch):
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    runs = sweep.plan(BASE, ["100K", "1M"], [10], ["bf16", "quartet2"])
+    order = []
+
+    def command(run, folder, minutes, cache_dir):
+        order.append(run.name)
+        return [sys.executable, "-c", "import os, sys; open(sys.argv[1] + '/env.txt', 'w').write("
+                "os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'])",
+                str(folder)]
+
+    sweep.execute(runs, tmp_path, max_minutes=5, devices=["3"], command=command, runs_per_device=2)
+    assert order == ["1M-r10-bf16", "1M-r10-quartet2", "100K-r10-bf16", "100K-r10-quartet2"]
+    assert {(tmp_path / r.name / "env.txt").read_text() for r in runs} == {"3 0.45"}
+    with pytest.raises(ValueError, match="runs_per_device"):
+        sweep.execute(runs, tmp_path, max_minutes=5, command=command, runs_per_device=0)
+
+
+def test_gaps_pair_each_recipe_with_bf16_over_the_same_batches():
+    from experiments import evaluate
+
+    def record(recipe, losses, model="1M"):
+        return {"name": recipe, "model": model, "recipe": recipe, "tokens": 100, "step": 5, "batch_losses": losses}
+
+    rows = evaluate.gaps([record("bf16", [2.0, 3.0, 4.0]), record("quartet2", [2.1, 3.3, 4.2]),
+                          record("quartet", [5.0, 5.0], model="3M")])
+    assert [r["recipe"] for r in rows] == ["quartet2"]  # no bf16 partner for 3M
+    d = np.array([0.1, 0.3, 0.2])
+    np.testing.assert_allclose(rows[0]["gap"], d.mean())
+    np.testing.assert_allclose(rows[0]["ci95"], 1.96 * d.std(ddof=1) / np.sqrt(3))
+    with pytest.raises(ValueError, match="same validation batches"):
+        evaluate.gaps([record("bf16", [2.0, 3.0, 4.0]), record("nvidia_nvfp4", [1.0, 1.0])])

@@ -1,0 +1,84 @@
+"""Per-batch validation losses of finished runs, and loss gaps to BF16 with paired error bars.
+
+  python -m experiments.evaluate runs/sweep/*-r10-* --batches 64 --out experiments/results/linux-eval.jsonl
+
+For each run folder: restore its newest checkpoint, evaluate ``--batches`` fixed validation batches (the run's
+batch size and sequence length, the first windows of the validation split, the run's fixed evaluation key) and
+write ``{"name", "model", "recipe", "tokens", "step", "batch_losses": [...]}`` per line.
+
+:func:`gaps` pairs each recipe with the BF16 run of the same size and token count on the same batches:
+gap = mean_i (loss_i − loss_bf16_i), error = 1.96 · sd_i / √n (a 95% interval over the validation batches). The
+interval covers the sampling of validation text only, not the run-to-run variance of training (seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from experiments import data, train
+from experiments.model import BF16_RECIPE
+
+
+def batch_losses(folder: Path, n_batches: int, cache_dir: str | None = None) -> dict:
+    """Validation loss of each of ``n_batches`` batches under the newest checkpoint of the run in ``folder``."""
+    config = train.TrainConfig(**json.loads((folder / "config.json").read_text()))
+    trainer = train.Trainer(config, cache_dir)
+    run = train.RunFolder(folder, config)
+    try:
+        state, step = run.restore(trainer.init_state())
+    finally:
+        run.close()
+    if step == 0:
+        raise ValueError(f"{folder}: no checkpoint to evaluate")
+    key = jax.random.fold_in(trainer.key, train.EVAL_KEY_SALT)
+    batches = data.eval_batches(trainer.corpus.val, config.batch_size, config.seq_len, n_batches)
+    losses = [float(trainer.eval_loss(state["params"], b, key)) for b in batches]
+    return {"name": folder.name, "model": config.model, "recipe": config.recipe, "tokens": config.tokens,
+            "step": step, "batch_losses": losses}
+
+
+def gaps(records: Sequence[dict]) -> list[dict]:
+    """Loss gap of every non-BF16 record to the BF16 record of the same model and tokens, paired over batches."""
+    base = {(r["model"], r["tokens"]): r for r in records if r["recipe"] == BF16_RECIPE}
+    rows = []
+    for r in records:
+        ref = base.get((r["model"], r["tokens"]))
+        if r["recipe"] == BF16_RECIPE or ref is None:
+            continue
+        if len(r["batch_losses"]) != len(ref["batch_losses"]):
+            raise ValueError(f"{r['name']} and {ref['name']} must be evaluated on the same validation batches, got "
+                             f"{len(r['batch_losses'])} and {len(ref['batch_losses'])} batches")
+        d = np.asarray(r["batch_losses"]) - np.asarray(ref["batch_losses"])
+        if d.size < 2:
+            raise ValueError(f"{r['name']}: need at least 2 paired batches for an error bar, got {d.size}")
+        rows.append({"model": r["model"], "tokens": r["tokens"], "recipe": r["recipe"],
+                     "loss": float(np.mean(r["batch_losses"])), "bf16_loss": float(np.mean(ref["batch_losses"])),
+                     "gap": float(d.mean()), "ci95": float(1.96 * d.std(ddof=1) / math.sqrt(d.size))})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run folders (with config.json and checkpoints)")
+    parser.add_argument("--batches", type=int, default=32, help="validation batches per run (default 32)")
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--out", type=Path, required=True, help="JSONL of per-batch losses")
+    args = parser.parse_args(argv)
+    if args.batches < 2:
+        parser.error(f"--batches must be at least 2 (error bars), got {args.batches}")
+    records = [batch_losses(folder, args.batches, args.cache_dir) for folder in args.runs]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
+    for row in gaps(records):
+        print(f"{row['model']:>5} {row['recipe']:<14} loss {row['loss']:.4f}  gap {row['gap']:+.4f} ± {row['ci95']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
