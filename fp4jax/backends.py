@@ -34,6 +34,12 @@ def has_pallas_triton(device: jax.Device | None = None) -> bool:
   return cc is not None and cc >= PALLAS_MIN_CAPABILITY
 
 
+def pallas_interpret(device: jax.Device | None = None) -> bool:
+  """Run Pallas kernels in interpret mode: the device is not a GPU (CPU CI; same jaxpr, same bits, slow)."""
+  device = device or jax.devices()[0]
+  return device.platform != "gpu"
+
+
 def quantize_backend(shape: tuple[int, ...], axis_len_multiple: int, device: jax.Device | None = None) -> str:
   """"pallas" for a 2D tensor whose quantized axis is a whole number of blocks (and Hadamard chunks) on a GPU that
   runs the kernels, else "xla". ``axis_len_multiple`` is that unit, e.g. 16 for NVFP4 1x16, 128 for MS-EDEN."""

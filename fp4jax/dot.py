@@ -27,8 +27,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fp4jax import estimators, recipes as recipes_lib
-from fp4jax.operand import Operand, channel_scale, inverse_rotate, matmul, quantize_operand, rotate, signs_for
+from fp4jax import estimators, operand as operand_lib, recipes as recipes_lib
+from fp4jax.operand import Operand, channel_scale, inverse_rotate, matmul, rotate_and_quantize, signs_for
 from fp4jax.recipes import Recipe
 
 _KEY_IDS = {"fwd_lhs": 1, "fwd_rhs": 2, "dgrad_lhs": 3, "dgrad_rhs": 4, "wgrad_lhs": 5, "wgrad_rhs": 6}
@@ -101,9 +101,8 @@ def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs):
     if isinstance(x, Operand):
       out.append((x, None))
       continue
-    if spec.hadamard:
-      x = rotate(x, spec.hadamard, signs)
-    out.append(quantize_operand(x, spec, _fold(key, _KEY_IDS[f"{gemm}_{side}"]), backend=static.backend))
+    k = _fold(key, _KEY_IDS[f"{gemm}_{side}"])
+    out.append(rotate_and_quantize(x, spec, k, signs, backend=static.backend))
   return out
 
 
@@ -202,11 +201,17 @@ def dot_general(
     precision: passed to the internal GEMMs (default: bf16 GEMMs for exact-in-bf16 quantized values, HIGHEST for
       float32 ones).
     preferred_element_type: output dtype (default ``result_type(lhs, rhs)``); gradients keep the input dtypes.
-    backend: quantizer implementation (``"xla"``; see ``fp4jax.operand``).
+    backend: quantizer implementation of every operand: ``"xla"`` (pure JAX), ``"pallas"`` (the fused quantize
+      kernels of ``fp4jax_kernels``, Hadamard included; interpret mode off GPU; errors for an operand they cannot
+      take) or ``"auto"`` (per operand: the kernel on a GPU that runs it where it takes the operand, XLA
+      otherwise). The same key gives the same bits on every backend; see ``fp4jax.operand``. The GEMMs themselves
+      are XLA dots of the exact bf16 values on every backend.
 
   Returns an array of ``lax.dot_general``'s shape: batch dims, then lhs free dims, then rhs free dims.
   """
   recipe = recipes_lib.get(recipe)
+  if backend not in operand_lib.BACKENDS:
+    raise ValueError(f"fp4jax.dot_general: backend must be one of {operand_lib.BACKENDS}, got {backend!r}")
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
   for name, a in (("lhs", lhs), ("rhs", rhs)):
     if not jnp.issubdtype(a.dtype, jnp.floating):

@@ -1,9 +1,23 @@
 """Quantizing one GEMM operand by its ``OperandSpec``, and the GEMM that consumes two of them.
 
-This is the seam between the recipes and the numerics: ``quantize_operand`` is the single place where an operand's
-quantizer is chosen (the ``backend`` argument; ``"xla"`` is the pure-JAX path built on ``fp4jax.quantize``'s block
-numerics,
-``fp4jax.fp8`` and ``fp4jax.estimators``; Pallas kernels plug in here).
+This is the seam between the recipes and the numerics: ``quantize_operand`` (an operand already rotated) and
+``rotate_and_quantize`` (the GEMM's Hadamard included) are the single place where an operand's quantizer is chosen,
+by the ``backend`` argument:
+
+* ``"xla"``: the pure-JAX path built on ``fp4jax.quantize``'s block numerics, ``fp4jax.fp8`` and ``fp4jax.estimators``.
+* ``"pallas"``: block-scaled FP4 operands go through the fused quantize kernel (``fp4jax_kernels.quantize``, Pallas
+  Triton on a GPU, Pallas interpret mode elsewhere) on the operand folded to 2D (leading dims into rows). The kernel
+  replaces ``quantize_blocks`` only: it returns codes and block scales, from which ``values`` and the trust mask are
+  built exactly as the XLA path builds them, so both backends give the same bits for the same key. With a Hadamard
+  the kernel rotates in its tile (signs "none" / "te" natively; fixed or random signs are multiplied in beforehand,
+  exact since they are ±1) — except for a trust-mask operand, whose mask needs the rotated tensor, so XLA rotates.
+  Operands the kernel cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last axis that is not whole blocks,
+  16x16 tiles that would straddle folded batch rows) raise a ``ValueError`` naming the spec.
+* ``"auto"``: ``"pallas"`` where ``fp4jax.backends.quantize_backend`` picks it (a GPU that runs the kernels, the
+  folded axis a whole number of blocks and Hadamard chunks) and the kernel takes the spec; ``"xla"`` otherwise.
+
+``fp4jax_kernels`` is imported inside the Pallas branch only: the kernels plug in beneath the quantizers, and
+``import fp4jax`` never loads Pallas.
 
 An ``Operand`` is a pair ``(values, scale)`` with the dequantized operand equal to ``values · scale``, where ``scale``
 is an fp32 scalar (the NVFP4 tensor scale, the MXFP4 headroom factor 4/3 or an FP8 decode scale) and ``values``
@@ -17,7 +31,7 @@ caller passes a ``precision``.
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from typing import NamedTuple
 
 import jax
@@ -31,7 +45,8 @@ from fp4jax.quantize import BlockLayout, check_quantize_args, decode_blocks, qua
 from fp4jax.recipes import E2M1_CHANNEL, OperandSpec
 from fp4jax.rounding import rtn_bf16, rtn_e2m1
 
-BACKENDS = ("xla",)
+BACKENDS = ("xla", "pallas", "auto")
+KERNEL_DTYPES = (jnp.float32, jnp.bfloat16)
 FIXED_SIGNS_SEED = 0x5EED5
 
 
@@ -93,22 +108,89 @@ def _e2m1_channel(x: jax.Array, pow2_scale: bool) -> Operand:
   return Operand(values.astype(jnp.bfloat16) if pow2_scale else values, jnp.float32(1.0))
 
 
-def _block_fp4(x: jax.Array, spec: OperandSpec, key) -> tuple[Operand, jax.Array | None]:
+def _block_fp4(x: jax.Array, spec: OperandSpec, key, kernel_hadamard) -> tuple[Operand, jax.Array | None]:
   """Block-scaled FP4 along the last axis with ``fp4jax.quantize``'s block numerics and random bits (the same codes
   and scales as ``quantize(x, ...)``), kept unpacked: ``values = value(q) · dec_b`` (exact in bf16), ``scale`` the
-  tensor decode scale."""
+  tensor decode scale.
+
+  ``kernel_hadamard``: None for the XLA path; ``(size, signs mode)`` (size 0: no rotation) for the fused kernel,
+  which then rotates ``x`` itself.
+  """
   _, block, _ = check_quantize_args(x, spec.fmt, -1, spec.rounding, spec.block_shape, 0, "none")
-  _, k_elems, k_scales = split_quantize_key(key, spec.rounding, 0, "none")
   lay = BlockLayout(x.shape, x.ndim - 1, block)
-  bits = lay.to_blocks(bits_lib.random_bits(k_elems, x.shape)) if spec.rounding == "sr" else None
-  scale_bits = lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape)) if spec.rounding == "eden" else None
-  xb = lay.to_blocks(x.astype(jnp.float32))
-  codes, dec, global_scale, _ = quantize_blocks(xb, lay, spec.fmt, spec.rounding, bits, scale_bits)
+  if kernel_hadamard is None:
+    _, k_elems, k_scales = split_quantize_key(key, spec.rounding, 0, "none")
+    bits = lay.to_blocks(bits_lib.random_bits(k_elems, x.shape)) if spec.rounding == "sr" else None
+    eden = spec.rounding == "eden"
+    scale_bits = lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape)) if eden else None
+    xb = lay.to_blocks(x.astype(jnp.float32))
+    codes, dec, global_scale, _ = quantize_blocks(xb, lay, spec.fmt, spec.rounding, bits, scale_bits)
+  else:
+    q = _kernel_quantize(x, spec, key, *kernel_hadamard)
+    codes = lay.to_blocks(q.unpacked_codes().reshape(x.shape))
+    dec = lay.scales_to_blocks(q.scale_values().reshape(lay.scale_shape))
+    global_scale = q.global_scale
   values = lay.from_blocks(decode_blocks(codes, dec, jnp.float32(1.0))).astype(jnp.bfloat16)
   mask = None
-  if spec.estimator == "trust_mask":
-    mask = lay.from_blocks(estimators.trust_mask(xb, dec * global_scale))
+  if spec.estimator == "trust_mask":  # needs x in the quantized (rotated) domain: never a kernel-rotated operand
+    mask = lay.from_blocks(estimators.trust_mask(lay.to_blocks(x.astype(jnp.float32)), dec * global_scale))
   return Operand(values, jnp.asarray(global_scale, jnp.float32)), mask
+
+
+def _kernel_quantize(x: jax.Array, spec: OperandSpec, key, hadamard: int, hadamard_signs: str):
+  """``fp4jax_kernels``' fused quantize of ``x`` folded to 2D: the QTensor of ``(prod(leading dims), last dim)``."""
+  from fp4jax_kernels.quantize import api  # noqa: PLC0415  (lazy: the kernels plug in beneath the quantizers)
+  from fp4jax_kernels.quantize.spec import QuantizeSpec  # noqa: PLC0415
+
+  qspec = QuantizeSpec(spec.fmt, rounding=spec.rounding, hadamard=hadamard, hadamard_signs=hadamard_signs,
+                       block_shape=spec.block_shape)
+  q, _ = api.quantize(x.reshape(-1, x.shape[-1]), qspec, key, backend="pallas")
+  return q
+
+
+def pallas_refusal(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool) -> str | None:
+  """Why the fused quantize kernel cannot quantize an operand of ``shape``/``dtype`` as ``spec`` says, or None.
+
+  ``fused_hadamard``: the kernel would also apply ``spec.hadamard`` (else the operand comes already rotated).
+  """
+  if spec.clip != "none":
+    return f"clip={spec.clip!r} (outlier clamping runs in XLA)"
+  if not isinstance(spec.fmt, FP4Format):
+    return f"fmt={spec.fmt!r} (the kernel writes block-scaled FP4 only)"
+  if jnp.dtype(dtype) not in KERNEL_DTYPES:
+    return f"input dtype {jnp.dtype(dtype)} (the kernel reads float32 or bfloat16)"
+  n, block = shape[-1], spec.fmt.block_size
+  if n % block:
+    return f"last axis length {n} is not a whole number of {block}-element blocks"
+  if fused_hadamard and spec.hadamard and n % spec.hadamard:
+    return f"last axis length {n} is not a whole number of {spec.hadamard}-point Hadamard chunks"
+  if spec.rounding == "eden" and not fused_hadamard:
+    return "MS-EDEN on an already rotated operand (the kernel applies MS-EDEN with its own rotation)"
+  if spec.block_shape is not None:
+    if len(shape) < 2:
+      return f"block_shape={spec.block_shape} on a 1D operand"
+    if math.prod(shape[:-2]) > 1 and shape[-2] % 16:
+      return f"16x16 tiles of shape {shape} would straddle the folded leading dims (shape[-2] % 16 != 0)"
+  return None
+
+
+def resolve_backend(backend: str, shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool) -> str:
+  """``"xla"`` or ``"pallas"`` for quantizing one operand: ``backend`` itself, or for ``"auto"`` the kernel where
+  ``fp4jax.backends`` picks it for the folded 2D shape and the kernel takes the spec. Errors name the backend."""
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  if backend == "xla" or (spec.fmt is None and spec.clip == "none"):  # nothing to quantize: any backend
+    return "xla"
+  refusal = pallas_refusal(shape, dtype, spec, fused_hadamard)
+  if backend == "auto":
+    if refusal:
+      return "xla"
+    unit = max(spec.fmt.block_size, spec.hadamard if fused_hadamard else 1)
+    return backends.quantize_backend((math.prod(shape[:-1]), shape[-1]), unit)
+  if refusal:
+    raise ValueError(f"backend='pallas': the fused quantize kernel cannot quantize an operand of shape {shape} as "
+                     f"{spec}: {refusal}; use backend='xla' (or 'auto', which falls back to it)")
+  return "pallas"
 
 
 def quantize_operand(
@@ -117,12 +199,33 @@ def quantize_operand(
   """Quantize ``x`` along its last axis (already rotated if the GEMM has a Hadamard) as ``spec`` says.
 
   Returns the ``Operand`` and, for ``estimator="trust_mask"``, the bool mask of unclipped elements (else None).
-  ``key`` feeds stochastic rounding / MS-EDEN. ``backend`` selects the implementation (only ``"xla"`` so far).
+  ``key`` feeds stochastic rounding / MS-EDEN. ``backend``: ``"xla"``, ``"pallas"`` or ``"auto"`` (module
+  docstring); every backend gives the same bits.
   """
-  if backend not in BACKENDS:
-    if backend in backends.BACKENDS:
-      raise NotImplementedError(f"backend {backend!r} is not wired into fp4jax.operand.quantize_operand yet; use 'xla'")
-    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  name = resolve_backend(backend, x.shape, x.dtype, spec, fused_hadamard=False)
+  return _quantize(x, spec, key, None if name == "xla" else (0, "none"))
+
+
+def rotate_and_quantize(
+    x: jax.Array, spec: OperandSpec, key: jax.Array | None, signs: jax.Array | None, *, backend: str = "xla"
+) -> tuple[Operand, jax.Array | None]:
+  """``quantize_operand(rotate(x, spec.hadamard, signs), spec, key)`` (no rotation when ``spec.hadamard`` is 0).
+
+  With the Pallas backend the kernel rotates in its tile (same butterflies, same bf16 rounding: the same bits); a
+  trust-mask operand is rotated by XLA, since its mask compares the rotated tensor with the block scales.
+  """
+  if spec.hadamard and spec.estimator != "trust_mask":
+    name = resolve_backend(backend, x.shape, x.dtype, spec, fused_hadamard=True)
+    if name == "pallas":
+      if spec.signs in ("fixed", "random"):  # diag(s)·H = H applied to x ⊙ s; ±1 products are exact in x.dtype
+        x = x * jnp.tile(signs, x.shape[-1] // spec.hadamard).astype(x.dtype)
+      return _quantize(x, spec, key, (spec.hadamard, "te" if spec.signs == "te" else "none"))
+  if spec.hadamard:
+    x = rotate(x, spec.hadamard, signs)
+  return quantize_operand(x, spec, key, backend=backend)
+
+
+def _quantize(x, spec: OperandSpec, key, kernel_hadamard) -> tuple[Operand, jax.Array | None]:
   residual = None
   if spec.clip == "occ":
     x, residual = estimators.occ_clamp(x, spec.clip_quantile, axis=-1)
@@ -130,7 +233,7 @@ def quantize_operand(
   if spec.fmt is None:
     op = Operand(x, jnp.float32(1.0))
   elif isinstance(spec.fmt, FP4Format):
-    op, mask = _block_fp4(x, spec, key)
+    op, mask = _block_fp4(x, spec, key, kernel_hadamard)
   elif spec.fmt == E2M1_CHANNEL:
     op = _e2m1_channel(x, spec.scale_pow2)
   else:

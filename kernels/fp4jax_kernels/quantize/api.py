@@ -2,9 +2,12 @@
 
 Implementations sit behind one signature, ``impl(x, spec, key) -> (QTensor, dequantized | None)``, in
 ``IMPLEMENTATIONS``; a Mosaic GPU kernel can be added beside the Triton one without touching callers.
+``fp4jax.operand`` calls this (backend ``"pallas"``) beneath ``fp4jax.dot_general``'s quantizers.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 
@@ -15,11 +18,18 @@ from fp4jax_kernels.quantize.spec import QuantizeSpec
 IMPLEMENTATIONS = {"xla": reference.quantize, "pallas": pallas_triton.quantize}
 
 
-def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, backend: str = "auto"):
-  """``(qtensor, dequantized)`` for ``spec`` (see ``pallas_triton.quantize``); identical bits from every backend."""
+def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, backend: str = "auto",
+             interpret: bool | None = None):
+  """``(qtensor, dequantized)`` for ``spec`` (see ``pallas_triton.quantize``); identical bits from every backend.
+
+  ``interpret``: run the Pallas kernel in interpret mode; None picks it when the device is not a GPU.
+  """
   unit = max(spec.block, spec.hadamard or 1)
   n_axis_shape = x.shape if spec.along == "rows" else x.shape[::-1]
   name = backends.resolve(backend, backends.quantize_backend(n_axis_shape, unit))
   if name not in IMPLEMENTATIONS:
     raise ValueError(f"quantize has no {name!r} implementation; choose from {sorted(IMPLEMENTATIONS)}")
-  return IMPLEMENTATIONS[name](x, spec, key)
+  impl = IMPLEMENTATIONS[name]
+  if name == "pallas":
+    impl = functools.partial(impl, interpret=backends.pallas_interpret() if interpret is None else interpret)
+  return impl(x, spec, key)

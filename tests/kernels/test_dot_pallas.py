@@ -1,0 +1,143 @@
+"""``fp4jax.dot_general(..., backend="pallas")``: the fused quantize kernels beneath the recipes' quantizers give the
+same bits as the XLA path (forward output and both gradients, atol = rtol = 0, same key), every FP4 operand really
+goes through a kernel, ``"auto"`` picks XLA off GPU, and operands the kernel cannot take are refused by name.
+
+Off GPU the kernels run in Pallas interpret mode (slow to compile): tiny shapes, one jit per case.
+"""
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend import core as jcore
+
+import fp4jax
+from fp4jax import backends, operand, recipes
+from fp4jax.formats import FP4Format
+from fp4jax.recipes import OperandSpec
+
+DN = (((1,), (1,)), ((), ()))
+KEY = jax.random.key(11)
+# (M, K, N): K a whole number of blocks; Quartet's backward RHT-32 needs M, N multiples of 32, Quartet II's RHT-128
+# multiples of 128 (its forward has no Hadamard, so K stays small).
+RECIPE_SHAPES = {
+    "nvfp4_rtn": (48, 64, 32),
+    "nvidia_nvfp4": (48, 64, 32),
+    "quartet": (32, 64, 64),
+    "quartet2": (128, 32, 128),
+}
+
+
+def _pallas_kernels(jaxpr) -> list[str]:
+  """Names of the Pallas kernels a jaxpr calls, nested jaxprs included."""
+  names = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      names.append(str(eqn.params.get("name_and_src_info", eqn.params.get("name"))).split()[0])
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        if isinstance(sub, jcore.ClosedJaxpr):
+          names += _pallas_kernels(sub.jaxpr)
+        elif isinstance(sub, jcore.Jaxpr):
+          names += _pallas_kernels(sub)
+  return names
+
+
+def _fwd_bwd(recipe, backend):
+  def run(x, w, dy, key):
+    y, vjp = jax.vjp(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=recipe, key=key, backend=backend), x, w)
+    return (y, *vjp(dy))
+  return jax.jit(run)
+
+
+def _inputs(m, k, n):
+  kx, kw, kd = jax.random.split(jax.random.key(3), 3)
+  x = jax.random.normal(kx, (m, k)) * jnp.logspace(-1, 1, k)  # columns over two decades: scales differ per block
+  return (x.astype(jnp.bfloat16), jax.random.normal(kw, (n, k), jnp.bfloat16),
+          jax.random.normal(kd, (m, n), jnp.bfloat16))
+
+
+@pytest.mark.parametrize("name", sorted(RECIPE_SHAPES))
+def test_pallas_backend_matches_xla_bit_for_bit(name):
+  recipe = recipes.get(name)
+  x, w, dy = _inputs(*RECIPE_SHAPES[name])
+  traced = _fwd_bwd(recipe, "pallas").trace(x, w, dy, KEY)
+  kernels = _pallas_kernels(traced.jaxpr.jaxpr)
+  n_fp4 = sum(isinstance(s.fmt, FP4Format) for s in recipe.specs)  # every FP4 operand quantized by the kernel
+  assert sum(k.startswith("fp4_quantize_") for k in kernels) == n_fp4, kernels
+  got = traced.lower().compile()(x, w, dy, KEY)
+  want = _fwd_bwd(recipe, "xla")(x, w, dy, KEY)
+  for what, g, r in zip(("y", "dx", "dw"), got, want):
+    assert g.dtype == r.dtype, what
+    g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
+    assert np.all(np.isfinite(r)) and np.any(r != 0), what
+    np.testing.assert_array_equal(g, r, err_msg=f"{name} {what}")
+
+
+@pytest.mark.parametrize("spec, shape", [
+    (OperandSpec(fmt=fp4jax.NVFP4, rounding="sr"), (2, 24, 48)),  # bits indexed across the folded rows
+    (OperandSpec(fmt=fp4jax.NVFP4, block_shape=(16, 16)), (2, 32, 48)),  # 16x16 tiles inside each batch
+    (OperandSpec(fmt=fp4jax.NVFP4, rounding="eden", hadamard=128, signs="random"), (3, 5, 128)),  # scale bits, signs
+], ids=["sr_3d", "tiles16x16_3d", "ms_eden_3d"])
+def test_folded_operand_matches_xla(spec, shape):
+  """Operands with leading dims are folded into rows for the kernel; random bits and tiles stay the XLA path's."""
+  x = jax.random.normal(jax.random.key(5), shape, jnp.float32)
+  signs = operand.signs_for(spec, jax.random.key(6))
+  run = lambda backend: jax.jit(lambda x, k: operand.rotate_and_quantize(x, spec, k, signs, backend=backend))(x, KEY)
+  (got, _), (want, _) = run("pallas"), run("xla")
+  assert got.values.dtype == want.values.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(got.values, np.float32), np.asarray(want.values, np.float32))
+  np.testing.assert_array_equal(np.asarray(got.scale), np.asarray(want.scale))
+
+
+def test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand(monkeypatch):
+  x, w, dy = _inputs(48, 64, 32)
+  assert not _pallas_kernels(jax.make_jaxpr(_fwd_bwd("nvidia_nvfp4", "auto"))(x, w, dy, KEY).jaxpr)
+  spec = OperandSpec(fmt=fp4jax.NVFP4)
+  assert operand.resolve_backend("auto", (4, 8, 64), jnp.bfloat16, spec, fused_hadamard=False) == "xla"
+  monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)  # as on an H100
+  decide = lambda shape, s, dtype=jnp.bfloat16, fused=False: operand.resolve_backend("auto", shape, dtype, s, fused)
+  assert decide((4, 8, 64), spec) == "pallas"
+  assert decide((4, 8, 40), spec) == "xla"  # not whole blocks
+  assert decide((4, 8, 64), spec, jnp.float16) == "xla"
+  assert decide((8, 64), OperandSpec(fmt="fp8_e4m3")) == "xla"
+  assert decide((8, 64), OperandSpec(fmt="e2m1_channel")) == "xla"
+  eden = OperandSpec(fmt=fp4jax.NVFP4, rounding="eden", hadamard=128, signs="random")
+  assert decide((8, 256), eden, fused=True) == "pallas"
+  assert decide((8, 64), eden, fused=True) == "xla"  # not whole Hadamard chunks
+  assert decide((8, 256), eden, fused=False) == "xla"  # MS-EDEN needs the kernel's own rotation
+  assert decide((3, 24, 64), OperandSpec(fmt=fp4jax.NVFP4, block_shape=(16, 16))) == "xla"  # tiles would straddle
+
+
+@pytest.mark.parametrize("recipe, shape, match", [
+    ("ms_fp4", (16, 64, 16), "e2m1_channel"),
+    ("fp8", (16, 64, 16), "fp8_e4m3"),
+    ("nvfp4_rtn", (16, 40, 16), "whole number of 16-element blocks"),
+])
+def test_explicit_pallas_refuses_what_the_kernel_cannot_take(recipe, shape, match):
+  x, w, dy = _inputs(*shape)
+  with pytest.raises(ValueError, match=f"backend='pallas'.*OperandSpec.*{match}"):
+    jax.make_jaxpr(_fwd_bwd(recipe, "pallas"))(x, w, dy, KEY)
+
+
+def test_bad_backend_and_rotated_eden_are_named():
+  x = jnp.ones((16, 64))
+  with pytest.raises(ValueError, match="backend must be one of"):
+    fp4jax.dot_general(x, x, DN, recipe="nvfp4_rtn", backend="native")
+  eden = OperandSpec(fmt=fp4jax.NVFP4, rounding="eden", hadamard=128, signs="random")
+  with pytest.raises(ValueError, match="backend='pallas'.*MS-EDEN on an already rotated operand"):
+    operand.quantize_operand(jnp.ones((4, 128)), eden, KEY, backend="pallas")
+
+
+def test_core_import_does_not_load_pallas():
+  """``import fp4jax`` (and tracing an XLA-backend dot) never imports the kernels: checked in a fresh interpreter."""
+  code = ("import sys, jax, jax.numpy as jnp, fp4jax; "
+          "jax.make_jaxpr(lambda a, b: fp4jax.dot_general(a, b, (((1,), (1,)), ((), ())), recipe='nvfp4_rtn'))"
+          "(jnp.ones((4, 32)), jnp.ones((8, 32))); "
+          "bad = [m for m in sys.modules if m.startswith('fp4jax_kernels') or 'pallas' in m]; "
+          "assert not bad, bad")
+  subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
