@@ -1,16 +1,23 @@
 """Quantize kernels vs a device-to-device copy of the same tensor (and the pure-JAX path), one run, one table.
 
     PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.bench [--rows 16384 --cols 8192]
+    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.bench --sweep-tiles [--json sweep.json]
 
 "% copy BW" = (bytes the op must move at least: read x once + write codes and scales) / time, over the copy's
 (read + write) / time. The Pallas rows include the amax pre-pass (a second read of x, see pallas_triton);
 "kernel only" subtracts the separately timed pre-pass.
+
+``--sweep-tiles``: for every spec, the kernel over ``SWEEP_TILES`` x ``SWEEP_WARPS`` (tiles given as (across,
+along) the quantized axis; a tile the spec cannot take is skipped, one that fails to compile is reported), next to
+the copy; prints one JSON document (also written to ``--json``) with every config and the best one per spec as a
+fraction of copy bandwidth.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -30,46 +37,122 @@ OPS = {  # name: (spec, tiles to try as (tile, num_warps))
     "mxfp4_rtn_1x32": (QuantizeSpec(fp4jax.MXFP4), [((16, 256), 4)]),
     "nvfp4_rtn_cols": (QuantizeSpec(fp4jax.NVFP4, along="cols"), [((256, 32), 4), ((128, 64), 4), ((256, 64), 8)]),
 }
+SWEEP_TILES = ((16, 256), (32, 256), (64, 256), (32, 512), (64, 512), (128, 256))  # (across, along)
+SWEEP_WARPS = (4, 8)
 
 
-def main():
-  p = argparse.ArgumentParser()
-  p.add_argument("--rows", type=int, default=16384)
-  p.add_argument("--cols", type=int, default=8192)
-  args = p.parse_args()
-  m, k = args.rows, args.cols
-  x = jax.random.normal(jax.random.key(0), (m, k), jnp.float32).astype(jnp.bfloat16)
-  key = jax.random.key(1)
-  print(header())
-  n = m * k
-  copy_ms = min(time_ms(jax.jit(lambda x: jnp.array(x, copy=True)), x), time_ms(jax.jit(lambda x: -x), x))
-  copy_bw = 2 * 2 * n / copy_ms / 1e6
-  print(f"shape {m}x{k} bf16; copy {copy_ms:.3f} ms = {copy_bw:.0f} GB/s (read + write)")
+def min_bytes(spec: QuantizeSpec, n: int) -> int:
+  """Bytes a quantize of ``n`` bf16 elements must move: read x once, write the codes and the block scales."""
+  return 2 * n + n // 2 + n // spec.block
+
+
+def copy_bandwidth(x: jax.Array) -> tuple[float, float]:
+  """(ms, GB/s read + write) of the faster of a copy and a negation of ``x``: the device-to-device ceiling."""
+  ms = min(time_ms(jax.jit(lambda x: jnp.array(x, copy=True)), x), time_ms(jax.jit(lambda x: -x), x))
+  return ms, 2 * x.size * x.dtype.itemsize / ms / 1e6
+
+
+def amax_ms(spec: QuantizeSpec, x: jax.Array, interpret: bool) -> float:
+  """Time of the kernel's amax pre-pass (NVFP4 only; 0 for MXFP4, which has no tensor scale)."""
+  if spec.fmt.name != "nvfp4":
+    return 0.0
+  signs = fp4jax.hadamard.TE_SIGNS_16 if spec.hadamard_signs == "te" else None
+  return time_ms(jax.jit(lambda x: pallas_triton.tensor_amax(x, spec, signs, interpret=interpret)), x)
+
+
+def kernel_fn(spec: QuantizeSpec, tile, num_warps: int, interpret: bool):
+  return jax.jit(lambda x, key: pallas_triton.quantize(x, spec, key, tile=tile, num_warps=num_warps,
+                                                       interpret=interpret)[0])
+
+
+def sweep(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False) -> dict:
+  """Every (tile, warps) per spec: ms, fraction of copy bandwidth (with and without the pre-pass), or why not."""
+  results = {}
+  for name, (spec, _) in OPS.items():
+    frac = lambda ms, spec=spec: (min_bytes(spec, x.size) / ms / 1e6) / copy_bw
+    pre = amax_ms(spec, x, interpret)
+    configs = []
+    for across, along in SWEEP_TILES:
+      tile = (across, along) if spec.along == "rows" else (along, across)
+      for nw in SWEEP_WARPS:
+        row = {"tile": list(tile), "num_warps": nw}
+        f = kernel_fn(spec, tile, nw, interpret)
+        try:
+          f.trace(x, key)
+        except ValueError as e:  # the tile does not hold whole blocks / Hadamard chunks of this spec
+          configs.append({**row, "skipped": str(e)})
+          continue
+        try:
+          ms = time_ms(f, x, key)
+        except Exception as e:  # noqa: BLE001  a config that fails to compile or run is reported, not fatal
+          configs.append({**row, "failed": f"{type(e).__name__}: {str(e)[:200]}"})
+          continue
+        configs.append({**row, "ms": ms, "frac_copy_bw": frac(ms),
+                        "kernel_only_frac_copy_bw": frac(ms - pre) if ms > pre else None})
+        print(f"{name:24s} tile {tile} w{nw}: {ms:.3f} ms, {100 * frac(ms):.1f}% of copy BW", flush=True)
+    timed = [c for c in configs if "ms" in c]
+    best = min(timed, key=lambda c: c["ms"]) if timed else None
+    results[name] = {"spec": repr(spec), "amax_prepass_ms": pre, "best": best, "configs": configs}
+  return results
+
+
+def table(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False) -> None:
+  """The hand-picked tiles of ``OPS`` next to the XLA path, one text table."""
+  n = x.size
   print(f"{'op':24s} {'impl':28s} {'ms':>8s} {'% copy BW':>10s} {'kernel-only ms':>15s}")
   for name, (spec, tiles) in OPS.items():
-    min_bytes = 2 * n + n // 2 + n // spec.block
-    pct = lambda ms: 100 * (min_bytes / ms / 1e6) / copy_bw
+    pct = lambda ms, spec=spec: 100 * (min_bytes(spec, n) / ms / 1e6) / copy_bw
     signs = fp4jax.hadamard.TE_SIGNS_16 if spec.hadamard_signs == "te" else None
-    pre = time_ms(jax.jit(lambda x: pallas_triton.tensor_amax(x, spec, signs)), x) if spec.fmt.name == "nvfp4" else 0.0
+    pre = amax_ms(spec, x, interpret)
     if spec.hadamard:
       xla_pre = time_ms(jax.jit(lambda x: pallas_triton.tensor_amax(x, spec, signs, use_kernel=False)), x)
       print(f"{name:24s} {'amax pre-pass, xla hadamard':28s} {xla_pre:8.3f}", flush=True)
     for tile, nw in tiles:
       try:
-        f = jax.jit(lambda x, key, tile=tile, nw=nw: pallas_triton.quantize(x, spec, key, tile=tile, num_warps=nw)[0])
-        ms = time_ms(f, x, key)
+        ms = time_ms(kernel_fn(spec, tile, nw, interpret), x, key)
         print(f"{name:24s} {f'pallas {tile} w{nw}':28s} {ms:8.3f} {pct(ms):9.1f}% {ms - pre:15.3f}", flush=True)
-      except Exception as e:  # a tile that fails to compile is reported, not fatal
+      except Exception as e:  # noqa: BLE001  a tile that fails to compile is reported, not fatal
         print(f"{name:24s} {f'pallas {tile} w{nw}':28s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
     if spec.along == "cols":  # the alternative to the in-kernel transpose: XLA transposes x, the rows kernel runs
       rows_spec = dataclasses.replace(spec, along="rows")
-      ms = time_ms(jax.jit(lambda x: pallas_triton.quantize(x.T, rows_spec)[0]), x)
+      ms = time_ms(jax.jit(lambda x: pallas_triton.quantize(x.T, rows_spec, interpret=interpret)[0]), x)
       print(f"{name:24s} {'xla x.T + pallas rows':28s} {ms:8.3f} {pct(ms):9.1f}% {ms - pre:15.3f}", flush=True)
     kw = spec.quantize_kwargs
     for impl, fn in (("xla fp4jax.quantize", fp4jax.quantize), ("xla fp4jax.fake_quantize", fp4jax.fake_quantize)):
       ms = time_ms(jax.jit(lambda x, key, fn=fn: fn(x, spec.fmt, key=key, **kw)), x, key)
       print(f"{name:24s} {impl:28s} {ms:8.3f} {pct(ms):9.1f}% {'':>15s}", flush=True)
     print(f"{name:24s} {'amax pre-pass (used)':28s} {pre:8.3f}", flush=True)
+
+
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--rows", type=int, default=16384)
+  p.add_argument("--cols", type=int, default=8192)
+  p.add_argument("--sweep-tiles", action="store_true", help="tile x num_warps sweep per spec, JSON out")
+  p.add_argument("--json", default=None, help="with --sweep-tiles: also write the JSON document to this path")
+  p.add_argument("--interpret", action="store_true", help="Pallas interpret mode: a CPU smoke run, times meaningless")
+  args = p.parse_args()
+  m, k = args.rows, args.cols
+  x = jax.random.normal(jax.random.key(0), (m, k), jnp.float32).astype(jnp.bfloat16)
+  key = jax.random.key(1)
+  print(header())
+  copy_ms, copy_bw = copy_bandwidth(x)
+  print(f"shape {m}x{k} bf16; copy {copy_ms:.3f} ms = {copy_bw:.0f} GB/s (read + write)")
+  if not args.sweep_tiles:
+    table(x, key, copy_bw, args.interpret)
+    return
+  doc = {"header": header(), "shape": [m, k], "dtype": "bfloat16", "copy_ms": copy_ms, "copy_GBps": copy_bw,
+         "bytes_rule": "read x once + codes + block scales (bf16 x)", "specs": sweep(x, key, copy_bw, args.interpret)}
+  text = json.dumps(doc, indent=1)
+  print(text)
+  if args.json:
+    with open(args.json, "w") as f:
+      f.write(text + "\n")
+  for name, r in doc["specs"].items():
+    b = r["best"]
+    print(f"best {name:24s} " + ("none ran" if b is None else
+                                 f"tile {tuple(b['tile'])} w{b['num_warps']}: {b['ms']:.3f} ms, "
+                                 f"{100 * b['frac_copy_bw']:.1f}% of copy BW"))
 
 
 if __name__ == "__main__":
