@@ -10,14 +10,18 @@ prints one JSON object per check as it finishes (and ``--out FILE`` writes them 
 array sharded along its rows, its columns (the contraction axis) or both, against the same jitted function on one
 device; ``equal`` means values and scale agree bit for bit.
 
-``{"check": "loss", "recipe", "mesh", "losses", "reference", "max_abs_diff", "max_ulp_diff", "collectives"}``: ``--steps`` training
-steps of ``experiments.train.Trainer`` on the mesh against the same steps on one device (same data, same keys).
+``{"check": "loss", "recipe", "mesh", "grad_comm_dtype", "losses", "reference", "grad_norms", "reference_grad_norms",
+"max_abs_diff", "max_ulp_diff", "collectives", "all_reduce_dtypes"}``: ``--steps`` training steps of
+``experiments.train.Trainer`` on the mesh, once per ``--grad-comm-dtypes`` entry, against the same steps on one device
+(same data, same keys, fp32 gradients).
 Bit-identical losses are not expected everywhere: a sum over a sharded axis becomes per-shard partial sums plus an
 all-reduce, a different fp32 summation order (the wgrad GEMM over tokens under data parallelism, the row-parallel
 GEMMs under tensor parallelism, the loss mean), and the rounding differences that follow can flip bf16 / FP4 roundings
 downstream and grow through Adam's normalized updates. A layout ``sharding.check_layout`` refuses for a recipe gives
-``{"check": "loss", "recipe", "mesh", "rejected": message}``. ``collectives`` lists the element types each kind of
-collective of the compiled train step moves (gradient all-reduces should be f32).
+``{"check": "loss", "recipe", "mesh", "grad_comm_dtype", "rejected": message}``. ``collectives`` lists the element types
+each kind of collective of the compiled train step moves (gradient all-reduces should be f32 unless
+``--grad-comm-dtypes`` asks otherwise); ``all_reduce_dtypes`` those of the all-reduces the program asks for before XLA's
+passes (XLA:CPU promotes bf16 all-reduces to f32 and f8 ones to f16 when it compiles them).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -104,39 +109,58 @@ def check_operands(recipe_names, layouts, seed: int = 0) -> list[dict]:
     return records
 
 
-def _losses(config: train.TrainConfig, layout, steps: int, model_overrides) -> tuple[np.ndarray, dict]:
-    """The first ``steps`` losses and the collectives' element types of the compiled train step."""
+_ALL_REDUCE = re.compile(r'"stablehlo\.all_reduce".*?\}\) : \(([^)]*)\)', re.DOTALL)
+
+
+def all_reduce_dtypes(stablehlo_text: str) -> list[str]:
+    """Element types of the all-reduces in a lowered (StableHLO) module, e.g. ``["bf16", "f32"]``."""
+    return sorted({t for operands in _ALL_REDUCE.findall(stablehlo_text)
+                   for t in re.findall(r"tensor<(?:[0-9]+x)*([a-zA-Z0-9]+)>", operands)})
+
+
+def _losses(config: train.TrainConfig, layout, steps: int, model_overrides) -> dict:
+    """The first ``steps`` losses and gradient norms, and the collectives' element types of the train step."""
     trainer = train.Trainer(config, layout=layout, model_overrides=model_overrides)
-    state, losses = trainer.init_state(), []
+    state, metrics = trainer.init_state(), []
     batch = lambda step: trainer.place(trainer.stream.batch(step))  # noqa: E731
-    step_fn = trainer.train_step.lower(state, batch(0), trainer.quant_key(0)).compile()
+    lowered = trainer.train_step.lower(state, batch(0), trainer.quant_key(0))
+    step_fn = lowered.compile()
     for step in range(steps):
-        state, metrics = step_fn(state, batch(step), trainer.quant_key(step))
-        losses.append(metrics["loss"])
-    collectives = {op: sorted(types) for op, types in sharding.collective_dtypes(step_fn.as_text()).items()}
-    return np.asarray(jax.device_get(losses), np.float32), collectives
+        state, out = step_fn(state, batch(step), trainer.quant_key(step))
+        metrics.append(out)
+    metrics = jax.device_get(metrics)
+    return {"losses": np.asarray([m["loss"] for m in metrics], np.float32),
+            "grad_norms": [float(m["grad_norm"]) for m in metrics],
+            "collectives": {op: sorted(types) for op, types in sharding.collective_dtypes(step_fn.as_text()).items()},
+            "all_reduce_dtypes": all_reduce_dtypes(lowered.as_text())}
 
 
-def check_losses(config: train.TrainConfig, recipe_names, layouts, steps: int, model_overrides=None) -> list[dict]:
-    """Per recipe: ``steps`` losses on one device, then on each layout (``sharding.check_layout`` applies)."""
+def check_losses(config: train.TrainConfig, recipe_names, layouts, steps: int, model_overrides=None,
+                 grad_comm_dtypes=("float32",)) -> list[dict]:
+    """Per recipe: ``steps`` losses on one device, then on each layout with each gradient communication dtype
+    (``sharding.check_layout`` and ``sharding.check_grad_comm`` apply)."""
     records = []
     for recipe in recipe_names:
-        run = train.TrainConfig(**{**vars(config), "recipe": recipe})
-        reference, _ = _losses(run, None, steps, model_overrides)
+        reference = _losses(dataclasses.replace(config, recipe=recipe, grad_comm_dtype="float32"), None, steps,
+                            model_overrides)
         for layout in layouts:
-            try:
-                losses, collectives = _losses(run, layout, steps, model_overrides)
-            except ValueError as err:  # sharding.check_layout refused the layout for this recipe
-                records.append({"check": "loss", "recipe": recipe, "mesh": layout.describe(), "rejected": str(err)})
+            for comm in grad_comm_dtypes:
+                head = {"check": "loss", "recipe": recipe, "mesh": layout.describe(), "grad_comm_dtype": comm}
+                run = dataclasses.replace(config, recipe=recipe, grad_comm_dtype=comm)
+                try:
+                    got = _losses(run, layout, steps, model_overrides)
+                except ValueError as err:  # check_layout / check_grad_comm refused the layout
+                    records.append({**head, "rejected": str(err)})
+                    print(json.dumps(records[-1]), flush=True)
+                    continue
+                losses, ref = got["losses"], reference["losses"]
+                ulps = np.abs(losses.view(np.int32).astype(np.int64) - ref.view(np.int32).astype(np.int64))
+                records.append({**head, "losses": losses.tolist(), "reference": ref.tolist(),
+                                "grad_norms": got["grad_norms"], "reference_grad_norms": reference["grad_norms"],
+                                "max_abs_diff": float(np.max(np.abs(losses - ref))),
+                                "max_ulp_diff": int(ulps.max()), "bit_identical": bool(ulps.max() == 0),
+                                "collectives": got["collectives"], "all_reduce_dtypes": got["all_reduce_dtypes"]})
                 print(json.dumps(records[-1]), flush=True)
-                continue
-            ulps = np.abs(losses.view(np.int32).astype(np.int64) - reference.view(np.int32).astype(np.int64))
-            records.append({"check": "loss", "recipe": recipe, "mesh": layout.describe(),
-                            "losses": losses.tolist(), "reference": reference.tolist(),
-                            "max_abs_diff": float(np.max(np.abs(losses - reference))),
-                            "max_ulp_diff": int(ulps.max()), "bit_identical": bool(ulps.max() == 0),
-                            "collectives": collectives})
-            print(json.dumps(records[-1]), flush=True)
     return records
 
 
@@ -146,6 +170,8 @@ def main(argv=None) -> None:
     parser.add_argument("--meshes", nargs="+", default=["data=4", "data=4:fsdp", "model=2", "data=2,model=2"],
                         help="layouts: data=N, model=N, data=N,model=M, with ':fsdp' for FSDP")
     parser.add_argument("--checks", default="operands,loss", help="operands, loss or both")
+    parser.add_argument("--grad-comm-dtypes", default="float32", help="the sharded runs' gradient all-reduce dtypes, "
+                        f"comma-separated, of {sharding.GRAD_COMM_DTYPES}")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--data", default="stdlib")
     parser.add_argument("--model", default="100K")
@@ -166,7 +192,7 @@ def main(argv=None) -> None:
         config = train.TrainConfig(model=args.model, data=args.data, batch_size=args.batch_size, seq_len=args.seq_len,
                                    tokens=args.batch_size * args.seq_len * args.steps, lr=3e-3)
         overrides = json.loads(args.model_overrides) if args.model_overrides else None
-        records += check_losses(config, recipes, layouts, args.steps, overrides)
+        records += check_losses(config, recipes, layouts, args.steps, overrides, args.grad_comm_dtypes.split(","))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(records, f, indent=1)

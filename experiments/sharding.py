@@ -24,7 +24,9 @@ parameters live in scanned stacks (``model.STACK_NAMES``) with a leading layer a
 
 Every optimizer-state leaf shaped like a parameter takes that parameter's spec. Gradient all-reduces happen inside
 the wgrad GEMMs, whose accumulator is fp32 (``fp4jax.operand.matmul``), so gradients are reduced in fp32 before the
-fp32 master update.
+fp32 master update. ``--grad-comm-dtype bfloat16|float8_e4m3fn`` (pure data parallelism only) instead
+differentiates each data shard's loss under ``jax.shard_map`` and all-reduces the gradients in that dtype
+(:func:`data_parallel_value_and_grad`, :func:`all_reduce_mean`).
 
 ``check_layout`` rejects, before anything is compiled, a layout that does not split the model evenly or whose shard
 along a quantized GEMM axis is not a whole number of the recipe's blocks and Hadamard chunks (a block or a
@@ -42,11 +44,16 @@ import math
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 import fp4jax
+from fp4jax import fp8
 from fp4jax.formats import FP4Format
+from fp4jax.ieee import div_rn
+from fp4jax.rounding import rtn_bf16, rtn_e4m3
 
 from experiments import model as model_lib
 
@@ -231,6 +238,115 @@ def check_layout(layout: Layout, config: model_lib.ModelConfig, batch_size: int,
 
 _AXIS_NAMES = {"M": "tokens (batch x seq)", "K": "the layer inputs", "N": "the layer outputs"}
 _AXIS_FIX = {"M": "larger batch_size x seq_len", "K": "wider model", "N": "wider model"}
+
+
+# ----------------------------------------------------------------------------------------- gradient communication
+GRAD_COMM_DTYPES = ("float32", "bfloat16", "float8_e4m3fn")
+
+
+def check_grad_comm(dtype: str, layout: Layout | None) -> None:
+    """Raise ValueError unless gradients can be communicated in ``dtype`` (``--grad-comm-dtype``) on ``layout``.
+
+    float32 (the default) works everywhere. bfloat16 / float8_e4m3fn replace the data-parallel all-reduce, so they
+    need a pure data-parallel mesh: a data axis of size > 1, no model axis (tensor-parallel gradients are reduced
+    inside the row-parallel GEMMs) and no FSDP (its gradients are reduce-scattered, not all-reduced).
+    """
+    if dtype not in GRAD_COMM_DTYPES:
+        raise ValueError(f"--grad-comm-dtype must be one of {GRAD_COMM_DTYPES}, got {dtype!r}")
+    if dtype != "float32" and (layout is None or layout.data == 1 or layout.model > 1 or layout.fsdp):
+        raise ValueError(f"--grad-comm-dtype {dtype} compresses the data-parallel gradient all-reduce: it needs a pure "
+                         "data-parallel mesh (--mesh data=N with N > 1, no model axis, no --fsdp), got "
+                         f"{'one device' if layout is None else '--mesh ' + layout.describe()}")
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def fp8_comm_scale(amax: jax.Array, n: int) -> jax.Array:
+    """The E4M3 encode scale shared by ``n`` shards whose largest |gradient| is ``amax``: ``448 / (2^⌈log2 n⌉·amax)``.
+
+    ``fp4jax.fp8.current_scale`` of a tensor whose amax is ``2^⌈log2 n⌉·amax`` (1 if amax is 0, NaN if it is not
+    finite). The pre-division by the power of two 2^⌈log2 n⌉ >= n keeps every partial sum of the n encoded shards
+    within ±448: each encoded value is at most 448/2^⌈log2 n⌉, itself on the E4M3 grid, so RNE cannot round above it.
+    """
+    return fp8.current_scale(jnp.float32(_pow2_ceil(n)) * amax, fp8.E4M3)
+
+
+def _nonfinite_to_inf(amax: jax.Array, g: jax.Array) -> jax.Array:
+    """+Inf if ``g`` holds NaN/Inf (XLA's max, and so ``pmax``, may drop NaN; Inf survives any max), else ``amax``."""
+    return jnp.where(jnp.all(jnp.isfinite(g)), amax, jnp.float32(jnp.inf))
+
+
+def comm_encode(g: jax.Array, dtype: str, amax: jax.Array | None, n: int) -> jax.Array:
+    """A shard's gradient as sent: ``rtn_bf16(g)`` as bfloat16, or ``rtn_e4m3(g·fp8_comm_scale(amax, n))`` as
+    float8_e4m3fn (``amax``: the max |g| over all ``n`` shards). Rounded explicitly; the cast is then exact."""
+    g = g.astype(jnp.float32)
+    if dtype == "bfloat16":
+        return rtn_bf16(g).astype(jnp.bfloat16)
+    return rtn_e4m3(g * fp8_comm_scale(amax, n)).astype(jnp.float8_e4m3fn)
+
+
+def comm_decode(total: jax.Array, dtype: str, amax: jax.Array | None, n: int) -> jax.Array:
+    """The fp32 mean from the all-reduced sum of ``n`` :func:`comm_encode` payloads: ``rtn_bf16(t) · f32(1/n)``,
+    or ``rtn_e4m3(t) · f32(2^⌈log2 n⌉·amax / (448·n))``. Re-rounding puts the sum on the wire grid even where the
+    backend reduced in a wider type (XLA:CPU) or XLA dropped the convert back to the wire dtype."""
+    total = total.astype(jnp.float32)
+    if dtype == "bfloat16":
+        return rtn_bf16(total) * jnp.float32(1.0 / n)
+    return rtn_e4m3(total) * div_rn(jnp.float32(_pow2_ceil(n)) * amax, jnp.float32(fp8.E4M3.max * n))
+
+
+def _all_reduce_mean_leaf(g: jax.Array, dtype: str, axis_name: str) -> jax.Array:
+    if dtype == "float32":
+        return lax.pmean(g.astype(jnp.float32), axis_name)
+    n, amax = lax.axis_size(axis_name), None
+    if dtype == "float8_e4m3fn":
+        amax = lax.pmax(_nonfinite_to_inf(jnp.max(jnp.abs(g.astype(jnp.float32))), g), axis_name)
+    return comm_decode(lax.psum(comm_encode(g, dtype, amax, n), axis_name), dtype, amax, n)
+
+
+def all_reduce_mean(grads, dtype: str, axis_name: str):
+    """Mean over the devices of mesh axis ``axis_name`` of each gradient leaf, communicated in ``dtype``; fp32 out.
+
+    Call inside ``jax.shard_map`` (or any context binding ``axis_name``) with ``n`` devices on the axis.
+
+    * float32: ``lax.pmean(g)``.
+    * bfloat16: ``t = rtn_bf16(psum(rtn_bf16(g)))``, mean ``= t · f32(1/n)`` (:func:`comm_encode`, :func:`comm_decode`).
+    * float8_e4m3fn (per-tensor current scaling with a scale shared by all shards): ``amax = pmax(max|g|)`` (+Inf if a
+      shard holds NaN/Inf, so the mean is NaN), ``s = fp8_comm_scale(amax, n) = 448/(2^⌈log2 n⌉·amax)``,
+      ``t = rtn_e4m3(psum(rtn_e4m3(g·s)))``, mean ``= t · f32(2^⌈log2 n⌉·amax / (448·n))``. Elements with
+      ``|g·s| <= 2^-10`` (half E4M3's smallest subnormal), i.e. ``|g| <= 2^⌈log2 n⌉·amax / (448·2^10)``, flush to 0.
+
+    Rounding is explicit (``fp4jax.rounding``: RNE, ties to even, E4M3 saturating at ±448), before the cast to the
+    wire dtype and again on the reduced sum, so the sum lies on the bf16 / E4M3 grid whatever precision the backend
+    reduces in (XLA:CPU promotes bf16 all-reduces to f32 and f8 ones to f16; NCCL adds bf16 hop by hop) and even
+    where XLA drops a convert pair. This is the FP8 gradient communication that Microsoft's FP4 recipe keeps from
+    its FP8 framework (arXiv 2501.17116; FP8-LM, arXiv 2310.18313, shares one scale across the GPUs before the FP8
+    all-reduce); "Elsewhere: FP8 gradients/communication" in docs/FP4-REFERENCE.md §6.
+    """
+    if dtype not in GRAD_COMM_DTYPES:
+        raise ValueError(f"dtype must be one of {GRAD_COMM_DTYPES}, got {dtype!r}")
+    return jax.tree.map(lambda g: _all_reduce_mean_leaf(g, dtype, axis_name), grads)
+
+
+def data_parallel_value_and_grad(loss_fn, mesh: Mesh, comm_dtype: str):
+    """``(params, batch, key) -> (loss, grads)`` for ``jax.jit``: each data shard differentiates ``loss_fn`` (a mean
+    over the batch rows) on its rows under ``jax.shard_map``; gradients are averaged by :func:`all_reduce_mean` in
+    ``comm_dtype``, the loss by an fp32 ``pmean``. Parameters replicated, batch ``P("data", None)``, key replicated.
+
+    This is the textbook data-parallel step, so the model's quantizers see the shard's activations and gradients:
+    NVFP4 tensor scales are per shard, and stochastic roundings hash shard-local element indices with the key
+    folded with the shard index (independent bits per shard). Its numerics therefore depend on the number of
+    shards, as lossy communication does anyway; the float32 default keeps the layout-independent global program.
+    """
+    def local(params, batch, key):
+        key = jax.random.fold_in(key, lax.axis_index(DATA))
+        params = lax.pcast(params, DATA, to="varying")  # per-shard gradients: no implicit fp32 psum in the transpose
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch, key)
+        return lax.pmean(loss, DATA), all_reduce_mean(grads, comm_dtype, DATA)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(DATA, None), P()), out_specs=(P(), P()))
 
 
 _COLLECTIVE = re.compile(r"= (.*?) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")

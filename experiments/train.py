@@ -18,7 +18,9 @@ optimizer state sharded over the data axis), ``--mesh data=2,model=2`` (with Meg
 layout is not part of config.json: a run may resume on another mesh. Several hosts: start the same command on every
 host with ``--distributed --coordinator HOST0:PORT --num-processes N --process-id I`` (``jax.distributed.initialize``;
 on SLURM / Open MPI the three values can be left out), a ``--mesh`` spanning all devices of all hosts, and an
-``--out`` on a filesystem they share; process 0 writes the metrics.
+``--out`` on a filesystem they share; process 0 writes the metrics. ``--grad-comm-dtype bfloat16|float8_e4m3fn`` (with
+``--mesh data=N`` only) all-reduces the gradients in that dtype (``sharding.all_reduce_mean``); the default float32
+keeps the fp32 all-reduce of the global program.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class TrainConfig:
     eval_batches: int = 4
     ckpt_every: int = 100
     quant_error_every: int = 0  # 0: never
+    grad_comm_dtype: str = "float32"  # data-parallel gradient all-reduce dtype (sharding.GRAD_COMM_DTYPES)
 
     def __post_init__(self):
         for name in ("tokens", "batch_size", "seq_len", "log_every", "eval_every", "eval_batches", "ckpt_every"):
@@ -85,6 +88,8 @@ class TrainConfig:
             raise ValueError(f"lr={self.lr} must be positive")
         if self.dtype not in ("bfloat16", "float32"):
             raise ValueError(f"dtype={self.dtype!r} must be 'bfloat16' or 'float32'")
+        if self.grad_comm_dtype not in sharding.GRAD_COMM_DTYPES:
+            raise ValueError(f"grad_comm_dtype={self.grad_comm_dtype!r} must be one of {sharding.GRAD_COMM_DTYPES}")
 
     @property
     def tokens_per_step(self) -> int:
@@ -146,12 +151,16 @@ class Trainer:
         self.eval_set = data.eval_batches(self.corpus.val, config.batch_size, config.seq_len, config.eval_batches)
         self.key = jax.random.key(config.seed)
         self.layout = layout
+        sharding.check_grad_comm(config.grad_comm_dtype, layout)
+        self.value_and_grad = jax.value_and_grad(self._loss)
         if layout is None:
             self.train_step = jax.jit(self._train_step, donate_argnums=0)
             self.eval_loss = jax.jit(self._eval_loss)
             return
         sharding.check_layout(layout, self.model_config, config.batch_size, config.seq_len)
         self.mesh = sharding.make_mesh(layout)
+        if config.grad_comm_dtype != "float32":
+            self.value_and_grad = sharding.data_parallel_value_and_grad(self._loss, self.mesh, config.grad_comm_dtype)
         self.state_sharding = sharding.state_shardings(jax.eval_shape(self._init_state), self.mesh, layout)
         self.batch_sharding = sharding.batch_sharding(self.mesh)
         rep = sharding.replicated(self.mesh)
@@ -181,7 +190,7 @@ class Trainer:
         return next_token_loss(logits, batch[:, 1:])
 
     def _train_step(self, state, batch, key):
-        loss, grads = jax.value_and_grad(self._loss)(state["params"], batch, key)
+        loss, grads = self.value_and_grad(state["params"], batch, key)
         updates, opt_state = self.optimizer.update(grads, state["opt_state"], state["params"])
         new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
         return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
@@ -211,7 +220,8 @@ class RunFolder:
         saved = self.path / "config.json"
         mine = dataclasses.asdict(config)
         if saved.exists():
-            theirs = json.loads(saved.read_text())
+            # a field added since the run was saved takes its default
+            theirs = {**dataclasses.asdict(TrainConfig()), **json.loads(saved.read_text())}
             if theirs != mine:
                 diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
                 raise ValueError(f"out={str(self.path)!r} holds a run with a different config (fields {diff}); "
@@ -377,6 +387,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=defaults.dtype, choices=["bfloat16", "float32"])
     parser.add_argument("--attention-impl", default=None, choices=["xla", "cudnn"])
     parser.add_argument("--token-dtype", default=None, choices=["uint8", "uint16", "uint32"])
+    parser.add_argument("--grad-comm-dtype", default=defaults.grad_comm_dtype, choices=list(sharding.GRAD_COMM_DTYPES),
+                        help="dtype of the data-parallel gradient all-reduce (bfloat16 / float8_e4m3fn: --mesh data=N)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -422,6 +434,10 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(str(err))
     elif args.fsdp:
         parser.error("--fsdp needs --mesh data=N")
+    try:
+        sharding.check_grad_comm(config.grad_comm_dtype, layout)
+    except ValueError as err:
+        parser.error(str(err))
     train(config, out, cache_dir=args.cache_dir, max_minutes=args.max_minutes, layout=layout,
           model_overrides={"remat": args.remat})
 
