@@ -85,9 +85,9 @@ def pack_nibbles(codes: jax.Array) -> jax.Array:
 
 
 # ------------------------------------------------------------------------------------------------ kernel
-def _kernel(*refs, spec: QuantizeSpec, shape, tile, out_shapes, interpret: bool, bf16_input: bool):
+def _kernel(*refs, spec: QuantizeSpec, shape, logical_cols, tile, out_shapes, interpret: bool, bf16_input: bool):
   it = iter(refs)
-  x_ref, amax_ref, eseed_ref, sseed_ref = next(it), next(it), next(it), next(it)
+  x_ref, amax_ref, eseed_ref, sseed_ref, origin_ref = next(it), next(it), next(it), next(it), next(it)
   signs_ref = next(it) if spec.hadamard and spec.hadamard_signs != "none" else None
   codes_ref, scales_ref = next(it), next(it)
   deq_ref = next(it) if spec.dequantize else None
@@ -95,17 +95,18 @@ def _kernel(*refs, spec: QuantizeSpec, shape, tile, out_shapes, interpret: bool,
   i, j = pl.program_id(0), pl.program_id(1)
   rows = i * bm + lax.broadcasted_iota(jnp.int32, (bm, bk), 0)
   cols = j * bk + lax.broadcasted_iota(jnp.int32, (bm, bk), 1)
+  row0, col0 = origin_ref[0], origin_ref[1]  # x[0, 0] in the logical tensor: random bits follow logical indices
   x = load_in_bounds(x_ref, (i, j), shape).astype(jnp.float32)
   safe = functools.partial(kernel_safe, interpret=interpret)
 
   bits = sbits = None
   if spec.rounding == "sr":
-    index = (rows * k + cols).astype(jnp.uint32)
+    index = ((row0 + rows) * logical_cols + col0 + cols).astype(jnp.uint32)
     bits = safe(bits_lib.hash_bits)(eseed_ref[...], index)
   if spec.rounding == "eden":  # one bit word per scale, indexed in the reference's scale layout (rows only)
-    nb = k // spec.block
-    srow = i * bm + lax.broadcasted_iota(jnp.int32, (bm, bk // spec.block), 0)
-    scol = j * (bk // spec.block) + lax.broadcasted_iota(jnp.int32, (bm, bk // spec.block), 1)
+    nb = logical_cols // spec.block
+    srow = row0 + i * bm + lax.broadcasted_iota(jnp.int32, (bm, bk // spec.block), 0)
+    scol = col0 // spec.block + j * (bk // spec.block) + lax.broadcasted_iota(jnp.int32, (bm, bk // spec.block), 1)
     sbits = safe(bits_lib.hash_bits)(sseed_ref[...], (srow * nb + scol).astype(jnp.uint32))[..., None]
   if spec.along == "cols":
     x = x.T
@@ -202,17 +203,37 @@ def default_tile(spec: QuantizeSpec) -> tuple[int, int]:
   return (16, along) if spec.along == "rows" else (along, 32)
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret"))
+def _check_shard(x, spec: QuantizeSpec, amax, logical_shape):
+  if amax is not None and spec.fmt.name != "nvfp4":
+    raise ValueError(f"amax is the NVFP4 tensor amax; {spec.fmt.name} has no tensor scale, pass amax=None")
+  if len(logical_shape) != 2 or any(not 0 < n <= big for n, big in zip(x.shape, logical_shape)):
+    raise ValueError(f"logical_shape {logical_shape} must be 2D and hold the shard x of shape {x.shape}")
+  n_axis = logical_shape[1] if spec.along == "rows" else logical_shape[0]
+  if spec.rounding == "eden" and n_axis % spec.block:
+    raise ValueError(f"logical_shape {logical_shape}: the quantized axis must be a multiple of {spec.block}")
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret", "logical_shape"))
 def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, tile=None, num_warps: int = 4,
-             interpret: bool = False):
+             interpret: bool = False, amax: jax.Array | None = None, origin: jax.Array | None = None,
+             logical_shape: tuple[int, int] | None = None):
   """Quantize 2D ``x`` per ``spec`` in one kernel pass (plus the amax pre-pass for NVFP4).
 
   Returns ``(qtensor, dequantized)``: an ``fp4jax.QTensor`` bit-identical to ``fp4jax.quantize(x, **spec)`` for
   ``along="rows"``; for ``along="cols"`` the QTensor of ``xᵀ`` (shape (K, M), blocks along its last axis) holding
   exactly ``fp4jax.quantize(x, axis=0)`` transposed. ``dequantized`` (or None) is in the same layout.
+
+  ``x`` may be one shard of a larger logical tensor (``quantize_sharded`` runs this per shard under ``shard_map``):
+  ``amax`` is then the logical tensor's ``tensor_amax`` (NVFP4 only; +Inf or NaN if any element is non-finite) and
+  replaces the pre-pass; ``origin`` (int32 (row, col), may be traced) is where ``x[0, 0]`` sits in the logical tensor
+  of static shape ``logical_shape``, so every random bit (SR's per element, MS-EDEN's per scale) hashes the
+  element's / scale's logical row-major index. Blocks and Hadamard chunks must not straddle the shard (the caller
+  checks). Defaults: the pre-pass, origin (0, 0), logical shape ``x.shape``: the unsharded kernel.
   """
   tile = tuple(tile or default_tile(spec))
   _check(x, spec, tile)
+  logical_shape = tuple(logical_shape or x.shape)
+  _check_shard(x, spec, amax, logical_shape)
   m, k = x.shape
   bm, bk = tile
   xq = x  # the logical tensor the reference quantizes
@@ -223,7 +244,12 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   zero_seed = jnp.zeros((2,), jnp.uint32)
   eseed = bits_lib.seed_from_key(k_elems) if spec.rounding == "sr" else zero_seed
   sseed = bits_lib.seed_from_key(k_scales) if spec.rounding == "eden" else zero_seed
-  amax = tensor_amax(x, spec, signs, interpret=interpret) if spec.fmt.name == "nvfp4" else jnp.float32(0.0)
+  if spec.fmt.name != "nvfp4":
+    amax = jnp.float32(0.0)
+  elif amax is None:
+    amax = tensor_amax(x, spec, signs, interpret=interpret)
+  amax = jnp.asarray(amax, jnp.float32)
+  origin = jnp.zeros((2,), jnp.int32) if origin is None else jnp.asarray(origin, jnp.int32).reshape(2)
 
   bs, two_d = spec.block, spec.block_shape is not None
   if spec.along == "rows":
@@ -241,12 +267,13 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     out_shape.append(jax.ShapeDtypeStruct((out_rows, n_axis), x.dtype))
     out_specs.append(pl.BlockSpec((t_rows, t_axis), index))
   whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
-  args = [x, amax.reshape(1), eseed, sseed]
-  in_specs = [pl.BlockSpec((bm, bk), lambda i, j: (i, j)), whole(1), whole(2), whole(2)]
+  args = [x, amax.reshape(1), eseed, sseed, origin]
+  in_specs = [pl.BlockSpec((bm, bk), lambda i, j: (i, j)), whole(1), whole(2), whole(2), whole(2)]
   if signs is not None:
     args.append(signs)
     in_specs.append(whole(spec.hadamard))
-  kernel = functools.partial(_kernel, spec=spec, shape=(m, k), tile=(bm, bk), interpret=interpret,
+  kernel = functools.partial(_kernel, spec=spec, shape=(m, k), logical_cols=logical_shape[1], tile=(bm, bk),
+                             interpret=interpret,
                              out_shapes=tuple(o.shape for o in out_shape), bf16_input=x.dtype == jnp.bfloat16)
   outs = pl.pallas_call(
       kernel,

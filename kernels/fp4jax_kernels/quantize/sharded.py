@@ -1,0 +1,119 @@
+"""The fused quantize kernel on a sharded 2D tensor: one kernel per shard under ``jax.shard_map``, numerics global.
+
+``quantize_sharded`` gives bit for bit what ``pallas_triton.quantize`` (and ``fp4jax.quantize``) gives on the whole
+logical tensor on one device:
+
+* NVFP4 tensor amax: each shard reduces its own (rotated, when ``spec.hadamard``) elements with
+  ``pallas_triton.tensor_amax``, then ``lax.pmax`` over the mesh axes that split ``x``. A max is exact in any order,
+  so the result is the logical tensor's amax. Non-finite elements: the local amax is made +Inf (XLA's max may drop
+  NaN, but no max drops +Inf), so the global amax is +Inf and the tensor scale NaN, as on one device.
+* Random bits: the kernel hashes each element's (SR) and each scale's (MS-EDEN) logical row-major index, from the
+  shard's origin ``lax.axis_index(axis) · shard length`` and the logical shape; signs and seeds come from the same
+  replicated key on every shard.
+* Blocks and Hadamard chunks never straddle shards: the shard length along the quantized axis must be a multiple of
+  lcm(block, hadamard), and with 16x16 tiles the other axis a multiple of 16 (else a ValueError names the shape,
+  the mesh axes and the unit).
+
+Output layout: the codes, block scales and the dequantized tensor are sharded like ``x``. With ``spec_in =
+P(R, C)`` (R, C: a mesh axis name, a tuple of names, or None) and ``along="rows"``: codes (M, K/2), scales (M, K/16)
+(1D; (M/16, K/16) for 16x16 tiles) and dequantized (M, K), all ``P(R, C)``. With ``along="cols"`` every output is
+the transposed (K-major) layout of ``pallas_triton.quantize``: codes (K, M/2), scales (K, M/block), dequantized
+(K, M), all ``P(C, R)``. The tensor scale and the Hadamard signs are replicated.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec as P
+
+from fp4jax.quantize import QTensor, check_quantize_args, hadamard_sign_vector, split_quantize_key
+from fp4jax_kernels.quantize import pallas_triton
+from fp4jax_kernels.quantize.spec import QuantizeSpec
+
+
+def _axis_names(entry) -> tuple[str, ...]:
+  """The mesh axes of one PartitionSpec entry (None, a name or a tuple of names), major to minor."""
+  if entry is None:
+    return ()
+  return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def _shard_index(names: tuple[str, ...], mesh: Mesh) -> jax.Array:
+  """This device's shard number along a dimension split over ``names`` (row-major over the named axes)."""
+  index = jnp.int32(0)
+  for name in names:
+    index = index * mesh.shape[name] + lax.axis_index(name)
+  return index
+
+
+def _check_layout(x, spec: QuantizeSpec, mesh: Mesh, spec_in: P) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """(row axes, column axes) of ``spec_in``; ValueError if ``x`` does not split evenly or a block would straddle."""
+  if x.ndim != 2:
+    raise ValueError(f"x must be 2D (rows, cols), got shape {x.shape}")
+  if len(spec_in) > 2:
+    raise ValueError(f"spec_in {spec_in} has more entries than x has dimensions (2)")
+  entries = tuple(spec_in) + (None,) * (2 - len(spec_in))
+  axes = tuple(_axis_names(e) for e in entries)
+  for names in axes:
+    for name in names:
+      if name not in mesh.shape:
+        raise ValueError(f"spec_in {spec_in} names mesh axis {name!r}, not one of the mesh's {tuple(mesh.shape)}")
+  unit = math.lcm(spec.block, spec.hadamard or 1)
+  quantized = 1 if spec.along == "rows" else 0
+  for dim, names in enumerate(axes):
+    parts = math.prod(mesh.shape[name] for name in names)
+    need = unit if dim == quantized else (16 if spec.block_shape is not None else 1)
+    what = (f"lcm(block {spec.block}, hadamard {spec.hadamard or 1}) = {unit}" if dim == quantized
+            else "the 16-row height of the 16x16 tiles")
+    if x.shape[dim] % parts:
+      raise ValueError(f"x of shape {x.shape}: dimension {dim} ({x.shape[dim]}) does not split evenly over mesh "
+                       f"axes {names} ({parts} shards)")
+    if (x.shape[dim] // parts) % need:
+      raise ValueError(f"x of shape {x.shape} split over mesh axes {names} along dimension {dim} gives shards of "
+                       f"{x.shape[dim] // parts}, not a multiple of {what}: a block or Hadamard chunk would "
+                       "straddle two devices. Use fewer shards on that axis or a larger tensor")
+  return axes[0], axes[1]
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "mesh", "spec_in", "interpret"))
+def quantize_sharded(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, mesh: Mesh, spec_in: P,
+                     interpret: bool = False):
+  """``pallas_triton.quantize(x, spec, key)`` computed per shard of ``x`` (laid out as ``spec_in`` on ``mesh``).
+
+  Returns ``(qtensor, dequantized)`` with the logical shapes and bits of the unsharded kernel, the arrays sharded as
+  the module docstring says. ``key`` is replicated (the same on every shard).
+  """
+  row_axes, col_axes = _check_layout(x, spec, mesh, spec_in)
+  split_axes = row_axes + col_axes
+  shard_shape = (x.shape[0] // math.prod(mesh.shape[a] for a in row_axes),
+                 x.shape[1] // math.prod(mesh.shape[a] for a in col_axes))
+  _, block, hadamard = check_quantize_args(x, spec.fmt, spec.axis, spec.rounding, spec.block_shape,
+                                           spec.hadamard or None, spec.hadamard_signs)
+
+  def per_shard(x_shard, key):
+    amax = None
+    if spec.fmt.name == "nvfp4":
+      signs = hadamard_sign_vector(hadamard, spec.hadamard_signs,
+                                   split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)[0])
+      local = pallas_triton.tensor_amax(x_shard, spec, signs, interpret=interpret)
+      local = jnp.where(jnp.isfinite(local), local, jnp.float32(jnp.inf))  # NaN would not survive pmax
+      amax = lax.pmax(local, split_axes) if split_axes else local
+    origin = jnp.stack([_shard_index(row_axes, mesh) * shard_shape[0], _shard_index(col_axes, mesh) * shard_shape[1]])
+    q, deq = pallas_triton.quantize(x_shard, spec, key, interpret=interpret, amax=amax, origin=origin,
+                                    logical_shape=tuple(x.shape))
+    return q.codes, q.scales, q.global_scale, q.signs, deq
+
+  out_spec = P(row_axes or None, col_axes or None) if spec.along == "rows" else P(col_axes or None, row_axes or None)
+  codes, scales, global_scale, signs, deq = jax.shard_map(  # check_vma off: pallas_call has no replication rule
+      per_shard, mesh=mesh, in_specs=(P(row_axes or None, col_axes or None), P()),
+      out_specs=(out_spec, out_spec, P(), P(), out_spec), check_vma=False,
+  )(x, key)
+  shape = x.shape if spec.along == "rows" else x.shape[::-1]
+  qt = QTensor(codes=codes, scales=scales, global_scale=global_scale, signs=signs, shape=shape, axis=1,
+               fmt=spec.fmt, block_shape=block, hadamard=hadamard, dtype=x.dtype)
+  return qt, deq

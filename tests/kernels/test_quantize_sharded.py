@@ -1,0 +1,188 @@
+"""The fused quantize kernel per shard under ``shard_map`` (``sharded.quantize_sharded``) vs one device: codes, block
+scales, tensor scale (and the dequantized tensor) bit for bit equal to ``fp4jax.quantize`` (``reference.quantize``)
+and to the unsharded kernel, for meshes that split rows, columns, both, and rows over two mesh axes at once.
+
+The sharded runs need 8 devices, which must be requested before jax is imported: one subprocess (this file run as a
+script, Pallas in interpret mode on CPU) computes every comparison once and prints them as JSON; the tests read them.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MESH = ((2, 4), ("a", "b"))
+ROWS, COLS, BOTH, ROWS8 = ("b", None), (None, "a"), ("b", "a"), (("a", "b"), None)
+CASES = {  # name: (QuantizeSpec keyword arguments, shape, [spec_in, ...])
+    "nvfp4_rtn": (dict(fmt="N", dequantize=True), (32, 128), [ROWS, COLS, BOTH]),
+    "nvfp4_sr_rht16_te": (dict(fmt="N", rounding="sr", hadamard=16, hadamard_signs="te"), (32, 128),
+                          [ROWS, COLS, BOTH, ROWS8]),
+    "nvfp4_ms_eden": (dict(fmt="N", rounding="eden", hadamard=128, hadamard_signs="random"), (32, 256),
+                      [ROWS, COLS, BOTH]),
+    "mxfp4": (dict(fmt="M", dequantize=True), (32, 128), [ROWS, COLS, BOTH]),
+    "nvfp4_cols_sr_rht16_te": (dict(fmt="N", rounding="sr", hadamard=16, hadamard_signs="te", along="cols",
+                                    dequantize=True), (64, 96), [ROWS, BOTH]),
+    "nvfp4_2d": (dict(fmt="N", block_shape=(16, 16)), (32, 128), [("a", "b")]),
+}
+
+
+# ------------------------------------------------------------------------------------------------ subprocess side
+def _spec(kw):
+  import fp4jax  # noqa: PLC0415
+  from fp4jax_kernels.quantize.spec import QuantizeSpec  # noqa: PLC0415
+  return QuantizeSpec(**{**kw, "fmt": fp4jax.NVFP4 if kw["fmt"] == "N" else fp4jax.MXFP4})
+
+
+def _input(shape):
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  x = jax.random.normal(jax.random.key(0), shape) * jnp.logspace(-2, 2, shape[1])
+  return x.at[1].set(0.0).astype(jnp.bfloat16)
+
+
+def _bits(a):
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  return np.asarray(jax.lax.bitcast_convert_type(a, jnp.uint8) if a.dtype.itemsize == 1 else a)
+
+
+def _same(got, want) -> dict:
+  (qg, dg), (qw, dw) = got, want
+  same = {"codes": np.array_equal(np.asarray(qg.codes), np.asarray(qw.codes)),
+          "scales": np.array_equal(_bits(qg.scales), _bits(qw.scales)),
+          "global_scale": np.array_equal(np.asarray(qg.global_scale), np.asarray(qw.global_scale), equal_nan=True),
+          "meta": (qg.shape, qg.axis, qg.block_shape, qg.hadamard) == (qw.shape, qw.axis, qw.block_shape, qw.hadamard)}
+  if dw is not None:
+    same["dequantized"] = np.array_equal(np.asarray(dg, np.float32), np.asarray(dw, np.float32), equal_nan=True)
+  return {k: bool(v) for k, v in same.items()}
+
+
+def _pspec(spec_in):
+  from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+  return P(*spec_in)
+
+
+def compute() -> dict:
+  """Every comparison, as JSON-able records (run with 8 devices)."""
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+  from fp4jax_kernels.quantize import pallas_triton, reference, sharded  # noqa: PLC0415
+
+  mesh = jax.make_mesh(*MESH, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  key = jax.random.key(7)
+  out = {"cases": [], "errors": {}}
+  for name, (kw, shape, layouts) in CASES.items():
+    spec, x = _spec(kw), _input(shape)
+    want = reference.quantize(x, spec, key)
+    out["cases"].append({"case": name, "vs": "unsharded_kernel", "spec_in": None,
+                         **_same(pallas_triton.quantize(x, spec, key, interpret=True), want)})
+    for spec_in in layouts:
+      got = sharded.quantize_sharded(x, spec, key, mesh=mesh, spec_in=_pspec(spec_in), interpret=True)
+      out["cases"].append({"case": name, "vs": "reference", "spec_in": repr(spec_in), **_same(got, want),
+                           "codes_spec": repr(tuple(got[0].codes.sharding.spec)),
+                           "scales_spec": repr(tuple(got[0].scales.sharding.spec))})
+
+  rtn = _spec(dict(fmt="N", dequantize=True))
+  for bad in ("nan", "inf"):  # one element of the last row shard of four
+    x = _input((32, 128)).at[29, 100].set(float(bad))
+    q, deq = sharded.quantize_sharded(x, rtn, mesh=mesh, spec_in=P("b", None), interpret=True)
+    out[f"{bad}_in_one_shard"] = {**_same((q, deq), reference.quantize(x, rtn)),
+                                  "tensor_scale": float(q.global_scale),
+                                  "all_scales_nan": bool((_bits(q.scales) == 0x7F).all()),
+                                  "all_dequantized_nan": bool(np.isnan(np.asarray(deq, np.float32)).all())}
+
+  # Negative control: the kernel run per shard with its defaults (local amax, local element indices).
+  sr = _spec(CASES["nvfp4_sr_rht16_te"][0])
+  x = _input((32, 128))
+  local = jax.jit(jax.shard_map(lambda x, k: pallas_triton.quantize(x, sr, k, interpret=True)[0].codes, mesh=mesh,
+                                in_specs=(P("b", None), P()), out_specs=P("b", None), check_vma=False))(x, key)
+  want = reference.quantize(x, sr, key)[0].codes
+  out["per_shard_defaults_codes_differ"] = int(np.sum(np.asarray(local) != np.asarray(want)))
+
+  eden = _spec(CASES["nvfp4_ms_eden"][0])
+  for label, (shape, spec_in, spec) in {
+      "straddle_hadamard": ((32, 256), (None, ("a", "b")), eden),  # 256 / 8 = 32 columns, chunks of 128
+      "straddle_cols_block": ((40, 64), ("b", None), _spec(dict(fmt="N", along="cols"))),  # 40 / 4 = 10 rows
+      "straddle_2d_tile_height": ((32, 128), ("b", "a"), _spec(dict(fmt="N", block_shape=(16, 16)))),  # 8 rows
+      "uneven": ((30, 128), ("b", None), rtn),
+      "unknown_axis": ((32, 128), ("c", None), rtn),
+  }.items():
+    try:
+      sharded.quantize_sharded(_input(shape), spec, key, mesh=mesh, spec_in=_pspec(spec_in), interpret=True)
+      out["errors"][label] = None
+    except ValueError as err:
+      out["errors"][label] = str(err)
+  return out
+
+
+# ------------------------------------------------------------------------------------------------ tests
+@pytest.fixture(scope="module")
+def results():
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+         "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "kernels"), os.environ.get("PYTHONPATH", "")])}
+  proc = subprocess.run([sys.executable, __file__], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_sharded_kernel_is_bit_identical_to_one_device(results, name):
+  records = [r for r in results["cases"] if r["case"] == name]
+  assert len(records) == 1 + len(CASES[name][2])
+  for r in records:
+    flags = {k: v for k, v in r.items() if isinstance(v, bool)}
+    assert flags and all(flags.values()), r
+
+
+def test_outputs_are_sharded_like_x_and_transposed_along_cols(results):
+  by = {(r["case"], r["spec_in"]): r for r in results["cases"] if r["vs"] == "reference"}
+  assert by[("nvfp4_rtn", repr(BOTH))]["codes_spec"] == repr(("b", "a"))
+  assert by[("nvfp4_rtn", repr(BOTH))]["scales_spec"] == repr(("b", "a"))
+  assert by[("nvfp4_sr_rht16_te", repr(ROWS8))]["codes_spec"] == repr((("a", "b"),))
+  assert by[("nvfp4_cols_sr_rht16_te", repr(BOTH))]["codes_spec"] == repr(("a", "b"))  # (K, M/2): P(cols, rows)
+  assert by[("nvfp4_cols_sr_rht16_te", repr(ROWS))]["scales_spec"] == repr((None, "b"))
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+def test_nonfinite_element_in_one_shard_makes_the_tensor_scale_nan(results, bad):
+  r = results[f"{bad}_in_one_shard"]
+  assert np.isnan(r["tensor_scale"]) and r["all_scales_nan"] and r["all_dequantized_nan"], r
+  assert r["codes"] and r["scales"] and r["global_scale"], r
+
+
+def test_per_shard_kernel_without_global_amax_and_indices_differs(results):
+  """Negative control: the equality above needs the collective amax and the logical indices."""
+  assert results["per_shard_defaults_codes_differ"] > 0
+
+
+def test_straddling_or_uneven_layouts_are_rejected(results):
+  errors = results["errors"]
+  assert "shape (32, 256)" in errors["straddle_hadamard"] and "('a', 'b')" in errors["straddle_hadamard"]
+  assert "shards of 32" in errors["straddle_hadamard"] and "= 128" in errors["straddle_hadamard"]
+  assert "straddle" in errors["straddle_cols_block"] and "shards of 10" in errors["straddle_cols_block"]
+  assert "16-row height" in errors["straddle_2d_tile_height"] and "shards of 8" in errors["straddle_2d_tile_height"]
+  assert "does not split evenly" in errors["uneven"] and "(30, 128)" in errors["uneven"]
+  assert "'c'" in errors["unknown_axis"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(fmt="M", amax=1.0), "amax is the NVFP4 tensor amax"),
+    (dict(fmt="N", logical_shape=(8, 64)), r"logical_shape \(8, 64\) must be 2D and hold the shard"),
+    (dict(fmt="N", logical_shape=(16, 64, 1)), "must be 2D"),
+])
+def test_kernel_shard_arguments_are_checked(kwargs, match):
+  import jax.numpy as jnp  # noqa: PLC0415
+  from fp4jax_kernels.quantize import pallas_triton  # noqa: PLC0415
+  spec = _spec(dict(fmt=kwargs.pop("fmt")))
+  with pytest.raises(ValueError, match=match):
+    pallas_triton.quantize(jnp.ones((16, 64)), spec, interpret=True, **kwargs)
+
+
+if __name__ == "__main__":
+  print(json.dumps(compute()))
