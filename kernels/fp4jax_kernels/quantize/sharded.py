@@ -109,7 +109,7 @@ def quantize_sharded(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = N
     return q.codes, q.scales, q.global_scale, q.signs, deq
 
   out_spec = P(row_axes or None, col_axes or None) if spec.along == "rows" else P(col_axes or None, row_axes or None)
-  codes, scales, global_scale, signs, deq = jax.shard_map(  # check_vma off: pallas_call has no replication rule
+  codes, scales, global_scale, signs, deq = jax.shard_map(  # check_vma off: pallas_call outputs carry no vma
       per_shard, mesh=mesh, in_specs=(P(row_axes or None, col_axes or None), P()),
       out_specs=(out_spec, out_spec, P(), P(), out_spec), check_vma=False,
   )(x, key)
