@@ -3,7 +3,8 @@ scales, tensor scale (and the dequantized tensor) bit for bit equal to ``fp4jax.
 and to the unsharded kernel, for meshes that split rows, columns, both, and rows over two mesh axes at once.
 
 The sharded runs need 8 devices, which must be requested before jax is imported: one subprocess (this file run as a
-script, Pallas in interpret mode on CPU) computes every comparison once and prints them as JSON; the tests read them.
+script, 8 CPU devices even on a GPU machine, Pallas in interpret mode) computes every comparison once and prints
+them as JSON; the tests read them.
 """
 
 import json
@@ -124,7 +125,7 @@ def compute() -> dict:
 # ------------------------------------------------------------------------------------------------ tests
 @pytest.fixture(scope="module")
 def results():
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
          "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "kernels"), os.environ.get("PYTHONPATH", "")])}
   proc = subprocess.run([sys.executable, __file__], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
