@@ -141,3 +141,13 @@ def test_core_import_does_not_load_pallas():
           "assert not bad, bad")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
+
+
+@pytest.mark.parametrize("name", sorted(RECIPE_SHAPES))
+def test_pallas_dot_lowers_for_cuda(name, monkeypatch):
+  """The composed fwd+bwd (folded shapes, default tiles, fused Hadamards) lowers every kernel to Triton (on CPU, by
+  lowering for CUDA with interpret mode off)."""
+  monkeypatch.setattr(backends, "pallas_interpret", lambda device=None: False)
+  x, w, dy = _inputs(*RECIPE_SHAPES[name])
+  text = _fwd_bwd(name, "pallas").trace(x, w, dy, KEY).lower(lowering_platforms=("cuda",)).as_text()
+  assert "@__gpu$xla.gpu.triton" in text
