@@ -226,6 +226,7 @@ def rotate_and_quantize(
 
 
 def _quantize(x, spec: OperandSpec, key, kernel_hadamard) -> tuple[Operand, jax.Array | None]:
+  """The operand of ``spec`` from ``x``; block FP4 by the kernel when ``kernel_hadamard`` is set (see _block_fp4)."""
   residual = None
   if spec.clip == "occ":
     x, residual = estimators.occ_clamp(x, spec.clip_quantile, axis=-1)
