@@ -149,18 +149,22 @@ def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
 
 
 def decompress_cached(path: Path, cache: Path, expected_sha256: str | None = None) -> Path:
-    """Decompress ``path`` (.xz) once into ``cache/decompressed/<sha256(xz)[:16]>/``; check ``expected_sha256``."""
+    """Decompress ``path`` (.xz) once into ``cache/decompressed/<sha256(xz)[:16]>/``; check ``expected_sha256``.
+
+    Safe when several processes (a sweep's runs) start at once: each writes its own temporary file and the first
+    atomic ``os.replace`` wins; the others replace it with identical bytes.
+    """
     out = cache / "decompressed" / sha256_file(path)[:16] / path.name[: -len(".xz")]
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     with lzma.open(path) as src, open(tmp, "wb") as dst:
         shutil.copyfileobj(src, dst, 1 << 24)
     if expected_sha256 is not None and (actual := sha256_file(tmp)) != expected_sha256:
         tmp.unlink()
         raise ValueError(f"{path}: decompressed sha256 {actual} does not match the MANIFEST's {expected_sha256}")
-    tmp.rename(out)
+    os.replace(tmp, out)
     return out
 
 

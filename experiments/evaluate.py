@@ -1,10 +1,12 @@
 """Per-batch validation losses of finished runs, and loss gaps to BF16 with paired error bars.
 
   python -m experiments.evaluate runs/sweep/*-r10-* --batches 64 --out experiments/results/linux-eval.jsonl
+  python -m experiments.evaluate --table experiments/results/linux-eval.jsonl     # the gap table, markdown
 
 For each run folder: restore its newest checkpoint, evaluate ``--batches`` fixed validation batches (the run's
 batch size and sequence length, the first windows of the validation split, the run's fixed evaluation key) and
-write ``{"name", "model", "recipe", "tokens", "step", "batch_losses": [...]}`` per line.
+write ``{"name", "model", "recipe", "tokens", "step", "steps", "batch_losses": [...]}`` per line (``step`` <
+``steps``: an unfinished run, evaluated at its newest checkpoint).
 
 :func:`gaps` pairs each recipe with the BF16 run of the same size and token count on the same batches:
 gap = mean_i (loss_i − loss_bf16_i), error = 1.96 · sd_i / √n (a 95% interval over the validation batches). The
@@ -41,7 +43,7 @@ def batch_losses(folder: Path, n_batches: int, cache_dir: str | None = None) -> 
     batches = data.eval_batches(trainer.corpus.val, config.batch_size, config.seq_len, n_batches)
     losses = [float(trainer.eval_loss(state["params"], b, key)) for b in batches]
     return {"name": folder.name, "model": config.model, "recipe": config.recipe, "tokens": config.tokens,
-            "step": step, "batch_losses": losses}
+            "step": step, "steps": config.steps, "batch_losses": losses}
 
 
 def gaps(records: Sequence[dict]) -> list[dict]:
@@ -64,20 +66,38 @@ def gaps(records: Sequence[dict]) -> list[dict]:
     return rows
 
 
+def gaps_markdown(records: Sequence[dict]) -> str:
+    """The :func:`gaps` table, by model then gap, unfinished runs marked."""
+    names = {(r["model"], r["tokens"], r["recipe"]): r for r in records}
+    lines = ["| model | recipe | val loss | gap to bf16 (95% CI) | steps |", "|---|---|---|---|---|"]
+    for row in sorted(gaps(records), key=lambda g: (g["tokens"], g["gap"])):
+        r = names[(row["model"], row["tokens"], row["recipe"])]
+        done = f"{r['step']}" if r["step"] >= r["steps"] else f"{r['step']}/{r['steps']} (unfinished)"
+        lines.append(f"| {row['model']} | {row['recipe']} | {row['loss']:.4f} | {row['gap']:+.4f} ± {row['ci95']:.4f} "
+                     f"| {done} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="run folders (with config.json and checkpoints)")
+    parser.add_argument("runs", nargs="*", type=Path, help="run folders (with config.json and checkpoints)")
     parser.add_argument("--batches", type=int, default=32, help="validation batches per run (default 32)")
     parser.add_argument("--cache-dir", default=None)
-    parser.add_argument("--out", type=Path, required=True, help="JSONL of per-batch losses")
+    parser.add_argument("--out", type=Path, help="JSONL of per-batch losses")
+    parser.add_argument("--table", type=Path, help="print the gap table of a JSONL written by --out, and exit")
     args = parser.parse_args(argv)
+    if args.table:
+        records = [json.loads(line) for line in args.table.read_text().splitlines() if line.strip()]
+        print(gaps_markdown(records), end="")
+        return
+    if not args.runs or args.out is None:
+        parser.error("give run folders and --out (or --table FILE)")
     if args.batches < 2:
         parser.error(f"--batches must be at least 2 (error bars), got {args.batches}")
     records = [batch_losses(folder, args.batches, args.cache_dir) for folder in args.runs]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
-    for row in gaps(records):
-        print(f"{row['model']:>5} {row['recipe']:<14} loss {row['loss']:.4f}  gap {row['gap']:+.4f} ± {row['ci95']:.4f}")
+    print(gaps_markdown(records), end="")
 
 
 if __name__ == "__main__":

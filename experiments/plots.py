@@ -44,6 +44,23 @@ def loss_curves(curves: Mapping[str, Sequence[dict]], path: str | Path, title: s
     return _save(fig, path)
 
 
+def val_curves_by_size(results: Sequence[dict], path: str | Path, title: str = "") -> Path:
+    """Validation loss against tokens, one panel per model size, one line per recipe (sweep result records)."""
+    sizes = sorted({r["model"] for r in results}, key=lambda m: min(r["non_embedding_params"] for r in results
+                                                                    if r["model"] == m))
+    recipes = sorted({r["recipe"] for r in results}, key=lambda x: (x != "bf16", x))
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 3.8), squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        for i, recipe in enumerate(recipes):
+            for r in (r for r in results if r["model"] == size and r["recipe"] == recipe):
+                tokens, loss = zip(*r["val_curve"][1:])  # from the first evaluation after step 0
+                ax.plot(tokens, loss, "o-", ms=2.5, lw=1, color=f"C{i}", label=f"{recipe} ({loss[-1]:.3f})")
+        ax.set(title=f"{size} {title}".strip(), xlabel="tokens", ylabel="validation loss")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def loss_vs_compute(results: Sequence[dict], law=None, efficiencies: Mapping | None = None,
                     path: str | Path = "loss_vs_compute.png") -> Path:
     """Final validation loss against C = 6ND per recipe; with ``law``, the fitted curve of each (recipe, D/N)."""

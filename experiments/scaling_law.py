@@ -55,7 +55,9 @@ QUARTET_C4_BF16 = LossLaw(A=1.274e5, alpha=0.5785, B=4.658e5, beta=0.5389, E=1.3
 
 
 def _theta(values: dict) -> jnp.ndarray:
-    return jnp.array([jnp.log(values[p]) if p in LOG_PARAMS else values[p] for p in PARAMS], jnp.float32)
+    """θ in float32, logs taken in float64 first (an E far below float32's normal range, as a degenerate fit can
+    give, must not flush to 0 and log to −inf)."""
+    return jnp.asarray([np.log(np.float64(values[p])) if p in LOG_PARAMS else values[p] for p in PARAMS], jnp.float32)
 
 
 def _law(theta) -> LossLaw:
@@ -181,7 +183,8 @@ def bootstrap(base_runs, recipe_runs, law: LossLaw, eff: tuple[float, float], fi
     """95% percentile intervals of eff_N, eff_D (and the base parameters) by resampling runs with replacement.
 
     ``base_runs`` / ``recipe_runs`` are (N, D, L) triples of arrays; each resample refits both stages from the
-    point estimate (``law``, ``eff``).
+    point estimate (``law``, ``eff``). A resample whose refit diverges (non-finite, e.g. a grid too small to pin
+    E once a size is left out) is dropped; ``"finite_fraction"`` says how many were kept (intervals are NaN if none).
     """
     rng = np.random.default_rng(seed)
     free_mask, fixed_theta = _fixed(fixed)
@@ -203,7 +206,10 @@ def bootstrap(base_runs, recipe_runs, law: LossLaw, eff: tuple[float, float], fi
     for i, p in enumerate(PARAMS):
         if bool(free_mask[i]):
             draws[p] = np.exp(thetas[:, i]) if p in LOG_PARAMS else np.asarray(thetas[:, i])
-    return {name: (float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))) for name, v in draws.items()}
+    ok = np.all([np.isfinite(v) for v in draws.values()], axis=0)
+    intervals = {name: (float(np.percentile(v[ok], 2.5)), float(np.percentile(v[ok], 97.5))) if ok.any()
+                 else (float("nan"), float("nan")) for name, v in draws.items()}
+    return {**intervals, "finite_fraction": float(ok.mean())}
 
 
 def load_results(paths: Sequence[str | Path]) -> list[dict]:
@@ -232,7 +238,8 @@ def analyze(results: list[dict], fixed: dict | None = None, samples: int = 200, 
         eff = fit_efficiency(law, *runs)
         intervals = bootstrap(base, runs, law, eff, fixed, samples, seed)
         report["recipes"][recipe] = {"eff_N": eff[0], "eff_D": eff[1], "runs": int(runs[0].size),
-                                     "eff_N_ci": intervals["eff_N"], "eff_D_ci": intervals["eff_D"]}
+                                     "eff_N_ci": intervals["eff_N"], "eff_D_ci": intervals["eff_D"],
+                                     "bootstrap_finite": intervals["finite_fraction"]}
     return report
 
 
@@ -250,10 +257,11 @@ def markdown(report: dict, gaps: list[dict]) -> str:
         p = report[form]
         lines.append(f"| {form} | {p['A']:.4g} | {p['alpha']:.4f} | {p['B']:.4g} | {p['beta']:.4f} | "
                      f"{p['E']:.4f} | {p['gamma']:.4f} |")
-    lines += ["", "| recipe | runs | eff_N (95% CI) | eff_D (95% CI) |", "|---|---|---|---|"]
+    lines += ["", "| recipe | runs | eff_N (95% CI) | eff_D (95% CI) | bootstrap refits kept |", "|---|---|---|---|---|"]
     for recipe, e in report["recipes"].items():
         lines.append(f"| {recipe} | {e['runs']} | {e['eff_N']:.3f} ({e['eff_N_ci'][0]:.3f}–{e['eff_N_ci'][1]:.3f}) | "
-                     f"{e['eff_D']:.3f} ({e['eff_D_ci'][0]:.3f}–{e['eff_D_ci'][1]:.3f}) |")
+                     f"{e['eff_D']:.3f} ({e['eff_D_ci'][0]:.3f}–{e['eff_D_ci'][1]:.3f}) | "
+                     f"{e['bootstrap_finite']:.0%} |")
     lines += ["", "| model | tokens | recipe | val loss | gap to bf16 |", "|---|---|---|---|---|"]
     lines += [f"| {g['model']} | {g['tokens']:,} | {g['recipe']} | {g['val_loss']:.4f} | {g['gap']:+.4f} |"
               for g in sorted(gaps, key=lambda g: (g["model"], g["tokens"], g["gap"]))]

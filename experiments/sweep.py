@@ -101,7 +101,7 @@ def execute(
     deadline = time.monotonic() + 60 * max_minutes
     pending = sorted((r for r in runs if run_state(out / r.name) != "finished"),
                      key=lambda r: (run_state(out / r.name) != "partial", -training_compute(r)))
-    slots = [(d, i) for d in (list(devices) or [None]) for i in range(runs_per_device)]
+    slots = [(d, i) for i in range(runs_per_device) for d in (list(devices) or [None])]  # each GPU once first
     running: dict[tuple[str | None, int], tuple[Run, subprocess.Popen]] = {}
     while pending or running:
         for slot, (run, proc) in list(running.items()):

@@ -4,7 +4,10 @@ import hashlib
 import io
 import json
 import lzma
+import subprocess
+import sys
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -157,3 +160,19 @@ def test_eval_batches_are_fixed_and_cover_the_split():
     assert len(batches) == 3 and batches[0][0, 0] == 0 and batches[-1][-1, -1] == 499
     with pytest.raises(ValueError, match="seq_len=600"):
         data.eval_batches(tokens, 2, 600, 1)
+
+
+def test_processes_decompressing_at_once_all_get_the_file(tmp_path):
+    """Regression: a sweep's runs start together; a shared temporary name made all but one of them crash."""
+    payload = bytes(range(256)) * 20000
+    src = tmp_path / "train.bin.xz"
+    src.write_bytes(lzma.compress(payload))
+    script = ("import sys; from pathlib import Path; from experiments import data; "
+              "print(data.decompress_cached(Path(sys.argv[1]), Path(sys.argv[2])))")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(src), str(tmp_path / "cache")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    paths = {out.strip() for out, _ in outs}
+    assert len(paths) == 1 and Path(paths.pop()).read_bytes() == payload
+    assert not list((tmp_path / "cache").rglob("*.tmp"))

@@ -54,6 +54,7 @@ def test_bootstrap_intervals_cover_the_truth_under_noise_and_report_is_written(t
     exponents = {"alpha": TRUE.alpha, "beta": TRUE.beta, "gamma": TRUE.gamma}  # the free fit is tested above
     report = sl.analyze(results, fixed=exponents, samples=12, seed=0)
     quartet = report["recipes"]["quartet"]
+    assert quartet["bootstrap_finite"] == 1.0  # a well-posed grid: every refit converges
     for key, true in zip(("eff_N", "eff_D"), EFF):
         low, high = quartet[f"{key}_ci"]
         assert low < true < high and low < quartet[key] < high, (key, quartet)

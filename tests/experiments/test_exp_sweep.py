@@ -86,9 +86,11 @@ def test_biggest_runs_start_first_and_share_a_device(tmp_path, monkeypatch):
                 "os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'])",
                 str(folder)]
 
-    sweep.execute(runs, tmp_path, max_minutes=5, devices=["3"], command=command, runs_per_device=2)
+    sweep.execute(runs, tmp_path, max_minutes=5, devices=["3", "5"], command=command, runs_per_device=2)
     assert order == ["1M-r10-bf16", "1M-r10-quartet2", "100K-r10-bf16", "100K-r10-quartet2"]
-    assert {(tmp_path / r.name / "env.txt").read_text() for r in runs} == {"3 0.45"}
+    env = {r.name: (tmp_path / r.name / "env.txt").read_text() for r in runs}
+    assert env["1M-r10-bf16"] == "3 0.45" and env["1M-r10-quartet2"] == "5 0.45"  # every GPU busy before any shares
+    assert set(env.values()) == {"3 0.45", "5 0.45"}
     with pytest.raises(ValueError, match="runs_per_device"):
         sweep.execute(runs, tmp_path, max_minutes=5, command=command, runs_per_device=0)
 
@@ -97,7 +99,8 @@ def test_gaps_pair_each_recipe_with_bf16_over_the_same_batches():
     from experiments import evaluate
 
     def record(recipe, losses, model="1M"):
-        return {"name": recipe, "model": model, "recipe": recipe, "tokens": 100, "step": 5, "batch_losses": losses}
+        return {"name": recipe, "model": model, "recipe": recipe, "tokens": 100, "step": 5, "steps": 5,
+                "batch_losses": losses}
 
     rows = evaluate.gaps([record("bf16", [2.0, 3.0, 4.0]), record("quartet2", [2.1, 3.3, 4.2]),
                           record("quartet", [5.0, 5.0], model="3M")])
@@ -105,5 +108,8 @@ def test_gaps_pair_each_recipe_with_bf16_over_the_same_batches():
     d = np.array([0.1, 0.3, 0.2])
     np.testing.assert_allclose(rows[0]["gap"], d.mean())
     np.testing.assert_allclose(rows[0]["ci95"], 1.96 * d.std(ddof=1) / np.sqrt(3))
+    unfinished = record("quartet2", [2.1, 3.3, 4.2]) | {"step": 3}
+    table = evaluate.gaps_markdown([record("bf16", [2.0, 3.0, 4.0]), unfinished])
+    assert f"| 1M | quartet2 | 3.2000 | +{d.mean():.4f} ± {rows[0]['ci95']:.4f} | 3/5 (unfinished) |" in table
     with pytest.raises(ValueError, match="same validation batches"):
         evaluate.gaps([record("bf16", [2.0, 3.0, 4.0]), record("nvidia_nvfp4", [1.0, 1.0])])
