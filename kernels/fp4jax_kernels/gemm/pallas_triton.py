@@ -4,6 +4,9 @@ A (M, K) and B (N, K) are ``fp4jax.QTensor`` s quantized along K (1D blocks; NVF
 as long as both share it). Each program owns a (bm, bn) output tile and walks K in chunks of bk: it reads bk/2 code
 bytes and bk/block scale bytes per row of each operand, rebuilds ``value(q) · scale_b`` in bf16 (exact: at most
 2 + 4 significant bits, no rounding) and feeds the tensor cores (``dot_general``, bf16 operands, fp32 accumulate).
+The nibbles are never interleaved back into K order: a byte holds elements 2j (low) and 2j + 1 (high), and
+``Σ_k a_k b_k = Σ_j a_2j b_2j + Σ_j a_2j+1 b_2j+1``, so each chunk is two dots, of the low and of the high nibbles
+(each element of the half-width arrays takes the scale of block ``j // (block/2)``).
 The tensor scales multiply the fp32 accumulator once in the epilogue (as the hardware's alpha), so the result
 differs from the XLA path (dequantize to fp32, then dot) only by fp32 summation order.
 """
@@ -48,24 +51,30 @@ def scale_to_f32(bits: jax.Array, fmt_name: str) -> jax.Array:
   return jnp.where(b == E4M3_NAN_BITS, jnp.float32(jnp.nan), val)
 
 
-def _dequant_chunk(codes: jax.Array, scales: jax.Array, block: int, fmt_name: str) -> jax.Array:
-  """(r, bk/2) packed codes + (r, bk/block) scale bits -> (r, bk) bf16 ``value · scale`` (exact)."""
+def _dequant_halves(codes: jax.Array, scales: jax.Array, block: int, fmt_name: str) -> tuple[jax.Array, jax.Array]:
+  """(r, bk/2) packed codes + (r, bk/block) scale bits -> the even and the odd elements, each (r, bk/2) bf16
+  ``value · scale`` (exact)."""
   r, half = codes.shape
-  c = jnp.stack([codes & 0xF, codes >> 4], axis=-1).reshape(r, 2 * half)
-  v = e2m1_to_bf16(c).astype(jnp.float32).reshape(r, 2 * half // block, block)
-  s = scale_to_f32(scales, fmt_name).reshape(r, 2 * half // block, 1)
-  return (v * s).reshape(r, 2 * half).astype(jnp.bfloat16)
+  s = scale_to_f32(scales, fmt_name).reshape(r, half // (block // 2), 1)
+
+  def scaled(nibbles):
+    v = e2m1_to_bf16(nibbles).astype(jnp.float32).reshape(r, half // (block // 2), block // 2)
+    return (v * s).reshape(r, half).astype(jnp.bfloat16)
+
+  return scaled(codes & 0xF), scaled(codes >> 4)
 
 
 def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, bk: int, block: int, fmt_name: str):
   bm, bn = o_ref.shape
+  dims = (((1,), (1,)), ((), ()))
 
   def body(t, acc):
-    a = _dequant_chunk(ac_ref[:, pl.ds(t * (bk // 2), bk // 2)], as_ref[:, pl.ds(t * (bk // block), bk // block)],
-                       block, fmt_name)
-    b = _dequant_chunk(bc_ref[:, pl.ds(t * (bk // 2), bk // 2)], bs_ref[:, pl.ds(t * (bk // block), bk // block)],
-                       block, fmt_name)
-    return acc + lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    a_even, a_odd = _dequant_halves(ac_ref[:, pl.ds(t * (bk // 2), bk // 2)],
+                                    as_ref[:, pl.ds(t * (bk // block), bk // block)], block, fmt_name)
+    b_even, b_odd = _dequant_halves(bc_ref[:, pl.ds(t * (bk // 2), bk // 2)],
+                                    bs_ref[:, pl.ds(t * (bk // block), bk // block)], block, fmt_name)
+    acc = acc + lax.dot_general(a_even, b_even, dims, preferred_element_type=jnp.float32)
+    return acc + lax.dot_general(a_odd, b_odd, dims, preferred_element_type=jnp.float32)
 
   acc = lax.fori_loop(0, k // bk, body, jnp.zeros((bm, bn), jnp.float32))
   out_block = (pl.program_id(0), pl.program_id(1))  # rows of A / B past M / N only feed the masked-off outputs
@@ -84,14 +93,20 @@ def _check(a: QTensor, b: QTensor, tile):
     raise ValueError(f"K={a.shape[1]} must be a multiple of bk={bk}, itself a multiple of the block size")
 
 
+def default_tile(m: int, k: int) -> tuple[int, int, int]:
+  bm = min(128, max(16, 1 << (m - 1).bit_length()))
+  return bm, 128, next((t for t in (128, 64, 32) if k % t == 0), 128)
+
+
 @functools.partial(jax.jit, static_argnames=("tile", "out_dtype", "num_warps", "num_stages", "interpret"))
 def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_warps: int = 8,
            num_stages: int = 3, interpret: bool = False) -> jax.Array:
   """``dq(a) · dq(b)ᵀ`` (M, N) from packed FP4 operands, dequantized in the kernel; fp32 accumulation.
 
-  ``tile`` = (bm, bn, bk), default (128, 128, the largest of 128/64/32 dividing K).
+  ``tile`` = (bm, bn, bk), default (bm, 128, the largest of 128/64/32 dividing K) with bm = M rounded up to a power
+  of two in [16, 128] (a skinny GEMM, e.g. decoding 16 tokens against packed weights, does not compute 128 rows).
   """
-  tile = tuple(tile or (128, 128, next((t for t in (128, 64, 32) if a.shape[1] % t == 0), 128)))
+  tile = tuple(tile or default_tile(*a.shape))
   _check(a, b, tile)
   bm, bn, bk = tile
   (m, k), (n, _) = a.shape, b.shape
