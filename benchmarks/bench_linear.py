@@ -1,4 +1,5 @@
-"""Linear layer fwd+bwd per quantizer backend: ``fp4jax.dot_general(..., backend="xla" | "pallas")`` vs bf16.
+"""Linear layer fwd+bwd of every recipe and quantizer backend (``fp4jax.dot_general(..., backend="xla" | "pallas")``)
+as a ratio to bf16.
 
 Times ``(Y, dX, dW)`` of ``Y = X·Wᵀ`` (default 8192 x 4096 x 4096, bf16 inputs and output) under one ``jax.jit`` per
 row with ``fp4jax_kernels.benchtools.time_ms`` (median of repeats of 10 back-to-back calls, synchronized once);
@@ -7,8 +8,10 @@ JAX's NVFP4 config is a peer row. For each recipe it also checks that the Pallas
 (``same_bits``: Y, dX, dW compared exactly, same key). The GEMMs are XLA bf16 dots on both backends; the backend
 changes the quantizers only (see ``fp4jax.operand``).
 
-    python benchmarks/bench_linear_backends.py [--json linear_backends.json]     # on a GPU
-    python benchmarks/bench_linear_backends.py --smoke                          # CPU: tiny, interpret mode
+    python benchmarks/bench_linear.py [--json linear.json]     # on a GPU
+    python benchmarks/bench_linear.py --smoke                 # CPU: tiny, interpret mode
+
+A recipe the Pallas backend cannot quantize (no block-FP4 operand: bf16, fp8, ms_fp4) gets an "unavailable" row.
 
 Prints a markdown table and one JSON document (also written to ``--json``).
 """
@@ -57,7 +60,7 @@ def main():
   p.add_argument("--m", type=int, default=8192)
   p.add_argument("--k", type=int, default=4096)
   p.add_argument("--n", type=int, default=4096)
-  p.add_argument("--recipes", default="nvidia_nvfp4,quartet2,nvfp4_rtn,quartet")
+  p.add_argument("--recipes", default=",".join(n for n in fp4jax.recipes.names() if n != "bf16"))
   p.add_argument("--backends", default="xla,pallas")
   p.add_argument("--json", default=None, help="also write the JSON document to this path")
   p.add_argument("--smoke", action="store_true", help="tiny shapes, one timed call (CPU; Pallas in interpret mode)")
@@ -81,7 +84,13 @@ def main():
     outputs = {}
     for backend in args.backends.split(","):
       fn = fwd_bwd(recipe_dot(recipe, backend))
-      outputs[backend] = jax.block_until_ready(fn(*operands))
+      try:
+        outputs[backend] = jax.block_until_ready(fn(*operands))
+      except ValueError as e:
+        if f"backend={backend!r}" not in str(e):  # only the backend's refusal of this recipe's operands is a row
+          raise
+        rows.append({"name": f"{recipe} [{backend}]", "unavailable": str(e)[:200]})
+        continue
       rows.append({"name": f"{recipe} [{backend}]", "recipe": recipe, "backend": backend, "ms": timer(fn, *operands)})
       print(f"{rows[-1]['name']}: {rows[-1]['ms']:.3f} ms", flush=True)
     if {"xla", "pallas"} <= outputs.keys():
