@@ -1,0 +1,38 @@
+#!/bin/bash
+# The GPU checks and benchmarks of BENCHMARKS.md, in pieces that each fit one 10-minute device command.
+#
+#   bash benchmarks/gpu_suite.sh kernels   # 1 GPU: GPU tests (compiled kernels, parity), quantize tile sweep, GEMM, linear
+#   bash benchmarks/gpu_suite.sh multi     # 2-4 GPUs: sharded == one device, weak scaling
+#
+# Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
+set -u -o pipefail
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=.:kernels
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
+python -c "import jax; print(jax.__version__, jax.devices())" > "$OUT/device.txt" 2>&1
+nvidia-smi --query-gpu=name,driver_version --format=csv >> "$OUT/device.txt" 2>&1
+
+case "${1:-}" in
+  kernels)
+    timeout 240 python -m pytest -q -x -p no:cacheprovider tests/test_gpu_parity.py tests/kernels > "$OUT/gpu_tests.log" 2>&1
+    timeout 150 python -m fp4jax_kernels.quantize.bench --sweep-tiles --json "$OUT/quantize_tiles.json" > "$OUT/quantize_tiles.log" 2>&1
+    timeout 90 python -m fp4jax_kernels.gemm.bench > "$OUT/gemm.log" 2>&1
+    timeout 120 python benchmarks/bench_linear.py --json "$OUT/linear.json" > "$OUT/linear.log" 2>&1
+    ;;
+  multi)
+    n=$(nvidia-smi -L | wc -l)
+    meshes="data=$n data=$n:fsdp model=2"
+    [ "$n" -ge 4 ] && meshes="$meshes data=2,model=2"
+    timeout 240 python -m experiments.layout_check --recipes bf16,nvfp4_rtn,nvidia_nvfp4,quartet2 --meshes $meshes \
+      --grad-comm-dtypes float32,bfloat16 --out "$OUT/layout_check.json" > "$OUT/layout_check.log" 2>&1
+    counts=$(seq -s, 1 "$n" | awk -F, '{for (i = 1; i <= NF; i *= 2) s = s (s ? "," : "") i; print s}')
+    timeout 300 python -m experiments.bench_scaling --model 125M --recipes bf16,nvidia_nvfp4,quartet2 --devices "$counts" \
+      --steps 10 --out "$OUT/scaling.json" > "$OUT/scaling.log" 2>&1
+    ;;
+  *)
+    echo "usage: bash benchmarks/gpu_suite.sh kernels|multi" >&2
+    exit 2
+    ;;
+esac
+tail -n 5 "$OUT"/*.log
