@@ -40,22 +40,41 @@ def seed_from_key(key: jax.Array) -> jnp.ndarray:
   return jax.random.bits(key, (2,), jnp.uint32)
 
 
-def index_grid(shape: tuple[int, ...]) -> jnp.ndarray:
-  """Row-major flat index of every element of ``shape`` as uint32 (``iota``, no host constant)."""
-  size = int(np.prod(shape, dtype=np.int64))
+def index_grid(shape: tuple[int, ...], origin=None, logical_shape: tuple[int, ...] | None = None) -> jnp.ndarray:
+  """Row-major flat index of every element of ``shape`` as uint32 (``iota``, no host constant).
+
+  ``origin`` / ``logical_shape`` (both or neither): the array is the slice of a logical tensor of static shape
+  ``logical_shape`` whose element ``[0, ..., 0]`` sits at ``origin`` (one int per dim, may be traced, e.g.
+  ``lax.axis_index(name) * local_size`` under ``shard_map``); the result is then the logical row-major index
+  ``sum_d (origin[d] + i_d) * stride_d`` with the logical strides, so a shard draws the bits the whole tensor
+  would draw at those elements. Defaults: origin 0, logical shape ``shape``.
+  """
+  shape = tuple(shape)
+  if (origin is None) != (logical_shape is None):
+    raise ValueError("index_grid: pass both origin and logical_shape, or neither")
+  logical = shape if logical_shape is None else tuple(int(n) for n in logical_shape)
+  if len(logical) != len(shape) or any(n > big for n, big in zip(shape, logical)):
+    raise ValueError(f"logical_shape {logical} must have the rank of shape {shape} and hold it")
+  size = int(np.prod(logical, dtype=np.int64))
   if size > MAX_ELEMENTS:
-    raise ValueError(f"random bits address at most 2**32 elements per tensor, got shape {shape}")
+    raise ValueError(f"random bits address at most 2**32 elements per tensor, got shape {logical}")
+  origin = (0,) * len(shape) if origin is None else tuple(origin)
+  if len(origin) != len(shape):
+    raise ValueError(f"origin {origin} must have one entry per dim of shape {shape}")
   idx = jnp.zeros(shape, jnp.uint32)
   stride = 1
   for dim in reversed(range(len(shape))):
-    idx = idx + jax.lax.broadcasted_iota(jnp.uint32, shape, dim) * jnp.uint32(stride)
-    stride *= shape[dim]
+    pos = jax.lax.broadcasted_iota(jnp.uint32, shape, dim) + jnp.asarray(origin[dim]).astype(jnp.uint32)
+    idx = idx + pos * jnp.uint32(stride)
+    stride *= logical[dim]
   return idx
 
 
-def random_bits(key: jax.Array, shape: tuple[int, ...]) -> jnp.ndarray:
-  """uint32 bits for a tensor of ``shape``: ``hash_bits(seed_from_key(key), row-major index)``."""
-  return hash_bits(seed_from_key(key), index_grid(shape))
+def random_bits(key: jax.Array, shape: tuple[int, ...], origin=None,
+                logical_shape: tuple[int, ...] | None = None) -> jnp.ndarray:
+  """uint32 bits for a tensor of ``shape``: ``hash_bits(seed_from_key(key), row-major index)``; with ``origin`` and
+  ``logical_shape`` the index is the element's in the logical tensor (``index_grid``)."""
+  return hash_bits(seed_from_key(key), index_grid(shape, origin, logical_shape))
 
 
 def uniform_from_bits(bits: jnp.ndarray) -> jnp.ndarray:

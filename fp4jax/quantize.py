@@ -102,6 +102,16 @@ class BlockLayout:
       s[ax] = -(-s[ax] // b)
     return tuple(s)
 
+  def scale_origin(self, origin) -> tuple:
+    """Where this tensor's scale grid starts in a logical tensor's scale grid when the tensor is the slice of that
+    tensor starting at element ``origin`` (one int per dim, may be traced): ``origin`` divided by the block along
+    the blocked axes. The slice must start on a block boundary there (the caller checks: else blocks straddle)."""
+    origin = list(origin)
+    axes = (self.axis,) if len(self.block) == 1 else (self.axis, self._other_axis)
+    for ax, b in zip(axes, (self.block[-1],) + tuple(self.block[:-1])):
+      origin[ax] = origin[ax] // b
+    return tuple(origin)
+
   @property
   def _other_axis(self):
     nd = len(self.shape)
