@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fp4jax import estimators, operand as operand_lib, recipes as recipes_lib
+from fp4jax import estimators, operand as operand_lib, recipes as recipes_lib, sharding as sharding_lib
 from fp4jax.operand import Operand, channel_scale, inverse_rotate, matmul, rotate_and_quantize, signs_for
 from fp4jax.recipes import Recipe
 
@@ -102,7 +102,8 @@ def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs):
       out.append((x, None))
       continue
     k = _fold(key, _KEY_IDS[f"{gemm}_{side}"])
-    out.append(rotate_and_quantize(x, spec, k, signs, backend=static.backend))
+    shard = sharding_lib.operand_shard(static.recipe, f"{gemm}_{side}")  # None unless token-sharded
+    out.append(rotate_and_quantize(x, spec, k, signs, backend=static.backend, shard=shard))
   return out
 
 
@@ -196,7 +197,9 @@ def dot_general(
       ``Y = X·Wᵀ``, so its free dims are the outputs and its gradient is the weight gradient).
     dimension_numbers: ``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))`` as in ``lax.dot_general``;
       any number of contracting and batch dims.
-    recipe: a ``fp4jax.recipes.Recipe`` or a registered name (``fp4jax.recipes.names()``).
+    recipe: a ``fp4jax.recipes.Recipe`` or a registered name (``fp4jax.recipes.names()``). Inside ``shard_map``
+      with the lhs's leading free dim split over a mesh axis, ``fp4jax.sharding.token_sharded(recipe, axis)``
+      quantizes every operand as one device does on the logical tensors (cross-shard amax, logical random bits).
     key: JAX PRNG key, required when ``recipe.is_random`` (stochastic rounding, MS-EDEN, fresh Hadamard signs).
     precision: passed to the internal GEMMs (default: bf16 GEMMs for exact-in-bf16 quantized values, HIGHEST for
       float32 ones).

@@ -108,23 +108,27 @@ def _e2m1_channel(x: jax.Array, pow2_scale: bool) -> Operand:
   return Operand(values.astype(jnp.bfloat16) if pow2_scale else values, jnp.float32(1.0))
 
 
-def _block_fp4(x: jax.Array, spec: OperandSpec, key, kernel_hadamard) -> tuple[Operand, jax.Array | None]:
+def _block_fp4(x: jax.Array, spec: OperandSpec, key, kernel_hadamard, shard=None) -> tuple[Operand, jax.Array | None]:
   """Block-scaled FP4 along the last axis with ``fp4jax.quantize``'s block numerics and random bits (the same codes
   and scales as ``quantize(x, ...)``), kept unpacked: ``values = value(q) · dec_b`` (exact in bf16), ``scale`` the
   tensor decode scale.
 
   ``kernel_hadamard``: None for the XLA path; ``(size, signs mode)`` (size 0: no rotation) for the fused kernel,
-  which then rotates ``x`` itself.
+  which then rotates ``x`` itself. ``shard``: an ``fp4jax.sharding.OperandShard`` (XLA path only): the NVFP4 tensor
+  amax is the logical tensor's and the random bits hash logical indices.
   """
   _, block, _ = check_quantize_args(x, spec.fmt, -1, spec.rounding, spec.block_shape, 0, "none")
   lay = BlockLayout(x.shape, x.ndim - 1, block)
   if kernel_hadamard is None:
     _, k_elems, k_scales = split_quantize_key(key, spec.rounding, 0, "none")
-    bits = lay.to_blocks(bits_lib.random_bits(k_elems, x.shape)) if spec.rounding == "sr" else None
+    where = shard.placement(x.shape) if shard else ()  # (origin, logical shape) of x in the logical tensor
+    bits = lay.to_blocks(bits_lib.random_bits(k_elems, x.shape, *where)) if spec.rounding == "sr" else None
     eden = spec.rounding == "eden"
-    scale_bits = lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape)) if eden else None
+    scale_where = (lay.scale_origin(where[0]), BlockLayout(where[1], lay.axis, block).scale_shape) if shard else ()
+    scale_bits = lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape, *scale_where)) if eden else None
     xb = lay.to_blocks(x.astype(jnp.float32))
-    codes, dec, global_scale, _ = quantize_blocks(xb, lay, spec.fmt, spec.rounding, bits, scale_bits)
+    amax = shard.global_amax(x) if shard and spec.fmt.name == "nvfp4" else None
+    codes, dec, global_scale, _ = quantize_blocks(xb, lay, spec.fmt, spec.rounding, bits, scale_bits, amax)
   else:
     q = _kernel_quantize(x, spec, key, *kernel_hadamard)
     codes = lay.to_blocks(q.unpacked_codes().reshape(x.shape))
@@ -194,26 +198,38 @@ def resolve_backend(backend: str, shape: tuple[int, ...], dtype, spec: OperandSp
 
 
 def quantize_operand(
-    x: jax.Array, spec: OperandSpec, key: jax.Array | None, *, backend: str = "xla"
+    x: jax.Array, spec: OperandSpec, key: jax.Array | None, *, backend: str = "xla", shard=None
 ) -> tuple[Operand, jax.Array | None]:
   """Quantize ``x`` along its last axis (already rotated if the GEMM has a Hadamard) as ``spec`` says.
 
   Returns the ``Operand`` and, for ``estimator="trust_mask"``, the bool mask of unclipped elements (else None).
   ``key`` feeds stochastic rounding / MS-EDEN. ``backend``: ``"xla"``, ``"pallas"`` or ``"auto"`` (module
-  docstring); every backend gives the same bits.
+  docstring); every backend gives the same bits. ``shard``: an ``fp4jax.sharding.OperandShard`` when ``x`` is one
+  device's slice of a token-sharded operand inside ``shard_map`` (XLA backend only; see ``fp4jax.sharding``).
   """
+  if shard is not None:
+    if backend == "pallas":
+      raise ValueError("backend='pallas' does not take a token-sharded operand (fp4jax.sharding); use 'xla' or 'auto'")
+    shard.check(x.shape, spec, "fp4jax.operand.quantize_operand")
+    return _quantize(x, spec, key, None, shard)
   name = resolve_backend(backend, x.shape, x.dtype, spec, fused_hadamard=False)
   return _quantize(x, spec, key, None if name == "xla" else (0, "none"))
 
 
 def rotate_and_quantize(
-    x: jax.Array, spec: OperandSpec, key: jax.Array | None, signs: jax.Array | None, *, backend: str = "xla"
+    x: jax.Array, spec: OperandSpec, key: jax.Array | None, signs: jax.Array | None, *, backend: str = "xla",
+    shard=None,
 ) -> tuple[Operand, jax.Array | None]:
   """``quantize_operand(rotate(x, spec.hadamard, signs), spec, key)`` (no rotation when ``spec.hadamard`` is 0).
 
   With the Pallas backend the kernel rotates in its tile (same butterflies, same bf16 rounding: the same bits); a
   trust-mask operand is rotated by XLA, since its mask compares the rotated tensor with the block scales.
+  ``shard``: see ``quantize_operand`` (XLA backend only).
   """
+  if shard is not None:  # checked before rotating, so a straddling Hadamard chunk is named as such
+    shard.check(x.shape, spec, "fp4jax.operand.rotate_and_quantize")
+    x = rotate(x, spec.hadamard, signs) if spec.hadamard else x
+    return quantize_operand(x, spec, key, backend=backend, shard=shard)
   if spec.hadamard and spec.estimator != "trust_mask":
     name = resolve_backend(backend, x.shape, x.dtype, spec, fused_hadamard=True)
     if name == "pallas":
@@ -225,7 +241,7 @@ def rotate_and_quantize(
   return quantize_operand(x, spec, key, backend=backend)
 
 
-def _quantize(x, spec: OperandSpec, key, kernel_hadamard) -> tuple[Operand, jax.Array | None]:
+def _quantize(x, spec: OperandSpec, key, kernel_hadamard, shard=None) -> tuple[Operand, jax.Array | None]:
   """The operand of ``spec`` from ``x``; block FP4 by the kernel when ``kernel_hadamard`` is set (see _block_fp4)."""
   residual = None
   if spec.clip == "occ":
@@ -234,7 +250,7 @@ def _quantize(x, spec: OperandSpec, key, kernel_hadamard) -> tuple[Operand, jax.
   if spec.fmt is None:
     op = Operand(x, jnp.float32(1.0))
   elif isinstance(spec.fmt, FP4Format):
-    op, mask = _block_fp4(x, spec, key, kernel_hadamard)
+    op, mask = _block_fp4(x, spec, key, kernel_hadamard, shard)
   elif spec.fmt == E2M1_CHANNEL:
     op = _e2m1_channel(x, spec.scale_pow2)
   else:
