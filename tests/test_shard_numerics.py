@@ -1,0 +1,215 @@
+"""``fp4jax.sharding.token_sharded`` recipes: one ``dot_general`` under ``shard_map`` over "data" quantizes every
+operand (forward, dgrad, wgrad) bit for bit as one device does on the logical tensors; only the wgrad's fp32 sum
+over tokens is reordered. Plus the logical-index hook of ``fp4jax.bits`` (in process).
+
+The sharded runs need 4 devices, requested before jax is imported: one subprocess (this file run as a script, CPU)
+computes every comparison and prints them as JSON. It captures the operands each GEMM consumes by wrapping
+``fp4jax.dot.matmul`` and running the custom VJP's forward and backward rules (``_qdot_fwd`` / ``_qdot_bwd``) as
+plain functions; the public ``dot_general`` is checked end to end on a 3D lhs.
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from fp4jax import bits
+
+REPO = Path(__file__).resolve().parents[1]
+SHARDS = 4
+M, K, N = 512, 128, 128  # tokens (128 per shard: quartet2's 128-point Hadamard along tokens fits), features, outputs
+RECIPES = ("nvfp4_rtn", "nvidia_nvfp4", "quartet2")
+OPERANDS = ("fwd_lhs", "fwd_rhs", "dgrad_lhs", "dgrad_rhs", "wgrad_lhs", "wgrad_rhs")  # matmul's (a, b) per GEMM
+
+
+# ------------------------------------------------------------------------------------------------ subprocess side
+def _inputs():
+  """Canonical X (1, M, K) bf16, W (1, N, K) f32, dY (1, M, N) bf16; rows ramp in magnitude so shard amaxes differ."""
+  import jax.numpy as jnp  # noqa: PLC0415
+  ks = jax.random.split(jax.random.key(0), 4)
+  ramp = jnp.linspace(0.25, 4.0, M)[None, :, None]
+  x = jax.random.normal(ks[0], (1, M, K)) * jnp.exp(jax.random.normal(ks[1], (1, 1, K))) * ramp
+  w = jax.random.normal(ks[2], (1, N, K)) * 0.05
+  dy = jax.random.normal(ks[3], (1, M, N)) * ramp * 1e-3
+  return x.astype(jnp.bfloat16), w, dy.astype(jnp.bfloat16)
+
+
+def _bits(a) -> np.ndarray:
+  a = np.asarray(a)
+  return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+
+
+def compute() -> dict:
+  import jax.numpy as jnp  # noqa: PLC0415
+  from jax import lax  # noqa: PLC0415
+  from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+
+  import fp4jax  # noqa: PLC0415
+  from fp4jax import dot  # noqa: PLC0415
+
+  mesh = jax.make_mesh((SHARDS,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  captured = []
+  matmul = dot.matmul
+
+  def spy(a, b, precision=None):  # the operands each GEMM consumes, in GEMM order
+    captured.append((a, b))
+    return matmul(a, b, precision)
+
+  dot.matmul = spy
+
+  def gemms(recipe, x, w, dy, key):
+    """(y, dx, dw, [(values, scale)] * 6) of fp4jax.dot's custom VJP rules on canonical operands."""
+    captured.clear()
+    static = dot._Static(recipe, None, "xla", jnp.float32, x.dtype, w.dtype)
+    y, res = dot._qdot_fwd(static, x, w, key)
+    dx, dw, _ = dot._qdot_bwd(static, res, dy)
+    return y, dx, dw, [tuple(op) for pair in captured for op in pair]
+
+  @functools.cache  # one compile per recipe and input shapes
+  def sharded(recipe):
+    def local(x, w, dy, key):
+      y, dx, dw, ops = gemms(recipe, x, w, dy, key)
+      return y, dx, lax.psum(dw, "data"), jax.tree.map(lambda a: a[None], ops)  # operands stacked per device
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(None, "data"), P(), P(None, "data"), P()),
+                                 out_specs=(P(None, "data"), P(None, "data"), P(), P("data"))))
+
+  x, w, dy = _inputs()
+  key = jax.random.key(7)
+  token_dims = fp4jax.sharding.TOKEN_DIMS
+  out = {"recipes": {}, "errors": {}}
+
+  def compare(got_ops, ref_ops):
+    """Per operand: values and scale of every device equal the one-device operand (token slices concatenated)."""
+    same = {}
+    for name, (gv, gs), (rv, rs) in zip(OPERANDS, got_ops, ref_ops):
+      gv, gs = np.asarray(gv), np.asarray(gs)
+      if name in token_dims:
+        values_equal = np.array_equal(_bits(np.concatenate(list(gv), axis=token_dims[name])), _bits(rv))
+      else:
+        values_equal = all(np.array_equal(_bits(v), _bits(rv)) for v in gv)
+      same[name] = bool(values_equal and all(np.array_equal(_bits(s), _bits(rs)) for s in gs))
+    return same
+
+  for name in RECIPES:
+    ref = jax.device_get(jax.jit(lambda *a, name=name: gemms(fp4jax.recipes.get(name), *a))(x, w, dy, key))
+    got = jax.device_get(sharded(fp4jax.sharding.token_sharded(name, "data"))(x, w, dy, key))
+    (a, sa), (b, sb) = ref[3][4], ref[3][5]  # the wgrad operands: fp32 reordering bound of dW
+    terms = np.abs(np.asarray(a, np.float64)[0]) @ np.abs(np.asarray(b, np.float64)[0]).T * abs(float(sa) * float(sb))
+    bound = 2 * (M + SHARDS) * 2.0**-24 * terms
+    dw_err = np.abs(np.asarray(got[2], np.float64) - np.asarray(ref[2], np.float64))
+    out["recipes"][name] = {
+        "operands": compare(got[3], ref[3]),
+        "y": bool(np.array_equal(_bits(got[0]), _bits(ref[0]))),
+        "dx": bool(np.array_equal(_bits(got[1]), _bits(ref[1]))),
+        "dw_within_reorder_bound": bool(np.all(dw_err <= bound)),
+        "dw_bit_identical": bool(np.array_equal(got[2], ref[2])),
+    }
+    if name == "nvfp4_rtn":  # negative control: the plain recipe quantizes each shard on its own
+      plain = jax.device_get(sharded(fp4jax.recipes.get(name))(x, w, dy, key))
+      out["plain_recipe_operands"] = compare(plain[3], ref[3])
+
+  # The public dot_general on a 3D lhs (batch, seq, K), the batch split over "data": y and dx as one device.
+  dn = (((2,), (1,)), ((), ()))
+  lhs, rhs, cot = x.reshape(8, M // 8, K), w[0], dy.reshape(8, M // 8, N).astype(jnp.float32)
+
+  def vjp(recipe, lhs, rhs, cot, key):
+    y, f = jax.vjp(lambda a, b: fp4jax.dot_general(a, b, dn, recipe=recipe, key=key), lhs, rhs)
+    return (y, *f(cot))
+
+  ref = jax.jit(lambda *a: vjp("nvidia_nvfp4", *a))(lhs, rhs, cot, key)
+  recipe = fp4jax.sharding.token_sharded("nvidia_nvfp4", "data")
+  local = lambda a, b, c, k: vjp(recipe, a, lax.pcast(b, "data", to="varying"), c, k)[:2]  # noqa: E731
+  got = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P("data"), P(), P("data"), P()),
+                              out_specs=(P("data"), P("data"))))(lhs, rhs, cot, key)
+  out["public_dot_general"] = {"y": bool(np.array_equal(_bits(got[0]), _bits(ref[0]))),
+                               "dx": bool(np.array_equal(_bits(got[1]), _bits(ref[1])))}
+
+  # NaN in one shard of X: the forward X operand's tensor scale is NaN on every device, as on one device.
+  bad = x.at[0, M - 3, 5].set(jnp.nan)
+  scales = jax.device_get(sharded(fp4jax.sharding.token_sharded("nvfp4_rtn", "data"))(bad, w, dy, key))[3][0][1]
+  out["nan_in_one_shard_scales"] = [float(s) for s in scales]
+
+  for label, (name, tokens) in {"straddle_hadamard": ("quartet2", 256), "fp8": ("fp8", M)}.items():
+    try:
+      sharded(fp4jax.sharding.token_sharded(name, "data"))(x[:, :tokens], w, dy[:, :tokens], key)
+      out["errors"][label] = None
+    except ValueError as err:
+      out["errors"][label] = str(err)
+  return out
+
+
+# ------------------------------------------------------------------------------------------------ tests
+@pytest.fixture(scope="module")
+def results():
+  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={SHARDS}", "JAX_PLATFORMS": "cpu",
+         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+  proc = subprocess.run([sys.executable, __file__], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_operand_of_a_token_sharded_dot_is_the_one_device_operand(results, recipe):
+  """Forward (X, W), dgrad (dY, Wᵀ), wgrad (dYᵀ, Xᵀ along the sharded tokens): values and tensor scales bit for bit;
+  y and dX (row-local) bit for bit; dW differs only by the order of its fp32 sum over tokens: |ΔdW| <=
+  2(M + shards)·2^-24 · Σ_m |a||b|·|s_a s_b| (the classic recursive-summation bound, both orders, plus the psum)."""
+  r = results["recipes"][recipe]
+  assert r["operands"] == {name: True for name in OPERANDS}, r
+  assert r["y"] and r["dx"] and r["dw_within_reorder_bound"], r
+
+
+def test_the_plain_recipe_under_shard_map_would_be_detected(results):
+  """Negative control: without the token-sharded mark each shard has its own NVFP4 amax, so the activation-like
+  operands differ from one device's, while the weight operands (the same on every device) do not."""
+  plain = results["plain_recipe_operands"]
+  assert not any(plain[name] for name in ("fwd_lhs", "dgrad_lhs", "wgrad_lhs", "wgrad_rhs")), plain
+  assert plain["fwd_rhs"] and plain["dgrad_rhs"], plain
+
+
+def test_public_dot_general_with_a_3d_lhs_split_over_its_batch(results):
+  assert results["public_dot_general"] == {"y": True, "dx": True}
+
+
+def test_nonfinite_element_in_one_shard_makes_every_tensor_scale_nan(results):
+  scales = results["nan_in_one_shard_scales"]
+  assert len(scales) == SHARDS and all(np.isnan(scales)), scales
+
+
+def test_straddling_layouts_and_unsupported_formats_are_rejected(results):
+  err = results["errors"]
+  assert err["straddle_hadamard"] is not None and "64 local tokens are not a multiple of" in err["straddle_hadamard"]
+  assert "Hadamard size 128" in err["straddle_hadamard"] and "straddle two devices" in err["straddle_hadamard"]
+  assert err["fp8"] is not None and "fp8_e4m3 has one per-tensor scale" in err["fp8"]
+
+
+# ------------------------------------------------------------------------------------------------ in process
+def test_index_grid_of_a_slice_is_the_logical_grid_sliced():
+  logical = np.arange(4 * 6 * 8, dtype=np.uint32).reshape(4, 6, 8)
+  got = bits.index_grid((2, 3, 8), origin=(1, 3, 0), logical_shape=(4, 6, 8))
+  np.testing.assert_array_equal(np.asarray(got), logical[1:3, 3:6, :])
+  key = jax.random.key(3)
+  whole = np.asarray(bits.random_bits(key, (4, 6, 8)))
+  traced = jax.jit(lambda r: bits.random_bits(key, (2, 6, 8), (r, 0, 0), (4, 6, 8)))(2)
+  np.testing.assert_array_equal(np.asarray(traced), whole[2:])
+  np.testing.assert_array_equal(np.asarray(bits.index_grid((3, 4))), np.arange(12).reshape(3, 4))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(origin=(0, 0)), "both origin and logical_shape"),
+    (dict(origin=(0, 0), logical_shape=(2, 3)), "must have the rank of shape .* and hold it"),
+    (dict(origin=(0,), logical_shape=(8, 8)), "one entry per dim"),
+    (dict(origin=(0, 0), logical_shape=(2**17, 2**16)), "at most 2\\*\\*32"),
+])
+def test_index_grid_arguments_are_checked(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    bits.index_grid((4, 4), **kwargs)
+
+
+if __name__ == "__main__":
+  print(json.dumps(compute()))
