@@ -25,8 +25,9 @@ parameters live in scanned stacks (``model.STACK_NAMES``) with a leading layer a
 Every optimizer-state leaf shaped like a parameter takes that parameter's spec. Gradient all-reduces happen inside
 the wgrad GEMMs, whose accumulator is fp32 (``fp4jax.operand.matmul``), so gradients are reduced in fp32 before the
 fp32 master update. ``--grad-comm-dtype bfloat16|float8_e4m3fn`` (pure data parallelism only) instead
-differentiates each data shard's loss under ``jax.shard_map`` and all-reduces the gradients in that dtype
-(:func:`data_parallel_value_and_grad`, :func:`all_reduce_mean`).
+differentiates each data shard's share of the loss under ``jax.shard_map`` and all-reduces the gradients in that
+dtype (:func:`data_parallel_value_and_grad`, :func:`all_reduce_sum`); its FP4 projections run
+``fp4jax.sharding.token_sharded`` recipes, so their quantized operands are still those of the global program.
 
 ``check_layout`` rejects, before anything is compiled, a layout that does not split the model evenly or whose shard
 along a quantized GEMM axis is not a whole number of the recipe's blocks and Hadamard chunks (a block or a
@@ -42,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +53,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 import fp4jax
 from fp4jax import fp8
+import fp4jax.flax
 from fp4jax.formats import FP4Format
 from fp4jax.ieee import div_rn
 from fp4jax.rounding import rtn_bf16, rtn_e4m3
@@ -288,35 +291,35 @@ def comm_encode(g: jax.Array, dtype: str, amax: jax.Array | None, n: int) -> jax
 
 
 def comm_decode(total: jax.Array, dtype: str, amax: jax.Array | None, n: int) -> jax.Array:
-    """The fp32 mean from the all-reduced sum of ``n`` :func:`comm_encode` payloads: ``rtn_bf16(t) · f32(1/n)``,
-    or ``rtn_e4m3(t) · f32(2^⌈log2 n⌉·amax / (448·n))``. Re-rounding puts the sum on the wire grid even where the
-    backend reduced in a wider type (XLA:CPU) or XLA dropped the convert back to the wire dtype."""
+    """The fp32 sum from the all-reduced sum of ``n`` :func:`comm_encode` payloads: ``rtn_bf16(t)``, or
+    ``rtn_e4m3(t) · f32(2^⌈log2 n⌉·amax / 448)``. Re-rounding puts the sum on the wire grid even where the backend
+    reduced in a wider type (XLA:CPU) or XLA dropped the convert back to the wire dtype."""
     total = total.astype(jnp.float32)
     if dtype == "bfloat16":
-        return rtn_bf16(total) * jnp.float32(1.0 / n)
-    return rtn_e4m3(total) * div_rn(jnp.float32(_pow2_ceil(n)) * amax, jnp.float32(fp8.E4M3.max * n))
+        return rtn_bf16(total)
+    return rtn_e4m3(total) * div_rn(jnp.float32(_pow2_ceil(n)) * amax, jnp.float32(fp8.E4M3.max))
 
 
-def _all_reduce_mean_leaf(g: jax.Array, dtype: str, axis_name: str) -> jax.Array:
+def _all_reduce_sum_leaf(g: jax.Array, dtype: str, axis_name: str) -> jax.Array:
     if dtype == "float32":
-        return lax.pmean(g.astype(jnp.float32), axis_name)
+        return lax.psum(g.astype(jnp.float32), axis_name)
     n, amax = lax.axis_size(axis_name), None
     if dtype == "float8_e4m3fn":
         amax = lax.pmax(_nonfinite_to_inf(jnp.max(jnp.abs(g.astype(jnp.float32))), g), axis_name)
     return comm_decode(lax.psum(comm_encode(g, dtype, amax, n), axis_name), dtype, amax, n)
 
 
-def all_reduce_mean(grads, dtype: str, axis_name: str):
-    """Mean over the devices of mesh axis ``axis_name`` of each gradient leaf, communicated in ``dtype``; fp32 out.
+def all_reduce_sum(grads, dtype: str, axis_name: str):
+    """Sum over the devices of mesh axis ``axis_name`` of each gradient leaf, communicated in ``dtype``; fp32 out.
 
     Call inside ``jax.shard_map`` (or any context binding ``axis_name``) with ``n`` devices on the axis.
 
-    * float32: ``lax.pmean(g)``.
-    * bfloat16: ``t = rtn_bf16(psum(rtn_bf16(g)))``, mean ``= t · f32(1/n)`` (:func:`comm_encode`, :func:`comm_decode`).
+    * float32: ``lax.psum(g)``.
+    * bfloat16: ``rtn_bf16(psum(rtn_bf16(g)))`` (:func:`comm_encode`, :func:`comm_decode`).
     * float8_e4m3fn (per-tensor current scaling with a scale shared by all shards): ``amax = pmax(max|g|)`` (+Inf if a
-      shard holds NaN/Inf, so the mean is NaN), ``s = fp8_comm_scale(amax, n) = 448/(2^⌈log2 n⌉·amax)``,
-      ``t = rtn_e4m3(psum(rtn_e4m3(g·s)))``, mean ``= t · f32(2^⌈log2 n⌉·amax / (448·n))``. Elements with
-      ``|g·s| <= 2^-10`` (half E4M3's smallest subnormal), i.e. ``|g| <= 2^⌈log2 n⌉·amax / (448·2^10)``, flush to 0.
+      shard holds NaN/Inf, so the sum is NaN), ``s = fp8_comm_scale(amax, n) = 448/(2^⌈log2 n⌉·amax)``,
+      sum ``= rtn_e4m3(psum(rtn_e4m3(g·s))) · f32(2^⌈log2 n⌉·amax / 448)``. Elements with ``|g·s| <= 2^-10`` (half
+      E4M3's smallest subnormal), i.e. ``|g| <= 2^⌈log2 n⌉·amax / (448·2^10)``, flush to 0.
 
     Rounding is explicit (``fp4jax.rounding``: RNE, ties to even, E4M3 saturating at ±448), before the cast to the
     wire dtype and again on the reduced sum, so the sum lies on the bf16 / E4M3 grid whatever precision the backend
@@ -327,24 +330,41 @@ def all_reduce_mean(grads, dtype: str, axis_name: str):
     """
     if dtype not in GRAD_COMM_DTYPES:
         raise ValueError(f"dtype must be one of {GRAD_COMM_DTYPES}, got {dtype!r}")
-    return jax.tree.map(lambda g: _all_reduce_mean_leaf(g, dtype, axis_name), grads)
+    return jax.tree.map(lambda g: _all_reduce_sum_leaf(g, dtype, axis_name), grads)
 
 
-def data_parallel_value_and_grad(loss_fn, mesh: Mesh, comm_dtype: str):
-    """``(params, batch, key) -> (loss, grads)`` for ``jax.jit``: each data shard differentiates ``loss_fn`` (a mean
-    over the batch rows) on its rows under ``jax.shard_map``; gradients are averaged by :func:`all_reduce_mean` in
-    ``comm_dtype``, the loss by an fp32 ``pmean``. Parameters replicated, batch ``P("data", None)``, key replicated.
+def token_sharded_model(model: model_lib.Llama):
+    """``model`` with the projections of its FP4 layer stacks running ``fp4jax.sharding.token_sharded(recipe,
+    "data")`` (``fp4jax.flax.linen.quantize`` rules on the stacks' paths; BF16 stacks, embedding and LM head as
+    written): inside :func:`data_parallel_value_and_grad` every quantized operand is then the one-device operand."""
+    cfg = model.config
+    stacks = [s for s in model_lib.layer_stacks(cfg) if s.recipe != model_lib.BF16_RECIPE]
+    if not stacks:
+        return model
+    recipe = fp4jax.sharding.token_sharded(cfg.recipe, DATA)
+    return fp4jax.flax.quantize(model, [fp4jax.flax.Rule(re.escape(s.name) + "/.*", recipe) for s in stacks],
+                                defaults=())
 
-    This is the textbook data-parallel step, so the model's quantizers see the shard's activations and gradients:
-    NVFP4 tensor scales are per shard, and stochastic roundings hash shard-local element indices with the key
-    folded with the shard index (independent bits per shard). Its numerics therefore depend on the number of
-    shards, as lossy communication does anyway; the float32 default keeps the layout-independent global program.
+
+def data_parallel_value_and_grad(loss_share: Callable, mesh: Mesh, comm_dtype: str):
+    """``(params, batch, key) -> (loss, grads)`` for ``jax.jit``: each data shard differentiates its share of the
+    loss, ``loss_share(params, rows, key, total_rows)`` (the sum of its rows' losses divided by what the global
+    mean divides by, e.g. ``total_rows · seq``), under ``jax.shard_map``; the shares' gradients are summed by
+    :func:`all_reduce_sum` in ``comm_dtype``, the loss by an fp32 ``psum``. Parameters replicated, batch
+    ``P("data", None)``, key replicated.
+
+    Each shard's backward then starts from the global program's cotangent (1/(B·T) per token, not 1/(B/n·T)),
+    every shard uses the same key, and the model's FP4 dots must run token-sharded recipes
+    (:func:`token_sharded_model`), so each quantized operand is bit-identical to one device's: the NVFP4 tensor amax
+    is reduced over the shards and random bits follow global token indices (``fp4jax.sharding``). What differs from
+    the global program is the order of the sums over tokens (each shard's fp32 wgrad partial sum and its rounding to
+    the GEMM's bf16 input dtype, the all-reduce) and the deliberate rounding of the communicated gradient.
     """
     def local(params, batch, key):
-        key = jax.random.fold_in(key, lax.axis_index(DATA))
+        total_rows = batch.shape[0] * lax.axis_size(DATA)
         params = lax.pcast(params, DATA, to="varying")  # per-shard gradients: no implicit fp32 psum in the transpose
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch, key)
-        return lax.pmean(loss, DATA), all_reduce_mean(grads, comm_dtype, DATA)
+        loss, grads = jax.value_and_grad(loss_share)(params, batch, key, total_rows)
+        return lax.psum(loss, DATA), all_reduce_sum(grads, comm_dtype, DATA)
 
     return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(DATA, None), P()), out_specs=(P(), P()))
 

@@ -19,14 +19,16 @@ layout is not part of config.json: a run may resume on another mesh. Several hos
 host with ``--distributed --coordinator HOST0:PORT --num-processes N --process-id I`` (``jax.distributed.initialize``;
 on SLURM / Open MPI the three values can be left out), a ``--mesh`` spanning all devices of all hosts, and an
 ``--out`` on a filesystem they share; process 0 writes the metrics. ``--grad-comm-dtype bfloat16|float8_e4m3fn`` (with
-``--mesh data=N`` only) all-reduces the gradients in that dtype (``sharding.all_reduce_mean``); the default float32
-keeps the fp32 all-reduce of the global program.
+``--mesh data=N`` only) all-reduces the gradients in that dtype (``sharding.all_reduce_sum``; each data shard
+differentiates its share of the loss under ``shard_map`` with token-sharded FP4 recipes, so the quantized operands
+stay those of one device); the default float32 keeps the fp32 all-reduce of the global program.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -113,9 +115,14 @@ def parse_count(text: str) -> int:
     return int(round(float(match.group(1)) * scale))
 
 
-def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-    """Mean cross-entropy (nats) of logits (B, T, V) for targets tokens (B, T)."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
+def next_token_loss(logits: jax.Array, tokens: jax.Array, total_rows: int | None = None) -> jax.Array:
+    """Mean cross-entropy (nats) of logits (B, T, V) for targets tokens (B, T).
+
+    ``total_rows``: these rows are a shard of a batch of ``total_rows`` rows; returns their share of that batch's
+    mean, Σ ce / (total_rows·T), whose gradient per token is the global mean's, f32(1/(total_rows·T)).
+    """
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens)
+    return ce.mean() if total_rows is None else ce.sum() / (total_rows * tokens.shape[1])
 
 
 class Trainer:
@@ -160,7 +167,8 @@ class Trainer:
         sharding.check_layout(layout, self.model_config, config.batch_size, config.seq_len)
         self.mesh = sharding.make_mesh(layout)
         if config.grad_comm_dtype != "float32":
-            self.value_and_grad = sharding.data_parallel_value_and_grad(self._loss, self.mesh, config.grad_comm_dtype)
+            loss_share = functools.partial(self._loss, model=sharding.token_sharded_model(self.model))
+            self.value_and_grad = sharding.data_parallel_value_and_grad(loss_share, self.mesh, config.grad_comm_dtype)
         self.state_sharding = sharding.state_shardings(jax.eval_shape(self._init_state), self.mesh, layout)
         self.batch_sharding = sharding.batch_sharding(self.mesh)
         rep = sharding.replicated(self.mesh)
@@ -185,9 +193,11 @@ class Trainer:
         key = jax.random.fold_in(jax.random.fold_in(self.key, QUANT_KEY_SALT), step)
         return key if self.layout is None else sharding.place(key, sharding.replicated(self.mesh))
 
-    def _loss(self, params, batch, key):
-        logits = self.model.apply({"params": params}, batch[:, :-1], rngs={"quant": key})
-        return next_token_loss(logits, batch[:, 1:])
+    def _loss(self, params, batch, key, total_rows=None, model=None):
+        """Mean loss of ``batch`` (``next_token_loss``; with ``total_rows``, its share of a larger batch's mean)
+        under ``model`` (default ``self.model``)."""
+        logits = (self.model if model is None else model).apply({"params": params}, batch[:, :-1], rngs={"quant": key})
+        return next_token_loss(logits, batch[:, 1:], total_rows)
 
     def _train_step(self, state, batch, key):
         loss, grads = self.value_and_grad(state["params"], batch, key)
