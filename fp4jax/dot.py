@@ -93,33 +93,38 @@ class _Static:
   rhs_dtype: Any
 
 
-def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs):
-  """Rotate (if the GEMM has a Hadamard) and quantize both operands; an ``Operand`` argument is used as given."""
+def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs, transposed=(False, False)):
+  """Rotate (if the GEMM has a Hadamard) and quantize both operands; an ``Operand`` argument is used as given.
+
+  ``transposed[i]``: the GEMM's operand is ``swapaxes(lhs or rhs, -1, -2)``, which the quantizer reads untransposed
+  (the Pallas kernel writes it K-major in the same pass; see ``fp4jax.operand.rotate_and_quantize``).
+  """
   lspec, rspec = static.recipe.operands(gemm)
   out = []
-  for side, x, spec in (("lhs", lhs, lspec), ("rhs", rhs, rspec)):
+  for side, x, spec, t in (("lhs", lhs, lspec, transposed[0]), ("rhs", rhs, rspec, transposed[1])):
     if isinstance(x, Operand):
       out.append((x, None))
       continue
     k = _fold(key, _KEY_IDS[f"{gemm}_{side}"])
     shard = sharding_lib.operand_shard(static.recipe, f"{gemm}_{side}")  # None unless token-sharded
-    out.append(rotate_and_quantize(x, spec, k, signs, backend=static.backend, shard=shard))
+    out.append(rotate_and_quantize(x, spec, k, signs, backend=static.backend, transposed=t, shard=shard))
   return out
 
 
 def _forward_source(spec, raw, forward: Operand):
-  """The backward GEMM's W or X (transposed to contract its last axis) according to ``spec.source``."""
+  """The backward GEMM's W or X according to ``spec.source``: an array to quantize transposed (its GEMM contracts
+  the second-to-last axis), or the forward ``Operand`` reused with its last axes swapped."""
   if spec.source == "input":
-    return jnp.swapaxes(raw, -1, -2)
+    return raw
   if spec.is_identity:
     return forward.swap_last()
-  return jnp.swapaxes(forward.dequantize(), -1, -2)
+  return forward.dequantize()
 
 
 def _to_input(grad, fwd_spec, mask, signs):
   """Gradient of a forward-quantized operand -> gradient of the layer input: estimator, then inverse rotation."""
   if fwd_spec.estimator == "trust_mask":
-    grad = jnp.where(mask, grad, 0.0)
+    grad = jnp.where(mask != 0, grad, 0.0)  # bool (XLA) or uint8 (Pallas kernel) mask
   if fwd_spec.hadamard:
     grad = inverse_rotate(grad, fwd_spec.hadamard, signs)
   return grad
@@ -156,14 +161,14 @@ def _qdot_bwd(static: _Static, res, dy):
   bwd_key = _fold(key, _SIGNS_IDS["bwd"])
   # dgrad: dX (B, M, K) = dY (B, M, N) . W (B, N, K), contraction over N.
   (a, _), (b, _) = _quantize_gemm(
-      static, "dgrad", dy, _forward_source(r.dgrad_rhs, w, wq), key, signs_for(r.dgrad_lhs, bwd_key)
+      static, "dgrad", dy, _forward_source(r.dgrad_rhs, w, wq), key, signs_for(r.dgrad_lhs, bwd_key), (False, True)
   )
   dx = matmul(a, b, static.precision)
   if r.dgrad_rhs.source == "forward":
     dx = _to_input(dx, r.fwd_lhs, mask_x, fwd_signs)
   # wgrad: dW (B, N, K) = dYᵀ (B, N, M) . X (B, M, K), contraction over M.
   (a, _), (b, _) = _quantize_gemm(
-      static, "wgrad", jnp.swapaxes(dy, -1, -2), _forward_source(r.wgrad_rhs, x, xq), key, signs_for(r.wgrad_lhs, bwd_key)
+      static, "wgrad", dy, _forward_source(r.wgrad_rhs, x, xq), key, signs_for(r.wgrad_lhs, bwd_key), (True, True)
   )
   dw = matmul(a, b, static.precision)
   if r.wgrad_rhs.source == "forward":

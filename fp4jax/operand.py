@@ -6,13 +6,17 @@ by the ``backend`` argument:
 
 * ``"xla"``: the pure-JAX path built on ``fp4jax.quantize``'s block numerics, ``fp4jax.fp8`` and ``fp4jax.estimators``.
 * ``"pallas"``: block-scaled FP4 operands go through the fused quantize kernel (``fp4jax_kernels.quantize``, Pallas
-  Triton on a GPU, Pallas interpret mode elsewhere) on the operand folded to 2D (leading dims into rows). The kernel
-  replaces ``quantize_blocks`` only: it returns codes and block scales, from which ``values`` and the trust mask are
-  built exactly as the XLA path builds them, so both backends give the same bits for the same key. With a Hadamard
-  the kernel rotates in its tile (signs "none" / "te" natively; fixed or random signs are multiplied in beforehand,
-  exact since they are ±1) — except for a trust-mask operand, whose mask needs the rotated tensor, so XLA rotates.
-  Operands the kernel cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last axis that is not whole blocks,
-  16x16 tiles that would straddle folded batch rows) raise a ``ValueError`` naming the spec.
+  Triton on a GPU, Pallas interpret mode elsewhere) on the operand folded to 2D (leading dims into rows), in one
+  kernel pass per operand (plus NVFP4's amax pre-pass): the kernel applies the Hadamard with the GEMM's signs,
+  draws the same random bits as the XLA path, writes the bf16 ``values`` directly (``value(q)·dec_b``, the
+  kernel's ``dequantize="block_scaled_only"``). QuEST (trust-mask) operands are the exception for now: XLA
+  rotates them and builds values and mask from the kernel's codes and scales (see ``rotate_and_quantize``). A
+  backward operand that is a transposed tensor (``transposed=True``: Wᵀ, dYᵀ, Xᵀ) is read untransposed and
+  written K-major by the kernel (``along="rows_of_transpose"``: the bits of the transposed layout), no XLA
+  transpose, when the tensor has no batch dims; batched ones are transposed by XLA first. Both backends give the
+  same bits for the same key. Operands the kernel cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last
+  axis that is not whole blocks, 16x16 tiles that would straddle folded batch rows) raise a ``ValueError`` naming
+  the spec.
 * ``"auto"``: ``"pallas"`` where ``fp4jax.backends.quantize_backend`` picks it (a GPU that runs the kernels, the
   folded axis a whole number of blocks and Hadamard chunks) and the kernel takes the spec; ``"xla"`` otherwise.
 
@@ -31,6 +35,7 @@ caller passes a ``precision``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -108,48 +113,56 @@ def _e2m1_channel(x: jax.Array, pow2_scale: bool) -> Operand:
   return Operand(values.astype(jnp.bfloat16) if pow2_scale else values, jnp.float32(1.0))
 
 
-def _block_fp4(x: jax.Array, spec: OperandSpec, key, kernel_hadamard, shard=None) -> tuple[Operand, jax.Array | None]:
+def _block_fp4(x: jax.Array, spec: OperandSpec, key, shard=None) -> tuple[Operand, jax.Array | None]:
   """Block-scaled FP4 along the last axis with ``fp4jax.quantize``'s block numerics and random bits (the same codes
   and scales as ``quantize(x, ...)``), kept unpacked: ``values = value(q) · dec_b`` (exact in bf16), ``scale`` the
-  tensor decode scale.
-
-  ``kernel_hadamard``: None for the XLA path; ``(size, signs mode)`` (size 0: no rotation) for the fused kernel,
-  which then rotates ``x`` itself. ``shard``: an ``fp4jax.sharding.OperandShard`` (XLA path only): the NVFP4 tensor
-  amax is the logical tensor's and the random bits hash logical indices.
-  """
+  tensor decode scale; for ``estimator="trust_mask"`` also ``estimators.trust_mask(x, dec_b · scale)``.
+  ``shard``: an ``fp4jax.sharding.OperandShard``: the NVFP4 tensor amax is the logical tensor's and the random bits
+  hash logical indices."""
   _, block, _ = check_quantize_args(x, spec.fmt, -1, spec.rounding, spec.block_shape, 0, "none")
   lay = BlockLayout(x.shape, x.ndim - 1, block)
-  if kernel_hadamard is None:
-    _, k_elems, k_scales = split_quantize_key(key, spec.rounding, 0, "none")
-    where = shard.placement(x.shape) if shard else ()  # (origin, logical shape) of x in the logical tensor
-    bits = lay.to_blocks(bits_lib.random_bits(k_elems, x.shape, *where)) if spec.rounding == "sr" else None
-    eden = spec.rounding == "eden"
-    scale_where = (lay.scale_origin(where[0]), BlockLayout(where[1], lay.axis, block).scale_shape) if shard else ()
-    scale_bits = lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape, *scale_where)) if eden else None
-    xb = lay.to_blocks(x.astype(jnp.float32))
-    amax = shard.global_amax(x) if shard and spec.fmt.name == "nvfp4" else None
-    codes, dec, global_scale, _ = quantize_blocks(xb, lay, spec.fmt, spec.rounding, bits, scale_bits, amax)
-  else:
-    q = _kernel_quantize(x, spec, key, *kernel_hadamard)
-    codes = lay.to_blocks(q.unpacked_codes().reshape(x.shape))
-    dec = lay.scales_to_blocks(q.scale_values().reshape(lay.scale_shape))
-    global_scale = q.global_scale
+  _, k_elems, k_scales = split_quantize_key(key, spec.rounding, 0, "none")
+  where = shard.placement(x.shape) if shard else ()  # (origin, logical shape) of x in the logical tensor
+  bits = lay.to_blocks(bits_lib.random_bits(k_elems, x.shape, *where)) if spec.rounding == "sr" else None
+  eden = spec.rounding == "eden"
+  scale_where = (lay.scale_origin(where[0]), BlockLayout(where[1], lay.axis, block).scale_shape) if shard else ()
+  scale_bits = lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape, *scale_where)) if eden else None
+  xb = lay.to_blocks(x.astype(jnp.float32))
+  amax = shard.global_amax(x) if shard and spec.fmt.name == "nvfp4" else None
+  codes, dec, global_scale, _ = quantize_blocks(xb, lay, spec.fmt, spec.rounding, bits, scale_bits, amax)
   values = lay.from_blocks(decode_blocks(codes, dec, jnp.float32(1.0))).astype(jnp.bfloat16)
   mask = None
-  if spec.estimator == "trust_mask":  # needs x in the quantized (rotated) domain: never a kernel-rotated operand
-    mask = lay.from_blocks(estimators.trust_mask(lay.to_blocks(x.astype(jnp.float32)), dec * global_scale))
+  if spec.estimator == "trust_mask":
+    mask = lay.from_blocks(estimators.trust_mask(xb, dec * global_scale))
   return Operand(values, jnp.asarray(global_scale, jnp.float32)), mask
 
 
-def _kernel_quantize(x: jax.Array, spec: OperandSpec, key, hadamard: int, hadamard_signs: str):
-  """``fp4jax_kernels``' fused quantize of ``x`` folded to 2D: the QTensor of ``(prod(leading dims), last dim)``."""
+def _kernel_fp4(x: jax.Array, spec: OperandSpec, key, signs, hadamard: int,
+                transposed: bool) -> tuple[Operand, jax.Array | None]:
+  """``_block_fp4`` of ``rotate(x, hadamard, signs)`` (of ``swapaxes(x, -1, -2)`` if ``transposed``) by one pass
+  of ``fp4jax_kernels``' fused quantize on ``x`` folded to 2D; the same bits, the mask as uint8."""
   from fp4jax_kernels.quantize import api  # noqa: PLC0415  (lazy: the kernels plug in beneath the quantizers)
   from fp4jax_kernels.quantize.spec import QuantizeSpec  # noqa: PLC0415
 
-  qspec = QuantizeSpec(spec.fmt, rounding=spec.rounding, hadamard=hadamard, hadamard_signs=hadamard_signs,
-                       block_shape=spec.block_shape)
-  q, _ = api.quantize(x.reshape(-1, x.shape[-1]), qspec, key, backend="pallas")
-  return q
+  if transposed and math.prod(x.shape[:-2]) > 1:  # the kernel is 2D: a batch of transposes goes through XLA
+    x, transposed = jnp.swapaxes(x, -1, -2), False
+  out_shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
+  mode = "none" if not hadamard or spec.signs == "none" else ("te" if spec.signs == "te" else "random")
+  qspec = QuantizeSpec(spec.fmt, rounding=spec.rounding, hadamard=hadamard, hadamard_signs=mode,
+                       block_shape=spec.block_shape, along="rows_of_transpose" if transposed else "rows",
+                       dequantize="block_scaled_only", trust_mask=spec.estimator == "trust_mask")
+  x2 = x.reshape(x.shape[-2:]) if transposed else x.reshape(-1, x.shape[-1])
+  quest = spec.estimator == "trust_mask"
+  qspec = dataclasses.replace(qspec, dequantize=None, trust_mask=False) if quest else qspec
+  q, values, mask = api.quantize(x2, qspec, key, signs=signs if mode == "random" else None, backend="pallas")
+  if not quest:
+    return Operand(values.reshape(out_shape), q.global_scale), None
+  # QuEST operands (rotated by XLA, see rotate_and_quantize): values and mask built in XLA from codes and scales.
+  lay = BlockLayout(out_shape, len(out_shape) - 1, q.block_shape)
+  dec = lay.scales_to_blocks(q.scale_values().reshape(lay.scale_shape))
+  values = lay.from_blocks(decode_blocks(lay.to_blocks(q.unpacked_codes().reshape(out_shape)), dec, jnp.float32(1.0)))
+  mask = lay.from_blocks(estimators.trust_mask(lay.to_blocks(x.astype(jnp.float32)), dec * q.global_scale))
+  return Operand(values.astype(jnp.bfloat16), q.global_scale), mask
 
 
 def pallas_refusal(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool) -> str | None:
@@ -202,47 +215,59 @@ def quantize_operand(
 ) -> tuple[Operand, jax.Array | None]:
   """Quantize ``x`` along its last axis (already rotated if the GEMM has a Hadamard) as ``spec`` says.
 
-  Returns the ``Operand`` and, for ``estimator="trust_mask"``, the bool mask of unclipped elements (else None).
-  ``key`` feeds stochastic rounding / MS-EDEN. ``backend``: ``"xla"``, ``"pallas"`` or ``"auto"`` (module
-  docstring); every backend gives the same bits. ``shard``: an ``fp4jax.sharding.OperandShard`` when ``x`` is one
-  device's slice of a token-sharded operand inside ``shard_map`` (XLA backend only; see ``fp4jax.sharding``).
+  Returns the ``Operand`` and, for ``estimator="trust_mask"``, the mask of unclipped elements (nonzero = trusted:
+  bool from XLA, uint8 from the kernel), else None. ``key`` feeds stochastic rounding / MS-EDEN. ``backend``:
+  ``"xla"``, ``"pallas"`` or ``"auto"`` (module docstring); every backend gives the same bits. ``shard``: an
+  ``fp4jax.sharding.OperandShard`` when ``x`` is one device's slice of a token-sharded operand inside ``shard_map``
+  (XLA backend only; see ``fp4jax.sharding``).
   """
   if shard is not None:
-    if backend == "pallas":
-      raise ValueError("backend='pallas' does not take a token-sharded operand (fp4jax.sharding); use 'xla' or 'auto'")
-    shard.check(x.shape, spec, "fp4jax.operand.quantize_operand")
-    return _quantize(x, spec, key, None, shard)
-  name = resolve_backend(backend, x.shape, x.dtype, spec, fused_hadamard=False)
-  return _quantize(x, spec, key, None if name == "xla" else (0, "none"))
+    return _sharded_quantize(x, spec, key, backend, shard)
+  if resolve_backend(backend, x.shape, x.dtype, spec, fused_hadamard=False) == "pallas":
+    return _kernel_fp4(x, spec, key, None, 0, transposed=False)
+  return _quantize(x, spec, key)
 
 
 def rotate_and_quantize(
     x: jax.Array, spec: OperandSpec, key: jax.Array | None, signs: jax.Array | None, *, backend: str = "xla",
-    shard=None,
+    transposed: bool = False, shard=None,
 ) -> tuple[Operand, jax.Array | None]:
-  """``quantize_operand(rotate(x, spec.hadamard, signs), spec, key)`` (no rotation when ``spec.hadamard`` is 0).
+  """``quantize_operand(rotate(xt, spec.hadamard, signs), spec, key)`` with ``xt = swapaxes(x, -1, -2)`` when
+  ``transposed`` (a backward GEMM's Wᵀ, dYᵀ or Xᵀ), else ``x``; no rotation when ``spec.hadamard`` is 0.
 
-  With the Pallas backend the kernel rotates in its tile (same butterflies, same bf16 rounding: the same bits); a
-  trust-mask operand is rotated by XLA, since its mask compares the rotated tensor with the block scales.
-  ``shard``: see ``quantize_operand`` (XLA backend only).
+  With the Pallas backend one kernel pass does it all: rotation (same butterflies, same bf16 rounding), transpose
+  (read ``x``, write the K-major operand; the random bits are ``xt``'s), quantization and the bf16 values; the
+  same bits as XLA (trust-mask operands: see below). ``shard``: see ``quantize_operand`` (of the transposed operand when
+  ``transposed``; XLA backend only).
   """
+  shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
   if shard is not None:  # checked before rotating, so a straddling Hadamard chunk is named as such
-    shard.check(x.shape, spec, "fp4jax.operand.rotate_and_quantize")
-    x = rotate(x, spec.hadamard, signs) if spec.hadamard else x
-    return quantize_operand(x, spec, key, backend=backend, shard=shard)
-  if spec.hadamard and spec.estimator != "trust_mask":
-    name = resolve_backend(backend, x.shape, x.dtype, spec, fused_hadamard=True)
-    if name == "pallas":
-      if spec.signs in ("fixed", "random"):  # diag(s)·H = H applied to x ⊙ s; ±1 products are exact in x.dtype
-        x = x * jnp.tile(signs, x.shape[-1] // spec.hadamard).astype(x.dtype)
-      return _quantize(x, spec, key, (spec.hadamard, "te" if spec.signs == "te" else "none"))
+    shard.check(shape, spec, "fp4jax.operand.rotate_and_quantize")
+    x = jnp.swapaxes(x, -1, -2) if transposed else x
+    return _sharded_quantize(rotate(x, spec.hadamard, signs) if spec.hadamard else x, spec, key, backend, shard)
+  # QuEST (trust-mask) operands keep XLA's rotation and build values and mask in XLA: with the kernel's own values
+  # and mask, the jitted XLA backend of quartet differed from Pallas in one dgrad-of-W element (Pallas matched the
+  # XLA path run op by op, the jitted XLA path did not); the kernel's mask output awaits that being resolved.
+  quest = spec.estimator == "trust_mask"
+  if not quest and resolve_backend(backend, shape, x.dtype, spec, fused_hadamard=True) == "pallas":
+    return _kernel_fp4(x, spec, key, signs, spec.hadamard, transposed)
+  if transposed:
+    x = jnp.swapaxes(x, -1, -2)
   if spec.hadamard:
     x = rotate(x, spec.hadamard, signs)
-  return quantize_operand(x, spec, key, backend=backend)
+  return quantize_operand(x, spec, key, backend=backend) if quest else _quantize(x, spec, key)
 
 
-def _quantize(x, spec: OperandSpec, key, kernel_hadamard, shard=None) -> tuple[Operand, jax.Array | None]:
-  """The operand of ``spec`` from ``x``; block FP4 by the kernel when ``kernel_hadamard`` is set (see _block_fp4)."""
+def _sharded_quantize(x, spec: OperandSpec, key, backend: str, shard) -> tuple[Operand, jax.Array | None]:
+  """``_quantize`` of one device's slice of a token-sharded operand (``fp4jax.sharding``); XLA backend only."""
+  if backend == "pallas":
+    raise ValueError("backend='pallas' does not take a token-sharded operand (fp4jax.sharding); use 'xla' or 'auto'")
+  shard.check(x.shape, spec, "fp4jax.operand.quantize_operand")
+  return _quantize(x, spec, key, shard)
+
+
+def _quantize(x, spec: OperandSpec, key, shard=None) -> tuple[Operand, jax.Array | None]:
+  """The operand of ``spec`` from ``x`` (already rotated) by the XLA path."""
   residual = None
   if spec.clip == "occ":
     x, residual = estimators.occ_clamp(x, spec.clip_quantile, axis=-1)
@@ -250,7 +275,7 @@ def _quantize(x, spec: OperandSpec, key, kernel_hadamard, shard=None) -> tuple[O
   if spec.fmt is None:
     op = Operand(x, jnp.float32(1.0))
   elif isinstance(spec.fmt, FP4Format):
-    op, mask = _block_fp4(x, spec, key, kernel_hadamard, shard)
+    op, mask = _block_fp4(x, spec, key, shard)
   elif spec.fmt == E2M1_CHANNEL:
     op = _e2m1_channel(x, spec.scale_pow2)
   else:

@@ -14,25 +14,38 @@ from fp4jax_kernels.quantize.spec import QuantizeSpec
 
 N, M = fp4jax.NVFP4, fp4jax.MXFP4
 N46 = dataclasses.replace(N, scale_mode="four_over_six")
+D, V = "with_tensor_scale", "block_scaled_only"
+QUEST = dataclasses.replace(M, scale_mode="quest")
 CASES = {  # name: (spec, shape, tile)
-    "nvfp4_rtn": (QuantizeSpec(N, dequantize=True), (48, 96), (16, 64)),
-    "nvfp4_rtn_f32_ragged": (QuantizeSpec(N, dequantize=True), (37, 80), (16, 32)),
-    "nvfp4_sr": (QuantizeSpec(N, rounding="sr", dequantize=True), (40, 64), (16, 64)),
-    "nvfp4_rht16_te_sr": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", dequantize=True),
+    "nvfp4_rtn": (QuantizeSpec(N, dequantize=D), (48, 96), (16, 64)),
+    "nvfp4_rtn_f32_ragged": (QuantizeSpec(N, dequantize=V, trust_mask=True), (37, 80), (16, 32)),
+    "nvfp4_sr": (QuantizeSpec(N, rounding="sr", dequantize=D), (40, 64), (16, 64)),
+    "nvfp4_rht16_te_sr": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", dequantize=D),
                           (48, 96), (16, 64)),
     "nvfp4_rht16_random_rtn": (QuantizeSpec(N, hadamard=16, hadamard_signs="random"), (24, 64), (16, 32)),
-    "nvfp4_four_over_six": (QuantizeSpec(N46, dequantize=True), (48, 96), (16, 64)),
-    "nvfp4_ms_eden": (QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", dequantize=True),
+    "nvfp4_four_over_six_f32": (QuantizeSpec(N46, dequantize=V), (48, 96), (16, 64)),
+    "nvfp4_ms_eden": (QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", dequantize=D),
                       (40, 256), (16, 128)),
-    "mxfp4_floor": (QuantizeSpec(M, dequantize=True), (48, 96), (16, 32)),
-    "mxfp4_quest_h32": (QuantizeSpec(dataclasses.replace(M, scale_mode="quest"), hadamard=32), (32, 64), (16, 64)),
+    "mxfp4_floor": (QuantizeSpec(M, dequantize=D), (48, 96), (16, 32)),
+    "mxfp4_quest_h32": (QuantizeSpec(QUEST, hadamard=32, dequantize=V, trust_mask=True), (32, 64), (16, 64)),
     "mxfp4_headroom_sr": (QuantizeSpec(dataclasses.replace(M, scale_mode="floor_headroom"), rounding="sr",
-                                       hadamard=32, hadamard_signs="random", dequantize=True), (48, 64), (16, 64)),
-    "nvfp4_2d": (QuantizeSpec(N, block_shape=(16, 16), dequantize=True), (40, 96), (16, 64)),
-    "nvfp4_cols_rtn": (QuantizeSpec(N, along="cols", dequantize=True), (40, 96), (32, 32)),
+                                       hadamard=32, hadamard_signs="random", dequantize=D), (48, 64), (16, 64)),
+    "nvfp4_2d": (QuantizeSpec(N, block_shape=(16, 16), dequantize=D), (40, 96), (16, 64)),
+    "nvfp4_cols_rtn": (QuantizeSpec(N, along="cols", dequantize=D, trust_mask=True), (40, 96), (32, 32)),
     "nvfp4_cols_rht16_sr": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along="cols",
-                                         dequantize=True), (48, 96), (16, 32)),
+                                         dequantize=D), (48, 96), (16, 32)),
     "nvfp4_cols_2d": (QuantizeSpec(N, block_shape=(16, 16), along="cols"), (40, 96), (32, 32)),
+    "nvfp4_cols_ms_eden": (QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", along="cols"),
+                           (256, 48), (128, 16)),
+    # rows_of_transpose: fp4jax.quantize(x.T) bit for bit (dot_general's wgrad operands), read from x
+    "nvfp4_xt_rht16_sr_values": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te",
+                                              along="rows_of_transpose", dequantize=V), (48, 80), (32, 32)),
+    "nvfp4_xt_rtn_ragged_f32": (QuantizeSpec(N, along="rows_of_transpose", dequantize=D, trust_mask=True), (40, 37),
+                                (32, 32)),
+    "nvfp4_xt_2d_values": (QuantizeSpec(N, block_shape=(16, 16), along="rows_of_transpose", dequantize=V),
+                           (48, 40), (32, 32)),
+    "nvfp4_xt_ms_eden_values": (QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random",
+                                             along="rows_of_transpose", dequantize=V), (256, 48), (128, 16)),
 }
 
 
@@ -48,13 +61,18 @@ def _bits(a):
 
 
 def _assert_same(got, want):
-  (qg, dg), (qw, dw) = got, want
+  (qg, dg, mg), (qw, dw, mw) = got, want
   np.testing.assert_array_equal(np.asarray(qg.codes), np.asarray(qw.codes))
   np.testing.assert_array_equal(_bits(qg.scales), _bits(qw.scales))
   np.testing.assert_array_equal(np.asarray(qg.global_scale), np.asarray(qw.global_scale))
   assert (qg.shape, qg.axis, qg.block_shape, qg.hadamard) == (qw.shape, qw.axis, qw.block_shape, qw.hadamard)
+  assert (dg is None, mg is None) == (dw is None, mw is None)
   if dw is not None:
+    assert dg.dtype == dw.dtype and dg.shape == dw.shape
     np.testing.assert_array_equal(np.asarray(dg, np.float32), np.asarray(dw, np.float32))
+  if mw is not None:
+    assert mg.dtype == mw.dtype == jnp.uint8 and mg.shape == mw.shape
+    np.testing.assert_array_equal(np.asarray(mg), np.asarray(mw))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -69,10 +87,10 @@ def test_kernel_matches_reference_bit_for_bit(name, interpret):
 def test_nan_block_keeps_nan_scale(fmt, interpret):
   """MXFP4: the block holding NaN gets the NaN scale. NVFP4: the tensor amax is NaN, so every scale is NaN. Codes
   agree with the reference too (Triton's NaN-dropping max/min would clip NaN to ±6)."""
-  spec = QuantizeSpec(fmt, dequantize=True)
+  spec = QuantizeSpec(fmt, dequantize=D)
   x = _input((16, 64), jnp.float32).at[3, 40].set(jnp.nan)
-  q, deq = pallas_triton.quantize(x, spec, tile=(16, 64), interpret=interpret)
-  _assert_same((q, deq), reference.quantize(x, spec))
+  q, deq, _ = got = pallas_triton.quantize(x, spec, tile=(16, 64), interpret=interpret)
+  _assert_same(got, reference.quantize(x, spec))
   if fmt is M:
     assert _bits(q.scales)[3, 1] == 0xFF and np.isnan(np.asarray(deq[3, 32:])).all()
   else:
@@ -100,8 +118,8 @@ def test_bad_input_is_named(bad, match):
     pallas_triton.quantize(args["x"], args["spec"], tile=args["tile"], interpret=True)
 
 
-@pytest.mark.parametrize("name", ["nvfp4_rtn", "nvfp4_ms_eden", "nvfp4_cols_rht16_sr", "nvfp4_four_over_six",
-                                  "mxfp4_quest_h32"])
+@pytest.mark.parametrize("name", ["nvfp4_rtn", "nvfp4_ms_eden", "nvfp4_cols_rht16_sr", "nvfp4_four_over_six_f32",
+                                  "mxfp4_quest_h32", "nvfp4_cols_ms_eden", "nvfp4_xt_rht16_sr_values"])
 def test_kernel_lowers_to_triton(name):
   """Every primitive of the kernel has a Pallas Triton lowering (checked on CPU by lowering for CUDA)."""
   spec, _, _ = CASES[name]
@@ -129,14 +147,14 @@ def _triton_modules(fn, *args):
   return modules
 
 
-@pytest.mark.parametrize("name", ["nvfp4_rtn_f32_ragged", "nvfp4_cols_rtn", "nvfp4_2d"])
+@pytest.mark.parametrize("name", ["nvfp4_rtn_f32_ragged", "nvfp4_cols_rtn", "nvfp4_2d", "nvfp4_xt_rtn_ragged_f32"])
 def test_ragged_edge_blocks_are_masked_in_triton(name):
   """Pallas Triton does not clip edge blocks (interpret mode does): on ragged shapes every load and store must carry
   a mask, or the kernel writes over the next row / the next buffer on the GPU."""
   spec, shape, tile = CASES[name]
   (module,) = _triton_modules(lambda x: pallas_triton.quantize(x, spec, tile=tile), jnp.ones(shape, jnp.float32))
   accesses = [l.split(":")[0] for l in module.splitlines() if "tt.store" in l or ("tt.load" in l and "tensor<" in l)]
-  assert sum("tt.store" in a for a in accesses) == (3 if spec.dequantize else 2)
+  assert sum("tt.store" in a for a in accesses) == 2 + bool(spec.dequantize) + spec.trust_mask
   for access in accesses:  # tt.load %ptr, %mask, %other / tt.store %ptr, %value, %mask
     assert access.count("%") >= 4 if "tt.load" in access else access.count("%") == 3, access
 
@@ -186,3 +204,53 @@ def test_clz_substitute_is_exact():
   np.testing.assert_array_equal(np.asarray(triton_compat._clz(u)), np.asarray(jax.lax.clz(u)))
   i = jax.lax.bitcast_convert_type(u, jnp.int32)
   np.testing.assert_array_equal(np.asarray(triton_compat._clz(i)), np.asarray(jax.lax.clz(i)))
+
+
+@pytest.mark.parametrize("spec, shape, tile", [
+    (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="random", along="rows_of_transpose",
+                  dequantize=V), (64, 32), (64, 32)),
+    (QuantizeSpec(QUEST, hadamard=32, hadamard_signs="random", trust_mask=True), (16, 64), (16, 64)),
+], ids=["sr_rht16_rows_of_transpose", "quest_mask_rtn_no_key"])
+def test_explicit_signs_are_the_rotation(spec, shape, tile, interpret):
+  """``signs=s``: H·diag(s) per chunk, i.e. the sign-free rotation of x ⊙ s (exact: ±1), with the same key split
+  for the rounding bits; RTN needs no key then. A vector unlike the key's draw changes the codes."""
+  x = _input(shape, jnp.bfloat16)
+  key = None if spec.rounding == "rtn" else jax.random.key(7)
+  s = fp4jax.hadamard.random_signs(jax.random.key(99), spec.hadamard)
+  reps = shape[0 if spec.transposed else 1] // spec.hadamard
+  xs = x * (jnp.tile(s, reps)[:, None] if spec.transposed else jnp.tile(s, reps)).astype(x.dtype)
+  got = pallas_triton.quantize(x, spec, key, signs=s, tile=tile, interpret=interpret)
+  _assert_same(got, reference.quantize(xs, dataclasses.replace(spec, hadamard_signs="none"), key))
+  np.testing.assert_array_equal(np.asarray(got.qtensor.signs), np.asarray(s))
+  drawn = reference.quantize(x, spec, jax.random.key(7)).qtensor  # the kernel's own draw: tested above
+  assert not np.array_equal(np.asarray(drawn.codes), np.asarray(got.qtensor.codes))
+
+
+def test_trust_mask_is_nontrivial_and_values_lack_the_tensor_scale():
+  """The outputs the kernel matches bit for bit (above) are what they claim: QuEST's mask clips some elements and
+  keeps most (so the mask comparisons are not vacuous), and the block-scaled bf16 values times the tensor scale
+  are the with-tensor-scale dequantized tensor (the f32 product ``fp4jax.operand.Operand.dequantize`` takes)."""
+  spec, shape, _ = CASES["mxfp4_quest_h32"]
+  mask = np.asarray(reference.quantize(_input(shape, jnp.bfloat16), spec).trust_mask)
+  assert 0 < (mask == 0).sum() < mask.size // 4 and set(np.unique(mask)) == {0, 1}
+  x = _input((48, 96), jnp.float32)
+  q, values, _ = reference.quantize(x, QuantizeSpec(N, dequantize=V))
+  full = reference.quantize(x, QuantizeSpec(N, dequantize=D)).dequantized
+  assert values.dtype == jnp.bfloat16 and not np.array_equal(np.asarray(values, np.float32), np.asarray(full))
+  np.testing.assert_array_equal(np.asarray(values, np.float32) * np.asarray(q.global_scale), np.asarray(full))
+
+
+@pytest.mark.parametrize("spec, signs, match", [
+    (QuantizeSpec(N, hadamard=16, hadamard_signs="te"), jnp.ones(16), "hadamard_signs='random'"),
+    (QuantizeSpec(N, hadamard=16, hadamard_signs="random"), jnp.ones(32), r"signs must have shape \(16,\)"),
+])
+def test_bad_signs_are_named(spec, signs, match):
+  with pytest.raises(ValueError, match=match):
+    pallas_triton.quantize(jnp.ones((16, 64)), spec, signs=signs, interpret=True)
+
+
+def test_bad_spec_options_are_named():
+  with pytest.raises(ValueError, match="dequantize must be None or one of"):
+    QuantizeSpec(N, dequantize=True)
+  with pytest.raises(ValueError, match="along must be one of"):
+    QuantizeSpec(N, along="transposed")

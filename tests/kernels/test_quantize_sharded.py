@@ -20,14 +20,18 @@ REPO = Path(__file__).resolve().parents[2]
 MESH = ((2, 4), ("a", "b"))
 ROWS, COLS, BOTH, ROWS8 = ("b", None), (None, "a"), ("b", "a"), (("a", "b"), None)
 CASES = {  # name: (QuantizeSpec keyword arguments, shape, [spec_in, ...])
-    "nvfp4_rtn": (dict(fmt="N", dequantize=True), (32, 128), [ROWS, COLS, BOTH]),
+    "nvfp4_rtn": (dict(fmt="N", dequantize="with_tensor_scale"), (32, 128), [ROWS, COLS, BOTH]),
     "nvfp4_sr_rht16_te": (dict(fmt="N", rounding="sr", hadamard=16, hadamard_signs="te"), (32, 128),
                           [ROWS, COLS, BOTH, ROWS8]),
     "nvfp4_ms_eden": (dict(fmt="N", rounding="eden", hadamard=128, hadamard_signs="random"), (32, 256),
                       [ROWS, COLS, BOTH]),
-    "mxfp4": (dict(fmt="M", dequantize=True), (32, 128), [ROWS, COLS, BOTH]),
+    "mxfp4": (dict(fmt="M", dequantize="with_tensor_scale"), (32, 128), [ROWS, COLS, BOTH]),
     "nvfp4_cols_sr_rht16_te": (dict(fmt="N", rounding="sr", hadamard=16, hadamard_signs="te", along="cols",
-                                    dequantize=True), (64, 96), [ROWS, BOTH]),
+                                    dequantize="with_tensor_scale"), (64, 96), [ROWS, BOTH]),
+    # the options fp4jax.operand uses: wgrad operands (rows_of_transpose), bf16 values, explicit signs; the mask
+    "nvfp4_xt_sr_rht16_values_signs_mask": (dict(fmt="N", rounding="sr", hadamard=16, hadamard_signs="random",
+                                                 along="rows_of_transpose", dequantize="block_scaled_only",
+                                                 trust_mask=True), (64, 96), [ROWS, BOTH]),
     "nvfp4_2d": (dict(fmt="N", block_shape=(16, 16)), (32, 128), [("a", "b")]),
 }
 
@@ -53,13 +57,15 @@ def _bits(a):
 
 
 def _same(got, want) -> dict:
-  (qg, dg), (qw, dw) = got, want
+  (qg, dg, mg), (qw, dw, mw) = got, want
   same = {"codes": np.array_equal(np.asarray(qg.codes), np.asarray(qw.codes)),
           "scales": np.array_equal(_bits(qg.scales), _bits(qw.scales)),
           "global_scale": np.array_equal(np.asarray(qg.global_scale), np.asarray(qw.global_scale), equal_nan=True),
           "meta": (qg.shape, qg.axis, qg.block_shape, qg.hadamard) == (qw.shape, qw.axis, qw.block_shape, qw.hadamard)}
   if dw is not None:
     same["dequantized"] = np.array_equal(np.asarray(dg, np.float32), np.asarray(dw, np.float32), equal_nan=True)
+  if mw is not None:
+    same["trust_mask"] = np.array_equal(np.asarray(mg), np.asarray(mw))
   return {k: bool(v) for k, v in same.items()}
 
 
@@ -80,20 +86,22 @@ def compute() -> dict:
   out = {"cases": [], "errors": {}}
   for name, (kw, shape, layouts) in CASES.items():
     spec, x = _spec(kw), _input(shape)
-    want = reference.quantize(x, spec, key)
+    signs = jax.random.rademacher(jax.random.key(9), (16,), jnp.float32) if "signs" in name else None
+    want = reference.quantize(x, spec, key, signs=signs)
     out["cases"].append({"case": name, "vs": "unsharded_kernel", "spec_in": None,
-                         **_same(pallas_triton.quantize(x, spec, key, interpret=True), want)})
+                         **_same(pallas_triton.quantize(x, spec, key, signs=signs, interpret=True), want)})
     for spec_in in layouts:
-      got = sharded.quantize_sharded(x, spec, key, mesh=mesh, spec_in=_pspec(spec_in), interpret=True)
+      got = sharded.quantize_sharded(x, spec, key, mesh=mesh, spec_in=_pspec(spec_in), signs=signs,
+                                     interpret=True)
       out["cases"].append({"case": name, "vs": "reference", "spec_in": repr(spec_in), **_same(got, want),
                            "codes_spec": repr(tuple(got[0].codes.sharding.spec)),
                            "scales_spec": repr(tuple(got[0].scales.sharding.spec))})
 
-  rtn = _spec(dict(fmt="N", dequantize=True))
+  rtn = _spec(dict(fmt="N", dequantize="with_tensor_scale"))
   for bad in ("nan", "inf"):  # one element of the last row shard of four
     x = _input((32, 128)).at[29, 100].set(float(bad))
-    q, deq = sharded.quantize_sharded(x, rtn, mesh=mesh, spec_in=P("b", None), interpret=True)
-    out[f"{bad}_in_one_shard"] = {**_same((q, deq), reference.quantize(x, rtn)),
+    q, deq, mask = sharded.quantize_sharded(x, rtn, mesh=mesh, spec_in=P("b", None), interpret=True)
+    out[f"{bad}_in_one_shard"] = {**_same((q, deq, mask), reference.quantize(x, rtn)),
                                   "tensor_scale": float(q.global_scale),
                                   "all_scales_nan": bool((_bits(q.scales) == 0x7F).all()),
                                   "all_dequantized_nan": bool(np.isnan(np.asarray(deq, np.float32)).all())}

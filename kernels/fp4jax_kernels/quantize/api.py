@@ -1,6 +1,6 @@
 """User entry for the fused quantize: picks an implementation per device and shape (``fp4jax.backends``).
 
-Implementations sit behind one signature, ``impl(x, spec, key) -> (QTensor, dequantized | None)``, in
+Implementations sit behind one signature, ``impl(x, spec, key, *, signs) -> Quantized``, in
 ``IMPLEMENTATIONS``; a Mosaic GPU kernel can be added beside the Triton one without touching callers.
 ``fp4jax.operand`` calls this (backend ``"pallas"``) beneath ``fp4jax.dot_general``'s quantizers.
 """
@@ -18,18 +18,20 @@ from fp4jax_kernels.quantize.spec import QuantizeSpec
 IMPLEMENTATIONS = {"xla": reference.quantize, "pallas": pallas_triton.quantize}
 
 
-def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, backend: str = "auto",
-             interpret: bool | None = None):
-  """``(qtensor, dequantized)`` for ``spec`` (see ``pallas_triton.quantize``); identical bits from every backend.
+def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, signs: jax.Array | None = None,
+             backend: str = "auto", interpret: bool | None = None):
+  """``Quantized(qtensor, dequantized, trust_mask)`` for ``spec`` (see ``pallas_triton.quantize``); identical bits
+  from every backend.
 
+  ``signs``: an explicit Hadamard sign vector for ``hadamard_signs="random"`` (instead of the draw from ``key``).
   ``interpret``: run the Pallas kernel in interpret mode; None picks it when the device is not a GPU.
   """
   unit = max(spec.block, spec.hadamard or 1)
-  n_axis_shape = x.shape if spec.along == "rows" else x.shape[::-1]
+  n_axis_shape = x.shape[::-1] if spec.transposed else x.shape
   name = backends.resolve(backend, backends.quantize_backend(n_axis_shape, unit))
   if name not in IMPLEMENTATIONS:
     raise ValueError(f"quantize has no {name!r} implementation; choose from {sorted(IMPLEMENTATIONS)}")
   impl = IMPLEMENTATIONS[name]
   if name == "pallas":
     impl = functools.partial(impl, interpret=backends.pallas_interpret() if interpret is None else interpret)
-  return impl(x, spec, key)
+  return impl(x, spec, key, signs=signs)

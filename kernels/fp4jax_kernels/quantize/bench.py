@@ -36,14 +36,20 @@ OPS = {  # name: (spec, tiles to try as (tile, num_warps))
                              [((16, 256), 4), ((32, 128), 4)]),
     "mxfp4_rtn_1x32": (QuantizeSpec(fp4jax.MXFP4), [((16, 256), 4)]),
     "nvfp4_rtn_cols": (QuantizeSpec(fp4jax.NVFP4, along="cols"), [((256, 32), 4), ((128, 64), 4), ((256, 64), 8)]),
+    # What fp4jax.dot_general(backend="pallas") runs: bf16 values out (the GEMM operand), wgrad operands transposed.
+    "nvfp4_rtn_values": (QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only"), [((16, 256), 4), ((32, 256), 4)]),
+    "nvfp4_rht16_sr_values_wgrad": (QuantizeSpec(fp4jax.NVFP4, rounding="sr", hadamard=16, hadamard_signs="te",
+                                                 along="rows_of_transpose", dequantize="block_scaled_only"),
+                                    [((256, 32), 4), ((256, 64), 8)]),
 }
 SWEEP_TILES = ((16, 256), (32, 256), (64, 256), (32, 512), (64, 512), (128, 256))  # (across, along)
 SWEEP_WARPS = (4, 8)
 
 
 def min_bytes(spec: QuantizeSpec, n: int) -> int:
-  """Bytes a quantize of ``n`` bf16 elements must move: read x once, write the codes and the block scales."""
-  return 2 * n + n // 2 + n // spec.block
+  """Bytes a quantize of ``n`` bf16 elements must move: read x once, write the codes, the block scales and the
+  optional outputs (bf16 dequantized, uint8 trust mask)."""
+  return 2 * n + n // 2 + n // spec.block + (2 * n if spec.dequantize else 0) + (n if spec.trust_mask else 0)
 
 
 def copy_bandwidth(x: jax.Array) -> tuple[float, float]:
@@ -73,7 +79,7 @@ def sweep(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
     pre = amax_ms(spec, x, interpret)
     configs = []
     for across, along in SWEEP_TILES:
-      tile = (across, along) if spec.along == "rows" else (along, across)
+      tile = (along, across) if spec.transposed else (across, along)
       for nw in SWEEP_WARPS:
         row = {"tile": list(tile), "num_warps": nw}
         f = kernel_fn(spec, tile, nw, interpret)
@@ -113,13 +119,13 @@ def table(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
         print(f"{name:24s} {f'pallas {tile} w{nw}':28s} {ms:8.3f} {pct(ms):9.1f}% {ms - pre:15.3f}", flush=True)
       except Exception as e:  # noqa: BLE001  a tile that fails to compile is reported, not fatal
         print(f"{name:24s} {f'pallas {tile} w{nw}':28s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
-    if spec.along == "cols":  # the alternative to the in-kernel transpose: XLA transposes x, the rows kernel runs
+    if spec.transposed:  # the alternative to the in-kernel transpose: XLA transposes x, the rows kernel runs
       rows_spec = dataclasses.replace(spec, along="rows")
-      ms = time_ms(jax.jit(lambda x: pallas_triton.quantize(x.T, rows_spec, interpret=interpret)[0]), x)
+      ms = time_ms(jax.jit(lambda x, key: pallas_triton.quantize(x.T, rows_spec, key, interpret=interpret)[0]), x, key)
       print(f"{name:24s} {'xla x.T + pallas rows':28s} {ms:8.3f} {pct(ms):9.1f}% {ms - pre:15.3f}", flush=True)
-    kw = spec.quantize_kwargs
+    kw, xt = spec.quantize_kwargs, spec.along == "rows_of_transpose"
     for impl, fn in (("xla fp4jax.quantize", fp4jax.quantize), ("xla fp4jax.fake_quantize", fp4jax.fake_quantize)):
-      ms = time_ms(jax.jit(lambda x, key, fn=fn: fn(x, spec.fmt, key=key, **kw)), x, key)
+      ms = time_ms(jax.jit(lambda x, key, fn=fn: fn(x.T if xt else x, spec.fmt, key=key, **kw)), x, key)
       print(f"{name:24s} {impl:28s} {ms:8.3f} {pct(ms):9.1f}% {'':>15s}", flush=True)
     print(f"{name:24s} {'amax pre-pass (used)':28s} {pre:8.3f}", flush=True)
 
@@ -142,7 +148,7 @@ def main():
     table(x, key, copy_bw, args.interpret)
     return
   doc = {"header": header(), "shape": [m, k], "dtype": "bfloat16", "copy_ms": copy_ms, "copy_GBps": copy_bw,
-         "bytes_rule": "read x once + codes + block scales (bf16 x)", "specs": sweep(x, key, copy_bw, args.interpret)}
+         "bytes_rule": "read x once + codes + block scales + optional outputs (bf16 x)", "specs": sweep(x, key, copy_bw, args.interpret)}
   text = json.dumps(doc, indent=1)
   print(text)
   if args.json:

@@ -1,17 +1,20 @@
 """Fused FP4 quantize kernel, Pallas on the Triton backend (GPU; interpret mode on CPU).
 
 One program reads one (block_rows, block_cols) tile of ``x`` once and writes packed E2M1 codes (even element in
-the low nibble), block-scale bit patterns (uint8; bitcast to float8 outside) and optionally the dequantized tile.
-Fused in the tile: the blockwise Hadamard (fixed TE or random signs, any size up to the tile), the per-element
-random bits (``fp4jax.bits.hash_bits`` of the element's row-major index in ``x``: the reference's bits exactly),
-the "along columns" transpose (done in registers; the outputs are written K-major), and every rounding / scale rule
-of ``fp4jax.quantize`` — the block numerics are the foundation's own ``quantize_blocks`` evaluated in the kernel
-(``fp4jax_kernels.triton_compat``), so RTN, SR, four-over-six, MS-EDEN and MXFP4 agree bit for bit by construction.
+the low nibble), block-scale bit patterns (uint8; bitcast to float8 outside) and, as its ``QuantizeSpec`` asks, the
+dequantized tile (with or without the tensor scale) and QuEST's trust mask. Fused in the tile: the blockwise
+Hadamard (TE, random or caller-given signs, any size up to the tile), the per-element random bits
+(``fp4jax.bits.hash_bits`` of the element's logical index in the reference's layout: its bits exactly), the
+transpose of the "along columns" directions (done in registers; the outputs are written K-major), and every
+rounding / scale rule of ``fp4jax.quantize`` — the block numerics are the foundation's own ``quantize_blocks``
+evaluated in the kernel (``fp4jax_kernels.triton_compat``), so RTN, SR, four-over-six, MS-EDEN and MXFP4 agree bit
+for bit by construction.
 
 Per-tensor amax (NVFP4 only): a separate reduction reads ``x`` once before the kernel (``tensor_amax``; with a
-Hadamard, a small Pallas kernel that rotates each tile and writes one partial max). Any current-scaling scheme must see every element before the first
-code is final, so it costs one extra read of ``x`` whatever the split; a standalone reduction is that one read with
-nothing else written (a 4-byte result), so bytes moved per element are 2·sizeof(x) + 1/2 (codes) + 1/16 (scales).
+Hadamard, a small Pallas kernel that rotates each tile and writes one partial max). Any current-scaling scheme
+must see every element before the first code is final, so it costs one extra read of ``x`` whatever the split; a
+standalone reduction is that one read with nothing else written (a 4-byte result), so bytes moved per element are
+2·sizeof(x) + 1/2 (codes) + 1/16 (scales), plus 2 (bf16 dequantized) and 1 (trust mask) when asked for.
 """
 
 from __future__ import annotations
@@ -21,19 +24,19 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from fp4jax import bits as bits_lib
+from fp4jax import estimators, scaling
 from fp4jax import hadamard as hadamard_lib
-from fp4jax import scaling
 from fp4jax.formats import E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS
-from fp4jax.quantize import QTensor, check_quantize_args, decode_blocks, BlockLayout, quantize_blocks, hadamard_sign_vector, split_quantize_key
+from fp4jax.quantize import (BlockLayout, QTensor, check_quantize_args, decode_blocks, hadamard_sign_vector,
+                             quantize_blocks, split_quantize_key)
 from fp4jax.rounding import rtn_bf16
 from fp4jax_kernels.edge_blocks import load_in_bounds, store_in_bounds
-from fp4jax_kernels.quantize.spec import QuantizeSpec
+from fp4jax_kernels.quantize.spec import Quantized, QuantizeSpec
 from fp4jax_kernels.triton_compat import kernel_safe
 
 
@@ -85,60 +88,77 @@ def pack_nibbles(codes: jax.Array) -> jax.Array:
 
 
 # ------------------------------------------------------------------------------------------------ kernel
-def _kernel(*refs, spec: QuantizeSpec, shape, logical_cols, tile, out_shapes, interpret: bool, bf16_input: bool):
+def hash_index(rows: jax.Array, cols: jax.Array, n_rows: int, n_cols: int, column_major: bool) -> jax.Array:
+  """uint32 counter of element (or scale) ``(rows, cols)`` of an ``(n_rows, n_cols)`` array: row-major
+  ``rows·n_cols + cols``, or column-major ``cols·n_rows + rows`` (wrapping, as ``fp4jax.bits.index_grid``)."""
+  rows, cols = rows.astype(jnp.uint32), cols.astype(jnp.uint32)
+  return cols * jnp.uint32(n_rows) + rows if column_major else rows * jnp.uint32(n_cols) + cols
+
+
+def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, tile, out_shapes, has_signs: bool, interpret: bool,
+            bf16_input: bool):
+  """One tile, in the output layout: ``x``'s tile transposed in registers when ``spec.transposed``.
+
+  Random bits hash the logical index of each element / scale of the output layout (``logical_out``: the logical
+  output shape), row-major, except for ``along="cols"``, whose reference (``fp4jax.quantize(x, axis=0)``) indexes
+  ``x`` row-major, i.e. the output column-major.
+  """
   it = iter(refs)
   x_ref, amax_ref, eseed_ref, sseed_ref, origin_ref = next(it), next(it), next(it), next(it), next(it)
-  signs_ref = next(it) if spec.hadamard and spec.hadamard_signs != "none" else None
+  signs_ref = next(it) if has_signs else None
   codes_ref, scales_ref = next(it), next(it)
   deq_ref = next(it) if spec.dequantize else None
-  (m, k), (bm, bk) = shape, tile
+  mask_ref = next(it) if spec.trust_mask else None
   i, j = pl.program_id(0), pl.program_id(1)
-  rows = i * bm + lax.broadcasted_iota(jnp.int32, (bm, bk), 0)
-  cols = j * bk + lax.broadcasted_iota(jnp.int32, (bm, bk), 1)
-  row0, col0 = origin_ref[0], origin_ref[1]  # x[0, 0] in the logical tensor: random bits follow logical indices
   x = load_in_bounds(x_ref, (i, j), shape).astype(jnp.float32)
+  out_index, origin = (i, j), (origin_ref[0], origin_ref[1])  # x[0, 0] in the logical tensor
+  if spec.transposed:
+    x, out_index, origin = x.T, (j, i), (origin[1], origin[0])
+  r, c = x.shape
+  row0, col0 = origin[0] + out_index[0] * r, origin[1] + out_index[1] * c  # the tile in the logical output
+  column_major = spec.along == "cols"
   safe = functools.partial(kernel_safe, interpret=interpret)
 
   bits = sbits = None
   if spec.rounding == "sr":
-    index = ((row0 + rows) * logical_cols + col0 + cols).astype(jnp.uint32)
-    bits = safe(bits_lib.hash_bits)(eseed_ref[...], index)
-  if spec.rounding == "eden":  # one bit word per scale, indexed in the reference's scale layout (rows only)
-    nb = logical_cols // spec.block
-    srow = row0 + i * bm + lax.broadcasted_iota(jnp.int32, (bm, bk // spec.block), 0)
-    scol = col0 // spec.block + j * (bk // spec.block) + lax.broadcasted_iota(jnp.int32, (bm, bk // spec.block), 1)
-    sbits = safe(bits_lib.hash_bits)(sseed_ref[...], (srow * nb + scol).astype(jnp.uint32))[..., None]
-  if spec.along == "cols":
-    x = x.T
-    bits = None if bits is None else bits.T
+    rows, cols = row0 + lax.broadcasted_iota(jnp.int32, (r, c), 0), col0 + lax.broadcasted_iota(jnp.int32, (r, c), 1)
+    bits = safe(bits_lib.hash_bits)(eseed_ref[...], hash_index(rows, cols, *logical_out, column_major))
+  if spec.rounding == "eden":  # one bit word per scale, indexed in the reference's scale layout
+    nb = c // spec.block
+    rows = row0 + lax.broadcasted_iota(jnp.int32, (r, nb), 0)
+    cols = col0 // spec.block + lax.broadcasted_iota(jnp.int32, (r, nb), 1)
+    index = hash_index(rows, cols, logical_out[0], logical_out[1] // spec.block, column_major)
+    sbits = safe(bits_lib.hash_bits)(sseed_ref[...], index)[..., None]
   if spec.hadamard:
-    signs = None if signs_ref is None else signs_ref[...]
-    x = rotate_rows(x, spec.hadamard, signs, bf16_input)
+    x = rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
 
-  r, c = x.shape
   block = (spec.block,) if spec.block_shape is None else tuple(spec.block_shape)
   lay = BlockLayout((r, c), 1, block)
+  xb = x.reshape(lay.blocked)
   bits = None if bits is None else bits.reshape(lay.blocked)
   blocks = lambda xb, b, sb, amax: quantize_blocks(xb, lay, spec.fmt, spec.rounding, b, sb, amax)
-  codes, dec, gscale, exps = safe(blocks)(x.reshape(lay.blocked), bits, sbits, amax_ref[0])
+  codes, dec, gscale, exps = safe(blocks)(xb, bits, sbits, amax_ref[0])
 
   if spec.fmt.name == "mxfp4":
     sb = jnp.where(jnp.isnan(dec), E8M0_NAN_BITS, exps + E8M0_BIAS).astype(jnp.uint8)
   else:
     sb = e4m3_bits(dec)
-  out_index = (i, j) if spec.along == "rows" else (j, i)
   store_in_bounds(scales_ref, sb.reshape(scales_ref.shape), out_index, out_shapes[1])
   store_in_bounds(codes_ref, pack_nibbles(codes.reshape(r, c)), out_index, out_shapes[0])
-  if deq_ref is not None:
-    deq = decode_blocks(codes, dec, gscale).reshape(r, c).astype(deq_ref.dtype)
+  if deq_ref is not None:  # block_scaled_only: value·dec_b is exact in bf16, so the cast does not round
+    tensor_scale = gscale if spec.dequantize == "with_tensor_scale" else jnp.float32(1.0)
+    deq = decode_blocks(codes, dec, tensor_scale).reshape(r, c).astype(deq_ref.dtype)
     store_in_bounds(deq_ref, deq, out_index, out_shapes[2])
+  if mask_ref is not None:
+    mask = estimators.trust_mask(xb, dec * gscale).reshape(r, c).astype(jnp.uint8)
+    store_in_bounds(mask_ref, mask, out_index, out_shapes[-1])
 
 
 # ------------------------------------------------------------------------------------------------ wrapper
 def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool):
   x_ref, signs_ref, o_ref = refs if len(refs) == 3 else (refs[0], None, refs[1])
   x = load_in_bounds(x_ref, (pl.program_id(0), pl.program_id(1)), shape).astype(jnp.float32)
-  x = x.T if spec.along == "cols" else x
+  x = x.T if spec.transposed else x
   y = jnp.abs(rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input))
   finite = jnp.min(jnp.where(y <= jnp.float32(jnp.inf), 1, 0))  # 0 if any NaN/Inf
   o_ref[...] = jnp.where(finite == 1, jnp.max(y), jnp.float32(jnp.inf)).reshape(1, 1)
@@ -183,24 +203,23 @@ def _check(x, spec: QuantizeSpec, tile):
   bm, bk = tile
   if any(t & (t - 1) for t in tile):
     raise ValueError(f"tile {tile} must be powers of two (Triton tensor shapes)")
-  n_axis = x.shape[-1] if spec.along == "rows" else x.shape[0]
-  t_axis, t_other = (bk, bm) if spec.along == "rows" else (bm, bk)
+  n_axis = x.shape[0] if spec.transposed else x.shape[-1]
+  t_axis, t_other = (bm, bk) if spec.transposed else (bk, bm)
   unit = max(spec.block, spec.hadamard or 1)
-  if spec.along == "rows" and n_axis % spec.block:
-    raise ValueError(f"x.shape[-1]={n_axis} must be a multiple of the block size {spec.block}")
+  partial_ok = spec.transposed and not spec.fmt.scale_mode.startswith("quest")  # zero padding in the tile
+  if n_axis % spec.block and not partial_ok:
+    raise ValueError(f"the quantized axis length {n_axis} must be a multiple of the block size {spec.block}")
   if spec.hadamard and n_axis % spec.hadamard:
     raise ValueError(f"the quantized axis length {n_axis} must be a multiple of hadamard={spec.hadamard}")
   if t_axis % unit or (spec.block_shape is not None and t_other % 16):
     raise ValueError(f"tile {tile} must hold whole blocks/Hadamard chunks ({unit} along the quantized axis)")
-  if spec.rounding == "eden" and spec.along == "cols":
-    raise NotImplementedError("MS-EDEN along columns: quantize x.T along rows (its scale bits follow x.T's layout)")
 
 
 def default_tile(spec: QuantizeSpec) -> tuple[int, int]:
   """(block_rows, block_cols): a tile of 16·256 elements, wide along the quantized axis (coalesced loads)."""
   unit = max(spec.block, spec.hadamard or 1, 16)
   along = max(256, unit)
-  return (16, along) if spec.along == "rows" else (along, 32)
+  return (along, 32) if spec.transposed else (16, along)
 
 
 def _check_shard(x, spec: QuantizeSpec, amax, logical_shape):
@@ -208,27 +227,48 @@ def _check_shard(x, spec: QuantizeSpec, amax, logical_shape):
     raise ValueError(f"amax is the NVFP4 tensor amax; {spec.fmt.name} has no tensor scale, pass amax=None")
   if len(logical_shape) != 2 or any(not 0 < n <= big for n, big in zip(x.shape, logical_shape)):
     raise ValueError(f"logical_shape {logical_shape} must be 2D and hold the shard x of shape {x.shape}")
-  n_axis = logical_shape[1] if spec.along == "rows" else logical_shape[0]
+  n_axis = logical_shape[0] if spec.transposed else logical_shape[1]
   if spec.rounding == "eden" and n_axis % spec.block:
     raise ValueError(f"logical_shape {logical_shape}: the quantized axis must be a multiple of {spec.block}")
 
 
+def _signs_and_seeds(spec: QuantizeSpec, hadamard: int, key, signs):
+  """(sign vector or None, element-bits seed, scale-bits seed): the reference's key split and draws; an explicit
+  ``signs`` replaces the draw of random signs (and then needs no key unless the rounding is random)."""
+  if signs is None:
+    k_signs, k_elems, k_scales = split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)
+    signs = hadamard_sign_vector(hadamard, spec.hadamard_signs, k_signs)
+  else:
+    spec.check_signs(signs)
+    signs = jnp.asarray(signs, jnp.float32)
+    _, k_elems, k_scales = split_quantize_key(key, spec.rounding, hadamard, "none")
+  zero_seed = jnp.zeros((2,), jnp.uint32)
+  eseed = bits_lib.seed_from_key(k_elems) if spec.rounding == "sr" else zero_seed
+  sseed = bits_lib.seed_from_key(k_scales) if spec.rounding == "eden" else zero_seed
+  return signs, eseed, sseed
+
+
 @functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret", "logical_shape"))
-def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, tile=None, num_warps: int = 4,
-             interpret: bool = False, amax: jax.Array | None = None, origin: jax.Array | None = None,
-             logical_shape: tuple[int, int] | None = None):
+def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, signs: jax.Array | None = None,
+             tile=None, num_warps: int = 4, interpret: bool = False, amax: jax.Array | None = None,
+             origin: jax.Array | None = None, logical_shape: tuple[int, int] | None = None) -> Quantized:
   """Quantize 2D ``x`` per ``spec`` in one kernel pass (plus the amax pre-pass for NVFP4).
 
-  Returns ``(qtensor, dequantized)``: an ``fp4jax.QTensor`` bit-identical to ``fp4jax.quantize(x, **spec)`` for
-  ``along="rows"``; for ``along="cols"`` the QTensor of ``xᵀ`` (shape (K, M), blocks along its last axis) holding
-  exactly ``fp4jax.quantize(x, axis=0)`` transposed. ``dequantized`` (or None) is in the same layout.
+  Returns ``Quantized(qtensor, dequantized, trust_mask)``: an ``fp4jax.QTensor`` bit-identical to
+  ``fp4jax.quantize(x, **spec.quantize_kwargs)`` for ``along="rows"``; for the transposed directions the QTensor of
+  ``xᵀ`` (shape (K, M), blocks along its last axis): ``fp4jax.quantize(x, axis=0)`` transposed (``"cols"``) or
+  ``fp4jax.quantize(x.T)`` (``"rows_of_transpose"``). ``dequantized`` and ``trust_mask`` (or None, as
+  ``spec`` asks) are in the same layout. ``reference.quantize`` computes the same by the pure-JAX quantizer.
+
+  ``signs``: the Hadamard sign vector (shape ``(spec.hadamard,)``, ±1) for ``hadamard_signs="random"``, instead
+  of the draw from ``key`` (e.g. a recipe's fixed signs, or signs shared by both operands of a GEMM).
 
   ``x`` may be one shard of a larger logical tensor (``quantize_sharded`` runs this per shard under ``shard_map``):
   ``amax`` is then the logical tensor's ``tensor_amax`` (NVFP4 only; +Inf or NaN if any element is non-finite) and
   replaces the pre-pass; ``origin`` (int32 (row, col), may be traced) is where ``x[0, 0]`` sits in the logical tensor
   of static shape ``logical_shape``, so every random bit (SR's per element, MS-EDEN's per scale) hashes the
-  element's / scale's logical row-major index. Blocks and Hadamard chunks must not straddle the shard (the caller
-  checks). Defaults: the pre-pass, origin (0, 0), logical shape ``x.shape``: the unsharded kernel.
+  element's / scale's logical index. Blocks and Hadamard chunks must not straddle the shard (the caller checks).
+  Defaults: the pre-pass, origin (0, 0), logical shape ``x.shape``: the unsharded kernel.
   """
   tile = tuple(tile or default_tile(spec))
   _check(x, spec, tile)
@@ -236,14 +276,9 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   _check_shard(x, spec, amax, logical_shape)
   m, k = x.shape
   bm, bk = tile
-  xq = x  # the logical tensor the reference quantizes
-  axis, block, hadamard = check_quantize_args(xq, spec.fmt, spec.axis, spec.rounding, spec.block_shape,
-                                                   spec.hadamard or None, spec.hadamard_signs)
-  k_signs, k_elems, k_scales = split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)
-  signs = hadamard_sign_vector(hadamard, spec.hadamard_signs, k_signs)
-  zero_seed = jnp.zeros((2,), jnp.uint32)
-  eseed = bits_lib.seed_from_key(k_elems) if spec.rounding == "sr" else zero_seed
-  sseed = bits_lib.seed_from_key(k_scales) if spec.rounding == "eden" else zero_seed
+  _, block, hadamard = check_quantize_args(x, spec.fmt, spec.axis, spec.rounding, spec.block_shape,
+                                           spec.hadamard or None, spec.hadamard_signs)
+  signs, eseed, sseed = _signs_and_seeds(spec, hadamard, key, signs)
   if spec.fmt.name != "nvfp4":
     amax = jnp.float32(0.0)
   elif amax is None:
@@ -252,10 +287,10 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   origin = jnp.zeros((2,), jnp.int32) if origin is None else jnp.asarray(origin, jnp.int32).reshape(2)
 
   bs, two_d = spec.block, spec.block_shape is not None
-  if spec.along == "rows":
-    out_rows, n_axis, t_rows, t_axis, index = m, k, bm, bk, (lambda i, j: (i, j))
-  else:
+  if spec.transposed:
     out_rows, n_axis, t_rows, t_axis, index = k, m, bk, bm, (lambda i, j: (j, i))
+  else:
+    out_rows, n_axis, t_rows, t_axis, index = m, k, bm, bk, (lambda i, j: (i, j))
   n_pad = -(-n_axis // bs) * bs
   if two_d:
     s_shape, s_tile = (-(-out_rows // 16), n_pad // 16), (t_rows // 16, t_axis // 16)
@@ -264,7 +299,11 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   out_shape = [jax.ShapeDtypeStruct((out_rows, n_pad // 2), jnp.uint8), jax.ShapeDtypeStruct(s_shape, jnp.uint8)]
   out_specs = [pl.BlockSpec((t_rows, t_axis // 2), index), pl.BlockSpec(s_tile, index)]
   if spec.dequantize:
-    out_shape.append(jax.ShapeDtypeStruct((out_rows, n_axis), x.dtype))
+    deq_dtype = x.dtype if spec.dequantize == "with_tensor_scale" else jnp.bfloat16
+    out_shape.append(jax.ShapeDtypeStruct((out_rows, n_axis), deq_dtype))
+    out_specs.append(pl.BlockSpec((t_rows, t_axis), index))
+  if spec.trust_mask:
+    out_shape.append(jax.ShapeDtypeStruct((out_rows, n_axis), jnp.uint8))
     out_specs.append(pl.BlockSpec((t_rows, t_axis), index))
   whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
   args = [x, amax.reshape(1), eseed, sseed, origin]
@@ -272,10 +311,11 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   if signs is not None:
     args.append(signs)
     in_specs.append(whole(spec.hadamard))
-  kernel = functools.partial(_kernel, spec=spec, shape=(m, k), logical_cols=logical_shape[1], tile=(bm, bk),
-                             interpret=interpret,
-                             out_shapes=tuple(o.shape for o in out_shape), bf16_input=x.dtype == jnp.bfloat16)
-  outs = pl.pallas_call(
+  logical_out = logical_shape[::-1] if spec.transposed else logical_shape
+  kernel = functools.partial(_kernel, spec=spec, shape=(m, k), logical_out=logical_out, tile=(bm, bk),
+                             out_shapes=tuple(o.shape for o in out_shape), has_signs=signs is not None,
+                             interpret=interpret, bf16_input=x.dtype == jnp.bfloat16)
+  outs = iter(pl.pallas_call(
       kernel,
       grid=(pl.cdiv(m, bm), pl.cdiv(k, bk)),
       in_specs=in_specs,
@@ -284,9 +324,10 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret,
       name=f"fp4_quantize_{spec.fmt.name}_{spec.rounding}",
-  )(*args)
-  codes, scale_bits = outs[0], outs[1]
-  deq = outs[2] if spec.dequantize else None
+  )(*args))
+  codes, scale_bits = next(outs), next(outs)
+  deq = next(outs) if spec.dequantize else None
+  mask = next(outs) if spec.trust_mask else None
   if spec.fmt.name == "nvfp4":
     rule = "eden" if spec.rounding == "eden" else spec.fmt.scale_mode
     gscale = scaling.nvfp4_tensor_scales(amax, rule)[1]
@@ -296,4 +337,4 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
       codes=codes, scales=lax.bitcast_convert_type(scale_bits, spec.fmt.scale_dtype),
       global_scale=jnp.asarray(gscale, jnp.float32), signs=signs, shape=(out_rows, n_axis), axis=1, fmt=spec.fmt,
       block_shape=block, hadamard=hadamard, dtype=x.dtype)
-  return qt, deq
+  return Quantized(qt, deq, mask)

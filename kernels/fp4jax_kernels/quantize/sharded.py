@@ -14,11 +14,12 @@ logical tensor on one device:
   lcm(block, hadamard), and with 16x16 tiles the other axis a multiple of 16 (else a ValueError names the shape,
   the mesh axes and the unit).
 
-Output layout: the codes, block scales and the dequantized tensor are sharded like ``x``. With ``spec_in =
-P(R, C)`` (R, C: a mesh axis name, a tuple of names, or None) and ``along="rows"``: codes (M, K/2), scales (M, K/16)
-(1D; (M/16, K/16) for 16x16 tiles) and dequantized (M, K), all ``P(R, C)``. With ``along="cols"`` every output is
-the transposed (K-major) layout of ``pallas_triton.quantize``: codes (K, M/2), scales (K, M/block), dequantized
-(K, M), all ``P(C, R)``. The tensor scale and the Hadamard signs are replicated.
+Output layout: the codes, block scales, the dequantized tensor and the trust mask are sharded like ``x``. With
+``spec_in = P(R, C)`` (R, C: a mesh axis name, a tuple of names, or None) and ``along="rows"``: codes (M, K/2),
+scales (M, K/16) (1D; (M/16, K/16) for 16x16 tiles), dequantized and mask (M, K), all ``P(R, C)``. With the
+transposed directions every output is the transposed (K-major) layout of ``pallas_triton.quantize``: codes
+(K, M/2), scales (K, M/block), dequantized and mask (K, M), all ``P(C, R)``. The tensor scale and the Hadamard
+signs are replicated.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from fp4jax.quantize import QTensor, check_quantize_args, hadamard_sign_vector, split_quantize_key
 from fp4jax_kernels.quantize import pallas_triton
-from fp4jax_kernels.quantize.spec import QuantizeSpec
+from fp4jax_kernels.quantize.spec import Quantized, QuantizeSpec
 
 
 def _axis_names(entry) -> tuple[str, ...]:
@@ -64,7 +65,7 @@ def _check_layout(x, spec: QuantizeSpec, mesh: Mesh, spec_in: P) -> tuple[tuple[
       if name not in mesh.shape:
         raise ValueError(f"spec_in {spec_in} names mesh axis {name!r}, not one of the mesh's {tuple(mesh.shape)}")
   unit = math.lcm(spec.block, spec.hadamard or 1)
-  quantized = 1 if spec.along == "rows" else 0
+  quantized = 0 if spec.transposed else 1
   for dim, names in enumerate(axes):
     parts = math.prod(mesh.shape[name] for name in names)
     need = unit if dim == quantized else (16 if spec.block_shape is not None else 1)
@@ -82,11 +83,12 @@ def _check_layout(x, spec: QuantizeSpec, mesh: Mesh, spec_in: P) -> tuple[tuple[
 
 @functools.partial(jax.jit, static_argnames=("spec", "mesh", "spec_in", "interpret"))
 def quantize_sharded(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, mesh: Mesh, spec_in: P,
-                     interpret: bool = False):
-  """``pallas_triton.quantize(x, spec, key)`` computed per shard of ``x`` (laid out as ``spec_in`` on ``mesh``).
+                     signs: jax.Array | None = None, interpret: bool = False) -> Quantized:
+  """``pallas_triton.quantize(x, spec, key, signs=signs)`` computed per shard of ``x`` (laid out as ``spec_in`` on
+  ``mesh``).
 
-  Returns ``(qtensor, dequantized)`` with the logical shapes and bits of the unsharded kernel, the arrays sharded as
-  the module docstring says. ``key`` is replicated (the same on every shard).
+  Returns ``Quantized`` with the logical shapes and bits of the unsharded kernel, the arrays sharded as the module
+  docstring says. ``key`` and ``signs`` are replicated (the same on every shard).
   """
   row_axes, col_axes = _check_layout(x, spec, mesh, spec_in)
   split_axes = row_axes + col_axes
@@ -95,25 +97,26 @@ def quantize_sharded(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = N
   _, block, hadamard = check_quantize_args(x, spec.fmt, spec.axis, spec.rounding, spec.block_shape,
                                            spec.hadamard or None, spec.hadamard_signs)
 
-  def per_shard(x_shard, key):
+  def per_shard(x_shard, key, signs):
     amax = None
     if spec.fmt.name == "nvfp4":
-      signs = hadamard_sign_vector(hadamard, spec.hadamard_signs,
-                                   split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)[0])
-      local = pallas_triton.tensor_amax(x_shard, spec, signs, interpret=interpret)
+      amax_signs = signs if signs is not None else hadamard_sign_vector(
+          hadamard, spec.hadamard_signs, split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)[0])
+      local = pallas_triton.tensor_amax(x_shard, spec, amax_signs, interpret=interpret)
       local = jnp.where(jnp.isfinite(local), local, jnp.float32(jnp.inf))  # NaN would not survive pmax
       amax = lax.pmax(local, split_axes) if split_axes else local
     origin = jnp.stack([_shard_index(row_axes, mesh) * shard_shape[0], _shard_index(col_axes, mesh) * shard_shape[1]])
-    q, deq = pallas_triton.quantize(x_shard, spec, key, interpret=interpret, amax=amax, origin=origin,
-                                    logical_shape=tuple(x.shape))
-    return q.codes, q.scales, q.global_scale, q.signs, deq
+    q, deq, mask = pallas_triton.quantize(x_shard, spec, key, signs=signs, interpret=interpret, amax=amax,
+                                          origin=origin, logical_shape=tuple(x.shape))
+    return q.codes, q.scales, q.global_scale, q.signs, deq, mask
 
-  out_spec = P(row_axes or None, col_axes or None) if spec.along == "rows" else P(col_axes or None, row_axes or None)
-  codes, scales, global_scale, signs, deq = jax.shard_map(  # check_vma off: pallas_call outputs carry no vma
-      per_shard, mesh=mesh, in_specs=(P(row_axes or None, col_axes or None), P()),
-      out_specs=(out_spec, out_spec, P(), P(), out_spec), check_vma=False,
-  )(x, key)
-  shape = x.shape if spec.along == "rows" else x.shape[::-1]
+  in_spec = P(row_axes or None, col_axes or None)
+  out_spec = P(col_axes or None, row_axes or None) if spec.transposed else in_spec
+  codes, scales, global_scale, signs, deq, mask = jax.shard_map(  # check_vma off: pallas_call outputs carry no vma
+      per_shard, mesh=mesh, in_specs=(in_spec, P(), P()),
+      out_specs=(out_spec, out_spec, P(), P(), out_spec, out_spec), check_vma=False,
+  )(x, key, signs)
+  shape = x.shape[::-1] if spec.transposed else x.shape
   qt = QTensor(codes=codes, scales=scales, global_scale=global_scale, signs=signs, shape=shape, axis=1,
                fmt=spec.fmt, block_shape=block, hadamard=hadamard, dtype=x.dtype)
-  return qt, deq
+  return Quantized(qt, deq, mask)

@@ -1,12 +1,19 @@
-"""``QuantizeSpec``: what a fused quantize kernel computes (frozen, hashable: a static argument under ``jit``)."""
+"""``QuantizeSpec``: what a fused quantize kernel computes (frozen, hashable: a static argument under ``jit``), and
+``Quantized``: what it returns."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
 
 from fp4jax.formats import FP4Format
+from fp4jax.quantize import QTensor
 
-ALONG = ("rows", "cols")
+ALONG = ("rows", "cols", "rows_of_transpose")
+DEQUANTIZE = ("with_tensor_scale", "block_scaled_only")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,12 +24,19 @@ class QuantizeSpec:
     fmt: ``fp4jax.NVFP4`` / ``fp4jax.MXFP4`` (or a ``dataclasses.replace`` of them, e.g. four-over-six).
     rounding: ``"rtn"``, ``"sr"`` or ``"eden"`` (MS-EDEN).
     hadamard: blockwise Hadamard size along the quantized axis (0: none; 128 is MS-EDEN's rotation).
-    hadamard_signs: ``"te"``, ``"random"`` or ``"none"``.
+    hadamard_signs: ``"te"``, ``"random"`` (drawn from the key, or passed to the kernel as ``signs``) or ``"none"``.
     block_shape: None (1D blocks of ``fmt.block_size``) or ``(16, 16)`` (NVFP4 2D tiles).
-    along: ``"rows"`` quantizes along the last axis (``fp4jax.quantize(x, axis=-1)``); ``"cols"`` along axis 0
-      (``fp4jax.quantize(x, axis=0)``, same random bits) and writes the result transposed, contiguous along the
-      quantized axis: the K-major operand of the weight-gradient GEMM, without a transpose pass.
-    dequantize: also write the dequantized tensor (in the Hadamard domain, ``fake_quantize(..., rotated=True)``).
+    along: ``"rows"`` quantizes along the last axis (``fp4jax.quantize(x, axis=-1)``). The other two quantize
+      along axis 0 and write the result transposed, contiguous along the quantized axis (the K-major operand of
+      the weight-gradient GEMM, without a transpose pass); they differ only in how random bits are indexed:
+      ``"cols"`` is ``fp4jax.quantize(x, axis=0)`` (bits of ``x``'s row-major indices), ``"rows_of_transpose"`` is
+      ``fp4jax.quantize(x.T, axis=-1)`` (bits of ``xᵀ``'s row-major indices: what ``fp4jax.dot_general``'s
+      XLA path draws for the operands it transposes).
+    dequantize: None, or also write the dequantized tensor in the Hadamard domain: ``"with_tensor_scale"``
+      (``fake_quantize(..., rotated=True)``, ``f32(value(q)·dec_b)·s_dec`` in ``x.dtype``) or
+      ``"block_scaled_only"`` (``value(q)·dec_b`` without the tensor scale, in bfloat16, where it is exact: what
+      ``fp4jax.operand`` multiplies in its GEMMs).
+    trust_mask: also write QuEST's trust mask (uint8, 1 where ``|x̂| < 6·dec_b·s_dec``, ``fp4jax.estimators``).
   """
 
   fmt: FP4Format
@@ -31,7 +45,8 @@ class QuantizeSpec:
   hadamard_signs: str = "none"
   block_shape: tuple[int, int] | None = None
   along: str = "rows"
-  dequantize: bool = False
+  dequantize: str | None = None
+  trust_mask: bool = False
 
   def __post_init__(self):
     if self.along not in ALONG:
@@ -40,11 +55,27 @@ class QuantizeSpec:
       raise ValueError(f"QuantizeSpec.block_shape must be None or (16, 16), got {self.block_shape}")
     if self.rounding == "eden" and self.hadamard == 0:
       raise ValueError("QuantizeSpec: rounding='eden' is MS-EDEN with its rotation; set hadamard=128")
+    if self.dequantize is not None and self.dequantize not in DEQUANTIZE:
+      raise ValueError(f"QuantizeSpec.dequantize must be None or one of {DEQUANTIZE}, got {self.dequantize!r}")
+
+  def check_signs(self, signs) -> None:
+    """An explicit Hadamard sign vector replaces the draw of random signs: ``hadamard_signs="random"``, shape
+    ``(hadamard,)``; ValueError naming ``signs`` otherwise."""
+    if self.hadamard_signs != "random":
+      raise ValueError(f"signs: an explicit sign vector replaces the random draw; it needs hadamard_signs='random', "
+                       f"got {self.hadamard_signs!r}")
+    if jnp.shape(signs) != (self.hadamard,):
+      raise ValueError(f"signs must have shape ({self.hadamard},) (one per Hadamard point), got {jnp.shape(signs)}")
+
+  @property
+  def transposed(self) -> bool:
+    """Blocks run along axis 0 of ``x`` and the outputs are written transposed (K-major)."""
+    return self.along != "rows"
 
   @property
   def axis(self) -> int:
-    """The axis of ``x`` the blocks run along (as ``fp4jax.quantize`` takes it)."""
-    return -1 if self.along == "rows" else 0
+    """The axis of ``x`` the blocks run along."""
+    return 0 if self.transposed else -1
 
   @property
   def block(self) -> int:
@@ -52,6 +83,15 @@ class QuantizeSpec:
 
   @property
   def quantize_kwargs(self) -> dict:
-    """Keyword arguments that make ``fp4jax.quantize`` compute this spec."""
-    return dict(axis=self.axis, rounding=self.rounding, block_shape=self.block_shape,
+    """Keyword arguments that make ``fp4jax.quantize`` compute this spec (on ``x``, or ``x.T`` for
+    ``along="rows_of_transpose"``)."""
+    return dict(axis=0 if self.along == "cols" else -1, rounding=self.rounding, block_shape=self.block_shape,
                 hadamard=self.hadamard or None, hadamard_signs=self.hadamard_signs)
+
+
+class Quantized(NamedTuple):
+  """What a fused quantize returns: the ``QTensor`` and the optional outputs ``QuantizeSpec`` asks for (or None)."""
+
+  qtensor: QTensor
+  dequantized: jax.Array | None
+  trust_mask: jax.Array | None
