@@ -54,22 +54,28 @@ class DotGeneral(nn.Module):
   Attributes:
     recipe: a name from ``fp4jax.recipes.names()`` or a ``fp4jax.recipes.Recipe``.
     deterministic: evaluation mode; runs ``fp4jax.recipes.deterministic(recipe)`` and needs no "quant" stream.
+    backend: quantizer implementation, ``fp4jax.dot_general``'s ``backend`` (``"xla"``, ``"pallas"``, ``"auto"``).
   """
 
   recipe: Any
   deterministic: bool = False
+  backend: str = "xla"
+
+  def __post_init__(self):
+    ops.check_backend(self.backend, f"fp4jax.flax.linen.{type(self).__name__}")
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
     run, key = _key(self, self.recipe, self.deterministic, f"fp4jax DotGeneral at {_path(self)!r}")
     return fp4jax.dot_general(
         lhs, rhs, dimension_numbers, recipe=run, key=key, precision=precision,
-        preferred_element_type=preferred_element_type,
+        preferred_element_type=preferred_element_type, backend=self.backend,
     )
 
 
-def _dot_general_cls(recipe: Any, deterministic: bool):
-  return functools.partial(DotGeneral, recipe=recipe, deterministic=deterministic)
+def _dot_general_cls(recipe: Any, deterministic: bool, backend: str = "xla"):
+  return functools.partial(DotGeneral, recipe=recipe, deterministic=deterministic, backend=backend)
 
 
 def _is_fp4jax_cls(cls) -> bool:
@@ -82,7 +88,8 @@ class _RecipeDot:
   def __post_init__(self):
     if self.dot_general is not None or (self.dot_general_cls is not None and not _is_fp4jax_cls(self.dot_general_cls)):
       raise ValueError(f"fp4jax.flax.linen.{type(self).__name__} takes `recipe`, not dot_general / dot_general_cls")
-    object.__setattr__(self, "dot_general_cls", _dot_general_cls(self.recipe, self.deterministic))
+    ops.check_backend(self.backend, f"fp4jax.flax.linen.{type(self).__name__}")
+    object.__setattr__(self, "dot_general_cls", _dot_general_cls(self.recipe, self.deterministic, self.backend))
     super().__post_init__()
 
 
@@ -91,6 +98,7 @@ class Dense(_RecipeDot, nn.Dense):
 
   recipe: Any = dataclasses.field(kw_only=True)
   deterministic: bool = False
+  backend: str = "xla"
 
 
 class DenseGeneral(_RecipeDot, nn.DenseGeneral):
@@ -98,10 +106,12 @@ class DenseGeneral(_RecipeDot, nn.DenseGeneral):
 
   recipe: Any = dataclasses.field(kw_only=True)
   deterministic: bool = False
+  backend: str = "xla"
 
 
-def einsum_layer(module: nn.Einsum, inputs, einsum_str, recipe: Any, deterministic: bool):
-  """``nn.Einsum``'s computation (kernel, optional bias, dtype promotion) with ``fp4jax.einsum`` under ``recipe``.
+def einsum_layer(module: nn.Einsum, inputs, einsum_str, recipe: Any, deterministic: bool, backend: str = "xla"):
+  """``nn.Einsum``'s computation (kernel, optional bias, dtype promotion) with ``fp4jax.einsum`` under ``recipe``
+  and quantizer ``backend``.
 
   Called from inside ``module``'s compact ``__call__`` (its own, or the rule interceptor's); ``recipe=None`` runs
   ``jnp.einsum`` (high precision).
@@ -121,7 +131,7 @@ def einsum_layer(module: nn.Einsum, inputs, einsum_str, recipe: Any, determinist
   else:
     run, key = _key(module, recipe, deterministic, f"fp4jax Einsum at {_path(module)!r}")
     y = fp4jax.einsum(einsum_str, inputs, kernel, recipe=run, key=key, precision=module.precision,
-                      preferred_element_type=module.preferred_element_type)
+                      preferred_element_type=module.preferred_element_type, backend=backend)
   if bias is not None:
     y += jnp.reshape(bias, broadcast_shape)
   return y
@@ -132,10 +142,15 @@ class Einsum(nn.Einsum):
 
   recipe: Any = dataclasses.field(kw_only=True)
   deterministic: bool = False
+  backend: str = "xla"
+
+  def __post_init__(self):
+    ops.check_backend(self.backend, "fp4jax.flax.linen.Einsum")
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, inputs, einsum_str: str | None = None):
-    return einsum_layer(self, inputs, einsum_str, self.recipe, self.deterministic)
+    return einsum_layer(self, inputs, einsum_str, self.recipe, self.deterministic, self.backend)
 
 
 # ------------------------------------------------------------------------------------------------ interception
@@ -178,9 +193,10 @@ def _fields(module, **values):
       object.__setattr__(module, k, v)
 
 
-def interceptor(plan: dict[str, Any] | None, deterministic: bool) -> Callable:
+def interceptor(plan: dict[str, Any] | None, deterministic: bool, backend: str = "xla") -> Callable:
   """An ``nn.intercept_methods`` interceptor: records every linear layer call (``ops.record_dots``) and makes
-  the layers in ``plan`` ({path: recipe or None}) run that recipe; other layers run as written."""
+  the layers in ``plan`` ({path: recipe or None}) run that recipe with quantizer ``backend``; other layers run as
+  written."""
 
   def intercept(next_fun, args, kwargs, context):
     module = context.module
@@ -194,8 +210,8 @@ def interceptor(plan: dict[str, Any] | None, deterministic: bool) -> Callable:
     if not override:
       return next_fun(*args, **kwargs)
     if isinstance(module, nn.Einsum):
-      return einsum_layer(module, inputs, einsum_str, recipe, deterministic)
-    cls = None if recipe is None else _dot_general_cls(recipe, deterministic)
+      return einsum_layer(module, inputs, einsum_str, recipe, deterministic, backend)
+    cls = None if recipe is None else _dot_general_cls(recipe, deterministic, backend)
     with _fields(module, dot_general_cls=cls, dot_general=None):
       return next_fun(*args, **kwargs)
 
@@ -209,13 +225,18 @@ class QuantizedModule:
   Each call first traces the module abstractly (``jax.eval_shape``, cheap) to find its linear layers, resolves
   ``rules`` against their paths (``fp4jax.flax.rules.plan``), then runs it with the planned recipes. Parameters are
   the module's own (same tree), so a trained BF16 model can be quantized and vice versa. For evaluation use
-  ``dataclasses.replace(qmodel, deterministic=True)``.
+  ``dataclasses.replace(qmodel, deterministic=True)``. ``backend``: the quantizer backend of the planned layers
+  (``fp4jax.dot_general``'s).
   """
 
   module: nn.Module
   rules: Sequence[Any]
   defaults: Sequence[Any] = rules_lib.DEFAULT_HIGH_PRECISION
   deterministic: bool = False
+  backend: str = "xla"
+
+  def __post_init__(self):
+    ops.check_backend(self.backend, "fp4jax.flax.linen.quantize")
 
   def plan(self, call: Callable[[], Any]) -> dict[str, Any]:
     """{path: recipe or None} for the layers the rules decide, found by tracing ``call`` (a thunk running the module)."""
@@ -224,7 +245,7 @@ class QuantizedModule:
     return rules_lib.plan([r.path for r in records], self.rules, defaults=self.defaults)
 
   def run(self, call: Callable[[], Any]):
-    with nn.intercept_methods(interceptor(self.plan(call), self.deterministic)):
+    with nn.intercept_methods(interceptor(self.plan(call), self.deterministic, self.backend)):
       return call()
 
   def init(self, rngs, *args, **kwargs):
@@ -238,8 +259,8 @@ class QuantizedModule:
 
 
 def quantize(module: nn.Module, rules: Sequence[Any], *, defaults=rules_lib.DEFAULT_HIGH_PRECISION,
-             deterministic: bool = False) -> QuantizedModule:
+             deterministic: bool = False, backend: str = "xla") -> QuantizedModule:
   """``module`` with its linear layers quantized by ``rules`` (see ``QuantizedModule``, ``fp4jax.flax.rules``)."""
   if not isinstance(module, nn.Module):
     raise TypeError(f"module must be a flax.linen Module, got {type(module).__name__}")
-  return QuantizedModule(module, tuple(rules), tuple(defaults), deterministic)
+  return QuantizedModule(module, tuple(rules), tuple(defaults), deterministic, backend)

@@ -43,11 +43,14 @@ def _stream(rngs):
 
 
 class _QuantOp(nnx.Module):
-  """Recipe, ``deterministic`` flag and "quant" stream of an FP4 op; ``path`` names its layer in errors and summaries."""
+  """Recipe, ``deterministic`` flag, quantizer ``backend`` (``fp4jax.dot_general``'s) and "quant" stream of an FP4
+  op; ``path`` names its layer in errors and summaries."""
 
-  def __init__(self, recipe: Any, *, rngs=None, deterministic: bool = False, path: str = ""):
+  def __init__(self, recipe: Any, *, rngs=None, deterministic: bool = False, path: str = "", backend: str = "xla"):
     ops.resolve(recipe, f"fp4jax {type(self).__name__}")
+    ops.check_backend(backend, f"fp4jax.flax.nnx.{type(self).__name__}")
     self.recipe = recipe
+    self.backend = backend
     self.deterministic = deterministic
     self.rngs = _stream(rngs)
     self.path = path or type(self).__name__
@@ -75,7 +78,7 @@ class DotGeneral(_QuantOp):
     run, key = self._recipe_and_key()
     ops.record(self.path, "dot_general", self.recipe, ops.dot_general_flops(lhs.shape, rhs.shape, dimension_numbers))
     return fp4jax.dot_general(lhs, rhs, dimension_numbers, recipe=run, key=key, precision=precision,
-                              preferred_element_type=preferred_element_type)
+                              preferred_element_type=preferred_element_type, backend=self.backend)
 
 
 class EinsumOp(_QuantOp):
@@ -86,15 +89,15 @@ class EinsumOp(_QuantOp):
     run, key = self._recipe_and_key()
     ops.record(self.path, "einsum", self.recipe, ops.einsum_flops(spec, lhs.shape, rhs.shape))
     return fp4jax.einsum(spec, lhs, rhs, recipe=run, key=key, precision=precision,
-                         preferred_element_type=preferred_element_type)
+                         preferred_element_type=preferred_element_type, backend=self.backend)
 
 
 class Linear(nnx.Linear):
   """``nnx.Linear`` whose matmul runs ``fp4jax.dot_general`` under ``recipe`` (see ``DotGeneral``)."""
 
   def __init__(self, in_features: int, out_features: int, *, recipe: Any, rngs: nnx.Rngs,
-               deterministic: bool = False, **kwargs):
-    op = DotGeneral(recipe, rngs=rngs, deterministic=deterministic)
+               deterministic: bool = False, backend: str = "xla", **kwargs):
+    op = DotGeneral(recipe, rngs=rngs, deterministic=deterministic, backend=backend)
     super().__init__(in_features, out_features, dot_general=op, rngs=rngs, **kwargs)
 
 
@@ -102,8 +105,8 @@ class Einsum(nnx.Einsum):
   """``nnx.Einsum`` whose contraction runs ``fp4jax.einsum`` under ``recipe`` (see ``EinsumOp``)."""
 
   def __init__(self, einsum_str: str, kernel_shape, bias_shape=None, *, recipe: Any, rngs: nnx.Rngs,
-               deterministic: bool = False, **kwargs):
-    op = EinsumOp(recipe, rngs=rngs, deterministic=deterministic)
+               deterministic: bool = False, backend: str = "xla", **kwargs):
+    op = EinsumOp(recipe, rngs=rngs, deterministic=deterministic, backend=backend)
     super().__init__(einsum_str, kernel_shape, bias_shape, einsum_op=op, rngs=rngs, **kwargs)
 
 
@@ -125,33 +128,38 @@ def layer_recipe(layer) -> Any:
   return op.recipe if isinstance(op, _QuantOp) else None
 
 
-def set_recipe(layer, path: str, recipe: Any, *, rngs=None, deterministic: bool = False) -> None:
-  """Make ``layer`` run ``recipe`` (None: ``lax.dot_general`` / ``jnp.einsum``), in place."""
+def set_recipe(layer, path: str, recipe: Any, *, rngs=None, deterministic: bool = False,
+               backend: str = "xla") -> None:
+  """Make ``layer`` run ``recipe`` (None: ``lax.dot_general`` / ``jnp.einsum``) with quantizer ``backend``, in
+  place."""
   attr = _op_attr(layer)
   if recipe is None:
     op = nnx.static(jnp.einsum if attr == "einsum_op" else jax.lax.dot_general)
   else:
     op_cls = EinsumOp if attr == "einsum_op" else DotGeneral
-    op = nnx.data(op_cls(recipe, rngs=rngs, deterministic=deterministic, path=path))
+    op = nnx.data(op_cls(recipe, rngs=rngs, deterministic=deterministic, path=path, backend=backend))
   setattr(layer, attr, op)
   if isinstance(layer, nnx.LinearGeneral):
     layer.dot_general_cls = None  # it would take precedence over dot_general
 
 
 def quantize(model: nnx.Module, rules: Sequence[Any], *, rngs: nnx.Rngs | None = None,
-             defaults: Sequence[Any] = rules_lib.DEFAULT_HIGH_PRECISION, deterministic: bool = False) -> nnx.Module:
+             defaults: Sequence[Any] = rules_lib.DEFAULT_HIGH_PRECISION, deterministic: bool = False,
+             backend: str = "xla") -> nnx.Module:
   """Quantize the linear layers of ``model`` in place by ``rules`` (``fp4jax.flax.rules.plan``); returns ``model``.
+  ``backend``: the quantizer backend of the planned layers (``fp4jax.dot_general``'s).
 
   ``rngs`` supplies the "quant" stream random recipes draw from (each layer gets a fork); it may be omitted when
   every planned recipe is deterministic or ``deterministic=True``. Layers no rule matches are left as they are.
   """
   if not isinstance(model, nnx.Module):
     raise TypeError(f"model must be a flax.nnx Module, got {type(model).__name__}")
+  ops.check_backend(backend, "fp4jax.flax.nnx.quantize")
   found = layers(model)
   plan = rules_lib.plan(list(found), rules, defaults=defaults)
   has_stream = isinstance(rngs, nnx.Rngs) and ops.QUANT_STREAM in rngs or isinstance(rngs, nnx.RngStream)
   for path, recipe in plan.items():
     if recipe is not None and not deterministic and not has_stream and ops.resolve(recipe, path).is_random:
       raise ops.missing_stream_error(f"quantize: layer {path!r}", recipe, "pass rngs=nnx.Rngs(quant=...) to quantize")
-    set_recipe(found[path], path, recipe, rngs=rngs, deterministic=deterministic)
+    set_recipe(found[path], path, recipe, rngs=rngs, deterministic=deterministic, backend=backend)
   return model

@@ -21,6 +21,7 @@ from fp4jax import recipes
 
 QUANT_STREAM = "quant"
 HIGH_PRECISION = "high precision"
+BACKENDS = ("xla", "pallas", "auto")  # fp4jax.dot_general's quantizer backends
 
 
 def resolve(recipe: Any, where: str):
@@ -32,6 +33,13 @@ def resolve(recipe: Any, where: str):
   if recipe not in recipes.names():
     raise ValueError(f"{where}: unknown recipe {recipe!r}; expected one of {sorted(recipes.names())}")
   return recipes.get(recipe)
+
+
+def check_backend(backend: Any, where: str) -> None:
+  """ValueError naming ``where``'s ``backend`` argument unless it is one of ``BACKENDS``."""
+  if backend not in BACKENDS:
+    raise ValueError(f"{where}: backend must be one of {BACKENDS} (fp4jax.dot_general's quantizer backend), "
+                     f"got {backend!r}")
 
 
 def recipe_name(recipe: Any) -> str:

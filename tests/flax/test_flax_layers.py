@@ -158,3 +158,48 @@ def test_nnx_quant_stream_and_eval_mode():
   bare.eval()  # nnx's evaluation mode sets deterministic=True on the FP4 op
   assert bare.dot_general.deterministic
   bare(x)
+
+
+def test_backend_field_reaches_dot_general_and_pallas_gives_the_same_bits():
+  """linen Dense and nnx Linear with backend="pallas" (the fused quantize kernels; Pallas interpret mode on CPU):
+  outputs and kernel/input gradients bit-identical to backend="xla" for nvidia_nvfp4 (SR and RHT-16 in the
+  backward). A tiny shape: interpret mode is slow."""
+  m, k, n = 32, 64, 32
+  kx, kw = jax.random.split(jax.random.key(5))
+  x, w = jax.random.normal(kx, (m, k), jnp.bfloat16), jax.random.normal(kw, (k, n), jnp.bfloat16)
+
+  def linen_run(backend):
+    layer = ql.Dense(n, use_bias=False, recipe="nvidia_nvfp4", backend=backend, dtype=jnp.bfloat16,
+                     param_dtype=jnp.bfloat16)
+    f = lambda p, x: jnp.sum(layer.apply(p, x, rngs={"quant": jax.random.key(3)}).astype(jnp.float32) ** 2)
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))({"params": {"kernel": w}}, x)
+
+  def nnx_run(backend):
+    layer = qn.Linear(k, n, use_bias=False, recipe="nvidia_nvfp4", backend=backend, rngs=nnx.Rngs(0, quant=3),
+                      dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+    layer.kernel[...] = w
+    f = lambda layer, x: jnp.sum(layer(x).astype(jnp.float32) ** 2)
+    loss, (g_layer, g_x) = nnx.jit(nnx.value_and_grad(f, argnums=(0, 1)))(layer, x)
+    return loss, (g_layer.kernel[...], g_x)
+
+  dense = ql.Dense(n, use_bias=False, recipe="nvfp4_rtn", backend="pallas")
+  linear = qn.Linear(k, n, use_bias=False, recipe="nvfp4_rtn", backend="pallas", rngs=nnx.Rngs(0))
+  assert "pallas_call" in str(jax.make_jaxpr(lambda x: dense.apply({"params": {"kernel": w}}, x))(x))
+  assert "pallas_call" in str(jax.make_jaxpr(lambda x: linear(x))(x))  # the field reaches fp4jax.dot_general
+  for run in (linen_run, nnx_run):
+    got, want = jax.tree.leaves(run("pallas")), jax.tree.leaves(run("xla"))
+    assert len(got) == len(want) == 3
+    for g, r in zip(got, want):
+      assert np.any(np.asarray(r, np.float32) != 0)
+      np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(r, np.float32))
+
+
+def test_bad_backend_is_named():
+  with pytest.raises(ValueError, match="backend must be one of"):
+    ql.Dense(N, recipe="nvfp4_rtn", backend="cuda")
+  with pytest.raises(ValueError, match="backend must be one of"):
+    ql.Einsum((K, N), "mk,kn->mn", recipe="nvfp4_rtn", backend="cuda")
+  with pytest.raises(ValueError, match=r"nnx\.DotGeneral: backend must be one of"):
+    qn.Linear(K, N, recipe="nvfp4_rtn", backend="cuda", rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="backend must be one of"):
+    ql.quantize(nn.Dense(N), [], backend="cuda")
