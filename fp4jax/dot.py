@@ -124,7 +124,7 @@ def _forward_source(spec, raw, forward: Operand):
 def _to_input(grad, fwd_spec, mask, signs):
   """Gradient of a forward-quantized operand -> gradient of the layer input: estimator, then inverse rotation."""
   if fwd_spec.estimator == "trust_mask":
-    grad = jnp.where(mask != 0, grad, 0.0)  # bool (XLA) or uint8 (Pallas kernel) mask
+    grad = jnp.where(mask, grad, 0.0)
   if fwd_spec.hadamard:
     grad = inverse_rotate(grad, fwd_spec.hadamard, signs)
   return grad

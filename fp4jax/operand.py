@@ -35,7 +35,6 @@ caller passes a ``precision``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import NamedTuple
 
@@ -140,7 +139,7 @@ def _block_fp4(x: jax.Array, spec: OperandSpec, key, shard=None) -> tuple[Operan
 def _kernel_fp4(x: jax.Array, spec: OperandSpec, key, signs, hadamard: int,
                 transposed: bool) -> tuple[Operand, jax.Array | None]:
   """``_block_fp4`` of ``rotate(x, hadamard, signs)`` (of ``swapaxes(x, -1, -2)`` if ``transposed``) by one pass
-  of ``fp4jax_kernels``' fused quantize on ``x`` folded to 2D; the same bits, the mask as uint8."""
+  of ``fp4jax_kernels``' fused quantize on ``x`` folded to 2D; the same bits."""
   from fp4jax_kernels.quantize import api  # noqa: PLC0415  (lazy: the kernels plug in beneath the quantizers)
   from fp4jax_kernels.quantize.spec import QuantizeSpec  # noqa: PLC0415
 
@@ -148,13 +147,12 @@ def _kernel_fp4(x: jax.Array, spec: OperandSpec, key, signs, hadamard: int,
     x, transposed = jnp.swapaxes(x, -1, -2), False
   out_shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
   mode = "none" if not hadamard or spec.signs == "none" else ("te" if spec.signs == "te" else "random")
+  quest = spec.estimator == "trust_mask"  # values and mask from codes and scales in XLA (rotate_and_quantize)
   qspec = QuantizeSpec(spec.fmt, rounding=spec.rounding, hadamard=hadamard, hadamard_signs=mode,
                        block_shape=spec.block_shape, along="rows_of_transpose" if transposed else "rows",
-                       dequantize="block_scaled_only", trust_mask=spec.estimator == "trust_mask")
+                       dequantize=None if quest else "block_scaled_only")
   x2 = x.reshape(x.shape[-2:]) if transposed else x.reshape(-1, x.shape[-1])
-  quest = spec.estimator == "trust_mask"
-  qspec = dataclasses.replace(qspec, dequantize=None, trust_mask=False) if quest else qspec
-  q, values, mask = api.quantize(x2, qspec, key, signs=signs if mode == "random" else None, backend="pallas")
+  q, values, _ = api.quantize(x2, qspec, key, signs=signs if mode == "random" else None, backend="pallas")
   if not quest:
     return Operand(values.reshape(out_shape), q.global_scale), None
   # QuEST operands (rotated by XLA, see rotate_and_quantize): values and mask built in XLA from codes and scales.
@@ -215,8 +213,7 @@ def quantize_operand(
 ) -> tuple[Operand, jax.Array | None]:
   """Quantize ``x`` along its last axis (already rotated if the GEMM has a Hadamard) as ``spec`` says.
 
-  Returns the ``Operand`` and, for ``estimator="trust_mask"``, the mask of unclipped elements (nonzero = trusted:
-  bool from XLA, uint8 from the kernel), else None. ``key`` feeds stochastic rounding / MS-EDEN. ``backend``:
+  Returns the ``Operand`` and, for ``estimator="trust_mask"``, the bool mask of unclipped elements, else None. ``key`` feeds stochastic rounding / MS-EDEN. ``backend``:
   ``"xla"``, ``"pallas"`` or ``"auto"`` (module docstring); every backend gives the same bits. ``shard``: an
   ``fp4jax.sharding.OperandShard`` when ``x`` is one device's slice of a token-sharded operand inside ``shard_map``
   (XLA backend only; see ``fp4jax.sharding``).
