@@ -31,7 +31,7 @@ import optax
 PARAMS = ("A", "alpha", "B", "beta", "E", "gamma")
 LOG_PARAMS = ("A", "B", "E")  # fitted as logarithms (positive)
 HUBER_DELTA = 1e-4
-LBFGS_STEPS = 150
+LBFGS_STEPS = 300
 BF16 = "bf16"
 
 
@@ -202,7 +202,8 @@ def bootstrap(base_runs, recipe_runs, law: LossLaw, eff: tuple[float, float], fi
         return x[0]
 
     log_effs = jax.jit(jax.vmap(eff_fit))(thetas, w_rec)
-    draws = {"eff_N": np.exp(log_effs[:, 0]), "eff_D": np.exp(log_effs[:, 1])}
+    with np.errstate(over="ignore"):  # a diverged refit overflows to inf and is dropped below
+        draws = {"eff_N": np.exp(log_effs[:, 0]), "eff_D": np.exp(log_effs[:, 1])}
     for i, p in enumerate(PARAMS):
         if bool(free_mask[i]):
             draws[p] = np.exp(thetas[:, i]) if p in LOG_PARAMS else np.asarray(thetas[:, i])
