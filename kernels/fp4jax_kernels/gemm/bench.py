@@ -1,5 +1,6 @@
 """FP4 GEMM ``dq(A)·dq(B)ᵀ``: Pallas dequantize-in-kernel vs XLA (dequantize + dot), ``jax.nn.scaled_matmul`` and a
-bf16 matmul of the same shape, one run, one table.
+bf16 matmul of the same shape, one run, one table; and for bf16 activations, the fused quantize-GEMM
+(``fused_forward``) vs the quantize kernel followed by the GEMM kernel.
 
     PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench
 """
@@ -11,10 +12,15 @@ import jax.numpy as jnp
 
 import fp4jax
 from fp4jax_kernels.benchtools import header, time_ms
-from fp4jax_kernels.gemm import pallas_triton, reference
+from fp4jax_kernels.gemm import fused_forward, pallas_triton, reference
 from fp4jax_kernels.native import matmul as native
+from fp4jax_kernels.quantize import pallas_triton as quantize_kernel
+from fp4jax_kernels.quantize.spec import QuantizeSpec
 
 SHAPES = [(8192, 4096, 4096), (16, 8192, 8192)]  # (M, N, K)
+# Activations quantized in the GEMM vs quantize kernel + GEMM kernel (X bf16 -> NVFP4 RTN, W packed).
+FUSED_TILES = {(8192, 4096, 4096): [((128, 128, 64), 8, 2), ((128, 128, 128), 8, 2), ((64, 128, 64), 4, 2)],
+               (16, 8192, 8192): [((16, 64, 256), 4, 2), ((16, 128, 128), 4, 2)]}
 TILES = {(8192, 4096, 4096): [((128, 128, 128), 8, 3), ((128, 256, 64), 8, 3), ((128, 128, 64), 4, 4),
                               ((256, 128, 64), 8, 3), ((128, 128, 128), 8, 4)],
          (16, 8192, 8192): [((16, 128, 256), 4, 3), ((16, 64, 512), 4, 3), ((16, 64, 256), 4, 4),
@@ -46,6 +52,19 @@ def main():
         row(f"pallas {tile} w{nw} s{ns}", time_ms(f, a, b), f"{err:.1e}")
       except Exception as e:
         print(f"{f'{m}x{n}x{k}':20s} pallas {tile} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+    two_pass = jax.jit(lambda x, b: pallas_triton.matmul(quantize_kernel.quantize(x, QuantizeSpec(fp4jax.NVFP4))[0], b))
+    fused_ref = reference.matmul(fp4jax.quantize(ab, fp4jax.NVFP4), b, out_dtype=jnp.float32)
+    fused_rows = [("quantize kernel + pallas GEMM (X bf16)", two_pass)]
+    for tile, nw, ns in FUSED_TILES[(m, n, k)]:
+      fused_rows.append((f"fused quantize-GEMM {tile} w{nw} s{ns}", jax.jit(
+          lambda x, b, tile=tile, nw=nw, ns=ns: fused_forward.matmul(x, b, fmt=fp4jax.NVFP4, tile=tile, num_warps=nw,
+                                                                     num_stages=ns))))
+    for name, f in fused_rows:
+      try:
+        y = f(ab, b).astype(jnp.float32)
+        row(name, time_ms(f, ab, b), f"{float(jnp.linalg.norm(y - fused_ref) / jnp.linalg.norm(fused_ref)):.1e}")
+      except Exception as e:
+        print(f"{f'{m}x{n}x{k}':20s} {name} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
     try:
       y = native.matmul(a, b).astype(jnp.float32)
       err = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))

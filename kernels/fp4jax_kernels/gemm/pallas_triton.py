@@ -51,7 +51,7 @@ def scale_to_f32(bits: jax.Array, fmt_name: str) -> jax.Array:
   return jnp.where(b == E4M3_NAN_BITS, jnp.float32(jnp.nan), val)
 
 
-def _dequant_halves(codes: jax.Array, scales: jax.Array, block: int, fmt_name: str) -> tuple[jax.Array, jax.Array]:
+def dequant_halves(codes: jax.Array, scales: jax.Array, block: int, fmt_name: str) -> tuple[jax.Array, jax.Array]:
   """(r, bk/2) packed codes + (r, bk/block) scale bits -> the even and the odd elements, each (r, bk/2) bf16
   ``value · scale`` (exact)."""
   r, half = codes.shape
@@ -69,9 +69,9 @@ def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, 
   dims = (((1,), (1,)), ((), ()))
 
   def body(t, acc):
-    a_even, a_odd = _dequant_halves(ac_ref[:, pl.ds(t * (bk // 2), bk // 2)],
+    a_even, a_odd = dequant_halves(ac_ref[:, pl.ds(t * (bk // 2), bk // 2)],
                                     as_ref[:, pl.ds(t * (bk // block), bk // block)], block, fmt_name)
-    b_even, b_odd = _dequant_halves(bc_ref[:, pl.ds(t * (bk // 2), bk // 2)],
+    b_even, b_odd = dequant_halves(bc_ref[:, pl.ds(t * (bk // 2), bk // 2)],
                                     bs_ref[:, pl.ds(t * (bk // block), bk // block)], block, fmt_name)
     acc = acc + lax.dot_general(a_even, b_even, dims, preferred_element_type=jnp.float32)
     return acc + lax.dot_general(a_odd, b_odd, dims, preferred_element_type=jnp.float32)
