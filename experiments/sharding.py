@@ -276,11 +276,6 @@ def fp8_comm_scale(amax: jax.Array, n: int) -> jax.Array:
     return fp8.current_scale(jnp.float32(_pow2_ceil(n)) * amax, fp8.E4M3)
 
 
-def _nonfinite_to_inf(amax: jax.Array, g: jax.Array) -> jax.Array:
-    """+Inf if ``g`` holds NaN/Inf (XLA's max, and so ``pmax``, may drop NaN; Inf survives any max), else ``amax``."""
-    return jnp.where(jnp.all(jnp.isfinite(g)), amax, jnp.float32(jnp.inf))
-
-
 def comm_encode(g: jax.Array, dtype: str, amax: jax.Array | None, n: int) -> jax.Array:
     """A shard's gradient as sent: ``rtn_bf16(g)`` as bfloat16, or ``rtn_e4m3(g·fp8_comm_scale(amax, n))`` as
     float8_e4m3fn (``amax``: the max |g| over all ``n`` shards). Rounded explicitly; the cast is then exact."""
@@ -305,7 +300,7 @@ def _all_reduce_sum_leaf(g: jax.Array, dtype: str, axis_name: str) -> jax.Array:
         return lax.psum(g.astype(jnp.float32), axis_name)
     n, amax = lax.axis_size(axis_name), None
     if dtype == "float8_e4m3fn":
-        amax = lax.pmax(_nonfinite_to_inf(jnp.max(jnp.abs(g.astype(jnp.float32))), g), axis_name)
+        amax = fp4jax.sharding.global_amax(g, axis_name)
     return comm_decode(lax.psum(comm_encode(g, dtype, amax, n), axis_name), dtype, amax, n)
 
 
@@ -316,8 +311,8 @@ def all_reduce_sum(grads, dtype: str, axis_name: str):
 
     * float32: ``lax.psum(g)``.
     * bfloat16: ``rtn_bf16(psum(rtn_bf16(g)))`` (:func:`comm_encode`, :func:`comm_decode`).
-    * float8_e4m3fn (per-tensor current scaling with a scale shared by all shards): ``amax = pmax(max|g|)`` (+Inf if a
-      shard holds NaN/Inf, so the sum is NaN), ``s = fp8_comm_scale(amax, n) = 448/(2^⌈log2 n⌉·amax)``,
+    * float8_e4m3fn (per-tensor current scaling with a scale shared by all shards): ``amax = pmax(max|g|)`` (NaN if a
+      shard holds NaN/Inf, so the sum is NaN: ``fp4jax.sharding.global_amax``), ``s = fp8_comm_scale(amax, n) = 448/(2^⌈log2 n⌉·amax)``,
       sum ``= rtn_e4m3(psum(rtn_e4m3(g·s))) · f32(2^⌈log2 n⌉·amax / 448)``. Elements with ``|g·s| <= 2^-10`` (half
       E4M3's smallest subnormal), i.e. ``|g| <= 2^⌈log2 n⌉·amax / (448·2^10)``, flush to 0.
 

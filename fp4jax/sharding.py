@@ -66,6 +66,18 @@ def token_sharded(recipe: str | Recipe, axis_name: str) -> TokenShardedRecipe:
                             token_axis=axis_name)
 
 
+def global_amax(x: jax.Array, axis_name: str) -> jax.Array:
+  """max|x| over the shards of ``x`` along mesh axis ``axis_name`` (fp32), NaN if any shard holds NaN/Inf.
+
+  Each shard sends its max|x|, or +Inf if it holds NaN/Inf (XLA's max, and so ``lax.pmax``, may drop NaN; no max
+  drops +Inf); a max is exact in any order, so the result is the logical tensor's amax.
+  """
+  x = x.astype(jnp.float32)
+  local = jnp.where(jnp.all(jnp.isfinite(x)), jnp.max(jnp.abs(x)), jnp.float32(jnp.inf))
+  total = lax.pmax(local, axis_name)
+  return jnp.where(jnp.isfinite(total), total, jnp.float32(jnp.nan))
+
+
 @dataclasses.dataclass(frozen=True)
 class OperandShard:
   """A GEMM operand whose dim ``dim`` is this device's slice of a logical dim split evenly over ``axis_name``."""
@@ -81,11 +93,8 @@ class OperandShard:
     return tuple(origin), tuple(logical)
 
   def global_amax(self, x: jax.Array) -> jax.Array:
-    """max|x| over the logical tensor, NaN if any shard holds NaN/Inf (module docstring)."""
-    x = x.astype(jnp.float32)
-    local = jnp.where(jnp.all(jnp.isfinite(x)), jnp.max(jnp.abs(x)), jnp.float32(jnp.inf))
-    total = lax.pmax(local, self.axis_name)
-    return jnp.where(jnp.isfinite(total), total, jnp.float32(jnp.nan))
+    """max|x| over the logical tensor, NaN if any shard holds NaN/Inf (:func:`global_amax`)."""
+    return global_amax(x, self.axis_name)
 
   def check(self, shape: tuple[int, ...], spec: OperandSpec, what: str) -> None:
     """ValueError unless ``spec`` quantizes a local operand of ``shape`` (quantized along its last dim) exactly as the
