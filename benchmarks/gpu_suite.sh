@@ -1,7 +1,8 @@
 #!/bin/bash
 # The GPU checks and benchmarks of BENCHMARKS.md, in pieces that each fit one 10-minute device command.
 #
-#   bash benchmarks/gpu_suite.sh kernels   # 1 GPU: GPU tests (compiled kernels, parity), quantize tile sweep, GEMM, linear
+#   bash benchmarks/gpu_suite.sh kernels   # 1 GPU: GPU tests (compiled kernels, parity), quantize stage profile,
+#                                          # GEMM, linear layer, quantize tile sweep
 #   bash benchmarks/gpu_suite.sh multi     # 2-4 GPUs: sharded == one device, weak scaling
 #
 # Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
@@ -15,10 +16,11 @@ nvidia-smi --query-gpu=name,driver_version --format=csv >> "$OUT/device.txt" 2>&
 
 case "${1:-}" in
   kernels)
-    timeout 240 python -m pytest -q -x -p no:cacheprovider tests/test_gpu_parity.py tests/kernels > "$OUT/gpu_tests.log" 2>&1
-    timeout 150 python -m fp4jax_kernels.quantize.bench --sweep-tiles --json "$OUT/quantize_tiles.json" > "$OUT/quantize_tiles.log" 2>&1
-    timeout 90 python -m fp4jax_kernels.gemm.bench > "$OUT/gemm.log" 2>&1
+    timeout 200 python -m pytest -v -p no:cacheprovider tests/test_gpu_parity.py tests/kernels > "$OUT/gpu_tests.log" 2>&1
+    timeout 100 python -m fp4jax_kernels.quantize.profile > "$OUT/quantize_profile.log" 2>&1
+    timeout 70 python -m fp4jax_kernels.gemm.bench > "$OUT/gemm.log" 2>&1
     timeout 120 python benchmarks/bench_linear.py --json "$OUT/linear.json" > "$OUT/linear.log" 2>&1
+    timeout 90 python -m fp4jax_kernels.quantize.bench --sweep-tiles --json "$OUT/quantize_tiles.json" > "$OUT/quantize_tiles.log" 2>&1
     ;;
   multi)
     n=$(nvidia-smi -L | wc -l)

@@ -10,6 +10,10 @@ batch), ``fsdp`` (the same with sharded parameters) or ``model`` (tensor paralle
 per-device batch x 1). Batches are placed on the devices before timing, so the numbers are compute + communication.
 Weak-scaling efficiency = tokens/s(n) / (n · tokens/s(1)) for data / fsdp; for ``model`` it is the speed-up
 tokens/s(n) / tokens/s(1) divided by n.
+
+MFU = tokens/s · FLOPs per token / (n · R), with FLOPs per token = 6·N + 12·L·d·T (N all parameters, L layers,
+d width, T sequence length: the matmuls of the forward and backward pass, attention included) and R the bf16 GEMM
+rate measured at the start of the same run (``--matmul-size``³, bf16 in, fp32 accumulate).
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ import time  # noqa: E402
 
 import jax  # noqa: E402
 
+import jax.numpy as jnp  # noqa: E402
+
+from experiments import model as model_lib  # noqa: E402
 from experiments import sharding, train  # noqa: E402
 
 MESH_KINDS = ("data", "fsdp", "model")
@@ -37,6 +44,27 @@ def layout_for(kind: str, n: int) -> sharding.Layout:
     if kind == "model":
         return sharding.Layout(model=n)
     return sharding.Layout(data=n, fsdp=kind == "fsdp" and n > 1)
+
+
+def matmul_tflops(size: int, repeats: int = 20) -> float:
+    """The bf16 GEMM rate of one device (TFLOP/s): ``size``³, bf16 operands, fp32 accumulation, bf16 output."""
+    a = jax.random.normal(jax.random.key(0), (size, size), jnp.bfloat16)
+    b = jax.random.normal(jax.random.key(1), (size, size), jnp.bfloat16)
+    f = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+    jax.block_until_ready(f(a, b))
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        jax.block_until_ready([f(a, b) for _ in range(repeats)])
+        best = min(best, (time.perf_counter() - start) / repeats)
+    return 2 * size**3 / best / 1e12
+
+
+def flops_per_token(model: str, seq_len: int) -> float:
+    """6·N + 12·L·d·T: the training FLOPs of one token (see the module docstring)."""
+    config = model_lib.model_config(model)
+    n = model_lib.parameter_count(config)["total"]
+    return 6 * n + 12 * config.n_layers * config.d_model * seq_len
 
 
 def measure(recipe: str, model: str, n: int, kind: str, per_device_batch: int, seq_len: int, steps: int,
@@ -83,25 +111,32 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--data", default="stdlib")
     parser.add_argument("--out", default=None, help="write the results (JSON list) here")
+    parser.add_argument("--matmul-size", type=int, default=8192, help="bf16 GEMM of this size³ sets the MFU divisor")
     parser.add_argument("--smoke", action="store_true", help="CPU check: 100K model, devices 1,2, 3 steps, bf16 + nvfp4")
     args = parser.parse_args(argv)
     if args.smoke:
         args.model, args.recipes, args.devices = "100K", "bf16,nvidia_nvfp4", "1,2"
-        args.per_device_batch, args.seq_len, args.steps, args.warmup = 2, 64, 3, 1
+        args.per_device_batch, args.seq_len, args.steps, args.warmup, args.matmul_size = 2, 64, 3, 1, 256
     counts = [int(n) for n in args.devices.split(",")]
     if max(counts) > len(jax.devices()):
         parser.error(f"--devices {args.devices}: only {len(jax.devices())} devices are visible")
+    rate = matmul_tflops(args.matmul_size)
+    per_token = flops_per_token(args.model, args.seq_len)
+    print(f"bf16 {args.matmul_size}^3 GEMM: {rate:.1f} TFLOP/s; {per_token / 1e6:.0f} MFLOP per token", flush=True)
     results = []
     for recipe in args.recipes.split(","):
         for n in counts:
-            results.append(measure(recipe, args.model, n, args.mesh, args.per_device_batch, args.seq_len, args.steps,
-                                   args.warmup, args.data))
-            print(json.dumps(results[-1]), flush=True)
+            r = measure(recipe, args.model, n, args.mesh, args.per_device_batch, args.seq_len, args.steps,
+                        args.warmup, args.data)
+            r.update(matmul_tflops=rate, flops_per_token=per_token,
+                     mfu=r["tokens_per_s"] * per_token / (n * rate * 1e12))
+            results.append(r)
+            print(json.dumps(r), flush=True)
     efficiencies(results)
-    print(f"{'recipe':14s} {'devices':>7s} {'tokens/s':>12s} {'efficiency':>10s}")
+    print(f"{'recipe':14s} {'devices':>7s} {'tokens/s':>12s} {'efficiency':>10s} {'MFU':>6s}")
     for r in results:
         eff = "" if r["scaling_efficiency"] is None else f"{r['scaling_efficiency']:.1%}"
-        print(f"{r['recipe']:14s} {r['devices']:7d} {r['tokens_per_s']:12,.0f} {eff:>10s}")
+        print(f"{r['recipe']:14s} {r['devices']:7d} {r['tokens_per_s']:12,.0f} {eff:>10s} {r['mfu']:6.1%}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -1,0 +1,182 @@
+"""Where the fused quantize kernel's time goes: stage ablations on the GPU, and instruction counts from its Triton IR.
+
+    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.profile            # GPU: stage timings vs a copy
+    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.profile --ir       # any machine: Triton IR op counts
+
+Stages (each a Pallas kernel over the same bf16 tensor and tile, timed next to XLA's copy):
+``copy`` (load, store bf16: Pallas's own ceiling), ``block_amax`` (+ per-16-block max|x|, stored as fp32),
+``hash`` (the SR bits of every element, top byte stored), ``fwht16`` (the 16-point Hadamard of the kernel, bf16
+stored), ``transpose`` (load, transpose in registers, store), then the full kernels with the tensor amax given
+(no pre-pass). A quantize at copy bandwidth is memory-bound; a stage far below it is ALU- or layout-bound.
+
+``--ir`` counts, per spec, the operations of the kernel's Triton IR that act on whole-tile tensors (elementwise
+arithmetic, per element of the tile) and the layout operations (reshape, transpose, split, join, broadcast):
+the per-element instruction budget a memory-bound kernel must stay under is roughly
+(ALU rate / copy bandwidth) · bytes per element, about 20 simple operations per bf16 element on an H100/H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+import fp4jax
+from fp4jax import bits as bits_lib
+from fp4jax_kernels.benchtools import header, time_ms
+from fp4jax_kernels.quantize import bench, pallas_triton
+from fp4jax_kernels.quantize.spec import QuantizeSpec
+
+LAYOUT_OPS = ("tt.reshape", "tt.trans", "tt.split", "tt.join", "tt.broadcast", "tt.expand_dims", "tt.reduce")
+
+
+def _stage(body, out_cols, out_dtype, tile, num_warps):
+  """A kernel over (rows, cols) bf16 ``x`` in ``tile`` blocks whose program writes ``body(x_tile)``."""
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = body(x_ref[...])
+
+  def run(x):
+    (m, k), (bm, bk) = x.shape, tile
+    ob = (bm, out_cols(bk))
+    return pl.pallas_call(kernel, grid=(m // bm, k // bk), in_specs=[pl.BlockSpec(tile, lambda i, j: (i, j))],
+                          out_specs=pl.BlockSpec(ob, lambda i, j: (i, j)),
+                          out_shape=jax.ShapeDtypeStruct((m, out_cols(k)), out_dtype),
+                          compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1))(x)
+  return jax.jit(run)
+
+
+def _transpose_stage(tile, num_warps):
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...].T
+
+  def run(x):
+    (m, k), (bm, bk) = x.shape, tile
+    return pl.pallas_call(kernel, grid=(m // bm, k // bk), in_specs=[pl.BlockSpec(tile, lambda i, j: (i, j))],
+                          out_specs=pl.BlockSpec((bk, bm), lambda i, j: (j, i)),
+                          out_shape=jax.ShapeDtypeStruct((k, m), x.dtype),
+                          compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1))(x)
+  return jax.jit(run)
+
+
+def _block_amax(x):
+  r, c = x.shape
+  return jnp.max(jnp.abs(x.astype(jnp.float32)).reshape(r, c // 16, 16), axis=-1)
+
+
+def _hash(x):
+  r, c = x.shape
+  idx = lax.broadcasted_iota(jnp.int32, (r, c), 0) * c + lax.broadcasted_iota(jnp.int32, (r, c), 1)
+  seed = jnp.array([12345, 678], jnp.uint32)
+  h = bits_lib.fmix32(idx.astype(jnp.uint32) * jnp.uint32(0x9E3779B9) + seed[0:1].sum())
+  return (bits_lib.fmix32(h ^ jnp.uint32(678)) >> 24).astype(jnp.uint8)
+
+
+def _fwht16(x):
+  return pallas_triton.rotate_rows(x.astype(jnp.float32), 16, None, True).astype(jnp.bfloat16)
+
+
+STAGES = {  # name: (body, output columns from input columns, output dtype)
+    "copy": (lambda x: x, lambda k: k, jnp.bfloat16),
+    "block_amax": (_block_amax, lambda k: k // 16, jnp.float32),
+    "hash": (_hash, lambda k: k, jnp.uint8),
+    "fwht16": (_fwht16, lambda k: k, jnp.bfloat16),
+}
+FULL = {  # the kernels themselves, tensor amax given (no pre-pass)
+    "nvfp4_rtn_1x16": QuantizeSpec(fp4jax.NVFP4),
+    "nvfp4_rtn_values": QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only"),
+    "nvfp4_sr_1x16": QuantizeSpec(fp4jax.NVFP4, rounding="sr"),
+    "nvfp4_rht16_sr": QuantizeSpec(fp4jax.NVFP4, rounding="sr", hadamard=16, hadamard_signs="te"),
+    "nvfp4_ms_eden_rht128": QuantizeSpec(fp4jax.NVFP4, rounding="eden", hadamard=128, hadamard_signs="random"),
+    "nvfp4_rtn_cols": QuantizeSpec(fp4jax.NVFP4, along="cols"),
+}
+TILES = (((16, 256), 4), ((64, 256), 8))
+
+
+def timings(x: jax.Array) -> None:
+  copy_ms, copy_bw = bench.copy_bandwidth(x)
+  print(f"shape {x.shape} bf16; XLA copy {copy_ms:.3f} ms = {copy_bw:.0f} GB/s (read + write)")
+  print(f"{'stage':24s} {'tile':>12s} {'ms':>8s} {'x copy time':>12s}")
+  key, amax = jax.random.key(1), jnp.float32(5.0)
+
+  def show(name, tile, nw, f, *args):
+    try:
+      ms = time_ms(f, *args)
+      print(f"{name:24s} {f'{tile} w{nw}':>12s} {ms:8.3f} {ms / copy_ms:11.2f}x", flush=True)
+    except Exception as e:  # noqa: BLE001  a stage that fails to compile is reported, not fatal
+      print(f"{name:24s} {f'{tile} w{nw}':>12s} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+  for tile, nw in TILES:
+    for name, (body, cols, dtype) in STAGES.items():
+      show(name, tile, nw, _stage(body, cols, dtype, tile, nw), x)
+    show("transpose", tile, nw, _transpose_stage(tile, nw), x)
+    for name, spec in FULL.items():
+      t = tile[::-1] if spec.transposed else tile
+      f = jax.jit(functools.partial(pallas_triton.quantize, spec=spec, tile=t, num_warps=nw, amax=amax))
+      show(name, t, nw, lambda x, key, f=f: f(x, key=key)[0].codes, x, key)
+
+
+def ir_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> dict:
+  """Operation counts of the Triton IR of ``spec``'s kernel (the tensor amax given, so only the main kernel)."""
+  from jax._src.pallas.triton import lowering  # noqa: PLC0415  (private: the IR is not exposed otherwise)
+  modules, original = [], lowering.lower_jaxpr_to_triton_module
+
+  def capture(*a, **kw):
+    result = original(*a, **kw)
+    modules.append(result.module.operation.get_asm())
+    return result
+
+  tile = tile or pallas_triton.default_tile(spec)
+  fn = lambda x, key: pallas_triton.quantize(x, spec, key, tile=tile, amax=jnp.float32(1.0))
+  lowering.lower_jaxpr_to_triton_module = capture
+  try:
+    jax.jit(fn).trace(jnp.ones(shape, jnp.bfloat16), jax.random.key(0)).lower(lowering_platforms=("cuda",))
+  finally:
+    lowering.lower_jaxpr_to_triton_module = original
+  (text,) = modules
+  elems = tile[0] * tile[1]
+  per_element, layout = 0.0, collections.Counter()
+  for line in text.splitlines():
+    m = re.search(r"= (\w+\.\w+)", line)
+    if not m:
+      continue
+    op = m.group(1)
+    if op in LAYOUT_OPS:
+      layout[op] += 1
+      continue
+    if not op.startswith(("arith.", "math.", "tt.extern", "tt.elementwise_inline_asm")) or "arith.constant" in op:
+      continue
+    result = re.findall(r"-> tensor<([0-9x]+)x\w+>|: tensor<([0-9x]+)x\w+>\s*$", line)
+    dims = next((a or b for a, b in result), None)
+    if dims:
+      n = 1
+      for d in dims.split("x"):
+        n *= int(d)
+      per_element += n / elems
+  return {"ops_per_element": round(per_element, 1), "layout_ops": dict(layout)}
+
+
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--rows", type=int, default=16384)
+  p.add_argument("--cols", type=int, default=8192)
+  p.add_argument("--ir", action="store_true", help="Triton IR operation counts per spec (no GPU needed)")
+  args = p.parse_args()
+  if args.ir:
+    for name, spec in FULL.items():
+      print(f"{name:24s} {ir_counts(spec)}", flush=True)
+    return
+  print(header())
+  x = jax.random.normal(jax.random.key(0), (args.rows, args.cols), jnp.float32).astype(jnp.bfloat16)
+  timings(x)
+
+
+if __name__ == "__main__":
+  main()
