@@ -95,7 +95,7 @@ def main():
       print(f"{rows[-1]['name']}: {rows[-1]['ms']:.3f} ms", flush=True)
     if {"xla", "pallas"} <= outputs.keys():
       for r in rows:
-        if r["recipe"] == recipe:
+        if r.get("recipe") == recipe:
           r["same_bits_pallas_xla"] = same_bits(outputs["pallas"], outputs["xla"])
   try:
     rows.append({"name": "jax.nn.scaled_dot_general nvfp4", "recipe": None, "backend": "jax",

@@ -317,25 +317,32 @@ def train(
 
     if step == 0:
         log_validation()
-    resumed_from, window_losses, window_start, last_window_s = step, [], time.perf_counter(), 0.0
-    run_start, status, last = time.perf_counter(), "finished", {}
+    resumed_from, window_losses, window_start, next_window_s = step, [], time.perf_counter(), 0.0
+    run_start, status, last, timed_steps = time.perf_counter(), "finished", {}, 0
     while step < config.steps:
         batch = trainer.place(trainer.stream.batch(step))
         state, out_metrics = trainer.train_step(state, batch, trainer.quant_key(step))
         window_losses.append(out_metrics)
         step += 1
+        if step == resumed_from + 1 and step % config.log_every and step < config.steps:
+            # The first step after a (re)start compiles: time the steps after it, or its compile time would pass
+            # for the step time (the tokens/s logged and the pause estimate of the next window).
+            jax.block_until_ready(out_metrics)
+            window_start = time.perf_counter()
+        else:
+            timed_steps += 1
         boundary = step % config.log_every == 0 or step == config.steps
         if boundary:
             fetched = jax.device_get(window_losses)
             now = time.perf_counter()
-            last_window_s = now - window_start
-            step_time = last_window_s / len(fetched)
+            step_time = (now - window_start) / max(timed_steps, 1)
+            next_window_s = step_time * config.log_every
             last = {"loss": float(np.mean([m["loss"] for m in fetched])),
                     "grad_norm": float(fetched[-1]["grad_norm"]),
                     "lr": float(trainer.schedule(step - 1)),
                     "step_time_s": step_time, "tokens_per_s": config.tokens_per_step / step_time}
             emit({"kind": "train", **last})
-            window_losses, window_start = [], now
+            window_losses, window_start, timed_steps = [], now, 0
         if step % config.eval_every == 0 or step == config.steps:
             last["val_loss"] = log_validation()
         if quant_metric and step % config.quant_error_every == 0:
@@ -344,7 +351,7 @@ def train(
             if errors:
                 emit({"kind": "quant_error", "relative_mse": errors})
         out_of_time = max_minutes is not None and (
-            time.perf_counter() - started + 1.5 * last_window_s > 60 * max_minutes)
+            time.perf_counter() - started + 1.5 * next_window_s > 60 * max_minutes)
         pause = boundary and step < config.steps and (out_of_time or (stop_at_step is not None and step >= stop_at_step))
         if step % config.ckpt_every == 0 or step == config.steps or pause:
             folder.save(step, state)

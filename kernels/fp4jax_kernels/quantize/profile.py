@@ -74,8 +74,7 @@ def _block_amax(x):
 def _hash(x):
   r, c = x.shape
   idx = lax.broadcasted_iota(jnp.int32, (r, c), 0) * c + lax.broadcasted_iota(jnp.int32, (r, c), 1)
-  seed = jnp.array([12345, 678], jnp.uint32)
-  h = bits_lib.fmix32(idx.astype(jnp.uint32) * jnp.uint32(0x9E3779B9) + seed[0:1].sum())
+  h = bits_lib.fmix32(idx.astype(jnp.uint32) * jnp.uint32(0x9E3779B9) + jnp.uint32(12345))
   return (bits_lib.fmix32(h ^ jnp.uint32(678)) >> 24).astype(jnp.uint8)
 
 
