@@ -28,17 +28,15 @@ FLT_MAX = float(np.finfo(np.float32).max)
 
 
 def e2m1_decode(codes: jnp.ndarray) -> jnp.ndarray:
-  """Value of 4-bit E2M1 codes (uint8 in 0..15) as float32, by arithmetic (no table gather).
+  """Value of 4-bit E2M1 codes (uint8 in 0..15) as float32, by building the float32 bit pattern (no table gather).
 
-  ``e = (c >> 1) & 3``, ``m = c & 1``: ``|v| = m/2`` if ``e == 0`` else ``2^(e-1) * (1 + m/2)``;
-  negative when bit 3 is set.
+  Code ``s ee m`` (``k = c & 7`` = ``ee m``): ``e > 0`` -> ``2^(e-1)·(1 + m/2)``, float32 bits
+  ``(k << 22) + (126 << 23)``; ``e == 0`` -> ``m/2``, bits ``m · bits(0.5)``; the sign is bit 3 -> bit 31.
   """
   c = codes.astype(jnp.int32)
-  e = (c >> 1) & 3
-  m = (c & 1).astype(jnp.float32)
-  normal = jnp.ldexp(1.0 + 0.5 * m, e - 1)
-  mag = jnp.where(e == 0, 0.5 * m, normal)
-  return jnp.where((c & E2M1_SIGN_BIT) != 0, -mag, mag)
+  k = c & 7
+  mag = jnp.where(k > 1, (k << 22) + (126 << 23), k * 0x3F000000)
+  return lax.bitcast_convert_type(mag | ((c & E2M1_SIGN_BIT) << 28), jnp.float32)
 
 
 def pow2(e: jnp.ndarray) -> jnp.ndarray:

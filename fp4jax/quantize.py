@@ -25,12 +25,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from fp4jax import bits as bits_lib
 from fp4jax import eden, hadamard as hadamard_lib, scaling
 from fp4jax.ieee import div_rn
 from fp4jax.formats import E2M1_MAX, E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS, FP4Format, e2m1_decode, pow2
 from fp4jax.rounding import rtn_bf16, rtn_e2m1, sr_e2m1
+
+_INF_BITS = 0x7F800000
 
 ROUNDINGS = ("rtn", "sr", "eden")
 SIGN_MODES = ("random", "te", "none")
@@ -285,8 +288,11 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
   values are tracked with an explicit ``isfinite`` reduction: XLA's CPU max-reduction may drop NaN.
   """
   axes = lay.red_axes
-  amax_b = jnp.max(jnp.abs(xb), axis=axes, keepdims=True)
-  nonfinite = jnp.any(~jnp.isfinite(xb), axis=axes, keepdims=True)
+  # max|x| per block as an integer max of the magnitude bits: exact, and NaN (above +Inf's bits) wins on every
+  # backend, so a block is non-finite iff its max is at least +Inf's bits.
+  amax_bits = jnp.max(lax.bitcast_convert_type(xb, jnp.int32) & 0x7FFFFFFF, axis=axes, keepdims=True)
+  nonfinite = amax_bits >= _INF_BITS
+  amax_b = lax.bitcast_convert_type(amax_bits, jnp.float32)
   if amax is None:
     amax = jnp.where(jnp.any(nonfinite), jnp.float32(jnp.nan), jnp.max(amax_b))
   round_codes = (lambda v: sr_e2m1(v, bits)) if rounding == "sr" else rtn_e2m1
@@ -296,11 +302,10 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
     s_enc, s_dec = scaling.nvfp4_tensor_scales(amax, rule)
     target = scaling.V_MAX_EDEN if rule == "eden" else E2M1_MAX
     dec, enc = scaling.nvfp4_block_scales(amax_b, s_enc, s_dec, target)
-    v = jnp.clip(xb * enc, -E2M1_MAX, E2M1_MAX)
-    codes = round_codes(v)
+    codes = round_codes(xb * enc)  # the roundings saturate at ±6
     if rule == "four_over_six":
       dec4, enc4 = scaling.nvfp4_block_scales(amax_b, s_enc, s_dec, 4.0)
-      codes4 = rtn_e2m1(jnp.clip(xb * enc4, -E2M1_MAX, E2M1_MAX))
+      codes4 = rtn_e2m1(xb * enc4)
       err = lambda c, d: jnp.sum(jnp.square(xb - decode_blocks(c, d, s_dec)), axis=axes, keepdims=True)
       use4 = err(codes4, dec4) < err(codes, dec)
       codes, dec = jnp.where(use4, codes4, codes), jnp.where(use4, dec4, dec)
@@ -312,7 +317,7 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
     exps = scaling.mx_exponents(amax_b, fmt.scale_mode, sigma)
     pre = scaling.mx_element_prescale(fmt.scale_mode)
     dec = pow2(exps)
-    codes = round_codes(jnp.clip(xb * jnp.float32(pre) * pow2(-exps), -E2M1_MAX, E2M1_MAX))
+    codes = round_codes(xb * jnp.float32(pre) * pow2(-exps))
     global_scale = jnp.float32(1.0 / pre)
   dec = jnp.where(nonfinite, jnp.float32(jnp.nan), dec)
   return codes, dec, global_scale, exps

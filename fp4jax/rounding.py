@@ -7,10 +7,14 @@ so the results are identical on CPU and GPU.
 Rules (OCP MX v1.0; NVIDIA PTX ``cvt.rn.satfinite`` / ``cvt.rs``):
 * RTN, E2M1: nearest grid value, ties to the even code; decision points on magnitudes
   [0, .25] -> 0, (.25, .75) -> .5, [.75, 1.25] -> 1, (1.25, 1.75) -> 1.5, [1.75, 2.5] -> 2, (2.5, 3.5) -> 3,
-  [3.5, 5] -> 4, > 5 -> 6; saturating at 6. The sign bit is set for ``x < 0`` (so -0.0 -> code 0, -0.1 -> code 8),
-  as in Transformer Engine's reference ``cast_to_fp4x2``.
+  [3.5, 5] -> 4, > 5 -> 6; saturating at 6 (Inf and NaN too). The sign bit is set for ``x < 0`` (so -0.0 -> code 0,
+  -0.1 -> code 8), as in Transformer Engine's reference ``cast_to_fp4x2``.
 * SR, E2M1: with ``lo <= |x| < hi`` the neighbouring grid values, round up with probability ``(|x| - lo)/(hi - lo)``,
-  using a 24-bit uniform ``u``: up iff ``u * (hi - lo) < |x| - lo`` (both sides exact). Unbiased inside [-6, 6].
+  up iff a uniform ``u`` (22 bits for |x| >= 1, where the fraction has 22 bits; 24 below) is smaller than it,
+  compared exactly. Unbiased inside [-6, 6].
+
+E2M1 rounding works on the float32 bits with integer operations (about 12 per element for RTN): it runs inside
+every quantize kernel, where the per-element operation count, not memory, sets the speed.
 * E4M3 (``float8_e4m3fn``): 3 mantissa bits, exponents -6..8, subnormal step 2^-9, max 448; RNE on the value scaled
   by the grid quantum, which is exact.
 """
@@ -21,42 +25,62 @@ import jax.lax as lax
 import jax.numpy as jnp
 
 from fp4jax import bits as bits_lib
-from fp4jax.formats import E2M1_MAX, E2M1_SIGN_BIT, E4M3_MAX, e2m1_decode, e4m3_quantum
+from fp4jax.formats import E2M1_SIGN_BIT, E4M3_MAX, e4m3_quantum
 
-# Magnitude thresholds of RTN-even: code k+1 is reached at t_k, with ">" for ties that go down (odd code above)
-# and ">=" for ties that go up (even code above).
-_RTN_UP_STRICT = (0.25, 1.25, 2.5, 5.0)
-_RTN_UP_INCLUSIVE = (0.75, 1.75, 3.5)
-_GRID_POSITIVE = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_MAGNITUDE = 0x7FFFFFFF  # float32 bits without the sign
+_SIX = 0x40C00000  # bits of 6.0
+_ONE = 0x3F800000  # bits of 1.0
+_HALF = 0x3F000000  # bits of 0.5
+_SUBNORMAL_MAGIC = 6291456.0  # 1.5 · 2^22, whose ulp is 0.5: E2M1's step below 1
+_SUBNORMAL_MAGIC_BITS = 0x4AC00000
+
+
+def _saturated_magnitude(x: jnp.ndarray) -> jnp.ndarray:
+  """int32 bits of min(|x|, 6) for float32 ``x`` (an integer min: Inf and NaN saturate to 6 on every backend)."""
+  return jnp.minimum(lax.bitcast_convert_type(x, jnp.int32) & _MAGNITUDE, _SIX)
 
 
 def _with_sign(mag_code: jnp.ndarray, x: jnp.ndarray) -> jnp.ndarray:
-  return (mag_code + jnp.where(x < 0, E2M1_SIGN_BIT, 0)).astype(jnp.uint8)
+  """Sets the sign bit for ``x < 0`` (-0.0 and NaN excluded), as an integer compare on the bits, so no backend's
+  denormal flushing or NaN sign changes it: ``bits(x) - 1`` (wrapping) is below ``bits(-Inf)`` exactly then."""
+  negative = lax.bitcast_convert_type(x, jnp.int32) - 1 < -0x800000
+  return (mag_code | jnp.where(negative, E2M1_SIGN_BIT, 0)).astype(jnp.uint8)
 
 
 def rtn_e2m1(x: jnp.ndarray) -> jnp.ndarray:
-  """E2M1 codes (uint8 0..15) of float32 ``x`` by round-to-nearest, ties to even, saturating at ±6.
+  """E2M1 codes (uint8 0..15) of float32 ``x`` by round-to-nearest, ties to even, saturating at ±6 (NaN -> ±6).
 
-  NaN maps to code 0; callers keep NaN alive through the block scale (see ``fp4jax.quantize``).
+  On the bits ``b`` of ``a = min(|x|, 6)``: for ``a >= 1`` E2M1 keeps the exponent and the top mantissa bit, so
+  the magnitude code is ``(b + 0x1FFFFF + bit22(b) - bits(0.5)) >> 22`` (round half to even on bit 22; a carry
+  moves to the next binade); for ``a < 1`` the step is 0.5 and ``bits(a + 1.5·2^22) - bits(1.5·2^22)`` counts
+  the halves of ``a``, rounded to nearest even by the float addition itself. About 12 operations per element.
   """
-  a = jnp.abs(x.astype(jnp.float32))
-  code = sum((a > t).astype(jnp.int32) for t in _RTN_UP_STRICT)
-  code = code + sum((a >= t).astype(jnp.int32) for t in _RTN_UP_INCLUSIVE)
-  return _with_sign(code, x)
+  x = x.astype(jnp.float32)
+  b = _saturated_magnitude(x)
+  normal = (b + (0x1FFFFF - _HALF) + ((b >> 22) & 1)) >> 22
+  a = lax.bitcast_convert_type(b, jnp.float32)
+  small = lax.bitcast_convert_type(a + jnp.float32(_SUBNORMAL_MAGIC), jnp.int32) - _SUBNORMAL_MAGIC_BITS
+  return _with_sign(jnp.where(b < _ONE, small, normal), x)
 
 
 def sr_e2m1(x: jnp.ndarray, bits: jnp.ndarray) -> jnp.ndarray:
   """E2M1 codes of float32 ``x`` by stochastic rounding with uint32 ``bits`` (same shape); saturates at ±6.
 
-  ``P(up) = (|x| - lo)/(hi - lo)``, so ``E[value(q)] = x`` for |x| <= 6 (to the 2^-24 resolution of ``u``).
+  With ``lo <= a = min(|x|, 6) < hi`` the neighbouring grid values, rounds up iff ``u < (a - lo)/(hi - lo)``:
+  for ``a >= 1`` that fraction is the 22 mantissa bits of ``a`` below E2M1's, compared with ``u = bits >> 10``
+  (22 bits) as ``(b - u + 0x3FFFFF - bits(0.5)) >> 22`` (a carry into bit 22 iff ``u`` is smaller); for ``a < 1``,
+  ``u = (bits >> 8)·2^-24`` and up iff ``u·0.5 < a - lo`` (exact). ``E[value(q)] = x`` exactly for ``|x| <= 6``.
   """
-  a = jnp.minimum(jnp.abs(x.astype(jnp.float32)), E2M1_MAX)
-  floor_code = sum((a >= g).astype(jnp.int32) for g in _GRID_POSITIVE)
-  lo = e2m1_decode(floor_code)
-  gap = e2m1_decode(jnp.minimum(floor_code + 1, 7)) - lo
-  u = bits_lib.uniform_from_bits(bits)
-  up = (u * gap < a - lo).astype(jnp.int32)
-  return _with_sign(floor_code + up, x)
+  x = x.astype(jnp.float32)
+  bits = bits.astype(jnp.uint32)
+  b = _saturated_magnitude(x)
+  normal = (b - (bits >> 10).astype(jnp.int32) + (0x3FFFFF - _HALF)) >> 22
+  a = lax.bitcast_convert_type(b, jnp.float32)
+  upper_half = b >= _HALF
+  u_gap = (bits >> 8).astype(jnp.float32) * jnp.float32(2.0**-25)  # u · 0.5, exact
+  up = u_gap < a - jnp.where(upper_half, jnp.float32(0.5), jnp.float32(0.0))
+  small = upper_half.astype(jnp.int32) + up.astype(jnp.int32)
+  return _with_sign(jnp.where(b < _ONE, small, normal), x)
 
 
 def rtn_e4m3(x: jnp.ndarray) -> jnp.ndarray:

@@ -40,6 +40,20 @@ def test_rtn_e2m1_boundaries_match_ml_dtypes():
   np.testing.assert_array_equal(got, ref.e2m1_codes(x))
 
 
+def test_rtn_e2m1_every_bfloat16_matches_ml_dtypes():
+  """All 65536 bfloat16 bit patterns (finite ones, clipped to ±6) against ml_dtypes' float4_e2m1fn rounding."""
+  x = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
+  x = np.clip(x[np.isfinite(x)], -6, 6)
+  np.testing.assert_array_equal(np.asarray(rounding.rtn_e2m1(jnp.asarray(x))), ref.e2m1_codes(x))
+
+
+def test_sr_e2m1_threshold_is_exact_in_both_ranges():
+  """Up iff u < (|x| - lo)/gap: 22-bit u = bits >> 10 for |x| >= 1, 24-bit u = bits >> 8 below."""
+  x = jnp.array([2.5, 2.5, 0.375, 0.375], jnp.float32)  # fractions 1/2 and 3/4 of their gaps
+  b = jnp.array([(2**21 - 1) << 10, 2**21 << 10, (3 * 2**22 - 1) << 8, (3 * 2**22) << 8], jnp.uint32)
+  np.testing.assert_array_equal(np.asarray(formats.e2m1_decode(rounding.sr_e2m1(x, b))), [3.0, 2.0, 0.5, 0.0])
+
+
 @pytest.mark.parametrize("x,code", [(0.25, 0), (0.75, 2), (1.25, 2), (1.75, 4), (2.5, 4), (3.5, 6), (5.0, 6), (-5.0, 14)])
 def test_rtn_e2m1_ties_go_to_even_code(x, code):
   assert int(rounding.rtn_e2m1(jnp.float32(x))) == code

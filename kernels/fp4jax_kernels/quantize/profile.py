@@ -99,7 +99,7 @@ FULL = {  # the kernels themselves, tensor amax given (no pre-pass)
 TILES = (((16, 256), 4), ((64, 256), 8))
 
 
-def timings(x: jax.Array) -> None:
+def timings(x: jax.Array, tiles=TILES) -> None:
   copy_ms, copy_bw = bench.copy_bandwidth(x)
   print(f"shape {x.shape} bf16; XLA copy {copy_ms:.3f} ms = {copy_bw:.0f} GB/s (read + write)")
   print(f"{'stage':24s} {'tile':>12s} {'ms':>8s} {'x copy time':>12s}")
@@ -112,7 +112,7 @@ def timings(x: jax.Array) -> None:
     except Exception as e:  # noqa: BLE001  a stage that fails to compile is reported, not fatal
       print(f"{name:24s} {f'{tile} w{nw}':>12s} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
 
-  for tile, nw in TILES:
+  for tile, nw in tiles:
     for name, (body, cols, dtype) in STAGES.items():
       show(name, tile, nw, _stage(body, cols, dtype, tile, nw), x)
     show("transpose", tile, nw, _transpose_stage(tile, nw), x)
@@ -167,6 +167,7 @@ def main():
   p.add_argument("--rows", type=int, default=16384)
   p.add_argument("--cols", type=int, default=8192)
   p.add_argument("--ir", action="store_true", help="Triton IR operation counts per spec (no GPU needed)")
+  p.add_argument("--quick", action="store_true", help="only the first tile configuration")
   args = p.parse_args()
   if args.ir:
     for name, spec in FULL.items():
@@ -174,7 +175,7 @@ def main():
     return
   print(header())
   x = jax.random.normal(jax.random.key(0), (args.rows, args.cols), jnp.float32).astype(jnp.bfloat16)
-  timings(x)
+  timings(x, TILES[:1] if args.quick else TILES)
 
 
 if __name__ == "__main__":
