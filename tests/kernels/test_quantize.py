@@ -83,6 +83,16 @@ def test_kernel_matches_reference_bit_for_bit(name, interpret):
   _assert_same(pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret), reference.quantize(x, spec, key))
 
 
+@pytest.mark.parametrize("name", sorted(n for n in CASES if CASES[n][0].transposed))
+def test_in_kernel_transpose_gives_the_same_bits(name, interpret):
+  """The transposed directions two ways (XLA's transpose then a row-wise kernel, or the tile transposed in
+  registers): both bit-identical to the reference."""
+  spec, shape, tile = CASES[name]
+  x, key = _input(shape, jnp.bfloat16), jax.random.key(7)
+  got = pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret, transpose_in_kernel=True)
+  _assert_same(got, reference.quantize(x, spec, key))
+
+
 @pytest.mark.parametrize("fmt", [M, N], ids=lambda f: f.name)
 def test_nan_block_keeps_nan_scale(fmt, interpret):
   """MXFP4: the block holding NaN gets the NaN scale. NVFP4: the tensor amax is NaN, so every scale is NaN. Codes

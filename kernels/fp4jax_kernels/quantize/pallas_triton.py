@@ -19,6 +19,7 @@ standalone reduction is that one read with nothing else written (a 4-byte result
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -95,9 +96,10 @@ def hash_index(rows: jax.Array, cols: jax.Array, n_rows: int, n_cols: int, colum
   return cols * jnp.uint32(n_rows) + rows if column_major else rows * jnp.uint32(n_cols) + cols
 
 
-def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, tile, out_shapes, has_signs: bool, interpret: bool,
-            bf16_input: bool):
-  """One tile, in the output layout: ``x``'s tile transposed in registers when ``spec.transposed``.
+def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs: bool, interpret: bool,
+            bf16_input: bool, transpose_tile: bool):
+  """One tile, in the output layout: for ``spec.transposed``, ``x``'s tile transposed in registers
+  (``transpose_tile``) or the tile of an already transposed ``xᵀ`` (``x_ref`` then holds ``xᵀ``, of ``shape``).
 
   Random bits hash the logical index of each element / scale of the output layout (``logical_out``: the logical
   output shape), row-major, except for ``along="cols"``, whose reference (``fp4jax.quantize(x, axis=0)``) indexes
@@ -113,7 +115,9 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, tile, out_shapes, has
   x = load_in_bounds(x_ref, (i, j), shape).astype(jnp.float32)
   out_index, origin = (i, j), (origin_ref[0], origin_ref[1])  # x[0, 0] in the logical tensor
   if spec.transposed:
-    x, out_index, origin = x.T, (j, i), (origin[1], origin[0])
+    origin = (origin[1], origin[0])
+    if transpose_tile:
+      x, out_index = x.T, (j, i)
   r, c = x.shape
   row0, col0 = origin[0] + out_index[0] * r, origin[1] + out_index[1] * c  # the tile in the logical output
   column_major = spec.along == "cols"
@@ -248,10 +252,12 @@ def _signs_and_seeds(spec: QuantizeSpec, hadamard: int, key, signs):
   return signs, eseed, sseed
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret", "logical_shape"))
+@functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret", "logical_shape",
+                                             "transpose_in_kernel"))
 def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, signs: jax.Array | None = None,
              tile=None, num_warps: int = 4, interpret: bool = False, amax: jax.Array | None = None,
-             origin: jax.Array | None = None, logical_shape: tuple[int, int] | None = None) -> Quantized:
+             origin: jax.Array | None = None, logical_shape: tuple[int, int] | None = None,
+             transpose_in_kernel: bool = False) -> Quantized:
   """Quantize 2D ``x`` per ``spec`` in one kernel pass (plus the amax pre-pass for NVFP4).
 
   Returns ``Quantized(qtensor, dequantized, trust_mask)``: an ``fp4jax.QTensor`` bit-identical to
@@ -269,6 +275,11 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   of static shape ``logical_shape``, so every random bit (SR's per element, MS-EDEN's per scale) hashes the
   element's / scale's logical index. Blocks and Hadamard chunks must not straddle the shard (the caller checks).
   Defaults: the pre-pass, origin (0, 0), logical shape ``x.shape``: the unsharded kernel.
+
+  Transposed directions: by default XLA transposes ``x`` and the kernel reads ``xᵀ`` row-wise
+  (``transpose_in_kernel=False``); ``True`` transposes each tile in registers instead, saving the transpose's pass
+  over ``x``. Both give the same bits; the default is the faster on an H200 (BENCHMARKS.md §5: 0.70 ms vs 9.15 ms
+  for NVFP4 RTN of 16384x8192). ``tile`` is always a tile of ``x``.
   """
   tile = tuple(tile or default_tile(spec))
   _check(x, spec, tile)
@@ -279,15 +290,19 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   _, block, hadamard = check_quantize_args(x, spec.fmt, spec.axis, spec.rounding, spec.block_shape,
                                            spec.hadamard or None, spec.hadamard_signs)
   signs, eseed, sseed = _signs_and_seeds(spec, hadamard, key, signs)
+  pre_transposed = spec.transposed and not transpose_in_kernel
   if spec.fmt.name != "nvfp4":
     amax = jnp.float32(0.0)
   elif amax is None:
-    amax = tensor_amax(x, spec, signs, interpret=interpret)
+    amax = tensor_amax(x.T if pre_transposed else x, dataclasses.replace(spec, along="rows") if pre_transposed
+                       else spec, signs, interpret=interpret)
   amax = jnp.asarray(amax, jnp.float32)
   origin = jnp.zeros((2,), jnp.int32) if origin is None else jnp.asarray(origin, jnp.int32).reshape(2)
 
   bs, two_d = spec.block, spec.block_shape is not None
-  if spec.transposed:
+  if pre_transposed:
+    out_rows, n_axis, t_rows, t_axis, index = k, m, bk, bm, (lambda i, j: (i, j))
+  elif spec.transposed:
     out_rows, n_axis, t_rows, t_axis, index = k, m, bk, bm, (lambda i, j: (j, i))
   else:
     out_rows, n_axis, t_rows, t_axis, index = m, k, bm, bk, (lambda i, j: (i, j))
@@ -306,18 +321,20 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     out_shape.append(jax.ShapeDtypeStruct((out_rows, n_axis), jnp.uint8))
     out_specs.append(pl.BlockSpec((t_rows, t_axis), index))
   whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
-  args = [x, amax.reshape(1), eseed, sseed, origin]
-  in_specs = [pl.BlockSpec((bm, bk), lambda i, j: (i, j)), whole(1), whole(2), whole(2), whole(2)]
+  x_in, x_tile = (x.T, (bk, bm)) if pre_transposed else (x, (bm, bk))
+  args = [x_in, amax.reshape(1), eseed, sseed, origin]
+  in_specs = [pl.BlockSpec(x_tile, lambda i, j: (i, j)), whole(1), whole(2), whole(2), whole(2)]
   if signs is not None:
     args.append(signs)
     in_specs.append(whole(spec.hadamard))
   logical_out = logical_shape[::-1] if spec.transposed else logical_shape
-  kernel = functools.partial(_kernel, spec=spec, shape=(m, k), logical_out=logical_out, tile=(bm, bk),
+  kernel = functools.partial(_kernel, spec=spec, shape=x_in.shape, logical_out=logical_out,
                              out_shapes=tuple(o.shape for o in out_shape), has_signs=signs is not None,
-                             interpret=interpret, bf16_input=x.dtype == jnp.bfloat16)
+                             interpret=interpret, bf16_input=x.dtype == jnp.bfloat16,
+                             transpose_tile=spec.transposed and transpose_in_kernel)
   outs = iter(pl.pallas_call(
       kernel,
-      grid=(pl.cdiv(m, bm), pl.cdiv(k, bk)),
+      grid=(pl.cdiv(x_in.shape[0], x_tile[0]), pl.cdiv(x_in.shape[1], x_tile[1])),
       in_specs=in_specs,
       out_specs=out_specs,
       out_shape=out_shape,
