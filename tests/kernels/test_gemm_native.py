@@ -106,9 +106,27 @@ def test_pallas_gemm_skinny_default_tile_matches(interpret):
   assert y.shape == (5, 24) and _rel(y, reference.matmul(a, b, out_dtype=jnp.float32)) < 1e-6
 
 
+@pytest.mark.parametrize("split_k", [2, 4])
+def test_pallas_gemm_split_k_matches(split_k, interpret):
+  """K sliced over a third grid axis, the fp32 partials summed after the kernel; ragged M."""
+  a, b = _operands(fp4jax.NVFP4, m=5, n=40, k=512)
+  y = pallas_triton.matmul(a, b, tile=(16, 32, 64), out_dtype=jnp.float32, num_warps=4, interpret=interpret,
+                           split_k=split_k)
+  assert y.shape == (5, 40) and _rel(y, reference.matmul(a, b, out_dtype=jnp.float32)) < 1e-6
+  with pytest.raises(ValueError, match="split_k"):
+    pallas_triton.matmul(a, b, tile=(16, 32, 64), interpret=True, split_k=3)
+
+
+@pytest.mark.parametrize("m,n,k,want", [(16, 8192, 8192, 8), (8192, 4096, 4096, 1), (16, 128, 256, 1)])
+def test_default_split_k_fills_the_gpu_only_for_skinny_gemms(m, n, k, want):
+  assert pallas_triton.default_split_k(m, n, k, pallas_triton.default_tile(m, k)) == want
+
+
 @pytest.mark.parametrize("m", [16, 256])
 def test_pallas_gemm_lowers_to_triton(m):
-  """The even/odd nibble dots and the skinny tile lower to Triton (checked on CPU by lowering for CUDA)."""
-  a, b = _operands(fp4jax.NVFP4, m=m, n=256, k=256)
-  text = jax.jit(lambda a, b: pallas_triton.matmul(a, b)).trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
-  assert "fp4_dequant_matmul_nvfp4" in text and "triton" in text
+  """The even/odd nibble dots, the skinny tile and split-K lower to Triton (checked on CPU by lowering for CUDA)."""
+  a, b = _operands(fp4jax.NVFP4, m=m, n=256, k=512)
+  for split_k in (1, 2):
+    f = jax.jit(lambda a, b, s=split_k: pallas_triton.matmul(a, b, split_k=s))
+    text = f.trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
+    assert "fp4_dequant_matmul_nvfp4" in text and "triton" in text

@@ -17,7 +17,7 @@ from fp4jax_kernels.native import matmul as native
 from fp4jax_kernels.quantize import pallas_triton as quantize_kernel
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 
-SHAPES = [(8192, 4096, 4096), (16, 8192, 8192)]  # (M, N, K)
+SHAPES = [(16, 8192, 8192), (8192, 4096, 4096)]  # (M, N, K); the memory-bound one first
 # Activations quantized in the GEMM vs quantize kernel + GEMM kernel (X bf16 -> NVFP4 RTN, W packed).
 FUSED_TILES = {(8192, 4096, 4096): [((128, 128, 64), 8, 2), ((128, 128, 128), 8, 2), ((64, 128, 64), 4, 2)],
                (16, 8192, 8192): [((16, 64, 256), 4, 2), ((16, 128, 128), 4, 2)]}
@@ -44,14 +44,17 @@ def main():
     row("bf16 jnp.dot", bf16_ms)
     row("xla dequantize + dot", time_ms(reference.matmul, a, b))
     for tile, nw, ns in TILES[(m, n, k)]:
-      try:
-        f = jax.jit(lambda a, b, tile=tile, nw=nw, ns=ns: pallas_triton.matmul(a, b, tile=tile, num_warps=nw,
-                                                                               num_stages=ns))
-        y = f(a, b).astype(jnp.float32)
-        err = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
-        row(f"pallas {tile} w{nw} s{ns}", time_ms(f, a, b), f"{err:.1e}")
-      except Exception as e:
-        print(f"{f'{m}x{n}x{k}':20s} pallas {tile} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+      splits = sorted({1, pallas_triton.default_split_k(m, n, k, tile)})  # the default, and no split if it differs
+      for split in splits:
+        try:
+          f = jax.jit(lambda a, b, tile=tile, nw=nw, ns=ns, split=split: pallas_triton.matmul(
+              a, b, tile=tile, num_warps=nw, num_stages=ns, split_k=split))
+          y = f(a, b).astype(jnp.float32)
+          err = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
+          row(f"pallas {tile} w{nw} s{ns} split-K {split}", time_ms(f, a, b), f"{err:.1e}")
+        except Exception as e:
+          print(f"{f'{m}x{n}x{k}':20s} pallas {tile} split-K {split} FAILED {type(e).__name__}: {str(e)[:200]}",
+                flush=True)
     two_pass = jax.jit(lambda x, b: pallas_triton.matmul(quantize_kernel.quantize(x, QuantizeSpec(fp4jax.NVFP4))[0], b))
     fused_ref = reference.matmul(fp4jax.quantize(ab, fp4jax.NVFP4), b, out_dtype=jnp.float32)
     fused_rows = [("quantize kernel + pallas GEMM (X bf16)", two_pass)]

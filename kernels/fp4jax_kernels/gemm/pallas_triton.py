@@ -9,6 +9,10 @@ The nibbles are never interleaved back into K order: a byte holds elements 2j (l
 (each element of the half-width arrays takes the scale of block ``j // (block/2)``).
 The tensor scales multiply the fp32 accumulator once in the epilogue (as the hardware's alpha), so the result
 differs from the XLA path (dequantize to fp32, then dot) only by fp32 summation order.
+
+Split-K: a skinny GEMM (decoding a few tokens against packed weights) has too few (bm, bn) tiles to occupy the GPU
+and is bound by reading B. With ``split_k = s`` the grid gets a third axis: program p sums K's p-th 1/s slice into
+an fp32 partial (s, M, N), and XLA adds the s partials (fp32) before alpha and the cast.
 """
 
 from __future__ import annotations
@@ -65,7 +69,8 @@ def dequant_halves(codes: jax.Array, scales: jax.Array, block: int, fmt_name: st
 
 
 def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, bk: int, block: int, fmt_name: str):
-  bm, bn = o_ref.shape
+  """One (bm, bn) tile of the output (or, split-K, of one K slice's fp32 partial: ``o_ref`` is (1, bm, bn))."""
+  bm, bn = o_ref.shape[-2:]
   dims = (((1,), (1,)), ((), ()))
 
   def body(t, acc):
@@ -77,11 +82,14 @@ def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, 
     return acc + lax.dot_general(a_odd, b_odd, dims, preferred_element_type=jnp.float32)
 
   acc = lax.fori_loop(0, k // bk, body, jnp.zeros((bm, bn), jnp.float32))
-  out_block = (pl.program_id(0), pl.program_id(1))  # rows of A / B past M / N only feed the masked-off outputs
-  store_in_bounds(o_ref, (acc * g_ref[0]).astype(o_ref.dtype), out_block, out_shape)
+  if len(o_ref.shape) == 3:  # split-K partial: alpha and the cast come after the sum over slices
+    out_block, acc = (pl.program_id(2), pl.program_id(0), pl.program_id(1)), acc.reshape(1, bm, bn)
+  else:  # rows of A / B past M / N only feed the masked-off outputs
+    out_block, acc = (pl.program_id(0), pl.program_id(1)), acc * g_ref[0]
+  store_in_bounds(o_ref, acc.astype(o_ref.dtype), out_block, out_shape)
 
 
-def _check(a: QTensor, b: QTensor, tile):
+def _check(a: QTensor, b: QTensor, tile, split_k: int):
   for name, q in (("a", a), ("b", b)):
     if not isinstance(q, QTensor) or len(q.shape) != 2 or q.axis != 1 or len(q.block_shape) != 1:
       raise ValueError(f"{name} must be a 2D QTensor quantized along its last axis with 1D blocks")
@@ -91,6 +99,8 @@ def _check(a: QTensor, b: QTensor, tile):
   bm, bn, bk = tile
   if a.shape[1] % bk or bk % a.fmt.block_size:
     raise ValueError(f"K={a.shape[1]} must be a multiple of bk={bk}, itself a multiple of the block size")
+  if split_k < 1 or a.shape[1] % (split_k * bk):
+    raise ValueError(f"split_k={split_k} must be >= 1 and divide K={a.shape[1]} into whole multiples of bk={bk}")
 
 
 def default_tile(m: int, k: int) -> tuple[int, int, int]:
@@ -98,33 +108,53 @@ def default_tile(m: int, k: int) -> tuple[int, int, int]:
   return bm, 128, next((t for t in (128, 64, 32) if k % t == 0), 128)
 
 
-@functools.partial(jax.jit, static_argnames=("tile", "out_dtype", "num_warps", "num_stages", "interpret"))
+MIN_PROGRAMS = 512  # about 4 per SM of an H100 / H200 (132 SMs)
+
+
+def default_split_k(m: int, n: int, k: int, tile) -> int:
+  """1 unless the output has fewer than ``MIN_PROGRAMS`` tiles; then the largest power of two that brings the grid
+  to about ``MIN_PROGRAMS`` programs while each K slice keeps at least 4 chunks of bk."""
+  bm, bn, bk = tile
+  tiles = -(-m // bm) * -(-n // bn)
+  s = 1
+  while tiles * s < MIN_PROGRAMS and k % (2 * s * bk) == 0 and k // (2 * s * bk) >= 4:
+    s *= 2
+  return s
+
+
+@functools.partial(jax.jit, static_argnames=("tile", "out_dtype", "num_warps", "num_stages", "interpret", "split_k"))
 def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_warps: int = 8,
-           num_stages: int = 3, interpret: bool = False) -> jax.Array:
+           num_stages: int = 3, interpret: bool = False, split_k: int | None = None) -> jax.Array:
   """``dq(a) · dq(b)ᵀ`` (M, N) from packed FP4 operands, dequantized in the kernel; fp32 accumulation.
 
   ``tile`` = (bm, bn, bk), default (bm, 128, the largest of 128/64/32 dividing K) with bm = M rounded up to a power
   of two in [16, 128] (a skinny GEMM, e.g. decoding 16 tokens against packed weights, does not compute 128 rows).
+  ``split_k``: K slices summed in fp32 after the kernel (see the module docstring); default ``default_split_k``.
   """
   tile = tuple(tile or default_tile(*a.shape))
-  _check(a, b, tile)
-  bm, bn, bk = tile
   (m, k), (n, _) = a.shape, b.shape
-  block = a.fmt.block_size
+  split_k = default_split_k(m, n, k, tile) if split_k is None else split_k
+  _check(a, b, tile, split_k)
+  bm, bn, bk = tile
+  block, ks = a.fmt.block_size, k // split_k
   u8 = lambda s: lax.bitcast_convert_type(s, jnp.uint8)
   alpha = (a.global_scale * b.global_scale).reshape(1).astype(jnp.float32)
-  kernel = functools.partial(_kernel, out_shape=(m, n), k=k, bk=bk, block=block, fmt_name=a.fmt.name)
-  return pl.pallas_call(
+  split = split_k > 1
+  out_shape = (split_k, m, n) if split else (m, n)
+  kernel = functools.partial(_kernel, out_shape=out_shape, k=ks, bk=bk, block=block, fmt_name=a.fmt.name)
+  y = pl.pallas_call(
       kernel,
-      grid=(pl.cdiv(m, bm), pl.cdiv(n, bn)),
+      grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), split_k),
       in_specs=[
-          pl.BlockSpec((bm, k // 2), lambda i, j: (i, 0)), pl.BlockSpec((bm, k // block), lambda i, j: (i, 0)),
-          pl.BlockSpec((bn, k // 2), lambda i, j: (j, 0)), pl.BlockSpec((bn, k // block), lambda i, j: (j, 0)),
-          pl.BlockSpec((1,), lambda i, j: (0,)),
+          pl.BlockSpec((bm, ks // 2), lambda i, j, p: (i, p)), pl.BlockSpec((bm, ks // block), lambda i, j, p: (i, p)),
+          pl.BlockSpec((bn, ks // 2), lambda i, j, p: (j, p)), pl.BlockSpec((bn, ks // block), lambda i, j, p: (j, p)),
+          pl.BlockSpec((1,), lambda i, j, p: (0,)),
       ],
-      out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
-      out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+      out_specs=(pl.BlockSpec((1, bm, bn), lambda i, j, p: (p, i, j)) if split
+                 else pl.BlockSpec((bm, bn), lambda i, j, p: (i, j))),
+      out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32 if split else out_dtype),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name=f"fp4_dequant_matmul_{a.fmt.name}",
   )(a.codes, u8(a.scales), b.codes, u8(b.scales), alpha)
+  return (jnp.sum(y, axis=0) * alpha[0]).astype(out_dtype) if split else y
