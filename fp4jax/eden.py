@@ -7,7 +7,7 @@ MS-EDEN applies it per 16-element NVFP4 block, folding the correction into the E
 2. tensor scale with headroom s_dec = amax / (255.99 · V_MAX), V_MAX = 6 / ((17/16) · 0.93) ≈ 6.07;
 3. block scale s_b = rne_e4m3(amax_b · s_enc / V_MAX); elements v = x̂ / (s_b · s_dec);
 4. q = rtn_e2m1(clamp(v, ±6));
-5. c_b = Σ v² / Σ v · q over the block (1 when the block is all zero);
+5. c_b = Σ v² / Σ v · q over the block (1 when the block is all zero), both sums pairwise in a fixed order;
 6. s_b' = stochastic_round_e4m3(s_b · c_b) — unbiased, so E[s_b'] = s_b · c_b;
 7. output q · s_b' · s_dec.
 
@@ -20,14 +20,15 @@ import jax.numpy as jnp
 
 from fp4jax.formats import e2m1_decode
 from fp4jax.ieee import div_rn
+from fp4jax.reductions import pairwise_sum
 from fp4jax.rounding import sr_e4m3
 
 
 def correction(v: jnp.ndarray, codes: jnp.ndarray, axes: tuple[int, ...]) -> jnp.ndarray:
   """EDEN correction ``c = Σ v² / Σ v·value(q)`` reduced over ``axes`` (kept), 1 where the denominator is 0."""
   v = v.astype(jnp.float32)
-  num = jnp.sum(v * v, axis=axes, keepdims=True)
-  den = jnp.sum(v * e2m1_decode(codes), axis=axes, keepdims=True)
+  num = pairwise_sum(v * v, axes)  # a fixed summation order: the same bits on every backend and in the kernels
+  den = pairwise_sum(v * e2m1_decode(codes), axes)
   return jnp.where(den > 0, div_rn(num, jnp.where(den > 0, den, 1.0)), jnp.float32(1.0))
 
 

@@ -30,6 +30,7 @@ from jax import lax
 from fp4jax import bits as bits_lib
 from fp4jax import eden, hadamard as hadamard_lib, scaling
 from fp4jax.ieee import div_rn
+from fp4jax.reductions import pairwise_sum
 from fp4jax.formats import E2M1_MAX, E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS, FP4Format, e2m1_decode, pow2
 from fp4jax.rounding import rtn_bf16, rtn_e2m1, sr_e2m1
 
@@ -324,11 +325,12 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
 
 
 def _block_std(xb, lay: BlockLayout):
-  """Per-block standard deviation over the real (unpadded) elements: sqrt(max(E[x²] - E[x]², 0))."""
+  """Per-block standard deviation over the real (unpadded) elements: sqrt(max(E[x²] - E[x]², 0)), the sums
+  pairwise in a fixed order (``fp4jax.reductions``)."""
   axes = lay.red_axes
   count = jnp.maximum(lay.valid_counts(), 1.0)
-  mean = div_rn(jnp.sum(xb, axis=axes, keepdims=True), count)
-  mean_sq = div_rn(jnp.sum(xb * xb, axis=axes, keepdims=True), count)
+  mean = div_rn(pairwise_sum(xb, axes), count)
+  mean_sq = div_rn(pairwise_sum(xb * xb, axes), count)
   return jnp.sqrt(jnp.maximum(mean_sq - mean * mean, 0.0))
 
 

@@ -1,0 +1,32 @@
+"""Sums in a fixed order, so that every backend and every kernel adds the same floats in the same sequence.
+
+XLA on CPU, XLA on GPU and a Triton kernel each reduce ``jnp.sum`` in their own order, so an fp32 block sum can
+differ in its last bits between them (and with it a correction factor or a standard deviation computed from it).
+``pairwise_sum`` writes the reduction as explicit additions: for a power-of-two length n, stage by stage
+``x[i] + x[i + n/2]`` (i < n/2), halving n until one value is left. Explicit float additions are never
+reassociated by XLA or Triton, so the result is identical everywhere.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+
+def _halving_sum_last(x: jnp.ndarray) -> jnp.ndarray:
+  n = x.shape[-1]
+  if n & (n - 1):
+    raise ValueError(f"pairwise_sum needs a power-of-two length, got {n}")
+  lead = x.shape[:-1]
+  while n > 1:
+    n //= 2
+    a, b = jnp.split(x.reshape(*lead, 2, n), 2, axis=-2)  # split a size-2 axis: what Triton lowers
+    x = a.reshape(*lead, n) + b.reshape(*lead, n)
+  return x
+
+
+def pairwise_sum(x: jnp.ndarray, axes: tuple[int, ...]) -> jnp.ndarray:
+  """Sum of ``x`` over ``axes`` (kept as size 1), each axis halved stage by stage (see the module docstring)."""
+  for axis in sorted((a % x.ndim for a in axes), reverse=True):
+    moved = jnp.moveaxis(x, axis, -1)
+    x = jnp.moveaxis(_halving_sum_last(moved), -1, axis)  # the last axis is left with length 1
+  return x

@@ -1,0 +1,33 @@
+"""fp4jax.reductions.pairwise_sum: the documented halving order, bit for bit, over any axes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp4jax.reductions import pairwise_sum
+
+
+def _halving_numpy(x: np.ndarray) -> np.ndarray:
+  """x[i] + x[i + n/2] stage by stage along the last axis, in float32."""
+  while x.shape[-1] > 1:
+    h = x.shape[-1] // 2
+    x = (x[..., :h] + x[..., h:]).astype(np.float32)
+  return x
+
+
+def test_pairwise_sum_follows_the_halving_order_bit_for_bit():
+  x = np.asarray(jax.random.normal(jax.random.key(0), (64, 3, 32)) * jnp.logspace(-3, 3, 32), np.float32)
+  got = np.asarray(jax.jit(lambda v: pairwise_sum(v, (-1,)))(x))
+  np.testing.assert_array_equal(got, _halving_numpy(x))
+  moved = np.moveaxis(x, 0, -1)
+  np.testing.assert_array_equal(np.asarray(pairwise_sum(jnp.asarray(x), (0,))), np.moveaxis(_halving_numpy(moved), -1, 0))
+
+
+def test_pairwise_sum_over_two_axes_and_bad_length():
+  x = jnp.arange(2 * 4 * 3 * 8, dtype=jnp.float32).reshape(2, 4, 3, 8)
+  got = pairwise_sum(x, (1, 3))
+  assert got.shape == (2, 1, 3, 1)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.sum(x, axis=(1, 3), keepdims=True)))  # exact ints
+  with pytest.raises(ValueError, match="power-of-two"):
+    pairwise_sum(jnp.ones((3, 6)), (-1,))
