@@ -9,6 +9,8 @@ to something inexact, so ``kernel_safe(fn)`` traces ``fn`` to a jaxpr and evalua
   divisions (``fp4jax.ieee.div_rn``); what still traces to ``div`` is their special-value fallback and the exact
   power-of-two quotients of ``rtn_e4m3``, for which both instructions agree with XLA.
 * ``round`` (ties to even): no Triton lowering; PTX ``cvt.rni.f32.f32`` (round to nearest integer, ties to even).
+* ``sqrt`` (float32): Triton lowers ``math.sqrt`` to the approximate square root; PTX ``sqrt.rn.f32`` is IEEE
+  round-to-nearest, as XLA's (QuEST's block standard deviation).
 * ``max`` / ``min`` (elementwise and reductions, floating point): Triton lowers them to ``maxnumf`` / ``minnumf``,
   which return the other operand for a NaN; JAX and XLA propagate NaN (``clip(NaN) = NaN``, a block max of a block
   holding NaN is NaN). An explicit NaN test restores that.
@@ -18,8 +20,8 @@ to something inexact, so ``kernel_safe(fn)`` traces ``fn`` to a jaxpr and evalua
 * ``slice`` of a short rank-1 vector (``seed[0]`` in ``fp4jax.bits.hash_bits``): no Triton lowering; a masked sum
   over the vector, exact (one non-zero term).
 
-In interpret mode (CPU) ``div`` and ``round`` keep their own primitives, so CPU tests compare the same jaxpr the GPU runs,
-less the two PTX instructions whose IEEE semantics equal XLA's.
+In interpret mode (CPU) ``div``, ``round`` and ``sqrt`` keep their own primitives, so CPU tests compare the same jaxpr
+the GPU runs, less the three PTX instructions whose IEEE semantics equal XLA's.
 """
 
 from __future__ import annotations
@@ -59,6 +61,12 @@ def _round(x, *, rounding_method, interpret: bool):
   if interpret or x.dtype != jnp.float32 or rounding_method != lax.RoundingMethod.TO_NEAREST_EVEN:
     return lax.round(x, rounding_method)
   return _asm("cvt.rni.f32.f32 $0, $1;", x)
+
+
+def _sqrt(x, *, interpret: bool, **params):
+  if interpret or x.dtype != jnp.float32:
+    return lax.sqrt_p.bind(x, **params)
+  return _asm("sqrt.rn.f32 $0, $1;", x)
 
 
 def _is_float(x) -> bool:
@@ -115,6 +123,7 @@ def _rules(interpret: bool) -> dict[str, Callable]:
   return {
       "div": lambda x, y: _div(x, y, interpret=interpret),
       "round": lambda x, **p: _round(x, rounding_method=p["rounding_method"], interpret=interpret),
+      "sqrt": lambda x, **p: _sqrt(x, interpret=interpret, **p),
       "max": functools.partial(_minmax, lax.max_p),
       "min": functools.partial(_minmax, lax.min_p),
       "reduce_max": functools.partial(_reduce_minmax, lax.reduce_max_p),

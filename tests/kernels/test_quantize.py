@@ -169,6 +169,13 @@ def test_ragged_edge_blocks_are_masked_in_triton(name):
     assert access.count("%") >= 4 if "tt.load" in access else access.count("%") == 3, access
 
 
+def test_quest_std_uses_the_ieee_square_root_in_triton():
+  """Triton's math.sqrt is approximate; QuEST's block std must use sqrt.rn like XLA (kernel_safe's rule)."""
+  spec, shape, tile = CASES["mxfp4_quest_h32"]
+  (module,) = _triton_modules(lambda x: pallas_triton.quantize(x, spec, tile=tile), jnp.ones(shape, jnp.float32))
+  assert "sqrt.rn.f32" in module and "math.sqrt" not in module
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="randomized larger shapes: GPU only (interpret mode is slow)")
 @pytest.mark.parametrize("seed", range(3))
 def test_randomized_shapes_on_gpu(seed):

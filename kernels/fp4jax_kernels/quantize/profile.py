@@ -123,7 +123,7 @@ def timings(x: jax.Array, tiles=TILES) -> None:
 
 
 def ir_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> dict:
-  """Operation counts of the Triton IR of ``spec``'s kernel (the tensor amax given, so only the main kernel)."""
+  """Operation counts of the Triton IR of ``spec``'s kernel (NVFP4: the tensor amax given, so only the main kernel)."""
   from jax._src.pallas.triton import lowering  # noqa: PLC0415  (private: the IR is not exposed otherwise)
   modules, original = [], lowering.lower_jaxpr_to_triton_module
 
@@ -133,7 +133,8 @@ def ir_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> dict:
     return result
 
   tile = tile or pallas_triton.default_tile(spec)
-  fn = lambda x, key: pallas_triton.quantize(x, spec, key, tile=tile, amax=jnp.float32(1.0))
+  amax = jnp.float32(1.0) if spec.fmt.name == "nvfp4" else None
+  fn = lambda x, key: pallas_triton.quantize(x, spec, key, tile=tile, amax=amax)
   lowering.lower_jaxpr_to_triton_module = capture
   try:
     jax.jit(fn).trace(jnp.ones(shape, jnp.bfloat16), jax.random.key(0)).lower(lowering_platforms=("cuda",))
