@@ -7,7 +7,9 @@ Run ``{size}-r{ratio}-{recipe}`` trains D = ratio · N tokens (N = non-embedding
 D rounded down to whole steps) in ``OUT/{name}``. Each invocation skips finished runs (``summary.json``), resumes
 unfinished ones from their checkpoints, and stops launching when ``--max-minutes`` is nearly spent; each launched
 run gets the remaining time as its own ``--max-minutes`` and pauses cleanly, so a piece ends before the budget.
-``--devices 0,1`` runs one training process per GPU at once (``CUDA_VISIBLE_DEVICES``), ``--runs-per-device 2`` two
+``--devices 0,1`` runs one training process per GPU at once (``CUDA_VISIBLE_DEVICES``); ``--gpus-per-run 2`` gives
+each run a group of two of them, data parallel (``--mesh data=2``; the quantized operands are the one-device ones,
+see ``fp4jax.sharding``); ``--runs-per-device 2`` two
 (each with that share of the GPU's memory: small models leave a GPU idle during compilation and between kernel
 launches); without ``--devices``, runs go one after another on the default device. Runs start in decreasing order of
 training compute (N·D), so the longest are not left for last. ``--results FILE`` writes one JSON line per finished run (its summary and
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -61,10 +64,17 @@ def run_state(folder: Path) -> str:
     return "partial" if (folder / "config.json").exists() else "new"
 
 
-def train_command(run: Run, folder: Path, minutes: float, cache_dir: str | None) -> list[str]:
+def train_command(run: Run, folder: Path, minutes: float, cache_dir: str | None, mesh: str | None = None) -> list[str]:
     command = [sys.executable, "-m", "experiments.train", *train.config_to_args(run.config),
                "--out", str(folder), "--max-minutes", f"{minutes:.2f}"]
-    return command + (["--cache-dir", cache_dir] if cache_dir else [])
+    return command + (["--cache-dir", cache_dir] if cache_dir else []) + (["--mesh", mesh] if mesh else [])
+
+
+def device_groups(devices: Sequence[str], gpus_per_run: int) -> list[str]:
+    """GPU ids in groups of ``gpus_per_run`` (each group one ``CUDA_VISIBLE_DEVICES`` value, e.g. "0,1")."""
+    if gpus_per_run < 1 or len(devices) % gpus_per_run:
+        raise ValueError(f"gpus_per_run={gpus_per_run} must be >= 1 and divide the {len(devices)} devices")
+    return [",".join(devices[i:i + gpus_per_run]) for i in range(0, len(devices), gpus_per_run)]
 
 
 def training_compute(run: Run) -> float:
@@ -153,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-minutes", type=float, default=9.0, help="budget of this piece (default 9)")
     parser.add_argument("--devices", default="", help="comma-separated GPU ids, one run per GPU at once")
     parser.add_argument("--runs-per-device", type=int, default=1, help="training processes per GPU at once")
+    parser.add_argument("--gpus-per-run", type=int, default=1,
+                        help="data-parallel runs over groups of this many of --devices (--mesh data=N)")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--results", type=Path, default=None, help="write finished runs' summaries here (JSONL)")
     args = parser.parse_args(argv)
@@ -162,7 +174,15 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         parser.error(str(err))
     devices = [d.strip() for d in args.devices.split(",") if d.strip()]
-    states = execute(runs, args.out, args.max_minutes, devices, args.cache_dir, runs_per_device=args.runs_per_device)
+    command = train_command
+    if args.gpus_per_run > 1:
+        try:
+            devices = device_groups(devices, args.gpus_per_run)
+        except ValueError as err:
+            parser.error(str(err))
+        command = functools.partial(train_command, mesh=f"data={args.gpus_per_run}")
+    states = execute(runs, args.out, args.max_minutes, devices, args.cache_dir, command=command,
+                     runs_per_device=args.runs_per_device)
     counts = {state: sum(s == state for s in states.values()) for state in ("finished", "partial", "new")}
     print(f"sweep {args.out}: {counts['finished']}/{len(runs)} finished, {counts['partial']} partial, "
           f"{counts['new']} not started" + ("" if counts["finished"] == len(runs) else "; rerun to continue"))

@@ -378,6 +378,7 @@ def train(
         "val_loss": val_records[-1]["val_loss"], "val_bpb": val_records[-1]["val_bpb"],
         "tokens_per_s": float(np.median([r["tokens_per_s"] for r in train_records])) if train_records else None,
         "wall_s": time.perf_counter() - started,
+        "mesh": "1 device" if layout is None else layout.describe(),  # of the last piece (a run may resume elsewhere)
     }
     if status == "finished" and folder.primary:
         folder.summary.write_text(json.dumps(summary, indent=1) + "\n")

@@ -95,6 +95,19 @@ def test_biggest_runs_start_first_and_share_a_device(tmp_path, monkeypatch):
         sweep.execute(runs, tmp_path, max_minutes=5, command=command, runs_per_device=0)
 
 
+def test_gpus_per_run_groups_devices_and_meshes_the_run(tmp_path):
+    assert sweep.device_groups(["0", "1", "2", "3"], 2) == ["0,1", "2,3"]
+    with pytest.raises(ValueError, match="gpus_per_run"):
+        sweep.device_groups(["0", "1", "2"], 2)
+    run = sweep.plan(BASE, ["100K"], [10], ["bf16"])[0]
+    command = sweep.train_command(run, tmp_path, 3.0, None, mesh="data=2")
+    assert command[-2:] == ["--mesh", "data=2"]
+    assert "--mesh" not in sweep.train_command(run, tmp_path, 3.0, None)
+    with pytest.raises(SystemExit):
+        sweep.main(["--out", str(tmp_path), "--sizes", "100K", "--ratios", "1", "--recipes", "bf16", "--devices",
+                    "0,1,2", "--gpus-per-run", "2"])
+
+
 def test_gaps_pair_each_recipe_with_bf16_over_the_same_batches():
     from experiments import evaluate
 
