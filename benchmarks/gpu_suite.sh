@@ -28,8 +28,10 @@ case "${1:-}" in
     n=$(nvidia-smi -L | wc -l)
     meshes="data=$n data=$n:fsdp model=2"
     [ "$n" -ge 4 ] && meshes="$meshes data=2,model=2"
-    timeout 240 python -m experiments.layout_check --recipes bf16,nvfp4_rtn,nvidia_nvfp4,quartet2 --meshes $meshes \
-      --grad-comm-dtypes float32,bfloat16 --out "$OUT/layout_check.json" > "$OUT/layout_check.log" 2>&1
+    # two heads, so the tensor-parallel meshes split attention too
+    timeout 300 python -m experiments.layout_check --recipes bf16,nvfp4_rtn,nvidia_nvfp4,quartet2 --meshes $meshes \
+      --model-overrides '{"n_heads": 2}' --grad-comm-dtypes float32,bfloat16 --out "$OUT/layout_check.json" \
+      > "$OUT/layout_check.log" 2>&1
     counts=$(seq -s, 1 "$n" | awk -F, '{for (i = 1; i <= NF; i *= 2) s = s (s ? "," : "") i; print s}')
     timeout 300 python -m experiments.bench_scaling --model 125M --recipes bf16,nvidia_nvfp4,quartet2 --devices "$counts" \
       --steps 10 --out "$OUT/scaling.json" > "$OUT/scaling.log" 2>&1
