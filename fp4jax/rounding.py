@@ -70,6 +70,7 @@ def sr_e2m1(x: jnp.ndarray, bits: jnp.ndarray) -> jnp.ndarray:
   for ``a >= 1`` that fraction is the 22 mantissa bits of ``a`` below E2M1's, compared with ``u = bits >> 10``
   (22 bits) as ``(b - u + 0x3FFFFF - bits(0.5)) >> 22`` (a carry into bit 22 iff ``u`` is smaller); for ``a < 1``,
   ``u = (bits >> 8)·2^-24`` and up iff ``u·0.5 < a - lo`` (exact). ``E[value(q)] = x`` exactly for ``|x| <= 6``.
+  Both ranges decide as ``(bits >> 8)·2^-24 < (a - lo)/(hi - lo)`` would: same bits, same codes.
   """
   x = x.astype(jnp.float32)
   bits = bits.astype(jnp.uint32)
