@@ -290,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
 
     plots.loss_vs_compute(results, LossLaw(**report["quartet"]), report["recipes"], args.out / "loss_vs_compute.png")
     plots.efficiency_bars(report["recipes"], args.out / "efficiency.png")
+    plots.val_curves_by_size(results, args.out / "val_curves.png")
     print(table)
 
 

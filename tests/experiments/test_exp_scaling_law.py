@@ -1,6 +1,7 @@
 """Scaling-law fits recover known parameters from synthetic runs; report and plots are written."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -76,3 +77,14 @@ def test_fit_needs_bf16_runs_and_valid_inputs():
         sl.analyze([dataclasses.asdict(TRUE) | {"recipe": "quartet"}])
     with pytest.raises(ValueError, match="positive"):
         sl.fit_law([1.0, -1.0], [1.0, 1.0], [1.0, 1.0])
+
+
+def test_main_writes_the_fit_and_every_plot(tmp_path):
+    """The command on a sweep's JSONL (records with their validation curves): fit, table and three plots."""
+    rows = [{**r, "val_curve": [[0, 5.5], [r["tokens"] / 2, r["val_loss"] + 0.1], [r["tokens"], r["val_loss"]]]}
+            for r in _results(noise=0.002)]
+    results = tmp_path / "runs.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sl.main([str(results), "--out", str(tmp_path / "fit"), "--fix-exponents", "--bootstrap", "4"])
+    for name in ("fit.json", "fit.md", "loss_vs_compute.png", "efficiency.png", "val_curves.png"):
+        assert (tmp_path / "fit" / name).stat().st_size > 500, name
