@@ -5,9 +5,10 @@
 ``T = diag(s) · H_d / sqrt(d)``, applied to each contiguous ``d``-chunk along ``axis`` as a row vector,
 ``y = x_chunk · T``; its inverse is ``x_chunk = y · Tᵀ = (y · H_d / sqrt(d)) ⊙ s``.
 
-The transform is computed with the fast Walsh-Hadamard butterfly (log2 d stages of ``a + b, a - b``) in float32
-and one final scaling: elementwise, fusible, and summed in the same order on every backend (a matmul would let
-CPU and GPU sum in different orders and round differently). Outputs are float32; bf16 callers round once with
+The transform is computed with the fast Walsh-Hadamard butterfly (log2 d constant-geometry stages of
+``a + b, a - b``, see ``fwht``) in float32 and one final scaling: elementwise, fusible, and summed in the same
+order on every backend and in the kernels (a matmul would let CPU and GPU sum in different orders and round
+differently). Outputs are float32; bf16 callers round once with
 ``fp4jax.rounding.rtn_bf16``, as Transformer Engine does for its RHT.
 
 Transformer Engine's NVFP4 recipe uses d = 16 with the fixed signs ``TE_SIGNS_16`` (mask 0xD7E8, LSB first
@@ -46,15 +47,19 @@ def random_signs(key: jax.Array, d: int) -> jnp.ndarray:
   return jax.random.rademacher(key, (d,), dtype=jnp.float32)
 
 
-def _fwht_last(x: jnp.ndarray, d: int) -> jnp.ndarray:
-  """Unnormalized Walsh-Hadamard transform of the last axis (length ``d``) by butterflies, Sylvester order."""
+def fwht(x: jnp.ndarray, d: int) -> jnp.ndarray:
+  """Unnormalized Walsh-Hadamard transform ``x · H_d`` of the last axis (length ``d``), Sylvester order.
+
+  Constant-geometry butterflies: log2(d) identical stages, each pairing ``x[i]`` with ``x[i + d/2]`` and writing
+  ``(a + b, a - b)`` to positions ``(2i, 2i + 1)``; after the last stage the result is in Sylvester order. Every
+  stage has the same shape, so the Pallas kernels run this very function (split of a size-2 axis and a stack,
+  which Triton lowers, no slicing) and add the same floats in the same order as XLA.
+  """
   lead = x.shape[:-1]
-  h = 1
-  while h < d:
-    y = x.reshape(*lead, d // (2 * h), 2, h)
-    a, b = y[..., 0, :], y[..., 1, :]
-    x = jnp.stack([a + b, a - b], axis=-2).reshape(*lead, d)
-    h *= 2
+  for _ in range(int(math.log2(d))):
+    a, b = jnp.split(x.reshape(*lead, 2, d // 2), 2, axis=-2)
+    a, b = a.reshape(*lead, d // 2), b.reshape(*lead, d // 2)
+    x = jnp.stack([a + b, a - b], axis=-1).reshape(*lead, d)
   return x
 
 
@@ -80,7 +85,7 @@ def hadamard(x: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.
   chunks, moved_shape, axis = _chunked(x.astype(jnp.float32), d, axis)
   if signs is not None:
     chunks = chunks * _check_signs(signs, d)
-  y = _fwht_last(chunks, d) * jnp.float32(1.0 / math.sqrt(d))
+  y = fwht(chunks, d) * jnp.float32(1.0 / math.sqrt(d))
   return jnp.moveaxis(y.reshape(moved_shape), -1, axis)
 
 
@@ -88,7 +93,7 @@ def inverse_hadamard(y: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarr
   """Inverse (= transpose) of ``hadamard``: ``x_chunk = (y_chunk · H_d / sqrt(d)) ⊙ signs``; float32 result."""
   check_size(d)
   chunks, moved_shape, axis = _chunked(y.astype(jnp.float32), d, axis)
-  x = _fwht_last(chunks, d) * jnp.float32(1.0 / math.sqrt(d))
+  x = fwht(chunks, d) * jnp.float32(1.0 / math.sqrt(d))
   if signs is not None:
     x = x * _check_signs(signs, d)
   return jnp.moveaxis(x.reshape(moved_shape), -1, axis)

@@ -3,7 +3,7 @@
 XLA on CPU, XLA on GPU and a Triton kernel each reduce ``jnp.sum`` in their own order, so an fp32 block sum can
 differ in its last bits between them (and with it a correction factor or a standard deviation computed from it).
 ``pairwise_sum`` writes the reduction as explicit additions: for a power-of-two length n, stage by stage
-``x[i] + x[i + n/2]`` (i < n/2), halving n until one value is left. Explicit float additions are never
+``x[2i] + x[2i + 1]`` (neighbours), halving n until one value is left (a balanced binary tree). Explicit float additions are never
 reassociated by XLA or Triton, so the result is identical everywhere.
 """
 
@@ -19,7 +19,7 @@ def _halving_sum_last(x: jnp.ndarray) -> jnp.ndarray:
   lead = x.shape[:-1]
   while n > 1:
     n //= 2
-    a, b = jnp.split(x.reshape(*lead, 2, n), 2, axis=-2)  # split a size-2 axis: what Triton lowers
+    a, b = jnp.split(x.reshape(*lead, n, 2), 2, axis=-1)  # a last axis of size 2: Triton splits it in registers
     x = a.reshape(*lead, n) + b.reshape(*lead, n)
   return x
 

@@ -9,10 +9,9 @@ from fp4jax.reductions import pairwise_sum
 
 
 def _halving_numpy(x: np.ndarray) -> np.ndarray:
-  """x[i] + x[i + n/2] stage by stage along the last axis, in float32."""
+  """x[2i] + x[2i + 1] stage by stage along the last axis, in float32."""
   while x.shape[-1] > 1:
-    h = x.shape[-1] // 2
-    x = (x[..., :h] + x[..., h:]).astype(np.float32)
+    x = (x[..., 0::2] + x[..., 1::2]).astype(np.float32)
   return x
 
 

@@ -42,29 +42,13 @@ from fp4jax_kernels.triton_compat import kernel_safe
 
 
 # ------------------------------------------------------------------------------------------------ in-kernel pieces
-def fwht(x: jax.Array, d: int) -> jax.Array:
-  """Unnormalized Walsh-Hadamard transform of the last axis (length ``d``), Sylvester order.
-
-  The same butterflies in the same order as ``fp4jax.hadamard`` (stage h: ``(a + b, a - b)`` for elements h apart),
-  so fp32 results are identical; written with split/stack on the last axes, which Triton lowers (no slicing).
-  """
-  lead = x.shape[:-1]
-  h = 1
-  while h < d:
-    a, b = jnp.split(x.reshape(*lead, d // (2 * h), 2, h), 2, axis=-2)
-    a, b = a.reshape(*lead, d // (2 * h), h), b.reshape(*lead, d // (2 * h), h)
-    x = jnp.swapaxes(jnp.stack([a + b, a - b], axis=-1), -1, -2).reshape(*lead, d)
-    h *= 2
-  return x
-
-
 def rotate_rows(x: jax.Array, d: int, signs: jax.Array | None, round_bf16: bool) -> jax.Array:
   """``fp4jax.hadamard.hadamard(x, d, axis=-1, signs)`` of a 2D tile, then one bf16 rounding for bf16 inputs."""
   r, c = x.shape
   x3 = x.reshape(r, c // d, d)
   if signs is not None:
     x3 = x3 * signs.reshape(1, 1, d)
-  y = (fwht(x3, d) * jnp.float32(1.0 / math.sqrt(d))).reshape(r, c)
+  y = (hadamard_lib.fwht(x3, d) * jnp.float32(1.0 / math.sqrt(d))).reshape(r, c)
   return rtn_bf16(y) if round_bf16 else y
 
 
