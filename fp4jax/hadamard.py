@@ -8,8 +8,8 @@
 The transform is computed with the fast Walsh-Hadamard butterfly (log2 d constant-geometry stages of
 ``a + b, a - b``, see ``fwht``) in float32 and one final scaling: elementwise, fusible, and summed in the same
 order on every backend and in the kernels (a matmul would let CPU and GPU sum in different orders and round
-differently). Outputs are float32; bf16 callers round once with
-``fp4jax.rounding.rtn_bf16``, as Transformer Engine does for its RHT.
+differently). Outputs are float32; bf16 callers round once with ``fp4jax.rounding.rtn_bf16``, as Transformer
+Engine does for its RHT.
 
 Transformer Engine's NVFP4 recipe uses d = 16 with the fixed signs ``TE_SIGNS_16`` (mask 0xD7E8, LSB first
 negated = 0), i.e. ``T = diag(TE_SIGNS_16) · H16 · 0.25``.

@@ -285,12 +285,11 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
   """The block numerics of ``quantize``, shared with the Pallas kernels (which call it on one tile).
 
   Blocked fp32 ``xb`` -> (codes, fp32 block scales (keep-dims), tensor decode scale, E8M0 exponents or None).
-  ``amax`` is the tensor's max|x| (NaN if any element is non-finite); None computes it from ``xb``. Non-finite
-  values are tracked with an explicit ``isfinite`` reduction: XLA's CPU max-reduction may drop NaN.
+  ``amax`` is the tensor's max|x| (NaN if any element is non-finite); None computes it from ``xb``. The block max is an
+  integer max of the magnitude bits (XLA's CPU float max may drop NaN; NaN's bits exceed +Inf's on every backend),
+  and a block is non-finite iff that max reaches +Inf's bits.
   """
   axes = lay.red_axes
-  # max|x| per block as an integer max of the magnitude bits: exact, and NaN (above +Inf's bits) wins on every
-  # backend, so a block is non-finite iff its max is at least +Inf's bits.
   amax_bits = jnp.max(lax.bitcast_convert_type(xb, jnp.int32) & 0x7FFFFFFF, axis=axes, keepdims=True)
   nonfinite = amax_bits >= _INF_BITS
   amax_b = lax.bitcast_convert_type(amax_bits, jnp.float32)

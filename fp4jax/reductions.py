@@ -3,8 +3,8 @@
 XLA on CPU, XLA on GPU and a Triton kernel each reduce ``jnp.sum`` in their own order, so an fp32 block sum can
 differ in its last bits between them (and with it a correction factor or a standard deviation computed from it).
 ``pairwise_sum`` writes the reduction as explicit additions: for a power-of-two length n, stage by stage
-``x[2i] + x[2i + 1]`` (neighbours), halving n until one value is left (a balanced binary tree). Explicit float additions are never
-reassociated by XLA or Triton, so the result is identical everywhere.
+``x[2i] + x[2i + 1]`` (neighbours), halving n until one value is left (a balanced binary tree). Explicit float
+additions are never reassociated by XLA or Triton, so the result is identical everywhere.
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ Rules (OCP MX v1.0; NVIDIA PTX ``cvt.rn.satfinite`` / ``cvt.rs``):
 * SR, E2M1: with ``lo <= |x| < hi`` the neighbouring grid values, round up with probability ``(|x| - lo)/(hi - lo)``,
   up iff a uniform ``u`` (22 bits for |x| >= 1, where the fraction has 22 bits; 24 below) is smaller than it,
   compared exactly. Unbiased inside [-6, 6].
+* E4M3 (``float8_e4m3fn``): 3 mantissa bits, exponents -6..8, subnormal step 2^-9, max 448; RNE on the value scaled
+  by the grid quantum, which is exact.
 
 E2M1 rounding works on the float32 bits with integer operations (about 12 per element for RTN): it runs inside
 every quantize kernel, where the per-element operation count, not memory, sets the speed.
-* E4M3 (``float8_e4m3fn``): 3 mantissa bits, exponents -6..8, subnormal step 2^-9, max 448; RNE on the value scaled
-  by the grid quantum, which is exact.
 """
 
 from __future__ import annotations

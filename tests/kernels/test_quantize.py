@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax_kernels.quantize import api, pallas_triton, reference
+from fp4jax_kernels.quantize import api, pallas_triton, profile, reference
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 
 N, M = fp4jax.NVFP4, fp4jax.MXFP4
@@ -139,30 +139,13 @@ def test_kernel_lowers_to_triton(name):
   assert "triton" in text
 
 
-def _triton_modules(fn, *args):
-  """Triton IR (text) of every Pallas kernel that lowering ``fn(*args)`` for CUDA produces (works on CPU)."""
-  from jax._src.pallas.triton import lowering  # noqa: PLC0415  (private: the IR is not exposed otherwise)
-  modules, original = [], lowering.lower_jaxpr_to_triton_module
-
-  def capture(*a, **kw):
-    result = original(*a, **kw)
-    modules.append(result.module.operation.get_asm())
-    return result
-
-  lowering.lower_jaxpr_to_triton_module = capture
-  try:
-    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-  finally:
-    lowering.lower_jaxpr_to_triton_module = original
-  return modules
-
-
 @pytest.mark.parametrize("name", ["nvfp4_rtn_f32_ragged", "nvfp4_cols_rtn", "nvfp4_2d", "nvfp4_xt_rtn_ragged_f32"])
 def test_ragged_edge_blocks_are_masked_in_triton(name):
   """Pallas Triton does not clip edge blocks (interpret mode does): on ragged shapes every load and store must carry
   a mask, or the kernel writes over the next row / the next buffer on the GPU."""
   spec, shape, tile = CASES[name]
-  (module,) = _triton_modules(lambda x: pallas_triton.quantize(x, spec, tile=tile), jnp.ones(shape, jnp.float32))
+  quantize = lambda x: pallas_triton.quantize(x, spec, tile=tile)
+  (module,) = profile.triton_modules(quantize, jnp.ones(shape, jnp.float32))
   accesses = [l.split(":")[0] for l in module.splitlines() if "tt.store" in l or ("tt.load" in l and "tensor<" in l)]
   assert sum("tt.store" in a for a in accesses) == 2 + bool(spec.dequantize) + spec.trust_mask
   for access in accesses:  # tt.load %ptr, %mask, %other / tt.store %ptr, %value, %mask
@@ -172,7 +155,8 @@ def test_ragged_edge_blocks_are_masked_in_triton(name):
 def test_quest_std_uses_the_ieee_square_root_in_triton():
   """Triton's math.sqrt is approximate; QuEST's block std must use sqrt.rn like XLA (kernel_safe's rule)."""
   spec, shape, tile = CASES["mxfp4_quest_h32"]
-  (module,) = _triton_modules(lambda x: pallas_triton.quantize(x, spec, tile=tile), jnp.ones(shape, jnp.float32))
+  quantize = lambda x: pallas_triton.quantize(x, spec, tile=tile)
+  (module,) = profile.triton_modules(quantize, jnp.ones(shape, jnp.float32))
   assert "sqrt.rn.f32" in module and "math.sqrt" not in module
 
 

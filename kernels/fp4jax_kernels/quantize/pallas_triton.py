@@ -4,11 +4,11 @@ One program reads one (block_rows, block_cols) tile of ``x`` once and writes pac
 the low nibble), block-scale bit patterns (uint8; bitcast to float8 outside) and, as its ``QuantizeSpec`` asks, the
 dequantized tile (with or without the tensor scale) and QuEST's trust mask. Fused in the tile: the blockwise
 Hadamard (TE, random or caller-given signs, any size up to the tile), the per-element random bits
-(``fp4jax.bits.hash_bits`` of the element's logical index in the reference's layout: its bits exactly), the
-transpose of the "along columns" directions (done in registers; the outputs are written K-major), and every
+(``fp4jax.bits.hash_bits`` of the element's logical index in the reference's layout: its bits exactly), and every
 rounding / scale rule of ``fp4jax.quantize`` — the block numerics are the foundation's own ``quantize_blocks``
 evaluated in the kernel (``fp4jax_kernels.triton_compat``), so RTN, SR, four-over-six, MS-EDEN and MXFP4 agree bit
-for bit by construction.
+for bit by construction. The transposed directions write their outputs K-major; they read XLA's transpose of
+``x`` (or, with ``transpose_in_kernel``, transpose each tile in registers).
 
 Per-tensor amax (NVFP4 only): a separate reduction reads ``x`` once before the kernel (``tensor_amax``; with a
 Hadamard, a small Pallas kernel that rotates each tile and writes one partial max). Any current-scaling scheme
@@ -156,8 +156,8 @@ def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs, *, use_kernel: bool = T
   """max|x| of the (rotated, bf16-rounded) tensor, fp32: the pre-pass, one read of ``x``.
 
   Any NaN/Inf makes it non-finite (so the tensor scale is NaN, as in ``fp4jax.quantize``), by an explicit
-  ``isfinite`` test: XLA's CPU max may drop NaN. No Hadamard: an XLA reduction. With a Hadamard: a Pallas kernel that rotates each tile as the quantize kernel does
-  and writes one partial max per tile (XLA's version of the rotation is several passes); a tile holding NaN/Inf
+  ``isfinite`` test: XLA's CPU max may drop NaN. No Hadamard: an XLA reduction. With a Hadamard: a Pallas kernel
+  that rotates each tile as the quantize kernel does and writes one partial max per tile (XLA's version of the rotation is several passes); a tile holding NaN/Inf
   reports +Inf, so the tensor scale becomes NaN exactly when the reference's does.
   """
   if not spec.hadamard or not use_kernel:
@@ -275,11 +275,12 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
                                            spec.hadamard or None, spec.hadamard_signs)
   signs, eseed, sseed = _signs_and_seeds(spec, hadamard, key, signs)
   pre_transposed = spec.transposed and not transpose_in_kernel
+  x_in, x_tile = (x.T, (bk, bm)) if pre_transposed else (x, (bm, bk))  # what the kernel reads, and its tile
   if spec.fmt.name != "nvfp4":
     amax = jnp.float32(0.0)
   elif amax is None:
-    amax = tensor_amax(x.T if pre_transposed else x, dataclasses.replace(spec, along="rows") if pre_transposed
-                       else spec, signs, interpret=interpret)
+    amax = tensor_amax(x_in, dataclasses.replace(spec, along="rows") if pre_transposed else spec, signs,
+                       interpret=interpret)
   amax = jnp.asarray(amax, jnp.float32)
   origin = jnp.zeros((2,), jnp.int32) if origin is None else jnp.asarray(origin, jnp.int32).reshape(2)
 
@@ -305,7 +306,6 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     out_shape.append(jax.ShapeDtypeStruct((out_rows, n_axis), jnp.uint8))
     out_specs.append(pl.BlockSpec((t_rows, t_axis), index))
   whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
-  x_in, x_tile = (x.T, (bk, bm)) if pre_transposed else (x, (bm, bk))
   args = [x_in, amax.reshape(1), eseed, sseed, origin]
   in_specs = [pl.BlockSpec(x_tile, lambda i, j: (i, j)), whole(1), whole(2), whole(2), whole(2)]
   if signs is not None:

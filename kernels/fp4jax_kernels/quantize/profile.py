@@ -37,31 +37,23 @@ from fp4jax_kernels.quantize.spec import QuantizeSpec
 LAYOUT_OPS = ("tt.reshape", "tt.trans", "tt.split", "tt.join", "tt.broadcast", "tt.expand_dims", "tt.reduce")
 
 
-def _stage(body, out_cols, out_dtype, tile, num_warps):
-  """A kernel over (rows, cols) bf16 ``x`` in ``tile`` blocks whose program writes ``body(x_tile)``."""
+def _stage(body, out_cols, out_dtype, tile, num_warps, transpose: bool = False):
+  """A kernel over (rows, cols) bf16 ``x`` in ``tile`` blocks whose program writes ``body(x_tile)`` (``transpose``:
+  the transposed tile, into the transposed output)."""
 
   def kernel(x_ref, o_ref):
-    o_ref[...] = body(x_ref[...])
+    y = body(x_ref[...])
+    o_ref[...] = y.T if transpose else y
 
   def run(x):
     (m, k), (bm, bk) = x.shape, tile
-    ob = (bm, out_cols(bk))
+    if transpose:
+      out_block, out_index, out_shape = (out_cols(bk), bm), (lambda i, j: (j, i)), (out_cols(k), m)
+    else:
+      out_block, out_index, out_shape = (bm, out_cols(bk)), (lambda i, j: (i, j)), (m, out_cols(k))
     return pl.pallas_call(kernel, grid=(m // bm, k // bk), in_specs=[pl.BlockSpec(tile, lambda i, j: (i, j))],
-                          out_specs=pl.BlockSpec(ob, lambda i, j: (i, j)),
-                          out_shape=jax.ShapeDtypeStruct((m, out_cols(k)), out_dtype),
-                          compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1))(x)
-  return jax.jit(run)
-
-
-def _transpose_stage(tile, num_warps):
-  def kernel(x_ref, o_ref):
-    o_ref[...] = x_ref[...].T
-
-  def run(x):
-    (m, k), (bm, bk) = x.shape, tile
-    return pl.pallas_call(kernel, grid=(m // bm, k // bk), in_specs=[pl.BlockSpec(tile, lambda i, j: (i, j))],
-                          out_specs=pl.BlockSpec((bk, bm), lambda i, j: (j, i)),
-                          out_shape=jax.ShapeDtypeStruct((k, m), x.dtype),
+                          out_specs=pl.BlockSpec(out_block, out_index),
+                          out_shape=jax.ShapeDtypeStruct(out_shape, out_dtype),
                           compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1))(x)
   return jax.jit(run)
 
@@ -72,6 +64,7 @@ def _block_amax(x):
 
 
 def _hash(x):
+  """``fp4jax.bits.hash_bits`` of every element's index, its seed written as constants (a kernel captures none)."""
   r, c = x.shape
   idx = lax.broadcasted_iota(jnp.int32, (r, c), 0) * c + lax.broadcasted_iota(jnp.int32, (r, c), 1)
   h = bits_lib.fmix32(idx.astype(jnp.uint32) * jnp.uint32(0x9E3779B9) + jnp.uint32(12345))
@@ -115,15 +108,15 @@ def timings(x: jax.Array, tiles=TILES) -> None:
   for tile, nw in tiles:
     for name, (body, cols, dtype) in STAGES.items():
       show(name, tile, nw, _stage(body, cols, dtype, tile, nw), x)
-    show("transpose", tile, nw, _transpose_stage(tile, nw), x)
+    show("transpose", tile, nw, _stage(lambda x: x, lambda k: k, jnp.bfloat16, tile, nw, transpose=True), x)
     for name, spec in FULL.items():
       t = tile[::-1] if spec.transposed else tile
       f = jax.jit(functools.partial(pallas_triton.quantize, spec=spec, tile=t, num_warps=nw, amax=amax))
       show(name, t, nw, lambda x, key, f=f: f(x, key=key)[0].codes, x, key)
 
 
-def ir_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> dict:
-  """Operation counts of the Triton IR of ``spec``'s kernel (NVFP4: the tensor amax given, so only the main kernel)."""
+def triton_modules(fn, *args) -> list[str]:
+  """Triton IR (text) of every Pallas kernel that lowering ``fn(*args)`` for CUDA produces (works on CPU)."""
   from jax._src.pallas.triton import lowering  # noqa: PLC0415  (private: the IR is not exposed otherwise)
   modules, original = [], lowering.lower_jaxpr_to_triton_module
 
@@ -132,15 +125,20 @@ def ir_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> dict:
     modules.append(result.module.operation.get_asm())
     return result
 
+  lowering.lower_jaxpr_to_triton_module = capture
+  try:
+    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+  finally:
+    lowering.lower_jaxpr_to_triton_module = original
+  return modules
+
+
+def ir_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> dict:
+  """Operation counts of the Triton IR of ``spec``'s kernel (NVFP4: the tensor amax given, so only the main kernel)."""
   tile = tile or pallas_triton.default_tile(spec)
   amax = jnp.float32(1.0) if spec.fmt.name == "nvfp4" else None
   fn = lambda x, key: pallas_triton.quantize(x, spec, key, tile=tile, amax=amax)
-  lowering.lower_jaxpr_to_triton_module = capture
-  try:
-    jax.jit(fn).trace(jnp.ones(shape, jnp.bfloat16), jax.random.key(0)).lower(lowering_platforms=("cuda",))
-  finally:
-    lowering.lower_jaxpr_to_triton_module = original
-  (text,) = modules
+  (text,) = triton_modules(fn, jnp.ones(shape, jnp.bfloat16), jax.random.key(0))
   elems = tile[0] * tile[1]
   per_element, layout = 0.0, collections.Counter()
   for line in text.splitlines():
