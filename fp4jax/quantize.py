@@ -281,11 +281,14 @@ def hadamard_sign_vector(hadamard, hadamard_signs, key):
   return hadamard_lib.random_signs(key, hadamard)
 
 
-def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, scale_bits, amax=None):
+def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, scale_bits, amax=None,
+                    tensor_scales=None):
   """The block numerics of ``quantize``, shared with the Pallas kernels (which call it on one tile).
 
   Blocked fp32 ``xb`` -> (codes, fp32 block scales (keep-dims), tensor decode scale, E8M0 exponents or None).
-  ``amax`` is the tensor's max|x| (NaN if any element is non-finite); None computes it from ``xb``. The block max is an
+  ``amax`` is the tensor's max|x| (NaN if any element is non-finite); None computes it from ``xb``.
+  ``tensor_scales``: NVFP4's ``(s_enc, s_dec)`` of that amax (``scaling.nvfp4_tensor_scales`` with the rule of
+  ``fmt`` and ``rounding``), when the caller computed them once for many calls (the kernels' tiles). The block max is an
   integer max of the magnitude bits (XLA's CPU float max may drop NaN; NaN's bits exceed +Inf's on every backend),
   and a block is non-finite iff that max reaches +Inf's bits.
   """
@@ -293,13 +296,13 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
   amax_bits = jnp.max(lax.bitcast_convert_type(xb, jnp.int32) & 0x7FFFFFFF, axis=axes, keepdims=True)
   nonfinite = amax_bits >= _INF_BITS
   amax_b = lax.bitcast_convert_type(amax_bits, jnp.float32)
-  if amax is None:
+  if amax is None and tensor_scales is None:
     amax = jnp.where(jnp.any(nonfinite), jnp.float32(jnp.nan), jnp.max(amax_b))
   round_codes = (lambda v: sr_e2m1(v, bits)) if rounding == "sr" else rtn_e2m1
   exps = None
   if fmt.name == "nvfp4":
     rule = "eden" if rounding == "eden" else fmt.scale_mode
-    s_enc, s_dec = scaling.nvfp4_tensor_scales(amax, rule)
+    s_enc, s_dec = scaling.nvfp4_tensor_scales(amax, rule) if tensor_scales is None else tensor_scales
     target = scaling.V_MAX_EDEN if rule == "eden" else E2M1_MAX
     dec, enc = scaling.nvfp4_block_scales(amax_b, s_enc, s_dec, target)
     codes = round_codes(xb * enc)  # the roundings saturate at ±6

@@ -48,16 +48,21 @@ def test_gpu_matches_cpu_bit_for_bit(name, dtype):
   cpu = jax.devices("cpu")[0]
   qg = jax.jit(f)(jax.device_put(x, GPU[0]), jax.device_put(key, GPU[0]))
   qc = jax.jit(f)(jax.device_put(x, cpu), jax.device_put(key, cpu))
-  codes_equal = np.array_equal(np.asarray(qg.codes), np.asarray(qc.codes))
-  scales_equal = np.array_equal(np.asarray(qg.scales).view(np.uint8), np.asarray(qc.scales).view(np.uint8))
-  if name in ("nvfp4_eden", "mxfp4_quest_h32"):
-    # Block sums (EDEN's correction, QuEST's std) may be reduced in a different order on the GPU: allow a few
-    # scales to differ by one rounding step, but nearly all codes and scales must agree.
-    assert np.mean(np.asarray(qg.codes) == np.asarray(qc.codes)) > 0.999
-    assert np.mean(np.asarray(qg.scales).view(np.uint8) == np.asarray(qc.scales).view(np.uint8)) > 0.99
-  else:
-    assert codes_equal and scales_equal
-    np.testing.assert_array_equal(np.asarray(qg.global_scale), np.asarray(qc.global_scale))
+  # EDEN's correction and QuEST's std sum in a fixed pairwise order (fp4jax.reductions): exact too.
+  np.testing.assert_array_equal(np.asarray(qg.codes), np.asarray(qc.codes))
+  np.testing.assert_array_equal(np.asarray(qg.scales).view(np.uint8), np.asarray(qc.scales).view(np.uint8))
+  np.testing.assert_array_equal(np.asarray(qg.global_scale), np.asarray(qc.global_scale))
+
+
+def test_e4m3_roundings_match_cpu_on_every_bf16_value():
+  """The block-scale roundings (bit arithmetic, no convert) give the CPU's bits under jit on the GPU."""
+  x = np.arange(2**16, dtype=np.uint16).view(jnp.bfloat16).astype(np.float32)
+  bits = np.asarray(fp4jax.bits.random_bits(jax.random.key(5), x.shape))
+  cpu = jax.devices("cpu")[0]
+  for f in (lambda a, b: fp4jax.rounding.rtn_e4m3(a), lambda a, b: fp4jax.rounding.sr_e4m3(jnp.abs(a), b)):
+    g = np.asarray(jax.jit(f)(jax.device_put(x, GPU[0]), jax.device_put(bits, GPU[0])))
+    c = np.asarray(jax.jit(f)(jax.device_put(x, cpu), jax.device_put(bits, cpu)))
+    np.testing.assert_array_equal(g.view(np.uint32), c.view(np.uint32))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

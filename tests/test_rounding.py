@@ -111,6 +111,15 @@ def test_rtn_e4m3_random_values_match_ml_dtypes():
   np.testing.assert_array_equal(np.asarray(rounding.rtn_e4m3(jnp.asarray(x))), ref.e4m3(np.clip(x, -448, 448)))
 
 
+def test_rtn_e4m3_every_bf16_value():
+  """Every bf16 bit pattern (float32 subnormals included): ml_dtypes' RNE cast of the value clipped to ±448."""
+  x = np.arange(2**16, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
+  got = np.asarray(rounding.rtn_e4m3(jnp.asarray(x)))
+  expect = ref.e4m3(np.clip(x, -448, 448))
+  np.testing.assert_array_equal(got, expect)  # NaN == NaN here; the sign of zero is compared too
+  np.testing.assert_array_equal(np.signbit(got), np.signbit(expect))
+
+
 def test_rtn_e4m3_keeps_nan():
   assert np.isnan(np.asarray(rounding.rtn_e4m3(jnp.float32(np.nan))))
 

@@ -90,7 +90,7 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
   ``x`` row-major, i.e. the output column-major.
   """
   it = iter(refs)
-  x_ref, amax_ref, eseed_ref, sseed_ref, origin_ref = next(it), next(it), next(it), next(it), next(it)
+  x_ref, tscale_ref, eseed_ref, sseed_ref, origin_ref = next(it), next(it), next(it), next(it), next(it)
   signs_ref = next(it) if has_signs else None
   codes_ref, scales_ref = next(it), next(it)
   deq_ref = next(it) if spec.dequantize else None
@@ -124,8 +124,8 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
   lay = BlockLayout((r, c), 1, block)
   xb = x.reshape(lay.blocked)
   bits = None if bits is None else bits.reshape(lay.blocked)
-  blocks = lambda xb, b, sb, amax: quantize_blocks(xb, lay, spec.fmt, spec.rounding, b, sb, amax)
-  codes, dec, gscale, exps = safe(blocks)(xb, bits, sbits, amax_ref[0])
+  blocks = lambda xb, b, sb, *ts: quantize_blocks(xb, lay, spec.fmt, spec.rounding, b, sb, tensor_scales=ts)
+  codes, dec, gscale, exps = safe(blocks)(xb, bits, sbits, tscale_ref[0], tscale_ref[1])
 
   if spec.fmt.name == "mxfp4":
     sb = jnp.where(jnp.isnan(dec), E8M0_NAN_BITS, exps + E8M0_BIAS).astype(jnp.uint8)
@@ -282,6 +282,10 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     amax = tensor_amax(x_in, dataclasses.replace(spec, along="rows") if pre_transposed else spec, signs,
                        interpret=interpret)
   amax = jnp.asarray(amax, jnp.float32)
+  if spec.fmt.name == "nvfp4":  # once here, not once per tile in the kernel
+    tensor_scales = jnp.stack(scaling.nvfp4_tensor_scales(amax, "eden" if spec.rounding == "eden" else spec.fmt.scale_mode))
+  else:
+    tensor_scales = jnp.ones((2,), jnp.float32)  # MXFP4 has no tensor scale; the kernel does not read these
   origin = jnp.zeros((2,), jnp.int32) if origin is None else jnp.asarray(origin, jnp.int32).reshape(2)
 
   bs, two_d = spec.block, spec.block_shape is not None
@@ -306,8 +310,8 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     out_shape.append(jax.ShapeDtypeStruct((out_rows, n_axis), jnp.uint8))
     out_specs.append(pl.BlockSpec((t_rows, t_axis), index))
   whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
-  args = [x_in, amax.reshape(1), eseed, sseed, origin]
-  in_specs = [pl.BlockSpec(x_tile, lambda i, j: (i, j)), whole(1), whole(2), whole(2), whole(2)]
+  args = [x_in, tensor_scales, eseed, sseed, origin]
+  in_specs = [pl.BlockSpec(x_tile, lambda i, j: (i, j)), whole(2), whole(2), whole(2), whole(2)]
   if signs is not None:
     args.append(signs)
     in_specs.append(whole(spec.hadamard))
@@ -330,8 +334,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   deq = next(outs) if spec.dequantize else None
   mask = next(outs) if spec.trust_mask else None
   if spec.fmt.name == "nvfp4":
-    rule = "eden" if spec.rounding == "eden" else spec.fmt.scale_mode
-    gscale = scaling.nvfp4_tensor_scales(amax, rule)[1]
+    gscale = tensor_scales[1]
   else:
     gscale = jnp.float32(1.0 / scaling.mx_element_prescale(spec.fmt.scale_mode))
   qt = QTensor(
