@@ -69,12 +69,12 @@ def gaps(records: Sequence[dict]) -> list[dict]:
 def gaps_markdown(records: Sequence[dict]) -> str:
     """The :func:`gaps` table, by model then gap, unfinished runs marked."""
     names = {(r["model"], r["tokens"], r["recipe"]): r for r in records}
-    lines = ["| model | recipe | val loss | gap to bf16 (95% CI) | steps |", "|---|---|---|---|---|"]
+    lines = ["| model | tokens | recipe | val loss | gap to bf16 (95% CI) | steps |", "|---|---|---|---|---|---|"]
     for row in sorted(gaps(records), key=lambda g: (g["tokens"], g["gap"])):
         r = names[(row["model"], row["tokens"], row["recipe"])]
         done = f"{r['step']}" if r["step"] >= r["steps"] else f"{r['step']}/{r['steps']} (unfinished)"
-        lines.append(f"| {row['model']} | {row['recipe']} | {row['loss']:.4f} | {row['gap']:+.4f} ± {row['ci95']:.4f} "
-                     f"| {done} |")
+        lines.append(f"| {row['model']} | {row['tokens'] / 1e6:.1f}M | {row['recipe']} | {row['loss']:.4f} "
+                     f"| {row['gap']:+.4f} ± {row['ci95']:.4f} | {done} |")
     return "\n".join(lines) + "\n"
 
 

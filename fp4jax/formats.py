@@ -67,9 +67,11 @@ def _clz32(x: jnp.ndarray) -> jnp.ndarray:
   return lax.clz(x.astype(jnp.uint32)).astype(jnp.int32)
 
 
-def e4m3_quantum(x: jnp.ndarray) -> jnp.ndarray:
-  """Spacing of the E4M3 grid at ``|x|``: ``2^(max(floor(log2|x|), -6) - 3)`` (2^-9 in the subnormal range)."""
-  return pow2(jnp.maximum(floor_log2(x), -6) - 3)
+def e4m3_step_exponent(x: jnp.ndarray) -> jnp.ndarray:
+  """int32 ``e`` with ``2^e`` the spacing of the E4M3 grid at ``|x|``: ``max(floor(log2|x|), -6) - 3`` (-9 in E4M3's
+  subnormal range), from the float32 exponent field (below 2^-6 the field's value no longer matters)."""
+  biased = (lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32) >> 23) & 0xFF
+  return jnp.maximum(biased - 127, -6) - 3
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,10 +13,11 @@ Rules (OCP MX v1.0; NVIDIA PTX ``cvt.rn.satfinite`` / ``cvt.rs``):
   up iff a uniform ``u`` (22 bits for |x| >= 1, where the fraction has 22 bits; 24 below) is smaller than it,
   compared exactly. Unbiased inside [-6, 6].
 * E4M3 (``float8_e4m3fn``): 3 mantissa bits, exponents -6..8, subnormal step 2^-9, max 448; RTN ties to even,
-  saturating; SR with 20 random bits, unbiased below 448.
+  saturating; SR with 20 random bits, unbiased below 448. Both scale by the grid spacing (a power of two read from
+  the exponent field: exact, no division) and round to an integer.
 
-E2M1 and E4M3 rounding work on the float32 bits with integer operations (about 12 per element for E2M1 RTN): they
-run inside every quantize kernel (E4M3 once per block scale), where the operation count, not memory, sets the speed.
+E2M1 rounding works on the float32 bits with integer operations (about 12 per element for RTN): it runs on every
+element inside every quantize kernel, where the operation count, not memory, sets the speed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import jax.lax as lax
 import jax.numpy as jnp
 
-from fp4jax.formats import E2M1_SIGN_BIT
+from fp4jax.formats import E2M1_SIGN_BIT, E4M3_MAX, e4m3_step_exponent, pow2
 
 _MAGNITUDE = 0x7FFFFFFF  # float32 bits without the sign
 _SIX = 0x40C00000  # bits of 6.0
@@ -32,12 +33,6 @@ _ONE = 0x3F800000  # bits of 1.0
 _HALF = 0x3F000000  # bits of 0.5
 _SUBNORMAL_MAGIC = 6291456.0  # 1.5 · 2^22, whose ulp is 0.5: E2M1's step below 1
 _SUBNORMAL_MAGIC_BITS = 0x4AC00000
-_SIGN = -0x80000000  # the float32 sign bit as int32
-_INF_BITS = 0x7F800000
-_E4M3_MAX_BITS = 0x43E00000  # bits of 448.0
-_E4M3_MIN_NORMAL_BITS = 0x3C800000  # bits of 2^-6
-_E4M3_SUBNORMAL_MAGIC = 24576.0  # 1.5 · 2^14, whose ulp is 2^-9: E4M3's subnormal step
-_E4M3_SUBNORMAL_MAGIC_BITS = 0x46C00000
 
 
 def _saturated_magnitude(x: jnp.ndarray) -> jnp.ndarray:
@@ -92,41 +87,30 @@ def sr_e2m1(x: jnp.ndarray, bits: jnp.ndarray) -> jnp.ndarray:
 def rtn_e4m3(x: jnp.ndarray) -> jnp.ndarray:
   """Float32 values of ``x`` rounded to the E4M3 grid, nearest-even, saturated to ±448 (Inf too). NaN stays NaN.
 
-  On the magnitude bits ``m``: for ``|x| >= 2^-6`` E4M3 keeps the exponent and 3 mantissa bits, so the rounded
-  bits are ``(m + 0x7FFFF + bit20(m)) & ~0xFFFFF`` (round half to even on bit 20; a carry moves to the next
-  binade), then an integer min with bits(448); below 2^-6 the step is 2^-9 and ``bits(|x| + 1.5·2^14) -
-  bits(1.5·2^14)`` counts the steps, rounded to nearest even by the float addition itself. The sign is copied.
+  ``round_half_even(x · 2^-e) · 2^e`` with ``2^e`` the grid spacing at ``|x|`` (``formats.e4m3_step_exponent``),
+  after clipping to ±448: both scalings are by powers of two, so only the rounding to an integer rounds. (A
+  bit-level form of this rounding is possible, but in the Pallas Triton kernels Triton then recomputed the block
+  scale for every element that broadcasts it: 3x slower with bf16 values out, BENCHMARKS.md §5.)
   """
-  x = x.astype(jnp.float32)
-  b = lax.bitcast_convert_type(x, jnp.int32)
-  m = b & _MAGNITUDE
-  normal = jnp.minimum((m + 0x7FFFF + ((m >> 20) & 1)) & ~0xFFFFF, _E4M3_MAX_BITS)
-  a = lax.bitcast_convert_type(m, jnp.float32)
-  steps = lax.bitcast_convert_type(a + jnp.float32(_E4M3_SUBNORMAL_MAGIC), jnp.int32) - _E4M3_SUBNORMAL_MAGIC_BITS
-  small = lax.bitcast_convert_type(steps.astype(jnp.float32) * jnp.float32(2.0**-9), jnp.int32)
-  mag = jnp.where(m < _E4M3_MIN_NORMAL_BITS, small, normal)
-  out = lax.bitcast_convert_type(mag | (b & _SIGN), jnp.float32)
-  return jnp.where(m > _INF_BITS, x, out)
+  x = jnp.clip(x.astype(jnp.float32), -E4M3_MAX, E4M3_MAX)
+  e = e4m3_step_exponent(x)
+  return jnp.round(x * pow2(-e)) * pow2(e)
 
 
 def sr_e4m3(x: jnp.ndarray, bits: jnp.ndarray) -> jnp.ndarray:
   """Float32 values of ``x >= 0`` stochastically rounded to the E4M3 grid (unbiased below 448), saturated at 448.
 
-  With ``lo <= x < lo + q`` neighbours on the grid (step ``q``), rounds up with probability ``(x - lo)/q``: for
-  ``x >= 2^-6`` up iff ``u = bits >> 12`` (20 bits) is below the 20 mantissa bits under E4M3's three, as the carry
-  of ``m + 0xFFFFF - u`` into bit 20 (exact); below 2^-6 (q = 2^-9) up iff ``u·2^-20 < frac(x·2^9)`` (exact).
-  NaN stays NaN.
+  With ``s = min(x, 448) · 2^-e`` (``2^e`` the grid spacing at ``x``; exact), rounds ``s`` up to ``floor(s) + 1``
+  iff ``u · 2^-20 < s - floor(s)``, ``u = bits >> 12`` (20 bits), then scales back by ``2^e``. Exact comparisons:
+  above 2^-6 the fraction has at most 20 bits, so up happens with probability ``(x - lo) / 2^e`` exactly; below,
+  to within 2^-20. NaN stays NaN.
   """
-  x = x.astype(jnp.float32)
-  bits = bits.astype(jnp.uint32)
-  m = jnp.minimum(lax.bitcast_convert_type(jnp.maximum(x, 0.0), jnp.int32), _E4M3_MAX_BITS)
-  u = (bits >> 12).astype(jnp.int32)
-  normal = (m + (0xFFFFF - u)) & ~0xFFFFF
-  steps = lax.bitcast_convert_type(m, jnp.float32) * jnp.float32(512.0)  # exact: a power-of-two scaling
-  lo = jnp.floor(steps)
-  small = (lo + (u.astype(jnp.float32) * jnp.float32(2.0**-20) < steps - lo).astype(jnp.float32)) * jnp.float32(2.0**-9)
-  out = jnp.where(m < _E4M3_MIN_NORMAL_BITS, small, lax.bitcast_convert_type(normal, jnp.float32))
-  return jnp.where(jnp.isnan(x), x, out)
+  x = jnp.clip(x.astype(jnp.float32), 0.0, E4M3_MAX)
+  e = e4m3_step_exponent(x)
+  s = x * pow2(-e)
+  lo = jnp.floor(s)
+  u = (bits.astype(jnp.uint32) >> 12).astype(jnp.float32) * jnp.float32(2.0**-20)
+  return jnp.minimum((lo + (u < s - lo).astype(jnp.float32)) * pow2(e), E4M3_MAX)
 
 
 def rtn_bf16(x: jnp.ndarray) -> jnp.ndarray:

@@ -103,9 +103,14 @@ def _check(a: QTensor, b: QTensor, tile, split_k: int):
     raise ValueError(f"split_k={split_k} must be >= 1 and divide K={a.shape[1]} into whole multiples of bk={bk}")
 
 
-def default_tile(m: int, k: int) -> tuple[int, int, int]:
+def default_config(m: int, k: int) -> tuple[tuple[int, int, int], int, int]:
+  """((bm, bn, bk), num_warps, num_stages), the fastest measured on an H200 (BENCHMARKS.md §5): bm = M rounded up
+  to a power of two in [16, 128]; (128, 256, 64) w8 s3 for large M, (bm, 128, 128) w4 s4 for skinny M (bk: the
+  largest of those dividing K)."""
   bm = min(128, max(16, 1 << (m - 1).bit_length()))
-  return bm, 128, next((t for t in (128, 64, 32) if k % t == 0), 128)
+  if bm == 128:
+    return (bm, 256, next((t for t in (64, 32) if k % t == 0), 64)), 8, 3
+  return (bm, 128, next((t for t in (128, 64, 32) if k % t == 0), 128)), 4, 4
 
 
 MIN_PROGRAMS = 512  # about 4 per SM of an H100 / H200 (132 SMs)
@@ -123,15 +128,17 @@ def default_split_k(m: int, n: int, k: int, tile) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("tile", "out_dtype", "num_warps", "num_stages", "interpret", "split_k"))
-def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_warps: int = 8,
-           num_stages: int = 3, interpret: bool = False, split_k: int | None = None) -> jax.Array:
+def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_warps: int | None = None,
+           num_stages: int | None = None, interpret: bool = False, split_k: int | None = None) -> jax.Array:
   """``dq(a) · dq(b)ᵀ`` (M, N) from packed FP4 operands, dequantized in the kernel; fp32 accumulation.
 
-  ``tile`` = (bm, bn, bk), default (bm, 128, the largest of 128/64/32 dividing K) with bm = M rounded up to a power
-  of two in [16, 128] (a skinny GEMM, e.g. decoding 16 tokens against packed weights, does not compute 128 rows).
-  ``split_k``: K slices summed in fp32 after the kernel (see the module docstring); default ``default_split_k``.
+  ``tile`` = (bm, bn, bk), ``num_warps``, ``num_stages``: defaults from ``default_config`` (a skinny GEMM, e.g.
+  decoding 16 tokens against packed weights, does not compute 128 rows). ``split_k``: K slices summed in fp32 after
+  the kernel (see the module docstring); default ``default_split_k``.
   """
-  tile = tuple(tile or default_tile(*a.shape))
+  default_tile, default_warps, default_stages = default_config(*a.shape)
+  tile = tuple(tile or default_tile)
+  num_warps, num_stages = num_warps or default_warps, num_stages or default_stages
   (m, k), (n, _) = a.shape, b.shape
   split_k = default_split_k(m, n, k, tile) if split_k is None else split_k
   _check(a, b, tile, split_k)
