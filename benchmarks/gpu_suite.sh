@@ -3,7 +3,8 @@
 #
 #   bash benchmarks/gpu_suite.sh kernels   # 1 GPU: GPU tests (compiled kernels, parity), quantize stage profile,
 #                                          # GEMM, linear layer, quantize tile sweep
-#   bash benchmarks/gpu_suite.sh multi     # 2-4 GPUs: sharded == one device, weak scaling
+#   bash benchmarks/gpu_suite.sh multi     # 2-4 GPUs: sharded == one device (operands, then losses)
+#   bash benchmarks/gpu_suite.sh scaling   # 2-4 GPUs: data-parallel weak scaling, 125M and 350M
 #
 # Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
 set -u -o pipefail
@@ -29,15 +30,22 @@ case "${1:-}" in
     meshes="data=$n data=$n:fsdp model=2"
     [ "$n" -ge 4 ] && meshes="$meshes data=2,model=2"
     # two heads, so the tensor-parallel meshes split attention too
-    timeout 300 python -m experiments.layout_check --recipes bf16,nvfp4_rtn,nvidia_nvfp4,quartet2 --meshes $meshes \
-      --model-overrides '{"n_heads": 2}' --grad-comm-dtypes float32,bfloat16 --out "$OUT/layout_check.json" \
-      > "$OUT/layout_check.log" 2>&1
+    for checks in operands loss; do
+      timeout 280 python -m experiments.layout_check --recipes bf16,nvfp4_rtn,nvidia_nvfp4,quartet2 --meshes $meshes \
+        --model-overrides '{"n_heads": 2}' --grad-comm-dtypes float32,bfloat16 --checks $checks \
+        --out "$OUT/layout_$checks.json" > "$OUT/layout_$checks.log" 2>&1
+    done
+    ;;
+  scaling)
+    n=$(nvidia-smi -L | wc -l)
     counts=$(seq -s, 1 "$n" | awk -F, '{for (i = 1; i <= NF; i *= 2) s = s (s ? "," : "") i; print s}')
-    timeout 300 python -m experiments.bench_scaling --model 125M --recipes bf16,nvidia_nvfp4,quartet2 --devices "$counts" \
-      --steps 10 --out "$OUT/scaling.json" > "$OUT/scaling.log" 2>&1
+    timeout 280 python -m experiments.bench_scaling --model 125M --recipes bf16,nvidia_nvfp4,quartet2 --devices "$counts" \
+      --per-device-batch 16 --steps 6 --warmup 2 --out "$OUT/scaling125.json" > "$OUT/scaling125.log" 2>&1
+    timeout 280 python -m experiments.bench_scaling --model 350M --recipes bf16,nvidia_nvfp4 --devices "$counts" \
+      --per-device-batch 8 --steps 5 --warmup 2 --out "$OUT/scaling350.json" > "$OUT/scaling350.log" 2>&1
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_suite.sh kernels|multi" >&2
+    echo "usage: bash benchmarks/gpu_suite.sh kernels|multi|scaling" >&2
     exit 2
     ;;
 esac

@@ -160,6 +160,15 @@ def test_quest_std_uses_the_ieee_square_root_in_triton():
   assert "sqrt.rn.f32" in module and "math.sqrt" not in module
 
 
+def test_ptx_counts_of_the_kernels():
+  """The developer's PTX proxy (PyPI's Triton, where installed): SR costs more instructions than RTN."""
+  pytest.importorskip("triton")
+  rtn = profile.ptx_counts(profile.FULL["nvfp4_rtn_1x16"])
+  sr = profile.ptx_counts(profile.FULL["nvfp4_sr_1x16"])
+  assert 0 < rtn["ptx_per_element"] < sr["ptx_per_element"]
+  assert rtn["shared_bytes"] >= 0 and rtn["convert_layout"] >= 0
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="randomized larger shapes: GPU only (interpret mode is slow)")
 @pytest.mark.parametrize("seed", range(3))
 def test_randomized_shapes_on_gpu(seed):

@@ -2,6 +2,7 @@
 
     PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.profile            # GPU: stage timings vs a copy
     PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.profile --ir       # any machine: Triton IR op counts
+    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.profile --ptx      # any machine: PTX counts (a proxy)
 
 Stages (each a Pallas kernel over the same bf16 tensor and tile, timed next to XLA's copy):
 ``copy`` (load, store bf16: Pallas's own ceiling), ``block_amax`` (+ per-16-block max|x|, stored as fp32),
@@ -20,7 +21,9 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import os
 import re
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -133,12 +136,18 @@ def triton_modules(fn, *args) -> list[str]:
   return modules
 
 
-def ir_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> dict:
-  """Operation counts of the Triton IR of ``spec``'s kernel (NVFP4: the tensor amax given, so only the main kernel)."""
-  tile = tile or pallas_triton.default_tile(spec)
+def kernel_ir(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> str:
+  """Triton IR of ``spec``'s kernel (NVFP4: the tensor amax given, so only the main kernel)."""
   amax = jnp.float32(1.0) if spec.fmt.name == "nvfp4" else None
   fn = lambda x, key: pallas_triton.quantize(x, spec, key, tile=tile, amax=amax)
   (text,) = triton_modules(fn, jnp.ones(shape, jnp.bfloat16), jax.random.key(0))
+  return text
+
+
+def ir_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> dict:
+  """Operation counts of the Triton IR of ``spec``'s kernel."""
+  tile = tile or pallas_triton.default_tile(spec)
+  text = kernel_ir(spec, shape, tile)
   elems = tile[0] * tile[1]
   per_element, layout = 0.0, collections.Counter()
   for line in text.splitlines():
@@ -161,16 +170,43 @@ def ir_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> dict:
   return {"ops_per_element": round(per_element, 1), "layout_ops": dict(layout)}
 
 
+def ptx_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None, num_warps: int = 4) -> dict:
+  """PTX of ``spec``'s kernel compiled for sm_90 on any machine by the ``triton`` package from PyPI: instructions
+  per element of each thread, barriers, shared-memory loads and stores, and the layout conversions of its TTGIR.
+
+  A proxy: jaxlib compiles with its own bundled Triton, whose layout choices can differ (BENCHMARKS.md §5 has a
+  kernel that got 3x slower on the GPU while these counts fell), so only the GPU measures speed.
+  """
+  try:
+    import triton  # noqa: PLC0415  (optional: pip install 'fp4jax[ptx]')
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+  except ImportError as e:
+    raise SystemExit("--ptx needs the triton package from PyPI: pip install 'fp4jax[ptx]'") from e
+  tile = tile or pallas_triton.default_tile(spec)
+  text = kernel_ir(spec, shape, tile)
+  with tempfile.TemporaryDirectory() as folder:
+    path = os.path.join(folder, "kernel.ttir")
+    with open(path, "w") as f:
+      f.write(text[text.index("module"):])
+    compiled = triton.compile(path, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 1})
+  ops = [m.group(1) for m in re.finditer(r"^\s+(?:@!?%p\d+\s+)?([a-z][\w.]*)", compiled.asm["ptx"], re.MULTILINE)]
+  count = lambda prefix: sum(op.startswith(prefix) for op in ops)
+  return {"ptx_per_element": round(len(ops) / (tile[0] * tile[1] / (32 * num_warps)), 1), "bar": count("bar."),
+          "st.shared": count("st.shared"), "ld.shared": count("ld.shared"),
+          "convert_layout": compiled.asm["ttgir"].count("ttg.convert_layout"), "shared_bytes": compiled.metadata.shared}
+
+
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--rows", type=int, default=16384)
   p.add_argument("--cols", type=int, default=8192)
   p.add_argument("--ir", action="store_true", help="Triton IR operation counts per spec (no GPU needed)")
+  p.add_argument("--ptx", action="store_true", help="PTX counts from PyPI's Triton, a proxy (no GPU needed)")
   p.add_argument("--quick", action="store_true", help="only the first tile configuration")
   args = p.parse_args()
-  if args.ir:
+  if args.ir or args.ptx:
     for name, spec in FULL.items():
-      print(f"{name:24s} {ir_counts(spec)}", flush=True)
+      print(f"{name:24s} {ptx_counts(spec) if args.ptx else ir_counts(spec)}", flush=True)
     return
   print(header())
   x = jax.random.normal(jax.random.key(0), (args.rows, args.cols), jnp.float32).astype(jnp.bfloat16)
