@@ -283,7 +283,8 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
                        interpret=interpret)
   amax = jnp.asarray(amax, jnp.float32)
   if spec.fmt.name == "nvfp4":  # once here, not once per tile in the kernel
-    tensor_scales = jnp.stack(scaling.nvfp4_tensor_scales(amax, "eden" if spec.rounding == "eden" else spec.fmt.scale_mode))
+    rule = "eden" if spec.rounding == "eden" else spec.fmt.scale_mode
+    tensor_scales = jnp.stack(scaling.nvfp4_tensor_scales(amax, rule))
   else:
     tensor_scales = jnp.ones((2,), jnp.float32)  # MXFP4 has no tensor scale; the kernel does not read these
   origin = jnp.zeros((2,), jnp.int32) if origin is None else jnp.asarray(origin, jnp.int32).reshape(2)

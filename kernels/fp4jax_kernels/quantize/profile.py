@@ -181,14 +181,15 @@ def ptx_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None, num_warps: int 
     import triton  # noqa: PLC0415  (optional: pip install 'fp4jax[ptx]')
     from triton.backends.compiler import GPUTarget  # noqa: PLC0415
   except ImportError as e:
-    raise SystemExit("--ptx needs the triton package from PyPI: pip install 'fp4jax[ptx]'") from e
+    raise ImportError("ptx_counts needs the triton package from PyPI: pip install 'fp4jax[ptx]'") from e
   tile = tile or pallas_triton.default_tile(spec)
   text = kernel_ir(spec, shape, tile)
   with tempfile.TemporaryDirectory() as folder:
     path = os.path.join(folder, "kernel.ttir")
     with open(path, "w") as f:
       f.write(text[text.index("module"):])
-    compiled = triton.compile(path, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 1})
+    options = {"num_warps": num_warps, "num_stages": 1}
+    compiled = triton.compile(path, target=GPUTarget("cuda", 90, 32), options=options)
   ops = [m.group(1) for m in re.finditer(r"^\s+(?:@!?%p\d+\s+)?([a-z][\w.]*)", compiled.asm["ptx"], re.MULTILINE)]
   count = lambda prefix: sum(op.startswith(prefix) for op in ops)
   return {"ptx_per_element": round(len(ops) / (tile[0] * tile[1] / (32 * num_warps)), 1), "bar": count("bar."),
