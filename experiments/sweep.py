@@ -34,6 +34,7 @@ from experiments import train
 
 STARTUP_MINUTES = 1.0  # a run is launched only with at least this much budget left (imports, data, compile)
 POLL_SECONDS = 1.0
+COMPILE_CACHE = ".jax-cache"  # in the sweep folder; a dot name, so `evaluate OUT/*` does not take it for a run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,11 +83,16 @@ def training_compute(run: Run) -> float:
     return model_lib.parameter_count(model_lib.model_config(run.config.model))["non_embedding"] * run.config.tokens
 
 
-def slot_environment(device: str | None, runs_per_device: int) -> dict[str, str]:
-    """The environment of a training process on ``device``: its GPU, and its share of the GPU's memory."""
+def slot_environment(device: str | None, runs_per_device: int, compile_cache: Path | None = None) -> dict[str, str]:
+    """The environment of a training process on ``device``: its GPU, its share of the GPU's memory, and JAX's
+    persistent compilation cache (``compile_cache``, unless the caller's environment names one): a resumed piece
+    and a rerun reuse the compiled train step instead of compiling it again."""
+    env = dict(os.environ)
+    if compile_cache is not None:
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(compile_cache))
     if device is None:
-        return dict(os.environ)
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": device}
+        return env
+    env["CUDA_VISIBLE_DEVICES"] = device
     if runs_per_device > 1:
         env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / runs_per_device:.2f}")
     return env
@@ -132,7 +138,7 @@ def execute(
             device = slot[0]
             with open(folder / "train.log", "a") as log:
                 proc = subprocess.Popen(command(run, folder, minutes_left - 0.5, cache_dir),
-                                        env=slot_environment(device, runs_per_device),
+                                        env=slot_environment(device, runs_per_device, out / COMPILE_CACHE),
                                         stdout=log, stderr=subprocess.STDOUT)
             running[slot] = (run, proc)
             print(f"started {run.name} on {'device ' + device if device else 'the default device'} "

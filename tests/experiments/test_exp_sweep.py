@@ -77,20 +77,22 @@ def test_collect_reads_finished_runs(tmp_path):
 
 def test_biggest_runs_start_first_and_share_a_device(tmp_path, monkeypatch):
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     runs = sweep.plan(BASE, ["100K", "1M"], [10], ["bf16", "quartet2"])
     order = []
 
     def command(run, folder, minutes, cache_dir):
         order.append(run.name)
         return [sys.executable, "-c", "import os, sys; open(sys.argv[1] + '/env.txt', 'w').write("
-                "os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'])",
-                str(folder)]
+                "os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'] + ' ' + "
+                "os.environ['JAX_COMPILATION_CACHE_DIR'])", str(folder)]
 
     sweep.execute(runs, tmp_path, max_minutes=5, devices=["3", "5"], command=command, runs_per_device=2)
     assert order == ["1M-r10-bf16", "1M-r10-quartet2", "100K-r10-bf16", "100K-r10-quartet2"]
     env = {r.name: (tmp_path / r.name / "env.txt").read_text() for r in runs}
-    assert env["1M-r10-bf16"] == "3 0.45" and env["1M-r10-quartet2"] == "5 0.45"  # every GPU busy before any shares
-    assert set(env.values()) == {"3 0.45", "5 0.45"}
+    cache = tmp_path / sweep.COMPILE_CACHE  # one compilation cache for the sweep's runs
+    assert env["1M-r10-bf16"] == f"3 0.45 {cache}" and env["1M-r10-quartet2"] == f"5 0.45 {cache}"  # every GPU busy first
+    assert set(env.values()) == {f"3 0.45 {cache}", f"5 0.45 {cache}"}
     with pytest.raises(ValueError, match="runs_per_device"):
         sweep.execute(runs, tmp_path, max_minutes=5, command=command, runs_per_device=0)
 

@@ -160,6 +160,13 @@ def test_quest_std_uses_the_ieee_square_root_in_triton():
   assert "sqrt.rn.f32" in module and "math.sqrt" not in module
 
 
+def test_default_num_warps_follows_the_tile_sweep():
+  """8 warps for MS-EDEN's 128-point rotation, 4 elsewhere (BENCHMARKS.md §5)."""
+  assert pallas_triton.default_num_warps(CASES["nvfp4_ms_eden"][0]) == 8
+  assert pallas_triton.default_num_warps(CASES["nvfp4_rht16_te_sr"][0]) == 4
+  assert pallas_triton.default_num_warps(CASES["nvfp4_rtn"][0]) == 4
+
+
 def test_ptx_counts_of_the_kernels():
   """The developer's PTX proxy (PyPI's Triton, where installed): SR costs more instructions than RTN."""
   pytest.importorskip("triton")

@@ -157,8 +157,9 @@ def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs, *, use_kernel: bool = T
 
   Any NaN/Inf makes it non-finite (so the tensor scale is NaN, as in ``fp4jax.quantize``), by an explicit
   ``isfinite`` test: XLA's CPU max may drop NaN. No Hadamard: an XLA reduction. With a Hadamard: a Pallas kernel
-  that rotates each tile as the quantize kernel does and writes one partial max per tile (XLA's version of the rotation is several passes); a tile holding NaN/Inf
-  reports +Inf, so the tensor scale becomes NaN exactly when the reference's does.
+  that rotates each tile as the quantize kernel does and writes one partial max per tile (XLA's version of the
+  rotation is several passes); a tile holding NaN/Inf reports +Inf, so the tensor scale becomes NaN exactly when
+  the reference's does.
   """
   if not spec.hadamard or not use_kernel:
     xf = x.astype(jnp.float32)
@@ -210,6 +211,11 @@ def default_tile(spec: QuantizeSpec) -> tuple[int, int]:
   return (along, 32) if spec.transposed else (16, along)
 
 
+def default_num_warps(spec: QuantizeSpec) -> int:
+  """8 for a 128-point Hadamard (MS-EDEN: 10% faster than 4 on an H200), else 4 (BENCHMARKS.md §5, tile sweep)."""
+  return 8 if spec.hadamard >= 128 else 4
+
+
 def _check_shard(x, spec: QuantizeSpec, amax, logical_shape):
   if amax is not None and spec.fmt.name != "nvfp4":
     raise ValueError(f"amax is the NVFP4 tensor amax; {spec.fmt.name} has no tensor scale, pass amax=None")
@@ -239,7 +245,7 @@ def _signs_and_seeds(spec: QuantizeSpec, hadamard: int, key, signs):
 @functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret", "logical_shape",
                                              "transpose_in_kernel"))
 def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, signs: jax.Array | None = None,
-             tile=None, num_warps: int = 4, interpret: bool = False, amax: jax.Array | None = None,
+             tile=None, num_warps: int | None = None, interpret: bool = False, amax: jax.Array | None = None,
              origin: jax.Array | None = None, logical_shape: tuple[int, int] | None = None,
              transpose_in_kernel: bool = False) -> Quantized:
   """Quantize 2D ``x`` per ``spec`` in one kernel pass (plus the amax pre-pass for NVFP4).
@@ -263,9 +269,11 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   Transposed directions: by default XLA transposes ``x`` and the kernel reads ``xᵀ`` row-wise
   (``transpose_in_kernel=False``); ``True`` transposes each tile in registers instead, saving the transpose's pass
   over ``x``. Both give the same bits; the default is the faster on an H200 (BENCHMARKS.md §5: 0.70 ms vs 9.15 ms
-  for NVFP4 RTN of 16384x8192). ``tile`` is always a tile of ``x``.
+  for NVFP4 RTN of 16384x8192). ``tile`` is always a tile of ``x``; ``tile`` and ``num_warps`` default to
+  ``default_tile`` and ``default_num_warps``.
   """
   tile = tuple(tile or default_tile(spec))
+  num_warps = num_warps or default_num_warps(spec)
   _check(x, spec, tile)
   logical_shape = tuple(logical_shape or x.shape)
   _check_shard(x, spec, amax, logical_shape)
