@@ -83,14 +83,28 @@ def test_kernel_matches_reference_bit_for_bit(name, interpret):
   _assert_same(pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret), reference.quantize(x, spec, key))
 
 
+@pytest.mark.parametrize("route", ["prepass", "kernel"])
 @pytest.mark.parametrize("name", sorted(n for n in CASES if CASES[n][0].transposed))
-def test_in_kernel_transpose_gives_the_same_bits(name, interpret):
-  """The transposed directions two ways (XLA's transpose then a row-wise kernel, or the tile transposed in
-  registers): both bit-identical to the reference."""
+def test_transpose_routes_give_the_same_bits(name, route, interpret):
+  """The transposed directions' other routes (``xᵀ`` written by the amax pre-pass, or the tile transposed in
+  registers; the default, XLA's transpose, is in the test above): bit-identical to the reference."""
   spec, shape, tile = CASES[name]
   x, key = _input(shape, jnp.bfloat16), jax.random.key(7)
-  got = pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret, transpose_in_kernel=True)
+  got = pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret, transpose=route)
   _assert_same(got, reference.quantize(x, spec, key))
+
+
+def test_prepass_writes_the_transpose_and_the_amax(interpret):
+  """``transpose_and_amax`` on a ragged shape: ``xᵀ`` exactly, and the rotated amax of the XLA pre-pass."""
+  spec = QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along="rows_of_transpose")
+  x = _input((48, 200), jnp.bfloat16)
+  signs = fp4jax.hadamard.TE_SIGNS_16
+  xt, amax = pallas_triton.transpose_and_amax(x, spec, signs, interpret=interpret)
+  np.testing.assert_array_equal(np.asarray(xt, np.float32), np.asarray(x.T, np.float32))
+  want = pallas_triton.tensor_amax(x.T, dataclasses.replace(spec, along="rows"), signs, use_kernel=False)
+  np.testing.assert_array_equal(np.asarray(amax), np.asarray(want))
+  with pytest.raises(ValueError, match="transpose must be one of"):
+    pallas_triton.quantize(x, spec, jax.random.key(0), transpose="registers", interpret=interpret)
 
 
 @pytest.mark.parametrize("fmt", [M, N], ids=lambda f: f.name)
@@ -131,12 +145,25 @@ def test_bad_input_is_named(bad, match):
 @pytest.mark.parametrize("name", ["nvfp4_rtn", "nvfp4_ms_eden", "nvfp4_cols_rht16_sr", "nvfp4_four_over_six_f32",
                                   "mxfp4_quest_h32", "nvfp4_cols_ms_eden", "nvfp4_xt_rht16_sr_values"])
 def test_kernel_lowers_to_triton(name):
-  """Every primitive of the kernel has a Pallas Triton lowering (checked on CPU by lowering for CUDA)."""
+  """Every primitive of the kernel has a Pallas Triton lowering (checked on CPU by lowering for CUDA); the
+  transposed directions on every route."""
   spec, _, _ = CASES[name]
   x = jnp.ones((256, 256), jnp.bfloat16)
-  text = jax.jit(lambda x, k: pallas_triton.quantize(x, spec, k)).trace(x, jax.random.key(0)).lower(
-      lowering_platforms=("cuda",)).as_text()
-  assert "triton" in text
+  for route in pallas_triton.TRANSPOSE_ROUTES if spec.transposed else ("xla",):
+    quantize = lambda x, k: pallas_triton.quantize(x, spec, k, transpose=route)
+    text = jax.jit(quantize).trace(x, jax.random.key(0)).lower(lowering_platforms=("cuda",)).as_text()
+    assert "triton" in text
+    assert ("fp4_transpose_amax" in text) == (route == "prepass" and spec.fmt.name == "nvfp4"), route
+
+
+def _assert_masked(module: str, stores: int):
+  """Every tensor load and store of ``module`` is masked, but one-element blocks (a grid of partial results is
+  never ragged)."""
+  accesses = [l.split(":")[0] for l in module.splitlines()
+              if ("tt.store" in l or ("tt.load" in l and "tensor<" in l)) and "tensor<1x1x" not in l]
+  assert sum("tt.store" in a for a in accesses) == stores
+  for access in accesses:  # tt.load %ptr, %mask, %other / tt.store %ptr, %value, %mask
+    assert access.count("%") >= 4 if "tt.load" in access else access.count("%") == 3, access
 
 
 @pytest.mark.parametrize("name", ["nvfp4_rtn_f32_ragged", "nvfp4_cols_rtn", "nvfp4_2d", "nvfp4_xt_rtn_ragged_f32"])
@@ -146,10 +173,16 @@ def test_ragged_edge_blocks_are_masked_in_triton(name):
   spec, shape, tile = CASES[name]
   quantize = lambda x: pallas_triton.quantize(x, spec, tile=tile)
   (module,) = profile.triton_modules(quantize, jnp.ones(shape, jnp.float32))
-  accesses = [l.split(":")[0] for l in module.splitlines() if "tt.store" in l or ("tt.load" in l and "tensor<" in l)]
-  assert sum("tt.store" in a for a in accesses) == 2 + bool(spec.dequantize) + spec.trust_mask
-  for access in accesses:  # tt.load %ptr, %mask, %other / tt.store %ptr, %value, %mask
-    assert access.count("%") >= 4 if "tt.load" in access else access.count("%") == 3, access
+  _assert_masked(module, stores=2 + bool(spec.dequantize) + spec.trust_mask)
+
+
+def test_ragged_transposing_prepass_is_masked_in_triton():
+  """The pre-pass that writes ``xᵀ`` on a ragged shape: its tiles stick out of ``x`` (and of ``xᵀ``)."""
+  spec, shape, tile = CASES["nvfp4_xt_rtn_ragged_f32"]
+  quantize = lambda x: pallas_triton.quantize(x, spec, tile=tile, transpose="prepass")
+  prepass, main = profile.triton_modules(quantize, jnp.ones(shape, jnp.float32))
+  assert "fp4_transpose_amax" in prepass
+  _assert_masked(prepass, stores=1)  # xᵀ (the partial max is a (1, 1) block)
 
 
 def test_quest_std_uses_the_ieee_square_root_in_triton():

@@ -118,11 +118,12 @@ def table(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
         print(f"{name:24s} {f'pallas {tile} w{nw}':28s} {ms:8.3f} {pct(ms):9.1f}% {ms - pre:15.3f}", flush=True)
       except Exception as e:  # noqa: BLE001  a tile that fails to compile is reported, not fatal
         print(f"{name:24s} {f'pallas {tile} w{nw}':28s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
-    if spec.transposed:  # the pallas rows read XLA's transpose of x; the alternative transposes tiles in registers
-      in_regs = jax.jit(lambda x, key: pallas_triton.quantize(x, spec, key, interpret=interpret,
-                                                              transpose_in_kernel=True)[0])
-      ms = time_ms(in_regs, x, key)
-      print(f"{name:24s} {'pallas, in-register transpose':28s} {ms:8.3f} {pct(ms):9.1f}% {ms - pre:15.3f}", flush=True)
+    if spec.transposed:  # the pallas rows read XLA's transpose of x; the other routes of pallas_triton.quantize
+      for route, label in (("prepass", "pallas, pre-pass transposes"), ("kernel", "pallas, in-register transpose")):
+        fn = jax.jit(lambda x, key, route=route: pallas_triton.quantize(x, spec, key, interpret=interpret,
+                                                                        transpose=route)[0])
+        ms = time_ms(fn, x, key)
+        print(f"{name:24s} {label:28s} {ms:8.3f} {pct(ms):9.1f}%", flush=True)
     kw, xt = spec.quantize_kwargs, spec.along == "rows_of_transpose"
     for impl, fn in (("xla fp4jax.quantize", fp4jax.quantize), ("xla fp4jax.fake_quantize", fp4jax.fake_quantize)):
       ms = time_ms(jax.jit(lambda x, key, fn=fn: fn(x.T if xt else x, spec.fmt, key=key, **kw)), x, key)

@@ -7,8 +7,8 @@ Hadamard (TE, random or caller-given signs, any size up to the tile), the per-el
 (``fp4jax.bits.hash_bits`` of the element's logical index in the reference's layout: its bits exactly), and every
 rounding / scale rule of ``fp4jax.quantize`` — the block numerics are the foundation's own ``quantize_blocks``
 evaluated in the kernel (``fp4jax_kernels.triton_compat``), so RTN, SR, four-over-six, MS-EDEN and MXFP4 agree bit
-for bit by construction. The transposed directions write their outputs K-major; they read XLA's transpose of
-``x`` (or, with ``transpose_in_kernel``, transpose each tile in registers).
+for bit by construction. The transposed directions write their outputs K-major; they read ``xᵀ``, written by XLA
+or by the amax pre-pass, or transpose each tile in registers (``quantize``'s ``transpose``).
 
 Per-tensor amax (NVFP4 only): a separate reduction reads ``x`` once before the kernel (``tensor_amax``; with a
 Hadamard, a small Pallas kernel that rotates each tile and writes one partial max). Any current-scaling scheme
@@ -143,13 +143,47 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
 
 
 # ------------------------------------------------------------------------------------------------ wrapper
-def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool):
-  x_ref, signs_ref, o_ref = refs if len(refs) == 3 else (refs[0], None, refs[1])
-  x = load_in_bounds(x_ref, (pl.program_id(0), pl.program_id(1)), shape).astype(jnp.float32)
+def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: bool, write_transpose: bool):
+  """One partial max|x| per tile (of the tile transposed for ``spec.transposed``, then rotated); with
+  ``write_transpose`` the tile is also stored transposed, into ``xᵀ``."""
+  it = iter(refs)
+  x_ref = next(it)
+  signs_ref = next(it) if has_signs else None
+  o_ref = next(it)
+  i, j = pl.program_id(0), pl.program_id(1)
+  tile = load_in_bounds(x_ref, (i, j), shape)
+  if write_transpose:
+    store_in_bounds(next(it), tile.T, (j, i), shape[::-1])
+  x = tile.astype(jnp.float32)
   x = x.T if spec.transposed else x
-  y = jnp.abs(rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input))
+  if spec.hadamard:
+    x = rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
+  y = jnp.abs(x)
   finite = jnp.min(jnp.where(y <= jnp.float32(jnp.inf), 1, 0))  # 0 if any NaN/Inf
   o_ref[...] = jnp.where(finite == 1, jnp.max(y), jnp.float32(jnp.inf)).reshape(1, 1)
+
+
+def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, write_transpose: bool):
+  """The pre-pass kernel over ``x`` in ``default_tile(spec)`` tiles: (tensor amax, ``xᵀ`` or None)."""
+  m, k = x.shape
+  tile = default_tile(spec)
+  grid = (pl.cdiv(m, tile[0]), pl.cdiv(k, tile[1]))
+  args, in_specs = [x], [pl.BlockSpec(tile, lambda i, j: (i, j))]
+  if signs is not None:
+    args.append(jnp.asarray(signs, jnp.float32))
+    in_specs.append(pl.BlockSpec((spec.hadamard,), lambda i, j: (0,)))
+  out_shape, out_specs = [jax.ShapeDtypeStruct(grid, jnp.float32)], [pl.BlockSpec((1, 1), lambda i, j: (i, j))]
+  if write_transpose:
+    out_shape.append(jax.ShapeDtypeStruct((k, m), x.dtype))
+    out_specs.append(pl.BlockSpec(tile[::-1], lambda i, j: (j, i)))
+  outs = pl.pallas_call(
+      functools.partial(_amax_kernel, spec=spec, shape=(m, k), bf16_input=x.dtype == jnp.bfloat16,
+                        has_signs=signs is not None, write_transpose=write_transpose),
+      grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=interpret,
+      name="fp4_transpose_amax" if write_transpose else "fp4_rotated_amax",
+  )(*args)
+  return jnp.max(outs[0]), (outs[1] if write_transpose else None)
 
 
 def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs, *, use_kernel: bool = True, interpret: bool = False):
@@ -168,20 +202,14 @@ def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs, *, use_kernel: bool = T
       if x.dtype == jnp.bfloat16:
         xf = rtn_bf16(xf)
     return jnp.where(jnp.all(jnp.isfinite(xf)), jnp.max(jnp.abs(xf)), jnp.float32(jnp.nan))
-  m, k = x.shape
-  tile = default_tile(spec)
-  grid = (pl.cdiv(m, tile[0]), pl.cdiv(k, tile[1]))
-  args, in_specs = [x], [pl.BlockSpec(tile, lambda i, j: (i, j))]
-  if signs is not None:
-    args.append(jnp.asarray(signs, jnp.float32))
-    in_specs.append(pl.BlockSpec((spec.hadamard,), lambda i, j: (0,)))
-  partial_max = pl.pallas_call(
-      functools.partial(_amax_kernel, spec=spec, shape=(m, k), bf16_input=x.dtype == jnp.bfloat16),
-      grid=grid, in_specs=in_specs, out_specs=pl.BlockSpec((1, 1), lambda i, j: (i, j)),
-      out_shape=jax.ShapeDtypeStruct(grid, jnp.float32),
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=interpret, name="fp4_rotated_amax",
-  )(*args)
-  return jnp.max(partial_max)
+  return _amax_call(x, spec, signs, interpret, write_transpose=False)[0]
+
+
+def transpose_and_amax(x: jax.Array, spec: QuantizeSpec, signs, *, interpret: bool = False):
+  """``(xᵀ, tensor_amax)`` for a transposed ``spec`` in one pass over ``x``: the pre-pass kernel reads each tile
+  once, writes it transposed and reduces it (transposed and rotated, as the quantize kernel will see it)."""
+  amax, xt = _amax_call(x, spec, signs, interpret, write_transpose=True)
+  return xt, amax
 
 
 def _check(x, spec: QuantizeSpec, tile):
@@ -242,12 +270,14 @@ def _signs_and_seeds(spec: QuantizeSpec, hadamard: int, key, signs):
   return signs, eseed, sseed
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret", "logical_shape",
-                                             "transpose_in_kernel"))
+TRANSPOSE_ROUTES = ("xla", "prepass", "kernel")
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret", "logical_shape", "transpose"))
 def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, signs: jax.Array | None = None,
              tile=None, num_warps: int | None = None, interpret: bool = False, amax: jax.Array | None = None,
              origin: jax.Array | None = None, logical_shape: tuple[int, int] | None = None,
-             transpose_in_kernel: bool = False) -> Quantized:
+             transpose: str = "xla") -> Quantized:
   """Quantize 2D ``x`` per ``spec`` in one kernel pass (plus the amax pre-pass for NVFP4).
 
   Returns ``Quantized(qtensor, dequantized, trust_mask)``: an ``fp4jax.QTensor`` bit-identical to
@@ -266,12 +296,17 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   element's / scale's logical index. Blocks and Hadamard chunks must not straddle the shard (the caller checks).
   Defaults: the pre-pass, origin (0, 0), logical shape ``x.shape``: the unsharded kernel.
 
-  Transposed directions: by default XLA transposes ``x`` and the kernel reads ``xᵀ`` row-wise
-  (``transpose_in_kernel=False``); ``True`` transposes each tile in registers instead, saving the transpose's pass
-  over ``x``. Both give the same bits; the default is the faster on an H200 (BENCHMARKS.md §5: 0.70 ms vs 9.15 ms
-  for NVFP4 RTN of 16384x8192). ``tile`` is always a tile of ``x``; ``tile`` and ``num_warps`` default to
-  ``default_tile`` and ``default_num_warps``.
+  Transposed directions, by ``transpose`` (all give the same bits):
+  * ``"xla"`` (default): XLA transposes ``x``; the pre-pass and the kernel read ``xᵀ`` row-wise. Faster than
+    ``"kernel"`` on an H200 (BENCHMARKS.md §5: 0.70 ms vs 9.15 ms for NVFP4 RTN of 16384x8192).
+  * ``"prepass"``: NVFP4's pre-pass reads ``x`` and writes ``xᵀ`` as it reduces (``transpose_and_amax``), one read
+    of ``x`` fewer; where there is no pre-pass (MXFP4, or ``amax`` given) it is ``"xla"``.
+  * ``"kernel"``: the quantize kernel transposes each tile in registers.
+  ``tile`` is always a tile of ``x``; ``tile`` and ``num_warps`` default to ``default_tile`` and
+  ``default_num_warps``.
   """
+  if transpose not in TRANSPOSE_ROUTES:
+    raise ValueError(f"transpose must be one of {TRANSPOSE_ROUTES}, got {transpose!r}")
   tile = tuple(tile or default_tile(spec))
   num_warps = num_warps or default_num_warps(spec)
   _check(x, spec, tile)
@@ -282,8 +317,12 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   _, block, hadamard = check_quantize_args(x, spec.fmt, spec.axis, spec.rounding, spec.block_shape,
                                            spec.hadamard or None, spec.hadamard_signs)
   signs, eseed, sseed = _signs_and_seeds(spec, hadamard, key, signs)
-  pre_transposed = spec.transposed and not transpose_in_kernel
-  x_in, x_tile = (x.T, (bk, bm)) if pre_transposed else (x, (bm, bk))  # what the kernel reads, and its tile
+  pre_transposed = spec.transposed and transpose != "kernel"
+  x_tile = (bk, bm) if pre_transposed else (bm, bk)  # the tile of what the kernel reads
+  if pre_transposed and transpose == "prepass" and spec.fmt.name == "nvfp4" and amax is None:
+    x_in, amax = transpose_and_amax(x, spec, signs, interpret=interpret)
+  else:
+    x_in = x.T if pre_transposed else x
   if spec.fmt.name != "nvfp4":
     amax = jnp.float32(0.0)
   elif amax is None:
@@ -328,7 +367,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   kernel = functools.partial(_kernel, spec=spec, shape=x_in.shape, logical_out=logical_out,
                              out_shapes=tuple(o.shape for o in out_shape), has_signs=signs is not None,
                              interpret=interpret, bf16_input=x.dtype == jnp.bfloat16,
-                             transpose_tile=spec.transposed and transpose_in_kernel)
+                             transpose_tile=spec.transposed and transpose == "kernel")
   outs = iter(pl.pallas_call(
       kernel,
       grid=(pl.cdiv(x_in.shape[0], x_tile[0]), pl.cdiv(x_in.shape[1], x_tile[1])),
