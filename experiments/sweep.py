@@ -13,7 +13,8 @@ see ``fp4jax.sharding``); ``--runs-per-device 2`` two
 (each with that share of the GPU's memory: small models leave a GPU idle during compilation and between kernel
 launches); without ``--devices``, runs go one after another on the default device. Runs start in decreasing order of
 training compute (N·D), so the longest are not left for last. ``--results FILE`` writes one JSON line per finished run (its summary and
-validation curve), the input of :mod:`experiments.scaling_law`.
+validation curve), the input of :mod:`experiments.scaling_law`. Runs share JAX's persistent compilation cache in
+``OUT/.jax-cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set), so a resumed piece does not compile again.
 """
 
 from __future__ import annotations
