@@ -45,16 +45,21 @@ def loss_curves(curves: Mapping[str, Sequence[dict]], path: str | Path, title: s
 
 
 def val_curves_by_size(results: Sequence[dict], path: str | Path, title: str = "") -> Path:
-    """Validation loss against tokens, one panel per model size, one line per recipe (sweep result records)."""
+    """Validation loss against tokens, one panel per model size, one line per recipe (sweep result records); a color
+    per recipe, a line style per token budget (D/N) when a size has several."""
     sizes = sorted({r["model"] for r in results}, key=lambda m: min(r["non_embedding_params"] for r in results
                                                                     if r["model"] == m))
     recipes = sorted({r["recipe"] for r in results}, key=lambda x: (x != "bf16", x))
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 3.8), squeeze=False)
     for ax, size in zip(axes[0], sizes):
+        budgets = sorted({r["tokens"] for r in results if r["model"] == size})
         for i, recipe in enumerate(recipes):
             for r in (r for r in results if r["model"] == size and r["recipe"] == recipe):
                 tokens, loss = zip(*r["val_curve"][1:])  # from the first evaluation after step 0
-                ax.plot(tokens, loss, "o-", ms=2.5, lw=1, color=f"C{i}", label=f"{recipe} ({loss[-1]:.3f})")
+                ratio = r["tokens"] / r["non_embedding_params"]
+                label = f"{recipe}{f' D/N={ratio:.0f}' if len(budgets) > 1 else ''} ({loss[-1]:.3f})"
+                style = ("o-", "s--", "^:")[budgets.index(r["tokens"]) % 3]
+                ax.plot(tokens, loss, style, ms=2.5, lw=1, color=f"C{i}", label=label)
         ax.set(title=f"{size} {title}".strip(), xlabel="tokens", ylabel="validation loss")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
