@@ -5,6 +5,7 @@
 #                                          # GEMM, linear layer, quantize tile sweep
 #   bash benchmarks/gpu_suite.sh multi     # 2-4 GPUs: sharded == one device (operands, then losses)
 #   bash benchmarks/gpu_suite.sh scaling   # 2-4 GPUs: data-parallel weak scaling, 125M and 350M
+#   bash benchmarks/gpu_suite.sh training  # 1 GPU: 125M train step, FP4 quantizers by XLA vs the Pallas kernels
 #
 # Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
 set -u -o pipefail
@@ -44,8 +45,15 @@ case "${1:-}" in
     timeout 280 python -m experiments.bench_scaling --model 350M --recipes bf16,nvidia_nvfp4 --devices "$counts" \
       --per-device-batch 8 --steps 5 --warmup 2 --out "$OUT/scaling350.json" > "$OUT/scaling350.log" 2>&1
     ;;
+  training)
+    for backend in xla pallas; do
+      timeout 280 python -m experiments.bench_scaling --model 125M --recipes bf16,nvidia_nvfp4,quartet2 --devices 1 \
+        --per-device-batch 16 --steps 6 --warmup 2 --quantizer-backend $backend --out "$OUT/train_$backend.json" \
+        > "$OUT/train_$backend.log" 2>&1
+    done
+    ;;
   *)
-    echo "usage: bash benchmarks/gpu_suite.sh kernels|multi|scaling" >&2
+    echo "usage: bash benchmarks/gpu_suite.sh kernels|multi|scaling|training" >&2
     exit 2
     ;;
 esac

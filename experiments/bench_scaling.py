@@ -68,12 +68,14 @@ def flops_per_token(model: str, seq_len: int) -> float:
 
 
 def measure(recipe: str, model: str, n: int, kind: str, per_device_batch: int, seq_len: int, steps: int,
-            warmup: int, data: str) -> dict:
+            warmup: int, data: str, quantizer_backend: str = "xla") -> dict:
     """Tokens/s of ``steps`` training steps of ``model`` under ``recipe`` on the first ``n`` devices."""
     batch = per_device_batch * (n if kind != "model" else 1)
     config = train.TrainConfig(model=model, recipe=recipe, data=data, batch_size=batch, seq_len=seq_len,
                                tokens=batch * seq_len * (steps + warmup), log_every=1, ckpt_every=1)
-    trainer = train.Trainer(config, layout=layout_for(kind, n))
+    if n > 1 and quantizer_backend != "xla":
+        raise ValueError(f"quantizer_backend={quantizer_backend!r} runs on one device; use --devices 1")
+    trainer = train.Trainer(config, layout=layout_for(kind, n), model_overrides={"quantizer_backend": quantizer_backend})
     state = trainer.init_state()
     inputs = [(trainer.place(trainer.stream.batch(s)), trainer.quant_key(s)) for s in range(steps + warmup)]
     for tokens, key in inputs[:warmup]:
@@ -84,7 +86,8 @@ def measure(recipe: str, model: str, n: int, kind: str, per_device_batch: int, s
         state, metrics = trainer.train_step(state, tokens, key)
     jax.block_until_ready(metrics)
     seconds = time.perf_counter() - start
-    return {"recipe": recipe, "model": model, "devices": n, "mesh": kind, "global_batch": batch, "seq_len": seq_len,
+    return {"recipe": recipe, "model": model, "devices": n, "mesh": kind, "quantizer_backend": quantizer_backend,
+            "global_batch": batch, "seq_len": seq_len,
             "step_time_s": seconds / steps, "tokens_per_s": batch * seq_len * steps / seconds,
             "loss": float(metrics["loss"]), "device_kind": jax.devices()[0].device_kind}
 
@@ -110,6 +113,8 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--data", default="stdlib")
+    parser.add_argument("--quantizer-backend", default="xla", choices=list(model_lib.QUANTIZER_BACKENDS),
+                        help="the FP4 quantizers (pallas/auto: one device only)")
     parser.add_argument("--out", default=None, help="write the results (JSON list) here")
     parser.add_argument("--matmul-size", type=int, default=8192, help="bf16 GEMM of this size³ sets the MFU divisor")
     parser.add_argument("--smoke", action="store_true", help="CPU check: 100K model, devices 1,2, 3 steps, bf16 + nvfp4")
@@ -127,7 +132,7 @@ def main(argv=None) -> None:
     for recipe in args.recipes.split(","):
         for n in counts:
             r = measure(recipe, args.model, n, args.mesh, args.per_device_batch, args.seq_len, args.steps,
-                        args.warmup, args.data)
+                        args.warmup, args.data, args.quantizer_backend)
             r.update(matmul_tflops=rate, flops_per_token=per_token,
                      mfu=r["tokens_per_s"] * per_token / (n * rate * 1e12))
             results.append(r)

@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from fp4jax.flax.linen import DotGeneral
+from fp4jax.operand import BACKENDS as QUANTIZER_BACKENDS
 
 BF16_RECIPE = "bf16"
 INIT_STD = 0.02
@@ -97,6 +98,9 @@ class ModelConfig:
     param_dtype: Any = jnp.float32
     attention_impl: str | None = None  # jax.nn.dot_product_attention's `implementation`: None (XLA), "cudnn"
     remat: bool = False  # recompute block activations in the backward pass (less memory, ~1/3 more compute)
+    # fp4jax.dot_general's quantizer backend for the projections: "xla", "pallas" (the fused kernels) or "auto"
+    # (the kernels on a GPU that runs them); every backend gives the same bits.
+    quantizer_backend: str = "xla"
 
     def __post_init__(self):
         for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size"):
@@ -106,6 +110,8 @@ class ModelConfig:
             raise ValueError(
                 f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even width (RoPE rotates pairs)"
             )
+        if self.quantizer_backend not in QUANTIZER_BACKENDS:
+            raise ValueError(f"quantizer_backend must be one of {QUANTIZER_BACKENDS}, got {self.quantizer_backend!r}")
         if not isinstance(self.recipe, str) or not self.recipe:
             raise ValueError(f"recipe must be a non-empty recipe name, got {self.recipe!r}")
         if self.bf16_first < 0 or self.bf16_last < 0 or self.bf16_first + self.bf16_last > self.n_layers:
@@ -170,11 +176,12 @@ def parameter_count(config: ModelConfig) -> dict[str, int]:
     return {"non_embedding": non_embedding, "total": non_embedding + 2 * v * d}
 
 
-def projection_dot_cls(recipe: str):
-    """The ``dot_general_cls`` for a projection under ``recipe``: None (flax's plain dot) for BF16, else fp4jax's."""
+def projection_dot_cls(recipe: str, backend: str = "xla"):
+    """The ``dot_general_cls`` for a projection under ``recipe``: None (flax's plain dot) for BF16, else fp4jax's
+    with quantizer ``backend``."""
     if recipe == BF16_RECIPE:
         return None
-    return functools.partial(DotGeneral, recipe=recipe)
+    return functools.partial(DotGeneral, recipe=recipe, backend=backend)
 
 
 def apply_rope(x: jax.Array, theta: float) -> jax.Array:
@@ -198,7 +205,7 @@ def _projection(config: ModelConfig, recipe: str, features: int, name: str, init
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         kernel_init=nn.initializers.normal(init_std),
-        dot_general_cls=projection_dot_cls(recipe),
+        dot_general_cls=projection_dot_cls(recipe, config.quantizer_backend),
         name=name,
     )
 

@@ -11,7 +11,9 @@ params and optimizer state at step s; s is also the data stream's position), ``s
 Rerunning the same command resumes from the newest checkpoint, drops metric records after it, and reproduces
 the uninterrupted run bit for bit: batches are a function of the step, the "quant" key of step s is
 fold_in(key(seed), s), and every record of step s is written before the checkpoint of step s.
-``--max-minutes`` pauses (checkpoint, exit 0, status "paused") before the budget runs out.
+``--max-minutes`` pauses (checkpoint, exit 0, status "paused") before the budget runs out. ``--quantizer-backend
+pallas|auto`` quantizes with the fused Pallas kernels (one device; the same bits as XLA's quantizers, so, like the
+mesh, it is not part of config.json).
 
 Several devices (``experiments.sharding``): ``--mesh data=4`` (data parallel), ``--mesh data=4 --fsdp`` (parameters and
 optimizer state sharded over the data axis), ``--mesh data=2,model=2`` (with Megatron-style tensor parallelism). The
@@ -432,6 +434,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mesh", default=None, help="device mesh, e.g. data=4 or data=2,model=2 (default: 1 device)")
     parser.add_argument("--fsdp", action="store_true", help="shard parameters and optimizer state over the data axis")
     parser.add_argument("--remat", action="store_true", help="recompute block activations in the backward pass")
+    parser.add_argument("--quantizer-backend", default="xla", choices=list(model_lib.QUANTIZER_BACKENDS),
+                        help="the FP4 quantizers: xla, pallas (fused kernels) or auto (same bits; one device only)")
     parser.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize")
     parser.add_argument("--coordinator", default=None, help="with --distributed: process 0's host:port")
     parser.add_argument("--num-processes", type=int, default=None, help="with --distributed: number of processes")
@@ -456,8 +460,10 @@ def main(argv: list[str] | None = None) -> None:
         sharding.check_grad_comm(config.grad_comm_dtype, layout)
     except ValueError as err:
         parser.error(str(err))
+    if layout is not None and args.quantizer_backend != "xla":
+        parser.error("--quantizer-backend pallas/auto trains on one device; with --mesh the quantizers are XLA's")
     train(config, out, cache_dir=args.cache_dir, max_minutes=args.max_minutes, layout=layout,
-          model_overrides={"remat": args.remat})
+          model_overrides={"remat": args.remat, "quantizer_backend": args.quantizer_backend})
 
 
 if __name__ == "__main__":

@@ -98,3 +98,22 @@ def test_pause_and_resume_in_process_and_config_mismatch(corpus, tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["val_loss"] == finished["val_loss"]
     steps = [r["step"] for r in train.read_metrics(tmp_path / "run", "train")]
     assert steps == list(range(1, 9))
+
+
+def test_quantizer_backend_changes_nothing_but_the_implementation(corpus, tmp_path):
+    """The fused Pallas quantizers (interpret mode here) train the same curve, bit for bit, as XLA's; the backend
+    is not part of the run's identity."""
+    config = _config(corpus, recipe="nvidia_nvfp4", tokens=3 * 8 * 64)
+    curves = {}
+    for backend in ("xla", "pallas"):
+        train.train(config, tmp_path / backend, quiet=True, model_overrides={"quantizer_backend": backend})
+        curves[backend] = _curve(tmp_path / backend)
+    assert curves["pallas"] == curves["xla"] and len(curves["xla"]) >= 3
+    with pytest.raises(ValueError, match="quantizer_backend must be one of"):
+        train.Trainer(config, model_overrides={"quantizer_backend": "triton"})
+
+
+def test_cli_refuses_kernel_quantizers_on_a_mesh(corpus, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--data", corpus, "--mesh", "data=1", "--quantizer-backend", "pallas", "--out", str(tmp_path)])
+    assert "--quantizer-backend pallas/auto trains on one device" in capsys.readouterr().err
