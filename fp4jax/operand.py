@@ -9,8 +9,9 @@ by the ``backend`` argument:
   Triton on a GPU, Pallas interpret mode elsewhere) on the operand folded to 2D (leading dims into rows), in one
   kernel pass per operand (plus NVFP4's amax pre-pass): the kernel applies the Hadamard with the GEMM's signs,
   draws the same random bits as the XLA path, writes the bf16 ``values`` directly (``value(q)·dec_b``, the
-  kernel's ``dequantize="block_scaled_only"``). QuEST (trust-mask) operands are the exception for now: XLA
-  rotates them and builds values and mask from the kernel's codes and scales (see ``rotate_and_quantize``). A
+  kernel's ``dequantize="block_scaled_only"``) and no packed codes (``packed=False``). QuEST (trust-mask) operands
+  are the exception for now: XLA rotates them and builds values and mask from the kernel's codes and scales (see
+  ``rotate_and_quantize``). A
   backward operand that is a transposed tensor (``transposed=True``: Wᵀ, dYᵀ, Xᵀ) is written K-major by the
   kernel (``along="rows_of_transpose"``: the bits of the transposed layout), which reads XLA's transpose of it
   (the faster variant measured, see ``fp4jax_kernels.quantize.pallas_triton.quantize``); batched tensors are
@@ -151,11 +152,12 @@ def _kernel_fp4(x: jax.Array, spec: OperandSpec, key, signs, hadamard: int,
   quest = spec.estimator == "trust_mask"  # values and mask from codes and scales in XLA (rotate_and_quantize)
   qspec = QuantizeSpec(spec.fmt, rounding=spec.rounding, hadamard=hadamard, hadamard_signs=mode,
                        block_shape=spec.block_shape, along="rows_of_transpose" if transposed else "rows",
-                       dequantize=None if quest else "block_scaled_only")
+                       dequantize=None if quest else "block_scaled_only", packed=quest)
   x2 = x.reshape(x.shape[-2:]) if transposed else x.reshape(-1, x.shape[-1])
-  q, values, _ = api.quantize(x2, qspec, key, signs=signs if mode == "random" else None, backend="pallas")
-  if not quest:
-    return Operand(values.reshape(out_shape), q.global_scale), None
+  q, values, _, global_scale = api.quantize(x2, qspec, key, signs=signs if mode == "random" else None,
+                                            backend="pallas")
+  if not quest:  # the GEMM reads the bf16 values only: the kernel writes no codes or scales
+    return Operand(values.reshape(out_shape), global_scale), None
   # QuEST operands (rotated by XLA, see rotate_and_quantize): values and mask built in XLA from codes and scales.
   lay = BlockLayout(out_shape, len(out_shape) - 1, q.block_shape)
   dec = lay.scales_to_blocks(q.scale_values().reshape(lay.scale_shape))

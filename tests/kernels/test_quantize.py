@@ -46,6 +46,11 @@ CASES = {  # name: (spec, shape, tile)
                            (48, 40), (32, 32)),
     "nvfp4_xt_ms_eden_values": (QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random",
                                              along="rows_of_transpose", dequantize=V), (256, 48), (128, 16)),
+    # packed=False: the bf16 values only (what fp4jax.operand's GEMM operands take), no codes or scales
+    "nvfp4_values_only_ragged": (QuantizeSpec(N, dequantize=V, packed=False), (37, 80), (16, 32)),
+    "nvfp4_xt_rht16_sr_values_only": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te",
+                                                   along="rows_of_transpose", dequantize=V, packed=False),
+                                      (48, 80), (32, 32)),
 }
 
 
@@ -61,11 +66,14 @@ def _bits(a):
 
 
 def _assert_same(got, want):
-  (qg, dg, mg), (qw, dw, mw) = got, want
-  np.testing.assert_array_equal(np.asarray(qg.codes), np.asarray(qw.codes))
-  np.testing.assert_array_equal(_bits(qg.scales), _bits(qw.scales))
-  np.testing.assert_array_equal(np.asarray(qg.global_scale), np.asarray(qw.global_scale))
-  assert (qg.shape, qg.axis, qg.block_shape, qg.hadamard) == (qw.shape, qw.axis, qw.block_shape, qw.hadamard)
+  (qg, dg, mg, sg), (qw, dw, mw, sw) = got, want
+  np.testing.assert_array_equal(np.asarray(sg), np.asarray(sw))
+  assert (qg is None) == (qw is None)
+  if qw is not None:
+    np.testing.assert_array_equal(np.asarray(qg.codes), np.asarray(qw.codes))
+    np.testing.assert_array_equal(_bits(qg.scales), _bits(qw.scales))
+    np.testing.assert_array_equal(np.asarray(qg.global_scale), np.asarray(sg))
+    assert (qg.shape, qg.axis, qg.block_shape, qg.hadamard) == (qw.shape, qw.axis, qw.block_shape, qw.hadamard)
   assert (dg is None, mg is None) == (dw is None, mw is None)
   if dw is not None:
     assert dg.dtype == dw.dtype and dg.shape == dw.shape
@@ -113,7 +121,7 @@ def test_nan_block_keeps_nan_scale(fmt, interpret):
   agree with the reference too (Triton's NaN-dropping max/min would clip NaN to ±6)."""
   spec = QuantizeSpec(fmt, dequantize=D)
   x = _input((16, 64), jnp.float32).at[3, 40].set(jnp.nan)
-  q, deq, _ = got = pallas_triton.quantize(x, spec, tile=(16, 64), interpret=interpret)
+  q, deq, _, _ = got = pallas_triton.quantize(x, spec, tile=(16, 64), interpret=interpret)
   _assert_same(got, reference.quantize(x, spec))
   if fmt is M:
     assert _bits(q.scales)[3, 1] == 0xFF and np.isnan(np.asarray(deq[3, 32:])).all()
@@ -191,6 +199,21 @@ def test_quest_std_uses_the_ieee_square_root_in_triton():
   quantize = lambda x: pallas_triton.quantize(x, spec, tile=tile)
   (module,) = profile.triton_modules(quantize, jnp.ones(shape, jnp.float32))
   assert "sqrt.rn.f32" in module and "math.sqrt" not in module
+
+
+def test_values_only_writes_the_packed_kernels_values_and_nothing_else(interpret):
+  """``packed=False``: the same bf16 values and decode scale as the packed kernel, no QTensor, one kernel output."""
+  spec, shape, tile = CASES["nvfp4_values_only_ragged"]
+  x, key = _input(shape, jnp.bfloat16), jax.random.key(7)
+  got = pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret)
+  full = pallas_triton.quantize(x, dataclasses.replace(spec, packed=True), key, tile=tile, interpret=interpret)
+  assert got.qtensor is None and full.qtensor is not None
+  np.testing.assert_array_equal(np.asarray(got.dequantized, np.float32), np.asarray(full.dequantized, np.float32))
+  np.testing.assert_array_equal(np.asarray(got.global_scale), np.asarray(full.qtensor.global_scale))
+  (module,) = profile.triton_modules(lambda x: pallas_triton.quantize(x, spec, tile=tile), x)
+  _assert_masked(module, stores=1)
+  with pytest.raises(ValueError, match="packed=False"):
+    QuantizeSpec(N, packed=False)
 
 
 def test_default_num_warps_follows_the_tile_sweep():
@@ -284,7 +307,7 @@ def test_trust_mask_is_nontrivial_and_values_lack_the_tensor_scale():
   mask = np.asarray(reference.quantize(_input(shape, jnp.bfloat16), spec).trust_mask)
   assert 0 < (mask == 0).sum() < mask.size // 4 and set(np.unique(mask)) == {0, 1}
   x = _input((48, 96), jnp.float32)
-  q, values, _ = reference.quantize(x, QuantizeSpec(N, dequantize=V))
+  q, values, _, _ = reference.quantize(x, QuantizeSpec(N, dequantize=V))
   full = reference.quantize(x, QuantizeSpec(N, dequantize=D)).dequantized
   assert values.dtype == jnp.bfloat16 and not np.array_equal(np.asarray(values, np.float32), np.asarray(full))
   np.testing.assert_array_equal(np.asarray(values, np.float32) * np.asarray(q.global_scale), np.asarray(full))

@@ -40,15 +40,22 @@ OPS = {  # name: (spec, tiles to try as (tile, num_warps))
     "nvfp4_rht16_sr_values_wgrad": (QuantizeSpec(fp4jax.NVFP4, rounding="sr", hadamard=16, hadamard_signs="te",
                                                  along="rows_of_transpose", dequantize="block_scaled_only"),
                                     [((256, 32), 4), ((256, 64), 8)]),
+    # ... and without the packed codes and scales, as fp4jax.operand asks for them (packed=False)
+    "nvfp4_rtn_values_only": (QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only", packed=False),
+                              [((16, 256), 4)]),
+    "nvfp4_rht16_sr_values_only_wgrad": (QuantizeSpec(fp4jax.NVFP4, rounding="sr", hadamard=16, hadamard_signs="te",
+                                                      along="rows_of_transpose", dequantize="block_scaled_only",
+                                                      packed=False), [((256, 32), 4)]),
 }
 SWEEP_TILES = ((16, 256), (32, 256), (64, 256), (32, 512), (64, 512), (128, 256))  # (across, along)
 SWEEP_WARPS = (4, 8)
 
 
 def min_bytes(spec: QuantizeSpec, n: int) -> int:
-  """Bytes a quantize of ``n`` bf16 elements must move: read x once, write the codes, the block scales and the
-  optional outputs (bf16 dequantized, uint8 trust mask)."""
-  return 2 * n + n // 2 + n // spec.block + (2 * n if spec.dequantize else 0) + (n if spec.trust_mask else 0)
+  """Bytes a quantize of ``n`` bf16 elements must move: read x once, write the codes and the block scales (if
+  ``spec.packed``) and the optional outputs (bf16 dequantized, uint8 trust mask)."""
+  packed = n // 2 + n // spec.block if spec.packed else 0
+  return 2 * n + packed + (2 * n if spec.dequantize else 0) + (n if spec.trust_mask else 0)
 
 
 def copy_bandwidth(x: jax.Array) -> tuple[float, float]:
@@ -67,7 +74,7 @@ def amax_ms(spec: QuantizeSpec, x: jax.Array, interpret: bool) -> float:
 
 def kernel_fn(spec: QuantizeSpec, tile, num_warps: int, interpret: bool):
   return jax.jit(lambda x, key: pallas_triton.quantize(x, spec, key, tile=tile, num_warps=num_warps,
-                                                       interpret=interpret)[0])
+                                                       interpret=interpret))
 
 
 def sweep(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False) -> dict:
@@ -121,7 +128,7 @@ def table(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
     if spec.transposed:  # the pallas rows read XLA's transpose of x; the other routes of pallas_triton.quantize
       for route, label in (("prepass", "pallas, pre-pass transposes"), ("kernel", "pallas, in-register transpose")):
         fn = jax.jit(lambda x, key, route=route: pallas_triton.quantize(x, spec, key, interpret=interpret,
-                                                                        transpose=route)[0])
+                                                                        transpose=route))
         ms = time_ms(fn, x, key)
         print(f"{name:24s} {label:28s} {ms:8.3f} {pct(ms):9.1f}%", flush=True)
     kw, xt = spec.quantize_kwargs, spec.along == "rows_of_transpose"

@@ -92,9 +92,8 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
   it = iter(refs)
   x_ref, tscale_ref, eseed_ref, sseed_ref, origin_ref = next(it), next(it), next(it), next(it), next(it)
   signs_ref = next(it) if has_signs else None
-  codes_ref, scales_ref = next(it), next(it)
-  deq_ref = next(it) if spec.dequantize else None
-  mask_ref = next(it) if spec.trust_mask else None
+  out_refs = {name: next(it) for name, _ in out_shapes}  # codes and scales (if spec.packed), deq, mask: as asked
+  out_shapes = dict(out_shapes)
   i, j = pl.program_id(0), pl.program_id(1)
   x = load_in_bounds(x_ref, (i, j), shape).astype(jnp.float32)
   out_index, origin = (i, j), (origin_ref[0], origin_ref[1])  # x[0, 0] in the logical tensor
@@ -127,19 +126,21 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
   blocks = lambda xb, b, sb, *ts: quantize_blocks(xb, lay, spec.fmt, spec.rounding, b, sb, tensor_scales=ts)
   codes, dec, gscale, exps = safe(blocks)(xb, bits, sbits, tscale_ref[0], tscale_ref[1])
 
-  if spec.fmt.name == "mxfp4":
-    sb = jnp.where(jnp.isnan(dec), E8M0_NAN_BITS, exps + E8M0_BIAS).astype(jnp.uint8)
-  else:
-    sb = e4m3_bits(dec)
-  store_in_bounds(scales_ref, sb.reshape(scales_ref.shape), out_index, out_shapes[1])
-  store_in_bounds(codes_ref, pack_nibbles(codes.reshape(r, c)), out_index, out_shapes[0])
-  if deq_ref is not None:  # block_scaled_only: value·dec_b is exact in bf16, so the cast does not round
+  def store(name, value):
+    store_in_bounds(out_refs[name], value, out_index, out_shapes[name])
+
+  if spec.packed:
+    if spec.fmt.name == "mxfp4":
+      sb = jnp.where(jnp.isnan(dec), E8M0_NAN_BITS, exps + E8M0_BIAS).astype(jnp.uint8)
+    else:
+      sb = e4m3_bits(dec)
+    store("scales", sb.reshape(out_refs["scales"].shape))
+    store("codes", pack_nibbles(codes.reshape(r, c)))
+  if spec.dequantize:  # block_scaled_only: value·dec_b is exact in bf16, so the cast does not round
     tensor_scale = gscale if spec.dequantize == "with_tensor_scale" else jnp.float32(1.0)
-    deq = decode_blocks(codes, dec, tensor_scale).reshape(r, c).astype(deq_ref.dtype)
-    store_in_bounds(deq_ref, deq, out_index, out_shapes[2])
-  if mask_ref is not None:
-    mask = estimators.trust_mask(xb, dec * gscale).reshape(r, c).astype(jnp.uint8)
-    store_in_bounds(mask_ref, mask, out_index, out_shapes[-1])
+    store("deq", decode_blocks(codes, dec, tensor_scale).reshape(r, c).astype(out_refs["deq"].dtype))
+  if spec.trust_mask:
+    store("mask", estimators.trust_mask(xb, dec * gscale).reshape(r, c).astype(jnp.uint8))
 
 
 # ------------------------------------------------------------------------------------------------ wrapper
@@ -280,11 +281,12 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
              transpose: str = "xla") -> Quantized:
   """Quantize 2D ``x`` per ``spec`` in one kernel pass (plus the amax pre-pass for NVFP4).
 
-  Returns ``Quantized(qtensor, dequantized, trust_mask)``: an ``fp4jax.QTensor`` bit-identical to
+  Returns ``Quantized(qtensor, dequantized, trust_mask, global_scale)``: an ``fp4jax.QTensor`` bit-identical to
   ``fp4jax.quantize(x, **spec.quantize_kwargs)`` for ``along="rows"``; for the transposed directions the QTensor of
   ``xᵀ`` (shape (K, M), blocks along its last axis): ``fp4jax.quantize(x, axis=0)`` transposed (``"cols"``) or
-  ``fp4jax.quantize(x.T)`` (``"rows_of_transpose"``). ``dequantized`` and ``trust_mask`` (or None, as
-  ``spec`` asks) are in the same layout. ``reference.quantize`` computes the same by the pure-JAX quantizer.
+  ``fp4jax.quantize(x.T)`` (``"rows_of_transpose"``); None for ``spec.packed=False``. ``dequantized`` and
+  ``trust_mask`` (or None, as ``spec`` asks) are in the same layout; ``global_scale`` is the QTensor's decode scale.
+  ``reference.quantize`` computes the same by the pure-JAX quantizer.
 
   ``signs``: the Hadamard sign vector (shape ``(spec.hadamard,)``, ±1) for ``hadamard_signs="random"``, instead
   of the draw from ``key`` (e.g. a recipe's fixed signs, or signs shared by both operands of a GEMM).
@@ -348,15 +350,17 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     s_shape, s_tile = (-(-out_rows // 16), n_pad // 16), (t_rows // 16, t_axis // 16)
   else:
     s_shape, s_tile = (out_rows, n_pad // bs), (t_rows, t_axis // bs)
-  out_shape = [jax.ShapeDtypeStruct((out_rows, n_pad // 2), jnp.uint8), jax.ShapeDtypeStruct(s_shape, jnp.uint8)]
-  out_specs = [pl.BlockSpec((t_rows, t_axis // 2), index), pl.BlockSpec(s_tile, index)]
+  outputs = {}  # name: (shape, dtype, block); the kernel's outputs in this order
+  if spec.packed:
+    outputs["codes"] = ((out_rows, n_pad // 2), jnp.uint8, (t_rows, t_axis // 2))
+    outputs["scales"] = (s_shape, jnp.uint8, s_tile)
   if spec.dequantize:
     deq_dtype = x.dtype if spec.dequantize == "with_tensor_scale" else jnp.bfloat16
-    out_shape.append(jax.ShapeDtypeStruct((out_rows, n_axis), deq_dtype))
-    out_specs.append(pl.BlockSpec((t_rows, t_axis), index))
+    outputs["deq"] = ((out_rows, n_axis), deq_dtype, (t_rows, t_axis))
   if spec.trust_mask:
-    out_shape.append(jax.ShapeDtypeStruct((out_rows, n_axis), jnp.uint8))
-    out_specs.append(pl.BlockSpec((t_rows, t_axis), index))
+    outputs["mask"] = ((out_rows, n_axis), jnp.uint8, (t_rows, t_axis))
+  out_shape = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _ in outputs.values()]
+  out_specs = [pl.BlockSpec(block, index) for _, _, block in outputs.values()]
   whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
   args = [x_in, tensor_scales, eseed, sseed, origin]
   in_specs = [pl.BlockSpec(x_tile, lambda i, j: (i, j)), whole(2), whole(2), whole(2), whole(2)]
@@ -365,7 +369,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     in_specs.append(whole(spec.hadamard))
   logical_out = logical_shape[::-1] if spec.transposed else logical_shape
   kernel = functools.partial(_kernel, spec=spec, shape=x_in.shape, logical_out=logical_out,
-                             out_shapes=tuple(o.shape for o in out_shape), has_signs=signs is not None,
+                             out_shapes=tuple((name, o[0]) for name, o in outputs.items()), has_signs=signs is not None,
                              interpret=interpret, bf16_input=x.dtype == jnp.bfloat16,
                              transpose_tile=spec.transposed and transpose == "kernel")
   outs = iter(pl.pallas_call(
@@ -378,15 +382,16 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
       interpret=interpret,
       name=f"fp4_quantize_{spec.fmt.name}_{spec.rounding}",
   )(*args))
-  codes, scale_bits = next(outs), next(outs)
-  deq = next(outs) if spec.dequantize else None
-  mask = next(outs) if spec.trust_mask else None
+  got = {name: next(outs) for name in outputs}
   if spec.fmt.name == "nvfp4":
     gscale = tensor_scales[1]
   else:
     gscale = jnp.float32(1.0 / scaling.mx_element_prescale(spec.fmt.scale_mode))
-  qt = QTensor(
-      codes=codes, scales=lax.bitcast_convert_type(scale_bits, spec.fmt.scale_dtype),
-      global_scale=jnp.asarray(gscale, jnp.float32), signs=signs, shape=(out_rows, n_axis), axis=1, fmt=spec.fmt,
-      block_shape=block, hadamard=hadamard, dtype=x.dtype)
-  return Quantized(qt, deq, mask)
+  gscale = jnp.asarray(gscale, jnp.float32)
+  qt = None
+  if spec.packed:
+    qt = QTensor(
+        codes=got["codes"], scales=lax.bitcast_convert_type(got["scales"], spec.fmt.scale_dtype), global_scale=gscale,
+        signs=signs, shape=(out_rows, n_axis), axis=1, fmt=spec.fmt, block_shape=block, hadamard=hadamard,
+        dtype=x.dtype)
+  return Quantized(qt, got.get("deq"), got.get("mask"), gscale)

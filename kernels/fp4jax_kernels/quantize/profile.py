@@ -87,6 +87,7 @@ STAGES = {  # name: (body, output columns from input columns, output dtype)
 FULL = {  # the kernels themselves, tensor amax given (no pre-pass)
     "nvfp4_rtn_1x16": QuantizeSpec(fp4jax.NVFP4),
     "nvfp4_rtn_values": QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only"),
+    "nvfp4_rtn_values_only": QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only", packed=False),
     "nvfp4_sr_1x16": QuantizeSpec(fp4jax.NVFP4, rounding="sr"),
     "nvfp4_rht16_sr": QuantizeSpec(fp4jax.NVFP4, rounding="sr", hadamard=16, hadamard_signs="te"),
     "nvfp4_ms_eden_rht128": QuantizeSpec(fp4jax.NVFP4, rounding="eden", hadamard=128, hadamard_signs="random"),
@@ -115,7 +116,7 @@ def timings(x: jax.Array, tiles=TILES) -> None:
     for name, spec in FULL.items():
       t = tile[::-1] if spec.transposed else tile
       f = jax.jit(functools.partial(pallas_triton.quantize, spec=spec, tile=t, num_warps=nw, amax=amax))
-      show(name, t, nw, lambda x, key, f=f: f(x, key=key)[0].codes, x, key)
+      show(name, t, nw, lambda x, key, f=f: f(x, key=key), x, key)
 
 
 def triton_modules(fn, *args) -> list[str]:

@@ -58,4 +58,4 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *,
     q = dataclasses.replace(q, codes=q.codes.T, scales=q.scales.T, shape=q.shape[::-1], axis=1)
     deq = None if deq is None else deq.T
     mask = None if mask is None else mask.T
-  return Quantized(q, deq, mask)
+  return Quantized(q if spec.packed else None, deq, mask, q.global_scale)

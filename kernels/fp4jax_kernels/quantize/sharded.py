@@ -56,6 +56,8 @@ def _check_layout(x, spec: QuantizeSpec, mesh: Mesh, spec_in: P) -> tuple[tuple[
   """(row axes, column axes) of ``spec_in``; ValueError if ``x`` does not split evenly or a block would straddle."""
   if x.ndim != 2:
     raise ValueError(f"x must be 2D (rows, cols), got shape {x.shape}")
+  if not spec.packed:
+    raise ValueError("quantize_sharded assembles the QTensor of the shards: it needs QuantizeSpec(packed=True)")
   if len(spec_in) > 2:
     raise ValueError(f"spec_in {spec_in} has more entries than x has dimensions (2)")
   entries = tuple(spec_in) + (None,) * (2 - len(spec_in))
@@ -106,8 +108,8 @@ def quantize_sharded(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = N
       local = jnp.where(jnp.isfinite(local), local, jnp.float32(jnp.inf))  # NaN would not survive pmax
       amax = lax.pmax(local, split_axes) if split_axes else local
     origin = jnp.stack([_shard_index(row_axes, mesh) * shard_shape[0], _shard_index(col_axes, mesh) * shard_shape[1]])
-    q, deq, mask = pallas_triton.quantize(x_shard, spec, key, signs=signs, interpret=interpret, amax=amax,
-                                          origin=origin, logical_shape=tuple(x.shape))
+    q, deq, mask, _ = pallas_triton.quantize(x_shard, spec, key, signs=signs, interpret=interpret, amax=amax,
+                                             origin=origin, logical_shape=tuple(x.shape))
     return q.codes, q.scales, q.global_scale, q.signs, deq, mask
 
   in_spec = P(row_axes or None, col_axes or None)
@@ -119,4 +121,4 @@ def quantize_sharded(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = N
   shape = x.shape[::-1] if spec.transposed else x.shape
   qt = QTensor(codes=codes, scales=scales, global_scale=global_scale, signs=signs, shape=shape, axis=1,
                fmt=spec.fmt, block_shape=block, hadamard=hadamard, dtype=x.dtype)
-  return Quantized(qt, deq, mask)
+  return Quantized(qt, deq, mask, global_scale)
