@@ -75,7 +75,8 @@ def measure(recipe: str, model: str, n: int, kind: str, per_device_batch: int, s
                                tokens=batch * seq_len * (steps + warmup), log_every=1, ckpt_every=1)
     if n > 1 and quantizer_backend != "xla":
         raise ValueError(f"quantizer_backend={quantizer_backend!r} runs on one device; use --devices 1")
-    trainer = train.Trainer(config, layout=layout_for(kind, n), model_overrides={"quantizer_backend": quantizer_backend})
+    trainer = train.Trainer(config, layout=layout_for(kind, n),
+                            model_overrides={"quantizer_backend": quantizer_backend})
     state = trainer.init_state()
     inputs = [(trainer.place(trainer.stream.batch(s)), trainer.quant_key(s)) for s in range(steps + warmup)]
     for tokens, key in inputs[:warmup]:

@@ -111,7 +111,8 @@ class ModelConfig:
                 f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even width (RoPE rotates pairs)"
             )
         if self.quantizer_backend not in QUANTIZER_BACKENDS:
-            raise ValueError(f"quantizer_backend must be one of {QUANTIZER_BACKENDS}, got {self.quantizer_backend!r}")
+            raise ValueError(
+                f"quantizer_backend must be one of {QUANTIZER_BACKENDS}, got {self.quantizer_backend!r}")
         if not isinstance(self.recipe, str) or not self.recipe:
             raise ValueError(f"recipe must be a non-empty recipe name, got {self.recipe!r}")
         if self.bf16_first < 0 or self.bf16_last < 0 or self.bf16_first + self.bf16_last > self.n_layers:

@@ -9,10 +9,10 @@ unfinished ones from their checkpoints, and stops launching when ``--max-minutes
 run gets the remaining time as its own ``--max-minutes`` and pauses cleanly, so a piece ends before the budget.
 ``--devices 0,1`` runs one training process per GPU at once (``CUDA_VISIBLE_DEVICES``); ``--gpus-per-run 2`` gives
 each run a group of two of them, data parallel (``--mesh data=2``; the quantized operands are the one-device ones,
-see ``fp4jax.sharding``); ``--runs-per-device 2`` two
-(each with that share of the GPU's memory: small models leave a GPU idle during compilation and between kernel
-launches); without ``--devices``, runs go one after another on the default device. Runs start in decreasing order of
-training compute (N·D), so the longest are not left for last. ``--results FILE`` writes one JSON line per finished run (its summary and
+see ``fp4jax.sharding``); ``--runs-per-device 2`` runs two processes per GPU (each with that share of the GPU's
+memory: small models leave a GPU idle during compilation and between kernel launches); without ``--devices``, runs
+go one after another on the default device. Runs start in decreasing order of training compute (N·D), so the
+longest are not left for last. ``--results FILE`` writes one JSON line per finished run (its summary and
 validation curve), the input of :mod:`experiments.scaling_law`. Runs share JAX's persistent compilation cache in
 ``OUT/.jax-cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set), so a resumed piece does not compile again.
 """

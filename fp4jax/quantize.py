@@ -288,9 +288,9 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
   Blocked fp32 ``xb`` -> (codes, fp32 block scales (keep-dims), tensor decode scale, E8M0 exponents or None).
   ``amax`` is the tensor's max|x| (NaN if any element is non-finite); None computes it from ``xb``.
   ``tensor_scales``: NVFP4's ``(s_enc, s_dec)`` of that amax (``scaling.nvfp4_tensor_scales`` with the rule of
-  ``fmt`` and ``rounding``), when the caller computed them once for many calls (the kernels' tiles). The block max is an
-  integer max of the magnitude bits (XLA's CPU float max may drop NaN; NaN's bits exceed +Inf's on every backend),
-  and a block is non-finite iff that max reaches +Inf's bits.
+  ``fmt`` and ``rounding``), when the caller computed them once for many calls (the kernels' tiles).
+  The block max is an integer max of the magnitude bits (XLA's CPU float max may drop NaN; NaN's bits exceed +Inf's
+  on every backend), and a block is non-finite iff that max reaches +Inf's bits.
   """
   axes = lay.red_axes
   amax_bits = jnp.max(lax.bitcast_convert_type(xb, jnp.int32) & 0x7FFFFFFF, axis=axes, keepdims=True)

@@ -6,8 +6,8 @@ to something inexact, so ``kernel_safe(fn)`` traces ``fn`` to a jaxpr and evalua
 
 * ``div`` (float32): Triton lowers ``arith.divf`` to the approximate ``div.full.f32`` (up to 2 ulp); on the GPU it
   becomes PTX ``div.rn.f32`` (IEEE round-to-nearest-even). The foundation's scale divisions are integer long
-  divisions (``fp4jax.ieee.div_rn``); what still traces to ``div`` is their special-value fallback and the exact
-  power-of-two quotients of ``rtn_e4m3``, for which both instructions agree with XLA.
+  divisions (``fp4jax.ieee.div_rn``); what still traces to ``div`` is their first guess of the significand quotient
+  (corrected exactly afterwards) and their special-value fallback, where both instructions agree with XLA.
 * ``round`` (ties to even): no Triton lowering; PTX ``cvt.rni.f32.f32`` (round to nearest integer, ties to even).
 * ``sqrt`` (float32): Triton lowers ``math.sqrt`` to the approximate square root; PTX ``sqrt.rn.f32`` is IEEE
   round-to-nearest, as XLA's (QuEST's block standard deviation).

@@ -91,7 +91,8 @@ def test_biggest_runs_start_first_and_share_a_device(tmp_path, monkeypatch):
     assert order == ["1M-r10-bf16", "1M-r10-quartet2", "100K-r10-bf16", "100K-r10-quartet2"]
     env = {r.name: (tmp_path / r.name / "env.txt").read_text() for r in runs}
     cache = tmp_path / sweep.COMPILE_CACHE  # one compilation cache for the sweep's runs
-    assert env["1M-r10-bf16"] == f"3 0.45 {cache}" and env["1M-r10-quartet2"] == f"5 0.45 {cache}"  # every GPU busy first
+    # every GPU busy before any shares
+    assert env["1M-r10-bf16"] == f"3 0.45 {cache}" and env["1M-r10-quartet2"] == f"5 0.45 {cache}"
     assert set(env.values()) == {f"3 0.45 {cache}", f"5 0.45 {cache}"}
     with pytest.raises(ValueError, match="runs_per_device"):
         sweep.execute(runs, tmp_path, max_minutes=5, command=command, runs_per_device=0)

@@ -20,8 +20,8 @@ IMPLEMENTATIONS = {"xla": reference.quantize, "pallas": pallas_triton.quantize}
 
 def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, signs: jax.Array | None = None,
              backend: str = "auto", interpret: bool | None = None):
-  """``Quantized(qtensor, dequantized, trust_mask, global_scale)`` for ``spec`` (see ``pallas_triton.quantize``); identical bits
-  from every backend.
+  """``Quantized(qtensor, dequantized, trust_mask, global_scale)`` for ``spec`` (see ``pallas_triton.quantize``);
+  identical bits from every backend.
 
   ``signs``: an explicit Hadamard sign vector for ``hadamard_signs="random"`` (instead of the draw from ``key``).
   ``interpret``: run the Pallas kernel in interpret mode; None picks it when the device is not a GPU.

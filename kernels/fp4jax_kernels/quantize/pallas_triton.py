@@ -335,7 +335,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     rule = "eden" if spec.rounding == "eden" else spec.fmt.scale_mode
     tensor_scales = jnp.stack(scaling.nvfp4_tensor_scales(amax, rule))
   else:
-    tensor_scales = jnp.ones((2,), jnp.float32)  # MXFP4 has no tensor scale; the kernel does not read these
+    tensor_scales = jnp.ones((2,), jnp.float32)  # MXFP4 has no tensor scale: its block numerics ignore these
   origin = jnp.zeros((2,), jnp.int32) if origin is None else jnp.asarray(origin, jnp.int32).reshape(2)
 
   bs, two_d = spec.block, spec.block_shape is not None
@@ -369,8 +369,8 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     in_specs.append(whole(spec.hadamard))
   logical_out = logical_shape[::-1] if spec.transposed else logical_shape
   kernel = functools.partial(_kernel, spec=spec, shape=x_in.shape, logical_out=logical_out,
-                             out_shapes=tuple((name, o[0]) for name, o in outputs.items()), has_signs=signs is not None,
-                             interpret=interpret, bf16_input=x.dtype == jnp.bfloat16,
+                             out_shapes=tuple((name, o[0]) for name, o in outputs.items()),
+                             has_signs=signs is not None, interpret=interpret, bf16_input=x.dtype == jnp.bfloat16,
                              transpose_tile=spec.transposed and transpose == "kernel")
   outs = iter(pl.pallas_call(
       kernel,

@@ -171,7 +171,7 @@ def ir_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> dict:
   return {"ops_per_element": round(per_element, 1), "layout_ops": dict(layout)}
 
 
-def ptx_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None, num_warps: int = 4) -> dict:
+def ptx_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None, num_warps: int | None = None) -> dict:
   """PTX of ``spec``'s kernel compiled for sm_90 on any machine by the ``triton`` package from PyPI: instructions
   per element of each thread, barriers, shared-memory loads and stores, and the layout conversions of its TTGIR.
 
@@ -184,6 +184,7 @@ def ptx_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None, num_warps: int 
   except ImportError as e:
     raise ImportError("ptx_counts needs the triton package from PyPI: pip install 'fp4jax[ptx]'") from e
   tile = tile or pallas_triton.default_tile(spec)
+  num_warps = num_warps or pallas_triton.default_num_warps(spec)  # the kernel's own (Triton IR does not carry it)
   text = kernel_ir(spec, shape, tile)
   with tempfile.TemporaryDirectory() as folder:
     path = os.path.join(folder, "kernel.ttir")
