@@ -32,10 +32,10 @@ case "${1:-}" in
     n=$(nvidia-smi -L | wc -l)
     meshes="data=$n data=$n:fsdp model=2"
     [ "$n" -ge 4 ] && meshes="$meshes data=2,model=2"
-    # two heads, so the tensor-parallel meshes split attention too
+    # the loss check's default model has two heads, so the tensor-parallel meshes split attention too
     for checks in operands loss; do
       timeout 280 python -m experiments.layout_check --recipes bf16,nvfp4_rtn,nvidia_nvfp4,quartet2 --meshes $meshes \
-        --model-overrides '{"n_heads": 2}' --grad-comm-dtypes float32,bfloat16 --checks $checks \
+        --grad-comm-dtypes float32,bfloat16 --checks $checks \
         --out "$OUT/layout_$checks.json" > "$OUT/layout_$checks.log" 2>&1
     done
     ;;

@@ -164,6 +164,10 @@ def check_losses(config: train.TrainConfig, recipe_names, layouts, steps: int, m
     return records
 
 
+# quartet2's 128-point backward Hadamard needs d_model / model >= 128; the 100K model's d_model is 64
+LOSS_MODEL_OVERRIDES = {"d_model": 256, "n_heads": 2, "ffn_hidden": 256}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.layout_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipes", default=",".join(fp4jax.recipes.names()), help="comma-separated recipe names")
@@ -175,7 +179,9 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--data", default="stdlib")
     parser.add_argument("--model", default="100K")
-    parser.add_argument("--model-overrides", default=None, help='JSON ModelConfig fields, e.g. \'{"d_model": 256}\'')
+    parser.add_argument("--model-overrides", default=json.dumps(LOSS_MODEL_OVERRIDES),
+                        help="JSON ModelConfig fields of the loss check's model (default %(default)s: the smallest "
+                        "on which every recipe fits the default meshes, with 2 heads so model=2 splits attention)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--out", default=None, help="also write the records to this JSON file")

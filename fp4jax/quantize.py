@@ -9,6 +9,10 @@ The pipeline, all in fp32 and explicit arithmetic (see ``fp4jax.scaling``, ``fp4
 Dequantized value of an element: ``f32(value(q) · f32(dec_b)) · s_dec`` (NVFP4, TE order) or
 ``f32(value(q) · 2^e_b) · g`` (MXFP4, ``g`` = 1, or 4/3 for the "floor_headroom" mode).
 
+Four-over-six (NVFP4, Quartet II): each block is rounded (RTN) under both block targets t = 6 and t = 4 and keeps
+the one with the smaller Σ (x - x̂)² over the block (fp32, summed pairwise in a fixed order,
+``fp4jax.reductions``); a tie keeps t = 6.
+
 NaN and Inf never become finite: a block holding a non-finite value gets the NaN scale (E4M3 0x7F / E8M0 0xFF),
 and for NVFP4 a non-finite tensor amax makes the tensor scale NaN.
 
@@ -309,7 +313,8 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
     if rule == "four_over_six":
       dec4, enc4 = scaling.nvfp4_block_scales(amax_b, s_enc, s_dec, 4.0)
       codes4 = rtn_e2m1(xb * enc4)
-      err = lambda c, d: jnp.sum(jnp.square(xb - decode_blocks(c, d, s_dec)), axis=axes, keepdims=True)
+      # pairwise in a fixed order: a sum in the backend's own order tips near-ties differently on a GPU
+      err = lambda c, d: pairwise_sum(jnp.square(xb - decode_blocks(c, d, s_dec)), axes)
       use4 = err(codes4, dec4) < err(codes, dec)
       codes, dec = jnp.where(use4, codes4, codes), jnp.where(use4, dec4, dec)
     elif rule == "eden":
