@@ -89,6 +89,15 @@ def hadamard(x: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.
   return jnp.moveaxis(y.reshape(moved_shape), -1, axis)
 
 
+def fenced(y: jnp.ndarray, d: int) -> jnp.ndarray:
+  """``y`` (a float32 ``hadamard`` output) with its rounding kept: for d = 32 and 128, whose 1/sqrt(d) is not a
+  power of two, an ``optimization_barrier`` stops XLA from merging the normalization with a later constant multiply
+  (it merged 1/sqrt(32) with MXFP4's 3/4 headroom into 0.75/sqrt(32) and so skipped this rounding, where the
+  specification and the Pallas kernels round; BENCHMARKS.md §5). For the other sizes the normalization is a power
+  of two and merging it changes nothing, so ``y`` is returned as is."""
+  return jax.lax.optimization_barrier(y) if math.log2(d) % 2 else y
+
+
 def inverse_hadamard(y: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.ndarray | None = None) -> jnp.ndarray:
   """Inverse (= transpose) of ``hadamard``: ``x_chunk = (y_chunk · H_d / sqrt(d)) ⊙ signs``; float32 result."""
   check_size(d)

@@ -86,7 +86,7 @@ def rotate(x: jax.Array, d: int, signs: jax.Array | None) -> jax.Array:
         "pad the dimension or use a recipe variant with a smaller Hadamard size"
     )
   y = hadamard_lib.hadamard(x, d, axis=-1, signs=signs)
-  return rtn_bf16(y) if x.dtype == jnp.bfloat16 else y
+  return rtn_bf16(y) if x.dtype == jnp.bfloat16 else hadamard_lib.fenced(y, d)
 
 
 def inverse_rotate(g: jax.Array, d: int, signs: jax.Array | None) -> jax.Array:

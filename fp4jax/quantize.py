@@ -349,8 +349,7 @@ def _run(x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs):
   xf = x.astype(jnp.float32)
   if hadamard:
     xf = hadamard_lib.hadamard(xf, hadamard, axis=axis, signs=signs)
-    if x.dtype == jnp.bfloat16:
-      xf = rtn_bf16(xf)
+    xf = rtn_bf16(xf) if x.dtype == jnp.bfloat16 else hadamard_lib.fenced(xf, hadamard)
   lay = BlockLayout(x.shape, axis, block)
   bits = lay.to_blocks(bits_lib.random_bits(k_elems, x.shape)) if rounding == "sr" else None
   scale_bits = (
