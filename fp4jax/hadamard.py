@@ -8,8 +8,8 @@
 The transform is computed with the fast Walsh-Hadamard butterfly (log2 d constant-geometry stages of
 ``a + b, a - b``, see ``fwht``) in float32 and one final scaling: elementwise, fusible, and summed in the same
 order on every backend and in the kernels (a matmul would let CPU and GPU sum in different orders and round
-differently). Outputs are float32; bf16 callers round once with ``fp4jax.rounding.rtn_bf16``, as Transformer
-Engine does for its RHT.
+differently). Outputs are float32; ``rotated`` adds the quantizers' rounding: once to bf16 for bf16 inputs, as
+Transformer Engine does for its RHT, else float32 kept from XLA's constant merging.
 
 Transformer Engine's NVFP4 recipe uses d = 16 with the fixed signs ``TE_SIGNS_16`` (mask 0xD7E8, LSB first
 negated = 0), i.e. ``T = diag(TE_SIGNS_16) · H16 · 0.25``.
@@ -22,6 +22,8 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from fp4jax.rounding import rtn_bf16
 
 SIZES = (16, 32, 64, 128, 256)
 TE_SIGNS_16 = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], np.float32)
@@ -89,12 +91,18 @@ def hadamard(x: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.
   return jnp.moveaxis(y.reshape(moved_shape), -1, axis)
 
 
-def fenced(y: jnp.ndarray, d: int) -> jnp.ndarray:
-  """``y`` (a float32 ``hadamard`` output) with its rounding kept: for d = 32 and 128, whose 1/sqrt(d) is not a
-  power of two, an ``optimization_barrier`` stops XLA from merging the normalization with a later constant multiply
-  (it merged 1/sqrt(32) with MXFP4's 3/4 headroom into 0.75/sqrt(32) and so skipped this rounding, where the
-  specification and the Pallas kernels round; BENCHMARKS.md §5). For the other sizes the normalization is a power
-  of two and merging it changes nothing, so ``y`` is returned as is."""
+def rotated(x: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.ndarray | None = None) -> jnp.ndarray:
+  """``hadamard(x, d, axis=axis, signs=signs)`` rounded as the quantizers specify: once to bf16 for bf16 inputs
+  (``rtn_bf16``, as TE), else the float32 result with its rounding kept.
+
+  Kept means: for d = 32 and 128, whose 1/sqrt(d) is not a power of two, an ``optimization_barrier`` stops XLA from
+  merging the normalization with a later constant multiply (it merged 1/sqrt(32) with MXFP4's 3/4 headroom into
+  0.75/sqrt(32) and so skipped this rounding, where the specification and the Pallas kernels round; BENCHMARKS.md
+  §5). For the other sizes the normalization is a power of two and merging it changes nothing.
+  """
+  y = hadamard(x, d, axis=axis, signs=signs)
+  if x.dtype == jnp.bfloat16:
+    return rtn_bf16(y)
   return jax.lax.optimization_barrier(y) if math.log2(d) % 2 else y
 
 

@@ -14,8 +14,9 @@ by the ``backend`` argument:
   ``rotate_and_quantize``). A backward operand that is a transposed tensor (``transposed=True``: Wᵀ, dYᵀ, Xᵀ) is
   written K-major by the kernel (``along="rows_of_transpose"``: the bits of the transposed layout), which reads
   XLA's transpose of it (the faster variant measured, see ``fp4jax_kernels.quantize.pallas_triton.quantize``);
-  batched tensors are transposed by XLA first. Both backends give the same bits for the same key. Operands the kernel cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last
-  axis that is not whole blocks, 16x16 tiles that would straddle folded batch rows) raise a ``ValueError`` naming
+  batched tensors are transposed by XLA first. Both backends give the same bits for the same key. Operands the
+  kernel cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last axis that is not whole blocks, 16x16 tiles
+  that would straddle folded batch rows) raise a ``ValueError`` naming
   the spec.
 * ``"auto"``: ``"pallas"`` where ``fp4jax.backends.quantize_backend`` picks it (a GPU that runs the kernels, the
   folded axis a whole number of blocks and Hadamard chunks) and the kernel takes the spec; ``"xla"`` otherwise.
@@ -47,7 +48,7 @@ from fp4jax.formats import E2M1_MAX, FP4Format, e2m1_decode, floor_log2, pow2
 from fp4jax.ieee import div_rn
 from fp4jax.quantize import BlockLayout, check_quantize_args, decode_blocks, quantize_blocks, split_quantize_key
 from fp4jax.recipes import E2M1_CHANNEL, OperandSpec
-from fp4jax.rounding import rtn_bf16, rtn_e2m1
+from fp4jax.rounding import rtn_e2m1
 
 BACKENDS = ("xla", "pallas", "auto")
 KERNEL_DTYPES = (jnp.float32, jnp.bfloat16)
@@ -85,8 +86,7 @@ def rotate(x: jax.Array, d: int, signs: jax.Array | None) -> jax.Array:
         f"Hadamard size {d} must divide the contraction length {x.shape[-1]} of this GEMM operand (shape {x.shape}); "
         "pad the dimension or use a recipe variant with a smaller Hadamard size"
     )
-  y = hadamard_lib.hadamard(x, d, axis=-1, signs=signs)
-  return rtn_bf16(y) if x.dtype == jnp.bfloat16 else hadamard_lib.fenced(y, d)
+  return hadamard_lib.rotated(x, d, signs=signs)
 
 
 def inverse_rotate(g: jax.Array, d: int, signs: jax.Array | None) -> jax.Array:

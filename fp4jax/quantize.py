@@ -36,7 +36,7 @@ from fp4jax import eden, hadamard as hadamard_lib, scaling
 from fp4jax.ieee import div_rn
 from fp4jax.reductions import pairwise_sum
 from fp4jax.formats import E2M1_MAX, E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS, FP4Format, e2m1_decode, pow2
-from fp4jax.rounding import rtn_bf16, rtn_e2m1, sr_e2m1
+from fp4jax.rounding import rtn_e2m1, sr_e2m1
 
 _INF_BITS = 0x7F800000
 
@@ -305,7 +305,7 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
   round_codes = (lambda v: sr_e2m1(v, bits)) if rounding == "sr" else rtn_e2m1
   exps = None
   if fmt.name == "nvfp4":
-    rule = "eden" if rounding == "eden" else fmt.scale_mode
+    rule = scaling.nvfp4_rule(fmt.scale_mode, rounding)
     s_enc, s_dec = scaling.nvfp4_tensor_scales(amax, rule) if tensor_scales is None else tensor_scales
     target = scaling.V_MAX_EDEN if rule == "eden" else E2M1_MAX
     dec, enc = scaling.nvfp4_block_scales(amax_b, s_enc, s_dec, target)
@@ -346,10 +346,7 @@ def _run(x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs):
   axis, block, hadamard = check_quantize_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_signs)
   k_signs, k_elems, k_scales = split_quantize_key(key, rounding, hadamard, hadamard_signs)
   signs = hadamard_sign_vector(hadamard, hadamard_signs, k_signs)
-  xf = x.astype(jnp.float32)
-  if hadamard:
-    xf = hadamard_lib.hadamard(xf, hadamard, axis=axis, signs=signs)
-    xf = rtn_bf16(xf) if x.dtype == jnp.bfloat16 else hadamard_lib.fenced(xf, hadamard)
+  xf = hadamard_lib.rotated(x, hadamard, axis=axis, signs=signs) if hadamard else x.astype(jnp.float32)
   lay = BlockLayout(x.shape, axis, block)
   bits = lay.to_blocks(bits_lib.random_bits(k_elems, x.shape)) if rounding == "sr" else None
   scale_bits = (

@@ -86,6 +86,12 @@ def mx_exponents(amax_b: jnp.ndarray, mode: str, sigma_b: jnp.ndarray | None = N
   return jnp.where(amax_b == 0, E8M0_EMIN, jnp.clip(e, E8M0_EMIN, E8M0_EMAX))
 
 
+def nvfp4_rule(scale_mode: str, rounding: str) -> str:
+  """The NVFP4 tensor/block scale rule of a format's ``scale_mode`` under ``rounding``: MS-EDEN's own rule for
+  ``rounding="eden"``, else the mode ("absmax" or "four_over_six")."""
+  return "eden" if rounding == "eden" else scale_mode
+
+
 def mx_element_prescale(mode: str) -> float:
   """Factor applied to elements before the block scale: 3/4 for ``"floor_headroom"``, else 1."""
   return 0.75 if mode == "floor_headroom" else 1.0

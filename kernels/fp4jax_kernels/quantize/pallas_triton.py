@@ -199,9 +199,7 @@ def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs, *, use_kernel: bool = T
   if not spec.hadamard or not use_kernel:
     xf = x.astype(jnp.float32)
     if spec.hadamard:
-      xf = hadamard_lib.hadamard(xf, spec.hadamard, axis=spec.axis, signs=signs)
-      if x.dtype == jnp.bfloat16:
-        xf = rtn_bf16(xf)
+      xf = hadamard_lib.rotated(x, spec.hadamard, axis=spec.axis, signs=signs)
     return jnp.where(jnp.all(jnp.isfinite(xf)), jnp.max(jnp.abs(xf)), jnp.float32(jnp.nan))
   return _amax_call(x, spec, signs, interpret, write_transpose=False)[0]
 
@@ -332,7 +330,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
                        interpret=interpret)
   amax = jnp.asarray(amax, jnp.float32)
   if spec.fmt.name == "nvfp4":  # once here, not once per tile in the kernel
-    rule = "eden" if spec.rounding == "eden" else spec.fmt.scale_mode
+    rule = scaling.nvfp4_rule(spec.fmt.scale_mode, spec.rounding)
     tensor_scales = jnp.stack(scaling.nvfp4_tensor_scales(amax, rule))
   else:
     tensor_scales = jnp.ones((2,), jnp.float32)  # MXFP4 has no tensor scale: its block numerics ignore these

@@ -10,17 +10,12 @@ import jax.numpy as jnp
 import fp4jax
 from fp4jax import estimators, hadamard as hadamard_lib
 from fp4jax.quantize import BlockLayout, QTensor
-from fp4jax.rounding import rtn_bf16
 from fp4jax_kernels.quantize.spec import Quantized, QuantizeSpec
 
 
 def _trust_mask(x: jax.Array, q: QTensor) -> jax.Array:
   """``estimators.trust_mask(x̂, dec_b · s_dec)`` as uint8, ``x̂`` = ``x`` rotated as ``q`` was (bf16-rounded)."""
-  xr = x.astype(jnp.float32)
-  if q.hadamard:
-    xr = hadamard_lib.hadamard(xr, q.hadamard, axis=q.axis, signs=q.signs)
-    if x.dtype == jnp.bfloat16:
-      xr = rtn_bf16(xr)
+  xr = hadamard_lib.rotated(x, q.hadamard, axis=q.axis, signs=q.signs) if q.hadamard else x.astype(jnp.float32)
   lay = BlockLayout(q.shape, q.axis, q.block_shape)
   dec = lay.scales_to_blocks(q.scale_values())
   mask = estimators.trust_mask(lay.to_blocks(xr), dec * q.global_scale)
