@@ -33,7 +33,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from experiments import model as model_lib  # noqa: E402
-from experiments import sharding, train  # noqa: E402
+from experiments import sharding, step_profile, train  # noqa: E402
 
 MESH_KINDS = ("data", "fsdp", "model")
 
@@ -68,15 +68,19 @@ def flops_per_token(model: str, seq_len: int) -> float:
 
 
 def measure(recipe: str, model: str, n: int, kind: str, per_device_batch: int, seq_len: int, steps: int,
-            warmup: int, data: str, quantizer_backend: str = "xla") -> dict:
-    """Tokens/s of ``steps`` training steps of ``model`` under ``recipe`` on the first ``n`` devices."""
+            warmup: int, data: str, execution: dict | None = None, profile: str | None = None) -> dict:
+    """Tokens/s of ``steps`` training steps of ``model`` under ``recipe`` on the first ``n`` devices; ``execution``:
+    model_overrides of how the step runs (``train.execution_overrides``). With ``profile`` (a folder), the same steps
+    run once more under the JAX profiler, untimed, and the result gains ``profile``: the trace's
+    ``step_profile.summarize``."""
+    execution = {"quantizer_backend": "xla", **(execution or {})}
+    quantizer_backend = execution["quantizer_backend"]
     batch = per_device_batch * (n if kind != "model" else 1)
     config = train.TrainConfig(model=model, recipe=recipe, data=data, batch_size=batch, seq_len=seq_len,
                                tokens=batch * seq_len * (steps + warmup), log_every=1, ckpt_every=1)
     if n > 1 and quantizer_backend != "xla":
         raise ValueError(f"quantizer_backend={quantizer_backend!r} runs on one device; use --devices 1")
-    trainer = train.Trainer(config, layout=layout_for(kind, n),
-                            model_overrides={"quantizer_backend": quantizer_backend})
+    trainer = train.Trainer(config, layout=layout_for(kind, n), model_overrides=execution)
     state = trainer.init_state()
     inputs = [(trainer.place(trainer.stream.batch(s)), trainer.quant_key(s)) for s in range(steps + warmup)]
     for tokens, key in inputs[:warmup]:
@@ -87,10 +91,17 @@ def measure(recipe: str, model: str, n: int, kind: str, per_device_batch: int, s
         state, metrics = trainer.train_step(state, tokens, key)
     jax.block_until_ready(metrics)
     seconds = time.perf_counter() - start
-    return {"recipe": recipe, "model": model, "devices": n, "mesh": kind, "quantizer_backend": quantizer_backend,
+    summary = {}
+    if profile:
+        with jax.profiler.trace(profile, create_perfetto_trace=True):
+            for tokens, key in inputs[warmup:]:
+                state, metrics = trainer.train_step(state, tokens, key)
+            jax.block_until_ready(metrics)
+        summary = {"profile": step_profile.summarize(step_profile.find_trace(profile), steps)}
+    return {"recipe": recipe, "model": model, "devices": n, "mesh": kind, **execution,
             "global_batch": batch, "seq_len": seq_len,
             "step_time_s": seconds / steps, "tokens_per_s": batch * seq_len * steps / seconds,
-            "loss": float(metrics["loss"]), "device_kind": jax.devices()[0].device_kind}
+            "loss": float(metrics["loss"]), "device_kind": jax.devices()[0].device_kind, **summary}
 
 
 def efficiencies(results: list[dict]) -> list[dict]:
@@ -114,8 +125,9 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--data", default="stdlib")
-    parser.add_argument("--quantizer-backend", default="xla", choices=list(model_lib.QUANTIZER_BACKENDS),
-                        help="the FP4 quantizers (pallas/auto: one device only)")
+    train.add_execution_arguments(parser)
+    parser.add_argument("--profile", default=None,
+                        help="folder: trace the timed steps once more with the JAX profiler and summarize them")
     parser.add_argument("--out", default=None, help="write the results (JSON list) here")
     parser.add_argument("--matmul-size", type=int, default=8192, help="bf16 GEMM of this size³ sets the MFU divisor")
     parser.add_argument("--smoke", action="store_true", help="CPU check: 100K model, devices 1,2, 3 steps, bf16 + nvfp4")
@@ -133,7 +145,8 @@ def main(argv=None) -> None:
     for recipe in args.recipes.split(","):
         for n in counts:
             r = measure(recipe, args.model, n, args.mesh, args.per_device_batch, args.seq_len, args.steps,
-                        args.warmup, args.data, args.quantizer_backend)
+                        args.warmup, args.data, train.execution_overrides(args),
+                        args.profile and f"{args.profile}/{recipe}-{n}")
             r.update(matmul_tflops=rate, flops_per_token=per_token,
                      mfu=r["tokens_per_s"] * per_token / (n * rate * 1e12))
             results.append(r)

@@ -66,8 +66,11 @@ def run_state(folder: Path) -> str:
     return "partial" if (folder / "config.json").exists() else "new"
 
 
-def train_command(run: Run, folder: Path, minutes: float, cache_dir: str | None, mesh: str | None = None) -> list[str]:
+def train_command(run: Run, folder: Path, minutes: float, cache_dir: str | None, mesh: str | None = None,
+                  execution: dict | None = None) -> list[str]:
+    """The ``experiments.train`` command of ``run``; ``execution``: its model_overrides (remat, scan_unroll, ...)."""
     command = [sys.executable, "-m", "experiments.train", *train.config_to_args(run.config),
+               *(train.execution_to_args(execution) if execution else []),
                "--out", str(folder), "--max-minutes", f"{minutes:.2f}"]
     return command + (["--cache-dir", cache_dir] if cache_dir else []) + (["--mesh", mesh] if mesh else [])
 
@@ -163,6 +166,7 @@ def collect(out: Path, runs: Sequence[Run]) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__.split("\n\n")[0])
     train.add_config_arguments(parser)
+    train.add_execution_arguments(parser)
     parser.add_argument("--out", type=Path, required=True, help="sweep folder; one subfolder per run")
     parser.add_argument("--sizes", nargs="+", required=True, choices=list(model_lib.SIZES))
     parser.add_argument("--ratios", nargs="+", type=float, required=True, help="tokens per parameter, e.g. 25 100")
@@ -181,13 +185,13 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         parser.error(str(err))
     devices = [d.strip() for d in args.devices.split(",") if d.strip()]
-    command = train_command
+    command = functools.partial(train_command, execution=train.execution_overrides(args))
     if args.gpus_per_run > 1:
         try:
             devices = device_groups(devices, args.gpus_per_run)
         except ValueError as err:
             parser.error(str(err))
-        command = functools.partial(train_command, mesh=f"data={args.gpus_per_run}")
+        command = functools.partial(command, mesh=f"data={args.gpus_per_run}")
     states = execute(runs, args.out, args.max_minutes, devices, args.cache_dir, command=command,
                      runs_per_device=args.runs_per_device)
     counts = {state: sum(s == state for s in states.values()) for state in ("finished", "partial", "new")}

@@ -411,6 +411,27 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dtype of the data-parallel gradient all-reduce (bfloat16 / float8_e4m3fn: --mesh data=N)")
 
 
+def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of how (not what) a run computes: ModelConfig fields outside config.json (see :func:`train`)."""
+    parser.add_argument("--remat", action="store_true", help="recompute block activations in the backward pass")
+    parser.add_argument("--scan-unroll", type=int, default=1,
+                        help="blocks per scan iteration; >= the layer count unrolls fully (no device loop)")
+    parser.add_argument("--quantizer-backend", default="xla", choices=list(model_lib.QUANTIZER_BACKENDS),
+                        help="the FP4 quantizers: xla, pallas (fused kernels) or auto (same bits; one device only)")
+
+
+def execution_overrides(args: argparse.Namespace) -> dict:
+    """The ``model_overrides`` of :func:`add_execution_arguments`' flags."""
+    return {"remat": args.remat, "scan_unroll": args.scan_unroll, "quantizer_backend": args.quantizer_backend}
+
+
+def execution_to_args(overrides: dict) -> list[str]:
+    """The flags that :func:`execution_overrides` turns back into ``overrides``."""
+    return ((["--remat"] if overrides.get("remat") else [])
+            + ["--scan-unroll", str(overrides.get("scan_unroll", 1)),
+               "--quantizer-backend", overrides.get("quantizer_backend", "xla")])
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
 
@@ -433,9 +454,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-minutes", type=float, default=None, help="pause (checkpoint and exit) before this")
     parser.add_argument("--mesh", default=None, help="device mesh, e.g. data=4 or data=2,model=2 (default: 1 device)")
     parser.add_argument("--fsdp", action="store_true", help="shard parameters and optimizer state over the data axis")
-    parser.add_argument("--remat", action="store_true", help="recompute block activations in the backward pass")
-    parser.add_argument("--quantizer-backend", default="xla", choices=list(model_lib.QUANTIZER_BACKENDS),
-                        help="the FP4 quantizers: xla, pallas (fused kernels) or auto (same bits; one device only)")
+    add_execution_arguments(parser)
     parser.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize")
     parser.add_argument("--coordinator", default=None, help="with --distributed: process 0's host:port")
     parser.add_argument("--num-processes", type=int, default=None, help="with --distributed: number of processes")
@@ -463,7 +482,7 @@ def main(argv: list[str] | None = None) -> None:
     if layout is not None and args.quantizer_backend != "xla":
         parser.error("--quantizer-backend pallas/auto trains on one device; with --mesh the quantizers are XLA's")
     train(config, out, cache_dir=args.cache_dir, max_minutes=args.max_minutes, layout=layout,
-          model_overrides={"remat": args.remat, "quantizer_backend": args.quantizer_backend})
+          model_overrides=execution_overrides(args))
 
 
 if __name__ == "__main__":

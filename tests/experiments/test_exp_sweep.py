@@ -98,6 +98,22 @@ def test_biggest_runs_start_first_and_share_a_device(tmp_path, monkeypatch):
         sweep.execute(runs, tmp_path, max_minutes=5, command=command, runs_per_device=0)
 
 
+@pytest.mark.parametrize("overrides", [{"remat": True, "scan_unroll": 6, "quantizer_backend": "pallas"},
+                                       {"remat": False, "scan_unroll": 1, "quantizer_backend": "xla"}])
+def test_execution_flags_reach_the_training_command(tmp_path, overrides):
+    """The sweep's --remat/--scan-unroll/--quantizer-backend reach each run's `experiments.train` command intact."""
+    run = sweep.plan(BASE, ["100K"], [10], ["bf16"])[0]
+    command = sweep.train_command(run, tmp_path, 3.0, None, execution=overrides)
+    parser = argparse.ArgumentParser()
+    train.add_config_arguments(parser)
+    train.add_execution_arguments(parser)
+    parser.add_argument("--out")
+    parser.add_argument("--max-minutes")
+    args = parser.parse_args(command[3:])
+    assert train.execution_overrides(args) == overrides
+    assert train.config_from_args(args) == run.config
+
+
 def test_gpus_per_run_groups_devices_and_meshes_the_run(tmp_path):
     assert sweep.device_groups(["0", "1", "2", "3"], 2) == ["0,1", "2,3"]
     with pytest.raises(ValueError, match="gpus_per_run"):

@@ -1,0 +1,78 @@
+"""Where a training step's device time goes: a summary of a JAX profiler trace (``perfetto_trace.json.gz``).
+
+  with jax.profiler.trace(folder, create_perfetto_trace=True): ...      # the steps to look at
+  summary = step_profile.summarize(step_profile.find_trace(folder), steps=5)
+
+The trace is Chrome-trace JSON: processes named by device ("/device:GPU:0", ...), threads by stream ("Stream #7 ...";
+other threads of a device, such as "XLA Ops", repeat the kernels at another level and are only counted in
+``threads``), one complete event ("ph": "X", microsecond ``ts`` and ``dur``) per kernel. Per device: ``busy`` = the length of the union of its kernel intervals,
+``span`` = first start to last end, ``busy / span`` (below 1: the device waits on the host, launches, or the loop),
+kernel count per step, and the kernels with the most total time (by name: XLA names kernels after their fusions).
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+from pathlib import Path
+
+TRACE_NAME = "perfetto_trace.json.gz"
+
+
+def find_trace(folder: str | Path) -> Path:
+    """The newest ``perfetto_trace.json.gz`` under ``folder`` (jax.profiler writes plugins/profile/<time>/)."""
+    traces = sorted(Path(folder).rglob(TRACE_NAME), key=lambda p: p.stat().st_mtime)
+    if not traces:
+        raise FileNotFoundError(f"no {TRACE_NAME} under {folder} (trace with create_perfetto_trace=True)")
+    return traces[-1]
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def summarize(trace: str | Path, steps: int, top: int = 15) -> dict:
+    """{device name: {"span_ms", "busy_ms", "busy_fraction", "kernels_per_step", "busy_ms_per_step",
+    "top": [[kernel, total ms, calls], ...]}} over the devices that ran kernels in ``trace``."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    with gzip.open(trace, "rt") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name" and "pid" in e}
+    threads = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name" and "pid" in e}
+    devices = {pid for pid, name in names.items() if name.startswith("/device:")}
+    per_thread = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("pid") in devices and e.get("dur") is not None:
+            per_thread[e["pid"], e.get("tid")].append(e)
+    summary = {}
+    for pid in sorted(devices, key=names.get):
+        mine = {key: evs for key, evs in per_thread.items() if key[0] == pid}
+        streams = [key for key in mine if threads.get(key, "").startswith("Stream")]
+        evs = [e for key in (streams or list(mine)) for e in mine[key]]
+        if not evs:
+            continue
+        intervals = [(e["ts"], e["ts"] + e["dur"]) for e in evs]
+        span = max(stop for _, stop in intervals) - min(start for start, _ in intervals)
+        busy = _union_length(intervals)
+        by_name = collections.defaultdict(lambda: [0.0, 0])
+        for e in evs:
+            by_name[e["name"]][0] += e["dur"]
+            by_name[e["name"]][1] += 1
+        ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+        summary[names[pid]] = {
+            "span_ms": span / 1e3, "busy_ms": busy / 1e3, "busy_fraction": busy / span if span else 0.0,
+            "kernels_per_step": len(evs) / steps, "busy_ms_per_step": busy / 1e3 / steps,
+            "top": [[name, total / 1e3, calls] for name, (total, calls) in ranked],
+            "threads": {threads.get(key, str(key[1])): [sum(e["dur"] for e in t) / 1e3, len(t)] for key, t in mine.items()},
+        }
+    return summary
