@@ -25,7 +25,9 @@ parameter of a stack has a leading layer axis (``params["blocks"]["attn"]["q"]["
 The stacks follow the policy, not the recipe, so a BF16 and an FP4 model of one config share a parameter layout.
 ``remat=True`` recomputes each block's activations in the backward pass (``nn.remat``) instead of storing them.
 ``scan_unroll=k`` traces k blocks per loop iteration (``nn.scan``'s ``unroll``; k >= the stack length: no loop on the
-device, at the cost of compiling every block); parameters, RNG streams and results keep the scanned layout.
+device, at the cost of compiling every block); parameters, RNG streams and results keep the scanned layout. The
+default (None) unrolls fully on a GPU, where the loop's per-layer copies of the stacked activations and weights cost
+a 125M model's step 27% (BENCHMARKS §6), and keeps the loop elsewhere (CPU compiles stay short).
 
 Initialization: every weight ~ N(0, 0.02²); the two residual-output projections (o, down) ~ N(0, (0.02/sqrt(2L))²)
 (GPT-2 scaling); RMSNorm gains 1.
@@ -100,14 +102,14 @@ class ModelConfig:
     param_dtype: Any = jnp.float32
     attention_impl: str | None = None  # jax.nn.dot_product_attention's `implementation`: None (XLA), "cudnn"
     remat: bool = False  # recompute block activations in the backward pass (less memory, ~1/3 more compute)
-    scan_unroll: int = 1  # blocks per scan iteration (see the module docstring); how, not what, the model computes
+    scan_unroll: int | None = None  # blocks per scan iteration (None: all on a GPU, 1 elsewhere; module docstring)
     # fp4jax.dot_general's quantizer backend for the projections: "xla", "pallas" (the fused kernels) or "auto"
     # (the kernels on a GPU that runs them); every backend gives the same bits.
     quantizer_backend: str = "xla"
 
     def __post_init__(self):
         for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size", "scan_unroll"):
-            if getattr(self, name) <= 0:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError(
@@ -268,14 +270,48 @@ class Block(nn.Module):
         return h + SwiGLU(self.config, self.recipe, name="mlp")(_norm(self.config, "mlp_norm")(h)), None
 
 
+def scan_unroll(config: ModelConfig) -> int:
+    """Blocks per scan iteration: ``config.scan_unroll``, or by default all layers on a GPU and 1 elsewhere."""
+    if config.scan_unroll is not None:
+        return config.scan_unroll
+    return config.n_layers if jax.default_backend() == "gpu" else 1
+
+
 def scanned_blocks(config: ModelConfig, stack: LayerStack) -> nn.Module:
     """``stack.length`` blocks as one ``nn.scan``: parameters (and sown "intermediates") stacked on a leading layer
     axis, the "params" and "quant" streams split per layer; each block under ``nn.remat`` if ``config.remat``;
-    ``config.scan_unroll`` blocks per loop iteration."""
+    ``config.scan_unroll`` blocks per loop iteration (None: all of them on a GPU, one elsewhere)."""
     block = nn.remat(Block, prevent_cse=False) if config.remat else Block  # scan already keeps remat's CSE apart
     scan = nn.scan(block, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True, "quant": True},
-                   length=stack.length, unroll=min(config.scan_unroll, stack.length))
+                   length=stack.length, unroll=min(scan_unroll(config), stack.length))
     return scan(config, stack.recipe, name=stack.name)
+
+
+ONE_HOT_MAX_VOCAB = 4096  # up to this vocabulary the embedding is a one-hot GEMM (see TokenEmbedding)
+
+
+class TokenEmbedding(nn.Module):
+    """tokens int (batch, seq) → rows of the table E (vocab, d) in ``dtype``; the parameter is flax's nn.Embed's
+    ("embedding", N(0, 0.02²)).
+
+    Vocabularies up to ONE_HOT_MAX_VOCAB: h = onehot(tokens) · E, exact (one nonzero product per output), so the
+    gradient dE = onehot(tokens)ᵀ · dh is a GEMM accumulating in fp32 (rounded once to ``dtype``). A gather's gradient is a scatter-add, which
+    serializes on a GPU when a small vocabulary makes every row collide (bytes: 32K tokens into 256 rows took half
+    of a 10M model's step on an H200, BENCHMARKS §6). Larger vocabularies gather (one-hot would cost 2·V·d FLOPs
+    per token).
+    """
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        cfg = self.config
+        table = self.param("embedding", nn.initializers.normal(INIT_STD), (cfg.vocab_size, cfg.d_model),
+                           cfg.param_dtype).astype(cfg.dtype)
+        if cfg.vocab_size > ONE_HOT_MAX_VOCAB:
+            return jnp.take(table, tokens, axis=0)
+        one_hot = jax.nn.one_hot(tokens, cfg.vocab_size, dtype=cfg.dtype)
+        return jnp.dot(one_hot, table, preferred_element_type=jnp.float32).astype(cfg.dtype)
 
 
 class Llama(nn.Module):
@@ -291,14 +327,7 @@ class Llama(nn.Module):
         cfg = self.config
         if tokens.ndim != 2:
             raise ValueError(f"tokens must have shape (batch, seq), got {tokens.shape}")
-        h = nn.Embed(
-            cfg.vocab_size,
-            cfg.d_model,
-            embedding_init=nn.initializers.normal(INIT_STD),
-            dtype=cfg.dtype,
-            param_dtype=cfg.param_dtype,
-            name="embed",
-        )(tokens)
+        h = TokenEmbedding(cfg, name="embed")(tokens)
         for stack in layer_stacks(cfg):
             h, _ = scanned_blocks(cfg, stack)(h)
         h = _norm(cfg, "final_norm")(h)

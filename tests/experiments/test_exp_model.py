@@ -116,6 +116,39 @@ def test_scanned_stacks_equal_blocks_applied_one_by_one():
     np.testing.assert_allclose(scanned, jax.jit(unrolled)(params, tokens), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("vocab", [64, m.ONE_HOT_MAX_VOCAB + 1])
+def test_token_embedding_is_the_gather_with_an_fp32_gradient(vocab):
+    """Forward: bit-equal to nn.Embed's gather (one-hot GEMM up to ONE_HOT_MAX_VOCAB, the gather above). Gradient:
+    the per-row sum of the output cotangents; the one-hot path sums in fp32 and rounds once to bf16 (relative error
+    <= 2^-8 per element, bf16 unit roundoff), the scatter-add sums in bf16."""
+    config = m.model_config("100K", vocab_size=vocab)
+    tokens = jax.random.randint(jax.random.key(1), (4, 32), 0, 8)  # few distinct rows: every row collides
+    module = m.TokenEmbedding(config)
+    params = module.init(jax.random.key(0), tokens)
+    reference = nn.Embed(vocab, config.d_model, dtype=config.dtype)
+    assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, reference.init(jax.random.key(0), tokens))
+    got = jax.jit(module.apply)(params, tokens)
+    assert got.dtype == config.dtype
+    np.testing.assert_array_equal(got, reference.apply(params, tokens))
+    cotangent = jax.random.normal(jax.random.key(2), got.shape, jnp.float32).astype(config.dtype)
+    _, vjp = jax.vjp(lambda p: module.apply(p, tokens), params)
+    grad = np.asarray(vjp(cotangent)[0]["params"]["embedding"])
+    expected = np.zeros((vocab, config.d_model))
+    np.add.at(expected, np.asarray(tokens).ravel(), np.asarray(cotangent, np.float64).reshape(-1, config.d_model))
+    if vocab <= m.ONE_HOT_MAX_VOCAB:  # one bf16 rounding of an fp32 sum (2^-8), with room for the fp32 sum's own error
+        np.testing.assert_allclose(grad, expected, rtol=2**-8 + 2**-16, atol=1e-6)
+    else:  # 64 sequential bf16 additions per row
+        np.testing.assert_allclose(grad, expected, rtol=0, atol=0.05 * np.abs(expected).max())
+
+
+def test_scan_unroll_default_follows_the_platform():
+    config = m.model_config("100K", n_layers=4)
+    assert m.scan_unroll(config) == (4 if jax.default_backend() == "gpu" else 1)
+    assert m.scan_unroll(dataclasses.replace(config, scan_unroll=3)) == 3
+    with pytest.raises(ValueError, match="scan_unroll must be positive"):
+        dataclasses.replace(config, scan_unroll=0)
+
+
 @pytest.mark.parametrize("recipe, how", [("bf16", {"remat": True}), ("bf16", {"scan_unroll": 3}),
                                          ("nvidia_nvfp4", {"scan_unroll": 8})])
 def test_remat_and_unroll_compute_the_same_gradients(recipe, how):
