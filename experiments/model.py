@@ -25,9 +25,10 @@ parameter of a stack has a leading layer axis (``params["blocks"]["attn"]["q"]["
 The stacks follow the policy, not the recipe, so a BF16 and an FP4 model of one config share a parameter layout.
 ``remat=True`` recomputes each block's activations in the backward pass (``nn.remat``) instead of storing them.
 ``scan_unroll=k`` traces k blocks per loop iteration (``nn.scan``'s ``unroll``; k >= the stack length: no loop on the
-device, at the cost of compiling every block); parameters, RNG streams and results keep the scanned layout. The
-default (None) unrolls fully on a GPU, where the loop's per-layer copies of the stacked activations and weights cost
-a 125M model's step 27% (BENCHMARKS §6), and keeps the loop elsewhere (CPU compiles stay short).
+device, at the cost of compiling every block); parameters, RNG streams and results keep the scanned layout. On an
+H200 unrolling removes the loop's per-layer copies of stacked activations and weights (a 125M BF16 step 95 → 69 ms,
+10M nvidia_nvfp4 81 → 64 ms, BENCHMARKS §6), but the Hadamard recipes then compile for minutes (quartet2 at 10M had
+not finished in 6 minutes), so the default stays 1.
 
 Initialization: every weight ~ N(0, 0.02²); the two residual-output projections (o, down) ~ N(0, (0.02/sqrt(2L))²)
 (GPT-2 scaling); RMSNorm gains 1.
@@ -102,14 +103,14 @@ class ModelConfig:
     param_dtype: Any = jnp.float32
     attention_impl: str | None = None  # jax.nn.dot_product_attention's `implementation`: None (XLA), "cudnn"
     remat: bool = False  # recompute block activations in the backward pass (less memory, ~1/3 more compute)
-    scan_unroll: int | None = None  # blocks per scan iteration (None: all on a GPU, 1 elsewhere; module docstring)
+    scan_unroll: int = 1  # blocks per scan iteration (see the module docstring); how, not what, the model computes
     # fp4jax.dot_general's quantizer backend for the projections: "xla", "pallas" (the fused kernels) or "auto"
     # (the kernels on a GPU that runs them); every backend gives the same bits.
     quantizer_backend: str = "xla"
 
     def __post_init__(self):
         for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size", "scan_unroll"):
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
+            if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError(
@@ -270,20 +271,13 @@ class Block(nn.Module):
         return h + SwiGLU(self.config, self.recipe, name="mlp")(_norm(self.config, "mlp_norm")(h)), None
 
 
-def scan_unroll(config: ModelConfig) -> int:
-    """Blocks per scan iteration: ``config.scan_unroll``, or by default all layers on a GPU and 1 elsewhere."""
-    if config.scan_unroll is not None:
-        return config.scan_unroll
-    return config.n_layers if jax.default_backend() == "gpu" else 1
-
-
 def scanned_blocks(config: ModelConfig, stack: LayerStack) -> nn.Module:
     """``stack.length`` blocks as one ``nn.scan``: parameters (and sown "intermediates") stacked on a leading layer
     axis, the "params" and "quant" streams split per layer; each block under ``nn.remat`` if ``config.remat``;
-    ``config.scan_unroll`` blocks per loop iteration (None: all of them on a GPU, one elsewhere)."""
+    ``config.scan_unroll`` blocks per loop iteration."""
     block = nn.remat(Block, prevent_cse=False) if config.remat else Block  # scan already keeps remat's CSE apart
     scan = nn.scan(block, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True, "quant": True},
-                   length=stack.length, unroll=min(scan_unroll(config), stack.length))
+                   length=stack.length, unroll=min(config.scan_unroll, stack.length))
     return scan(config, stack.recipe, name=stack.name)
 
 

@@ -414,9 +414,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of how (not what) a run computes: ModelConfig fields outside config.json (see :func:`train`)."""
     parser.add_argument("--remat", action="store_true", help="recompute block activations in the backward pass")
-    parser.add_argument("--scan-unroll", type=int, default=None,
-                        help="blocks per scan iteration; >= the layer count: no device loop (default: that on a GPU, "
-                             "1 elsewhere)")
+    parser.add_argument("--scan-unroll", type=int, default=1,
+                        help="blocks per scan iteration; >= the layer count: no device loop (faster steps, longer "
+                             "compiles)")
     parser.add_argument("--quantizer-backend", default="xla", choices=list(model_lib.QUANTIZER_BACKENDS),
                         help="the FP4 quantizers: xla, pallas (fused kernels) or auto (same bits; one device only)")
 
@@ -428,10 +428,9 @@ def execution_overrides(args: argparse.Namespace) -> dict:
 
 def execution_to_args(overrides: dict) -> list[str]:
     """The flags that :func:`execution_overrides` turns back into ``overrides``."""
-    unroll = overrides.get("scan_unroll")
     return ((["--remat"] if overrides.get("remat") else [])
-            + (["--scan-unroll", str(unroll)] if unroll is not None else [])
-            + ["--quantizer-backend", overrides.get("quantizer_backend", "xla")])
+            + ["--scan-unroll", str(overrides.get("scan_unroll", 1)),
+               "--quantizer-backend", overrides.get("quantizer_backend", "xla")])
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

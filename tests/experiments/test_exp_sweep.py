@@ -99,7 +99,7 @@ def test_biggest_runs_start_first_and_share_a_device(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("overrides", [{"remat": True, "scan_unroll": 6, "quantizer_backend": "pallas"},
-                                       {"remat": False, "scan_unroll": None, "quantizer_backend": "xla"}])
+                                       {"remat": False, "scan_unroll": 1, "quantizer_backend": "xla"}])
 def test_execution_flags_reach_the_training_command(tmp_path, overrides):
     """The sweep's --remat/--scan-unroll/--quantizer-backend reach each run's `experiments.train` command intact."""
     run = sweep.plan(BASE, ["100K"], [10], ["bf16"])[0]
