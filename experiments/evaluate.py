@@ -21,10 +21,9 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import jax
 import numpy as np
 
-from experiments import data, train
+from experiments import train
 from experiments.model import BF16_RECIPE
 
 
@@ -39,11 +38,8 @@ def batch_losses(folder: Path, n_batches: int, cache_dir: str | None = None) -> 
         run.close()
     if step == 0:
         raise ValueError(f"{folder}: no checkpoint to evaluate")
-    key = jax.random.fold_in(trainer.key, train.EVAL_KEY_SALT)
-    batches = data.eval_batches(trainer.corpus.val, config.batch_size, config.seq_len, n_batches)
-    losses = [float(trainer.eval_loss(state["params"], b, key)) for b in batches]
     return {"name": folder.name, "model": config.model, "recipe": config.recipe, "tokens": config.tokens,
-            "step": step, "steps": config.steps, "batch_losses": losses}
+            "step": step, "steps": config.steps, "batch_losses": trainer.batch_losses(state["params"], n_batches)}
 
 
 def gaps(records: Sequence[dict]) -> list[dict]:

@@ -13,7 +13,9 @@ see ``fp4jax.sharding``); ``--runs-per-device 2`` runs two processes per GPU (ea
 memory: small models leave a GPU idle during compilation and between kernel launches); without ``--devices``, runs
 go one after another on the default device. Runs start in decreasing order of training compute (N·D), so the
 longest are not left for last. ``--results FILE`` writes one JSON line per finished run (its summary and
-validation curve), the input of :mod:`experiments.scaling_law`. Runs share JAX's persistent compilation cache in
+validation curve), the input of :mod:`experiments.scaling_law`. ``--final-eval-batches 32 --eval-results FILE``
+has each run evaluate 32 validation batches as it finishes, while its weights are on the device, and writes those
+per-batch losses (``experiments.evaluate``'s records, for its gap table) to FILE. Runs share JAX's persistent compilation cache in
 ``OUT/.jax-cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set), so a resumed piece does not compile again.
 """
 
@@ -67,10 +69,12 @@ def run_state(folder: Path) -> str:
 
 
 def train_command(run: Run, folder: Path, minutes: float, cache_dir: str | None, mesh: str | None = None,
-                  execution: dict | None = None) -> list[str]:
-    """The ``experiments.train`` command of ``run``; ``execution``: its model_overrides (remat, scan_unroll, ...)."""
+                  execution: dict | None = None, final_eval_batches: int = 0) -> list[str]:
+    """The ``experiments.train`` command of ``run``; ``execution``: its model_overrides (remat, scan_unroll, ...);
+    ``final_eval_batches``: per-batch validation losses written when it finishes (``train.FINAL_EVAL``)."""
     command = [sys.executable, "-m", "experiments.train", *train.config_to_args(run.config),
                *(train.execution_to_args(execution) if execution else []),
+               *(["--final-eval-batches", str(final_eval_batches)] if final_eval_batches else []),
                "--out", str(folder), "--max-minutes", f"{minutes:.2f}"]
     return command + (["--cache-dir", cache_dir] if cache_dir else []) + (["--mesh", mesh] if mesh else [])
 
@@ -163,6 +167,12 @@ def collect(out: Path, runs: Sequence[Run]) -> list[dict]:
     return results
 
 
+def collect_evaluations(out: Path, runs: Sequence[Run]) -> list[dict]:
+    """The ``train.FINAL_EVAL`` records (per-batch validation losses) of the runs that wrote one."""
+    paths = [out / run.name / train.FINAL_EVAL for run in runs]
+    return [json.loads(path.read_text()) for path in paths if path.exists()]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__.split("\n\n")[0])
     train.add_config_arguments(parser)
@@ -178,6 +188,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="data-parallel runs over groups of this many of --devices (--mesh data=N)")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--results", type=Path, default=None, help="write finished runs' summaries here (JSONL)")
+    parser.add_argument("--final-eval-batches", type=int, default=0,
+                        help="each run, when it finishes, evaluates this many validation batches (experiments.evaluate)")
+    parser.add_argument("--eval-results", type=Path, default=None,
+                        help="write those per-batch losses here (JSONL; `experiments.evaluate --table` reads it)")
     args = parser.parse_args(argv)
     try:
         base = train.config_from_args(args)
@@ -185,7 +199,10 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         parser.error(str(err))
     devices = [d.strip() for d in args.devices.split(",") if d.strip()]
-    command = functools.partial(train_command, execution=train.execution_overrides(args))
+    if args.final_eval_batches < 0:
+        parser.error(f"--final-eval-batches must be >= 0, got {args.final_eval_batches}")
+    command = functools.partial(train_command, execution=train.execution_overrides(args),
+                                final_eval_batches=args.final_eval_batches)
     if args.gpus_per_run > 1:
         try:
             devices = device_groups(devices, args.gpus_per_run)
@@ -202,6 +219,11 @@ def main(argv: list[str] | None = None) -> None:
         results = collect(args.out, runs)
         args.results.write_text("".join(json.dumps(r) + "\n" for r in results))
         print(f"wrote {len(results)} results to {args.results}")
+    if args.eval_results:
+        args.eval_results.parent.mkdir(parents=True, exist_ok=True)
+        records = collect_evaluations(args.out, runs)
+        args.eval_results.write_text("".join(json.dumps(r) + "\n" for r in records))
+        print(f"wrote {len(records)} evaluations to {args.eval_results}")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from experiments import data, diagnostics, model as model_lib, optimizer, shardi
 
 QUANT_KEY_SALT = 1
 EVAL_KEY_SALT = 2
+FINAL_EVAL = "final_eval.json"  # per-batch validation losses of a finished run (train's final_eval_batches)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,12 +211,22 @@ class Trainer:
     def _eval_loss(self, params, batch, key):
         return self._loss(params, batch, key)
 
+    def _eval_key(self) -> jax.Array:
+        key = jax.random.fold_in(self.key, EVAL_KEY_SALT)
+        return key if self.layout is None else sharding.place(key, sharding.replicated(self.mesh))
+
     def validation_loss(self, params) -> float:
         """Mean loss over the fixed validation set, with a fixed "quant" key."""
-        key = jax.random.fold_in(self.key, EVAL_KEY_SALT)
-        if self.layout is not None:
-            key = sharding.place(key, sharding.replicated(self.mesh))
+        key = self._eval_key()
         return float(np.mean([self.eval_loss(params, self.place(batch), key) for batch in self.eval_set]))
+
+    def batch_losses(self, params, n_batches: int) -> list[float]:
+        """The loss of each of ``n_batches`` fixed validation batches (``data.eval_batches``: evenly spaced windows of
+        the validation split), with the fixed evaluation key: the per-batch losses that ``experiments.evaluate``
+        pairs between recipes."""
+        key = self._eval_key()
+        batches = data.eval_batches(self.corpus.val, self.config.batch_size, self.config.seq_len, n_batches)
+        return [float(self.eval_loss(params, self.place(batch), key)) for batch in batches]
 
     def bits_per_byte(self, loss: float) -> float | None:
         bpt = self.corpus.bytes_per_token
@@ -293,13 +304,19 @@ def train(
     quiet: bool = False,
     layout: sharding.Layout | None = None,
     model_overrides: dict | None = None,
+    final_eval_batches: int = 0,
 ) -> dict:
     """Train (or resume) the run in ``out``; return its summary ({"status": "finished" | "paused", ...}).
 
     ``max_minutes`` and ``stop_at_step`` pause at the first logging boundary where the time budget would run out /
     the step is reached; rerunning resumes. ``model_overrides``: ModelConfig fields that change how, not what, the
     model computes (e.g. ``{"remat": True}``); like the layout they are not part of config.json.
+    ``final_eval_batches``: when the run finishes, write the loss of each of that many validation batches to
+    ``out/final_eval.json`` (:data:`FINAL_EVAL`, the record ``experiments.evaluate`` writes), while the weights
+    are still on the device.
     """
+    if final_eval_batches < 0:
+        raise ValueError(f"final_eval_batches must be >= 0, got {final_eval_batches}")
     started = time.perf_counter()
     trainer = Trainer(config, cache_dir, layout, model_overrides)
     folder = RunFolder(out, config)
@@ -382,6 +399,12 @@ def train(
         "wall_s": time.perf_counter() - started,
         "mesh": "1 device" if layout is None else layout.describe(),  # of the last piece (a run may resume elsewhere)
     }
+    if status == "finished" and final_eval_batches:
+        losses = trainer.batch_losses(state["params"], final_eval_batches)
+        if folder.primary:
+            (folder.path / FINAL_EVAL).write_text(json.dumps(
+                {"name": folder.path.name, "model": config.model, "recipe": config.recipe, "tokens": config.tokens,
+                 "step": step, "steps": config.steps, "batch_losses": losses}) + "\n")
     if status == "finished" and folder.primary:
         folder.summary.write_text(json.dumps(summary, indent=1) + "\n")
     if not quiet:
@@ -456,6 +479,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mesh", default=None, help="device mesh, e.g. data=4 or data=2,model=2 (default: 1 device)")
     parser.add_argument("--fsdp", action="store_true", help="shard parameters and optimizer state over the data axis")
     add_execution_arguments(parser)
+    parser.add_argument("--final-eval-batches", type=int, default=0,
+                        help="when finished, write this many validation batches' losses to OUT/final_eval.json")
     parser.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize")
     parser.add_argument("--coordinator", default=None, help="with --distributed: process 0's host:port")
     parser.add_argument("--num-processes", type=int, default=None, help="with --distributed: number of processes")
@@ -483,7 +508,7 @@ def main(argv: list[str] | None = None) -> None:
     if layout is not None and args.quantizer_backend != "xla":
         parser.error("--quantizer-backend pallas/auto trains on one device; with --mesh the quantizers are XLA's")
     train(config, out, cache_dir=args.cache_dir, max_minutes=args.max_minutes, layout=layout,
-          model_overrides=execution_overrides(args))
+          model_overrides=execution_overrides(args), final_eval_batches=args.final_eval_batches)
 
 
 if __name__ == "__main__":

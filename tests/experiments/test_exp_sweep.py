@@ -103,15 +103,27 @@ def test_biggest_runs_start_first_and_share_a_device(tmp_path, monkeypatch):
 def test_execution_flags_reach_the_training_command(tmp_path, overrides):
     """The sweep's --remat/--scan-unroll/--quantizer-backend reach each run's `experiments.train` command intact."""
     run = sweep.plan(BASE, ["100K"], [10], ["bf16"])[0]
-    command = sweep.train_command(run, tmp_path, 3.0, None, execution=overrides)
+    command = sweep.train_command(run, tmp_path, 3.0, None, execution=overrides, final_eval_batches=32)
     parser = argparse.ArgumentParser()
     train.add_config_arguments(parser)
     train.add_execution_arguments(parser)
-    parser.add_argument("--out")
-    parser.add_argument("--max-minutes")
+    for flag in ("--out", "--max-minutes", "--final-eval-batches"):
+        parser.add_argument(flag)
     args = parser.parse_args(command[3:])
     assert train.execution_overrides(args) == overrides
     assert train.config_from_args(args) == run.config
+    assert args.final_eval_batches == "32"
+    assert "--final-eval-batches" not in sweep.train_command(run, tmp_path, 3.0, None)
+
+
+def test_evaluations_are_collected_from_the_runs_that_wrote_one(tmp_path):
+    runs = sweep.plan(BASE, ["100K"], [10], ["bf16", "nvidia_nvfp4"])
+    record = {"name": runs[0].name, "model": "100K", "recipe": "bf16", "tokens": 1, "step": 2, "steps": 2,
+              "batch_losses": [1.0, 2.0]}
+    (tmp_path / runs[0].name).mkdir()
+    (tmp_path / runs[0].name / train.FINAL_EVAL).write_text(json.dumps(record) + "\n")
+    (tmp_path / runs[1].name).mkdir()  # unfinished: no evaluation
+    assert sweep.collect_evaluations(tmp_path, runs) == [record]
 
 
 def test_gpus_per_run_groups_devices_and_meshes_the_run(tmp_path):

@@ -100,6 +100,22 @@ def test_pause_and_resume_in_process_and_config_mismatch(corpus, tmp_path):
     assert steps == list(range(1, 9))
 
 
+def test_final_evaluation_is_what_evaluate_gives_from_the_checkpoint(corpus, tmp_path):
+    """A run that finishes with final_eval_batches writes the per-batch losses that `experiments.evaluate` would
+    compute from its last checkpoint; a paused run writes none."""
+    from experiments import evaluate
+
+    config = _config(corpus)
+    train.train(config, tmp_path / "run", stop_at_step=4, quiet=True, final_eval_batches=3)
+    assert not (tmp_path / "run" / train.FINAL_EVAL).exists()
+    train.train(config, tmp_path / "run", quiet=True, final_eval_batches=3)
+    record = json.loads((tmp_path / "run" / train.FINAL_EVAL).read_text())
+    assert record == evaluate.batch_losses(tmp_path / "run", 3)
+    assert record["step"] == record["steps"] == 8 and len(record["batch_losses"]) == 3
+    with pytest.raises(ValueError, match="final_eval_batches must be >= 0"):
+        train.train(config, tmp_path / "other", quiet=True, final_eval_batches=-1)
+
+
 def test_quantizer_backend_changes_nothing_but_the_implementation(corpus, tmp_path):
     """The fused Pallas quantizers (interpret mode here) train the same curve, bit for bit, as XLA's; the backend
     is not part of the run's identity."""
