@@ -27,8 +27,8 @@ The stacks follow the policy, not the recipe, so a BF16 and an FP4 model of one 
 ``scan_unroll=k`` traces k blocks per loop iteration (``nn.scan``'s ``unroll``; k >= the stack length: no loop on the
 device, at the cost of compiling every block); parameters, RNG streams and results keep the scanned layout. On an
 H200 unrolling removes the loop's per-layer copies of stacked activations and weights (a 125M BF16 step 95 → 69 ms,
-10M nvidia_nvfp4 81 → 64 ms, BENCHMARKS §6), but the Hadamard recipes then compile for minutes (quartet2 at 10M had
-not finished in 6 minutes), so the default stays 1.
+10M nvidia_nvfp4 81 → 64 ms, BENCHMARKS §6), but the Hadamard recipes then compile for minutes (quartet2 at 10M:
+35 → 207 s on a CPU; on an H200 it had not finished within one 9-minute command), so the default stays 1.
 
 Initialization: every weight ~ N(0, 0.02²); the two residual-output projections (o, down) ~ N(0, (0.02/sqrt(2L))²)
 (GPT-2 scaling); RMSNorm gains 1.
@@ -289,10 +289,10 @@ class TokenEmbedding(nn.Module):
     ("embedding", N(0, 0.02²)).
 
     Vocabularies up to ONE_HOT_MAX_VOCAB: h = onehot(tokens) · E, exact (one nonzero product per output), so the
-    gradient dE = onehot(tokens)ᵀ · dh is a GEMM accumulating in fp32 (rounded once to ``dtype``). A gather's gradient is a scatter-add, which
-    serializes on a GPU when a small vocabulary makes every row collide (bytes: 32K tokens into 256 rows took half
-    of a 10M model's step on an H200, BENCHMARKS §6). Larger vocabularies gather (one-hot would cost 2·V·d FLOPs
-    per token).
+    gradient dE = onehot(tokens)ᵀ · dh is a GEMM accumulating in fp32, rounded once to ``dtype``. A gather's
+    gradient is a scatter-add, which serializes on a GPU when a small vocabulary makes every row collide (bytes:
+    32K tokens into 256 rows took half of a 10M model's step on an H200, BENCHMARKS §6). Larger vocabularies
+    gather (one-hot would cost 2·V·d FLOPs per token).
     """
 
     config: ModelConfig
