@@ -28,7 +28,7 @@ The stacks follow the policy, not the recipe, so a BF16 and an FP4 model of one 
 device, at the cost of compiling every block); parameters, RNG streams and results keep the scanned layout. On an
 H200 unrolling removes the loop's per-layer copies of stacked activations and weights (a 125M BF16 step 95 → 69 ms,
 10M nvidia_nvfp4 81 → 64 ms, BENCHMARKS §6), but the Hadamard recipes then compile for minutes (quartet2 at 10M:
-35 → 207 s on a CPU; on an H200 it had not finished within one 9-minute command), so the default stays 1.
+19 → 149 s on a CPU; on an H200 it had not finished within one 9-minute command), so the default stays 1.
 
 Initialization: every weight ~ N(0, 0.02²); the two residual-output projections (o, down) ~ N(0, (0.02/sqrt(2L))²)
 (GPT-2 scaling); RMSNorm gains 1.
