@@ -38,8 +38,7 @@ def batch_losses(folder: Path, n_batches: int, cache_dir: str | None = None) -> 
         run.close()
     if step == 0:
         raise ValueError(f"{folder}: no checkpoint to evaluate")
-    return {"name": folder.name, "model": config.model, "recipe": config.recipe, "tokens": config.tokens,
-            "step": step, "steps": config.steps, "batch_losses": trainer.batch_losses(state["params"], n_batches)}
+    return train.evaluation_record(folder.name, config, step, trainer.batch_losses(state["params"], n_batches))
 
 
 def gaps(records: Sequence[dict]) -> list[dict]:

@@ -15,8 +15,9 @@ go one after another on the default device. Runs start in decreasing order of tr
 longest are not left for last. ``--results FILE`` writes one JSON line per finished run (its summary and
 validation curve), the input of :mod:`experiments.scaling_law`. ``--final-eval-batches 32 --eval-results FILE``
 has each run evaluate 32 validation batches as it finishes, while its weights are on the device, and writes those
-per-batch losses (``experiments.evaluate``'s records, for its gap table) to FILE. Runs share JAX's persistent compilation cache in
-``OUT/.jax-cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set), so a resumed piece does not compile again.
+per-batch losses (``experiments.evaluate``'s records, for its gap table) to FILE. Runs share JAX's persistent
+compilation cache in ``OUT/.jax-cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set), so a resumed piece does not
+compile again.
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--results", type=Path, default=None, help="write finished runs' summaries here (JSONL)")
     parser.add_argument("--final-eval-batches", type=int, default=0,
-                        help="each run, when it finishes, evaluates this many validation batches (experiments.evaluate)")
+                        help="each run evaluates this many validation batches as it finishes (experiments.evaluate)")
     parser.add_argument("--eval-results", type=Path, default=None,
                         help="write those per-batch losses here (JSONL; `experiments.evaluate --table` reads it)")
     args = parser.parse_args(argv)

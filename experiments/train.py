@@ -284,6 +284,12 @@ class RunFolder:
         self.checkpoints.close()
 
 
+def evaluation_record(name: str, config: TrainConfig, step: int, batch_losses: list[float]) -> dict:
+    """The per-batch validation losses of run ``name`` at ``step``, as ``experiments.evaluate`` pairs them."""
+    return {"name": name, "model": config.model, "recipe": config.recipe, "tokens": config.tokens,
+            "step": step, "steps": config.steps, "batch_losses": batch_losses}
+
+
 def read_metrics(path: str | Path, kind: str | None = None) -> list[dict]:
     """Records of a run folder's metrics.jsonl (all, or only those of ``kind``)."""
     lines = (Path(path) / "metrics.jsonl").read_text().splitlines()
@@ -400,11 +406,10 @@ def train(
         "mesh": "1 device" if layout is None else layout.describe(),  # of the last piece (a run may resume elsewhere)
     }
     if status == "finished" and final_eval_batches:
-        losses = trainer.batch_losses(state["params"], final_eval_batches)
+        record = evaluation_record(folder.path.name, config, step,
+                                   trainer.batch_losses(state["params"], final_eval_batches))
         if folder.primary:
-            (folder.path / FINAL_EVAL).write_text(json.dumps(
-                {"name": folder.path.name, "model": config.model, "recipe": config.recipe, "tokens": config.tokens,
-                 "step": step, "steps": config.steps, "batch_losses": losses}) + "\n")
+            (folder.path / FINAL_EVAL).write_text(json.dumps(record) + "\n")
     if status == "finished" and folder.primary:
         folder.summary.write_text(json.dumps(summary, indent=1) + "\n")
     if not quiet:

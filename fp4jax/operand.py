@@ -16,8 +16,7 @@ by the ``backend`` argument:
   XLA's transpose of it (the faster variant measured, see ``fp4jax_kernels.quantize.pallas_triton.quantize``);
   batched tensors are transposed by XLA first. Both backends give the same bits for the same key. Operands the
   kernel cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last axis that is not whole blocks, 16x16 tiles
-  that would straddle folded batch rows) raise a ``ValueError`` naming
-  the spec.
+  that would straddle folded batch rows) raise a ``ValueError`` naming the spec.
 * ``"auto"``: ``"pallas"`` where ``fp4jax.backends.quantize_backend`` picks it (a GPU that runs the kernels, the
   folded axis a whole number of blocks and Hadamard chunks) and the kernel takes the spec; ``"xla"`` otherwise.
 

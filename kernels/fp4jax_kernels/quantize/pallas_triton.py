@@ -197,9 +197,7 @@ def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs, *, use_kernel: bool = T
   the reference's does.
   """
   if not spec.hadamard or not use_kernel:
-    xf = x.astype(jnp.float32)
-    if spec.hadamard:
-      xf = hadamard_lib.rotated(x, spec.hadamard, axis=spec.axis, signs=signs)
+    xf = hadamard_lib.rotated(x, spec.hadamard, axis=spec.axis, signs=signs) if spec.hadamard else x.astype(jnp.float32)
     return jnp.where(jnp.all(jnp.isfinite(xf)), jnp.max(jnp.abs(xf)), jnp.float32(jnp.nan))
   return _amax_call(x, spec, signs, interpret, write_transpose=False)[0]
 
