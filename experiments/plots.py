@@ -45,24 +45,34 @@ def loss_curves(curves: Mapping[str, Sequence[dict]], path: str | Path, title: s
 
 
 def val_curves_by_size(results: Sequence[dict], path: str | Path, title: str = "") -> Path:
-    """Validation loss against tokens, one panel per model size, one line per recipe (sweep result records); a color
-    per recipe, a line style per token budget (D/N) when a size has several."""
+    """Validation loss against tokens (sweep result records): one panel per (model size, D/N), sizes in rows and
+    token budgets in columns, one line per recipe with a color per recipe; the y-range shows the late phase."""
     sizes = sorted({r["model"] for r in results}, key=lambda m: min(r["non_embedding_params"] for r in results
                                                                     if r["model"] == m))
     recipes = sorted({r["recipe"] for r in results}, key=lambda x: (x != "bf16", x))
-    fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 3.8), squeeze=False)
-    for ax, size in zip(axes[0], sizes):
-        budgets = sorted({r["tokens"] for r in results if r["model"] == size})
-        for i, recipe in enumerate(recipes):
-            for r in (r for r in results if r["model"] == size and r["recipe"] == recipe):
-                tokens, loss = zip(*r["val_curve"][1:])  # from the first evaluation after step 0
-                ratio = r["tokens"] / r["non_embedding_params"]
-                label = f"{recipe}{f' D/N={ratio:.0f}' if len(budgets) > 1 else ''} ({loss[-1]:.3f})"
-                style = ("o-", "s--", "^:")[budgets.index(r["tokens"]) % 3]
-                ax.plot(tokens, loss, style, ms=2.5, lw=1, color=f"C{i}", label=label)
-        ax.set(title=f"{size} {title}".strip(), xlabel="tokens", ylabel="validation loss")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    budgets = {size: sorted({r["tokens"] for r in results if r["model"] == size}) for size in sizes}
+    cols = max(len(b) for b in budgets.values())
+    fig, axes = plt.subplots(len(sizes), cols, figsize=(4.2 * cols, 3.4 * len(sizes)), squeeze=False)
+    for row, size in zip(axes, sizes):
+        for ax in row[len(budgets[size]):]:
+            ax.axis("off")
+        for ax, tokens_budget in zip(row, budgets[size]):
+            finals, lows = [], []
+            for i, recipe in enumerate(recipes):
+                for r in (r for r in results if r["model"] == size and r["recipe"] == recipe
+                          and r["tokens"] == tokens_budget):
+                    tokens, loss = zip(*r["val_curve"][1:])  # from the first evaluation after step 0
+                    ax.plot(tokens, loss, "o-", ms=2, lw=1, color=f"C{i}", label=f"{recipe} ({loss[-1]:.3f})")
+                    finals.append(loss[-1])
+                    lows.append(min(loss))
+            ratio = next(r["tokens"] / r["non_embedding_params"] for r in results
+                         if r["model"] == size and r["tokens"] == tokens_budget)
+            if finals:
+                ax.set_ylim(min(lows) - 0.02, max(finals) + 0.6)
+            ax.set(title=f"{size}, D/N = {ratio:.0f} {title}".strip(), xlabel="tokens", ylabel="validation loss")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
     return _save(fig, path)
 
 

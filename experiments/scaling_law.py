@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments import model as model_lib
+
 PARAMS = ("A", "alpha", "B", "beta", "E", "gamma")
 LOG_PARAMS = ("A", "B", "E")  # fitted as logarithms (positive)
 HUBER_DELTA = 1e-4
@@ -252,6 +254,11 @@ def gaps_to_bf16(results: list[dict]) -> list[dict]:
             for r in results if r["recipe"] != BF16 and (r["model"], r["tokens"]) in base]
 
 
+def size_rank(name: str) -> int:
+    """Position of a model size in :data:`experiments.model.SIZES` (smallest first); unknown names last."""
+    return list(model_lib.SIZES).index(name) if name in model_lib.SIZES else len(model_lib.SIZES)
+
+
 def markdown(report: dict, gaps: list[dict]) -> str:
     lines = ["| form | A | α | B | β | E | γ |", "|---|---|---|---|---|---|---|"]
     for form in ("quartet", "chinchilla"):
@@ -260,12 +267,12 @@ def markdown(report: dict, gaps: list[dict]) -> str:
                      f"{p['E']:.4f} | {p['gamma']:.4f} |")
     lines += ["", "| recipe | runs | eff_N (95% CI) | eff_D (95% CI) | bootstrap refits kept |", "|---|---|---|---|---|"]
     for recipe, e in report["recipes"].items():
-        lines.append(f"| {recipe} | {e['runs']} | {e['eff_N']:.3f} ({e['eff_N_ci'][0]:.3f}–{e['eff_N_ci'][1]:.3f}) | "
-                     f"{e['eff_D']:.3f} ({e['eff_D_ci'][0]:.3f}–{e['eff_D_ci'][1]:.3f}) | "
+        lines.append(f"| {recipe} | {e['runs']} | {e['eff_N']:.3g} ({e['eff_N_ci'][0]:.3g}–{e['eff_N_ci'][1]:.3g}) | "
+                     f"{e['eff_D']:.3g} ({e['eff_D_ci'][0]:.3g}–{e['eff_D_ci'][1]:.3g}) | "
                      f"{e['bootstrap_finite']:.0%} |")
     lines += ["", "| model | tokens | recipe | val loss | gap to bf16 |", "|---|---|---|---|---|"]
     lines += [f"| {g['model']} | {g['tokens']:,} | {g['recipe']} | {g['val_loss']:.4f} | {g['gap']:+.4f} |"
-              for g in sorted(gaps, key=lambda g: (g["model"], g["tokens"], g["gap"]))]
+              for g in sorted(gaps, key=lambda g: (size_rank(g["model"]), g["tokens"], g["gap"]))]
     return "\n".join(lines) + "\n"
 
 
