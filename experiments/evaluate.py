@@ -2,15 +2,17 @@
 
   python -m experiments.evaluate runs/sweep/*-r10-* --batches 64 --out experiments/results/linux-eval.jsonl
   python -m experiments.evaluate --table experiments/results/linux-eval.jsonl     # the gap table, markdown
+  python -m experiments.evaluate --table experiments/results/linux-eval.jsonl --baseline nvidia_nvfp4
 
 For each run folder: restore its newest checkpoint, evaluate ``--batches`` fixed validation batches (the run's
 batch size and sequence length, the first windows of the validation split, the run's fixed evaluation key) and
 write ``{"name", "model", "recipe", "tokens", "step", "steps", "batch_losses": [...]}`` per line (``step`` <
 ``steps``: an unfinished run, evaluated at its newest checkpoint).
 
-:func:`gaps` pairs each recipe with the BF16 run of the same size and token count on the same batches:
-gap = mean_i (loss_i − loss_bf16_i), error = 1.96 · sd_i / √n (a 95% interval over the validation batches). The
-interval covers the sampling of validation text only, not the run-to-run variance of training (seeds).
+:func:`gaps` pairs each recipe with the baseline run (BF16 by default; ``--baseline RECIPE`` compares two FP4
+recipes directly) of the same size and token count on the same batches: gap = mean_i (loss_i − loss_base_i), error
+= 1.96 · sd_i / √n (a 95% interval over the validation batches). The interval covers the sampling of validation text
+only, not the run-to-run variance of training (seeds).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import train
-from experiments.model import BF16_RECIPE
+from experiments.model import BF16_RECIPE, size_rank
 
 
 def batch_losses(folder: Path, n_batches: int, cache_dir: str | None = None) -> dict:
@@ -41,13 +43,14 @@ def batch_losses(folder: Path, n_batches: int, cache_dir: str | None = None) -> 
     return train.evaluation_record(folder.name, config, step, trainer.batch_losses(state["params"], n_batches))
 
 
-def gaps(records: Sequence[dict]) -> list[dict]:
-    """Loss gap of every non-BF16 record to the BF16 record of the same model and tokens, paired over batches."""
-    base = {(r["model"], r["tokens"]): r for r in records if r["recipe"] == BF16_RECIPE}
+def gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
+    """Loss gap of every other record to the ``baseline`` recipe's record of the same model and tokens, paired over
+    batches (groups without a baseline run are left out)."""
+    base = {(r["model"], r["tokens"]): r for r in records if r["recipe"] == baseline}
     rows = []
     for r in records:
         ref = base.get((r["model"], r["tokens"]))
-        if r["recipe"] == BF16_RECIPE or ref is None:
+        if r["recipe"] == baseline or ref is None:
             continue
         if len(r["batch_losses"]) != len(ref["batch_losses"]):
             raise ValueError(f"{r['name']} and {ref['name']} must be evaluated on the same validation batches, got "
@@ -56,16 +59,16 @@ def gaps(records: Sequence[dict]) -> list[dict]:
         if d.size < 2:
             raise ValueError(f"{r['name']}: need at least 2 paired batches for an error bar, got {d.size}")
         rows.append({"model": r["model"], "tokens": r["tokens"], "recipe": r["recipe"],
-                     "loss": float(np.mean(r["batch_losses"])), "bf16_loss": float(np.mean(ref["batch_losses"])),
+                     "loss": float(np.mean(r["batch_losses"])), "baseline_loss": float(np.mean(ref["batch_losses"])),
                      "gap": float(d.mean()), "ci95": float(1.96 * d.std(ddof=1) / math.sqrt(d.size))})
     return rows
 
 
-def gaps_markdown(records: Sequence[dict]) -> str:
-    """The :func:`gaps` table, by model then gap, unfinished runs marked."""
+def gaps_markdown(records: Sequence[dict], baseline: str = BF16_RECIPE) -> str:
+    """The :func:`gaps` table, by model size, tokens, then gap, unfinished runs marked."""
     names = {(r["model"], r["tokens"], r["recipe"]): r for r in records}
-    lines = ["| model | tokens | recipe | val loss | gap to bf16 (95% CI) | steps |", "|---|---|---|---|---|---|"]
-    for row in sorted(gaps(records), key=lambda g: (g["tokens"], g["gap"])):
+    lines = [f"| model | tokens | recipe | val loss | gap to {baseline} (95% CI) | steps |", "|---|---|---|---|---|---|"]
+    for row in sorted(gaps(records, baseline), key=lambda g: (size_rank(g["model"]), g["tokens"], g["gap"])):
         r = names[(row["model"], row["tokens"], row["recipe"])]
         done = f"{r['step']}" if r["step"] >= r["steps"] else f"{r['step']}/{r['steps']} (unfinished)"
         lines.append(f"| {row['model']} | {row['tokens'] / 1e6:.1f}M | {row['recipe']} | {row['loss']:.4f} "
@@ -80,10 +83,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--out", type=Path, help="JSONL of per-batch losses")
     parser.add_argument("--table", type=Path, help="print the gap table of a JSONL written by --out, and exit")
+    parser.add_argument("--baseline", default=BF16_RECIPE, help="the recipe gaps are taken to (default bf16)")
     args = parser.parse_args(argv)
     if args.table:
         records = [json.loads(line) for line in args.table.read_text().splitlines() if line.strip()]
-        print(gaps_markdown(records), end="")
+        print(gaps_markdown(records, args.baseline), end="")
         return
     if not args.runs or args.out is None:
         parser.error("give run folders and --out (or --table FILE)")
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     records = [batch_losses(folder, args.batches, args.cache_dir) for folder in args.runs]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
-    print(gaps_markdown(records), end="")
+    print(gaps_markdown(records, args.baseline), end="")
 
 
 if __name__ == "__main__":

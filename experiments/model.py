@@ -80,6 +80,11 @@ SIZES: dict[str, ModelSize] = {
 }
 
 
+def size_rank(name: str) -> int:
+    """Position of a model size in :data:`SIZES` (smallest first), for sorting tables; unknown names last."""
+    return list(SIZES).index(name) if name in SIZES else len(SIZES)
+
+
 def swiglu_hidden(d_model: int, multiple: int) -> int:
     """SwiGLU hidden width m·ceil(8d/3/m) (Llama); 8d/3 keeps the 3-matrix MLP at the 2-matrix 4d MLP's size."""
     return multiple * math.ceil(8 * d_model / 3 / multiple)

@@ -254,11 +254,6 @@ def gaps_to_bf16(results: list[dict]) -> list[dict]:
             for r in results if r["recipe"] != BF16 and (r["model"], r["tokens"]) in base]
 
 
-def size_rank(name: str) -> int:
-    """Position of a model size in :data:`experiments.model.SIZES` (smallest first); unknown names last."""
-    return list(model_lib.SIZES).index(name) if name in model_lib.SIZES else len(model_lib.SIZES)
-
-
 def markdown(report: dict, gaps: list[dict]) -> str:
     lines = ["| form | A | α | B | β | E | γ |", "|---|---|---|---|---|---|---|"]
     for form in ("quartet", "chinchilla"):
@@ -272,7 +267,7 @@ def markdown(report: dict, gaps: list[dict]) -> str:
                      f"{e['bootstrap_finite']:.0%} |")
     lines += ["", "| model | tokens | recipe | val loss | gap to bf16 |", "|---|---|---|---|---|"]
     lines += [f"| {g['model']} | {g['tokens']:,} | {g['recipe']} | {g['val_loss']:.4f} | {g['gap']:+.4f} |"
-              for g in sorted(gaps, key=lambda g: (size_rank(g["model"]), g["tokens"], g["gap"]))]
+              for g in sorted(gaps, key=lambda g: (model_lib.size_rank(g["model"]), g["tokens"], g["gap"]))]
     return "\n".join(lines) + "\n"
 
 

@@ -157,3 +157,11 @@ def test_gaps_pair_each_recipe_with_bf16_over_the_same_batches():
     assert f"| 1M | 0.0M | quartet2 | 3.2000 | +{d.mean():.4f} ± {rows[0]['ci95']:.4f} | 3/5 (unfinished) |" in table
     with pytest.raises(ValueError, match="same validation batches"):
         evaluate.gaps([record("bf16", [2.0, 3.0, 4.0]), record("nvidia_nvfp4", [1.0, 1.0])])
+    # another baseline: two FP4 recipes compared directly, paired over the same batches
+    records = [record("bf16", [2.0, 3.0, 4.0]), record("quartet2", [2.1, 3.3, 4.2]),
+               record("nvidia_nvfp4", [2.2, 3.2, 4.6])]
+    rows = {r["recipe"]: r for r in evaluate.gaps(records, baseline="nvidia_nvfp4")}
+    assert set(rows) == {"bf16", "quartet2"}
+    np.testing.assert_allclose(rows["quartet2"]["gap"], np.mean([-0.1, 0.1, -0.4]))
+    np.testing.assert_allclose(rows["quartet2"]["baseline_loss"], np.mean([2.2, 3.2, 4.6]))
+    assert "gap to nvidia_nvfp4 (95% CI)" in evaluate.gaps_markdown(records, "nvidia_nvfp4")
