@@ -5,7 +5,7 @@
 #                                          # GEMM, linear layer, quantize tile sweep
 #   bash benchmarks/gpu_suite.sh multi     # 2-4 GPUs: sharded == one device (operands, then losses)
 #   bash benchmarks/gpu_suite.sh scaling   # 2-4 GPUs: data-parallel weak scaling, 125M and 350M
-#   bash benchmarks/gpu_suite.sh training  # 1 GPU: 125M train step, FP4 quantizers by XLA vs the Pallas kernels
+#   bash benchmarks/gpu_suite.sh training  # 1 GPU: XLA vs Pallas quantizers, losses step by step, then the 125M step
 #
 # Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
 set -u -o pipefail
@@ -48,6 +48,9 @@ case "${1:-}" in
       --per-device-batch 8 --steps 5 --warmup 2 --out "$OUT/scaling350.json" > "$OUT/scaling350.log" 2>&1
     ;;
   training)
+    # the two quantizer backends step by step (losses bit for bit), then the 125M step both ways
+    timeout 200 python -m experiments.layout_check --checks backends --recipes nvfp4_rtn,nvidia_nvfp4,quartet2 \
+      --steps 4 --out "$OUT/backends.json" > "$OUT/backends.log" 2>&1
     for backend in xla pallas; do
       timeout 280 python -m experiments.bench_scaling --model 125M --recipes bf16,nvidia_nvfp4,quartet2 --devices 1 \
         --per-device-batch 16 --steps 6 --warmup 2 --quantizer-backend $backend --out "$OUT/train_$backend.json" \

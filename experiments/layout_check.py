@@ -14,7 +14,13 @@ device; ``equal`` means values and scale agree bit for bit.
 "max_abs_diff", "max_ulp_diff", "collectives", "all_reduce_dtypes"}``: ``--steps`` training steps of
 ``experiments.train.Trainer`` on the mesh, once per ``--grad-comm-dtypes`` entry, against the same steps on one device
 (same data, same keys, fp32 gradients).
-Bit-identical losses are not expected everywhere: a sum over a sharded axis becomes per-shard partial sums plus an
+``{"check": "backends", "recipe", "backend", "losses", "reference", "max_abs_diff", "max_ulp_diff", "bit_identical"}``:
+``--steps`` training steps on one device with the projections' quantizers run by ``--backends``' other entries
+(e.g. the Pallas kernels), against the same steps with its first (XLA). The kernels give the XLA path's bits, so on
+the CPU (interpret mode) the losses are bit-identical; on a GPU the two programs may still differ in the GEMMs that
+XLA picks for them.
+
+Bit-identical losses across layouts are not expected everywhere: a sum over a sharded axis becomes per-shard partial sums plus an
 all-reduce, a different fp32 summation order (the wgrad GEMM over tokens under data parallelism, the row-parallel
 GEMMs under tensor parallelism, the loss mean), and the rounding differences that follow can flip bf16 / FP4 roundings
 downstream and grow through Adam's normalized updates. A layout ``sharding.check_layout`` refuses for a recipe gives
@@ -39,6 +45,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import fp4jax
 from fp4jax.operand import quantize_operand, rotate, signs_for
 
+from experiments import model as model_lib
 from experiments import sharding, train
 
 OPERAND_SHAPE = (512, 256)  # (rows, contraction): tokens x features, or the transposes of the backward GEMMs
@@ -118,6 +125,13 @@ def all_reduce_dtypes(stablehlo_text: str) -> list[str]:
                    for t in re.findall(r"tensor<(?:[0-9]+x)*([a-zA-Z0-9]+)>", operands)})
 
 
+def _compared(losses: np.ndarray, ref: np.ndarray) -> dict:
+    """How far float32 ``losses`` are from ``ref``: largest absolute and ulp differences, and bit identity."""
+    ulps = np.abs(losses.view(np.int32).astype(np.int64) - ref.view(np.int32).astype(np.int64))
+    return {"losses": losses.tolist(), "reference": ref.tolist(), "max_abs_diff": float(np.max(np.abs(losses - ref))),
+            "max_ulp_diff": int(ulps.max()), "bit_identical": bool(ulps.max() == 0)}
+
+
 def _losses(config: train.TrainConfig, layout, steps: int, model_overrides) -> dict:
     """The first ``steps`` losses and gradient norms, and the collectives' element types of the train step."""
     trainer = train.Trainer(config, layout=layout, model_overrides=model_overrides)
@@ -153,14 +167,24 @@ def check_losses(config: train.TrainConfig, recipe_names, layouts, steps: int, m
                     records.append({**head, "rejected": str(err)})
                     print(json.dumps(records[-1]), flush=True)
                     continue
-                losses, ref = got["losses"], reference["losses"]
-                ulps = np.abs(losses.view(np.int32).astype(np.int64) - ref.view(np.int32).astype(np.int64))
-                records.append({**head, "losses": losses.tolist(), "reference": ref.tolist(),
+                records.append({**head, **_compared(got["losses"], reference["losses"]),
                                 "grad_norms": got["grad_norms"], "reference_grad_norms": reference["grad_norms"],
-                                "max_abs_diff": float(np.max(np.abs(losses - ref))),
-                                "max_ulp_diff": int(ulps.max()), "bit_identical": bool(ulps.max() == 0),
                                 "collectives": got["collectives"], "all_reduce_dtypes": got["all_reduce_dtypes"]})
                 print(json.dumps(records[-1]), flush=True)
+    return records
+
+
+def check_backends(config: train.TrainConfig, recipe_names, backends, steps: int, model_overrides=None) -> list[dict]:
+    """Per recipe: ``steps`` losses on one device with each quantizer backend after the first, against the first."""
+    records = []
+    for recipe in recipe_names:
+        run = dataclasses.replace(config, recipe=recipe)
+        losses = {b: _losses(run, None, steps, {**(model_overrides or {}), "quantizer_backend": b})["losses"]
+                  for b in backends}
+        for backend in backends[1:]:
+            records.append({"check": "backends", "recipe": recipe, "backend": backend, "reference_backend": backends[0],
+                            **_compared(losses[backend], losses[backends[0]])})
+            print(json.dumps(records[-1]), flush=True)
     return records
 
 
@@ -173,7 +197,9 @@ def main(argv=None) -> None:
     parser.add_argument("--recipes", default=",".join(fp4jax.recipes.names()), help="comma-separated recipe names")
     parser.add_argument("--meshes", nargs="+", default=["data=4", "data=4:fsdp", "model=2", "data=2,model=2"],
                         help="layouts: data=N, model=N, data=N,model=M, with ':fsdp' for FSDP")
-    parser.add_argument("--checks", default="operands,loss", help="operands, loss or both")
+    parser.add_argument("--checks", default="operands,loss", help="comma-separated: operands, loss, backends")
+    parser.add_argument("--backends", default="xla,pallas",
+                        help="the backends check: quantizer backends, the first is the reference (default %(default)s)")
     parser.add_argument("--grad-comm-dtypes", default="float32", help="the sharded runs' gradient all-reduce dtypes, "
                         f"comma-separated, of {sharding.GRAD_COMM_DTYPES}")
     parser.add_argument("--steps", type=int, default=3)
@@ -194,11 +220,19 @@ def main(argv=None) -> None:
         records += check_operands(recipes, layouts)
         for record in records:
             print(json.dumps(record), flush=True)
+    unknown = checks - {"operands", "loss", "backends"}
+    if unknown:
+        parser.error(f"--checks: unknown {sorted(unknown)}; choose from operands, loss, backends")
+    config = train.TrainConfig(model=args.model, data=args.data, batch_size=args.batch_size, seq_len=args.seq_len,
+                               tokens=args.batch_size * args.seq_len * args.steps, lr=3e-3)
+    overrides = json.loads(args.model_overrides) if args.model_overrides else None
     if "loss" in checks:
-        config = train.TrainConfig(model=args.model, data=args.data, batch_size=args.batch_size, seq_len=args.seq_len,
-                                   tokens=args.batch_size * args.seq_len * args.steps, lr=3e-3)
-        overrides = json.loads(args.model_overrides) if args.model_overrides else None
         records += check_losses(config, recipes, layouts, args.steps, overrides, args.grad_comm_dtypes.split(","))
+    if "backends" in checks:
+        backends = args.backends.split(",")
+        if len(backends) < 2 or not set(backends) <= set(model_lib.QUANTIZER_BACKENDS):
+            parser.error(f"--backends must name at least two of {model_lib.QUANTIZER_BACKENDS}, got {args.backends!r}")
+        records += check_backends(config, recipes, backends, args.steps, overrides)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(records, f, indent=1)

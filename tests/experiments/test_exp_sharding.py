@@ -113,6 +113,19 @@ def test_check_layout_rejects_straddling_blocks_and_uneven_splits():
         sharding.check_layout(sharding.Layout(model=2), config("bf16", n_heads=1), 8, 64)
 
 
+def test_training_with_the_pallas_kernels_matches_the_xla_quantizers_bit_for_bit(corpus):
+    """The backends check: two training steps of nvidia_nvfp4 (RTN, 16x16 weights, RHT16 + SR gradients) with the
+    projections' quantizers run by the Pallas kernels (interpret mode on the CPU) give the XLA path's losses. (The
+    "pallas" backend never falls back to XLA: ``fp4jax.operand.resolve_backend`` raises where the kernel cannot run.)"""
+    from experiments import layout_check
+
+    config = train.TrainConfig(model="100K", data=corpus, batch_size=4, seq_len=64, tokens=4 * 64 * 2, lr=3e-3)
+    (record,) = layout_check.check_backends(config, ["nvidia_nvfp4"], ["xla", "pallas"], steps=2)
+    assert record["backend"] == "pallas" and len(record["losses"]) == 2
+    assert record["bit_identical"], record
+    assert np.isfinite(record["losses"]).all() and record["losses"][0] > 1.0
+
+
 # ------------------------------------------------------------------------------------------------ 8 CPU devices
 def test_quantized_operands_are_bit_identical_for_every_recipe_and_layout():
     """Every quantized operand of every recipe, its rows / contraction axis split over data=4 or data=2 x model=2
