@@ -277,10 +277,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder for fit.json, fit.md and the plots")
     parser.add_argument("--fix-exponents", action="store_true",
                         help="hold α, β, γ at the published C4 BF16 values (for grids too small to identify them)")
+    parser.add_argument("--sizes", nargs="+", default=None,
+                        help="fit only the runs of these model sizes (e.g. leave out sizes whose curves have phase "
+                        "transitions that a smooth law cannot follow)")
     parser.add_argument("--bootstrap", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     results = load_results(args.results)
+    if args.sizes:
+        missing = sorted(set(args.sizes) - {r["model"] for r in results})
+        if missing:
+            parser.error(f"--sizes: no runs of {missing} in the results (sizes present: "
+                         f"{sorted({r['model'] for r in results}, key=model_lib.size_rank)})")
+        results = [r for r in results if r["model"] in args.sizes]
     law = QUARTET_C4_BF16
     fixed = {"alpha": law.alpha, "beta": law.beta, "gamma": law.gamma} if args.fix_exponents else None
     report = analyze(results, fixed, args.bootstrap, args.seed)

@@ -79,7 +79,7 @@ def test_fit_needs_bf16_runs_and_valid_inputs():
         sl.fit_law([1.0, -1.0], [1.0, 1.0], [1.0, 1.0])
 
 
-def test_main_writes_the_fit_and_every_plot(tmp_path):
+def test_main_writes_the_fit_and_every_plot(tmp_path, capsys):
     """The command on a sweep's JSONL (records with their validation curves): fit, table and three plots."""
     rows = [{**r, "val_curve": [[0, 5.5], [r["tokens"] / 2, r["val_loss"] + 0.1], [r["tokens"], r["val_loss"]]]}
             for r in _results(noise=0.002)]
@@ -88,3 +88,11 @@ def test_main_writes_the_fit_and_every_plot(tmp_path):
     sl.main([str(results), "--out", str(tmp_path / "fit"), "--fix-exponents", "--bootstrap", "4"])
     for name in ("fit.json", "fit.md", "loss_vs_compute.png", "efficiency.png", "val_curves.png"):
         assert (tmp_path / "fit" / name).stat().st_size > 500, name
+    # --sizes fits a subset: the small sizes' runs leave the report; an unknown size is refused by name
+    sl.main([str(results), "--out", str(tmp_path / "large"), "--fix-exponents", "--bootstrap", "4",
+             "--sizes", "100M", "200M"])
+    table = (tmp_path / "large" / "fit.md").read_text()
+    assert "| 100M |" in table and "| 200M |" in table and "| 30M |" not in table
+    with pytest.raises(SystemExit):
+        sl.main([str(results), "--out", str(tmp_path / "none"), "--sizes", "5M"])
+    assert "--sizes: no runs of ['5M']" in capsys.readouterr().err
