@@ -4,7 +4,8 @@
       --per-device-batch 8 --seq-len 1024 --mesh data --out runs/bench_scaling.json
   python -m experiments.bench_scaling --smoke        # CPU: 100K model, 1 and 2 host devices, a few steps
 
-Each point trains ``--steps`` timed steps (after ``--warmup`` steps that include compilation) of
+Each point compiles the train step (timed: ``compile_s``, lowering included; with JAX's persistent compilation cache
+on, a cached program loads instead), then trains ``--steps`` timed steps (after ``--warmup`` untimed ones) of
 ``experiments.train.Trainer`` on a mesh of n devices: ``--mesh data`` (data parallel, global batch n x per-device
 batch), ``fsdp`` (the same with sharded parameters) or ``model`` (tensor parallel over n devices, global batch = the
 per-device batch x 1). Batches are placed on the devices before timing, so the numbers are compute + communication.
@@ -83,24 +84,27 @@ def measure(recipe: str, model: str, n: int, kind: str, per_device_batch: int, s
     trainer = train.Trainer(config, layout=layout_for(kind, n), model_overrides=execution)
     state = trainer.init_state()
     inputs = [(trainer.place(trainer.stream.batch(s)), trainer.quant_key(s)) for s in range(steps + warmup)]
+    start = time.perf_counter()
+    step = trainer.train_step.lower(state, *inputs[0]).compile()
+    compile_s = time.perf_counter() - start
     for tokens, key in inputs[:warmup]:
-        state, metrics = trainer.train_step(state, tokens, key)
+        state, metrics = step(state, tokens, key)
     jax.block_until_ready(metrics)
     start = time.perf_counter()
     for tokens, key in inputs[warmup:]:
-        state, metrics = trainer.train_step(state, tokens, key)
+        state, metrics = step(state, tokens, key)
     jax.block_until_ready(metrics)
     seconds = time.perf_counter() - start
     summary = {}
     if profile:
         with jax.profiler.trace(profile, create_perfetto_trace=True):
             for tokens, key in inputs[warmup:]:
-                state, metrics = trainer.train_step(state, tokens, key)
+                state, metrics = step(state, tokens, key)
             jax.block_until_ready(metrics)
         summary = {"profile": step_profile.summarize(step_profile.find_trace(profile), steps)}
     return {"recipe": recipe, "model": model, "devices": n, "mesh": kind, **execution,
             "global_batch": batch, "seq_len": seq_len,
-            "step_time_s": seconds / steps, "tokens_per_s": batch * seq_len * steps / seconds,
+            "compile_s": compile_s, "step_time_s": seconds / steps, "tokens_per_s": batch * seq_len * steps / seconds,
             "loss": float(metrics["loss"]), "device_kind": jax.devices()[0].device_kind, **summary}
 
 
@@ -152,10 +156,11 @@ def main(argv=None) -> None:
             results.append(r)
             print(json.dumps(r), flush=True)
     efficiencies(results)
-    print(f"{'recipe':14s} {'devices':>7s} {'tokens/s':>12s} {'efficiency':>10s} {'MFU':>6s}")
+    print(f"{'recipe':14s} {'devices':>7s} {'tokens/s':>12s} {'efficiency':>10s} {'MFU':>6s} {'compile s':>9s}")
     for r in results:
         eff = "" if r["scaling_efficiency"] is None else f"{r['scaling_efficiency']:.1%}"
-        print(f"{r['recipe']:14s} {r['devices']:7d} {r['tokens_per_s']:12,.0f} {eff:>10s} {r['mfu']:6.1%}")
+        print(f"{r['recipe']:14s} {r['devices']:7d} {r['tokens_per_s']:12,.0f} {eff:>10s} {r['mfu']:6.1%} "
+              f"{r['compile_s']:9.1f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
