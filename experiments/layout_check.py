@@ -14,7 +14,8 @@ device; ``equal`` means values and scale agree bit for bit.
 "max_abs_diff", "max_ulp_diff", "collectives", "all_reduce_dtypes"}``: ``--steps`` training steps of
 ``experiments.train.Trainer`` on the mesh, once per ``--grad-comm-dtypes`` entry, against the same steps on one device
 (same data, same keys, fp32 gradients).
-``{"check": "backends", "recipe", "backend", "losses", "reference", "max_abs_diff", "max_ulp_diff", "bit_identical"}``:
+``{"check": "backends", "recipe", "backend", "reference_backend", "losses", "reference", "max_abs_diff",
+"max_ulp_diff", "bit_identical", "grad_norms", "reference_grad_norms"}``:
 ``--steps`` training steps on one device with the projections' quantizers run by ``--backends``' other entries
 (e.g. the Pallas kernels), against the same steps with its first (XLA). The kernels give the XLA path's bits, so on
 the CPU (interpret mode) the losses are bit-identical; on a GPU the two programs may still differ in the GEMMs that
@@ -179,11 +180,12 @@ def check_backends(config: train.TrainConfig, recipe_names, backends, steps: int
     records = []
     for recipe in recipe_names:
         run = dataclasses.replace(config, recipe=recipe)
-        losses = {b: _losses(run, None, steps, {**(model_overrides or {}), "quantizer_backend": b})["losses"]
-                  for b in backends}
+        got = {b: _losses(run, None, steps, {**(model_overrides or {}), "quantizer_backend": b}) for b in backends}
+        ref = got[backends[0]]
         for backend in backends[1:]:
             records.append({"check": "backends", "recipe": recipe, "backend": backend, "reference_backend": backends[0],
-                            **_compared(losses[backend], losses[backends[0]])})
+                            **_compared(got[backend]["losses"], ref["losses"]),
+                            "grad_norms": got[backend]["grad_norms"], "reference_grad_norms": ref["grad_norms"]})
             print(json.dumps(records[-1]), flush=True)
     return records
 
