@@ -21,14 +21,14 @@ device; ``equal`` means values and scale agree bit for bit.
 the CPU (interpret mode) the losses are bit-identical; on a GPU the two programs may still differ in the GEMMs that
 XLA picks for them.
 
-Bit-identical losses across layouts are not expected everywhere: a sum over a sharded axis becomes per-shard partial sums plus an
-all-reduce, a different fp32 summation order (the wgrad GEMM over tokens under data parallelism, the row-parallel
-GEMMs under tensor parallelism, the loss mean), and the rounding differences that follow can flip bf16 / FP4 roundings
-downstream and grow through Adam's normalized updates. A layout ``sharding.check_layout`` refuses for a recipe gives
-``{"check": "loss", "recipe", "mesh", "grad_comm_dtype", "rejected": message}``. ``collectives`` lists the element types
-each kind of collective of the compiled train step moves (gradient all-reduces should be f32 unless
-``--grad-comm-dtypes`` asks otherwise); ``all_reduce_dtypes`` those of the all-reduces the program asks for before XLA's
-passes (XLA:CPU promotes bf16 all-reduces to f32 and f8 ones to f16 when it compiles them).
+Bit-identical losses across layouts are not expected everywhere: a sum over a sharded axis becomes per-shard partial
+sums plus an all-reduce, a different fp32 summation order (the wgrad GEMM over tokens under data parallelism, the
+row-parallel GEMMs under tensor parallelism, the loss mean), and the rounding differences that follow can flip bf16 /
+FP4 roundings downstream and grow through Adam's normalized updates. A layout ``sharding.check_layout`` refuses for a
+recipe gives ``{"check": "loss", "recipe", "mesh", "grad_comm_dtype", "rejected": message}``. ``collectives`` lists
+the element types each kind of collective of the compiled train step moves (gradient all-reduces should be f32 unless
+``--grad-comm-dtypes`` asks otherwise); ``all_reduce_dtypes`` those of the all-reduces the program asks for before
+XLA's passes (XLA:CPU promotes bf16 all-reduces to f32 and f8 ones to f16 when it compiles them).
 """
 
 from __future__ import annotations
@@ -217,23 +217,22 @@ def main(argv=None) -> None:
     recipes = args.recipes.split(",")
     layouts = [parse_layout(text) for text in args.meshes]
     checks = set(args.checks.split(","))
+    if unknown := checks - {"operands", "loss", "backends"}:
+        parser.error(f"--checks: unknown {sorted(unknown)}; choose from operands, loss, backends")
+    backends = args.backends.split(",")
+    if len(backends) < 2 or not set(backends) <= set(model_lib.QUANTIZER_BACKENDS):
+        parser.error(f"--backends must name at least two of {model_lib.QUANTIZER_BACKENDS}, got {args.backends!r}")
     records = []
     if "operands" in checks:
         records += check_operands(recipes, layouts)
         for record in records:
             print(json.dumps(record), flush=True)
-    unknown = checks - {"operands", "loss", "backends"}
-    if unknown:
-        parser.error(f"--checks: unknown {sorted(unknown)}; choose from operands, loss, backends")
     config = train.TrainConfig(model=args.model, data=args.data, batch_size=args.batch_size, seq_len=args.seq_len,
                                tokens=args.batch_size * args.seq_len * args.steps, lr=3e-3)
     overrides = json.loads(args.model_overrides) if args.model_overrides else None
     if "loss" in checks:
         records += check_losses(config, recipes, layouts, args.steps, overrides, args.grad_comm_dtypes.split(","))
     if "backends" in checks:
-        backends = args.backends.split(",")
-        if len(backends) < 2 or not set(backends) <= set(model_lib.QUANTIZER_BACKENDS):
-            parser.error(f"--backends must name at least two of {model_lib.QUANTIZER_BACKENDS}, got {args.backends!r}")
         records += check_backends(config, recipes, backends, args.steps, overrides)
     if args.out:
         with open(args.out, "w") as f:
