@@ -87,20 +87,21 @@ def measure(recipe: str, model: str, n: int, kind: str, per_device_batch: int, s
     start = time.perf_counter()
     step = trainer.train_step.lower(state, *inputs[0]).compile()
     compile_s = time.perf_counter() - start
-    for tokens, key in inputs[:warmup]:
-        state, metrics = step(state, tokens, key)
-    jax.block_until_ready(metrics)
+
+    def run(state, batches):
+        metrics = None
+        for tokens, key in batches:
+            state, metrics = step(state, tokens, key)
+        return jax.block_until_ready((state, metrics))
+
+    state, _ = run(state, inputs[:warmup])
     start = time.perf_counter()
-    for tokens, key in inputs[warmup:]:
-        state, metrics = step(state, tokens, key)
-    jax.block_until_ready(metrics)
+    state, metrics = run(state, inputs[warmup:])
     seconds = time.perf_counter() - start
     summary = {}
     if profile:
         with jax.profiler.trace(profile, create_perfetto_trace=True):
-            for tokens, key in inputs[warmup:]:
-                state, metrics = step(state, tokens, key)
-            jax.block_until_ready(metrics)
+            run(state, inputs[warmup:])
         summary = {"profile": step_profile.summarize(step_profile.find_trace(profile), steps)}
     return {"recipe": recipe, "model": model, "devices": n, "mesh": kind, **execution,
             "global_batch": batch, "seq_len": seq_len,

@@ -67,7 +67,8 @@ def gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
 def gaps_markdown(records: Sequence[dict], baseline: str = BF16_RECIPE) -> str:
     """The :func:`gaps` table, by model size, tokens, then gap, unfinished runs marked."""
     names = {(r["model"], r["tokens"], r["recipe"]): r for r in records}
-    lines = [f"| model | tokens | recipe | val loss | gap to {baseline} (95% CI) | steps |", "|---|---|---|---|---|---|"]
+    lines = [f"| model | tokens | recipe | val loss | gap to {baseline} (95% CI) | steps |",
+             "|---|---|---|---|---|---|"]
     for row in sorted(gaps(records, baseline), key=lambda g: (size_rank(g["model"]), g["tokens"], g["gap"])):
         r = names[(row["model"], row["tokens"], row["recipe"])]
         done = f"{r['step']}" if r["step"] >= r["steps"] else f"{r['step']}/{r['steps']} (unfinished)"

@@ -5,9 +5,10 @@
 
 The trace is Chrome-trace JSON: processes named by device ("/device:GPU:0", ...), threads by stream ("Stream #7 ...";
 other threads of a device, such as "XLA Ops", repeat the kernels at another level and are only counted in
-``threads``), one complete event ("ph": "X", microsecond ``ts`` and ``dur``) per kernel. Per device: ``busy`` = the length of the union of its kernel intervals,
-``span`` = first start to last end, ``busy / span`` (below 1: the device waits on the host, launches, or the loop),
-kernel count per step, and the kernels with the most total time (by name: XLA names kernels after their fusions).
+``threads``), one complete event ("ph": "X", microsecond ``ts`` and ``dur``) per kernel. Per device: ``busy`` = the
+length of the union of its kernel intervals, ``span`` = first start to last end, ``busy / span`` (below 1: the device
+waits on the host, launches, or the loop), kernel count per step, and the kernels with the most total time (by name:
+XLA names kernels after their fusions).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
 
 def summarize(trace: str | Path, steps: int, top: int = 15) -> dict:
     """{device name: {"span_ms", "busy_ms", "busy_fraction", "kernels_per_step", "busy_ms_per_step",
-    "top": [[kernel, total ms, calls], ...]}} over the devices that ran kernels in ``trace``."""
+    "top": [[kernel, total ms, calls], ...], "threads": {thread name: [total ms, events]}}} over the devices that ran
+    kernels in ``trace``."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     with gzip.open(trace, "rt") as f:
@@ -73,6 +75,7 @@ def summarize(trace: str | Path, steps: int, top: int = 15) -> dict:
             "span_ms": span / 1e3, "busy_ms": busy / 1e3, "busy_fraction": busy / span if span else 0.0,
             "kernels_per_step": len(evs) / steps, "busy_ms_per_step": busy / 1e3 / steps,
             "top": [[name, total / 1e3, calls] for name, (total, calls) in ranked],
-            "threads": {threads.get(key, str(key[1])): [sum(e["dur"] for e in t) / 1e3, len(t)] for key, t in mine.items()},
+            "threads": {threads.get(key, str(key[1])): [sum(e["dur"] for e in t) / 1e3, len(t)]
+                        for key, t in mine.items()},
         }
     return summary

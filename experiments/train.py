@@ -215,18 +215,20 @@ class Trainer:
         key = jax.random.fold_in(self.key, EVAL_KEY_SALT)
         return key if self.layout is None else sharding.place(key, sharding.replicated(self.mesh))
 
+    def _losses_of(self, params, batches) -> list[float]:
+        key = self._eval_key()
+        return [float(self.eval_loss(params, self.place(batch), key)) for batch in batches]
+
     def validation_loss(self, params) -> float:
         """Mean loss over the fixed validation set, with a fixed "quant" key."""
-        key = self._eval_key()
-        return float(np.mean([self.eval_loss(params, self.place(batch), key) for batch in self.eval_set]))
+        return float(np.mean(self._losses_of(params, self.eval_set)))
 
     def batch_losses(self, params, n_batches: int) -> list[float]:
         """The loss of each of ``n_batches`` fixed validation batches (``data.eval_batches``: evenly spaced windows of
         the validation split), with the fixed evaluation key: the per-batch losses that ``experiments.evaluate``
         pairs between recipes."""
-        key = self._eval_key()
-        batches = data.eval_batches(self.corpus.val, self.config.batch_size, self.config.seq_len, n_batches)
-        return [float(self.eval_loss(params, self.place(batch), key)) for batch in batches]
+        return self._losses_of(params, data.eval_batches(self.corpus.val, self.config.batch_size,
+                                                         self.config.seq_len, n_batches))
 
     def bits_per_byte(self, loss: float) -> float | None:
         bpt = self.corpus.bytes_per_token
