@@ -6,7 +6,10 @@ The Chinchilla form A/N^α + B/D^β + E is the same law with γ = 1 fixed, so bo
 
 Fitting (Hoffmann et al.'s procedure with the Quartet δ): minimize Σ_i w_i·Huber_δ(log L̂_i − log L_i), δ = 1e-4,
 over θ = (log A, α, log B, β, log E, γ) with L-BFGS (optax) from a grid of starts (vmapped, jitted), keeping the best.
-Two stages: the base θ from the BF16 runs (eff_N = eff_D = 1), then per recipe (log eff_N, log eff_D) with θ fixed.
+Two stages: the base θ from the BF16 runs (eff_N = eff_D = 1), then per recipe (log eff_N, log eff_D) with θ fixed,
+and the tied efficiency eff = eff_N = eff_D: the recipe trains like BF16 with eff·N parameters on eff·D tokens. The
+tied one is a single number, set by the size of the loss gaps; eff_N and eff_D apart are told from each other only
+through how the gaps change with N and D (α ≠ β), so a small, noisy grid leaves them loose where the tied eff is not.
 Any base parameter can be held fixed (e.g. α, β, γ from the published fit when a grid is too small to identify them).
 Bootstrap: resample the BF16 runs and the recipe's runs with replacement (multinomial weights), refit both stages from
 the point estimate, report the 2.5 / 97.5 percentiles.
@@ -159,30 +162,35 @@ def fit_law(N, D, L, fixed: dict | None = None, weights=None) -> LossLaw:
 
 
 def _eff_objective(theta):
+    """Huber loss of (log eff_N, log eff_D), or of (log eff,) for the tied efficiency (``log_eff[-1]`` is then
+    ``log_eff[0]``)."""
     def objective(log_eff, log_n, log_d, log_l, weights):
-        pred = _log_loss(theta, log_n + log_eff[0], log_d + log_eff[1])
+        pred = _log_loss(theta, log_n + log_eff[0], log_d + log_eff[-1])
         return jnp.sum(weights * _huber(pred - log_l))
     return objective
 
 
-EFF_STARTS = jnp.log(jnp.array(list(itertools.product((1.0, 0.5), (1.0, 0.5))), jnp.float32))
+def _eff_starts(tied: bool) -> jnp.ndarray:
+    return jnp.log(jnp.array(list(itertools.product(*[(1.0, 0.5)] * (1 if tied else 2))), jnp.float32))
 
 
-def fit_efficiency(law: LossLaw, N, D, L, weights=None) -> tuple[float, float]:
-    """(eff_N, eff_D) of a recipe's runs under the base ``law``."""
+def fit_efficiency(law: LossLaw, N, D, L, weights=None, tied: bool = False) -> tuple[float, float]:
+    """(eff_N, eff_D) of a recipe's runs under the base ``law``; ``tied``: one eff for both (returned twice)."""
     log_n, log_d, log_l = _arrays(N, D, L)
     weights = jnp.ones_like(log_l) if weights is None else jnp.asarray(weights, jnp.float32)
-    n = EFF_STARTS.shape[0]
-    tile = lambda a: jnp.broadcast_to(a, (n, *a.shape))  # noqa: E731
+    starts = _eff_starts(tied)
+    tile = lambda a: jnp.broadcast_to(a, (starts.shape[0], *a.shape))  # noqa: E731
     theta = _theta(dataclasses.asdict(law))
-    xs, values = _minimize(_eff_objective(theta), EFF_STARTS, tile(log_n), tile(log_d), tile(log_l), tile(weights))
-    eff = np.exp(_best(xs, values))
-    return float(eff[0]), float(eff[1])
+    xs, values = _minimize(_eff_objective(theta), starts, tile(log_n), tile(log_d), tile(log_l), tile(weights))
+    with np.errstate(over="ignore"):  # an efficiency the runs do not bound runs off to inf, reported as such
+        eff = np.exp(_best(xs, values))
+    return float(eff[0]), float(eff[-1])
 
 
 def bootstrap(base_runs, recipe_runs, law: LossLaw, eff: tuple[float, float], fixed: dict | None = None,
-              samples: int = 200, seed: int = 0) -> dict[str, tuple[float, float]]:
-    """95% percentile intervals of eff_N, eff_D (and the base parameters) by resampling runs with replacement.
+              samples: int = 200, seed: int = 0, tied: bool = False) -> dict[str, tuple[float, float]]:
+    """95% percentile intervals of eff_N, eff_D (and the base parameters) by resampling runs with replacement;
+    ``tied``: of the tied efficiency (reported as both).
 
     ``base_runs`` / ``recipe_runs`` are (N, D, L) triples of arrays; each resample refits both stages from the
     point estimate (``law``, ``eff``). A resample whose refit diverges (non-finite, e.g. a grid too small to pin
@@ -200,12 +208,13 @@ def bootstrap(base_runs, recipe_runs, law: LossLaw, eff: tuple[float, float], fi
 
     def eff_fit(theta, weights):
         objective = _eff_objective(theta)
-        x, _ = _minimize(objective, jnp.log(jnp.array([eff], jnp.float32)), rn[None], rd[None], rl[None], weights[None])
+        start = jnp.log(jnp.array([eff[:1] if tied else eff], jnp.float32))
+        x, _ = _minimize(objective, start, rn[None], rd[None], rl[None], weights[None])
         return x[0]
 
     log_effs = jax.jit(jax.vmap(eff_fit))(thetas, w_rec)
     with np.errstate(over="ignore"):  # a diverged refit overflows to inf and is dropped below
-        draws = {"eff_N": np.exp(log_effs[:, 0]), "eff_D": np.exp(log_effs[:, 1])}
+        draws = {"eff_N": np.exp(log_effs[:, 0]), "eff_D": np.exp(log_effs[:, -1])}
     for i, p in enumerate(PARAMS):
         if bool(free_mask[i]):
             draws[p] = np.exp(thetas[:, i]) if p in LOG_PARAMS else np.asarray(thetas[:, i])
@@ -227,7 +236,7 @@ def runs_of(results: list[dict], recipe: str) -> tuple[np.ndarray, np.ndarray, n
 
 
 def analyze(results: list[dict], fixed: dict | None = None, samples: int = 200, seed: int = 0) -> dict:
-    """Both base fits, and per recipe (eff_N, eff_D) with bootstrap intervals. Needs BF16 runs."""
+    """Both base fits, and per recipe (eff_N, eff_D) and the tied eff, with bootstrap intervals. Needs BF16 runs."""
     base = runs_of(results, BF16)
     if base[0].size == 0:
         raise ValueError("results: no finished bf16 runs; the base law is fitted on them")
@@ -240,9 +249,13 @@ def analyze(results: list[dict], fixed: dict | None = None, samples: int = 200, 
             continue
         eff = fit_efficiency(law, *runs)
         intervals = bootstrap(base, runs, law, eff, fixed, samples, seed)
+        tied = fit_efficiency(law, *runs, tied=True)
+        tied_ci = bootstrap(base, runs, law, tied, fixed, samples, seed, tied=True)
         report["recipes"][recipe] = {"eff_N": eff[0], "eff_D": eff[1], "runs": int(runs[0].size),
                                      "eff_N_ci": intervals["eff_N"], "eff_D_ci": intervals["eff_D"],
-                                     "bootstrap_finite": intervals["finite_fraction"]}
+                                     "bootstrap_finite": intervals["finite_fraction"],
+                                     "eff": tied[0], "eff_ci": tied_ci["eff_N"],
+                                     "eff_bootstrap_finite": tied_ci["finite_fraction"]}
     return report
 
 
@@ -260,11 +273,12 @@ def markdown(report: dict, gaps: list[dict]) -> str:
         p = report[form]
         lines.append(f"| {form} | {p['A']:.4g} | {p['alpha']:.4f} | {p['B']:.4g} | {p['beta']:.4f} | "
                      f"{p['E']:.4f} | {p['gamma']:.4f} |")
-    lines += ["", "| recipe | runs | eff_N (95% CI) | eff_D (95% CI) | bootstrap refits kept |", "|---|---|---|---|---|"]
+    lines += ["", "| recipe | runs | eff_N (95% CI) | eff_D (95% CI) | refits kept | eff = eff_N = eff_D (95% CI) | "
+              "refits kept |", "|---|---|---|---|---|---|---|"]
+    ci = lambda e, k: f"{e[k]:.3g} ({e[k + '_ci'][0]:.3g}–{e[k + '_ci'][1]:.3g})"  # noqa: E731
     for recipe, e in report["recipes"].items():
-        lines.append(f"| {recipe} | {e['runs']} | {e['eff_N']:.3g} ({e['eff_N_ci'][0]:.3g}–{e['eff_N_ci'][1]:.3g}) | "
-                     f"{e['eff_D']:.3g} ({e['eff_D_ci'][0]:.3g}–{e['eff_D_ci'][1]:.3g}) | "
-                     f"{e['bootstrap_finite']:.0%} |")
+        lines.append(f"| {recipe} | {e['runs']} | {ci(e, 'eff_N')} | {ci(e, 'eff_D')} | {e['bootstrap_finite']:.0%} | "
+                     f"{ci(e, 'eff')} | {e['eff_bootstrap_finite']:.0%} |")
     lines += ["", "| model | tokens | recipe | val loss | gap to bf16 |", "|---|---|---|---|---|"]
     lines += [f"| {g['model']} | {g['tokens']:,} | {g['recipe']} | {g['val_loss']:.4f} | {g['gap']:+.4f} |"
               for g in sorted(gaps, key=lambda g: (model_lib.size_rank(g["model"]), g["tokens"], g["gap"]))]

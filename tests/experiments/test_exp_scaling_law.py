@@ -40,6 +40,22 @@ def test_noise_free_fit_recovers_the_law_and_the_efficiencies():
     assert eff == pytest.approx(EFF, rel=1e-3)
 
 
+def test_tied_efficiency_is_recovered_from_one_ratio_per_size():
+    """One D/N ratio: the tied eff comes out within a narrow interval that covers the truth."""
+    n = np.array(list(SIZES.values()))
+    d = 25 * n
+    exponents = {"alpha": TRUE.alpha, "beta": TRUE.beta, "gamma": TRUE.gamma}
+    assert sl.fit_efficiency(TRUE, n, d, TRUE(n, d, 0.7, 0.7), tied=True) == pytest.approx((0.7, 0.7), rel=1e-3)
+    rng = np.random.default_rng(1)
+    rows = [{"model": name, "recipe": recipe, "non_embedding_params": size, "tokens": 25 * size,
+             "val_loss": float(TRUE(size, 25 * size, eff, eff)) * float(np.exp(rng.normal(0, 0.002)))}
+            for name, size in SIZES.items() for recipe, eff in (("bf16", 1.0), ("quartet", 0.7))]
+    report = sl.analyze(rows, fixed=exponents, samples=16, seed=0)["recipes"]["quartet"]
+    low, high = report["eff_ci"]
+    assert low < 0.7 < high and high - low < 0.25, report
+    assert report["eff_bootstrap_finite"] == 1.0
+
+
 def test_chinchilla_form_is_gamma_one_and_fixed_parameters_stay():
     n, d = _grid()
     chinchilla = sl.LossLaw(A=400.0, alpha=0.34, B=410.0, beta=0.28, E=1.69)
@@ -66,7 +82,8 @@ def test_bootstrap_intervals_cover_the_truth_under_noise_and_report_is_written(t
     gaps = sl.gaps_to_bf16(results)
     assert len(gaps) == len(SIZES) * len(RATIOS) and all(g["gap"] > 0 for g in gaps)
     table = sl.markdown(report, gaps)
-    assert "| quartet | 12 |" in table
+    assert "| quartet | 12 |" in table and "eff = eff_N = eff_D" in table
+    assert EFF[0] < quartet["eff"] < EFF[1]  # the tied eff lies between the two it stands for
     for path in (plots.loss_vs_compute(results, law, report["recipes"], tmp_path / "lc.png"),
                  plots.efficiency_bars(report["recipes"], tmp_path / "eff.png")):
         assert path.stat().st_size > 10_000
