@@ -9,6 +9,7 @@ import pytest
 
 import fp4jax
 from fp4jax import backends
+from fp4jax.formats import E2M1_VALUES
 from fp4jax_kernels.gemm import pallas_triton, reference
 from fp4jax_kernels.native import matmul as native
 from fp4jax_kernels.native import swizzle
@@ -24,9 +25,30 @@ def _rel(y, r):
   return float(jnp.linalg.norm(y - r) / jnp.linalg.norm(r))
 
 
+def test_in_kernel_decoders_give_every_e2m1_value_and_exact_scaled_products():
+  codes = jnp.arange(16, dtype=jnp.uint8)
+  want = np.concatenate([E2M1_VALUES, -E2M1_VALUES])
+  for decode in (pallas_triton.e2m1_to_f16, pallas_triton.e2m1_to_bf16):
+    got = np.asarray(decode(codes), np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert np.array_equal(np.signbit(got), np.arange(16) >= 8)  # code 8 is -0.0
+  # NVFP4 operands are float16 value·scale: exact for every code and every finite E4M3 scale (0x7F is NaN)
+  bits = jnp.arange(127, dtype=jnp.uint8)
+  scales = np.asarray(pallas_triton.scale_to_f32(bits, "nvfp4"), np.float64)
+  np.testing.assert_array_equal(scales, np.asarray(jax.lax.bitcast_convert_type(bits, jnp.float8_e4m3fn), np.float64))
+  even, odd = pallas_triton.dequant_halves(jnp.tile(codes[None, :8] | (codes[None, 8:] << 4), (127, 1)),
+                                           bits[:, None], 16, "nvfp4")
+  assert even.dtype == jnp.float16
+  np.testing.assert_array_equal(np.asarray(even, np.float64), E2M1_VALUES[None, :] * scales[:, None])
+  np.testing.assert_array_equal(np.asarray(odd, np.float64), -E2M1_VALUES[None, :] * scales[:, None])
+  assert np.isnan(np.asarray(pallas_triton.dequant_halves(codes[None, :8], jnp.full((1, 1), 0x7F, jnp.uint8), 16,
+                                                          "nvfp4")[0], np.float32)).all()
+
+
 @pytest.mark.parametrize("fmt", [fp4jax.NVFP4, fp4jax.MXFP4], ids=lambda f: f.name)
 def test_pallas_gemm_matches_dequantize_dot(fmt, interpret):
-  # Products value·scale are exact in bf16; only fp32 summation order and the epilogue alpha differ (~1 ulp).
+  # Products value·scale are exact in the operand dtype (float16 / bfloat16); only fp32 summation order and the
+  # epilogue alpha differ (~1 ulp).
   a, b = _operands(fmt)
   y = pallas_triton.matmul(a, b, tile=(32, 32, 64), out_dtype=jnp.float32, num_warps=4, interpret=interpret)
   assert y.shape == (48, 40)

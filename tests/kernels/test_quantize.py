@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import fp4jax
+from fp4jax_kernels import triton_ir
 from fp4jax_kernels.quantize import api, pallas_triton, profile, reference
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 
@@ -180,7 +181,7 @@ def test_ragged_edge_blocks_are_masked_in_triton(name):
   a mask, or the kernel writes over the next row / the next buffer on the GPU."""
   spec, shape, tile = CASES[name]
   quantize = lambda x: pallas_triton.quantize(x, spec, tile=tile)
-  (module,) = profile.triton_modules(quantize, jnp.ones(shape, jnp.float32))
+  (module,) = triton_ir.triton_modules(quantize, jnp.ones(shape, jnp.float32))
   _assert_masked(module, stores=2 + bool(spec.dequantize) + spec.trust_mask)
 
 
@@ -188,7 +189,7 @@ def test_ragged_transposing_prepass_is_masked_in_triton():
   """The pre-pass that writes ``xᵀ`` on a ragged shape: its tiles stick out of ``x`` (and of ``xᵀ``)."""
   spec, shape, tile = CASES["nvfp4_xt_rtn_ragged_f32"]
   quantize = lambda x: pallas_triton.quantize(x, spec, tile=tile, transpose="prepass")
-  prepass, main = profile.triton_modules(quantize, jnp.ones(shape, jnp.float32))
+  prepass, main = triton_ir.triton_modules(quantize, jnp.ones(shape, jnp.float32))
   assert "fp4_transpose_amax" in prepass
   _assert_masked(prepass, stores=1)  # xᵀ (the partial max is a (1, 1) block)
 
@@ -197,7 +198,7 @@ def test_quest_std_uses_the_ieee_square_root_in_triton():
   """Triton's math.sqrt is approximate; QuEST's block std must use sqrt.rn like XLA (kernel_safe's rule)."""
   spec, shape, tile = CASES["mxfp4_quest_h32"]
   quantize = lambda x: pallas_triton.quantize(x, spec, tile=tile)
-  (module,) = profile.triton_modules(quantize, jnp.ones(shape, jnp.float32))
+  (module,) = triton_ir.triton_modules(quantize, jnp.ones(shape, jnp.float32))
   assert "sqrt.rn.f32" in module and "math.sqrt" not in module
 
 
@@ -210,7 +211,7 @@ def test_values_only_writes_the_packed_kernels_values_and_nothing_else(interpret
   assert got.qtensor is None and full.qtensor is not None
   np.testing.assert_array_equal(np.asarray(got.dequantized, np.float32), np.asarray(full.dequantized, np.float32))
   np.testing.assert_array_equal(np.asarray(got.global_scale), np.asarray(full.qtensor.global_scale))
-  (module,) = profile.triton_modules(lambda x: pallas_triton.quantize(x, spec, tile=tile), x)
+  (module,) = triton_ir.triton_modules(lambda x: pallas_triton.quantize(x, spec, tile=tile), x)
   _assert_masked(module, stores=1)
   with pytest.raises(ValueError, match="packed=False"):
     QuantizeSpec(N, packed=False)
@@ -229,6 +230,7 @@ def test_ptx_counts_of_the_kernels():
   rtn = profile.ptx_counts(profile.FULL["nvfp4_rtn_1x16"])
   sr = profile.ptx_counts(profile.FULL["nvfp4_sr_1x16"])
   assert 0 < rtn["ptx_per_element"] < sr["ptx_per_element"]
+  assert 0 < rtn["sass_per_element"] < sr["sass_per_element"]
   assert rtn["shared_bytes"] >= 0 and rtn["convert_layout"] >= 0
 
 

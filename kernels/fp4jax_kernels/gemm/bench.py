@@ -2,15 +2,24 @@
 bf16 matmul of the same shape, one run, one table; and for bf16 activations, the fused quantize-GEMM
 (``fused_forward``) vs the quantize kernel followed by the GEMM kernel.
 
-    PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench
+    PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench          # GPU: the timing table
+    PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench --sass   # any machine: SASS per decoded element
+
+``--sass`` compiles each GEMM kernel configuration of the table for sm_90 with PyPI's Triton
+(``fp4jax_kernels.triton_ir``, a proxy) and prints its SASS instructions (the whole kernel: prologue, the
+software-pipelined loop, epilogue), the same count over the elements one thread decodes per K chunk, and the
+largest opcodes (``STL``/``LDL``: register spills).
 """
 
 from __future__ import annotations
+
+import argparse
 
 import jax
 import jax.numpy as jnp
 
 import fp4jax
+from fp4jax_kernels import triton_ir
 from fp4jax_kernels.benchtools import header, time_ms
 from fp4jax_kernels.gemm import fused_forward, pallas_triton, reference
 from fp4jax_kernels.native import matmul as native
@@ -27,7 +36,29 @@ TILES = {(8192, 4096, 4096): [((128, 128, 128), 8, 3), ((128, 256, 64), 8, 3), (
                             ((16, 32, 512), 4, 3), ((16, 128, 128), 4, 4)]}
 
 
+def sass_counts(fmt=fp4jax.NVFP4) -> None:
+  """SASS per decoded element and the top opcodes of each (shape, tile) of ``TILES``, split-K 1 (same loop body)."""
+  for (m, n, k), configs in TILES.items():
+    a = fp4jax.quantize(jnp.ones((min(m, 256), k)), fmt)
+    b = fp4jax.quantize(jnp.ones((256, k)), fmt)
+    for (bm, bn, bk), nw, ns in configs:
+      fn = lambda a, b, tile=(bm, bn, bk), nw=nw, ns=ns: pallas_triton.matmul(  # noqa: E731
+          a, b, tile=tile, num_warps=nw, num_stages=ns, split_k=1)
+      (module,) = triton_ir.triton_modules(fn, a, b)
+      ops = triton_ir.sass_histogram(triton_ir.compile_sm90(module, nw, ns))
+      per_element = sum(ops.values()) / ((bm + bn) * bk / (32 * nw))
+      top = ", ".join(f"{op} {c}" for op, c in ops.most_common(5))
+      print(f"{f'{m}x{n}x{k}':16s} {fmt.name} ({bm}, {bn}, {bk}) w{nw} s{ns}: {sum(ops.values()):5d} SASS, "
+            f"{per_element:5.1f} per decoded element; {top}", flush=True)
+
+
 def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--sass", action="store_true", help="SASS counts from PyPI's Triton, a proxy (no GPU needed)")
+  if p.parse_args().sass:
+    for fmt in (fp4jax.NVFP4, fp4jax.MXFP4):
+      sass_counts(fmt)
+    return
   print(header())
   print(f"{'M x N x K':20s} {'impl':36s} {'ms':>8s} {'TFLOP/s':>8s} {'vs bf16':>8s} {'rel.err':>9s}")
   for m, n, k in SHAPES:

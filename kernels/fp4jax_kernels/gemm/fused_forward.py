@@ -4,8 +4,8 @@
 K in the same Hadamard domain. Each program owns a (bm, bn) output tile and walks K in chunks of bk: it reads the
 (bm, bk) tile of X, applies the blockwise Hadamard (``pallas_triton.rotate_rows``: the butterflies and bf16 rounding
 of ``fp4jax.hadamard``), quantizes it with the foundation's ``quantize_blocks`` (NVFP4 RTN, absmax or four-over-six
-block scales, the tensor amax of a pre-pass) into exact bf16 ``value · dec_b``, dequantizes W's codes the same way,
-and feeds the tensor cores (bf16 operands, fp32 accumulation); both tensor scales multiply the accumulator once at the
+block scales, the tensor amax of a pre-pass) into exact float16 ``value · dec_b``, dequantizes W's codes the same
+way (``pallas_triton.dequant_halves``), and feeds the tensor cores (float16 operands, fp32 accumulation); both tensor scales multiply the accumulator once at the
 end. The quantized X equals ``fp4jax.quantize(X, ...)`` bit for bit; the result differs from dequantize-then-dot
 (``gemm.reference``) only by the fp32 summation order.
 
@@ -27,7 +27,7 @@ from jax.experimental.pallas import triton as plgpu
 from fp4jax import scaling
 from fp4jax.formats import FP4Format
 from fp4jax.quantize import BlockLayout, QTensor, decode_blocks, quantize_blocks
-from fp4jax_kernels.gemm.pallas_triton import dequant_halves
+from fp4jax_kernels.gemm.pallas_triton import dequant_halves, operand_dtype
 from fp4jax_kernels.quantize import pallas_triton as quantize_kernel
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 from fp4jax_kernels.triton_compat import kernel_safe
@@ -50,7 +50,7 @@ def _kernel(*refs, fmt: FP4Format, hadamard: int, has_signs: bool, k: int, bk: i
     if hadamard:
       x = quantize_kernel.rotate_rows(x, hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
     codes, dec, _, _ = quantize(x.reshape(lay.blocked), amax_ref[0])
-    xv = decode_blocks(codes, dec, jnp.float32(1.0)).reshape(bm, bk).astype(jnp.bfloat16)  # exact in bf16
+    xv = decode_blocks(codes, dec, jnp.float32(1.0)).reshape(bm, bk).astype(operand_dtype(fmt.name))  # exact
     x_even, x_odd = (h.reshape(bm, bk // 2) for h in jnp.split(xv.reshape(bm, bk // 2, 2), 2, axis=-1))
     w_even, w_odd = dequant_halves(wc_ref[:, pl.ds(t * (bk // 2), bk // 2)],
                                    ws_ref[:, pl.ds(t * (bk // block), bk // block)], block, fmt.name)

@@ -2,8 +2,11 @@
 
 A (M, K) and B (N, K) are ``fp4jax.QTensor`` s quantized along K (1D blocks; NVFP4 or MXFP4, either Hadamard domain
 as long as both share it). Each program owns a (bm, bn) output tile and walks K in chunks of bk: it reads bk/2 code
-bytes and bk/block scale bytes per row of each operand, rebuilds ``value(q) · scale_b`` in bf16 (exact: at most
-2 + 4 significant bits, no rounding) and feeds the tensor cores (``dot_general``, bf16 operands, fp32 accumulate).
+bytes and bk/block scale bytes per row of each operand, rebuilds ``value(q) · scale_b`` exactly (at most 2 + 4
+significant bits) and feeds the tensor cores (``dot_general``, fp32 accumulate). NVFP4 operands are float16:
+``|value · scale_b|`` lies in [2^-10, 6 · 448], inside float16's normal range, and the E2M1 code decodes to
+float16 bits in a few integer operations (``e2m1_to_f16``; the float16 multiply by the scale is packed, two per
+instruction). MXFP4's power-of-two scales span 2^±127, so its operands are bfloat16.
 The nibbles are never interleaved back into K order: a byte holds elements 2j (low) and 2j + 1 (high), and
 ``Σ_k a_k b_k = Σ_j a_2j b_2j + Σ_j a_2j+1 b_2j+1``, so each chunk is two dots, of the low and of the high nibbles
 (each element of the half-width arrays takes the scale of block ``j // (block/2)``).
@@ -42,6 +45,23 @@ def e2m1_to_bf16(codes: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type((mag | (s << 15)).astype(jnp.uint16), jnp.bfloat16)
 
 
+def e2m1_to_f16(codes: jax.Array) -> jax.Array:
+  """float16 value of uint8 E2M1 codes by building the float16 bit pattern (integer operations only, exact).
+
+  Code ``s ee m``: ``ee > 0`` -> ``(-1)^s · 2^(ee-1) · (1 + m/2)`` = bits ``s<<15 | (ee + 14)<<10 | m<<9``, i.e.
+  ``(c & 7) << 9`` plus 14 in the exponent field (``0x3800``); ``ee == 0`` -> ``(-1)^s · m/2``, bits ``m · 0x3800``
+  (0.5 is ``0x3800``). No float operation, so no compiler can reassociate a scaling into an overflow.
+  """
+  c = codes.astype(jnp.uint16)
+  mag = jnp.where((c & 6) != 0, ((c & 7) << 9) + 0x3800, (c & 1) * 0x3800)
+  return lax.bitcast_convert_type(((c & 8) << 12) | mag, jnp.float16)
+
+
+def operand_dtype(fmt_name: str):
+  """The dtype the GEMM kernels decode ``fmt_name`` operands to: float16 for NVFP4, bfloat16 for MXFP4 (both exact)."""
+  return jnp.float16 if fmt_name == "nvfp4" else jnp.bfloat16
+
+
 def scale_to_f32(bits: jax.Array, fmt_name: str) -> jax.Array:
   """fp32 value of uint8 block-scale bits: E4M3 (``float8_e4m3fn``) or E8M0 (``2^(b-127)``); NaN patterns -> NaN."""
   b = bits.astype(jnp.int32)
@@ -56,13 +76,16 @@ def scale_to_f32(bits: jax.Array, fmt_name: str) -> jax.Array:
 
 
 def dequant_halves(codes: jax.Array, scales: jax.Array, block: int, fmt_name: str) -> tuple[jax.Array, jax.Array]:
-  """(r, bk/2) packed codes + (r, bk/block) scale bits -> the even and the odd elements, each (r, bk/2) bf16
-  ``value · scale`` (exact)."""
+  """(r, bk/2) packed codes + (r, bk/block) scale bits -> the even and the odd elements, each (r, bk/2)
+  ``value · scale`` (exact) in ``operand_dtype(fmt_name)``."""
   r, half = codes.shape
+  groups = (r, half // (block // 2), block // 2)
   s = scale_to_f32(scales, fmt_name).reshape(r, half // (block // 2), 1)
 
   def scaled(nibbles):
-    v = e2m1_to_bf16(nibbles).astype(jnp.float32).reshape(r, half // (block // 2), block // 2)
+    if fmt_name == "nvfp4":  # E4M3 scales are float16 values: one exact float16 multiply
+      return (e2m1_to_f16(nibbles).reshape(groups) * s.astype(jnp.float16)).reshape(r, half)
+    v = e2m1_to_bf16(nibbles).astype(jnp.float32).reshape(groups)
     return (v * s).reshape(r, half).astype(jnp.bfloat16)
 
   return scaled(codes & 0xF), scaled(codes >> 4)

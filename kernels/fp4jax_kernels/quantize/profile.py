@@ -2,7 +2,7 @@
 
     PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.profile            # GPU: stage timings vs a copy
     PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.profile --ir       # any machine: Triton IR op counts
-    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.profile --ptx      # any machine: PTX counts (a proxy)
+    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.profile --ptx      # any machine: PTX, SASS counts
 
 Stages (each a Pallas kernel over the same bf16 tensor and tile, timed next to XLA's copy):
 ``copy`` (load, store bf16: Pallas's own ceiling), ``block_amax`` (+ per-16-block max|x|, stored as fp32),
@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
-import os
 import re
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +31,7 @@ from jax.experimental.pallas import triton as plgpu
 
 import fp4jax
 from fp4jax import bits as bits_lib
+from fp4jax_kernels import triton_ir
 from fp4jax_kernels.benchtools import header, time_ms
 from fp4jax_kernels.quantize import bench, pallas_triton
 from fp4jax_kernels.quantize.spec import QuantizeSpec
@@ -119,29 +118,11 @@ def timings(x: jax.Array, tiles=TILES) -> None:
       show(name, t, nw, lambda x, key, f=f: f(x, key=key), x, key)
 
 
-def triton_modules(fn, *args) -> list[str]:
-  """Triton IR (text) of every Pallas kernel that lowering ``fn(*args)`` for CUDA produces (works on CPU)."""
-  from jax._src.pallas.triton import lowering  # noqa: PLC0415  (private: the IR is not exposed otherwise)
-  modules, original = [], lowering.lower_jaxpr_to_triton_module
-
-  def capture(*a, **kw):
-    result = original(*a, **kw)
-    modules.append(result.module.operation.get_asm())
-    return result
-
-  lowering.lower_jaxpr_to_triton_module = capture
-  try:
-    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-  finally:
-    lowering.lower_jaxpr_to_triton_module = original
-  return modules
-
-
 def kernel_ir(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> str:
   """Triton IR of ``spec``'s kernel (NVFP4: the tensor amax given, so only the main kernel)."""
   amax = jnp.float32(1.0) if spec.fmt.name == "nvfp4" else None
   fn = lambda x, key: pallas_triton.quantize(x, spec, key, tile=tile, amax=amax)
-  (text,) = triton_modules(fn, jnp.ones(shape, jnp.bfloat16), jax.random.key(0))
+  (text,) = triton_ir.triton_modules(fn, jnp.ones(shape, jnp.bfloat16), jax.random.key(0))
   return text
 
 
@@ -172,30 +153,18 @@ def ir_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> dict:
 
 
 def ptx_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None, num_warps: int | None = None) -> dict:
-  """PTX of ``spec``'s kernel compiled for sm_90 on any machine by the ``triton`` package from PyPI: instructions
-  per element of each thread, barriers, shared-memory loads and stores, and the layout conversions of its TTGIR.
-
-  A proxy: jaxlib compiles with its own bundled Triton, whose layout choices can differ (BENCHMARKS.md §5 has a
-  kernel that got 3x slower on the GPU while these counts fell), so only the GPU measures speed.
-  """
-  try:
-    import triton  # noqa: PLC0415  (optional: pip install 'fp4jax[ptx]')
-    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
-  except ImportError as e:
-    raise ImportError("ptx_counts needs the triton package from PyPI: pip install 'fp4jax[ptx]'") from e
+  """``spec``'s kernel compiled for sm_90 by PyPI's Triton (``fp4jax_kernels.triton_ir``, a proxy): PTX and SASS
+  instructions per element of each thread, barriers, shared-memory loads and stores, and the layout conversions of
+  its TTGIR."""
   tile = tile or pallas_triton.default_tile(spec)
   num_warps = num_warps or pallas_triton.default_num_warps(spec)  # the kernel's own (Triton IR does not carry it)
-  text = kernel_ir(spec, shape, tile)
-  with tempfile.TemporaryDirectory() as folder:
-    path = os.path.join(folder, "kernel.ttir")
-    with open(path, "w") as f:
-      f.write(text[text.index("module"):])
-    options = {"num_warps": num_warps, "num_stages": 1}
-    compiled = triton.compile(path, target=GPUTarget("cuda", 90, 32), options=options)
-  ops = [m.group(1) for m in re.finditer(r"^\s+(?:@!?%p\d+\s+)?([a-z][\w.]*)", compiled.asm["ptx"], re.MULTILINE)]
-  count = lambda prefix: sum(op.startswith(prefix) for op in ops)
-  return {"ptx_per_element": round(len(ops) / (tile[0] * tile[1] / (32 * num_warps)), 1), "bar": count("bar."),
-          "st.shared": count("st.shared"), "ld.shared": count("ld.shared"),
+  compiled = triton_ir.compile_sm90(kernel_ir(spec, shape, tile), num_warps)
+  ops = triton_ir.ptx_opcodes(compiled)
+  count = lambda prefix: sum(op.startswith(prefix) for op in ops)  # noqa: E731
+  per_thread = tile[0] * tile[1] / (32 * num_warps)
+  return {"ptx_per_element": round(len(ops) / per_thread, 1),
+          "sass_per_element": round(sum(triton_ir.sass_histogram(compiled).values()) / per_thread, 1),
+          "bar": count("bar."), "st.shared": count("st.shared"), "ld.shared": count("ld.shared"),
           "convert_layout": compiled.asm["ttgir"].count("ttg.convert_layout"), "shared_bytes": compiled.metadata.shared}
 
 
