@@ -152,3 +152,21 @@ def test_pallas_gemm_lowers_to_triton(m):
     f = jax.jit(lambda a, b, s=split_k: pallas_triton.matmul(a, b, split_k=s))
     text = f.trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
     assert "fp4_dequant_matmul_nvfp4" in text and "triton" in text
+
+
+def test_gemm_sass_has_tensor_core_dots_and_packed_float16_scaling():
+  """The developer's SASS proxy (PyPI's Triton, where installed) on the skinny default config: NVFP4 decodes with
+  packed float16 multiplies (HMUL2) and feeds HMMA; MXFP4's bf16 path has no HMUL2."""
+  pytest.importorskip("triton")
+  from fp4jax_kernels import triton_ir  # noqa: PLC0415
+
+  counts = {}
+  for fmt in (fp4jax.NVFP4, fp4jax.MXFP4):
+    a, b = _operands(fmt, m=16, n=256, k=1024)
+    (tile, nw, ns) = pallas_triton.default_config(16, 1024)
+    (module,) = triton_ir.triton_modules(
+        lambda a, b: pallas_triton.matmul(a, b, tile=tile, num_warps=nw, num_stages=ns, split_k=1), a, b)
+    counts[fmt.name] = triton_ir.sass_histogram(triton_ir.compile_sm90(module, nw, ns))
+  assert counts["nvfp4"]["HMMA"] > 0 and counts["nvfp4"]["HMUL2"] > 0
+  assert counts["mxfp4"]["HMMA"] > 0 and counts["mxfp4"]["HMUL2"] == 0
+  assert sum(counts["nvfp4"].values()) < sum(counts["mxfp4"].values())
