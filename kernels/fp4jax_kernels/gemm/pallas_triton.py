@@ -4,7 +4,7 @@ A (M, K) and B (N, K) are ``fp4jax.QTensor`` s quantized along K (1D blocks; NVF
 as long as both share it). Each program owns a (bm, bn) output tile and walks K in chunks of bk: it reads bk/2 code
 bytes and bk/block scale bytes per row of each operand, rebuilds ``value(q) · scale_b`` exactly (at most 2 + 4
 significant bits) and feeds the tensor cores (``dot_general``, fp32 accumulate). NVFP4 operands are float16:
-``|value · scale_b|`` lies in [2^-10, 6 · 448], inside float16's normal range, and the E2M1 code decodes to
+a nonzero ``|value · scale_b|`` lies in [2^-10, 6 · 448], in float16's normal range, and the E2M1 code decodes to
 float16 bits in a few integer operations (``e2m1_to_f16``; the float16 multiply by the scale is packed, two per
 instruction). MXFP4's power-of-two scales span 2^±127, so its operands are bfloat16.
 The nibbles are never interleaved back into K order: a byte holds elements 2j (low) and 2j + 1 (high), and
