@@ -12,7 +12,7 @@ tied one is a single number, set by the size of the loss gaps; eff_N and eff_D a
 through how the gaps change with N and D (α ≠ β), so a small, noisy grid leaves them loose where the tied eff is not.
 Any base parameter can be held fixed (e.g. α, β, γ from the published fit when a grid is too small to identify them).
 Bootstrap: resample the BF16 runs and the recipe's runs with replacement (multinomial weights), refit both stages from
-the point estimate, report the 2.5 / 97.5 percentiles.
+the point estimate (the base refits once, shared by every recipe), report the 2.5 / 97.5 percentiles.
 
   python -m experiments.scaling_law experiments/results/sweep.jsonl --out experiments/results/fit
 """
@@ -187,24 +187,37 @@ def fit_efficiency(law: LossLaw, N, D, L, weights=None, tied: bool = False) -> t
     return float(eff[0]), float(eff[-1])
 
 
-def bootstrap(base_runs, recipe_runs, law: LossLaw, eff: tuple[float, float], fixed: dict | None = None,
-              samples: int = 200, seed: int = 0, tied: bool = False) -> dict[str, tuple[float, float]]:
+def _resampling_weights(seed: int, sizes: Sequence[int], samples: int) -> list[jnp.ndarray]:
+    """Multinomial weights (``samples`` rows) resampling each group of runs with replacement, one stream seeded by
+    ``seed``, groups in order: the base runs first, so the base weights (and refits) are every recipe's."""
+    rng = np.random.default_rng(seed)
+    return [jnp.asarray(rng.multinomial(n, np.ones(n) / n, samples), jnp.float32) for n in sizes]
+
+
+def base_refits(base_runs, law: LossLaw, fixed: dict | None = None, samples: int = 200, seed: int = 0) -> jnp.ndarray:
+    """θ refitted on each bootstrap resample of the base runs (``samples`` rows), from the point estimate ``law``."""
+    free_mask, fixed_theta = _fixed(fixed)
+    bn, bd, bl = _arrays(*base_runs)
+    (w_base,) = _resampling_weights(seed, [bl.size], samples)
+    tile = lambda a: jnp.broadcast_to(a, (samples, *a.shape))  # noqa: E731
+    theta0 = _theta(dataclasses.asdict(law))
+    thetas, _ = _minimize(_base_objective(free_mask, fixed_theta), tile(theta0), tile(bn), tile(bd), tile(bl), w_base)
+    return jnp.where(free_mask, thetas, fixed_theta)
+
+
+def bootstrap(thetas, base_runs, recipe_runs, eff: tuple[float, float], fixed: dict | None = None, seed: int = 0,
+              tied: bool = False) -> dict[str, tuple[float, float]]:
     """95% percentile intervals of eff_N, eff_D (and the base parameters) by resampling runs with replacement;
     ``tied``: of the tied efficiency (reported as both).
 
-    ``base_runs`` / ``recipe_runs`` are (N, D, L) triples of arrays; each resample refits both stages from the
-    point estimate (``law``, ``eff``). A resample whose refit diverges (non-finite, e.g. a grid too small to pin
-    E once a size is left out) is dropped; ``"finite_fraction"`` says how many were kept (intervals are NaN if none).
+    ``thetas``: ``base_refits`` of ``base_runs`` with the same ``seed`` (one row per resample); ``base_runs`` /
+    ``recipe_runs`` are (N, D, L) triples of arrays. Each resample refits the efficiencies under its θ from the point
+    estimate ``eff``. A resample whose refit diverges (non-finite, e.g. a grid too small to pin E once a size is left
+    out) is dropped; ``"finite_fraction"`` says how many were kept (intervals are NaN if none).
     """
-    rng = np.random.default_rng(seed)
-    free_mask, fixed_theta = _fixed(fixed)
-    theta0 = _theta(dataclasses.asdict(law))
-    (bn, bd, bl), (rn, rd, rl) = _arrays(*base_runs), _arrays(*recipe_runs)
-    w_base = jnp.asarray(rng.multinomial(bl.size, np.ones(bl.size) / bl.size, samples), jnp.float32)
-    w_rec = jnp.asarray(rng.multinomial(rl.size, np.ones(rl.size) / rl.size, samples), jnp.float32)
-    tile = lambda a: jnp.broadcast_to(a, (samples, *a.shape))  # noqa: E731
-    thetas, _ = _minimize(_base_objective(free_mask, fixed_theta), tile(theta0), tile(bn), tile(bd), tile(bl), w_base)
-    thetas = jnp.where(free_mask, thetas, fixed_theta)
+    free_mask, _ = _fixed(fixed)
+    rn, rd, rl = _arrays(*recipe_runs)
+    _, w_rec = _resampling_weights(seed, [np.size(base_runs[0]), rl.size], thetas.shape[0])
 
     def eff_fit(theta, weights):
         objective = _eff_objective(theta)
@@ -243,14 +256,15 @@ def analyze(results: list[dict], fixed: dict | None = None, samples: int = 200, 
     law = fit_law(*base, fixed=fixed)
     chinchilla = fit_law(*base, fixed={**(fixed or {}), "gamma": 1.0})
     report = {"quartet": dataclasses.asdict(law), "chinchilla": dataclasses.asdict(chinchilla), "recipes": {}}
+    thetas = base_refits(base, law, fixed, samples, seed)  # shared by every recipe's intervals
     for recipe in sorted({r["recipe"] for r in results} - {BF16}):
         runs = runs_of(results, recipe)
         if runs[0].size == 0:
             continue
         eff = fit_efficiency(law, *runs)
-        intervals = bootstrap(base, runs, law, eff, fixed, samples, seed)
+        intervals = bootstrap(thetas, base, runs, eff, fixed, seed)
         tied = fit_efficiency(law, *runs, tied=True)
-        tied_ci = bootstrap(base, runs, law, tied, fixed, samples, seed, tied=True)
+        tied_ci = bootstrap(thetas, base, runs, tied, fixed, seed, tied=True)
         report["recipes"][recipe] = {"eff_N": eff[0], "eff_D": eff[1], "runs": int(runs[0].size),
                                      "eff_N_ci": intervals["eff_N"], "eff_D_ci": intervals["eff_D"],
                                      "bootstrap_finite": intervals["finite_fraction"],
