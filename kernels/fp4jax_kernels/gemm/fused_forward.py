@@ -5,9 +5,9 @@ K in the same Hadamard domain. Each program owns a (bm, bn) output tile and walk
 (bm, bk) tile of X, applies the blockwise Hadamard (``pallas_triton.rotate_rows``: the butterflies and bf16 rounding
 of ``fp4jax.hadamard``), quantizes it with the foundation's ``quantize_blocks`` (NVFP4 RTN, absmax or four-over-six
 block scales, the tensor amax of a pre-pass) into exact float16 ``value · dec_b``, dequantizes W's codes the same
-way (``pallas_triton.dequant_halves``), and feeds the tensor cores (float16 operands, fp32 accumulation); both tensor scales multiply the accumulator once at the
-end. The quantized X equals ``fp4jax.quantize(X, ...)`` bit for bit; the result differs from dequantize-then-dot
-(``gemm.reference``) only by the fp32 summation order.
+way (``pallas_triton.dequant_halves``), and feeds the tensor cores (float16 operands, fp32 accumulation); both tensor
+scales multiply the accumulator once at the end. The quantized X equals ``fp4jax.quantize(X, ...)`` bit for bit; the
+result differs from dequantize-then-dot (``gemm.reference``) only by the fp32 summation order.
 
 The trade against quantize-then-GEMM (``quantize.pallas_triton`` + ``gemm.pallas_triton``): X's quantized tile never
 goes to HBM (saving a write and a read of 0.56 bytes per element), but every program of a row of output tiles
