@@ -47,14 +47,30 @@ def _triton():
 
 
 def compile_sm90(module: str, num_warps: int, num_stages: int = 1):
-  """PyPI Triton's compilation of one captured module for sm_90 (``.asm`` has "ttgir", "ptx", "cubin")."""
+  """PyPI Triton's compilation of one captured module for sm_90 (``.asm`` has "ttgir", "ptx", "cubin").
+
+  Compiling from a ``.ttir`` file skips Triton's TTIR passes (canonicalize, combine, CSE), which jaxlib's pipeline
+  runs (the combine pass turns ``acc + dot(a, b)`` into ``dot(a, b, acc)``), so they run here first."""
   triton, target = _triton()
+  from triton.backends.nvidia.compiler import CUDABackend  # noqa: PLC0415
+
+  add_stages = CUDABackend.add_stages
+
+  def with_ttir_passes(self, stages, options, *args):
+    add_stages(self, stages, options, *args)
+    to_ttgir = stages["ttgir"]
+    stages["ttgir"] = lambda mod, metadata: to_ttgir(CUDABackend.make_ttir(mod, metadata, options, 90), metadata)
+
   with tempfile.TemporaryDirectory() as folder:
     path = os.path.join(folder, "kernel.ttir")
     with open(path, "w") as f:
       f.write(module[module.index("module"):])
-    return triton.compile(path, target=target("cuda", 90, 32), options={"num_warps": num_warps,
-                                                                         "num_stages": num_stages})
+    CUDABackend.add_stages = with_ttir_passes
+    try:
+      return triton.compile(path, target=target("cuda", 90, 32), options={"num_warps": num_warps,
+                                                                           "num_stages": num_stages})
+    finally:
+      CUDABackend.add_stages = add_stages
 
 
 def ptx_opcodes(compiled) -> list[str]:

@@ -45,6 +45,32 @@ def test_in_kernel_decoders_give_every_e2m1_value_and_exact_scaled_products():
                                                           "nvfp4")[0], np.float32)).all()
 
 
+def test_word_decoder_gives_every_element_times_every_scale_exactly():
+  """NVFP4 code words: element e of each uint32 word is value · scale · 2^-7 in float16, exact for every code at every
+  position and every E4M3 scale (subnormal scales and float16-subnormal products included); 0x7F gives NaN."""
+  codes = np.arange(16, dtype=np.uint8)
+  rng = np.random.default_rng(0)
+  layouts = np.stack([rng.permutation(16) for _ in range(8)])  # (8 positions, 16 rows): every code at every position
+  row_codes = layouts.T  # (16, 8): row r has code layouts[e, r] at element e
+  packed = (row_codes[:, 0::2] | (row_codes[:, 1::2] << 4)).astype(np.uint8)  # (16, 4): one word per row
+  words = pallas_triton.code_words(jnp.asarray(np.tile(packed, (1, 2))))  # (16, 2): a 16-block = 2 words
+  assert words.dtype == jnp.uint32 and words.shape == (16, 2)
+  value = np.concatenate([E2M1_VALUES, -E2M1_VALUES])
+  bits = np.arange(128, dtype=np.uint8)
+  scale = np.asarray(jax.lax.bitcast_convert_type(jnp.asarray(bits), jnp.float8_e4m3fn), np.float64)
+  for b in bits:
+    parts = pallas_triton.dequant_words(words, jnp.full((16, 1), b, jnp.uint8))
+    assert len(parts) == 8 and all(p.dtype == jnp.float16 and p.shape == (16, 2) for p in parts)
+    got = np.stack([np.asarray(p, np.float64) for p in parts], axis=-1)  # (16, 2 words, 8 elements)
+    if b == 0x7F:
+      assert np.isnan(got).all()
+      continue
+    want = value[row_codes][:, None, :] * scale[b] * 2.0**-pallas_triton.WORD_SCALE_EXP
+    np.testing.assert_array_equal(got, np.broadcast_to(want, got.shape))
+    np.testing.assert_array_equal(np.signbit(got), np.broadcast_to((row_codes >= 8)[:, None, :], got.shape))
+  del codes
+
+
 @pytest.mark.parametrize("fmt", [fp4jax.NVFP4, fp4jax.MXFP4], ids=lambda f: f.name)
 def test_pallas_gemm_matches_dequantize_dot(fmt, interpret):
   # Products value·scale are exact in the operand dtype (float16 / bfloat16); only fp32 summation order and the
@@ -55,11 +81,26 @@ def test_pallas_gemm_matches_dequantize_dot(fmt, interpret):
   assert _rel(y, reference.matmul(a, b, out_dtype=jnp.float32)) < 1e-6
 
 
+@pytest.mark.parametrize("fmt,dots", [(fp4jax.NVFP4, 1), (fp4jax.NVFP4, 2), (fp4jax.NVFP4, 4), (fp4jax.NVFP4, 8),
+                                      (fp4jax.MXFP4, 2)], ids=lambda v: getattr(v, "name", v))
+def test_pallas_gemm_every_dot_split_matches(fmt, dots, interpret):
+  """The decoded parts joined into 1, 2, 4 or 8 dots per K chunk: the same sums in another order."""
+  a, b = _operands(fmt, k=256)
+  y = pallas_triton.matmul(a, b, tile=(16, 32, 128), out_dtype=jnp.float32, num_warps=4, interpret=interpret,
+                           dots=dots)
+  assert _rel(y, reference.matmul(a, b, out_dtype=jnp.float32)) < 1e-6
+
+
 def test_pallas_gemm_rejects_mismatched_operands():
   a, _ = _operands(fp4jax.NVFP4)
   _, b = _operands(fp4jax.MXFP4)
   with pytest.raises(ValueError, match="share format"):
     pallas_triton.matmul(a, b, tile=(16, 16, 64), interpret=True)
+  for dots, tile in ((3, (16, 16, 128)), (8, (16, 16, 64))):
+    with pytest.raises(ValueError, match="dots"):
+      pallas_triton.matmul(a, _operands(fp4jax.NVFP4)[1], tile=tile, dots=dots, interpret=True)
+  with pytest.raises(ValueError, match="dots"):
+    pallas_triton.matmul(_operands(fp4jax.MXFP4)[0], b, tile=(16, 16, 64), dots=4, interpret=True)
 
 
 @pytest.mark.parametrize("fmt", [fp4jax.NVFP4, fp4jax.MXFP4], ids=lambda f: f.name)
@@ -117,7 +158,7 @@ def test_dispatch_small_or_ragged_shapes_fall_back():
 
 
 @pytest.mark.parametrize("m,k,want", [(1, 256, ((16, 128, 128), 4, 4)), (16, 96, ((16, 128, 32), 4, 4)),
-                                      (48, 64, ((64, 128, 64), 4, 4)), (4096, 4096, ((128, 256, 64), 8, 3))])
+                                      (48, 64, ((64, 128, 64), 4, 4)), (4096, 4096, ((128, 128, 128), 8, 3))])
 def test_pallas_gemm_default_config_fits_skinny_gemms(m, k, want):
   assert pallas_triton.default_config(m, k) == want
 

@@ -28,12 +28,12 @@ from fp4jax_kernels.quantize.spec import QuantizeSpec
 
 SHAPES = [(16, 8192, 8192), (8192, 4096, 4096)]  # (M, N, K); the memory-bound one first
 # Activations quantized in the GEMM vs quantize kernel + GEMM kernel (X bf16 -> NVFP4 RTN, W packed).
-FUSED_TILES = {(8192, 4096, 4096): [((128, 128, 64), 8, 2), ((128, 128, 128), 8, 2), ((64, 128, 64), 4, 2)],
-               (16, 8192, 8192): [((16, 64, 256), 4, 2), ((16, 128, 128), 4, 2)]}
-TILES = {(8192, 4096, 4096): [((128, 128, 128), 8, 3), ((128, 256, 64), 8, 3), ((128, 128, 64), 4, 4),
-                              ((256, 128, 64), 8, 3), ((128, 128, 128), 8, 4)],
-         (16, 8192, 8192): [((16, 128, 256), 4, 3), ((16, 64, 512), 4, 3), ((16, 64, 256), 4, 4),
-                            ((16, 32, 512), 4, 3), ((16, 128, 128), 4, 4)]}
+FUSED_TILES = {(8192, 4096, 4096): [((128, 128, 128), 8, 3, None), ((128, 128, 128), 8, 3, 1), ((128, 256, 128), 8, 3, 2),
+                              ((128, 256, 64), 8, 3, None), ((128, 128, 64), 4, 4, None), ((256, 128, 64), 8, 3, None),
+                              ((128, 128, 128), 4, 3, None)],
+         (16, 8192, 8192): [((16, 128, 128), 4, 4, None), ((16, 128, 128), 4, 4, 4), ((16, 128, 128), 4, 3, None),
+                            ((16, 64, 256), 4, 4, None), ((16, 128, 256), 4, 3, None), ((16, 256, 128), 8, 4, None),
+                            ((16, 64, 128), 4, 4, None)]}
 
 
 def sass_counts(fmt=fp4jax.NVFP4) -> None:
@@ -41,14 +41,17 @@ def sass_counts(fmt=fp4jax.NVFP4) -> None:
   for (m, n, k), configs in TILES.items():
     a = fp4jax.quantize(jnp.ones((min(m, 256), k)), fmt)
     b = fp4jax.quantize(jnp.ones((256, k)), fmt)
-    for (bm, bn, bk), nw, ns in configs:
-      fn = lambda a, b, tile=(bm, bn, bk), nw=nw, ns=ns: pallas_triton.matmul(  # noqa: E731
-          a, b, tile=tile, num_warps=nw, num_stages=ns, split_k=1)
+    for (bm, bn, bk), nw, ns, dots in configs:
+      dots = dots or pallas_triton.default_dots(fmt.name, bm, bk)
+      if fmt.name != "nvfp4" and dots > 2:
+        continue
+      fn = lambda a, b, tile=(bm, bn, bk), nw=nw, ns=ns, dots=dots: pallas_triton.matmul(  # noqa: E731
+          a, b, tile=tile, num_warps=nw, num_stages=ns, split_k=1, dots=dots)
       (module,) = triton_ir.triton_modules(fn, a, b)
       ops = triton_ir.sass_histogram(triton_ir.compile_sm90(module, nw, ns))
       per_element = sum(ops.values()) / ((bm + bn) * bk / (32 * nw))
       top = ", ".join(f"{op} {c}" for op, c in ops.most_common(5))
-      print(f"{f'{m}x{n}x{k}':16s} {fmt.name} ({bm}, {bn}, {bk}) w{nw} s{ns}: {sum(ops.values()):5d} SASS, "
+      print(f"{f'{m}x{n}x{k}':16s} {fmt.name} ({bm}, {bn}, {bk}) w{nw} s{ns} dots {dots}: {sum(ops.values()):5d} SASS, "
             f"{per_element:5.1f} per decoded element; {top}", flush=True)
 
 
@@ -60,7 +63,7 @@ def main():
       sass_counts(fmt)
     return
   print(header())
-  print(f"{'M x N x K':20s} {'impl':36s} {'ms':>8s} {'TFLOP/s':>8s} {'vs bf16':>8s} {'rel.err':>9s}")
+  print(f"{'M x N x K':20s} {'impl':44s} {'ms':>8s} {'TFLOP/s':>8s} {'vs bf16':>8s} {'rel.err':>9s}")
   for m, n, k in SHAPES:
     xa = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
     xb = jax.random.normal(jax.random.key(1), (n, k), jnp.float32)
@@ -70,19 +73,22 @@ def main():
     ab, bb = xa.astype(jnp.bfloat16), xb.astype(jnp.bfloat16)
     bf16_ms = time_ms(jax.jit(lambda p, q: jnp.dot(p, q.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16)),
                       ab, bb)
-    row = lambda impl, ms, err="": print(f"{f'{m}x{n}x{k}':20s} {impl:36s} {ms:8.3f} {flops / ms / 1e9:8.1f} "
+    row = lambda impl, ms, err="": print(f"{f'{m}x{n}x{k}':20s} {impl:44s} {ms:8.3f} {flops / ms / 1e9:8.1f} "
                                          f"{bf16_ms / ms:7.2f}x {err:>9s}", flush=True)
     row("bf16 jnp.dot", bf16_ms)
     row("xla dequantize + dot", time_ms(reference.matmul, a, b))
-    for tile, nw, ns in TILES[(m, n, k)]:
-      splits = sorted({1, pallas_triton.default_split_k(m, n, k, tile)})  # the default, and no split if it differs
+    row("(in the pallas rows) B's codes as uint32 words", time_ms(jax.jit(pallas_triton.code_words), b.codes))
+    for tile, nw, ns, dots in TILES[(m, n, k)]:
+      dots = dots or pallas_triton.default_dots("nvfp4", tile[0], tile[2])
+      split = pallas_triton.default_split_k(m, n, k, tile)
+      splits = sorted({1, split, 2 * split} if split > 1 else {1})  # no split, the default and twice the default
       for split in splits:
         try:
-          f = jax.jit(lambda a, b, tile=tile, nw=nw, ns=ns, split=split: pallas_triton.matmul(
-              a, b, tile=tile, num_warps=nw, num_stages=ns, split_k=split))
+          f = jax.jit(lambda a, b, tile=tile, nw=nw, ns=ns, split=split, dots=dots: pallas_triton.matmul(
+              a, b, tile=tile, num_warps=nw, num_stages=ns, split_k=split, dots=dots))
           y = f(a, b).astype(jnp.float32)
           err = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
-          row(f"pallas {tile} w{nw} s{ns} split-K {split}", time_ms(f, a, b), f"{err:.1e}")
+          row(f"pallas {tile} w{nw} s{ns} d{dots} split-K {split}", time_ms(f, a, b), f"{err:.1e}")
         except Exception as e:
           print(f"{f'{m}x{n}x{k}':20s} pallas {tile} split-K {split} FAILED {type(e).__name__}: {str(e)[:200]}",
                 flush=True)

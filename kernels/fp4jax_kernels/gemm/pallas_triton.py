@@ -1,15 +1,18 @@
 """Dequantize-in-kernel FP4 GEMM, Pallas on the Triton backend: ``out = dq(A) · dq(B)ᵀ``.
 
 A (M, K) and B (N, K) are ``fp4jax.QTensor`` s quantized along K (1D blocks; NVFP4 or MXFP4, either Hadamard domain
-as long as both share it). Each program owns a (bm, bn) output tile and walks K in chunks of bk: it reads bk/2 code
-bytes and bk/block scale bytes per row of each operand, rebuilds ``value(q) · scale_b`` exactly (at most 2 + 4
-significant bits) and feeds the tensor cores (``dot_general``, fp32 accumulate). NVFP4 operands are float16:
-a nonzero ``|value · scale_b|`` lies in [2^-10, 6 · 448], in float16's normal range, and the E2M1 code decodes to
-float16 bits in a few integer operations (``e2m1_to_f16``; the float16 multiply by the scale is packed, two per
-instruction). MXFP4's power-of-two scales span 2^±127, so its operands are bfloat16.
-The nibbles are never interleaved back into K order: a byte holds elements 2j (low) and 2j + 1 (high), and
-``Σ_k a_k b_k = Σ_j a_2j b_2j + Σ_j a_2j+1 b_2j+1``, so each chunk is two dots, of the low and of the high nibbles
-(each element of the half-width arrays takes the scale of block ``j // (block/2)``).
+as long as both share it). Each program owns a (bm, bn) output tile and walks K in chunks of bk: it reads the packed
+codes and the bk/block scale bytes per row of each operand, rebuilds ``value(q) · scale_b`` exactly (at most 2 + 4
+significant bits) and feeds the tensor cores (``dot_general``, fp32 accumulate).
+
+NVFP4 operands are float16, decoded from uint32 words of 8 codes (``code_words``, ``dequant_words``): per pair of
+elements two integer operations place both codes under float16's exponent and mantissa (``value · 2^-14``, exact,
+subnormal for the codes ±0.5), and one packed float16 multiply by ``scale_b · 2^7`` gives ``value · scale_b · 2^-7``,
+exact; the epilogue's alpha takes the 2^14 of the two operands back (exact, a power of two). The 8 elements of a word
+are never interleaved back into K order: element e of every word forms one part, and ``Σ_k a_k b_k = Σ_e Σ_i
+a_8i+e b_8i+e``, so each chunk is up to 8 dots, or fewer after joining parts in registers (``joined``; A and B
+alike). MXFP4's power-of-two scales span 2^±127, so its operands are bfloat16, decoded per byte (``dequant_halves``:
+the low and the high nibbles, two parts).
 The tensor scales multiply the fp32 accumulator once in the epilogue (as the hardware's alpha), so the result
 differs from the XLA path (dequantize to fp32, then dot) only by fp32 summation order.
 
@@ -57,6 +60,48 @@ def e2m1_to_f16(codes: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type(((c & 8) << 12) | mag, jnp.float16)
 
 
+WORD_CODES = 8  # E2M1 codes per uint32 word of packed NVFP4 codes
+WORD_SCALE_EXP = 7  # NVFP4 operands are decoded as value · scale · 2^-7; the epilogue multiplies by 2^14
+
+
+def e2m1_words_to_f16(words: jax.Array) -> list[jax.Array]:
+  """uint32 words of 8 packed E2M1 codes -> 8 float16 arrays, the e-th holding element e of every word as
+  ``value · 2^-14`` (exact; integer operations only).
+
+  A word is 4 little-endian code bytes: element e (K index 8i + e of word i) in bits 4e..4e+3. Shifted left by
+  4·(3 − j), it has element j's code ``s ee m`` in bits 12-15 and element j + 4's in bits 28-31;
+  ``(x & 0x80008000) | ((x >> 3) & 0x0E000E00)`` moves each ``ee m`` to bits 9-11 of its half, under float16's
+  exponent and top mantissa bit, sign kept: ``(-1)^s · 2^(ee-15) · (1 + m/2)`` for ee > 0 and the subnormal
+  ``(-1)^s · m · 2^-15`` for ee = 0, i.e. value · 2^-14 in both cases, two elements in three operations.
+  """
+  out = [None] * WORD_CODES
+  for j in range(4):
+    x = words << (4 * (3 - j)) if j < 3 else words
+    y = (x & jnp.uint32(0x80008000)) | ((x >> 3) & jnp.uint32(0x0E000E00))
+    out[j] = lax.bitcast_convert_type((y & 0xFFFF).astype(jnp.uint16), jnp.float16)
+    out[j + 4] = lax.bitcast_convert_type((y >> 16).astype(jnp.uint16), jnp.float16)
+  return out
+
+
+def dequant_words(words: jax.Array, scales: jax.Array) -> list[jax.Array]:
+  """(r, bk/8) uint32 NVFP4 code words + (r, bk/16) E4M3 scale bits -> 8 float16 arrays (r, bk/8), the e-th
+  ``value · scale_b · 2^-7`` of element e of each word (exact, see below; one float16 multiply per element).
+
+  ``value · 2^-14`` (``e2m1_words_to_f16``) times ``scale_b · 2^7`` (exact in float16: at most 4 significant bits,
+  in [2^-2, 57344]) is a multiple of 2^-17 below 21 with at most 6 significant bits, so exact in float16 even
+  where subnormal. Words 2b and 2b + 1 hold block b.
+  """
+  r, w = words.shape
+  s = (scale_to_f32(scales, "nvfp4") * 2.0**WORD_SCALE_EXP).astype(jnp.float16)
+  s = jnp.broadcast_to(s[:, :, None], (r, w // 2, 2)).reshape(r, w)
+  return [v * s for v in e2m1_words_to_f16(words)]
+
+
+def code_words(codes: jax.Array) -> jax.Array:
+  """(r, c) uint8 packed codes -> (r, c/4) uint32 words, byte 0 in the low bits."""
+  return lax.bitcast_convert_type(codes.reshape(codes.shape[0], -1, 4), jnp.uint32)
+
+
 def operand_dtype(fmt_name: str):
   """The dtype the GEMM kernels decode ``fmt_name`` operands to: float16 for NVFP4, bfloat16 for MXFP4 (both exact)."""
   return jnp.float16 if fmt_name == "nvfp4" else jnp.bfloat16
@@ -91,18 +136,33 @@ def dequant_halves(codes: jax.Array, scales: jax.Array, block: int, fmt_name: st
   return scaled(codes & 0xF), scaled(codes >> 4)
 
 
-def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, bk: int, block: int, fmt_name: str):
-  """One (bm, bn) tile of the output (or, split-K, of one K slice's fp32 partial: ``o_ref`` is (1, bm, bn))."""
+def joined(parts: list[jax.Array], n: int) -> list[jax.Array]:
+  """``n`` operands from the decoded ``parts`` (a power-of-two count, each (r, w)): parts i and i + len/2 are
+  interleaved along the last axis (``jnp.stack`` on a new last axis: Triton's register-level join) until ``n``
+  remain. A and B pass through the same joins, so every dot pairs the same K indices."""
+  while len(parts) > n:
+    h = len(parts) // 2
+    parts = [jnp.stack([x, y], axis=-1).reshape(x.shape[0], 2 * x.shape[1]) for x, y in zip(parts[:h], parts[h:])]
+  return parts
+
+
+def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, bk: int, block: int, fmt_name: str,
+            dots: int):
+  """One (bm, bn) tile of the output (or, split-K, of one K slice's fp32 partial: ``o_ref`` is (1, bm, bn)); each K
+  chunk is ``dots`` tensor-core dots (see ``joined``)."""
   bm, bn = o_ref.shape[-2:]
   dims = (((1,), (1,)), ((), ()))
+  per_code = WORD_CODES if fmt_name == "nvfp4" else 2  # elements per code entry: uint32 words or uint8 bytes
+
+  def operands(c_ref, s_ref, t):
+    c, s = c_ref[:, pl.ds(t * (bk // per_code), bk // per_code)], s_ref[:, pl.ds(t * (bk // block), bk // block)]
+    parts = dequant_words(c, s) if fmt_name == "nvfp4" else list(dequant_halves(c, s, block, fmt_name))
+    return joined(parts, dots)
 
   def body(t, acc):
-    a_even, a_odd = dequant_halves(ac_ref[:, pl.ds(t * (bk // 2), bk // 2)],
-                                    as_ref[:, pl.ds(t * (bk // block), bk // block)], block, fmt_name)
-    b_even, b_odd = dequant_halves(bc_ref[:, pl.ds(t * (bk // 2), bk // 2)],
-                                    bs_ref[:, pl.ds(t * (bk // block), bk // block)], block, fmt_name)
-    acc = acc + lax.dot_general(a_even, b_even, dims, preferred_element_type=jnp.float32)
-    return acc + lax.dot_general(a_odd, b_odd, dims, preferred_element_type=jnp.float32)
+    for a, b in zip(operands(ac_ref, as_ref, t), operands(bc_ref, bs_ref, t)):
+      acc = acc + lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)  # Triton: dot(a, b, acc)
+    return acc
 
   acc = lax.fori_loop(0, k // bk, body, jnp.zeros((bm, bn), jnp.float32))
   if len(o_ref.shape) == 3:  # split-K partial: alpha and the cast come after the sum over slices
@@ -112,7 +172,7 @@ def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, 
   store_in_bounds(o_ref, acc.astype(o_ref.dtype), out_block, out_shape)
 
 
-def _check(a: QTensor, b: QTensor, tile, split_k: int):
+def _check(a: QTensor, b: QTensor, tile, split_k: int, dots: int):
   for name, q in (("a", a), ("b", b)):
     if not isinstance(q, QTensor) or len(q.shape) != 2 or q.axis != 1 or len(q.block_shape) != 1:
       raise ValueError(f"{name} must be a 2D QTensor quantized along its last axis with 1D blocks")
@@ -124,16 +184,27 @@ def _check(a: QTensor, b: QTensor, tile, split_k: int):
     raise ValueError(f"K={a.shape[1]} must be a multiple of bk={bk}, itself a multiple of the block size")
   if split_k < 1 or a.shape[1] % (split_k * bk):
     raise ValueError(f"split_k={split_k} must be >= 1 and divide K={a.shape[1]} into whole multiples of bk={bk}")
+  parts = WORD_CODES if a.fmt.name == "nvfp4" else 2
+  if dots not in (1, 2, 4, 8) or dots > parts or bk // dots < 16:
+    raise ValueError(f"dots={dots} must be a power of two <= {parts} ({a.fmt.name}) with bk/dots >= 16 (bk={bk})")
 
 
 def default_config(m: int, k: int) -> tuple[tuple[int, int, int], int, int]:
   """((bm, bn, bk), num_warps, num_stages), the fastest measured on an H200 (BENCHMARKS.md §5): bm = M rounded up
-  to a power of two in [16, 128]; (128, 256, 64) w8 s3 for large M, (bm, 128, 128) w4 s4 for skinny M (bk: the
-  largest of those dividing K)."""
+  to a power of two in [16, 128]; (128, 128, 128) w8 s3 for large M, (bm, 128, 128) w4 s4 for skinny M (bk: the
+  largest of 128, 64, 32 dividing K)."""
   bm = min(128, max(16, 1 << (m - 1).bit_length()))
-  if bm == 128:
-    return (bm, 256, next((t for t in (64, 32) if k % t == 0), 64)), 8, 3
-  return (bm, 128, next((t for t in (128, 64, 32) if k % t == 0), 128)), 4, 4
+  bk = next((t for t in (128, 64, 32) if k % t == 0), 128)
+  return ((bm, 128, bk), 8, 3) if bm == 128 else ((bm, 128, bk), 4, 4)
+
+
+def default_dots(fmt_name: str, bm: int, bk: int) -> int:
+  """Tensor-core dots per K chunk (``joined``), the fastest measured on an H200 (BENCHMARKS.md §5): NVFP4 parts
+  joined into one dot for skinny tiles (bm < 64) and into two for larger ones (each dot's K at least 16). MXFP4: its
+  two halves, unjoined (PyPI's Triton 3.9 fails to compile the joined bfloat16 operands for sm_90)."""
+  if fmt_name != "nvfp4":
+    return 2
+  return 1 if bm < 64 or bk < 32 else 2
 
 
 MIN_PROGRAMS = 512  # about 4 per SM of an H100 / H200 (132 SMs)
@@ -150,34 +221,45 @@ def default_split_k(m: int, n: int, k: int, tile) -> int:
   return s
 
 
-@functools.partial(jax.jit, static_argnames=("tile", "out_dtype", "num_warps", "num_stages", "interpret", "split_k"))
+@functools.partial(jax.jit, static_argnames=("tile", "out_dtype", "num_warps", "num_stages", "interpret", "split_k",
+                                             "dots"))
 def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_warps: int | None = None,
-           num_stages: int | None = None, interpret: bool = False, split_k: int | None = None) -> jax.Array:
+           num_stages: int | None = None, interpret: bool = False, split_k: int | None = None,
+           dots: int | None = None) -> jax.Array:
   """``dq(a) · dq(b)ᵀ`` (M, N) from packed FP4 operands, dequantized in the kernel; fp32 accumulation.
 
   ``tile`` = (bm, bn, bk), ``num_warps``, ``num_stages``: defaults from ``default_config`` (a skinny GEMM, e.g.
   decoding 16 tokens against packed weights, does not compute 128 rows). ``split_k``: K slices summed in fp32 after
-  the kernel (see the module docstring); default ``default_split_k``.
+  the kernel (see the module docstring); default ``default_split_k``. ``dots``: tensor-core dots per K chunk
+  (``joined``); default ``default_dots``.
   """
   default_tile, default_warps, default_stages = default_config(*a.shape)
   tile = tuple(tile or default_tile)
   num_warps, num_stages = num_warps or default_warps, num_stages or default_stages
   (m, k), (n, _) = a.shape, b.shape
   split_k = default_split_k(m, n, k, tile) if split_k is None else split_k
-  _check(a, b, tile, split_k)
   bm, bn, bk = tile
+  dots = dots or default_dots(a.fmt.name, bm, bk)
+  _check(a, b, tile, split_k, dots)
   block, ks = a.fmt.block_size, k // split_k
   u8 = lambda s: lax.bitcast_convert_type(s, jnp.uint8)
-  alpha = (a.global_scale * b.global_scale).reshape(1).astype(jnp.float32)
+  words = a.fmt.name == "nvfp4"  # NVFP4 codes go in as uint32 words, decoded with value · scale · 2^-7 per operand
+  per_code = WORD_CODES if words else 2
+  alpha = (a.global_scale * b.global_scale).reshape(1).astype(jnp.float32) * (2.0**(2 * WORD_SCALE_EXP) if words
+                                                                              else 1.0)
+  codes = code_words if words else (lambda c: c)
   split = split_k > 1
   out_shape = (split_k, m, n) if split else (m, n)
-  kernel = functools.partial(_kernel, out_shape=out_shape, k=ks, bk=bk, block=block, fmt_name=a.fmt.name)
+  kernel = functools.partial(_kernel, out_shape=out_shape, k=ks, bk=bk, block=block, fmt_name=a.fmt.name,
+                             dots=dots)
   y = pl.pallas_call(
       kernel,
       grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), split_k),
       in_specs=[
-          pl.BlockSpec((bm, ks // 2), lambda i, j, p: (i, p)), pl.BlockSpec((bm, ks // block), lambda i, j, p: (i, p)),
-          pl.BlockSpec((bn, ks // 2), lambda i, j, p: (j, p)), pl.BlockSpec((bn, ks // block), lambda i, j, p: (j, p)),
+          pl.BlockSpec((bm, ks // per_code), lambda i, j, p: (i, p)),
+          pl.BlockSpec((bm, ks // block), lambda i, j, p: (i, p)),
+          pl.BlockSpec((bn, ks // per_code), lambda i, j, p: (j, p)),
+          pl.BlockSpec((bn, ks // block), lambda i, j, p: (j, p)),
           pl.BlockSpec((1,), lambda i, j, p: (0,)),
       ],
       out_specs=(pl.BlockSpec((1, bm, bn), lambda i, j, p: (p, i, j)) if split
@@ -186,5 +268,5 @@ def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_war
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name=f"fp4_dequant_matmul_{a.fmt.name}",
-  )(a.codes, u8(a.scales), b.codes, u8(b.scales), alpha)
+  )(codes(a.codes), u8(a.scales), codes(b.codes), u8(b.scales), alpha)
   return (jnp.sum(y, axis=0) * alpha[0]).astype(out_dtype) if split else y
