@@ -157,7 +157,7 @@ def test_dispatch_small_or_ragged_shapes_fall_back():
     backends.resolve("triton", "xla")
 
 
-@pytest.mark.parametrize("m,k,want", [(1, 256, ((16, 128, 128), 4, 4)), (16, 96, ((16, 128, 32), 4, 4)),
+@pytest.mark.parametrize("m,k,want", [(1, 256, ((16, 64, 128), 4, 4)), (16, 96, ((16, 64, 32), 4, 4)),
                                       (48, 64, ((64, 128, 64), 4, 4)), (4096, 4096, ((128, 128, 128), 8, 3))])
 def test_pallas_gemm_default_config_fits_skinny_gemms(m, k, want):
   assert pallas_triton.default_config(m, k) == want
@@ -180,7 +180,7 @@ def test_pallas_gemm_split_k_matches(split_k, interpret):
     pallas_triton.matmul(a, b, tile=(16, 32, 64), interpret=True, split_k=3)
 
 
-@pytest.mark.parametrize("m,n,k,want", [(16, 8192, 8192, 8), (8192, 4096, 4096, 1), (16, 128, 256, 1)])
+@pytest.mark.parametrize("m,n,k,want", [(16, 8192, 8192, 4), (8192, 4096, 4096, 1), (16, 128, 256, 1)])
 def test_default_split_k_fills_the_gpu_only_for_skinny_gemms(m, n, k, want):
   assert pallas_triton.default_split_k(m, n, k, pallas_triton.default_config(m, k)[0]) == want
 

@@ -5,8 +5,8 @@ as long as both share it). Each program owns a (bm, bn) output tile and walks K 
 codes and the bk/block scale bytes per row of each operand, rebuilds ``value(q) · scale_b`` exactly (at most 2 + 4
 significant bits) and feeds the tensor cores (``dot_general``, fp32 accumulate).
 
-NVFP4 operands are float16, decoded from uint32 words of 8 codes (``code_words``, ``dequant_words``): per pair of
-elements two integer operations place both codes under float16's exponent and mantissa (``value · 2^-14``, exact,
+NVFP4 operands are float16, decoded from uint32 words of 8 codes (assembled in the kernel, ``code_words``;
+``dequant_words``): per pair of elements two integer operations place both codes under float16's exponent and mantissa (``value · 2^-14``, exact,
 subnormal for the codes ±0.5), and one packed float16 multiply by ``scale_b · 2^7`` gives ``value · scale_b · 2^-7``,
 exact; the epilogue's alpha takes the 2^14 of the two operands back (exact, a power of two). The 8 elements of a word
 are never interleaved back into K order: element e of every word forms one part, and ``Σ_k a_k b_k = Σ_e Σ_i
@@ -98,8 +98,11 @@ def dequant_words(words: jax.Array, scales: jax.Array) -> list[jax.Array]:
 
 
 def code_words(codes: jax.Array) -> jax.Array:
-  """(r, c) uint8 packed codes -> (r, c/4) uint32 words, byte 0 in the low bits."""
-  return lax.bitcast_convert_type(codes.reshape(codes.shape[0], -1, 4), jnp.uint32)
+  """(r, c) uint8 packed codes -> (r, c/4) uint32 words, byte 0 in the low bits (in-kernel: a sum of shifted bytes,
+  which never overlap; no XLA pass over the codes)."""
+  r, c = codes.shape
+  b = codes.reshape(r, c // 4, 4).astype(jnp.uint32)
+  return jnp.sum(b << (8 * lax.broadcasted_iota(jnp.uint32, b.shape, 2)), axis=-1, dtype=jnp.uint32)
 
 
 def operand_dtype(fmt_name: str):
@@ -152,11 +155,9 @@ def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, 
   chunk is ``dots`` tensor-core dots (see ``joined``)."""
   bm, bn = o_ref.shape[-2:]
   dims = (((1,), (1,)), ((), ()))
-  per_code = WORD_CODES if fmt_name == "nvfp4" else 2  # elements per code entry: uint32 words or uint8 bytes
-
   def operands(c_ref, s_ref, t):
-    c, s = c_ref[:, pl.ds(t * (bk // per_code), bk // per_code)], s_ref[:, pl.ds(t * (bk // block), bk // block)]
-    parts = dequant_words(c, s) if fmt_name == "nvfp4" else list(dequant_halves(c, s, block, fmt_name))
+    c, s = c_ref[:, pl.ds(t * (bk // 2), bk // 2)], s_ref[:, pl.ds(t * (bk // block), bk // block)]
+    parts = dequant_words(code_words(c), s) if fmt_name == "nvfp4" else list(dequant_halves(c, s, block, fmt_name))
     return joined(parts, dots)
 
   def body(t, acc):
@@ -191,11 +192,11 @@ def _check(a: QTensor, b: QTensor, tile, split_k: int, dots: int):
 
 def default_config(m: int, k: int) -> tuple[tuple[int, int, int], int, int]:
   """((bm, bn, bk), num_warps, num_stages), the fastest measured on an H200 (BENCHMARKS.md §5): bm = M rounded up
-  to a power of two in [16, 128]; (128, 128, 128) w8 s3 for large M, (bm, 128, 128) w4 s4 for skinny M (bk: the
-  largest of 128, 64, 32 dividing K)."""
+  to a power of two in [16, 128]; (128, 128, 128) w8 s3 for large M, (bm, 128, 128) w4 s4 for skinny M, with
+  bn = 64 for M <= 16 (bk: the largest of 128, 64, 32 dividing K)."""
   bm = min(128, max(16, 1 << (m - 1).bit_length()))
   bk = next((t for t in (128, 64, 32) if k % t == 0), 128)
-  return ((bm, 128, bk), 8, 3) if bm == 128 else ((bm, 128, bk), 4, 4)
+  return ((bm, 128, bk), 8, 3) if bm == 128 else ((bm, 64 if bm == 16 else 128, bk), 4, 4)
 
 
 def default_dots(fmt_name: str, bm: int, bk: int) -> int:
@@ -243,11 +244,8 @@ def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_war
   _check(a, b, tile, split_k, dots)
   block, ks = a.fmt.block_size, k // split_k
   u8 = lambda s: lax.bitcast_convert_type(s, jnp.uint8)
-  words = a.fmt.name == "nvfp4"  # NVFP4 codes go in as uint32 words, decoded with value · scale · 2^-7 per operand
-  per_code = WORD_CODES if words else 2
-  alpha = (a.global_scale * b.global_scale).reshape(1).astype(jnp.float32) * (2.0**(2 * WORD_SCALE_EXP) if words
-                                                                              else 1.0)
-  codes = code_words if words else (lambda c: c)
+  unscale = 2.0**(2 * WORD_SCALE_EXP) if a.fmt.name == "nvfp4" else 1.0  # NVFP4 operands: value · scale · 2^-7
+  alpha = (a.global_scale * b.global_scale).reshape(1).astype(jnp.float32) * unscale
   split = split_k > 1
   out_shape = (split_k, m, n) if split else (m, n)
   kernel = functools.partial(_kernel, out_shape=out_shape, k=ks, bk=bk, block=block, fmt_name=a.fmt.name,
@@ -256,10 +254,8 @@ def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_war
       kernel,
       grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), split_k),
       in_specs=[
-          pl.BlockSpec((bm, ks // per_code), lambda i, j, p: (i, p)),
-          pl.BlockSpec((bm, ks // block), lambda i, j, p: (i, p)),
-          pl.BlockSpec((bn, ks // per_code), lambda i, j, p: (j, p)),
-          pl.BlockSpec((bn, ks // block), lambda i, j, p: (j, p)),
+          pl.BlockSpec((bm, ks // 2), lambda i, j, p: (i, p)), pl.BlockSpec((bm, ks // block), lambda i, j, p: (i, p)),
+          pl.BlockSpec((bn, ks // 2), lambda i, j, p: (j, p)), pl.BlockSpec((bn, ks // block), lambda i, j, p: (j, p)),
           pl.BlockSpec((1,), lambda i, j, p: (0,)),
       ],
       out_specs=(pl.BlockSpec((1, bm, bn), lambda i, j, p: (p, i, j)) if split
@@ -268,5 +264,5 @@ def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_war
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name=f"fp4_dequant_matmul_{a.fmt.name}",
-  )(codes(a.codes), u8(a.scales), codes(b.codes), u8(b.scales), alpha)
+  )(a.codes, u8(a.scales), b.codes, u8(b.scales), alpha)
   return (jnp.sum(y, axis=0) * alpha[0]).astype(out_dtype) if split else y
