@@ -10,7 +10,9 @@ import jax
 BACKENDS = ("xla", "pallas", "native")
 NATIVE_FP4_MIN_CAPABILITY = (10, 0)  # Blackwell (sm_100) and newer
 PALLAS_MIN_CAPABILITY = (8, 0)  # Triton's bf16 tensor-core dot
-PALLAS_MIN_GEMM_ROWS = 16  # a GEMM tile's row dim; below this XLA's dequantize + dot is as good
+# one row: XLA's dequantize + dot is a fused GEMV, level with the kernel (H200, 1x8192x8192: 0.075 vs 0.081 ms);
+# at 4 and 8 rows the kernel is 4.1x and 5.6x faster (BENCHMARKS.md §5)
+PALLAS_MIN_GEMM_ROWS = 2
 
 
 def compute_capability(device: jax.Device | None = None) -> tuple[int, int] | None:
@@ -48,8 +50,8 @@ def quantize_backend(shape: tuple[int, ...], axis_len_multiple: int, device: jax
 
 
 def gemm_backend(m: int, n: int, k: int, block: int, device: jax.Device | None = None) -> str:
-  """"native" on Blackwell and newer; "pallas" on other capable GPUs for K a whole number of blocks and at least a
-  tile of rows; "xla" (dequantize + dot) otherwise."""
+  """"native" on Blackwell and newer; "pallas" on other capable GPUs for K a whole number of blocks and at least
+  ``PALLAS_MIN_GEMM_ROWS`` rows on each side; "xla" (dequantize + dot) otherwise."""
   if k % block:
     return "xla"
   if has_native_fp4(device):
