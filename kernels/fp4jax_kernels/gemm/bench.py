@@ -3,6 +3,7 @@ bf16 matmul of the same shape, one run, one table; and for bf16 activations, the
 (``fused_forward``) vs the quantize kernel followed by the GEMM kernel.
 
     PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench          # GPU: the timing table
+    PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench --few-rows   # GPU: M = 1..8 (the dispatch threshold)
     PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench --sass   # any machine: SASS per decoded element
 
 ``--sass`` compiles each GEMM kernel configuration of the table for sm_90 with PyPI's Triton
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 import fp4jax
+from fp4jax import backends
 from fp4jax_kernels import triton_ir
 from fp4jax_kernels.benchtools import header, time_ms
 from fp4jax_kernels.gemm import fused_forward, pallas_triton, reference
@@ -57,14 +59,37 @@ def sass_counts(fmt=fp4jax.NVFP4) -> None:
             f"{per_element:5.1f} per decoded element; {top}", flush=True)
 
 
+FEW_ROWS = [(m, n, n) for n in (8192, 4096) for m in (1, 2, 4, 8)]  # the dispatch threshold's shapes
+
+
+def few_rows() -> None:
+  """Below a tile of rows: bf16, XLA's dequantize + dot and the kernel (bm = 16, rows masked) at their defaults,
+  and which one ``fp4jax.backends.gemm_backend`` picks."""
+  print(f"{'M x N x K':20s} {'bf16 ms':>8s} {'xla ms':>8s} {'pallas ms':>9s} {'pallas/xla':>10s}  dispatch")
+  bf16_dot = jax.jit(lambda p, q: jnp.dot(p, q.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+  for m, n, k in FEW_ROWS:
+    xa = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
+    xb = jax.random.normal(jax.random.key(1), (n, k), jnp.float32)
+    a, b = fp4jax.quantize(xa, fp4jax.NVFP4), fp4jax.quantize(xb, fp4jax.NVFP4)
+    bf = time_ms(bf16_dot, xa.astype(jnp.bfloat16), xb.astype(jnp.bfloat16))
+    xla, pallas = time_ms(reference.matmul, a, b), time_ms(jax.jit(pallas_triton.matmul), a, b)
+    print(f"{f'{m}x{n}x{k}':20s} {bf:8.4f} {xla:8.4f} {pallas:9.4f} {xla / pallas:9.2f}x  "
+          f"{backends.gemm_backend(m, n, k, 16)}", flush=True)
+
+
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--sass", action="store_true", help="SASS counts from PyPI's Triton, a proxy (no GPU needed)")
-  if p.parse_args().sass:
+  p.add_argument("--few-rows", action="store_true", help="GPU: M = 1..8, the dispatch threshold's table")
+  args = p.parse_args()
+  if args.sass:
     for fmt in (fp4jax.NVFP4, fp4jax.MXFP4):
       sass_counts(fmt)
     return
   print(header())
+  if args.few_rows:
+    few_rows()
+    return
   print(f"{'M x N x K':20s} {'impl':44s} {'ms':>8s} {'TFLOP/s':>8s} {'vs bf16':>8s} {'rel.err':>9s}")
   for m, n, k in SHAPES:
     xa = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
