@@ -17,6 +17,7 @@ NaNs, subnormal operands and quotients outside the normal range fall back to the
 
 from __future__ import annotations
 
+import jax
 import jax.lax as lax
 import jax.numpy as jnp
 
@@ -31,6 +32,7 @@ def _fields(x):
   return b >> 31, exp, (b & _MANT) | _HIDDEN
 
 
+@jax.jit  # one named call in jaxprs: a Pallas kernel on the GPU runs it as PTX div.rn.f32 (fp4jax_kernels.triton_compat)
 def div_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
   """``a / b`` in float32, correctly rounded (nearest, ties to even) for normal operands and results."""
   a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))

@@ -5,9 +5,11 @@ tiles instead of re-implementing them. A few primitives those functions use have
 to something inexact, so ``kernel_safe(fn)`` traces ``fn`` to a jaxpr and evaluates it with these substitutions:
 
 * ``div`` (float32): Triton lowers ``arith.divf`` to the approximate ``div.full.f32`` (up to 2 ulp); on the GPU it
-  becomes PTX ``div.rn.f32`` (IEEE round-to-nearest-even). The foundation's scale divisions are integer long
-  divisions (``fp4jax.ieee.div_rn``); what still traces to ``div`` is their first guess of the significand quotient
-  (corrected exactly afterwards) and their special-value fallback, where both instructions agree with XLA.
+  becomes PTX ``div.rn.f32`` (IEEE round-to-nearest-even).
+* ``div_rn`` (``fp4jax.ieee``, a named call): the foundation's correctly rounded division, an integer long division
+  around a first guess with a fallback to ``div`` for special values. On the GPU the whole call becomes one
+  ``div.rn.f32``, the IEEE quotient it emulates: the same bits for every input (its normal-range result is the IEEE
+  quotient, its fallback already was this instruction), at a fraction of the instructions.
 * ``round`` (ties to even): no Triton lowering; PTX ``cvt.rni.f32.f32`` (round to nearest integer, ties to even).
 * ``sqrt`` (float32): Triton lowers ``math.sqrt`` to the approximate square root; PTX ``sqrt.rn.f32`` is IEEE
   round-to-nearest, as XLA's (QuEST's block standard deviation).
@@ -20,8 +22,8 @@ to something inexact, so ``kernel_safe(fn)`` traces ``fn`` to a jaxpr and evalua
 * ``slice`` of a short rank-1 vector (``seed[0]`` in ``fp4jax.bits.hash_bits``): no Triton lowering; a masked sum
   over the vector, exact (one non-zero term).
 
-In interpret mode (CPU) ``div``, ``round`` and ``sqrt`` keep their own primitives, so CPU tests compare the same jaxpr
-the GPU runs, less the three PTX instructions whose IEEE semantics equal XLA's.
+In interpret mode (CPU) ``div``, ``div_rn``, ``round`` and ``sqrt`` keep their own definitions, so CPU tests compare
+the same jaxpr the GPU runs, less the PTX instructions whose IEEE semantics equal them.
 """
 
 from __future__ import annotations
@@ -119,6 +121,11 @@ def _slice(x, *, start_indices, limit_indices, strides, **_):
   return jnp.sum(jnp.where(hit, x, jnp.zeros_like(x)), keepdims=True).astype(x.dtype)
 
 
+def _named_rules(interpret: bool) -> dict[str, Callable]:
+  """Rules for whole named calls (jitted functions), by name."""
+  return {} if interpret else {"div_rn": lambda a, b: _asm("div.rn.f32 $0, $1, $2;", a, b)}
+
+
 def _rules(interpret: bool) -> dict[str, Callable]:
   return {
       "div": lambda x, y: _div(x, y, interpret=interpret),
@@ -137,7 +144,7 @@ def _rules(interpret: bool) -> dict[str, Callable]:
   }
 
 
-def _eval(jaxpr, consts, args, rules):
+def _eval(jaxpr, consts, args, rules, named_rules):
   env = {}
 
   def read(v):
@@ -156,8 +163,10 @@ def _eval(jaxpr, consts, args, rules):
       inner = eqn.params["call_jaxpr"]
     if name in rules:
       outs = rules[name](*invals, **eqn.params)
+    elif inner is not None and eqn.params.get("name") in named_rules:
+      outs = [named_rules[eqn.params["name"]](*invals)]  # a call has a list of results
     elif inner is not None:
-      outs = _eval(inner.jaxpr, inner.consts, invals, rules)
+      outs = _eval(inner.jaxpr, inner.consts, invals, rules, named_rules)
     else:
       outs = eqn.primitive.bind(*invals, **eqn.params)
     if not eqn.primitive.multiple_results and not isinstance(outs, (list, tuple)):
@@ -174,7 +183,7 @@ def kernel_safe(fn: Callable, *, interpret: bool) -> Callable:
   def wrapped(*args):
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
     flat_args = jax.tree_util.tree_leaves(args)
-    outs = _eval(closed.jaxpr, closed.consts, flat_args, _rules(interpret))
+    outs = _eval(closed.jaxpr, closed.consts, flat_args, _rules(interpret), _named_rules(interpret))
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
 
   return wrapped

@@ -202,6 +202,15 @@ def test_quest_std_uses_the_ieee_square_root_in_triton():
   assert "sqrt.rn.f32" in module and "math.sqrt" not in module
 
 
+def test_correctly_rounded_division_is_one_ieee_instruction_in_triton():
+  """``fp4jax.ieee.div_rn`` (a long division around a first guess, for XLA) becomes one PTX ``div.rn.f32`` inside a
+  kernel, the IEEE quotient it emulates: the RTN kernel's one division per block (``1 / (dec_b · s_dec)``)."""
+  spec = QuantizeSpec(fp4jax.NVFP4)
+  (module,) = triton_ir.triton_modules(lambda x: pallas_triton.quantize(x, spec, amax=jnp.float32(1.0)),
+                                       jnp.ones((64, 256), jnp.bfloat16))
+  assert module.count("div.rn.f32") == 1 and "arith.divf" not in module
+
+
 def test_values_only_writes_the_packed_kernels_values_and_nothing_else(interpret):
   """``packed=False``: the same bf16 values and decode scale as the packed kernel, no QTensor, one kernel output."""
   spec, shape, tile = CASES["nvfp4_values_only_ragged"]
