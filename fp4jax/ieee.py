@@ -32,7 +32,7 @@ def _fields(x):
   return b >> 31, exp, (b & _MANT) | _HIDDEN
 
 
-@jax.jit  # one named call in jaxprs: a Pallas kernel on the GPU runs it as PTX div.rn.f32 (fp4jax_kernels.triton_compat)
+@jax.jit  # a named call in jaxprs: GPU Pallas kernels run it as PTX div.rn.f32 (fp4jax_kernels.triton_compat)
 def div_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
   """``a / b`` in float32, correctly rounded (nearest, ties to even) for normal operands and results."""
   a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))

@@ -116,8 +116,8 @@ def main():
           err = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
           row(f"pallas {tile} w{nw} s{ns} d{dots} split-K {split}", time_ms(f, a, b), f"{err:.1e}")
         except Exception as e:
-          print(f"{f'{m}x{n}x{k}':20s} pallas {tile} split-K {split} FAILED {type(e).__name__}: {str(e)[:200]}",
-                flush=True)
+          print(f"{f'{m}x{n}x{k}':20s} pallas {tile} d{dots} split-K {split} FAILED {type(e).__name__}: "
+                f"{str(e)[:200]}", flush=True)
     two_pass = jax.jit(lambda x, b: pallas_triton.matmul(quantize_kernel.quantize(x, QuantizeSpec(fp4jax.NVFP4))[0], b))
     fused_ref = reference.matmul(fp4jax.quantize(ab, fp4jax.NVFP4), b, out_dtype=jnp.float32)
     fused_rows = [("quantize kernel + pallas GEMM (X bf16)", two_pass)]

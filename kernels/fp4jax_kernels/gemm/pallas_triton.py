@@ -6,9 +6,10 @@ codes and the bk/block scale bytes per row of each operand, rebuilds ``value(q) 
 significant bits) and feeds the tensor cores (``dot_general``, fp32 accumulate).
 
 NVFP4 operands are float16, decoded from uint32 words of 8 codes (assembled in the kernel, ``code_words``;
-``dequant_words``): per pair of elements two integer operations place both codes under float16's exponent and mantissa (``value · 2^-14``, exact,
-subnormal for the codes ±0.5), and one packed float16 multiply by ``scale_b · 2^7`` gives ``value · scale_b · 2^-7``,
-exact; the epilogue's alpha takes the 2^14 of the two operands back (exact, a power of two). The 8 elements of a word
+``dequant_words``): per pair of elements two integer operations place both codes under float16's exponent and
+mantissa (``value · 2^-14``, exact, subnormal for the codes ±0.5), and one packed float16 multiply by
+``scale_b · 2^7`` gives ``value · scale_b · 2^-7``, exact; the epilogue's alpha takes the 2^14 of the two operands
+back (exact, a power of two). The 8 elements of a word
 are never interleaved back into K order: element e of every word forms one part, and ``Σ_k a_k b_k = Σ_e Σ_i
 a_8i+e b_8i+e``, so each chunk is up to 8 dots, or fewer after joining parts in registers (``joined``; A and B
 alike). MXFP4's power-of-two scales span 2^±127, so its operands are bfloat16, decoded per byte (``dequant_halves``:
@@ -155,6 +156,7 @@ def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, 
   chunk is ``dots`` tensor-core dots (see ``joined``)."""
   bm, bn = o_ref.shape[-2:]
   dims = (((1,), (1,)), ((), ()))
+
   def operands(c_ref, s_ref, t):
     c, s = c_ref[:, pl.ds(t * (bk // 2), bk // 2)], s_ref[:, pl.ds(t * (bk // block), bk // block)]
     parts = dequant_words(code_words(c), s) if fmt_name == "nvfp4" else list(dequant_halves(c, s, block, fmt_name))
