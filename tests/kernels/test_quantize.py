@@ -226,6 +226,57 @@ def test_values_only_writes_the_packed_kernels_values_and_nothing_else(interpret
     QuantizeSpec(N, packed=False)
 
 
+UNIT_CASES = {  # name: (spec, shape, tile, the unit each thread loads): whole units need a tile of 32·warps units
+    "nvfp4_rtn_ragged": (QuantizeSpec(N, dequantize=D, trust_mask=True), (37, 80), (16, 32), 16),
+    "nvfp4_rtn_f32": (QuantizeSpec(N, dequantize=V), (48, 96), (16, 32), 16),  # 4 loads of 4 floats per block
+    "nvfp4_sr": (QuantizeSpec(N, rounding="sr", dequantize=D), (40, 64), (16, 32), 16),
+    "nvfp4_rht16_te_sr": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", dequantize=D),
+                          (48, 96), (16, 32), 16),
+    "nvfp4_four_over_six": (QuantizeSpec(N46, dequantize=V), (48, 96), (16, 32), 16),
+    "mxfp4_quest_h32": (QuantizeSpec(QUEST, hadamard=32, dequantize=V, trust_mask=True), (32, 96), (32, 32), 32),
+    "mxfp4_floor_f32": (QuantizeSpec(M, dequantize=D), (32, 96), (32, 32), 32),  # 8 loads of 4 floats per block
+    "nvfp4_xt_rht16_sr_values_only": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te",
+                                                   along="rows_of_transpose", dequantize=V, packed=False),
+                                      (48, 80), (32, 16), 16),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNIT_CASES))
+def test_whole_unit_loads_match_reference_bit_for_bit(name, interpret):
+  """One warp, so that these small tiles hold a unit per thread: the kernel loads each block (or Hadamard chunk)
+  into one thread (``load_units``), in pieces of 16 bytes, and still gives the reference's bits."""
+  spec, shape, tile, unit = UNIT_CASES[name]
+  dtype = jnp.float32 if "f32" in name else jnp.bfloat16
+  n_axis = shape[0] if spec.transposed else shape[1]
+  assert pallas_triton.load_unit(spec, n_axis, dtype, "xla", tile, num_warps=1) == unit
+  x, key = _input(shape, dtype), jax.random.key(7)
+  got = pallas_triton.quantize(x, spec, key, tile=tile, num_warps=1, interpret=interpret)
+  _assert_same(got, reference.quantize(x, spec, key))
+
+
+def test_load_unit_falls_back_to_plain_tile_loads():
+  """0 (a plain tile load) where a thread cannot own whole units: MS-EDEN's 128-point chunks (register spills),
+  2D blocks, the in-register transpose, a ragged quantized axis, a tile with fewer units than threads."""
+  rtn, bf16 = QuantizeSpec(N), jnp.bfloat16
+  assert pallas_triton.load_unit(rtn, 512, bf16, "xla", (16, 512), 4) == 16
+  assert pallas_triton.load_unit(QuantizeSpec(M), 512, jnp.float32, "xla", (16, 512), 4) == 32
+  assert pallas_triton.load_unit(CASES["nvfp4_ms_eden"][0], 512, bf16, "xla", (64, 512), 4) == 0
+  assert pallas_triton.load_unit(CASES["nvfp4_2d"][0], 512, bf16, "xla", (16, 512), 4) == 0
+  cols = CASES["nvfp4_cols_rtn"][0]
+  assert pallas_triton.load_unit(cols, 512, bf16, "xla", (512, 16), 4) == 16
+  assert pallas_triton.load_unit(cols, 512, bf16, "kernel", (512, 16), 4) == 0
+  assert pallas_triton.load_unit(cols, 504, bf16, "xla", (512, 16), 4) == 0
+  assert pallas_triton.load_unit(rtn, 512, bf16, "xla", (16, 64), 4) == 0  # 64 units for 128 threads
+
+
+def test_default_tile_is_wider_for_rtn_along_rows():
+  """(16, 512) for RTN along the rows without a Hadamard, (16, 256) otherwise (BENCHMARKS.md §5)."""
+  assert pallas_triton.default_tile(QuantizeSpec(N)) == (16, 512)
+  assert pallas_triton.default_tile(QuantizeSpec(N, rounding="sr")) == (16, 256)
+  assert pallas_triton.default_tile(CASES["nvfp4_rht16_random_rtn"][0]) == (16, 256)
+  assert pallas_triton.default_tile(CASES["nvfp4_cols_rtn"][0]) == (256, 32)
+
+
 def test_default_num_warps_follows_the_tile_sweep():
   """8 warps for MS-EDEN's 128-point rotation, 4 elsewhere (BENCHMARKS.md §5)."""
   assert pallas_triton.default_num_warps(CASES["nvfp4_ms_eden"][0]) == 8
@@ -259,7 +310,7 @@ def test_randomized_shapes_on_gpu(seed):
 @pytest.mark.parametrize("along, nonfinite", [("rows", None), ("cols", None), ("rows", jnp.inf), ("rows", jnp.nan)])
 def test_rotated_amax_prepass_matches_xla(along, nonfinite, interpret):
   spec = QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along=along)
-  x = _input((48, 512), jnp.bfloat16)
+  x = _input((40, 512) if along == "rows" else (48, 512), jnp.bfloat16)  # rows: a ragged last tile of chunks
   if nonfinite is not None:
     x = x.at[5, 7].set(nonfinite)
   signs = fp4jax.hadamard.TE_SIGNS_16

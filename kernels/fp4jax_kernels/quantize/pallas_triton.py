@@ -72,6 +72,27 @@ def pack_nibbles(codes: jax.Array) -> jax.Array:
   return (lo.reshape(r, c // 2) | (hi.reshape(r, c // 2) << 4)).astype(jnp.uint8)
 
 
+def vector_width(dtype) -> int:
+  """Elements of ``dtype`` in one 16-byte load, the widest per thread (8 bf16, 4 f32)."""
+  return 16 // jnp.dtype(dtype).itemsize
+
+
+def load_units(x_ref, block_index, full_shape) -> jax.Array:
+  """The (r, c) tile of an ``x`` viewed as (rows, n/unit, parts, vec) — unit = parts·vec elements along the
+  quantized axis — loaded one part at a time: every load has the same (r, n/unit, vec) layout, so one thread holds
+  all ``parts`` vectors of its unit (a block, or a Hadamard chunk) and block maxima, Hadamard butterflies and
+  block scales stay in its registers (a single (r, c) load spreads a unit over several threads: shuffles, and each
+  block's scale computed by every thread holding part of it). The parts are joined in registers, in element order.
+  """
+  r, nu, parts, vec = x_ref.shape
+  loaded = [load_in_bounds(x_ref.at[:, :, pl.ds(p, 1), :], block_index + (0, 0), full_shape).reshape(r, nu, vec)
+            for p in range(parts)]
+  while len(loaded) > 1:  # (.., w) pairs -> (.., 2w): a register-level join, then the pair's two halves in order
+    loaded = [jnp.swapaxes(jnp.stack([a, b], axis=-1), -1, -2).reshape(r, nu, 2 * a.shape[-1])
+              for a, b in zip(loaded[::2], loaded[1::2])]
+  return loaded[0].reshape(r, nu * parts * vec)
+
+
 # ------------------------------------------------------------------------------------------------ kernel
 def hash_index(rows: jax.Array, cols: jax.Array, n_rows: int, n_cols: int, column_major: bool) -> jax.Array:
   """uint32 counter of element (or scale) ``(rows, cols)`` of an ``(n_rows, n_cols)`` array: row-major
@@ -84,6 +105,8 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
             bf16_input: bool, transpose_tile: bool):
   """One tile, in the output layout: for ``spec.transposed``, ``x``'s tile transposed in registers
   (``transpose_tile``) or the tile of an already transposed ``xᵀ`` (``x_ref`` then holds ``xᵀ``, of ``shape``).
+  A 4D ``shape`` is ``x`` viewed in units (``load_units``); the outputs other than the scales are then viewed as
+  (rows, units, elements of a unit) too, so each thread stores what it computed.
 
   Random bits hash the logical index of each element / scale of the output layout (``logical_out``: the logical
   output shape), row-major, except for ``along="cols"``, whose reference (``fp4jax.quantize(x, axis=0)``) indexes
@@ -95,7 +118,7 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
   out_refs = {name: next(it) for name, _ in out_shapes}  # codes and scales (if spec.packed), deq, mask: as asked
   out_shapes = dict(out_shapes)
   i, j = pl.program_id(0), pl.program_id(1)
-  x = load_in_bounds(x_ref, (i, j), shape).astype(jnp.float32)
+  x = (load_units if len(shape) == 4 else load_in_bounds)(x_ref, (i, j), shape).astype(jnp.float32)
   out_index, origin = (i, j), (origin_ref[0], origin_ref[1])  # x[0, 0] in the logical tensor
   if spec.transposed:
     origin = (origin[1], origin[0])
@@ -127,14 +150,15 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
   codes, dec, gscale, exps = safe(blocks)(xb, bits, sbits, tscale_ref[0], tscale_ref[1])
 
   def store(name, value):
-    store_in_bounds(out_refs[name], value, out_index, out_shapes[name])
+    ref, full = out_refs[name], out_shapes[name]
+    store_in_bounds(ref, value.reshape(ref.shape), out_index + (0,) * (len(full) - 2), full)
 
   if spec.packed:
     if spec.fmt.name == "mxfp4":
       sb = jnp.where(jnp.isnan(dec), E8M0_NAN_BITS, exps + E8M0_BIAS).astype(jnp.uint8)
     else:
       sb = e4m3_bits(dec)
-    store("scales", sb.reshape(out_refs["scales"].shape))
+    store("scales", sb)
     store("codes", pack_nibbles(codes.reshape(r, c)))
   if spec.dequantize:  # block_scaled_only: value·dec_b is exact in bf16, so the cast does not round
     tensor_scale = gscale if spec.dequantize == "with_tensor_scale" else jnp.float32(1.0)
@@ -152,7 +176,7 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
   signs_ref = next(it) if has_signs else None
   o_ref = next(it)
   i, j = pl.program_id(0), pl.program_id(1)
-  tile = load_in_bounds(x_ref, (i, j), shape)
+  tile = (load_units if len(shape) == 4 else load_in_bounds)(x_ref, (i, j), shape)
   if write_transpose:
     store_in_bounds(next(it), tile.T, (j, i), shape[::-1])
   x = tile.astype(jnp.float32)
@@ -167,9 +191,15 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
 def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, write_transpose: bool):
   """The pre-pass kernel over ``x`` in ``default_tile(spec)`` tiles: (tensor amax, ``xᵀ`` or None)."""
   m, k = x.shape
-  tile = default_tile(spec)
+  tile, num_warps = default_tile(spec), 4
   grid = (pl.cdiv(m, tile[0]), pl.cdiv(k, tile[1]))
-  args, in_specs = [x], [pl.BlockSpec(tile, lambda i, j: (i, j))]
+  unit = 0 if spec.transposed or write_transpose else load_unit(spec, k, x.dtype, "xla", tile, num_warps)
+  if unit:  # Hadamard chunks in one thread each, as in the quantize kernel
+    vec = vector_width(x.dtype)
+    x4 = x.reshape(m, k // unit, unit // vec, vec)
+    args, in_specs = [x4], [pl.BlockSpec((tile[0], tile[1] // unit, unit // vec, vec), lambda i, j: (i, j, 0, 0))]
+  else:
+    args, in_specs = [x], [pl.BlockSpec(tile, lambda i, j: (i, j))]
   if signs is not None:
     args.append(jnp.asarray(signs, jnp.float32))
     in_specs.append(pl.BlockSpec((spec.hadamard,), lambda i, j: (0,)))
@@ -178,10 +208,10 @@ def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, write_t
     out_shape.append(jax.ShapeDtypeStruct((k, m), x.dtype))
     out_specs.append(pl.BlockSpec(tile[::-1], lambda i, j: (j, i)))
   outs = pl.pallas_call(
-      functools.partial(_amax_kernel, spec=spec, shape=(m, k), bf16_input=x.dtype == jnp.bfloat16,
+      functools.partial(_amax_kernel, spec=spec, shape=args[0].shape, bf16_input=x.dtype == jnp.bfloat16,
                         has_signs=signs is not None, write_transpose=write_transpose),
       grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=interpret,
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1), interpret=interpret,
       name="fp4_transpose_amax" if write_transpose else "fp4_rotated_amax",
   )(*args)
   return jnp.max(outs[0]), (outs[1] if write_transpose else None)
@@ -230,9 +260,11 @@ def _check(x, spec: QuantizeSpec, tile):
 
 
 def default_tile(spec: QuantizeSpec) -> tuple[int, int]:
-  """(block_rows, block_cols): a tile of 16·256 elements, wide along the quantized axis (coalesced loads)."""
+  """(block_rows, block_cols): wide along the quantized axis (coalesced loads), 16·256 elements, or 16·512 for RTN
+  along the rows without a Hadamard (BENCHMARKS.md §5, H200: 5-6% faster there, 11% slower for SR)."""
   unit = max(spec.block, spec.hadamard or 1, 16)
-  along = max(256, unit)
+  wide = spec.rounding == "rtn" and not spec.hadamard and not spec.transposed
+  along = max(512 if wide else 256, unit)
   return (along, 32) if spec.transposed else (16, along)
 
 
@@ -268,6 +300,20 @@ def _signs_and_seeds(spec: QuantizeSpec, hadamard: int, key, signs):
 
 
 TRANSPOSE_ROUTES = ("xla", "prepass", "kernel")
+MAX_UNIT = 32  # MS-EDEN's 128-point chunks in one thread spill registers (sm_90 SASS: 9k local loads/stores)
+
+
+def load_unit(spec: QuantizeSpec, n_axis: int, dtype, transpose: str, tile, num_warps: int) -> int:
+  """Elements along the quantized axis that one thread loads and keeps (``load_units``): a block, or a Hadamard
+  chunk when larger, up to ``MAX_UNIT``. 0 (a plain tile load) for 2D blocks, an in-register transpose
+  (``transpose="kernel"``), an axis that is not a whole number of units (zero padding inside the tile), or a tile
+  with fewer units than threads (Triton would compute each unit in several threads)."""
+  unit = max(spec.block, spec.hadamard or 1)
+  if unit > MAX_UNIT or spec.block_shape is not None or (spec.transposed and transpose == "kernel") or n_axis % unit:
+    return 0
+  if unit % vector_width(dtype) or tile[0] * tile[1] // unit < 32 * num_warps:
+    return 0
+  return unit
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret", "logical_shape", "transpose"))
@@ -346,20 +392,35 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     s_shape, s_tile = (-(-out_rows // 16), n_pad // 16), (t_rows // 16, t_axis // 16)
   else:
     s_shape, s_tile = (out_rows, n_pad // bs), (t_rows, t_axis // bs)
+  unit = load_unit(spec, n_axis, x.dtype, transpose, tile, num_warps)
+
+  def per_row(shape, block, per_element=1):  # in units (rows, units, elements) when the kernel loads units
+    if not unit:
+      return shape, block
+    n = unit // per_element
+    return (shape[0], shape[1] // n, n), (block[0], block[1] // n, n)
+
   outputs = {}  # name: (shape, dtype, block); the kernel's outputs in this order
   if spec.packed:
-    outputs["codes"] = ((out_rows, n_pad // 2), jnp.uint8, (t_rows, t_axis // 2))
-    outputs["scales"] = (s_shape, jnp.uint8, s_tile)
+    outputs["codes"] = (*per_row((out_rows, n_pad // 2), (t_rows, t_axis // 2), 2), jnp.uint8)
+    outputs["scales"] = (s_shape, s_tile, jnp.uint8)
   if spec.dequantize:
     deq_dtype = x.dtype if spec.dequantize == "with_tensor_scale" else jnp.bfloat16
-    outputs["deq"] = ((out_rows, n_axis), deq_dtype, (t_rows, t_axis))
+    outputs["deq"] = (*per_row((out_rows, n_axis), (t_rows, t_axis)), deq_dtype)
   if spec.trust_mask:
-    outputs["mask"] = ((out_rows, n_axis), jnp.uint8, (t_rows, t_axis))
-  out_shape = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _ in outputs.values()]
-  out_specs = [pl.BlockSpec(block, index) for _, _, block in outputs.values()]
+    outputs["mask"] = (*per_row((out_rows, n_axis), (t_rows, t_axis)), jnp.uint8)
+  out_shape = [jax.ShapeDtypeStruct(shape, dtype) for shape, _, dtype in outputs.values()]
+  out_specs = [pl.BlockSpec(block, lambda i, j, n=len(block): index(i, j) + (0,) * (n - 2))
+               for _, block, _ in outputs.values()]
   whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
+  if unit:  # (rows, n) -> (rows, units, parts, vec): a free reshape in XLA
+    vec = vector_width(x.dtype)
+    x_in = x_in.reshape(x_in.shape[0], n_axis // unit, unit // vec, vec)
+    x_spec = pl.BlockSpec((x_tile[0], x_tile[1] // unit, unit // vec, vec), lambda i, j: (i, j, 0, 0))
+  else:
+    x_spec = pl.BlockSpec(x_tile, lambda i, j: (i, j))
   args = [x_in, tensor_scales, eseed, sseed, origin]
-  in_specs = [pl.BlockSpec(x_tile, lambda i, j: (i, j)), whole(2), whole(2), whole(2), whole(2)]
+  in_specs = [x_spec, whole(2), whole(2), whole(2), whole(2)]
   if signs is not None:
     args.append(signs)
     in_specs.append(whole(spec.hadamard))
@@ -370,7 +431,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
                              transpose_tile=spec.transposed and transpose == "kernel")
   outs = iter(pl.pallas_call(
       kernel,
-      grid=(pl.cdiv(x_in.shape[0], x_tile[0]), pl.cdiv(x_in.shape[1], x_tile[1])),
+      grid=(pl.cdiv(x_in.shape[0], x_tile[0]), pl.cdiv(n_axis if unit else x_in.shape[1], x_tile[1])),
       in_specs=in_specs,
       out_specs=out_specs,
       out_shape=out_shape,
@@ -378,7 +439,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
       interpret=interpret,
       name=f"fp4_quantize_{spec.fmt.name}_{spec.rounding}",
   )(*args))
-  got = {name: next(outs) for name in outputs}
+  got = {name: next(outs).reshape(shape[0], -1) for name, (shape, _, _) in outputs.items()}
   if spec.fmt.name == "nvfp4":
     gscale = tensor_scales[1]
   else:
