@@ -168,6 +168,24 @@ def test_pallas_gemm_skinny_default_tile_matches(interpret):
   assert y.shape == (5, 24) and _rel(y, reference.matmul(a, b, out_dtype=jnp.float32)) < 1e-6
 
 
+@pytest.mark.parametrize("m", [1, 5, 32])
+def test_pallas_gemm_swapped_product_matches(m, interpret):
+  """A few rows of A: by default the kernel computes (dq(B)·dq(A)ᵀ)ᵀ, B's rows in the tiles; the same sums."""
+  a, b = _operands(fp4jax.NVFP4, m=m, n=80, k=256)
+  want = reference.matmul(a, b, out_dtype=jnp.float32)
+  for swap in (None, True, False):
+    y = pallas_triton.matmul(a, b, out_dtype=jnp.float32, interpret=interpret, swap=swap)
+    assert y.shape == (m, 80) and _rel(y, want) < 1e-6
+  # an explicit tile describes the unswapped product unless swap=True asks for the swapped one
+  y = pallas_triton.matmul(a, b, tile=(64, 32, 64), out_dtype=jnp.float32, interpret=interpret, swap=True)
+  assert y.shape == (m, 80) and _rel(y, want) < 1e-6
+
+
+def test_swapped_config_tiles_b_rows_by_64():
+  assert pallas_triton.swapped_config(1, 8192) == ((64, 16, 128), 4, 4)
+  assert pallas_triton.swapped_config(32, 96) == ((64, 32, 32), 4, 4)
+
+
 @pytest.mark.parametrize("split_k", [2, 4])
 def test_pallas_gemm_split_k_matches(split_k, interpret):
   """K sliced over a third grid axis, the fp32 partials summed after the kernel; ragged M."""

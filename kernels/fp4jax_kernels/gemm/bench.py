@@ -6,6 +6,11 @@ bf16 matmul of the same shape, one run, one table; and for bf16 activations, the
     PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench --few-rows   # GPU: M = 1..8 (the dispatch threshold)
     PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench --sass   # any machine: SASS per decoded element
 
+Every row is timed over ``WEIGHTS`` distinct B operands in one jitted program (``benchtools.time_distinct_ms``):
+device time per GEMM, with no host dispatch between GEMMs of tens of microseconds and no weights left in L2 from
+the call before. The "pallas default" row is what ``fp4jax_kernels.gemm.api`` runs (the swapped product for a few
+rows of A); the tile rows are the unswapped kernel.
+
 ``--sass`` compiles each GEMM kernel configuration of the table for sm_90 with PyPI's Triton
 (``fp4jax_kernels.triton_ir``, a proxy) and prints its SASS instructions (the whole kernel: prologue, the
 software-pipelined loop, epilogue), the same count over the elements one thread decodes per K chunk, and the
@@ -22,7 +27,7 @@ import jax.numpy as jnp
 import fp4jax
 from fp4jax import backends
 from fp4jax_kernels import triton_ir
-from fp4jax_kernels.benchtools import header, time_ms
+from fp4jax_kernels.benchtools import header, time_distinct_ms
 from fp4jax_kernels.gemm import fused_forward, pallas_triton, reference
 from fp4jax_kernels.native import matmul as native
 from fp4jax_kernels.quantize import pallas_triton as quantize_kernel
@@ -60,6 +65,13 @@ def sass_counts(fmt=fp4jax.NVFP4) -> None:
 
 
 FEW_ROWS = [(m, n, n) for n in (8192, 4096) for m in (1, 2, 4, 8)]  # the dispatch threshold's shapes
+WEIGHTS = 8  # distinct B operands per timed program (benchtools.time_distinct_ms)
+
+
+def _weights(n: int, k: int):
+  """``WEIGHTS`` distinct (n, k) B operands: bf16 and NVFP4-quantized."""
+  xs = [jax.random.normal(key, (n, k), jnp.float32) for key in jax.random.split(jax.random.key(1), WEIGHTS)]
+  return [x.astype(jnp.bfloat16) for x in xs], [fp4jax.quantize(x, fp4jax.NVFP4) for x in xs]
 
 
 def few_rows() -> None:
@@ -69,10 +81,10 @@ def few_rows() -> None:
   bf16_dot = jax.jit(lambda p, q: jnp.dot(p, q.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
   for m, n, k in FEW_ROWS:
     xa = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
-    xb = jax.random.normal(jax.random.key(1), (n, k), jnp.float32)
-    a, b = fp4jax.quantize(xa, fp4jax.NVFP4), fp4jax.quantize(xb, fp4jax.NVFP4)
-    bf = time_ms(bf16_dot, xa.astype(jnp.bfloat16), xb.astype(jnp.bfloat16))
-    xla, pallas = time_ms(reference.matmul, a, b), time_ms(jax.jit(pallas_triton.matmul), a, b)
+    a, (xbs, bs) = fp4jax.quantize(xa, fp4jax.NVFP4), _weights(n, k)
+    bf = time_distinct_ms(bf16_dot, [(xa.astype(jnp.bfloat16), w) for w in xbs])
+    xla = time_distinct_ms(reference.matmul, [(a, w) for w in bs])
+    pallas = time_distinct_ms(pallas_triton.matmul, [(a, w) for w in bs])
     print(f"{f'{m}x{n}x{k}':20s} {bf:8.4f} {xla:8.4f} {pallas:9.4f} {xla / pallas:9.2f}x  "
           f"{backends.gemm_backend(m, n, k, 16)}", flush=True)
 
@@ -93,17 +105,20 @@ def main():
   print(f"{'M x N x K':20s} {'impl':44s} {'ms':>8s} {'TFLOP/s':>8s} {'vs bf16':>8s} {'rel.err':>9s}")
   for m, n, k in SHAPES:
     xa = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
-    xb = jax.random.normal(jax.random.key(1), (n, k), jnp.float32)
-    a, b = fp4jax.quantize(xa, fp4jax.NVFP4), fp4jax.quantize(xb, fp4jax.NVFP4)
+    a, (bbs, bs) = fp4jax.quantize(xa, fp4jax.NVFP4), _weights(n, k)
+    b = bs[0]
     ref = reference.matmul(a, b, out_dtype=jnp.float32)
     flops = 2 * m * n * k
-    ab, bb = xa.astype(jnp.bfloat16), xb.astype(jnp.bfloat16)
-    bf16_ms = time_ms(jax.jit(lambda p, q: jnp.dot(p, q.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16)),
-                      ab, bb)
+    ab = xa.astype(jnp.bfloat16)
+    per_call = lambda f, x, ws: time_distinct_ms(f, [(x, w) for w in ws])  # noqa: E731
+    bf16_ms = per_call(lambda p, q: jnp.dot(p, q.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16), ab, bbs)
     row = lambda impl, ms, err="": print(f"{f'{m}x{n}x{k}':20s} {impl:44s} {ms:8.3f} {flops / ms / 1e9:8.1f} "
                                          f"{bf16_ms / ms:7.2f}x {err:>9s}", flush=True)
     row("bf16 jnp.dot", bf16_ms)
-    row("xla dequantize + dot", time_ms(reference.matmul, a, b))
+    row("xla dequantize + dot", per_call(reference.matmul, a, bs))
+    y = pallas_triton.matmul(a, b).astype(jnp.float32)
+    row(f"pallas default{' (swapped)' if m <= pallas_triton.SWAP_ROWS < n else ''}",
+        per_call(pallas_triton.matmul, a, bs), f"{float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)):.1e}")
     for tile, nw, ns, dots in TILES[(m, n, k)]:
       dots = dots or pallas_triton.default_dots("nvfp4", tile[0], tile[2])
       split = pallas_triton.default_split_k(m, n, k, tile)
@@ -114,7 +129,7 @@ def main():
               a, b, tile=tile, num_warps=nw, num_stages=ns, split_k=split, dots=dots))
           y = f(a, b).astype(jnp.float32)
           err = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
-          row(f"pallas {tile} w{nw} s{ns} d{dots} split-K {split}", time_ms(f, a, b), f"{err:.1e}")
+          row(f"pallas {tile} w{nw} s{ns} d{dots} split-K {split}", per_call(f, a, bs), f"{err:.1e}")
         except Exception as e:
           print(f"{f'{m}x{n}x{k}':20s} pallas {tile} d{dots} split-K {split} FAILED {type(e).__name__}: "
                 f"{str(e)[:200]}", flush=True)
@@ -128,13 +143,13 @@ def main():
     for name, f in fused_rows:
       try:
         y = f(ab, b).astype(jnp.float32)
-        row(name, time_ms(f, ab, b), f"{float(jnp.linalg.norm(y - fused_ref) / jnp.linalg.norm(fused_ref)):.1e}")
+        row(name, per_call(f, ab, bs), f"{float(jnp.linalg.norm(y - fused_ref) / jnp.linalg.norm(fused_ref)):.1e}")
       except Exception as e:
         print(f"{f'{m}x{n}x{k}':20s} {name} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
     try:
       y = native.matmul(a, b).astype(jnp.float32)
       err = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
-      row("jax.nn.scaled_matmul (nvfp4)", time_ms(native.matmul, a, b), f"{err:.1e}")
+      row("jax.nn.scaled_matmul (nvfp4)", per_call(native.matmul, a, bs), f"{err:.1e}")
     except Exception as e:
       print(f"{f'{m}x{n}x{k}':20s} jax.nn.scaled_matmul FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
 

@@ -210,6 +210,15 @@ def default_dots(fmt_name: str, bm: int, bk: int) -> int:
   return 1 if bm < 64 or bk < 32 else 2
 
 
+def swapped_config(m: int, k: int) -> tuple[tuple[int, int, int], int, int]:
+  """((bm, bn, bk), num_warps, num_stages) of the swapped product ``(dq(B)·dq(A)ᵀ)ᵀ`` for ``m <= SWAP_ROWS`` rows of
+  A: 64 rows of B per tile, A's rows as bn (a power of two, at least 16), w4 s4, bk as in ``default_config``."""
+  bn = max(16, 1 << (m - 1).bit_length())
+  bk = next((t for t in (128, 64, 32) if k % t == 0), 128)
+  return (64, bn, bk), 4, 4
+
+
+SWAP_ROWS = 32  # A with at most this many rows: the swapped product by default (BENCHMARKS.md §5)
 MIN_PROGRAMS = 512  # about 4 per SM of an H100 / H200 (132 SMs)
 
 
@@ -225,21 +234,32 @@ def default_split_k(m: int, n: int, k: int, tile) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("tile", "out_dtype", "num_warps", "num_stages", "interpret", "split_k",
-                                             "dots"))
+                                             "dots", "swap"))
 def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_warps: int | None = None,
            num_stages: int | None = None, interpret: bool = False, split_k: int | None = None,
-           dots: int | None = None) -> jax.Array:
+           dots: int | None = None, swap: bool | None = None) -> jax.Array:
   """``dq(a) · dq(b)ᵀ`` (M, N) from packed FP4 operands, dequantized in the kernel; fp32 accumulation.
 
-  ``tile`` = (bm, bn, bk), ``num_warps``, ``num_stages``: defaults from ``default_config`` (a skinny GEMM, e.g.
-  decoding 16 tokens against packed weights, does not compute 128 rows). ``split_k``: K slices summed in fp32 after
-  the kernel (see the module docstring); default ``default_split_k``. ``dots``: tensor-core dots per K chunk
-  (``joined``); default ``default_dots``.
+  ``tile`` = (bm, bn, bk), ``num_warps``, ``num_stages``: defaults from ``default_config``. ``split_k``: K slices
+  summed in fp32 after the kernel (see the module docstring); default ``default_split_k``. ``dots``: tensor-core
+  dots per K chunk (``joined``); default ``default_dots``.
+
+  ``swap``: compute ``(dq(b) · dq(a)ᵀ)ᵀ`` instead, B's rows (e.g. packed weights) as the tiles' rows and A's few
+  rows (e.g. 16 decoded tokens) as their columns; ``tile`` and the rest then describe that product (defaults
+  ``swapped_config``). Default: swap when ``a`` has at most ``SWAP_ROWS`` rows, ``b`` more, and no ``tile`` is given
+  (H200, BENCHMARKS.md §5: 1.21x faster at 16x28672x8192, 1.11x at 32x8192x8192, level within 4% at 1-16 rows of
+  4096-8192). The sums are the same; their fp32 order may differ.
   """
+  (m, k), n = a.shape, b.shape[0]
+  if swap is None:
+    swap = tile is None and m <= SWAP_ROWS < n
+  if swap:
+    tile, warps, stages = swapped_config(m, k) if tile is None else (tile, num_warps, num_stages)
+    return matmul(b, a, tile=tile, out_dtype=out_dtype, num_warps=num_warps or warps, num_stages=num_stages or stages,
+                  interpret=interpret, split_k=split_k, dots=dots, swap=False).T
   default_tile, default_warps, default_stages = default_config(*a.shape)
   tile = tuple(tile or default_tile)
   num_warps, num_stages = num_warps or default_warps, num_stages or default_stages
-  (m, k), (n, _) = a.shape, b.shape
   split_k = default_split_k(m, n, k, tile) if split_k is None else split_k
   bm, bn, bk = tile
   dots = dots or default_dots(a.fmt.name, bm, bk)

@@ -176,7 +176,7 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
   signs_ref = next(it) if has_signs else None
   o_ref = next(it)
   i, j = pl.program_id(0), pl.program_id(1)
-  tile = (load_units if len(shape) == 4 else load_in_bounds)(x_ref, (i, j), shape)
+  tile = load_in_bounds(x_ref, (i, j), shape)
   if write_transpose:
     store_in_bounds(next(it), tile.T, (j, i), shape[::-1])
   x = tile.astype(jnp.float32)
@@ -191,15 +191,9 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
 def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, write_transpose: bool):
   """The pre-pass kernel over ``x`` in ``default_tile(spec)`` tiles: (tensor amax, ``xᵀ`` or None)."""
   m, k = x.shape
-  tile, num_warps = default_tile(spec), 4
+  tile = default_tile(spec)
   grid = (pl.cdiv(m, tile[0]), pl.cdiv(k, tile[1]))
-  unit = 0 if spec.transposed or write_transpose else load_unit(spec, k, x.dtype, "xla", tile, num_warps)
-  if unit:  # Hadamard chunks in one thread each, as in the quantize kernel
-    vec = vector_width(x.dtype)
-    x4 = x.reshape(m, k // unit, unit // vec, vec)
-    args, in_specs = [x4], [pl.BlockSpec((tile[0], tile[1] // unit, unit // vec, vec), lambda i, j: (i, j, 0, 0))]
-  else:
-    args, in_specs = [x], [pl.BlockSpec(tile, lambda i, j: (i, j))]
+  args, in_specs = [x], [pl.BlockSpec(tile, lambda i, j: (i, j))]
   if signs is not None:
     args.append(jnp.asarray(signs, jnp.float32))
     in_specs.append(pl.BlockSpec((spec.hadamard,), lambda i, j: (0,)))
@@ -208,10 +202,10 @@ def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, write_t
     out_shape.append(jax.ShapeDtypeStruct((k, m), x.dtype))
     out_specs.append(pl.BlockSpec(tile[::-1], lambda i, j: (j, i)))
   outs = pl.pallas_call(
-      functools.partial(_amax_kernel, spec=spec, shape=args[0].shape, bf16_input=x.dtype == jnp.bfloat16,
+      functools.partial(_amax_kernel, spec=spec, shape=(m, k), bf16_input=x.dtype == jnp.bfloat16,
                         has_signs=signs is not None, write_transpose=write_transpose),
       grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1), interpret=interpret,
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=interpret,
       name="fp4_transpose_amax" if write_transpose else "fp4_rotated_amax",
   )(*args)
   return jnp.max(outs[0]), (outs[1] if write_transpose else None)
