@@ -22,6 +22,7 @@ E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
 E2M1_SIGN_BIT = 8
 E4M3_MAX = 448.0
 E4M3_NAN_BITS = 0x7F
+F32_INF_BITS = 0x7F800000  # float32 +Inf; every NaN's magnitude bits (sign cleared) are larger
 E8M0_NAN_BITS = 0xFF
 E8M0_BIAS = 127
 FLT_MAX = float(np.finfo(np.float32).max)

@@ -35,10 +35,10 @@ from fp4jax import bits as bits_lib
 from fp4jax import eden, hadamard as hadamard_lib, scaling
 from fp4jax.ieee import div_rn
 from fp4jax.reductions import pairwise_sum
-from fp4jax.formats import E2M1_MAX, E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS, FP4Format, e2m1_decode, pow2
+from fp4jax.formats import (E2M1_MAX, E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS, F32_INF_BITS, FP4Format, e2m1_decode,
+                            pow2)
 from fp4jax.rounding import rtn_e2m1, sr_e2m1
 
-_INF_BITS = 0x7F800000
 
 ROUNDINGS = ("rtn", "sr", "eden")
 SIGN_MODES = ("random", "te", "none")
@@ -298,7 +298,7 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
   """
   axes = lay.red_axes
   amax_bits = jnp.max(lax.bitcast_convert_type(xb, jnp.int32) & 0x7FFFFFFF, axis=axes, keepdims=True)
-  nonfinite = amax_bits >= _INF_BITS
+  nonfinite = amax_bits >= F32_INF_BITS
   amax_b = lax.bitcast_convert_type(amax_bits, jnp.float32)
   if amax is None and tensor_scales is None:
     amax = jnp.where(jnp.any(nonfinite), jnp.float32(jnp.nan), jnp.max(amax_b))

@@ -32,7 +32,7 @@ from jax.experimental.pallas import triton as plgpu
 from fp4jax import bits as bits_lib
 from fp4jax import estimators, scaling
 from fp4jax import hadamard as hadamard_lib
-from fp4jax.formats import E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS
+from fp4jax.formats import E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS, F32_INF_BITS
 from fp4jax.quantize import (BlockLayout, QTensor, check_quantize_args, decode_blocks, hadamard_sign_vector,
                              quantize_blocks, split_quantize_key)
 from fp4jax.rounding import rtn_bf16
@@ -183,9 +183,11 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
   x = x.T if spec.transposed else x
   if spec.hadamard:
     x = rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
-  y = jnp.abs(x)
-  finite = jnp.min(jnp.where(y <= jnp.float32(jnp.inf), 1, 0))  # 0 if any NaN/Inf
-  o_ref[...] = jnp.where(finite == 1, jnp.max(y), jnp.float32(jnp.inf)).reshape(1, 1)
+  # one integer max of the magnitude bits: max|x| for finite tiles, and NaN's bits exceed +Inf's (one reduction,
+  # where a float max would need a second one to see NaN)
+  amax_bits = jnp.max(lax.bitcast_convert_type(x, jnp.int32) & 0x7FFFFFFF)
+  amax = jnp.where(amax_bits >= F32_INF_BITS, jnp.float32(jnp.inf), lax.bitcast_convert_type(amax_bits, jnp.float32))
+  o_ref[...] = amax.reshape(1, 1)
 
 
 def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, write_transpose: bool):
