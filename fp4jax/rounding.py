@@ -51,7 +51,7 @@ def rtn_e2m1(x: jnp.ndarray) -> jnp.ndarray:
 
   With ``a = min(|x|, 6)`` and ``e = max(exponent(a), 0)``, E2M1's step at ``a`` is ``2^(e-1)``, the ulp of
   ``M = 1.5·2^(22+e)``: the float addition ``a + M`` rounds ``a`` to the grid, to nearest with ties to even, and
-  its low bits count the steps, ``k = bits(a + M) - bits(M)``; the code is ``k + 2e`` (the binade's first code).
+  its low bits count the steps, ``k = bits(a + M) - bits(M)``, and the code is ``k + 2e``.
   The addition uses ``M + 2 ulp`` (same parity, so the same ties) and the code is taken modulo 8 as
   ``(bits(a + M + 2 ulp) + 2·(e + 127)) & 7``: ``bits(M)`` has zero low bits. About 10 integer / float operations
   per element, with no branch between binades.

@@ -247,7 +247,7 @@ def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_war
   ``swap``: compute ``(dq(b) · dq(a)ᵀ)ᵀ`` instead, B's rows (e.g. packed weights) as the tiles' rows and A's few
   rows (e.g. 16 decoded tokens) as their columns; ``tile`` and the rest then describe that product (defaults
   ``swapped_config``). Default: swap when ``a`` has at most ``SWAP_ROWS`` rows, ``b`` more, and no ``tile`` is given
-  (H200, BENCHMARKS.md §5: 1.21x faster at 16x28672x8192, 1.11x at 32x8192x8192, level within 4% at 1-16 rows of
+  (H200, BENCHMARKS.md §5: 1.21x faster at 16x28672x8192, 1.11x at 32x8192x8192, 0.97-1.06x at 1-16 rows of
   4096-8192). The sums are the same; their fp32 order may differ.
   """
   (m, k), n = a.shape, b.shape[0]

@@ -8,7 +8,9 @@ Hadamard (TE, random or caller-given signs, any size up to the tile), the per-el
 rounding / scale rule of ``fp4jax.quantize`` — the block numerics are the foundation's own ``quantize_blocks``
 evaluated in the kernel (``fp4jax_kernels.triton_compat``), so RTN, SR, four-over-six, MS-EDEN and MXFP4 agree bit
 for bit by construction. The transposed directions write their outputs K-major; they read ``xᵀ``, written by XLA
-or by the amax pre-pass, or transpose each tile in registers (``quantize``'s ``transpose``).
+or by the amax pre-pass, or transpose each tile in registers (``quantize``'s ``transpose``). Each thread loads
+whole blocks (or Hadamard chunks of up to 32 elements) in 16-byte parts (``load_units``), so a block's max, scale
+and butterflies stay in one thread's registers.
 
 Per-tensor amax (NVFP4 only): a separate reduction reads ``x`` once before the kernel (``tensor_amax``; with a
 Hadamard, a small Pallas kernel that rotates each tile and writes one partial max). Any current-scaling scheme
@@ -390,13 +392,13 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     s_shape, s_tile = (out_rows, n_pad // bs), (t_rows, t_axis // bs)
   unit = load_unit(spec, n_axis, x.dtype, transpose, tile, num_warps)
 
-  def per_row(shape, block, per_element=1):  # in units (rows, units, elements) when the kernel loads units
+  def per_row(shape, block, elements_per_item=1):  # viewed as (rows, units, items of a unit) when loading units
     if not unit:
       return shape, block
-    n = unit // per_element
+    n = unit // elements_per_item
     return (shape[0], shape[1] // n, n), (block[0], block[1] // n, n)
 
-  outputs = {}  # name: (shape, dtype, block); the kernel's outputs in this order
+  outputs = {}  # name: (shape, block, dtype); the kernel's outputs in this order
   if spec.packed:
     outputs["codes"] = (*per_row((out_rows, n_pad // 2), (t_rows, t_axis // 2), 2), jnp.uint8)
     outputs["scales"] = (s_shape, s_tile, jnp.uint8)
