@@ -12,9 +12,9 @@ by the ``backend`` argument:
   kernel's ``dequantize="block_scaled_only"``) and no packed codes (``packed=False``). QuEST (trust-mask) operands
   are the exception for now: XLA rotates them and builds values and mask from the kernel's codes and scales (see
   ``rotate_and_quantize``). A backward operand that is a transposed tensor (``transposed=True``: Wᵀ, dYᵀ, Xᵀ) is
-  written K-major by the kernel (``along="rows_of_transpose"``: the bits of the transposed layout), which reads
-  XLA's transpose of it (the faster variant measured, see ``fp4jax_kernels.quantize.pallas_triton.quantize``);
-  batched tensors are transposed by XLA first. Both backends give the same bits for the same key. Operands the
+  written K-major by the kernel (``along="rows_of_transpose"``: the bits of the transposed layout), by the faster
+  route measured (``fp4jax_kernels.quantize.pallas_triton.default_transpose``: tiles transposed in registers with
+  a Hadamard, XLA's transpose without); batched tensors are transposed by XLA first. Both backends give the same bits for the same key. Operands the
   kernel cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last axis that is not whole blocks, 16x16 tiles
   that would straddle folded batch rows) raise a ``ValueError`` naming the spec.
 * ``"auto"``: ``"pallas"`` where ``fp4jax.backends.quantize_backend`` picks it (a GPU that runs the kernels, the

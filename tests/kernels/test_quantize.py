@@ -92,11 +92,11 @@ def test_kernel_matches_reference_bit_for_bit(name, interpret):
   _assert_same(pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret), reference.quantize(x, spec, key))
 
 
-@pytest.mark.parametrize("route", ["prepass", "kernel"])
+@pytest.mark.parametrize("route", ["xla", "prepass", "kernel"])
 @pytest.mark.parametrize("name", sorted(n for n in CASES if CASES[n][0].transposed))
 def test_transpose_routes_give_the_same_bits(name, route, interpret):
-  """The transposed directions' other routes (``xᵀ`` written by the amax pre-pass, or the tile transposed in
-  registers; the default, XLA's transpose, is in the test above): bit-identical to the reference."""
+  """Every route of the transposed directions (XLA's transpose, ``xᵀ`` written by the amax pre-pass, the tile
+  transposed in registers): bit-identical to the reference."""
   spec, shape, tile = CASES[name]
   x, key = _input(shape, jnp.bfloat16), jax.random.key(7)
   got = pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret, transpose=route)
@@ -267,6 +267,13 @@ def test_load_unit_falls_back_to_plain_tile_loads():
   assert pallas_triton.load_unit(cols, 512, bf16, "kernel", (512, 16), 4) == 0
   assert pallas_triton.load_unit(cols, 504, bf16, "xla", (512, 16), 4) == 0
   assert pallas_triton.load_unit(rtn, 512, bf16, "xla", (16, 64), 4) == 0  # 64 units for 128 threads
+
+
+def test_default_transpose_route_follows_the_hadamard():
+  """Tiles transposed in registers where a Hadamard's arithmetic hides it, XLA's transpose otherwise (BENCHMARKS §5)."""
+  assert pallas_triton.default_transpose(CASES["nvfp4_cols_rht16_sr"][0]) == "kernel"
+  assert pallas_triton.default_transpose(CASES["nvfp4_xt_ms_eden_values"][0]) == "kernel"
+  assert pallas_triton.default_transpose(CASES["nvfp4_cols_rtn"][0]) == "xla"
 
 
 def test_default_tile_is_wider_for_rtn_along_rows():

@@ -298,6 +298,13 @@ def _signs_and_seeds(spec: QuantizeSpec, hadamard: int, key, signs):
 
 
 TRANSPOSE_ROUTES = ("xla", "prepass", "kernel")
+
+
+def default_transpose(spec: QuantizeSpec) -> str:
+  """The faster route for a transposed ``spec`` (BENCHMARKS.md §5, H200, linear layer fwd + bwd): ``"kernel"`` with
+  a Hadamard, whose arithmetic hides the in-register transpose (nvidia_nvfp4's layer 5-6% faster than through
+  XLA's transpose, quartet2's 1-2%); ``"xla"`` without (nvfp4_rtn's layer 9-17% slower through the kernel)."""
+  return "kernel" if spec.hadamard else "xla"
 MAX_UNIT = 32  # MS-EDEN's 128-point chunks in one thread spill registers (sm_90 SASS: 9k local loads/stores)
 
 
@@ -318,7 +325,7 @@ def load_unit(spec: QuantizeSpec, n_axis: int, dtype, transpose: str, tile, num_
 def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, signs: jax.Array | None = None,
              tile=None, num_warps: int | None = None, interpret: bool = False, amax: jax.Array | None = None,
              origin: jax.Array | None = None, logical_shape: tuple[int, int] | None = None,
-             transpose: str = "xla") -> Quantized:
+             transpose: str | None = None) -> Quantized:
   """Quantize 2D ``x`` per ``spec`` in one kernel pass (plus the amax pre-pass for NVFP4).
 
   Returns ``Quantized(qtensor, dequantized, trust_mask, global_scale)``: an ``fp4jax.QTensor`` bit-identical to
@@ -338,15 +345,15 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   element's / scale's logical index. Blocks and Hadamard chunks must not straddle the shard (the caller checks).
   Defaults: the pre-pass, origin (0, 0), logical shape ``x.shape``: the unsharded kernel.
 
-  Transposed directions, by ``transpose`` (all give the same bits):
-  * ``"xla"`` (default): XLA transposes ``x``; the pre-pass and the kernel read ``xᵀ`` row-wise. Faster than
-    ``"kernel"`` on an H200 (BENCHMARKS.md §5: 0.70 ms vs 9.15 ms for NVFP4 RTN of 16384x8192).
+  Transposed directions, by ``transpose`` (all give the same bits; default ``default_transpose(spec)``):
+  * ``"xla"``: XLA transposes ``x``; the pre-pass and the kernel read ``xᵀ`` row-wise.
   * ``"prepass"``: NVFP4's pre-pass reads ``x`` and writes ``xᵀ`` as it reduces (``transpose_and_amax``), one read
     of ``x`` fewer; where there is no pre-pass (MXFP4, or ``amax`` given) it is ``"xla"``.
   * ``"kernel"``: the quantize kernel transposes each tile in registers.
   ``tile`` is always a tile of ``x``; ``tile`` and ``num_warps`` default to ``default_tile`` and
   ``default_num_warps``.
   """
+  transpose = transpose or default_transpose(spec)
   if transpose not in TRANSPOSE_ROUTES:
     raise ValueError(f"transpose must be one of {TRANSPOSE_ROUTES}, got {transpose!r}")
   tile = tuple(tile or default_tile(spec))
