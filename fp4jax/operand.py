@@ -14,9 +14,9 @@ by the ``backend`` argument:
   ``rotate_and_quantize``). A backward operand that is a transposed tensor (``transposed=True``: Wᵀ, dYᵀ, Xᵀ) is
   written K-major by the kernel (``along="rows_of_transpose"``: the bits of the transposed layout), by the faster
   route measured (``fp4jax_kernels.quantize.pallas_triton.default_transpose``: tiles transposed in registers with
-  a Hadamard, XLA's transpose without); batched tensors are transposed by XLA first. Both backends give the same bits for the same key. Operands the
-  kernel cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last axis that is not whole blocks, 16x16 tiles
-  that would straddle folded batch rows) raise a ``ValueError`` naming the spec.
+  a Hadamard, XLA's transpose without); batched tensors are transposed by XLA first. Both backends give the same
+  bits for the same key. Operands the kernel cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last axis that
+  is not whole blocks, 16x16 tiles that would straddle folded batch rows) raise a ``ValueError`` naming the spec.
 * ``"auto"``: ``"pallas"`` where ``fp4jax.backends.quantize_backend`` picks it (a GPU that runs the kernels, the
   folded axis a whole number of blocks and Hadamard chunks) and the kernel takes the spec; ``"xla"`` otherwise.
 
