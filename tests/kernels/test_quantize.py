@@ -248,7 +248,7 @@ def test_whole_unit_loads_match_reference_bit_for_bit(name, interpret):
   spec, shape, tile, unit = UNIT_CASES[name]
   dtype = jnp.float32 if "f32" in name else jnp.bfloat16
   n_axis = shape[0] if spec.transposed else shape[1]
-  assert pallas_triton.load_unit(spec, n_axis, dtype, "xla", tile, num_warps=1) == unit
+  assert pallas_triton.load_unit(spec, n_axis, "xla", tile, num_warps=1) == unit
   x, key = _input(shape, dtype), jax.random.key(7)
   got = pallas_triton.quantize(x, spec, key, tile=tile, num_warps=1, interpret=interpret)
   _assert_same(got, reference.quantize(x, spec, key))
@@ -257,16 +257,16 @@ def test_whole_unit_loads_match_reference_bit_for_bit(name, interpret):
 def test_load_unit_falls_back_to_plain_tile_loads():
   """0 (a plain tile load) where a thread cannot own whole units: MS-EDEN's 128-point chunks (register spills),
   2D blocks, the in-register transpose, a ragged quantized axis, a tile with fewer units than threads."""
-  rtn, bf16 = QuantizeSpec(N), jnp.bfloat16
-  assert pallas_triton.load_unit(rtn, 512, bf16, "xla", (16, 512), 4) == 16
-  assert pallas_triton.load_unit(QuantizeSpec(M), 512, jnp.float32, "xla", (16, 512), 4) == 32
-  assert pallas_triton.load_unit(CASES["nvfp4_ms_eden"][0], 512, bf16, "xla", (64, 512), 4) == 0
-  assert pallas_triton.load_unit(CASES["nvfp4_2d"][0], 512, bf16, "xla", (16, 512), 4) == 0
+  rtn = QuantizeSpec(N)
+  assert pallas_triton.load_unit(rtn, 512, "xla", (16, 512), 4) == 16
+  assert pallas_triton.load_unit(QuantizeSpec(M), 512, "xla", (16, 512), 4) == 32
+  assert pallas_triton.load_unit(CASES["nvfp4_ms_eden"][0], 512, "xla", (64, 512), 4) == 0
+  assert pallas_triton.load_unit(CASES["nvfp4_2d"][0], 512, "xla", (16, 512), 4) == 0
   cols = CASES["nvfp4_cols_rtn"][0]
-  assert pallas_triton.load_unit(cols, 512, bf16, "xla", (512, 16), 4) == 16
-  assert pallas_triton.load_unit(cols, 512, bf16, "kernel", (512, 16), 4) == 0
-  assert pallas_triton.load_unit(cols, 504, bf16, "xla", (512, 16), 4) == 0
-  assert pallas_triton.load_unit(rtn, 512, bf16, "xla", (16, 64), 4) == 0  # 64 units for 128 threads
+  assert pallas_triton.load_unit(cols, 512, "xla", (512, 16), 4) == 16
+  assert pallas_triton.load_unit(cols, 512, "kernel", (512, 16), 4) == 0
+  assert pallas_triton.load_unit(cols, 504, "xla", (512, 16), 4) == 0
+  assert pallas_triton.load_unit(rtn, 512, "xla", (16, 64), 4) == 0  # 64 units for 128 threads
 
 
 def test_default_transpose_route_follows_the_hadamard():

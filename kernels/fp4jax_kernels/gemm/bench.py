@@ -74,15 +74,18 @@ def _weights(n: int, k: int):
   return [x.astype(jnp.bfloat16) for x in xs], [fp4jax.quantize(x, fp4jax.NVFP4) for x in xs]
 
 
+def _bf16_dot(p, q):
+  return jnp.dot(p, q.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+
+
 def few_rows() -> None:
   """Below a tile of rows: bf16, XLA's dequantize + dot and the kernel (bm = 16, rows masked) at their defaults,
   and which one ``fp4jax.backends.gemm_backend`` picks."""
   print(f"{'M x N x K':20s} {'bf16 ms':>8s} {'xla ms':>8s} {'pallas ms':>9s} {'pallas/xla':>10s}  dispatch")
-  bf16_dot = jax.jit(lambda p, q: jnp.dot(p, q.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
   for m, n, k in FEW_ROWS:
     xa = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
     a, (xbs, bs) = fp4jax.quantize(xa, fp4jax.NVFP4), _weights(n, k)
-    bf = time_distinct_ms(bf16_dot, [(xa.astype(jnp.bfloat16), w) for w in xbs])
+    bf = time_distinct_ms(_bf16_dot, [(xa.astype(jnp.bfloat16), w) for w in xbs])
     xla = time_distinct_ms(reference.matmul, [(a, w) for w in bs])
     pallas = time_distinct_ms(pallas_triton.matmul, [(a, w) for w in bs])
     print(f"{f'{m}x{n}x{k}':20s} {bf:8.4f} {xla:8.4f} {pallas:9.4f} {xla / pallas:9.2f}x  "
@@ -111,7 +114,7 @@ def main():
     flops = 2 * m * n * k
     ab = xa.astype(jnp.bfloat16)
     per_call = lambda f, x, ws: time_distinct_ms(f, [(x, w) for w in ws])  # noqa: E731
-    bf16_ms = per_call(lambda p, q: jnp.dot(p, q.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16), ab, bbs)
+    bf16_ms = per_call(_bf16_dot, ab, bbs)
     row = lambda impl, ms, err="": print(f"{f'{m}x{n}x{k}':20s} {impl:44s} {ms:8.3f} {flops / ms / 1e9:8.1f} "
                                          f"{bf16_ms / ms:7.2f}x {err:>9s}", flush=True)
     row("bf16 jnp.dot", bf16_ms)

@@ -192,12 +192,22 @@ def _check(a: QTensor, b: QTensor, tile, split_k: int, dots: int):
     raise ValueError(f"dots={dots} must be a power of two <= {parts} ({a.fmt.name}) with bk/dots >= 16 (bk={bk})")
 
 
+def _rows_tile(m: int) -> int:
+  """``m`` rounded up to a power of two, at least 16 (a tensor-core tile dimension)."""
+  return max(16, 1 << (m - 1).bit_length())
+
+
+def _k_chunk(k: int) -> int:
+  """bk: the largest of 128, 64, 32 dividing ``k`` (else 128, which ``_check`` rejects)."""
+  return next((t for t in (128, 64, 32) if k % t == 0), 128)
+
+
 def default_config(m: int, k: int) -> tuple[tuple[int, int, int], int, int]:
   """((bm, bn, bk), num_warps, num_stages), the fastest measured on an H200 (BENCHMARKS.md §5): bm = M rounded up
   to a power of two in [16, 128]; (128, 128, 128) w8 s3 for large M, (bm, 128, 128) w4 s4 for skinny M, with
   bn = 64 for M <= 16 (bk: the largest of 128, 64, 32 dividing K)."""
-  bm = min(128, max(16, 1 << (m - 1).bit_length()))
-  bk = next((t for t in (128, 64, 32) if k % t == 0), 128)
+  bm = min(128, _rows_tile(m))
+  bk = _k_chunk(k)
   return ((bm, 128, bk), 8, 3) if bm == 128 else ((bm, 64 if bm == 16 else 128, bk), 4, 4)
 
 
@@ -213,9 +223,7 @@ def default_dots(fmt_name: str, bm: int, bk: int) -> int:
 def swapped_config(m: int, k: int) -> tuple[tuple[int, int, int], int, int]:
   """((bm, bn, bk), num_warps, num_stages) of the swapped product ``(dq(B)·dq(A)ᵀ)ᵀ`` for ``m <= SWAP_ROWS`` rows of
   A: 64 rows of B per tile, A's rows as bn (a power of two, at least 16), w4 s4, bk as in ``default_config``."""
-  bn = max(16, 1 << (m - 1).bit_length())
-  bk = next((t for t in (128, 64, 32) if k % t == 0), 128)
-  return (64, bn, bk), 4, 4
+  return (64, _rows_tile(m), _k_chunk(k)), 4, 4
 
 
 SWAP_ROWS = 32  # A with at most this many rows: the swapped product by default (BENCHMARKS.md §5)

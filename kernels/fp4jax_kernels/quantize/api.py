@@ -26,9 +26,8 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   ``signs``: an explicit Hadamard sign vector for ``hadamard_signs="random"`` (instead of the draw from ``key``).
   ``interpret``: run the Pallas kernel in interpret mode; None picks it when the device is not a GPU.
   """
-  unit = max(spec.block, spec.hadamard or 1)
   n_axis_shape = x.shape[::-1] if spec.transposed else x.shape
-  name = backends.resolve(backend, backends.quantize_backend(n_axis_shape, unit))
+  name = backends.resolve(backend, backends.quantize_backend(n_axis_shape, spec.unit))
   if name not in IMPLEMENTATIONS:
     raise ValueError(f"quantize has no {name!r} implementation; choose from {sorted(IMPLEMENTATIONS)}")
   impl = IMPLEMENTATIONS[name]

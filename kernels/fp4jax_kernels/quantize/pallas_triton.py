@@ -247,7 +247,7 @@ def _check(x, spec: QuantizeSpec, tile):
     raise ValueError(f"tile {tile} must be powers of two (Triton tensor shapes)")
   n_axis = x.shape[0] if spec.transposed else x.shape[-1]
   t_axis, t_other = (bm, bk) if spec.transposed else (bk, bm)
-  unit = max(spec.block, spec.hadamard or 1)
+  unit = spec.unit
   partial_ok = spec.transposed and not spec.fmt.scale_mode.startswith("quest")  # zero padding in the tile
   if n_axis % spec.block and not partial_ok:
     raise ValueError(f"the quantized axis length {n_axis} must be a multiple of the block size {spec.block}")
@@ -260,7 +260,7 @@ def _check(x, spec: QuantizeSpec, tile):
 def default_tile(spec: QuantizeSpec) -> tuple[int, int]:
   """(block_rows, block_cols): wide along the quantized axis (coalesced loads), 16·256 elements, or 16·512 for RTN
   along the rows without a Hadamard (BENCHMARKS.md §5, H200: 5-6% faster there, 11% slower for SR)."""
-  unit = max(spec.block, spec.hadamard or 1, 16)
+  unit = max(spec.unit, 16)
   wide = spec.rounding == "rtn" and not spec.hadamard and not spec.transposed
   along = max(512 if wide else 256, unit)
   return (along, 32) if spec.transposed else (16, along)
@@ -308,17 +308,15 @@ def default_transpose(spec: QuantizeSpec) -> str:
 MAX_UNIT = 32  # MS-EDEN's 128-point chunks in one thread spill registers (sm_90 SASS: 9k local loads/stores)
 
 
-def load_unit(spec: QuantizeSpec, n_axis: int, dtype, transpose: str, tile, num_warps: int) -> int:
+def load_unit(spec: QuantizeSpec, n_axis: int, transpose: str, tile, num_warps: int) -> int:
   """Elements along the quantized axis that one thread loads and keeps (``load_units``): a block, or a Hadamard
   chunk when larger, up to ``MAX_UNIT``. 0 (a plain tile load) for 2D blocks, an in-register transpose
   (``transpose="kernel"``), an axis that is not a whole number of units (zero padding inside the tile), or a tile
   with fewer units than threads (Triton would compute each unit in several threads)."""
-  unit = max(spec.block, spec.hadamard or 1)
+  unit = spec.unit
   if unit > MAX_UNIT or spec.block_shape is not None or (spec.transposed and transpose == "kernel") or n_axis % unit:
     return 0
-  if unit % vector_width(dtype) or tile[0] * tile[1] // unit < 32 * num_warps:
-    return 0
-  return unit
+  return unit if tile[0] * tile[1] // unit >= 32 * num_warps else 0
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret", "logical_shape", "transpose"))
@@ -397,7 +395,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     s_shape, s_tile = (-(-out_rows // 16), n_pad // 16), (t_rows // 16, t_axis // 16)
   else:
     s_shape, s_tile = (out_rows, n_pad // bs), (t_rows, t_axis // bs)
-  unit = load_unit(spec, n_axis, x.dtype, transpose, tile, num_warps)
+  unit = load_unit(spec, n_axis, transpose, tile, num_warps)
 
   def per_row(shape, block, elements_per_item=1):  # viewed as (rows, units, items of a unit) when loading units
     if not unit:

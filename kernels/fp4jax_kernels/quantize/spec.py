@@ -88,6 +88,11 @@ class QuantizeSpec:
     return self.fmt.block_size
 
   @property
+  def unit(self) -> int:
+    """Elements that must stay together along the quantized axis: a block, or a Hadamard chunk when larger."""
+    return max(self.block, self.hadamard or 1)
+
+  @property
   def quantize_kwargs(self) -> dict:
     """Keyword arguments that make ``fp4jax.quantize`` compute this spec (on ``x``, or ``x.T`` for
     ``along="rows_of_transpose"``)."""
