@@ -10,8 +10,9 @@ import jax
 BACKENDS = ("xla", "pallas", "native")
 NATIVE_FP4_MIN_CAPABILITY = (10, 0)  # Blackwell (sm_100) and newer
 PALLAS_MIN_CAPABILITY = (8, 0)  # Triton's bf16 tensor-core dot
-# one row: XLA's dequantize + dot is a fused GEMV, level with the kernel (H200: 0.92-0.95x); from 2 rows the kernel
-# is 1.3-6.8x faster (BENCHMARKS.md §5, gemm.bench --few-rows)
+# one row: XLA's dequantize + dot is a fused GEMV, close to the kernel (H200: the kernel 0.92-0.95x of it before the
+# swapped product, 1.13-1.21x after, not yet acted on); from 2 rows the kernel is 1.3-6.8x faster (BENCHMARKS.md §5,
+# gemm.bench --few-rows)
 PALLAS_MIN_GEMM_ROWS = 2
 
 
