@@ -10,10 +10,6 @@ import jax
 BACKENDS = ("xla", "pallas", "native")
 NATIVE_FP4_MIN_CAPABILITY = (10, 0)  # Blackwell (sm_100) and newer
 PALLAS_MIN_CAPABILITY = (8, 0)  # Triton's bf16 tensor-core dot
-# one row: XLA's dequantize + dot is a fused GEMV, close to the kernel (H200: the kernel 0.92-0.95x of it before the
-# swapped product, 1.13-1.21x after, not yet acted on); from 2 rows the kernel is 1.3-6.8x faster (BENCHMARKS.md §5,
-# gemm.bench --few-rows)
-PALLAS_MIN_GEMM_ROWS = 2
 
 
 def compute_capability(device: jax.Device | None = None) -> tuple[int, int] | None:
@@ -50,14 +46,15 @@ def quantize_backend(shape: tuple[int, ...], axis_len_multiple: int, device: jax
   return "pallas" if ok_shape and has_pallas_triton(device) else "xla"
 
 
-def gemm_backend(m: int, n: int, k: int, block: int, device: jax.Device | None = None) -> str:
-  """"native" on Blackwell and newer; "pallas" on other capable GPUs for K a whole number of blocks and at least
-  ``PALLAS_MIN_GEMM_ROWS`` rows on each side; "xla" (dequantize + dot) otherwise."""
+def gemm_backend(k: int, block: int, device: jax.Device | None = None) -> str:
+  """"native" on Blackwell and newer; "pallas" on other capable GPUs for K a whole number of blocks, whatever the
+  rows (one row too: the Pallas GEMV beats XLA's dequantize + dot there, BENCHMARKS.md §5); "xla" (dequantize + dot)
+  otherwise."""
   if k % block:
     return "xla"
   if has_native_fp4(device):
     return "native"
-  if has_pallas_triton(device) and min(m, n) >= PALLAS_MIN_GEMM_ROWS:
+  if has_pallas_triton(device):
     return "pallas"
   return "xla"
 

@@ -3,7 +3,7 @@ bf16 matmul of the same shape, one run, one table; and for bf16 activations, the
 (``fused_forward``) vs the quantize kernel followed by the GEMM kernel.
 
     PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench          # GPU: the timing table
-    PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench --few-rows   # GPU: M = 1..8 (the dispatch threshold)
+    PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench --few-rows   # GPU: M = 1..8, GEMV vs tensor cores
     PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench --sass   # any machine: SASS per decoded element
 
 Every row is timed over ``WEIGHTS`` distinct B operands in one jitted program (``benchtools.time_distinct_ms``):
@@ -25,10 +25,9 @@ import jax
 import jax.numpy as jnp
 
 import fp4jax
-from fp4jax import backends
 from fp4jax_kernels import triton_ir
 from fp4jax_kernels.benchtools import header, time_distinct_ms
-from fp4jax_kernels.gemm import fused_forward, pallas_triton, reference
+from fp4jax_kernels.gemm import fused_forward, gemv, pallas_triton, reference
 from fp4jax_kernels.native import matmul as native
 from fp4jax_kernels.quantize import pallas_triton as quantize_kernel
 from fp4jax_kernels.quantize.spec import QuantizeSpec
@@ -64,7 +63,7 @@ def sass_counts(fmt=fp4jax.NVFP4) -> None:
             f"{per_element:5.1f} per decoded element; {top}", flush=True)
 
 
-FEW_ROWS = [(m, n, n) for n in (8192, 4096) for m in (1, 2, 4, 8)]  # the dispatch threshold's shapes
+FEW_ROWS = [(m, n, n) for n in (8192, 4096) for m in (1, 2, 4, 8)] + [(1, 28672, 8192)]  # GEMV vs tensor cores
 WEIGHTS = 8  # distinct B operands per timed program (benchtools.time_distinct_ms)
 
 
@@ -79,23 +78,24 @@ def _bf16_dot(p, q):
 
 
 def few_rows() -> None:
-  """Below a tile of rows: bf16, XLA's dequantize + dot and the kernel (bm = 16, rows masked) at their defaults,
-  and which one ``fp4jax.backends.gemm_backend`` picks."""
-  print(f"{'M x N x K':20s} {'bf16 ms':>8s} {'xla ms':>8s} {'pallas ms':>9s} {'pallas/xla':>10s}  dispatch")
+  """Below a tile of rows: bf16, XLA's dequantize + dot, the tensor-core kernel and the CUDA-core GEMV at their
+  defaults, and which of the two ``api.pallas_matmul`` runs (the GEMV up to ``gemv.ROWS`` rows)."""
+  print(f"{'M x N x K':20s} {'bf16 ms':>8s} {'xla ms':>8s} {'tensor-core ms':>14s} {'gemv ms':>8s} "
+        f"{'gemv vs bf16':>12s}  pallas runs")
   for m, n, k in FEW_ROWS:
     xa = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
     a, (xbs, bs) = fp4jax.quantize(xa, fp4jax.NVFP4), _weights(n, k)
     bf = time_distinct_ms(_bf16_dot, [(xa.astype(jnp.bfloat16), w) for w in xbs])
-    xla = time_distinct_ms(reference.matmul, [(a, w) for w in bs])
-    pallas = time_distinct_ms(pallas_triton.matmul, [(a, w) for w in bs])
-    print(f"{f'{m}x{n}x{k}':20s} {bf:8.4f} {xla:8.4f} {pallas:9.4f} {xla / pallas:9.2f}x  "
-          f"{backends.gemm_backend(m, n, k, 16)}", flush=True)
+    xla, tc, gv = (time_distinct_ms(f, [(a, w) for w in bs]) for f in (reference.matmul, pallas_triton.matmul,
+                                                                        gemv.matmul))
+    print(f"{f'{m}x{n}x{k}':20s} {bf:8.4f} {xla:8.4f} {tc:14.4f} {gv:8.4f} {bf / gv:11.2f}x  "
+          f"{'gemv' if m <= gemv.ROWS else 'tensor cores'}", flush=True)
 
 
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--sass", action="store_true", help="SASS counts from PyPI's Triton, a proxy (no GPU needed)")
-  p.add_argument("--few-rows", action="store_true", help="GPU: M = 1..8, the dispatch threshold's table")
+  p.add_argument("--few-rows", action="store_true", help="GPU: M = 1..8, GEMV vs tensor-core kernel vs bf16")
   args = p.parse_args()
   if args.sass:
     for fmt in (fp4jax.NVFP4, fp4jax.MXFP4):

@@ -230,13 +230,13 @@ SWAP_ROWS = 32  # A with at most this many rows: the swapped product by default 
 MIN_PROGRAMS = 512  # about 4 per SM of an H100 / H200 (132 SMs)
 
 
-def default_split_k(m: int, n: int, k: int, tile) -> int:
-  """1 unless the output has fewer than ``MIN_PROGRAMS`` tiles; then the largest power of two that brings the grid
-  to about ``MIN_PROGRAMS`` programs while each K slice keeps at least 4 chunks of bk."""
+def default_split_k(m: int, n: int, k: int, tile, min_programs: int = MIN_PROGRAMS) -> int:
+  """1 unless the output has fewer than ``min_programs`` tiles; then the largest power of two that brings the grid
+  to about ``min_programs`` programs while each K slice keeps at least 4 chunks of bk."""
   bm, bn, bk = tile
   tiles = -(-m // bm) * -(-n // bn)
   s = 1
-  while tiles * s < MIN_PROGRAMS and k % (2 * s * bk) == 0 and k // (2 * s * bk) >= 4:
+  while tiles * s < min_programs and k % (2 * s * bk) == 0 and k // (2 * s * bk) >= 4:
     s *= 2
   return s
 
