@@ -35,8 +35,8 @@ from fp4jax_kernels.edge_blocks import store_in_bounds
 from fp4jax_kernels.gemm import pallas_triton
 
 MAX_ROWS = 8  # rows of A the kernel accepts; each adds one fp32 multiply-add per element of B
-ROWS = 1  # rows of A sent here by default (``fp4jax_kernels.gemm.api``): 1.4x bf16 at 1 row, level at 2 (BENCHMARKS §5)
-MIN_PROGRAMS = 1024  # split-K target: 8 programs per SM of an H100 / H200 keep enough loads in flight
+ROWS = 1  # rows sent here by ``fp4jax_kernels.gemm.api``: 1.3-1.5x bf16 at one row, level at two (BENCHMARKS §5)
+MIN_PROGRAMS = 1024  # split-K target: about 8 programs per SM of an H100 / H200, the fastest measured (BENCHMARKS §5)
 _B_SCALE_EXP = 14  # B's values are decoded as value · 2^-14; its scales carry the 2^14 back
 
 
