@@ -99,3 +99,15 @@ def test_gemv_sass_is_fused_multiply_adds_without_tensor_cores():
   (module,) = triton_ir.triton_modules(lambda a, b: gemv.matmul(a, b, split_k=1), a, b)
   ops = triton_ir.sass_histogram(triton_ir.compile_sm90(module, gemv.default_config(1024)[2], 1))
   assert ops["FFMA"] >= 8 and ops["HMMA"] == 0 and ops["HGMMA"] == 0
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="randomized larger shapes: GPU only (interpret mode is slow)")
+@pytest.mark.parametrize("seed", range(3))
+def test_gemv_randomized_shapes_on_gpu(seed):
+  """Random rows of A (1-8), N and K, default config and split-K, through the Pallas entry too."""
+  rng = np.random.default_rng(seed)
+  m, n, k = int(rng.integers(1, gemv.MAX_ROWS + 1)), int(rng.integers(1, 3000)), 32 * int(rng.integers(1, 200))
+  a, b = _operands(m, n, k)
+  want = reference.matmul(a, b, out_dtype=jnp.float32)
+  assert _rel(gemv.matmul(a, b, out_dtype=jnp.float32), want) < 1e-6
+  assert _rel(api.pallas_matmul(a, b, out_dtype=jnp.float32), want) < 1e-6

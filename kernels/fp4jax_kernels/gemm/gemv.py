@@ -61,11 +61,18 @@ def _kernel(ap_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, m: int, k: int, 
   split-K partial."""
   rows, bn = o_ref.shape[-2:]
   words, blocks = bk // 8, bk // 16
+  n = out_shape[-1]
+  inside = pl.program_id(0) * bn + lax.broadcasted_iota(jnp.int32, (bn, 1), 0) < n
+
+  def load_b(ref, cols):  # the last program's rows past N are not read (the block would run past B's end)
+    if n % bn == 0:
+      return ref[:, cols]
+    return plgpu.load(ref.at[:, cols], mask=jnp.broadcast_to(inside, (bn, cols.size)), other=jnp.zeros((), ref.dtype))
 
   def body(t, accs):
     b = [p.astype(jnp.float32) for p in pallas_triton.e2m1_words_to_f16(
-        pallas_triton.code_words(bc_ref[:, pl.ds(t * (bk // 2), bk // 2)]))]
-    s = pallas_triton.scale_to_f32(bs_ref[:, pl.ds(t * blocks, blocks)], "nvfp4") * 2.0**_B_SCALE_EXP
+        pallas_triton.code_words(load_b(bc_ref, pl.ds(t * (bk // 2), bk // 2))))]
+    s = pallas_triton.scale_to_f32(load_b(bs_ref, pl.ds(t * blocks, blocks)), "nvfp4") * 2.0**_B_SCALE_EXP
     s = jnp.broadcast_to(s[:, :, None], (bn, blocks, 2)).reshape(bn, words)  # block c -> words 2c, 2c + 1
     out = []
     for r in range(m):
