@@ -11,9 +11,11 @@ array sharded along its rows, its columns (the contraction axis) or both, agains
 device; ``equal`` means values and scale agree bit for bit.
 
 ``{"check": "loss", "recipe", "mesh", "grad_comm_dtype", "losses", "reference", "grad_norms", "reference_grad_norms",
-"max_abs_diff", "max_ulp_diff", "collectives", "all_reduce_dtypes"}``: ``--steps`` training steps of
-``experiments.train.Trainer`` on the mesh, once per ``--grad-comm-dtypes`` entry, against the same steps on one device
-(same data, same keys, fp32 gradients).
+"max_abs_diff", "max_ulp_diff", "bit_identical", "state_identical", "collectives", "all_reduce_dtypes"}``:
+``--steps`` training steps of ``experiments.train.Trainer`` on the mesh, once per ``--grad-comm-dtypes`` entry,
+against the same steps on one device (same data, same keys, fp32 gradients); ``state_identical``: the parameters
+and optimizer state after the last step are the same bytes. ``--deterministic R`` trains both with R fixed
+microbatches summed in a fixed order (``experiments.deterministic``), which makes them bit-identical.
 ``{"check": "backends", "recipe", "backend", "reference_backend", "losses", "reference", "max_abs_diff",
 "max_ulp_diff", "bit_identical", "grad_norms", "reference_grad_norms"}``:
 ``--steps`` training steps on one device with the projections' quantizers run by ``--backends``' other entries
@@ -21,10 +23,10 @@ device; ``equal`` means values and scale agree bit for bit.
 the CPU (interpret mode) the losses are bit-identical; on a GPU the two programs may still differ in the GEMMs that
 XLA picks for them.
 
-Bit-identical losses across layouts are not expected everywhere: a sum over a sharded axis becomes per-shard partial
-sums plus an all-reduce, a different fp32 summation order (the wgrad GEMM over tokens under data parallelism, the
-row-parallel GEMMs under tensor parallelism, the loss mean), and the rounding differences that follow can flip bf16 /
-FP4 roundings downstream and grow through Adam's normalized updates. A layout ``sharding.check_layout`` refuses for a
+Without ``--deterministic``, bit-identical losses across layouts are not expected everywhere: a sum over a sharded
+axis becomes per-shard partial sums plus an all-reduce, a different fp32 summation order (the wgrad GEMM over tokens
+under data parallelism, the row-parallel GEMMs under tensor parallelism, the loss mean), and the rounding
+differences that follow can flip bf16 / FP4 roundings downstream and grow through Adam's normalized updates. A layout ``sharding.check_layout`` refuses for a
 recipe gives ``{"check": "loss", "recipe", "mesh", "grad_comm_dtype", "rejected": message}``. ``collectives`` lists
 the element types each kind of collective of the compiled train step moves (gradient all-reduces should be f32 unless
 ``--grad-comm-dtypes`` asks otherwise); ``all_reduce_dtypes`` those of the all-reduces the program asks for before
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import re
 
@@ -47,7 +50,7 @@ import fp4jax
 from fp4jax.operand import quantize_operand, rotate, signs_for
 
 from experiments import model as model_lib
-from experiments import sharding, train
+from experiments import deterministic, sharding, train
 
 OPERAND_SHAPE = (512, 256)  # (rows, contraction): tokens x features, or the transposes of the backward GEMMs
 
@@ -144,7 +147,10 @@ def _losses(config: train.TrainConfig, layout, steps: int, model_overrides) -> d
         state, out = step_fn(state, batch(step), trainer.quant_key(step))
         metrics.append(out)
     metrics = jax.device_get(metrics)
-    return {"losses": np.asarray([m["loss"] for m in metrics], np.float32),
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(jax.device_get(state)):
+        digest.update(np.ascontiguousarray(leaf).tobytes())
+    return {"losses": np.asarray([m["loss"] for m in metrics], np.float32), "state_sha256": digest.hexdigest(),
             "grad_norms": [float(m["grad_norm"]) for m in metrics],
             "collectives": {op: sorted(types) for op, types in sharding.collective_dtypes(step_fn.as_text()).items()},
             "all_reduce_dtypes": all_reduce_dtypes(lowered.as_text())}
@@ -169,6 +175,7 @@ def check_losses(config: train.TrainConfig, recipe_names, layouts, steps: int, m
                     print(json.dumps(records[-1]), flush=True)
                     continue
                 records.append({**head, **_compared(got["losses"], reference["losses"]),
+                                "state_identical": got["state_sha256"] == reference["state_sha256"],
                                 "grad_norms": got["grad_norms"], "reference_grad_norms": reference["grad_norms"],
                                 "collectives": got["collectives"], "all_reduce_dtypes": got["all_reduce_dtypes"]})
                 print(json.dumps(records[-1]), flush=True)
@@ -205,6 +212,8 @@ def main(argv=None) -> None:
     parser.add_argument("--grad-comm-dtypes", default="float32", help="the sharded runs' gradient all-reduce dtypes, "
                         f"comma-separated, of {sharding.GRAD_COMM_DTYPES}")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--deterministic", type=int, default=0, metavar="R",
+                        help="train with R fixed microbatches summed in a fixed order (experiments.deterministic)")
     parser.add_argument("--data", default="stdlib")
     parser.add_argument("--model", default="100K")
     parser.add_argument("--model-overrides", default=json.dumps(LOSS_MODEL_OVERRIDES),
@@ -222,13 +231,16 @@ def main(argv=None) -> None:
     backends = args.backends.split(",")
     if len(backends) < 2 or not set(backends) <= set(model_lib.QUANTIZER_BACKENDS):
         parser.error(f"--backends must name at least two of {model_lib.QUANTIZER_BACKENDS}, got {args.backends!r}")
+    if args.deterministic:
+        deterministic.set_gpu_flags()
     records = []
     if "operands" in checks:
         records += check_operands(recipes, layouts)
         for record in records:
             print(json.dumps(record), flush=True)
     config = train.TrainConfig(model=args.model, data=args.data, batch_size=args.batch_size, seq_len=args.seq_len,
-                               tokens=args.batch_size * args.seq_len * args.steps, lr=3e-3)
+                               tokens=args.batch_size * args.seq_len * args.steps, lr=3e-3,
+                               deterministic=args.deterministic)
     overrides = json.loads(args.model_overrides) if args.model_overrides else None
     if "loss" in checks:
         records += check_losses(config, recipes, layouts, args.steps, overrides, args.grad_comm_dtypes.split(","))

@@ -192,10 +192,12 @@ def _recipe_units(recipe) -> dict[str, tuple[int, int]]:
     return units
 
 
-def _projection_axes(config: model_lib.ModelConfig, layout: Layout, batch_size: int, seq_len: int):
-    """Per projection kind: {axis: (logical length, number of shards)} for M (tokens), K (inputs), N (outputs)."""
-    fsdp = layout.data if layout.fsdp else 1
-    tokens = (batch_size * seq_len, layout.data)
+def _projection_axes(config: model_lib.ModelConfig, layout: Layout, batch_size: int, seq_len: int,
+                     microbatches: int = 0):
+    """Per projection kind: {axis: (logical length, number of parts)} for M (tokens), K (inputs), N (outputs); with
+    ``microbatches`` the tokens are cut into that many quantized tensors and the parameters are whole (gathered)."""
+    fsdp = layout.data if layout.fsdp and not microbatches else 1
+    tokens = (batch_size * seq_len, microbatches or layout.data)
     d, h = config.d_model, config.ffn_hidden
     return {
         "q/k/v": {"M": tokens, "K": (d, fsdp), "N": (d, layout.model)},
@@ -205,13 +207,18 @@ def _projection_axes(config: model_lib.ModelConfig, layout: Layout, batch_size: 
     }
 
 
-def check_layout(layout: Layout, config: model_lib.ModelConfig, batch_size: int, seq_len: int) -> None:
+def check_layout(layout: Layout, config: model_lib.ModelConfig, batch_size: int, seq_len: int,
+                 microbatches: int = 0) -> None:
     """Raise ValueError unless ``layout`` splits the model evenly and no FP4 block / Hadamard chunk straddles shards.
 
     ``seq_len`` is the number of tokens the model sees per row. Checked: batch_size % data, n_heads % model (tensor
     parallelism splits whole heads), d_model and ffn_hidden % model, the FSDP-sharded dims % data; then, for every
     FP4 projection recipe, every quantized operand and every GEMM axis split over the mesh, that the shard length is
     a multiple of the operand's block and Hadamard size (contraction axis) and 2D tile height (other axis).
+
+    ``microbatches`` (``--deterministic R``, ``experiments.deterministic``): the quantized tensors are R microbatches,
+    each whole on one device, and the parameters are gathered before use, so the token axis is checked against the
+    R microbatches and the parameters' axes not at all.
     """
     even = [("batch_size", batch_size, layout.data, DATA)]
     if layout.model > 1:
@@ -224,9 +231,11 @@ def check_layout(layout: Layout, config: model_lib.ModelConfig, batch_size: int,
         if value % parts:
             raise ValueError(f"mesh {layout.describe()}: {name}={value} does not split evenly over {axis}={parts}")
     recipes = sorted({config.layer_recipe(i) for i in range(config.n_layers)} - {model_lib.BF16_RECIPE})
+    cutter, pieces, fewer = ((f"--deterministic {microbatches} cuts", "microbatches", "fewer microbatches")
+                             if microbatches else ("the mesh splits", "shards", "fewer shards on that axis"))
     for recipe_name in recipes:
         units = _recipe_units(fp4jax.recipes.get(recipe_name))
-        for projection, axes in _projection_axes(config, layout, batch_size, seq_len).items():
+        for projection, axes in _projection_axes(config, layout, batch_size, seq_len, microbatches).items():
             for operand, (contraction_unit, other_unit) in units.items():
                 for axis, unit in zip(OPERAND_AXES[operand], (contraction_unit, other_unit)):
                     length, parts = axes[axis]
@@ -234,9 +243,8 @@ def check_layout(layout: Layout, config: model_lib.ModelConfig, batch_size: int,
                         raise ValueError(
                             f"mesh {layout.describe()}: recipe {recipe_name!r} quantizes the {operand} operand of the "
                             f"{projection} projections in units of {unit} along {_AXIS_NAMES[axis]} (length {length}), "
-                            f"but the mesh splits that axis into {parts} shards of {length // parts}: a block or "
-                            f"Hadamard chunk would straddle two devices. Use fewer shards on that axis or a "
-                            f"{_AXIS_FIX[axis]}")
+                            f"but {cutter} that axis into {parts} {pieces} of {length // parts}: a block or Hadamard "
+                            f"chunk would straddle two {pieces}. Use {fewer} or a {_AXIS_FIX[axis]}")
 
 
 _AXIS_NAMES = {"M": "tokens (batch x seq)", "K": "the layer inputs", "N": "the layer outputs"}

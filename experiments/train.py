@@ -24,6 +24,11 @@ on SLURM / Open MPI the three values can be left out), a ``--mesh`` spanning all
 ``--mesh data=N`` only) all-reduces the gradients in that dtype (``sharding.all_reduce_sum``; each data shard
 differentiates its share of the loss under ``shard_map`` with token-sharded FP4 recipes, so the quantized operands
 stay those of one device); the default float32 keeps the fp32 all-reduce of the global program.
+
+``--deterministic R`` (``experiments.deterministic``; part of config.json, since it changes the numerics): each step
+is R fixed microbatches whose losses and gradients are added in a fixed order, so the loss curve and the trained
+parameters are bit-identical on one device and on any ``--mesh data=D`` (D dividing R), with or without ``--fsdp``.
+On a GPU it also sets ``--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0`` in XLA_FLAGS.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from experiments import data, diagnostics, model as model_lib, optimizer, sharding
+from experiments import data, deterministic, diagnostics, model as model_lib, optimizer, sharding
 
 QUANT_KEY_SALT = 1
 EVAL_KEY_SALT = 2
@@ -77,6 +82,7 @@ class TrainConfig:
     ckpt_every: int = 100
     quant_error_every: int = 0  # 0: never
     grad_comm_dtype: str = "float32"  # data-parallel gradient all-reduce dtype (sharding.GRAD_COMM_DTYPES)
+    deterministic: int = 0  # R > 0: R fixed microbatches, sums in a fixed order (experiments.deterministic)
 
     def __post_init__(self):
         for name in ("tokens", "batch_size", "seq_len", "log_every", "eval_every", "eval_batches", "ckpt_every"):
@@ -95,6 +101,10 @@ class TrainConfig:
             raise ValueError(f"dtype={self.dtype!r} must be 'bfloat16' or 'float32'")
         if self.grad_comm_dtype not in sharding.GRAD_COMM_DTYPES:
             raise ValueError(f"grad_comm_dtype={self.grad_comm_dtype!r} must be one of {sharding.GRAD_COMM_DTYPES}")
+        if self.deterministic < 0:
+            raise ValueError(f"deterministic={self.deterministic} must be >= 0 (0 turns it off)")
+        if self.deterministic:
+            deterministic.check(self.deterministic, self.batch_size, None, self.grad_comm_dtype)
 
     @property
     def tokens_per_step(self) -> int:
@@ -163,11 +173,20 @@ class Trainer:
         self.layout = layout
         sharding.check_grad_comm(config.grad_comm_dtype, layout)
         self.value_and_grad = jax.value_and_grad(self._loss)
+        self.eval_fn = self._loss
+        if config.deterministic:
+            deterministic.check(config.deterministic, config.batch_size, layout, config.grad_comm_dtype)
+            sharding.check_layout(layout or sharding.Layout(), self.model_config, config.batch_size, config.seq_len,
+                                  microbatches=config.deterministic)
+            mesh = sharding.make_mesh(layout or sharding.Layout())
+            self.value_and_grad = deterministic.microbatched(self.value_and_grad, mesh, config.deterministic)
+            self.eval_fn = deterministic.microbatched(self._loss, mesh, config.deterministic)
         if layout is None:
             self.train_step = jax.jit(self._train_step, donate_argnums=0)
-            self.eval_loss = jax.jit(self._eval_loss)
+            self.eval_loss = jax.jit(self.eval_fn)
             return
-        sharding.check_layout(layout, self.model_config, config.batch_size, config.seq_len)
+        if not config.deterministic:
+            sharding.check_layout(layout, self.model_config, config.batch_size, config.seq_len)
         self.mesh = sharding.make_mesh(layout)
         if config.grad_comm_dtype != "float32":
             loss_share = functools.partial(self._loss, model=sharding.token_sharded_model(self.model))
@@ -177,7 +196,7 @@ class Trainer:
         rep = sharding.replicated(self.mesh)
         self.train_step = jax.jit(self._train_step, donate_argnums=0, out_shardings=(self.state_sharding, rep),
                                   in_shardings=(self.state_sharding, self.batch_sharding, rep))
-        self.eval_loss = jax.jit(self._eval_loss, out_shardings=rep,
+        self.eval_loss = jax.jit(self.eval_fn, out_shardings=rep,
                                  in_shardings=(self.state_sharding["params"], self.batch_sharding, rep))
 
     def _init_state(self) -> dict:
@@ -207,9 +226,6 @@ class Trainer:
         updates, opt_state = self.optimizer.update(grads, state["opt_state"], state["params"])
         new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
         return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
-
-    def _eval_loss(self, params, batch, key):
-        return self._loss(params, batch, key)
 
     def _eval_key(self) -> jax.Array:
         key = jax.random.fold_in(self.key, EVAL_KEY_SALT)
@@ -439,6 +455,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-dtype", default=None, choices=["uint8", "uint16", "uint32"])
     parser.add_argument("--grad-comm-dtype", default=defaults.grad_comm_dtype, choices=list(sharding.GRAD_COMM_DTYPES),
                         help="dtype of the data-parallel gradient all-reduce (bfloat16 / float8_e4m3fn: --mesh data=N)")
+    parser.add_argument("--deterministic", type=int, default=defaults.deterministic, metavar="R",
+                        help="R fixed microbatches (a power of two) summed in a fixed order: the same loss curve bit "
+                        "for bit on one device and on any --mesh data=D (D | R), with or without --fsdp")
 
 
 def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
@@ -498,6 +517,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         parser.error(str(err))
     out = args.out or f"runs/{config.model}-{config.recipe}-{config.tokens}"
+    if config.deterministic:
+        deterministic.set_gpu_flags()
     layout = None
     if args.distributed:
         sharding.initialize_distributed(args.coordinator, args.num_processes, args.process_id)

@@ -27,6 +27,10 @@ device.
 Not supported on a token-sharded operand (``ValueError``): FP8 (its per-tensor current scale, ``fp4jax.fp8``, takes
 no cross-shard amax), and per-row E2M1 scales or OCC clipping along the tokens; the ``"pallas"`` quantizer backend
 (``"auto"`` uses XLA); the per-shard kernel with a collective amax is ``fp4jax_kernels.quantize.sharded``.
+
+``ordered_psum`` is the all-reduce for sums that must not depend on the layout: ``lax.psum`` adds the shards in an
+order the backend picks (a ring or a tree, by message size), ``ordered_psum`` always by the pairwise tree of
+``fp4jax.reductions``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp4jax import recipes as recipes_lib
+from fp4jax.reductions import leading_pairwise_sum
 from fp4jax.formats import FP4Format
 from fp4jax.recipes import E2M1_CHANNEL, FP8_FORMATS, OperandSpec, Recipe
 
@@ -76,6 +81,26 @@ def global_amax(x: jax.Array, axis_name: str) -> jax.Array:
   local = jnp.where(jnp.all(jnp.isfinite(x)), jnp.max(jnp.abs(x)), jnp.float32(jnp.inf))
   total = lax.pmax(local, axis_name)
   return jnp.where(jnp.isfinite(total), total, jnp.float32(jnp.nan))
+
+
+def ordered_psum(x: jax.Array, axis_name: str) -> jax.Array:
+  """Σ_i x_i over the devices i of mesh axis ``axis_name`` (a power-of-two count n), added by the balanced tree
+  ``fp4jax.reductions.leading_pairwise_sum`` over device order: the same bits on every device, and the bits one
+  device gets from ``leading_pairwise_sum`` of the stacked ``x_i``.
+
+  Communication is a reduce-scatter and an all-gather, the bytes of a ring all-reduce: ``x`` is flattened, padded
+  with zeros to n equal chunks, ``lax.all_to_all`` gives device j chunk j of every device, device j adds those n
+  chunks by the tree, and ``lax.all_gather`` joins the n summed chunks. Call inside ``jax.shard_map``.
+  """
+  n = lax.axis_size(axis_name)
+  if n & (n - 1):
+    raise ValueError(f"ordered_psum: mesh axis {axis_name!r} has {n} devices, expected a power of two")
+  flat = x.reshape(-1)
+  chunk = -(-flat.size // n)
+  chunks = jnp.pad(flat, (0, n * chunk - flat.size)).reshape(n, chunk)
+  received = lax.all_to_all(chunks, axis_name, 0, 0, tiled=True)  # row i: chunk j of device i
+  total = lax.all_gather(leading_pairwise_sum(received), axis_name, tiled=True)
+  return total[:flat.size].reshape(x.shape)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,11 +1,11 @@
-"""fp4jax.reductions.pairwise_sum: the documented halving order, bit for bit, over any axes."""
+"""fp4jax.reductions: the documented halving order, bit for bit, over any axes and over a leading axis."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4jax.reductions import pairwise_sum
+from fp4jax.reductions import leading_pairwise_sum, pairwise_sum
 
 
 def _halving_numpy(x: np.ndarray) -> np.ndarray:
@@ -30,3 +30,15 @@ def test_pairwise_sum_over_two_axes_and_bad_length():
   np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.sum(x, axis=(1, 3), keepdims=True)))  # exact ints
   with pytest.raises(ValueError, match="power-of-two"):
     pairwise_sum(jnp.ones((3, 6)), (-1,))
+
+
+def test_leading_pairwise_sum_is_the_same_tree_on_the_leading_axis():
+  x = np.asarray(jax.random.normal(jax.random.key(1), (16, 5, 7)) * jnp.logspace(-4, 4, 16)[:, None, None], np.float32)
+  got = np.asarray(jax.jit(leading_pairwise_sum)(x))
+  np.testing.assert_array_equal(got, _halving_numpy(np.moveaxis(x, 0, -1))[..., 0])
+  # 4 holders of 4 consecutive leaves each: their partial trees, then the tree over the partials, are the same sum
+  partials = np.stack([np.asarray(leading_pairwise_sum(x[4 * i:4 * i + 4])) for i in range(4)])
+  np.testing.assert_array_equal(np.asarray(leading_pairwise_sum(partials)), got)
+  np.testing.assert_array_equal(np.asarray(leading_pairwise_sum(x[:1])), x[0])
+  with pytest.raises(ValueError, match="power-of-two leading length"):
+    leading_pairwise_sum(jnp.ones((6, 2)))

@@ -1,6 +1,7 @@
 """``fp4jax.sharding.token_sharded`` recipes: one ``dot_general`` under ``shard_map`` over "data" quantizes every
 operand (forward, dgrad, wgrad) bit for bit as one device does on the logical tensors; only the wgrad's fp32 sum
-over tokens is reordered. Plus the logical-index hook of ``fp4jax.bits`` (in process).
+over tokens is reordered. Plus the logical-index hook of ``fp4jax.bits`` and ``ordered_psum`` (in process; ``jax.vmap``
+binds the axis name).
 
 The sharded runs need 4 devices, requested before jax is imported: one subprocess (this file run as a script, CPU)
 computes every comparison and prints them as JSON. It captures the operands each GEMM consumes by wrapping
@@ -16,10 +17,13 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import fp4jax
 from fp4jax import bits
+from fp4jax.reductions import leading_pairwise_sum
 
 REPO = Path(__file__).resolve().parents[1]
 SHARDS = 4
@@ -213,3 +217,30 @@ def test_index_grid_arguments_are_checked(kwargs, match):
 
 if __name__ == "__main__":
   print(json.dumps(compute()))
+
+
+def _ordered_psum_on(stacked: np.ndarray) -> np.ndarray:
+  """``ordered_psum`` over ``len(stacked)`` devices bound by ``jax.vmap``; asserts every device holds the same sum."""
+  out = np.asarray(jax.jit(jax.vmap(lambda x: fp4jax.sharding.ordered_psum(x, "data"), axis_name="data"))(stacked))
+  for device in out[1:]:
+    np.testing.assert_array_equal(device, out[0])
+  return out[0]
+
+
+@pytest.mark.parametrize("devices", [1, 2, 4, 8])
+@pytest.mark.parametrize("shape", [(), (5, 3), (64, 48)])
+def test_ordered_psum_adds_the_devices_by_the_pairwise_tree(devices, shape):
+  """Bit for bit the one-device ``leading_pairwise_sum`` of the stacked shards, for sizes that do not split evenly
+  into the devices' chunks (the zero padding) and values over 8 decades (where the order shows)."""
+  rng = np.random.default_rng(devices)
+  stacked = (rng.standard_normal((devices, *shape)) * np.exp(rng.normal(0, 4, (devices, *shape)))).astype(np.float32)
+  np.testing.assert_array_equal(_ordered_psum_on(stacked), np.asarray(leading_pairwise_sum(jnp.asarray(stacked))))
+
+
+def test_ordered_psum_keeps_nan_and_inf_and_rejects_odd_device_counts():
+  stacked = np.ones((4, 6), np.float32)
+  stacked[2, 1], stacked[3, 4] = np.nan, np.inf
+  total = _ordered_psum_on(stacked)
+  assert np.isnan(total[1]) and total[4] == np.inf and np.all(total[[0, 2, 3, 5]] == 4)
+  with pytest.raises(ValueError, match="3 devices, expected a power of two"):
+    _ordered_psum_on(np.ones((3, 2), np.float32))

@@ -1,0 +1,102 @@
+"""Layout-independent data-parallel steps: R fixed microbatches and fixed-order sums (``--deterministic R``).
+
+Under plain sharded ``jit`` a data-parallel step's loss and gradients are sums over tokens that XLA splits into
+per-device partial sums plus an all-reduce, in an order set by the mesh and by the collective's algorithm, and each
+device's GEMMs have other shapes than one device's, so their kernels may accumulate in another order. The quantized
+operands are identical on every layout (``experiments.sharding``), yet the loss curve parts in its last bits, and
+the FP4 roundings downstream amplify those bits.
+
+``--deterministic R`` defines the step by R microbatches, and every layout computes exactly that step:
+
+* The batch of B rows is cut into R microbatches of B/R consecutive rows. Microbatch r is a logical tensor of its
+  own (gradient-accumulation semantics): its operands get their own NVFP4 tensor amax, its random bits come from
+  the key ``fold_in(k, r)``.
+* ``loss = Σ_r ℓ_r`` and ``grads = Σ_r ∇ℓ_r`` with ``ℓ_r = Σ_{tokens of r} cross-entropy / (B·T)``, both summed
+  over r by the balanced pairwise tree of ``fp4jax.reductions.leading_pairwise_sum`` (R a power of two).
+* On a mesh with a data axis of D devices (D divides R), under ``jax.shard_map`` device d runs microbatches
+  d·R/D … (d+1)·R/D − 1 one after another (``lax.map``: each device runs the one-device program's per-microbatch
+  computation on the same shapes), adds their results by the tree's lower levels (R/D is a power of two, so these
+  are whole subtrees) and ``fp4jax.sharding.ordered_psum`` adds the D partials by its upper levels. Parameters
+  enter replicated (under FSDP, XLA all-gathers them first, which is exact) and the gradients leave replicated.
+
+So one device and any data-parallel or FSDP mesh add the same floats in the same order. Costs: R/D stacked fp32
+gradient copies per device, GEMMs of B/R rows, and an all-to-all plus an all-gather per gradient leaf (the bytes of
+a ring all-reduce).
+
+Not covered: tensor parallelism, whose row-parallel GEMMs sum over the sharded features inside XLA (a model axis is
+rejected). On a GPU the same program shapes are not enough when XLA's autotuner picks GEMM algorithms by timing:
+the training CLI runs deterministic jobs with ``XLA_FLAGS=--xla_gpu_deterministic_ops=true
+--xla_gpu_autotune_level=0`` (:func:`set_gpu_flags`): run-to-run deterministic kernels and GEMM algorithms chosen
+by shape alone.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec as P
+
+from fp4jax.reductions import leading_pairwise_sum
+from fp4jax.sharding import ordered_psum
+
+from experiments.sharding import DATA, Layout
+
+GPU_XLA_FLAGS = ("--xla_gpu_deterministic_ops=true", "--xla_gpu_autotune_level=0")
+
+
+def set_gpu_flags(environ=os.environ) -> None:
+    """Append :data:`GPU_XLA_FLAGS` to ``XLA_FLAGS`` (those not set already). XLA reads the variable when JAX starts
+    its backend, so call this before the first JAX computation; the flags are harmless on a CPU."""
+    flags = environ.get("XLA_FLAGS", "").split()
+    given = {flag.split("=")[0] for flag in flags}
+    environ["XLA_FLAGS"] = " ".join(flags + [f for f in GPU_XLA_FLAGS if f.split("=")[0] not in given])
+
+
+def check(microbatches: int, batch_size: int, layout: Layout | None, grad_comm_dtype: str = "float32") -> None:
+    """Raise ValueError unless ``--deterministic microbatches`` can run ``batch_size`` rows on ``layout``."""
+    head = f"--deterministic {microbatches}"
+    if microbatches < 1 or microbatches & (microbatches - 1):
+        raise ValueError(f"{head}: the number of microbatches must be a power of two (the pairwise tree)")
+    if batch_size % microbatches:
+        raise ValueError(f"{head}: batch_size={batch_size} does not split into {microbatches} equal microbatches")
+    if grad_comm_dtype != "float32":
+        raise ValueError(f"{head} adds fp32 gradients in a fixed order; --grad-comm-dtype must be float32, "
+                         f"got {grad_comm_dtype}")
+    if layout is None:
+        return
+    if layout.model > 1:
+        raise ValueError(f"{head} covers data parallelism and FSDP: tensor parallelism (--mesh "
+                         f"{layout.describe()}) sums its row-parallel GEMMs over devices in an order XLA picks")
+    if microbatches % layout.data:
+        raise ValueError(f"{head}: the data axis ({layout.data} devices) must divide the number of microbatches")
+
+
+def microbatched(fn: Callable, mesh: Mesh, microbatches: int) -> Callable:
+    """``(params, batch, key) -> Σ_r fn(params, rows_r, fold_in(key, r), B)`` over the R = ``microbatches`` row
+    blocks of ``batch`` (B rows), summed leaf by leaf by the pairwise tree over r, for ``jax.jit``.
+
+    ``fn(params, rows, key, total_rows)`` returns a pytree of fp32 arrays (a loss share, or a loss share and its
+    gradients). Runs under ``jax.shard_map`` on ``mesh``'s data axis (D devices, D | R): parameters and key
+    replicated, batch ``P("data", None)``, output replicated (see the module docstring).
+    """
+    def local(params, batch, key):
+        devices = lax.axis_size(DATA)
+        per_device = microbatches // devices
+        rows = batch.reshape(per_device, batch.shape[0] // per_device, *batch.shape[1:])
+        first = lax.axis_index(DATA) * per_device
+        total_rows = batch.shape[0] * devices
+
+        def one(args):
+            index, block = args
+            return fn(params, block, jax.random.fold_in(key, index), total_rows)
+
+        results = lax.map(one, (first + jnp.arange(per_device), rows))
+        return jax.tree.map(lambda x: ordered_psum(leading_pairwise_sum(x), DATA), results)
+
+    # check_vma=False: ordered_psum's all-gather leaves the same value on every device, which the varying-axes
+    # check cannot see; without it, gradients of the replicated parameters also get no implicit psum.
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(DATA, None), P()), out_specs=P(), check_vma=False)

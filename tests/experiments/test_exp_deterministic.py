@@ -1,0 +1,64 @@
+"""``--deterministic R`` (experiments.deterministic): flag validation, the XLA flags it sets, and on 8 CPU devices the
+same loss curve and the same trained state, bit for bit, on one device and on data-parallel and FSDP meshes."""
+
+import json
+
+import pytest
+
+from experiments import deterministic, model as model_lib, sharding, train
+from test_exp_sharding import OVERRIDES, _layout_check, corpus  # noqa: F401  (corpus: a fixture)
+
+
+@pytest.mark.parametrize("microbatches,batch_size,mesh,comm,message", [
+    (3, 12, None, "float32", "must be a power of two"),
+    (4, 6, None, "float32", "batch_size=6 does not split into 4 equal microbatches"),
+    (4, 8, None, "bfloat16", "--grad-comm-dtype must be float32"),
+    (4, 8, "data=2,model=2", "float32", "tensor parallelism"),
+    (2, 8, "data=4", "float32", "the data axis \\(4 devices\\) must divide the number of microbatches"),
+])
+def test_layouts_and_flags_it_cannot_run_are_refused(microbatches, batch_size, mesh, comm, message):
+    layout = None if mesh is None else sharding.parse_mesh(mesh)
+    with pytest.raises(ValueError, match=message):
+        deterministic.check(microbatches, batch_size, layout, comm)
+
+
+def test_config_validates_the_flag():
+    assert train.TrainConfig(batch_size=8, seq_len=16, tokens=128, deterministic=4).deterministic == 4
+    with pytest.raises(ValueError, match="power of two"):
+        train.TrainConfig(batch_size=6, deterministic=3)
+    with pytest.raises(ValueError, match="deterministic=-1 must be >= 0"):
+        train.TrainConfig(deterministic=-1)
+
+
+def test_microbatches_too_short_for_a_hadamard_chunk_are_refused():
+    """quartet2 rotates the wgrad operands along the tokens in chunks of 128: 64-token microbatches cannot hold one,
+    whatever the mesh (one device included)."""
+    cfg = model_lib.model_config("100K", vocab_size=256, recipe="quartet2", **OVERRIDES)
+    with pytest.raises(ValueError, match="cuts that axis into 8 microbatches of 64.*straddle two microbatches"):
+        sharding.check_layout(sharding.Layout(), cfg, batch_size=8, seq_len=64, microbatches=8)
+    sharding.check_layout(sharding.Layout(data=4, fsdp=True), cfg, batch_size=8, seq_len=64, microbatches=4)
+
+
+def test_gpu_flags_are_appended_once_and_a_users_choice_is_kept():
+    env = {"XLA_FLAGS": "--xla_gpu_autotune_level=2 --xla_force_host_platform_device_count=8"}
+    deterministic.set_gpu_flags(env)
+    deterministic.set_gpu_flags(env)
+    assert env["XLA_FLAGS"].split() == ["--xla_gpu_autotune_level=2", "--xla_force_host_platform_device_count=8",
+                                        "--xla_gpu_deterministic_ops=true"]
+    empty = {}
+    deterministic.set_gpu_flags(empty)
+    assert empty["XLA_FLAGS"].split() == list(deterministic.GPU_XLA_FLAGS)
+
+
+def test_losses_and_trained_state_are_bit_identical_on_every_data_parallel_layout(corpus):
+    """RTN (nvfp4_rtn) and stochastic rounding with a random Hadamard (nvidia_nvfp4, same keys): 3 steps with 4
+    microbatches of 128 tokens on one device, data=4 and data=2 with FSDP. (quartet2 is bit-identical too, on the
+    CPU and the GPU: BENCHMARKS §9; it adds 2 minutes here.)"""
+    records = _layout_check("--checks", "loss", "--recipes", "nvfp4_rtn,nvidia_nvfp4", "--meshes", "data=4",
+                            "data=2:fsdp", "--data", corpus, "--model-overrides", json.dumps(OVERRIDES), "--steps",
+                            "3", "--deterministic", "4")
+    assert len(records) == 4
+    for r in records:
+        assert r["bit_identical"] and r["state_identical"], r
+        assert r["grad_norms"] == r["reference_grad_norms"], r
+        assert r["losses"][-1] < r["losses"][0], r  # it trains
