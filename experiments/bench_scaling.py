@@ -34,7 +34,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from experiments import model as model_lib  # noqa: E402
-from experiments import sharding, step_profile, train  # noqa: E402
+from experiments import deterministic, sharding, step_profile, train  # noqa: E402
 
 MESH_KINDS = ("data", "fsdp", "model")
 
@@ -69,16 +69,18 @@ def flops_per_token(model: str, seq_len: int) -> float:
 
 
 def measure(recipe: str, model: str, n: int, kind: str, per_device_batch: int, seq_len: int, steps: int,
-            warmup: int, data: str, execution: dict | None = None, profile: str | None = None) -> dict:
+            warmup: int, data: str, execution: dict | None = None, profile: str | None = None,
+            microbatches_per_device: int = 0) -> dict:
     """Tokens/s of ``steps`` training steps of ``model`` under ``recipe`` on the first ``n`` devices; ``execution``:
     model_overrides of how the step runs (``train.execution_overrides``). With ``profile`` (a folder), the same steps
     run once more under the JAX profiler, untimed, and the result gains ``profile``: the trace's
-    ``step_profile.summarize``."""
+    ``step_profile.summarize``. ``microbatches_per_device`` L > 0 (data / fsdp): ``--deterministic n·L``."""
     execution = {"quantizer_backend": "xla", **(execution or {})}
     quantizer_backend = execution["quantizer_backend"]
     batch = per_device_batch * (n if kind != "model" else 1)
     config = train.TrainConfig(model=model, recipe=recipe, data=data, batch_size=batch, seq_len=seq_len,
-                               tokens=batch * seq_len * (steps + warmup), log_every=1, ckpt_every=1)
+                               tokens=batch * seq_len * (steps + warmup), log_every=1, ckpt_every=1,
+                               deterministic=n * microbatches_per_device)
     if n > 1 and quantizer_backend != "xla":
         raise ValueError(f"quantizer_backend={quantizer_backend!r} runs on one device; use --devices 1")
     trainer = train.Trainer(config, layout=layout_for(kind, n), model_overrides=execution)
@@ -103,7 +105,8 @@ def measure(recipe: str, model: str, n: int, kind: str, per_device_batch: int, s
         with jax.profiler.trace(profile, create_perfetto_trace=True):
             run(state, inputs[warmup:])
         summary = {"profile": step_profile.summarize(step_profile.find_trace(profile), steps)}
-    return {"recipe": recipe, "model": model, "devices": n, "mesh": kind, **execution,
+    return {"recipe": recipe, "model": model, "devices": n, "mesh": kind, "deterministic": config.deterministic,
+            **execution,
             "global_batch": batch, "seq_len": seq_len,
             "compile_s": compile_s, "step_time_s": seconds / steps, "tokens_per_s": batch * seq_len * steps / seconds,
             "loss": float(metrics["loss"]), "device_kind": jax.devices()[0].device_kind, **summary}
@@ -136,7 +139,13 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=None, help="write the results (JSON list) here")
     parser.add_argument("--matmul-size", type=int, default=8192, help="bf16 GEMM of this size³ sets the MFU divisor")
     parser.add_argument("--smoke", action="store_true", help="CPU check: 100K model, devices 1,2, 3 steps, bf16 + nvfp4")
+    parser.add_argument("--microbatches-per-device", type=int, default=0, metavar="L",
+                        help="train with --deterministic n·L on n devices (data / fsdp meshes; sets its XLA flags)")
     args = parser.parse_args(argv)
+    if args.microbatches_per_device:
+        if args.mesh == "model":
+            parser.error("--microbatches-per-device: --deterministic covers the data and fsdp meshes")
+        deterministic.set_gpu_flags()
     if args.smoke:
         args.model, args.recipes, args.devices = "100K", "bf16,nvidia_nvfp4", "1,2"
         args.per_device_batch, args.seq_len, args.steps, args.warmup, args.matmul_size = 2, 64, 3, 1, 256
@@ -151,7 +160,7 @@ def main(argv=None) -> None:
         for n in counts:
             r = measure(recipe, args.model, n, args.mesh, args.per_device_batch, args.seq_len, args.steps,
                         args.warmup, args.data, train.execution_overrides(args),
-                        args.profile and f"{args.profile}/{recipe}-{n}")
+                        args.profile and f"{args.profile}/{recipe}-{n}", args.microbatches_per_device)
             r.update(matmul_tflops=rate, flops_per_token=per_token,
                      mfu=r["tokens_per_s"] * per_token / (n * rate * 1e12))
             results.append(r)

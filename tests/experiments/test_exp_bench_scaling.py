@@ -32,3 +32,16 @@ def test_too_many_devices_is_refused(capsys):
     with pytest.raises(SystemExit):
         bench_scaling.main(["--model", "100K", "--devices", "1,64"])
     assert "--devices 1,64: only" in capsys.readouterr().err
+
+
+def test_deterministic_points_run_their_microbatches(tmp_path, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")  # the flag appends its XLA flags to the environment (restored after)
+    out = tmp_path / "bench.json"
+    bench_scaling.main(["--model", "100K", "--recipes", "bf16", "--devices", "1", "--per-device-batch", "2",
+                        "--seq-len", "64", "--steps", "1", "--warmup", "1", "--matmul-size", "128",
+                        "--microbatches-per-device", "2", "--out", str(out)])
+    [record] = json.loads(out.read_text())
+    assert record["deterministic"] == 2 and 1.0 < record["loss"] < 10.0
+    assert "--xla_gpu_deterministic_ops=true" in bench_scaling.os.environ["XLA_FLAGS"]
+    with pytest.raises(SystemExit):
+        bench_scaling.main(["--mesh", "model", "--microbatches-per-device", "2"])
