@@ -5,6 +5,8 @@
 #                                          # GEMM, linear layer, quantize tile sweep
 #   bash benchmarks/gpu_suite.sh multi     # 2-4 GPUs: sharded == one device (operands, then losses)
 #   bash benchmarks/gpu_suite.sh scaling   # 2-4 GPUs: data-parallel weak scaling, 125M and 350M
+#   bash benchmarks/gpu_suite.sh deterministic  # 2-4 GPUs: --deterministic, bit-identical losses (one process and
+#                                          # three), then its cost at 125M (one process per program: XLA flags)
 #   bash benchmarks/gpu_suite.sh training  # 1 GPU: XLA vs Pallas quantizers, losses step by step, then the 125M step
 #
 # Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
@@ -47,6 +49,34 @@ case "${1:-}" in
     timeout 280 python -m experiments.bench_scaling --model 350M --recipes bf16,nvidia_nvfp4 --devices "$counts" \
       --per-device-batch 8 --steps 5 --warmup 2 --out "$OUT/scaling350.json" > "$OUT/scaling350.log" 2>&1
     ;;
+  deterministic)
+    n=$(nvidia-smi -L | wc -l)
+    timeout 400 python -m experiments.layout_check --checks loss --recipes bf16,nvfp4_rtn,nvidia_nvfp4,quartet2 \
+      --meshes data=$n data=$n:fsdp --steps 3 --deterministic 4 --out "$OUT/layout_deterministic.json" \
+      > "$OUT/layout_deterministic.log" 2>&1
+    for mesh in "" "--mesh data=$n" "--mesh data=$n --fsdp"; do
+      name=run$(echo "$mesh" | tr -dc 'a-z0-9')
+      timeout 60 python -m experiments.train --model 1M --recipe nvidia_nvfp4 --tokens 24576 --batch-size 16 \
+        --seq-len 128 --log-every 1 --eval-every 6 --ckpt-every 6 --eval-batches 2 --deterministic 4 $mesh \
+        --out "$OUT/$name" > "$OUT/$name.log" 2>&1
+    done
+    python - "$OUT" > "$OUT/cross_process.log" <<'PY'
+import json, pathlib, sys
+runs = sorted(pathlib.Path(sys.argv[1]).glob("run*/metrics.jsonl"))
+curves = {r.parent.name: [json.loads(line).get("loss", json.loads(line).get("val_loss")) for line in r.open()] for r in runs}
+print(curves)
+print("bit-identical across processes:", len(curves) == 3 and len({tuple(c) for c in curves.values()}) == 1)
+PY
+    common="--model 125M --recipes bf16,nvidia_nvfp4 --per-device-batch 16 --seq-len 1024 --steps 5 --warmup 2"
+    timeout 150 python -m experiments.bench_scaling $common --devices 1,$n --out "$OUT/cost_default.json" \
+      > "$OUT/cost_default.log" 2>&1
+    XLA_FLAGS="--xla_gpu_deterministic_ops=true" timeout 100 python -m experiments.bench_scaling $common --devices 1 \
+      --out "$OUT/cost_flag.json" > "$OUT/cost_flag.log" 2>&1
+    for per_device in 1 2; do
+      timeout 150 python -m experiments.bench_scaling $common --devices 1,$n --microbatches-per-device $per_device \
+        --out "$OUT/cost_det$per_device.json" > "$OUT/cost_det$per_device.log" 2>&1
+    done
+    ;;
   training)
     # the two quantizer backends step by step (losses bit for bit), then the 125M step both ways
     timeout 200 python -m experiments.layout_check --checks backends --recipes nvfp4_rtn,nvidia_nvfp4,quartet2 \
@@ -58,7 +88,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_suite.sh kernels|multi|scaling|training" >&2
+    echo "usage: bash benchmarks/gpu_suite.sh kernels|multi|scaling|deterministic|training" >&2
     exit 2
     ;;
 esac

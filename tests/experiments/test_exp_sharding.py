@@ -163,8 +163,8 @@ def test_per_shard_quantization_would_be_detected():
 # Adam's normalized updates. The step-0 loss (before any update) differs by at most this many fp32 ulps.
 # Since the blocks run under nn.scan, XLA also picks other collectives for the carried hidden state
 # (collective-permute / all-to-all), which reorders more sums: measured worst 2.32e-3 (nvidia_nvfp4, DPxTP, step 3)
-# and 146 ulps at step 0 (bf16, data=4). Bit-identical losses across layouts are an open item of issue 7; the
-# quantized operands themselves are bit-identical (test above).
+# and 146 ulps at step 0 (bf16, data=4). The quantized operands themselves are bit-identical (test above), and
+# --deterministic R makes the losses bit-identical on data-parallel and FSDP meshes (test_exp_deterministic.py).
 LOSS_ATOL = 5e-3
 STEP0_ULPS = {"data=4": 256, "data=4 fsdp": 256}
 
