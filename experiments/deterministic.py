@@ -20,8 +20,9 @@ the FP4 roundings downstream amplify those bits.
   enter replicated (under FSDP, XLA all-gathers them first, which is exact) and the gradients leave replicated.
 
 So one device and any data-parallel or FSDP mesh add the same floats in the same order. Costs: R/D stacked fp32
-gradient copies per device, GEMMs of B/R rows, and an all-to-all plus an all-gather per gradient leaf (the bytes of
-a ring all-reduce).
+gradient copies per device (and under FSDP whole gradients on every device; parameters and optimizer state stay
+sharded), GEMMs of B/R rows, and an all-to-all plus an all-gather per gradient leaf (the bytes of a ring
+all-reduce).
 
 Not covered: tensor parallelism, whose row-parallel GEMMs sum over the sharded features inside XLA (a model axis is
 rejected). On a GPU the same program shapes are not enough when XLA's autotuner picks GEMM algorithms by timing:
