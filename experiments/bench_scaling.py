@@ -81,8 +81,9 @@ def measure(recipe: str, model: str, n: int, kind: str, per_device_batch: int, s
     config = train.TrainConfig(model=model, recipe=recipe, data=data, batch_size=batch, seq_len=seq_len,
                                tokens=batch * seq_len * (steps + warmup), log_every=1, ckpt_every=1,
                                deterministic=n * microbatches_per_device)
-    if n > 1 and quantizer_backend != "xla":
-        raise ValueError(f"quantizer_backend={quantizer_backend!r} runs on one device; use --devices 1")
+    if n > 1 and quantizer_backend != "xla" and not microbatches_per_device:
+        raise ValueError(f"quantizer_backend={quantizer_backend!r} runs on one device; use --devices 1, or "
+                         "--microbatches-per-device (each device then quantizes whole microbatches)")
     trainer = train.Trainer(config, layout=layout_for(kind, n), model_overrides=execution)
     state = trainer.init_state()
     inputs = [(trainer.place(trainer.stream.batch(s)), trainer.quant_key(s)) for s in range(steps + warmup)]

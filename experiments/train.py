@@ -12,8 +12,8 @@ Rerunning the same command resumes from the newest checkpoint, drops metric reco
 the uninterrupted run bit for bit: batches are a function of the step, the "quant" key of step s is
 fold_in(key(seed), s), and every record of step s is written before the checkpoint of step s.
 ``--max-minutes`` pauses (checkpoint, exit 0, status "paused") before the budget runs out. ``--quantizer-backend
-pallas|auto`` quantizes with the fused Pallas kernels (one device; the same bits as XLA's quantizers, so, like the
-mesh, it is not part of config.json).
+pallas|auto`` quantizes with the fused Pallas kernels (one device, or any mesh with ``--deterministic``; the same
+bits as XLA's quantizers, so, like the mesh, it is not part of config.json).
 
 Several devices (``experiments.sharding``): ``--mesh data=4`` (data parallel), ``--mesh data=4 --fsdp`` (parameters and
 optimizer state sharded over the data axis), ``--mesh data=2,model=2`` (with Megatron-style tensor parallelism). The
@@ -467,7 +467,8 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
                         help="blocks per scan iteration; >= the layer count: no device loop (faster steps, longer "
                              "compiles)")
     parser.add_argument("--quantizer-backend", default="xla", choices=list(model_lib.QUANTIZER_BACKENDS),
-                        help="the FP4 quantizers: xla, pallas (fused kernels) or auto (same bits; one device only)")
+                        help="the FP4 quantizers: xla, pallas (fused kernels) or auto (same bits; one device, or a "
+                             "mesh with --deterministic)")
 
 
 def execution_overrides(args: argparse.Namespace) -> dict:
@@ -533,8 +534,9 @@ def main(argv: list[str] | None = None) -> None:
         sharding.check_grad_comm(config.grad_comm_dtype, layout)
     except ValueError as err:
         parser.error(str(err))
-    if layout is not None and args.quantizer_backend != "xla":
-        parser.error("--quantizer-backend pallas/auto trains on one device; with --mesh the quantizers are XLA's")
+    if layout is not None and args.quantizer_backend != "xla" and not config.deterministic:
+        parser.error("--quantizer-backend pallas/auto trains on one device; with --mesh the quantizers are XLA's, "
+                     "unless --deterministic R (each device then quantizes whole microbatches)")
     train(config, out, cache_dir=args.cache_dir, max_minutes=args.max_minutes, layout=layout,
           model_overrides=execution_overrides(args), final_eval_batches=args.final_eval_batches)
 
