@@ -15,7 +15,9 @@ device; ``equal`` means values and scale agree bit for bit.
 ``--steps`` training steps of ``experiments.train.Trainer`` on the mesh, once per ``--grad-comm-dtypes`` entry,
 against the same steps on one device (same data, same keys, fp32 gradients); ``state_identical``: the parameters
 and optimizer state after the last step are the same bytes. ``--deterministic R`` trains both with R fixed
-microbatches summed in a fixed order (``experiments.deterministic``), which makes them bit-identical.
+microbatches summed in a fixed order (``experiments.deterministic``), which makes them bit-identical; a mesh with a
+model axis of T devices then trains T tensor-parallel shards (``--tensor-shards T``), and so does its one-device
+reference.
 ``{"check": "backends", "recipe", "backend", "reference_backend", "losses", "reference", "max_abs_diff",
 "max_ulp_diff", "bit_identical", "grad_norms", "reference_grad_norms"}``:
 ``--steps`` training steps on one device with the projections' quantizers run by ``--backends``' other entries
@@ -159,21 +161,26 @@ def _losses(config: train.TrainConfig, layout, steps: int, model_overrides) -> d
 def check_losses(config: train.TrainConfig, recipe_names, layouts, steps: int, model_overrides=None,
                  grad_comm_dtypes=("float32",)) -> list[dict]:
     """Per recipe: ``steps`` losses on one device, then on each layout with each gradient communication dtype
-    (``sharding.check_layout`` and ``sharding.check_grad_comm`` apply)."""
+    (``sharding.check_layout`` and ``sharding.check_grad_comm`` apply). With ``config.deterministic`` a layout with a
+    model axis of T devices trains with ``tensor_shards=T``, against one device running the same T shards."""
     records = []
     for recipe in recipe_names:
-        reference = _losses(dataclasses.replace(config, recipe=recipe, grad_comm_dtype="float32"), None, steps,
-                            model_overrides)
+        references = {}
         for layout in layouts:
+            shards = layout.model if config.deterministic else 1
             for comm in grad_comm_dtypes:
                 head = {"check": "loss", "recipe": recipe, "mesh": layout.describe(), "grad_comm_dtype": comm}
-                run = dataclasses.replace(config, recipe=recipe, grad_comm_dtype=comm)
+                run = dataclasses.replace(config, recipe=recipe, grad_comm_dtype=comm, tensor_shards=shards)
                 try:
                     got = _losses(run, layout, steps, model_overrides)
                 except ValueError as err:  # check_layout / check_grad_comm refused the layout
                     records.append({**head, "rejected": str(err)})
                     print(json.dumps(records[-1]), flush=True)
                     continue
+                if shards not in references:
+                    references[shards] = _losses(dataclasses.replace(run, grad_comm_dtype="float32"), None, steps,
+                                                 model_overrides)
+                reference = references[shards]
                 records.append({**head, **_compared(got["losses"], reference["losses"]),
                                 "state_identical": got["state_sha256"] == reference["state_sha256"],
                                 "grad_norms": got["grad_norms"], "reference_grad_norms": reference["grad_norms"],

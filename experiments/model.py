@@ -45,6 +45,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+import fp4jax.sharding
 from fp4jax.flax.linen import DotGeneral
 from fp4jax.operand import BACKENDS as QUANTIZER_BACKENDS
 
@@ -188,12 +189,41 @@ def parameter_count(config: ModelConfig) -> dict[str, int]:
     return {"non_embedding": non_embedding, "total": non_embedding + 2 * v * d}
 
 
-def projection_dot_cls(recipe: str, backend: str = "xla"):
+@dataclasses.dataclass(frozen=True)
+class TensorParallel:
+    """Megatron tensor parallelism written out, for a model run inside ``jax.shard_map`` (or ``jax.vmap``) over the
+    named axis ``axis`` of ``shards`` devices: each holds n_heads/shards heads and ffn_hidden/shards hidden units.
+
+    Per block, with the (replicated) normed input x and shard s's column slices of q, k, v, gate, up and row slices
+    of o, down: ``Attn(x) = Σ_s o_s(attention of heads_s(x))``, ``SwiGLU(x) = Σ_s down_s(silu(gate_s(x)) ⊙ up_s(x))``.
+    The Σ_s is ``fp4jax.sharding.sum_from_shards`` (the pairwise tree over s, in fp32, rounded once to the
+    activation dtype), and x enters by ``copy_to_shards``, whose backward adds the shards' gradients the same way;
+    the FP4 dots run ``fp4jax.sharding.sharded`` recipes (outputs split for column-parallel, inputs for
+    row-parallel), so every quantized operand is the logical tensor's. Everything outside the blocks is replicated.
+    """
+
+    axis: str
+    shards: int
+
+    def __post_init__(self):
+        if self.shards < 1:
+            raise ValueError(f"TensorParallel.shards must be >= 1, got {self.shards}")
+
+    def enter(self, x: jax.Array) -> jax.Array:
+        return fp4jax.sharding.copy_to_shards(x.astype(jnp.float32), self.axis).astype(x.dtype)
+
+    def exit(self, x: jax.Array) -> jax.Array:
+        return fp4jax.sharding.sum_from_shards(x.astype(jnp.float32), self.axis).astype(x.dtype)
+
+
+def projection_dot_cls(recipe: str, backend: str = "xla", tp: TensorParallel | None = None, split: str = ""):
     """The ``dot_general_cls`` for a projection under ``recipe``: None (flax's plain dot) for BF16, else fp4jax's
-    with quantizer ``backend``."""
+    with quantizer ``backend``; with ``tp``, the recipe marked ``fp4jax.sharding.sharded`` along ``split``
+    ("outputs" or "inputs") over ``tp.axis``."""
     if recipe == BF16_RECIPE:
         return None
-    return functools.partial(DotGeneral, recipe=recipe, backend=backend)
+    marked = recipe if tp is None else fp4jax.sharding.sharded(recipe, tp.axis, split)
+    return functools.partial(DotGeneral, recipe=marked, backend=backend)
 
 
 def apply_rope(x: jax.Array, theta: float) -> jax.Array:
@@ -210,14 +240,15 @@ def apply_rope(x: jax.Array, theta: float) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _projection(config: ModelConfig, recipe: str, features: int, name: str, init_std: float = INIT_STD) -> nn.Dense:
+def _projection(config: ModelConfig, recipe: str, features: int, name: str, init_std: float = INIT_STD,
+                tp: TensorParallel | None = None, split: str = "") -> nn.Dense:
     return nn.Dense(
         features,
         use_bias=False,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         kernel_init=nn.initializers.normal(init_std),
-        dot_general_cls=projection_dot_cls(recipe, config.quantizer_backend),
+        dot_general_cls=projection_dot_cls(recipe, config.quantizer_backend, tp, split),
         name=name,
     )
 
@@ -227,38 +258,49 @@ def _norm(config: ModelConfig, name: str) -> nn.RMSNorm:
 
 
 class Attention(nn.Module):
-    """Causal multi-head self-attention with RoPE; q, k, v, o are the recipe's projections."""
+    """Causal multi-head self-attention with RoPE; q, k, v, o are the recipe's projections (with ``tp``: this
+    shard's heads, :class:`TensorParallel`)."""
 
     config: ModelConfig
     recipe: str
+    tp: TensorParallel | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        cfg = self.config
+        cfg, tp = self.config, self.tp
+        shards = tp.shards if tp else 1
         batch, seq, _ = x.shape
-        heads = (batch, seq, cfg.n_heads, cfg.head_dim)
-        q = _projection(cfg, self.recipe, cfg.d_model, "q")(x).reshape(heads)
-        k = _projection(cfg, self.recipe, cfg.d_model, "k")(x).reshape(heads)
-        v = _projection(cfg, self.recipe, cfg.d_model, "v")(x).reshape(heads)
+        width = cfg.d_model // shards
+        heads = (batch, seq, cfg.n_heads // shards, cfg.head_dim)
+        x = tp.enter(x) if tp else x
+        q = _projection(cfg, self.recipe, width, "q", tp=tp, split="outputs")(x).reshape(heads)
+        k = _projection(cfg, self.recipe, width, "k", tp=tp, split="outputs")(x).reshape(heads)
+        v = _projection(cfg, self.recipe, width, "v", tp=tp, split="outputs")(x).reshape(heads)
         q, k = apply_rope(q, cfg.rope_theta), apply_rope(k, cfg.rope_theta)
         y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=cfg.attention_impl)
         out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-        return _projection(cfg, self.recipe, cfg.d_model, "o", out_std)(y.reshape(batch, seq, cfg.d_model))
+        out = _projection(cfg, self.recipe, cfg.d_model, "o", out_std, tp, "inputs")(y.reshape(batch, seq, width))
+        return tp.exit(out) if tp else out
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) ⊙ up(x)); gate, up, down are the recipe's projections."""
+    """down(silu(gate(x)) ⊙ up(x)); gate, up, down are the recipe's projections (with ``tp``: this shard's hidden
+    units, :class:`TensorParallel`)."""
 
     config: ModelConfig
     recipe: str
+    tp: TensorParallel | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        cfg = self.config
-        gate = _projection(cfg, self.recipe, cfg.ffn_hidden, "gate")(x)
-        up = _projection(cfg, self.recipe, cfg.ffn_hidden, "up")(x)
+        cfg, tp = self.config, self.tp
+        hidden = cfg.ffn_hidden // (tp.shards if tp else 1)
+        x = tp.enter(x) if tp else x
+        gate = _projection(cfg, self.recipe, hidden, "gate", tp=tp, split="outputs")(x)
+        up = _projection(cfg, self.recipe, hidden, "up", tp=tp, split="outputs")(x)
         out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-        return _projection(cfg, self.recipe, cfg.d_model, "down", out_std)(nn.silu(gate) * up)
+        out = _projection(cfg, self.recipe, cfg.d_model, "down", out_std, tp, "inputs")(nn.silu(gate) * up)
+        return tp.exit(out) if tp else out
 
 
 class Block(nn.Module):
@@ -269,21 +311,22 @@ class Block(nn.Module):
 
     config: ModelConfig
     recipe: str
+    tp: TensorParallel | None = None
 
     @nn.compact
     def __call__(self, h: jax.Array, _=None) -> tuple[jax.Array, None]:
-        h = h + Attention(self.config, self.recipe, name="attn")(_norm(self.config, "attn_norm")(h))
-        return h + SwiGLU(self.config, self.recipe, name="mlp")(_norm(self.config, "mlp_norm")(h)), None
+        h = h + Attention(self.config, self.recipe, self.tp, name="attn")(_norm(self.config, "attn_norm")(h))
+        return h + SwiGLU(self.config, self.recipe, self.tp, name="mlp")(_norm(self.config, "mlp_norm")(h)), None
 
 
-def scanned_blocks(config: ModelConfig, stack: LayerStack) -> nn.Module:
+def scanned_blocks(config: ModelConfig, stack: LayerStack, tp: TensorParallel | None = None) -> nn.Module:
     """``stack.length`` blocks as one ``nn.scan``: parameters (and sown "intermediates") stacked on a leading layer
     axis, the "params" and "quant" streams split per layer; each block under ``nn.remat`` if ``config.remat``;
     ``config.scan_unroll`` blocks per loop iteration."""
     block = nn.remat(Block, prevent_cse=False) if config.remat else Block  # scan already keeps remat's CSE apart
     scan = nn.scan(block, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True, "quant": True},
                    length=stack.length, unroll=min(config.scan_unroll, stack.length))
-    return scan(config, stack.recipe, name=stack.name)
+    return scan(config, stack.recipe, tp, name=stack.name)
 
 
 ONE_HOT_MAX_VOCAB = 4096  # up to this vocabulary the embedding is a one-hot GEMM (see TokenEmbedding)
@@ -316,10 +359,12 @@ class TokenEmbedding(nn.Module):
 class Llama(nn.Module):
     """tokens int (batch, seq) → next-token logits fp32 (batch, seq, vocab).
 
-    Random recipes draw from the RNG stream "quant": ``model.apply(params, tokens, rngs={"quant": key})``.
+    Random recipes draw from the RNG stream "quant": ``model.apply(params, tokens, rngs={"quant": key})``. With
+    ``tp`` the blocks are one shard's (:class:`TensorParallel`), taking their parameters' shard slices.
     """
 
     config: ModelConfig
+    tp: TensorParallel | None = None
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -328,7 +373,7 @@ class Llama(nn.Module):
             raise ValueError(f"tokens must have shape (batch, seq), got {tokens.shape}")
         h = TokenEmbedding(cfg, name="embed")(tokens)
         for stack in layer_stacks(cfg):
-            h, _ = scanned_blocks(cfg, stack)(h)
+            h, _ = scanned_blocks(cfg, stack, self.tp)(h)
         h = _norm(cfg, "final_norm")(h)
         logits = nn.Dense(
             cfg.vocab_size,

@@ -28,7 +28,9 @@ stay those of one device); the default float32 keeps the fp32 all-reduce of the 
 ``--deterministic R`` (``experiments.deterministic``; part of config.json, since it changes the numerics): each step
 is R fixed microbatches whose losses and gradients are added in a fixed order, so the loss curve and the trained
 parameters are bit-identical on one device and on any ``--mesh data=D`` (D dividing R), with or without ``--fsdp``.
-On a GPU it also sets ``--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0`` in XLA_FLAGS.
+``--tensor-shards T`` adds tensor parallelism to that definition: the blocks computed as T Megatron shards, the same
+bits on ``--mesh model=T`` / ``data=D,model=T`` as on one device or ``--mesh data=D`` (which run the T shards side by
+side). On a GPU it also sets ``--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0`` in XLA_FLAGS.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from jax.sharding import PartitionSpec as P
 
 from experiments import data, deterministic, diagnostics, model as model_lib, optimizer, sharding
 
@@ -83,6 +86,7 @@ class TrainConfig:
     quant_error_every: int = 0  # 0: never
     grad_comm_dtype: str = "float32"  # data-parallel gradient all-reduce dtype (sharding.GRAD_COMM_DTYPES)
     deterministic: int = 0  # R > 0: R fixed microbatches, sums in a fixed order (experiments.deterministic)
+    tensor_shards: int = 1  # with deterministic: the blocks as T Megatron shards (experiments.deterministic)
 
     def __post_init__(self):
         for name in ("tokens", "batch_size", "seq_len", "log_every", "eval_every", "eval_batches", "ckpt_every"):
@@ -103,8 +107,11 @@ class TrainConfig:
             raise ValueError(f"grad_comm_dtype={self.grad_comm_dtype!r} must be one of {sharding.GRAD_COMM_DTYPES}")
         if self.deterministic < 0:
             raise ValueError(f"deterministic={self.deterministic} must be >= 0 (0 turns it off)")
+        if self.tensor_shards != 1 and not self.deterministic:
+            raise ValueError(f"tensor_shards={self.tensor_shards} needs deterministic > 0 (without it, tensor "
+                             "parallelism is --mesh model=N under XLA's partitioner)")
         if self.deterministic:
-            deterministic.check(self.deterministic, self.batch_size, None, self.grad_comm_dtype)
+            deterministic.check(self.deterministic, self.batch_size, None, self.grad_comm_dtype, self.tensor_shards)
 
     @property
     def tokens_per_step(self) -> int:
@@ -175,12 +182,7 @@ class Trainer:
         self.value_and_grad = jax.value_and_grad(self._loss)
         self.eval_fn = self._loss
         if config.deterministic:
-            deterministic.check(config.deterministic, config.batch_size, layout, config.grad_comm_dtype)
-            sharding.check_layout(layout or sharding.Layout(), self.model_config, config.batch_size, config.seq_len,
-                                  microbatches=config.deterministic)
-            mesh = sharding.make_mesh(layout or sharding.Layout())
-            self.value_and_grad = deterministic.microbatched(self.value_and_grad, mesh, config.deterministic)
-            self.eval_fn = deterministic.microbatched(self._loss, mesh, config.deterministic)
+            self._deterministic_steps(layout or sharding.Layout())
         if layout is None:
             self.train_step = jax.jit(self._train_step, donate_argnums=0)
             self.eval_loss = jax.jit(self.eval_fn)
@@ -198,6 +200,26 @@ class Trainer:
                                   in_shardings=(self.state_sharding, self.batch_sharding, rep))
         self.eval_loss = jax.jit(self.eval_fn, out_shardings=rep,
                                  in_shardings=(self.state_sharding["params"], self.batch_sharding, rep))
+
+    def _deterministic_steps(self, layout: sharding.Layout) -> None:
+        """``--deterministic R`` (``experiments.deterministic``): the loss and gradients of R microbatches summed in
+        a fixed order; with ``--tensor-shards T`` > 1, of the model written out as T Megatron shards."""
+        config, shards = self.config, self.config.tensor_shards
+        deterministic.check(config.deterministic, config.batch_size, layout, config.grad_comm_dtype, shards)
+        sharding.check_layout(dataclasses.replace(layout, model=shards), self.model_config, config.batch_size,
+                              config.seq_len, microbatches=config.deterministic)
+        mesh = sharding.make_mesh(layout)
+        loss, value_and_grad, specs = self._loss, self.value_and_grad, P()
+        if shards > 1:
+            tp = model_lib.Llama(self.model_config, model_lib.TensorParallel(sharding.MODEL, shards))
+            specs = deterministic.param_specs(jax.eval_shape(self._init_state)["params"], shards)
+            loss = functools.partial(self._loss, model=tp)
+            value_and_grad = deterministic.over_model_shards(jax.value_and_grad(loss), specs,
+                                                             (P(), specs), shards, mesh)
+            loss = deterministic.over_model_shards(loss, specs, P(), shards, mesh)
+        self.value_and_grad = deterministic.microbatched(value_and_grad, mesh, config.deterministic, specs,
+                                                         (P(), specs))
+        self.eval_fn = deterministic.microbatched(loss, mesh, config.deterministic, specs)
 
     def _init_state(self) -> dict:
         params = model_lib.init_params(self.model_config, self.key, self.config.seq_len)
@@ -458,6 +480,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deterministic", type=int, default=defaults.deterministic, metavar="R",
                         help="R fixed microbatches (a power of two) summed in a fixed order: the same loss curve bit "
                         "for bit on one device and on any --mesh data=D (D | R), with or without --fsdp")
+    parser.add_argument("--tensor-shards", type=int, default=defaults.tensor_shards, metavar="T",
+                        help="with --deterministic: the blocks as T Megatron tensor-parallel shards (a power of two), "
+                        "the same bits on --mesh model=T or data=D,model=T as on one device or --mesh data=D")
 
 
 def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
@@ -537,6 +562,9 @@ def main(argv: list[str] | None = None) -> None:
     if layout is not None and args.quantizer_backend != "xla" and not config.deterministic:
         parser.error("--quantizer-backend pallas/auto trains on one device; with --mesh the quantizers are XLA's, "
                      "unless --deterministic R (each device then quantizes whole microbatches)")
+    if args.quantizer_backend == "pallas" and config.tensor_shards > 1:
+        parser.error("--quantizer-backend pallas: with --tensor-shards the operands split over the shards are "
+                     "quantized by XLA (cross-shard amax); use auto (the kernels for the others)")
     train(config, out, cache_dir=args.cache_dir, max_minutes=args.max_minutes, layout=layout,
           model_overrides=execution_overrides(args), final_eval_batches=args.final_eval_batches)
 

@@ -106,7 +106,7 @@ def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs, transposed=
       out.append((x, None))
       continue
     k = _fold(key, _KEY_IDS[f"{gemm}_{side}"])
-    shard = sharding_lib.operand_shard(static.recipe, f"{gemm}_{side}")  # None unless token-sharded
+    shard = sharding_lib.operand_shard(static.recipe, f"{gemm}_{side}")  # None unless the recipe is sharded
     out.append(rotate_and_quantize(x, spec, k, signs, backend=static.backend, transposed=t, shard=shard))
   return out
 
@@ -203,7 +203,7 @@ def dot_general(
     dimension_numbers: ``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))`` as in ``lax.dot_general``;
       any number of contracting and batch dims.
     recipe: a ``fp4jax.recipes.Recipe`` or a registered name (``fp4jax.recipes.names()``). Inside ``shard_map``
-      with the lhs's leading free dim split over a mesh axis, ``fp4jax.sharding.token_sharded(recipe, axis)``
+      with the tokens, outputs or inputs split over a mesh axis, ``fp4jax.sharding.sharded(recipe, axis, split)``
       quantizes every operand as one device does on the logical tensors (cross-shard amax, logical random bits).
     key: JAX PRNG key, required when ``recipe.is_random`` (stochastic rounding, MS-EDEN, fresh Hadamard signs).
     precision: passed to the internal GEMMs (default: bf16 GEMMs for exact-in-bf16 quantized values, HIGHEST for

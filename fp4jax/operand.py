@@ -215,7 +215,7 @@ def quantize_operand(
 
   Returns the ``Operand`` and, for ``estimator="trust_mask"``, the bool mask of unclipped elements, else None. ``key`` feeds stochastic rounding / MS-EDEN. ``backend``:
   ``"xla"``, ``"pallas"`` or ``"auto"`` (module docstring); every backend gives the same bits. ``shard``: an
-  ``fp4jax.sharding.OperandShard`` when ``x`` is one device's slice of a token-sharded operand inside ``shard_map``
+  ``fp4jax.sharding.OperandShard`` when ``x`` is one device's slice of a sharded operand inside ``shard_map``
   (XLA backend only; see ``fp4jax.sharding``).
   """
   if shard is not None:
@@ -256,9 +256,9 @@ def rotate_and_quantize(
 
 
 def _sharded_quantize(x, spec: OperandSpec, key, backend: str, shard) -> tuple[Operand, jax.Array | None]:
-  """``_quantize`` of one device's slice of a token-sharded operand (``fp4jax.sharding``); XLA backend only."""
+  """``_quantize`` of one device's slice of a sharded operand (``fp4jax.sharding``); XLA backend only."""
   if backend == "pallas":
-    raise ValueError("backend='pallas' does not take a token-sharded operand (fp4jax.sharding); use 'xla' or 'auto'")
+    raise ValueError("backend='pallas' does not take a sharded operand (fp4jax.sharding); use 'xla' or 'auto'")
   shard.check(x.shape, spec, "fp4jax.operand.quantize_operand")
   return _quantize(x, spec, key, shard)
 

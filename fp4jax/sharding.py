@@ -1,41 +1,44 @@
 """``fp4jax.dot_general`` inside ``jax.shard_map`` with the numerics of the logical (unsharded) program.
 
-Under ``shard_map`` each device runs the dot on its slice of the tokens (data parallelism), so a quantizer would see
-only its shard: the NVFP4 tensor amax of the activation-like operands (X, dY, and the wgrad operands dYᵀ, Xᵀ, whose
-contraction axis is the tokens) would be per shard, and random bits would hash shard-local element indices.
-``token_sharded(recipe, axis_name)`` marks a recipe as running there; ``fp4jax.dot_general`` (and any Flax layer
-that takes a recipe: the mark travels with the ``Recipe`` object) then quantizes every operand whose token axis is
-split exactly as one device quantizes the logical tensor:
+Inside ``shard_map`` each device runs the dot on its slice of one GEMM axis: the tokens M (data parallelism), the
+outputs N (Megatron's column-parallel layers: q, k, v, gate, up) or the inputs K (row-parallel: o, down). A
+quantizer would then see only its shard: the NVFP4 tensor amax would be per shard, and random bits would hash
+shard-local element indices. ``sharded(recipe, axis_name, split)`` (``token_sharded`` for the tokens) marks a recipe
+as running there; ``fp4jax.dot_general`` (and any Flax layer that takes a recipe: the mark travels with the
+``Recipe`` object) then quantizes every operand that the split cuts exactly as one device quantizes the logical
+tensor:
 
 * NVFP4 tensor amax: the local max|x| (+Inf if the shard holds NaN/Inf: XLA's max, and so ``pmax``, may drop NaN,
   no max drops +Inf), ``lax.pmax`` over ``axis_name``, and NaN if that is not finite; a max is exact in any order,
   so this is the logical tensor's amax (and its NaN rule: ``fp4jax.quantize.quantize_blocks``).
 * Random bits (stochastic rounding per element, MS-EDEN per scale): ``fp4jax.bits`` hashes of the element's (the
   scale's) logical row-major index, from the shard's origin ``lax.axis_index(axis_name) · local length`` along the
-  token axis. Keys, Hadamard signs included, must be the same on every shard: do not fold the shard index in.
-* Blocks and Hadamard chunks along the tokens (the wgrad GEMM's contraction axis) must not straddle devices: the
-  local token count must be a multiple of lcm(block, Hadamard size) (16x16 tiles: of 16 along any token axis),
-  else ``ValueError``. Blocks along the features are whole on every device.
+  split dim. Keys, Hadamard signs included, must be the same on every shard: do not fold the shard index in.
+* Blocks and Hadamard chunks along a split contraction axis (the tokens of the wgrad GEMM, the outputs of the
+  dgrad GEMM, the inputs of the forward GEMM) must not straddle devices: the local length must be a multiple of
+  lcm(block, Hadamard size), and of 16 along any split axis of a 16x16-tiled operand, else ``ValueError``.
 
-Contract (what ``shard_map`` with ``in_specs=P(axis_name, ...)`` on the lhs's leading free dim gives): the lhs's
-leading non-contracting, non-batch dim is this device's slice, device ``i = lax.axis_index(axis_name)`` holding
-slice ``i`` of equal slices; the rhs (weights) is the same on every device. The canonical operands of
-``fp4jax.dot`` then hold the tokens contiguously on dim 1 (X (B, M, K), dY (B, M, N)) or dim 2 (dYᵀ (B, N, M),
-Xᵀ (B, K, M)). Only the fp32 sums over tokens (the wgrad GEMM's partial sums, reduced by the caller) differ from one
-device.
+Contract (what ``shard_map`` with the split dim's spec gives, or ``jax.vmap`` with ``axis_name``): the split dim of
+the lhs (tokens, inputs) and of the rhs (outputs, inputs) is this device's slice, device
+``i = lax.axis_index(axis_name)`` holding slice ``i`` of equal slices; every other operand dim is whole. Which dim
+of each canonical operand a split cuts is :data:`SPLIT_DIMS`. The dot's result is then this device's slice of the
+logical result, except for the sums over the split axis (the wgrad GEMM's over tokens, the dgrad GEMM's over outputs,
+the forward GEMM's over inputs), which are partial sums that the caller adds across devices.
 
-Not supported on a token-sharded operand (``ValueError``): FP8 (its per-tensor current scale, ``fp4jax.fp8``, takes
-no cross-shard amax), and per-row E2M1 scales or OCC clipping along the tokens; the ``"pallas"`` quantizer backend
+Not supported on a sharded operand (``ValueError``): FP8 (its per-tensor current scale, ``fp4jax.fp8``, takes no
+cross-shard amax), and per-row E2M1 scales or OCC clipping along the split dim; the ``"pallas"`` quantizer backend
 (``"auto"`` uses XLA); the per-shard kernel with a collective amax is ``fp4jax_kernels.quantize.sharded``.
 
 ``ordered_psum`` is the all-reduce for sums that must not depend on the layout: ``lax.psum`` adds the shards in an
 order the backend picks (a ring or a tree, by message size), ``ordered_psum`` always by the pairwise tree of
-``fp4jax.reductions``.
+``fp4jax.reductions``. ``copy_to_shards`` / ``sum_from_shards`` are Megatron's two conjugate tensor-parallel
+operators (identity one way, that all-reduce the other) built on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -47,28 +50,46 @@ from fp4jax.reductions import leading_pairwise_sum
 from fp4jax.formats import FP4Format
 from fp4jax.recipes import E2M1_CHANNEL, FP8_FORMATS, OperandSpec, Recipe
 
-# The dim holding the tokens in each activation-like operand of fp4jax.dot's canonical form (the weight-like
-# operands fwd_rhs, dgrad_rhs are the same on every device).
-TOKEN_DIMS = {"fwd_lhs": 1, "dgrad_lhs": 1, "wgrad_lhs": 2, "wgrad_rhs": 2}
+# The dim of each operand of fp4jax.dot's canonical form (X (B, M, K), W (B, N, K); dgrad dY (B, M, N), Wᵀ (B, K, N);
+# wgrad dYᵀ (B, N, M), Xᵀ (B, K, M)) that a split cuts; operands missing from a split are the same on every device.
+SPLIT_DIMS = {
+    "tokens": {"fwd_lhs": 1, "dgrad_lhs": 1, "wgrad_lhs": 2, "wgrad_rhs": 2},  # M: data parallelism
+    "outputs": {"fwd_rhs": 1, "dgrad_lhs": 2, "dgrad_rhs": 2, "wgrad_lhs": 1},  # N: column-parallel (Megatron)
+    "inputs": {"fwd_lhs": 2, "fwd_rhs": 2, "dgrad_rhs": 1, "wgrad_rhs": 1},  # K: row-parallel (Megatron)
+}
+TOKEN_DIMS = SPLIT_DIMS["tokens"]
 
 
 @dataclasses.dataclass(frozen=True)
-class TokenShardedRecipe(Recipe):
-  """A ``Recipe`` whose dots run inside ``shard_map`` with the tokens split over mesh axis ``token_axis``."""
+class ShardedRecipe(Recipe):
+  """A ``Recipe`` whose dots run inside ``shard_map`` (or ``jax.vmap`` with an axis name) with one GEMM axis split
+  over the named axis ``shard_axis``: ``split`` is "tokens" (M), "outputs" (N) or "inputs" (K)."""
 
-  token_axis: str = ""
+  shard_axis: str = ""
+  split: str = "tokens"
 
   def __post_init__(self):
     super().__post_init__()
-    if not isinstance(self.token_axis, str) or not self.token_axis:
-      raise ValueError(f"TokenShardedRecipe.token_axis must be a mesh axis name, got {self.token_axis!r}")
+    if not isinstance(self.shard_axis, str) or not self.shard_axis:
+      raise ValueError(f"ShardedRecipe.shard_axis must be a mesh axis name, got {self.shard_axis!r}")
+    if self.split not in SPLIT_DIMS:
+      raise ValueError(f"ShardedRecipe.split must be one of {tuple(SPLIT_DIMS)}, got {self.split!r}")
 
 
-def token_sharded(recipe: str | Recipe, axis_name: str) -> TokenShardedRecipe:
-  """``recipe`` (a name or ``Recipe``) marked as running under ``shard_map`` with tokens split over ``axis_name``."""
+def sharded(recipe: str | Recipe, axis_name: str, split: str) -> ShardedRecipe:
+  """``recipe`` (a name or ``Recipe``) marked as running with GEMM axis ``split`` ("tokens": the lhs's leading free
+  dim, data parallelism; "outputs": the rhs's free dims, column-parallel; "inputs": the contracting dims,
+  row-parallel) cut into equal contiguous slices over ``axis_name``, device ``lax.axis_index(axis_name)`` holding its
+  slice. The dot's own output is then this device's slice (tokens, outputs) or partial sum (inputs: the caller adds
+  the partials, e.g. by :func:`sum_from_shards`)."""
   base = recipes_lib.get(recipe)
-  return TokenShardedRecipe(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Recipe)},
-                            token_axis=axis_name)
+  return ShardedRecipe(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Recipe)},
+                       shard_axis=axis_name, split=split)
+
+
+def token_sharded(recipe: str | Recipe, axis_name: str) -> ShardedRecipe:
+  """``recipe`` marked as running under ``shard_map`` with the tokens split over ``axis_name``."""
+  return sharded(recipe, axis_name, "tokens")
 
 
 def global_amax(x: jax.Array, axis_name: str) -> jax.Array:
@@ -103,12 +124,50 @@ def ordered_psum(x: jax.Array, axis_name: str) -> jax.Array:
   return total[:flat.size].reshape(x.shape)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def copy_to_shards(x: jax.Array, axis_name: str) -> jax.Array:
+  """Megatron's entry to a tensor-parallel region: ``x`` (the same on every device of ``axis_name``) as is; its
+  gradient is the sum of the devices' gradients, by :func:`ordered_psum` (the same bits on every layout)."""
+  return x
+
+
+def _copy_fwd(x, axis_name):
+  return x, None
+
+
+def _copy_bwd(axis_name, _, g):
+  return (ordered_psum(g, axis_name),)
+
+
+copy_to_shards.defvjp(_copy_fwd, _copy_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def sum_from_shards(x: jax.Array, axis_name: str) -> jax.Array:
+  """Megatron's exit from a tensor-parallel region: Σ of the devices' partial results ``x`` by :func:`ordered_psum`;
+  the gradient (the same on every device) passes to each partial as is."""
+  return ordered_psum(x, axis_name)
+
+
+def _sum_fwd(x, axis_name):
+  return ordered_psum(x, axis_name), None
+
+
+def _sum_bwd(axis_name, _, g):
+  return (g,)
+
+
+sum_from_shards.defvjp(_sum_fwd, _sum_bwd)
+
+
 @dataclasses.dataclass(frozen=True)
 class OperandShard:
-  """A GEMM operand whose dim ``dim`` is this device's slice of a logical dim split evenly over ``axis_name``."""
+  """A GEMM operand whose dim ``dim`` is this device's slice of a logical dim split evenly over ``axis_name``;
+  ``label`` names that dim in errors ("tokens", "outputs", "inputs")."""
 
   axis_name: str
   dim: int
+  label: str = "tokens"
 
   def placement(self, shape: tuple[int, ...]) -> tuple[tuple, tuple[int, ...]]:
     """(origin, logical shape) of a local array of ``shape``: where its element 0 sits in the logical tensor."""
@@ -124,15 +183,16 @@ class OperandShard:
   def check(self, shape: tuple[int, ...], spec: OperandSpec, what: str) -> None:
     """ValueError unless ``spec`` quantizes a local operand of ``shape`` (quantized along its last dim) exactly as the
     logical tensor: no straddling block / Hadamard chunk, no per-tensor or per-row statistic across shards."""
-    along = self.dim == len(shape) - 1  # the tokens are this operand's contraction (quantized) axis
+    along = self.dim == len(shape) - 1  # the split dim is this operand's contraction (quantized) axis
     n = shape[self.dim]
-    head = f"{what}: token-sharded operand of local shape {shape} (tokens on dim {self.dim}, split over {self.axis_name!r})"
+    head = (f"{what}: operand of local shape {shape} sharded over {self.axis_name!r} ({self.label} on dim "
+            f"{self.dim})")
     if spec.fmt in FP8_FORMATS:
       raise ValueError(f"{head}: {spec.fmt} has one per-tensor scale, which fp4jax.fp8 computes from the local shard "
                        "only; use an FP4 recipe or the fp32 global program")
     if along and (spec.fmt == E2M1_CHANNEL or spec.clip != "none"):
       raise ValueError(f"{head}: per-row {'E2M1 scales' if spec.fmt == E2M1_CHANNEL else 'OCC quantiles'} along the "
-                       "tokens would need a cross-shard reduction, which is not implemented")
+                       f"{self.label} would need a cross-shard reduction, which is not implemented")
     units = []
     if along:
       if isinstance(spec.fmt, FP4Format):
@@ -144,13 +204,13 @@ class OperandShard:
     unit = math.lcm(*(u for _, u in units)) if units else 1
     if n % unit:
       names = ", ".join(f"{name} {u}" for name, u in units)
-      raise ValueError(f"{head}: {n} local tokens are not a multiple of lcm({names}) = {unit}, so a block or "
-                       "Hadamard chunk would straddle two devices; use fewer shards or more tokens per shard")
+      raise ValueError(f"{head}: {n} local {self.label} are not a multiple of lcm({names}) = {unit}, so a block or "
+                       "Hadamard chunk would straddle two devices; use fewer shards or a larger split dim")
 
 
 def operand_shard(recipe: Recipe, operand: str) -> OperandShard | None:
-  """The token shard of ``operand`` ("fwd_lhs", ..., "wgrad_rhs") of ``fp4jax.dot``'s canonical form under
-  ``recipe``: None unless ``recipe`` is token-sharded and the operand holds tokens."""
-  if not isinstance(recipe, TokenShardedRecipe) or operand not in TOKEN_DIMS:
+  """The shard of ``operand`` ("fwd_lhs", ..., "wgrad_rhs") of ``fp4jax.dot``'s canonical form under ``recipe``:
+  None unless ``recipe`` is a :class:`ShardedRecipe` whose split cuts the operand."""
+  if not isinstance(recipe, ShardedRecipe) or operand not in SPLIT_DIMS[recipe.split]:
     return None
-  return OperandShard(recipe.token_axis, TOKEN_DIMS[operand])
+  return OperandShard(recipe.shard_axis, SPLIT_DIMS[recipe.split][operand], recipe.split)

@@ -1,6 +1,6 @@
-"""``fp4jax.sharding.token_sharded`` recipes: one ``dot_general`` under ``shard_map`` over "data" quantizes every
-operand (forward, dgrad, wgrad) bit for bit as one device does on the logical tensors; only the wgrad's fp32 sum
-over tokens is reordered. Plus the logical-index hook of ``fp4jax.bits`` and ``ordered_psum`` (in process; ``jax.vmap``
+"""``fp4jax.sharding.sharded`` recipes: one ``dot_general`` under ``shard_map`` with the tokens split over "data"
+(or the outputs or inputs over "model") quantizes every operand (forward, dgrad, wgrad) bit for bit as one device
+does on the logical tensors; only the sums over the split axis become per-device partial sums. Plus the logical-index hook of ``fp4jax.bits`` and ``ordered_psum`` (in process; ``jax.vmap``
 binds the axis name).
 
 The sharded runs need 4 devices, requested before jax is imported: one subprocess (this file run as a script, CPU)
@@ -33,14 +33,15 @@ OPERANDS = ("fwd_lhs", "fwd_rhs", "dgrad_lhs", "dgrad_rhs", "wgrad_lhs", "wgrad_
 
 
 # ------------------------------------------------------------------------------------------------ subprocess side
-def _inputs():
-  """Canonical X (1, M, K) bf16, W (1, N, K) f32, dY (1, M, N) bf16; rows ramp in magnitude so shard amaxes differ."""
+def _inputs(m=M, k=K, n=N):
+  """Canonical X (1, m, k) bf16, W (1, n, k) f32, dY (1, m, n) bf16; rows and features ramp in magnitude so shard
+  amaxes differ whichever axis is split."""
   import jax.numpy as jnp  # noqa: PLC0415
   ks = jax.random.split(jax.random.key(0), 4)
-  ramp = jnp.linspace(0.25, 4.0, M)[None, :, None]
-  x = jax.random.normal(ks[0], (1, M, K)) * jnp.exp(jax.random.normal(ks[1], (1, 1, K))) * ramp
-  w = jax.random.normal(ks[2], (1, N, K)) * 0.05
-  dy = jax.random.normal(ks[3], (1, M, N)) * ramp * 1e-3
+  ramp = jnp.linspace(0.25, 4.0, m)[None, :, None]
+  x = jax.random.normal(ks[0], (1, m, k)) * jnp.exp(jax.random.normal(ks[1], (1, 1, k))) * ramp
+  w = jax.random.normal(ks[2], (1, n, k)) * 0.05 * jnp.linspace(0.5, 2.0, n)[None, :, None]
+  dy = jax.random.normal(ks[3], (1, m, n)) * ramp * 1e-3 * jnp.linspace(2.0, 0.5, n)
   return x.astype(jnp.bfloat16), w, dy.astype(jnp.bfloat16)
 
 
@@ -88,13 +89,14 @@ def compute() -> dict:
   token_dims = fp4jax.sharding.TOKEN_DIMS
   out = {"recipes": {}, "errors": {}}
 
-  def compare(got_ops, ref_ops):
-    """Per operand: values and scale of every device equal the one-device operand (token slices concatenated)."""
+  def compare(got_ops, ref_ops, dims=token_dims):
+    """Per operand: values and scale of every device equal the one-device operand (slices concatenated along the
+    operand's split dim in ``dims``)."""
     same = {}
     for name, (gv, gs), (rv, rs) in zip(OPERANDS, got_ops, ref_ops):
       gv, gs = np.asarray(gv), np.asarray(gs)
-      if name in token_dims:
-        values_equal = np.array_equal(_bits(np.concatenate(list(gv), axis=token_dims[name])), _bits(rv))
+      if name in dims:
+        values_equal = np.array_equal(_bits(np.concatenate(list(gv), axis=dims[name])), _bits(rv))
       else:
         values_equal = all(np.array_equal(_bits(v), _bits(rv)) for v in gv)
       same[name] = bool(values_equal and all(np.array_equal(_bits(s), _bits(rs)) for s in gs))
@@ -117,6 +119,41 @@ def compute() -> dict:
     if name == "nvfp4_rtn":  # negative control: the plain recipe quantizes each shard on its own
       plain = jax.device_get(sharded(fp4jax.recipes.get(name))(x, w, dy, key))
       out["plain_recipe_operands"] = compare(plain[3], ref[3])
+
+  # Feature splits over 2 devices (tensor parallelism): the outputs N (column-parallel) or the inputs K
+  # (row-parallel). Every operand as one device's; the results a device holds whole (its slice) bit for bit; the
+  # partial sums over the split contraction (column: dX over N; row: Y over K) are each device's chunk GEMM of the
+  # one-device operands, bit for bit (the caller adds them, e.g. fp4jax.sharding.sum_from_shards).
+  fmesh = jax.make_mesh((2,), ("model",), axis_types=(jax.sharding.AxisType.Auto,))
+  fx, fw, fdy = _inputs(m=128, k=256, n=256)  # 128 local features: quartet2's 128-point Hadamard fits
+  split_specs = {"outputs": (P(), P(None, "model"), P(None, None, "model")),
+                 "inputs": (P(None, None, "model"), P(None, None, "model"), P())}
+  out["splits"] = {}
+  for split, specs in split_specs.items():
+    dims = fp4jax.sharding.SPLIT_DIMS[split]
+    def split_run(recipe, specs=specs):
+      local = lambda x, w, dy, key: jax.tree.map(lambda a: a[None], gemms(recipe, x, w, dy, key))  # noqa: E731
+      return jax.device_get(jax.jit(jax.shard_map(local, mesh=fmesh, in_specs=(*specs, P()),
+                                                  out_specs=P("model")))(fx, fw, fdy, key))
+
+    for name in RECIPES:
+      got = split_run(fp4jax.sharding.sharded(name, "model", split))
+      ref = jax.device_get(jax.jit(lambda *a, name=name: gemms(fp4jax.recipes.get(name), *a))(fx, fw, fdy, key))
+      if name == "nvfp4_rtn":  # negative control: the unmarked recipe takes each shard's own NVFP4 amax
+        out["splits"][f"{split}/plain"] = compare(split_run(fp4jax.recipes.get(name))[3], ref[3], dims)
+      whole_dims = {"outputs": {"y": 2, "dw": 1}, "inputs": {"dx": 2, "dw": 2}}[split]
+      summed, (a, sa), (b, sb), dtype = (("dx", ref[3][2], ref[3][3], fdy.dtype) if split == "outputs" else
+                                         ("y", ref[3][0], ref[3][1], jnp.float32))
+      chunks = [dot.matmul(fp4jax.operand.Operand(a[..., c * 128:(c + 1) * 128], sa),
+                           fp4jax.operand.Operand(b[..., c * 128:(c + 1) * 128], sb)).astype(dtype) for c in range(2)]
+      results = dict(zip(("y", "dx", "dw"), range(3)))
+      out["splits"][f"{split}/{name}"] = {
+          "operands": compare(got[3], ref[3], dims),
+          **{f"{r}_slices": bool(np.array_equal(_bits(np.concatenate(list(got[results[r]]), axis=d)),
+                                                _bits(ref[results[r]]))) for r, d in whole_dims.items()},
+          f"{summed}_partials": all(np.array_equal(_bits(got[results[summed]][c]), _bits(chunk))
+                                    for c, chunk in enumerate(jax.device_get(chunks))),
+      }
 
   # The public dot_general on a 3D lhs (batch, seq, K), the batch split over "data": y and dx as one device.
   dn = (((2,), (1,)), ((), ()))
@@ -174,6 +211,26 @@ def test_the_plain_recipe_under_shard_map_would_be_detected(results):
   plain = results["plain_recipe_operands"]
   assert not any(plain[name] for name in ("fwd_lhs", "dgrad_lhs", "wgrad_lhs", "wgrad_rhs")), plain
   assert plain["fwd_rhs"] and plain["dgrad_rhs"], plain
+
+
+@pytest.mark.parametrize("split", ["outputs", "inputs"])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_operand_of_a_feature_sharded_dot_is_the_one_device_operand(results, split, recipe):
+  """Column-parallel (outputs split) and row-parallel (inputs split) dots on 2 devices: all six operands bit for bit;
+  the results each device holds whole (column: Y, dW slices; row: dX, dW slices) bit for bit; the partial sums over
+  the split contraction (column: dX; row: Y) equal the one-device operands' chunk GEMMs bit for bit."""
+  r = results["splits"][f"{split}/{recipe}"]
+  assert r["operands"] == {name: True for name in OPERANDS}, r
+  assert len(r) == 4 and all(r.values()), r
+
+
+@pytest.mark.parametrize("split", ["outputs", "inputs"])
+def test_the_unmarked_recipe_under_a_feature_split_would_be_detected(results, split):
+  """Negative control: without the mark the operands the split cuts take each shard's NVFP4 amax and differ."""
+  plain = results["splits"][f"{split}/plain"]
+  cut = fp4jax.sharding.SPLIT_DIMS[split]
+  assert not any(plain[name] for name in cut), plain
+  assert all(plain[name] for name in OPERANDS if name not in cut), plain
 
 
 def test_public_dot_general_with_a_3d_lhs_split_over_its_batch(results):

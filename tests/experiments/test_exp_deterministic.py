@@ -1,5 +1,6 @@
 """``--deterministic R`` (experiments.deterministic): flag validation, the XLA flags it sets, and on 8 CPU devices the
-same loss curve and the same trained state, bit for bit, on one device and on data-parallel and FSDP meshes."""
+same loss curve and the same trained state, bit for bit, on one device and on data-parallel, FSDP, tensor-parallel
+and DP x TP meshes."""
 
 import json
 
@@ -9,17 +10,20 @@ from experiments import deterministic, model as model_lib, sharding, train
 from test_exp_sharding import OVERRIDES, _layout_check, corpus  # noqa: F401  (corpus: a fixture)
 
 
-@pytest.mark.parametrize("microbatches,batch_size,mesh,comm,message", [
-    (3, 12, None, "float32", "must be a power of two"),
-    (4, 6, None, "float32", "batch_size=6 does not split into 4 equal microbatches"),
-    (4, 8, None, "bfloat16", "--grad-comm-dtype must be float32"),
-    (4, 8, "data=2,model=2", "float32", "tensor parallelism"),
-    (2, 8, "data=4", "float32", "the data axis \\(4 devices\\) must divide the number of microbatches"),
+@pytest.mark.parametrize("microbatches,batch_size,mesh,comm,shards,message", [
+    (3, 12, None, "float32", 1, "must be a power of two"),
+    (4, 6, None, "float32", 1, "batch_size=6 does not split into 4 equal microbatches"),
+    (4, 8, None, "bfloat16", 1, "--grad-comm-dtype must be float32"),
+    (4, 8, "data=2,model=2", "float32", 1, "model axis \\(2 devices\\) must be 1 or --tensor-shards \\(1\\).*pass "
+     "--tensor-shards 2"),
+    (4, 8, "model=2", "float32", 4, "model axis \\(2 devices\\) must be 1 or --tensor-shards \\(4\\)"),
+    (4, 8, None, "float32", 3, "--tensor-shards 3 must be a power of two"),
+    (2, 8, "data=4", "float32", 1, "the data axis \\(4 devices\\) must divide the number of microbatches"),
 ])
-def test_layouts_and_flags_it_cannot_run_are_refused(microbatches, batch_size, mesh, comm, message):
+def test_layouts_and_flags_it_cannot_run_are_refused(microbatches, batch_size, mesh, comm, shards, message):
     layout = None if mesh is None else sharding.parse_mesh(mesh)
     with pytest.raises(ValueError, match=message):
-        deterministic.check(microbatches, batch_size, layout, comm)
+        deterministic.check(microbatches, batch_size, layout, comm, shards)
 
 
 def test_config_validates_the_flag():
@@ -28,6 +32,8 @@ def test_config_validates_the_flag():
         train.TrainConfig(batch_size=6, deterministic=3)
     with pytest.raises(ValueError, match="deterministic=-1 must be >= 0"):
         train.TrainConfig(deterministic=-1)
+    with pytest.raises(ValueError, match="tensor_shards=2 needs deterministic > 0"):
+        train.TrainConfig(tensor_shards=2)
 
 
 def test_microbatches_too_short_for_a_hadamard_chunk_are_refused():
@@ -62,3 +68,27 @@ def test_losses_and_trained_state_are_bit_identical_on_every_data_parallel_layou
         assert r["bit_identical"] and r["state_identical"], r
         assert r["grad_norms"] == r["reference_grad_norms"], r
         assert r["losses"][-1] < r["losses"][0], r  # it trains
+
+
+def test_losses_and_trained_state_are_bit_identical_under_tensor_parallelism(corpus):
+    """Two Megatron shards (--tensor-shards 2): one device running both side by side (jax.vmap) against model=2 and
+    data=2 x model=2 (shard_map), RTN and SR with a random Hadamard, 3 steps, 2 microbatches."""
+    records = _layout_check("--checks", "loss", "--recipes", "nvfp4_rtn,nvidia_nvfp4", "--meshes", "model=2",
+                            "data=2,model=2", "--data", corpus, "--model-overrides", json.dumps(OVERRIDES), "--steps",
+                            "3", "--deterministic", "2")
+    assert len(records) == 4
+    for r in records:
+        assert r["bit_identical"] and r["state_identical"], r
+        assert r["grad_norms"] == r["reference_grad_norms"], r
+        assert r["losses"][-1] < r["losses"][0], r
+
+
+def test_tensor_shards_a_recipe_cannot_split_is_refused(corpus):
+    """ms_fp4's per-row E2M1 scales along a split dim would need a cross-shard reduction: a clear error when the
+    step is traced, naming the operand and the split."""
+    config = train.TrainConfig(model="100K", data=corpus, recipe="ms_fp4", batch_size=4, seq_len=64, tokens=256,
+                               deterministic=1, tensor_shards=2)
+    trainer = train.Trainer(config, model_overrides=OVERRIDES)
+    state = trainer.init_state()
+    with pytest.raises(ValueError, match="per-row E2M1 scales along the (outputs|inputs) would need a cross-shard"):
+        trainer.train_step(state, trainer.place(trainer.stream.batch(0)), trainer.quant_key(0))
