@@ -74,13 +74,15 @@ def measure(recipe: str, model: str, n: int, kind: str, per_device_batch: int, s
     """Tokens/s of ``steps`` training steps of ``model`` under ``recipe`` on the first ``n`` devices; ``execution``:
     model_overrides of how the step runs (``train.execution_overrides``). With ``profile`` (a folder), the same steps
     run once more under the JAX profiler, untimed, and the result gains ``profile``: the trace's
-    ``step_profile.summarize``. ``microbatches_per_device`` L > 0 (data / fsdp): ``--deterministic n·L``."""
+    ``step_profile.summarize``. ``microbatches_per_device`` L > 0: ``--deterministic n·L`` (data / fsdp), or
+    ``--deterministic L --tensor-shards n`` (model)."""
     execution = {"quantizer_backend": "xla", **(execution or {})}
     quantizer_backend = execution["quantizer_backend"]
     batch = per_device_batch * (n if kind != "model" else 1)
     config = train.TrainConfig(model=model, recipe=recipe, data=data, batch_size=batch, seq_len=seq_len,
                                tokens=batch * seq_len * (steps + warmup), log_every=1, ckpt_every=1,
-                               deterministic=n * microbatches_per_device)
+                               deterministic=microbatches_per_device * (n if kind != "model" else 1),
+                               tensor_shards=n if kind == "model" and microbatches_per_device else 1)
     if n > 1 and quantizer_backend != "xla" and not microbatches_per_device:
         raise ValueError(f"quantizer_backend={quantizer_backend!r} runs on one device; use --devices 1, or "
                          "--microbatches-per-device (each device then quantizes whole microbatches)")
@@ -107,6 +109,7 @@ def measure(recipe: str, model: str, n: int, kind: str, per_device_batch: int, s
             run(state, inputs[warmup:])
         summary = {"profile": step_profile.summarize(step_profile.find_trace(profile), steps)}
     return {"recipe": recipe, "model": model, "devices": n, "mesh": kind, "deterministic": config.deterministic,
+            "tensor_shards": config.tensor_shards,
             **execution,
             "global_batch": batch, "seq_len": seq_len,
             "compile_s": compile_s, "step_time_s": seconds / steps, "tokens_per_s": batch * seq_len * steps / seconds,
@@ -141,11 +144,10 @@ def main(argv=None) -> None:
     parser.add_argument("--matmul-size", type=int, default=8192, help="bf16 GEMM of this size³ sets the MFU divisor")
     parser.add_argument("--smoke", action="store_true", help="CPU check: 100K model, devices 1,2, 3 steps, bf16 + nvfp4")
     parser.add_argument("--microbatches-per-device", type=int, default=0, metavar="L",
-                        help="train with --deterministic n·L on n devices (data / fsdp meshes; sets its XLA flags)")
+                        help="train with --deterministic n·L on n devices (data / fsdp meshes), or --deterministic "
+                        "L --tensor-shards n (model); sets its XLA flags")
     args = parser.parse_args(argv)
     if args.microbatches_per_device:
-        if args.mesh == "model":
-            parser.error("--microbatches-per-device: --deterministic covers the data and fsdp meshes")
         deterministic.set_gpu_flags()
     if args.smoke:
         args.model, args.recipes, args.devices = "100K", "bf16,nvidia_nvfp4", "1,2"

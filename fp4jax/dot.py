@@ -175,7 +175,7 @@ def _qdot_bwd(static: _Static, res, dy):
     dw = _to_input(dw, r.fwd_rhs, mask_w, fwd_signs)
   if r.fwd_rhs.estimator == "dge":
     spec = r.fwd_rhs
-    scaled = w.astype(jnp.float32) * channel_scale(w, spec.scale_pow2)
+    scaled = w.astype(jnp.float32) * channel_scale(w, spec.scale_pow2, sharding_lib.operand_shard(r, "fwd_rhs"))
     dw = dw * estimators.dge_derivative(scaled, spec.dge_k, spec.dge_cap)
   return dx.astype(static.lhs_dtype), dw.astype(static.rhs_dtype), None
 

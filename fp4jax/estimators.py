@@ -64,11 +64,12 @@ def occ_bounds(x: jax.Array, quantile: float, axis: int = -1) -> tuple[jax.Array
   return take(lo_i), take(hi_i)
 
 
-def occ_clamp(x: jax.Array, quantile: float = 0.99, axis: int = -1) -> tuple[jax.Array, jax.Array]:
+def occ_clamp(x: jax.Array, quantile: float = 0.99, axis: int = -1, rows=None) -> tuple[jax.Array, jax.Array]:
   """``(x_c, r)``: ``x`` clamped to its per-row quantile bounds (``occ_bounds``) and the residual ``r = x − x_c``.
 
   ``r`` is non-zero only at the outliers and is added back to ``Q(x_c)`` at high precision (OCC). NaN rows stay NaN.
+  ``rows``: the whole rows the bounds are taken from when ``x`` holds a slice of them (default ``x``).
   """
-  lo, hi = occ_bounds(x, quantile, axis)
+  lo, hi = occ_bounds(x if rows is None else rows, quantile, axis)
   xc = jnp.clip(x, lo, hi)
   return xc, x - xc

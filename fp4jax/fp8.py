@@ -54,20 +54,23 @@ def _rtn(x: jnp.ndarray, fmt: FP8Format) -> jnp.ndarray:
   return rtn_e4m3(x) if fmt is E4M3 else rtn_e5m2(x)
 
 
-def current_scale(x: jax.Array, fmt: FP8Format, *, pow2_scale: bool = False) -> jnp.ndarray:
-  """fp32 encode scale ``s = f8_max / max|x|`` (1 if the tensor is zero, NaN if its amax is not finite)."""
-  amax = jnp.max(jnp.abs(x.astype(jnp.float32)))
+def current_scale(x: jax.Array, fmt: FP8Format, *, pow2_scale: bool = False, amax=None) -> jnp.ndarray:
+  """fp32 encode scale ``s = f8_max / max|x|`` (1 if the tensor is zero, NaN if its amax is not finite); ``amax``:
+  max|x| computed elsewhere (e.g. over the shards of a larger tensor, ``fp4jax.sharding``)."""
+  amax = jnp.max(jnp.abs(x.astype(jnp.float32))) if amax is None else jnp.asarray(amax, jnp.float32)
   s = div_rn(jnp.float32(fmt.max), jnp.where(amax == 0, jnp.float32(fmt.max), amax))
   if pow2_scale:
     s = pow2(floor_log2(s))
   return jnp.where(jnp.isfinite(amax), s, jnp.float32(jnp.nan))
 
 
-def quantize_fp8(x: jax.Array, fmt: FP8Format | str, *, pow2_scale: bool = False) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """``(v, inv_scale)``: float32 values ``v`` on the FP8 grid and the fp32 decode scale, ``x ≈ v · inv_scale``."""
+def quantize_fp8(x: jax.Array, fmt: FP8Format | str, *, pow2_scale: bool = False,
+                 amax=None) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """``(v, inv_scale)``: float32 values ``v`` on the FP8 grid and the fp32 decode scale, ``x ≈ v · inv_scale``
+  (``amax``: see ``current_scale``)."""
   fmt = FORMATS[fmt] if isinstance(fmt, str) else fmt
   if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
     raise TypeError(f"x must be a floating-point array, got dtype {jnp.asarray(x).dtype}")
-  s = current_scale(x, fmt, pow2_scale=pow2_scale)
+  s = current_scale(x, fmt, pow2_scale=pow2_scale, amax=amax)
   v = _rtn(x.astype(jnp.float32) * s, fmt)
   return v, div_rn(jnp.float32(1.0), s)

@@ -93,20 +93,21 @@ def inverse_rotate(g: jax.Array, d: int, signs: jax.Array | None) -> jax.Array:
   return hadamard_lib.inverse_hadamard(g, d, axis=-1, signs=signs)
 
 
-def channel_scale(x: jax.Array, pow2_scale: bool) -> jax.Array:
+def channel_scale(x: jax.Array, pow2_scale: bool, shard=None) -> jax.Array:
   """Per-row E2M1 encode scale along the last axis: γ = 6 / max|x_row| (1 for a zero row, NaN if not finite);
-  ``pow2_scale``: 2^floor(log2 γ) (Microsoft FP4's released code). Keepdims."""
-  amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+  ``pow2_scale``: 2^floor(log2 γ) (Microsoft FP4's released code). Keepdims. ``shard``: an
+  ``fp4jax.sharding.OperandShard``; the max is then over the logical rows."""
+  amax = shard.row_amax(x) if shard else jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
   g = div_rn(jnp.float32(E2M1_MAX), jnp.where(amax == 0, jnp.float32(E2M1_MAX), amax))
   if pow2_scale:
     g = pow2(floor_log2(g))
   return jnp.where(jnp.isfinite(amax), g, jnp.float32(jnp.nan))
 
 
-def _e2m1_channel(x: jax.Array, pow2_scale: bool) -> Operand:
+def _e2m1_channel(x: jax.Array, pow2_scale: bool, shard=None) -> Operand:
   """E2M1 with per-row absmax scales: ``values = value(rtn_e2m1(x·γ)) · (1/γ)``, the per-row decode scale ``1/γ``
   correctly rounded (``div_rn``); exact in bf16 when γ is a power of two."""
-  g = channel_scale(x, pow2_scale)
+  g = channel_scale(x, pow2_scale, shard)
   values = e2m1_decode(rtn_e2m1(x.astype(jnp.float32) * g)) * div_rn(jnp.float32(1.0), g)
   return Operand(values.astype(jnp.bfloat16) if pow2_scale else values, jnp.float32(1.0))
 
@@ -267,16 +268,16 @@ def _quantize(x, spec: OperandSpec, key, shard=None) -> tuple[Operand, jax.Array
   """The operand of ``spec`` from ``x`` (already rotated) by the XLA path."""
   residual = None
   if spec.clip == "occ":
-    x, residual = estimators.occ_clamp(x, spec.clip_quantile, axis=-1)
+    x, residual = estimators.occ_clamp(x, spec.clip_quantile, axis=-1, rows=shard.whole_rows(x) if shard else None)
   mask = None
   if spec.fmt is None:
     op = Operand(x, jnp.float32(1.0))
   elif isinstance(spec.fmt, FP4Format):
     op, mask = _block_fp4(x, spec, key, shard)
   elif spec.fmt == E2M1_CHANNEL:
-    op = _e2m1_channel(x, spec.scale_pow2)
+    op = _e2m1_channel(x, spec.scale_pow2, shard)
   else:
-    v, inv = fp8.quantize_fp8(x, spec.fmt, pow2_scale=spec.scale_pow2)
+    v, inv = fp8.quantize_fp8(x, spec.fmt, pow2_scale=spec.scale_pow2, amax=shard.global_amax(x) if shard else None)
     op = Operand(v.astype(jnp.bfloat16), inv)  # FP8 grid values: exact in bf16
   if residual is not None:
     op = Operand(op.dequantize() + residual.astype(jnp.float32), jnp.float32(1.0))

@@ -25,9 +25,12 @@ of each canonical operand a split cuts is :data:`SPLIT_DIMS`. The dot's result i
 logical result, except for the sums over the split axis (the wgrad GEMM's over tokens, the dgrad GEMM's over outputs,
 the forward GEMM's over inputs), which are partial sums that the caller adds across devices.
 
-Not supported on a sharded operand (``ValueError``): FP8 (its per-tensor current scale, ``fp4jax.fp8``, takes no
-cross-shard amax), and per-row E2M1 scales or OCC clipping along the split dim; the ``"pallas"`` quantizer backend
-(``"auto"`` uses XLA); the per-shard kernel with a collective amax is ``fp4jax_kernels.quantize.sharded``.
+* FP8's per-tensor current scale takes the same cross-shard amax; Microsoft FP4's per-row E2M1 scales and its DGE
+  take a per-row ``pmax`` when the split cuts the rows; its OCC clamp bounds (per-row quantiles) are taken from the
+  whole rows, gathered from the shards (``lax.all_gather``, exact).
+
+Not supported on a sharded operand: the ``"pallas"`` quantizer backend (``ValueError``; ``"auto"`` uses XLA); the
+per-shard kernel with a collective amax is ``fp4jax_kernels.quantize.sharded``.
 
 ``ordered_psum`` is the all-reduce for sums that must not depend on the layout: ``lax.psum`` adds the shards in an
 order the backend picks (a ring or a tree, by message size), ``ordered_psum`` always by the pairwise tree of
@@ -48,7 +51,7 @@ from jax import lax
 from fp4jax import recipes as recipes_lib
 from fp4jax.reductions import leading_pairwise_sum
 from fp4jax.formats import FP4Format
-from fp4jax.recipes import E2M1_CHANNEL, FP8_FORMATS, OperandSpec, Recipe
+from fp4jax.recipes import OperandSpec, Recipe
 
 # The dim of each operand of fp4jax.dot's canonical form (X (B, M, K), W (B, N, K); dgrad dY (B, M, N), Wᵀ (B, K, N);
 # wgrad dYᵀ (B, N, M), Xᵀ (B, K, M)) that a split cuts; operands missing from a split are the same on every device.
@@ -180,6 +183,24 @@ class OperandShard:
     """max|x| over the logical tensor, NaN if any shard holds NaN/Inf (:func:`global_amax`)."""
     return global_amax(x, self.axis_name)
 
+  def _along_rows(self, x: jax.Array) -> bool:
+    return self.dim == x.ndim - 1  # the split cuts the rows of the last (quantized) axis
+
+  def row_amax(self, x: jax.Array) -> jax.Array:
+    """max|x| of each logical row along the last axis (keepdims, fp32), NaN for a row holding NaN/Inf when the split
+    cuts the rows (each shard sends +Inf for such a row, as :func:`global_amax`); else the local rows' max."""
+    local = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+    if not self._along_rows(x):
+      return local
+    finite = jnp.all(jnp.isfinite(x), axis=-1, keepdims=True)
+    total = lax.pmax(jnp.where(finite, local, jnp.float32(jnp.inf)), self.axis_name)
+    return jnp.where(jnp.isfinite(total), total, jnp.float32(jnp.nan))
+
+  def whole_rows(self, x: jax.Array) -> jax.Array:
+    """The logical rows of ``x`` along its last axis: ``lax.all_gather`` of the shards when the split cuts them
+    (exact), else ``x``."""
+    return lax.all_gather(x, self.axis_name, axis=x.ndim - 1, tiled=True) if self._along_rows(x) else x
+
   def check(self, shape: tuple[int, ...], spec: OperandSpec, what: str) -> None:
     """ValueError unless ``spec`` quantizes a local operand of ``shape`` (quantized along its last dim) exactly as the
     logical tensor: no straddling block / Hadamard chunk, no per-tensor or per-row statistic across shards."""
@@ -187,12 +208,6 @@ class OperandShard:
     n = shape[self.dim]
     head = (f"{what}: operand of local shape {shape} sharded over {self.axis_name!r} ({self.label} on dim "
             f"{self.dim})")
-    if spec.fmt in FP8_FORMATS:
-      raise ValueError(f"{head}: {spec.fmt} has one per-tensor scale, which fp4jax.fp8 computes from the local shard "
-                       "only; use an FP4 recipe or the fp32 global program")
-    if along and (spec.fmt == E2M1_CHANNEL or spec.clip != "none"):
-      raise ValueError(f"{head}: per-row {'E2M1 scales' if spec.fmt == E2M1_CHANNEL else 'OCC quantiles'} along the "
-                       f"{self.label} would need a cross-shard reduction, which is not implemented")
     units = []
     if along:
       if isinstance(spec.fmt, FP4Format):

@@ -83,12 +83,10 @@ def test_losses_and_trained_state_are_bit_identical_under_tensor_parallelism(cor
         assert r["losses"][-1] < r["losses"][0], r
 
 
-def test_tensor_shards_a_recipe_cannot_split_is_refused(corpus):
-    """ms_fp4's per-row E2M1 scales along a split dim would need a cross-shard reduction: a clear error when the
-    step is traced, naming the operand and the split."""
-    config = train.TrainConfig(model="100K", data=corpus, recipe="ms_fp4", batch_size=4, seq_len=64, tokens=256,
-                               deterministic=1, tensor_shards=2)
-    trainer = train.Trainer(config, model_overrides=OVERRIDES)
-    state = trainer.init_state()
-    with pytest.raises(ValueError, match="per-row E2M1 scales along the (outputs|inputs) would need a cross-shard"):
-        trainer.train_step(state, trainer.place(trainer.stream.batch(0)), trainer.quant_key(0))
+def test_pallas_quantizers_with_tensor_shards_are_refused_by_the_cli(capsys):
+    """The operands split over the shards take their amax across shards in XLA; "pallas" would have to refuse them
+    mid-trace, so the CLI says so first (and points to "auto")."""
+    with pytest.raises(SystemExit):
+        train.main(["--recipe", "nvfp4_rtn", "--deterministic", "2", "--tensor-shards", "2", "--quantizer-backend",
+                    "pallas", "--batch-size", "4", "--seq-len", "64", "--tokens", "256"])
+    assert "with --tensor-shards the operands split over the shards are quantized by XLA" in capsys.readouterr().err
