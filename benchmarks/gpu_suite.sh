@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu_suite.sh scaling   # 2-4 GPUs: data-parallel weak scaling, 125M and 350M
 #   bash benchmarks/gpu_suite.sh deterministic  # 2-4 GPUs: --deterministic, bit-identical losses (one process and
 #                                          # three), then its cost at 125M (one process per program: XLA flags)
+#   bash benchmarks/gpu_suite.sh tp        # 1-4 GPUs: --deterministic --tensor-shards 2, bit-identical losses (one
+#                                          # process, then across processes), then its cost at 125M
 #   bash benchmarks/gpu_suite.sh training  # 1 GPU: XLA vs Pallas quantizers, losses step by step, then the 125M step
 #
 # Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
@@ -17,6 +19,18 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.:kernels
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
 python -c "import jax; print(jax.__version__, jax.devices())" > "$OUT/device.txt" 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv >> "$OUT/device.txt" 2>&1
+
+# same_curves PREFIX N: the loss and validation-loss records of the N runs $OUT/PREFIX*/metrics.jsonl, and whether they
+# are equal as floats across the runs
+same_curves() {
+  python - "$OUT" "$1" "$2" <<'PY'
+import json, pathlib, sys
+runs = sorted(pathlib.Path(sys.argv[1]).glob(sys.argv[2] + "*/metrics.jsonl"))
+curves = {r.parent.name: [json.loads(line).get("loss", json.loads(line).get("val_loss")) for line in r.open()] for r in runs}
+print(curves)
+print("bit-identical across processes:", len(curves) == int(sys.argv[3]) and len({tuple(c) for c in curves.values()}) == 1)
+PY
+}
 
 case "${1:-}" in
   kernels)
@@ -60,13 +74,7 @@ case "${1:-}" in
         --seq-len 128 --log-every 1 --eval-every 6 --ckpt-every 6 --eval-batches 2 --deterministic 4 $mesh \
         --out "$OUT/$name" > "$OUT/$name.log" 2>&1
     done
-    python - "$OUT" > "$OUT/cross_process.log" <<'PY'
-import json, pathlib, sys
-runs = sorted(pathlib.Path(sys.argv[1]).glob("run*/metrics.jsonl"))
-curves = {r.parent.name: [json.loads(line).get("loss", json.loads(line).get("val_loss")) for line in r.open()] for r in runs}
-print(curves)
-print("bit-identical across processes:", len(curves) == 3 and len({tuple(c) for c in curves.values()}) == 1)
-PY
+    same_curves run 3 > "$OUT/cross_process.log"
     common="--model 125M --recipes bf16,nvidia_nvfp4 --per-device-batch 16 --seq-len 1024 --steps 5 --warmup 2"
     timeout 150 python -m experiments.bench_scaling $common --devices 1,$n --out "$OUT/cost_default.json" \
       > "$OUT/cost_default.log" 2>&1
@@ -87,8 +95,33 @@ PY
         > "$OUT/train_$backend.log" 2>&1
     done
     ;;
+  tp)
+    # --deterministic 2 --tensor-shards 2 (Megatron shards, ordered sums): the mesh's shards against one GPU running
+    # both (jax.vmap), losses and state; then one GPU twice and (with 2+ GPUs) model=2, three processes; then the cost
+    n=$(nvidia-smi -L | wc -l)
+    if [ "$n" -ge 2 ]; then
+      meshes="model=2"; [ "$n" -ge 4 ] && meshes="model=2 data=2,model=2 data=2,model=2:fsdp"
+      timeout 300 python -m experiments.layout_check --checks loss --recipes bf16,nvfp4_rtn,nvidia_nvfp4,quartet2 \
+        --meshes $meshes --steps 3 --deterministic 2 --out "$OUT/layout_tp.json" > "$OUT/layout_tp.log" 2>&1
+    fi
+    runs=("" "")
+    [ "$n" -ge 2 ] && runs+=("--mesh model=2")
+    for i in "${!runs[@]}"; do
+      timeout 90 python -m experiments.train --model 1M --recipe nvidia_nvfp4 --tokens 24576 --batch-size 16 \
+        --seq-len 128 --log-every 1 --eval-every 6 --ckpt-every 6 --eval-batches 2 --deterministic 2 \
+        --tensor-shards 2 ${runs[$i]} --out "$OUT/tp$i" > "$OUT/tp$i.log" 2>&1
+    done
+    same_curves tp "${#runs[@]}" > "$OUT/tp_cross_process.log"
+    if [ "$n" -ge 2 ]; then
+      common="--model 125M --recipes bf16,nvidia_nvfp4 --per-device-batch 16 --seq-len 1024 --steps 5 --warmup 2"
+      timeout 150 python -m experiments.bench_scaling $common --mesh model --devices 1,2 --microbatches-per-device 1 \
+        --out "$OUT/tp_cost_det.json" > "$OUT/tp_cost_det.log" 2>&1
+      timeout 120 python -m experiments.bench_scaling $common --mesh model --devices 1,2 \
+        --out "$OUT/tp_cost_default.json" > "$OUT/tp_cost_default.log" 2>&1
+    fi
+    ;;
   *)
-    echo "usage: bash benchmarks/gpu_suite.sh kernels|multi|scaling|deterministic|training" >&2
+    echo "usage: bash benchmarks/gpu_suite.sh kernels|multi|scaling|deterministic|tp|training" >&2
     exit 2
     ;;
 esac

@@ -177,8 +177,10 @@ class Trainer:
         self.stream = data.BatchStream(self.corpus.train, config.batch_size, config.seq_len, config.seed)
         self.eval_set = data.eval_batches(self.corpus.val, config.batch_size, config.seq_len, config.eval_batches)
         self.key = jax.random.key(config.seed)
-        self.layout = layout
         sharding.check_grad_comm(config.grad_comm_dtype, layout)
+        if config.deterministic and layout is None:  # its steps run under shard_map on a 1x1 mesh: so do the inputs
+            layout = sharding.Layout()  # (else the second step, fed the first's mesh-placed state, compiles again)
+        self.layout = layout
         self.value_and_grad = jax.value_and_grad(self._loss)
         self.eval_fn = self._loss
         if config.deterministic:

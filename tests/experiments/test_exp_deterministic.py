@@ -90,3 +90,15 @@ def test_pallas_quantizers_with_tensor_shards_are_refused_by_the_cli(capsys):
         train.main(["--recipe", "nvfp4_rtn", "--deterministic", "2", "--tensor-shards", "2", "--quantizer-backend",
                     "pallas", "--batch-size", "4", "--seq-len", "64", "--tokens", "256"])
     assert "with --tensor-shards the operands split over the shards are quantized by XLA" in capsys.readouterr().err
+
+
+def test_one_device_steps_compile_once(corpus):
+    """The microbatched step runs under shard_map on a 1x1 mesh; its state is placed there from the start, so the
+    second step (fed the first step's output) reuses the first compilation."""
+    config = train.TrainConfig(model="100K", data=corpus, recipe="nvfp4_rtn", batch_size=4, seq_len=64, tokens=768,
+                               deterministic=2)
+    trainer = train.Trainer(config, model_overrides=OVERRIDES)
+    state = trainer.init_state()
+    for step in range(3):
+        state, _ = trainer.train_step(state, trainer.place(trainer.stream.batch(step)), trainer.quant_key(step))
+    assert trainer.train_step._cache_size() == 1
