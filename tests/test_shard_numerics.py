@@ -189,9 +189,6 @@ def compute() -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ tests
-# one worker runs the whole module, so the results subprocess runs once (`--dist loadgroup`)
-pytestmark = pytest.mark.xdist_group("shard_numerics")
-
 @pytest.fixture(scope="module")
 def results():
   env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={SHARDS}", "JAX_PLATFORMS": "cpu",

@@ -142,9 +142,6 @@ SUBPROCESS_TIMEOUT_S = 600
 XLA_FLAGS = ("--xla_force_host_platform_device_count=8 "
              f"--xla_cpu_collective_call_terminate_timeout_seconds={SUBPROCESS_TIMEOUT_S}")
 
-# one worker runs the whole module, so the results subprocess runs once (`--dist loadgroup`)
-pytestmark = pytest.mark.xdist_group("quantize_sharded")
-
 
 @pytest.fixture(scope="module")
 def results():
