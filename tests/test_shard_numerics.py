@@ -12,8 +12,6 @@ plain functions; the public ``dot_general`` is checked end to end on a 3D lhs.
 import functools
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -190,12 +188,10 @@ def compute() -> dict:
 
 # ------------------------------------------------------------------------------------------------ tests
 @pytest.fixture(scope="module")
-def results():
+def results(script_json):
   env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={SHARDS}", "JAX_PLATFORMS": "cpu",
          "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-  proc = subprocess.run([sys.executable, __file__], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  return script_json(__file__, env, timeout=600)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -9,8 +9,6 @@ them as JSON; the tests read them.
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -132,25 +130,20 @@ def compute() -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ tests
-# The subprocess dies, failing every test of this module that its xdist worker holds, if XLA:CPU's collective
-# rendezvous gives up: one device thread waiting at the amax pmax for the others aborts the process (SIGABRT,
-# "Termination timeout ... of 40 seconds exceeded", after a 20 s warning; measured with a deliberately skewed
-# 2-device program). Eight virtual devices share CI's two cores with the other `pytest -n 2` worker (each worker
-# holding a test of this module runs its own copy of this subprocess), so the rendezvous may wait as long as the
-# subprocess may run.
+# The subprocess dies, failing every test of this module, if XLA:CPU's collective rendezvous gives up: one device
+# thread waiting at the amax pmax for the others aborts the process (SIGABRT, "Termination timeout ... of 40 seconds
+# exceeded", after a 20 s warning; measured with a deliberately skewed 2-device program). Eight virtual devices share
+# CI's two cores with the other `pytest -n 2` worker, so the rendezvous may wait as long as the subprocess may run.
 SUBPROCESS_TIMEOUT_S = 600
 XLA_FLAGS = ("--xla_force_host_platform_device_count=8 "
              f"--xla_cpu_collective_call_terminate_timeout_seconds={SUBPROCESS_TIMEOUT_S}")
 
 
 @pytest.fixture(scope="module")
-def results():
+def results(script_json):
   env = {**os.environ, "XLA_FLAGS": XLA_FLAGS, "JAX_PLATFORMS": "cpu",
          "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "kernels"), os.environ.get("PYTHONPATH", "")])}
-  proc = subprocess.run([sys.executable, __file__], cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=SUBPROCESS_TIMEOUT_S)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  return script_json(__file__, env, timeout=SUBPROCESS_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -1,0 +1,44 @@
+"""Fixtures shared by every test directory."""
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run_script(script: Path, env: dict, timeout: float) -> str:
+  proc = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=timeout)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def script_json(tmp_path_factory):
+  """``script_json(script, env, timeout)``: the JSON object on the last stdout line of ``python script`` (run in the
+  repository with ``env``), computed once per test session.
+
+  Modules whose comparisons need more host devices than this process has run themselves as a script. Under
+  ``pytest -n`` each xdist worker holding one of their tests would run that script again; instead the first worker
+  runs it under an exclusive lock in the session's shared temporary folder and stores its output, and the others
+  wait for the lock and read it. A failed run stores nothing, so the next worker runs it again and fails alike.
+  """
+  if "PYTEST_XDIST_WORKER" not in os.environ:
+    return lambda script, env, timeout: json.loads(_run_script(script, env, timeout))
+  shared = tmp_path_factory.getbasetemp().parent  # one folder per session, shared by its workers
+
+  def run_once(script, env, timeout):
+    stored = shared / f"{Path(script).stem}.json"
+    with open(shared / f"{Path(script).stem}.lock", "w") as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      if not stored.exists():
+        stored.write_text(_run_script(script, env, timeout))
+    return json.loads(stored.read_text())
+
+  return run_once
