@@ -33,8 +33,9 @@ and the gradient of every block input are sums over s by the pairwise tree (``fp
 one (model=1: one device, data parallelism, FSDP) runs the T shards side by side under ``jax.vmap`` with the same
 axis name (:func:`over_model_shards`), whose collectives move the same floats. The numerics are those of T shards
 whatever the mesh; T = 1 is the plain model. Under ``vmap`` the shards' ops run batched, on other shapes than one
-device's, so equality with a mesh also rests on XLA computing each batch element as the unbatched op: on the CPU it
-holds for every recipe but fp8, whose meshes agree with each other but not with one device (BENCHMARKS §9).
+device's, so equality with a mesh also rests on XLA giving each op the same bits whatever its shape and program: on
+the CPU it holds for every recipe (BENCHMARKS §9) since the GEMMs take f32 operands there (XLA:CPU chose between
+AVX512-BF16 and f32 dots per program, and fp8's inexact sums told them apart; ``fp4jax.operand.matmul``).
 
 On a GPU the same program shapes are not enough when XLA's autotuner picks GEMM algorithms by timing:
 the training CLI runs deterministic jobs with ``XLA_FLAGS=--xla_gpu_deterministic_ops=true

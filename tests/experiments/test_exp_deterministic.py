@@ -59,7 +59,7 @@ def test_gpu_flags_are_appended_once_and_a_users_choice_is_kept():
 def test_losses_and_trained_state_are_bit_identical_on_every_layout(corpus):
     """Stochastic rounding with a random Hadamard (nvidia_nvfp4, same keys), 3 steps of 4 microbatches of 128 tokens:
     one device against data=4 and data=2 with FSDP; two Megatron shards (--tensor-shards 2) on one device (jax.vmap)
-    against model=2 and data=2 x model=2 (shard_map). (Every other recipe but fp8 is bit-identical too, on the CPU:
+    against model=2 and data=2 x model=2 (shard_map). (Every other recipe is bit-identical too, on the CPU:
     BENCHMARKS §9; each adds about a minute and a half here.)"""
     records = _layout_check("--checks", "loss", "--recipes", "nvidia_nvfp4", "--meshes", "data=4", "data=2:fsdp",
                             "model=2", "data=2,model=2", "--data", corpus, "--model-overrides", json.dumps(OVERRIDES),
