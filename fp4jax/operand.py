@@ -290,10 +290,10 @@ def matmul(a: Operand, b: Operand, precision=None) -> jax.Array:
   ``a``: (B, R, C), ``b``: (B, S, C) -> (B, R, S). bf16 values (exact) multiply at bf16 on accelerators; otherwise,
   and always on the CPU, at float32 with ``precision`` (default HIGHEST, so f32 emulation is not silently TF32 on
   GPUs). On the CPU, XLA runs a bf16 x bf16 -> f32 dot either on AVX512-BF16 pair dot products or, after upcasting
-  it (and dropping the exact f32 -> bf16 convert before it), as an f32 dot, and picks per program: the two round
-  their sums differently whenever they are not exact (FP8 products, unlike FP4's, are), so the same GEMM gave
-  different bits on one device and under a 2-device ``shard_map``. The values are exact in either dtype; f32
-  inputs take that choice away.
+  it (and dropping the exact f32 -> bf16 convert before it), as an f32 dot, and picks per program. The two round
+  their sums differently whenever the sums are not exact: FP4 products (at most 12 significant bits) usually sum
+  exactly, FP8 products over E5M2's range often do not. So the same fp8 GEMM gave different bits on one device and
+  under a 2-device ``shard_map``. The values are exact in either dtype; f32 inputs take that choice away.
   """
   dt = jnp.promote_types(a.values.dtype, b.values.dtype)
   if jax.default_backend() == "cpu":
