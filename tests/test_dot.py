@@ -170,26 +170,15 @@ def test_default_output_dtype_follows_lax(name):
   assert jax.eval_shape(f, x, w).dtype == jnp.float32
 
 
-def _equations(jaxpr):
-  """Every equation of ``jaxpr`` and of the jaxprs in its equations' parameters (custom_vjp, pjit, ...)."""
-  for eqn in jaxpr.eqns:
-    yield eqn
-    for param in eqn.params.values():
-      for sub in param if isinstance(param, (tuple, list)) else (param,):
-        inner = getattr(sub, "jaxpr", sub)
-        if hasattr(inner, "eqns"):
-          yield from _equations(inner)
-
-
 @pytest.mark.parametrize("name", ["fp8", "nvidia_nvfp4"])
-def test_quantized_gemms_multiply_at_float32_on_the_cpu_only(name):
+def test_quantized_gemms_multiply_at_float32_on_the_cpu_only(name, jaxpr_equations):
   """XLA:CPU runs a bf16 dot either on AVX512-BF16 pair dot products or upcast to f32, chosen per program, and the
   two round inexact sums differently: fp8's tensor-parallel training differed from one device by that choice
   (BENCHMARKS §9). ``fp4jax.operand.matmul`` hands the CPU f32 operands, accelerators the exact bf16 values."""
   x, w = _normal(1, (32, 64)).astype(jnp.bfloat16), _normal(2, (48, 64))
   key = KEY if recipes.get(name).is_random else None
   jaxpr = jax.make_jaxpr(jax.grad(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=name, key=key).sum(), (0, 1)))(x, w)
-  dots = [e for e in _equations(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+  dots = [e for e in jaxpr_equations(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
   expected = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
   assert len(dots) == 3  # forward, dgrad, wgrad
   assert all(v.aval.dtype == expected for e in dots for v in e.invars), [[v.aval for v in e.invars] for e in dots]

@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.extend import core as jcore
 
 import fp4jax
 from fp4jax import backends, operand, recipes
@@ -31,19 +30,11 @@ RECIPE_SHAPES = {
 }
 
 
-def _pallas_kernels(jaxpr) -> list[str]:
-  """Names of the Pallas kernels a jaxpr calls, nested jaxprs included."""
-  names = []
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "pallas_call":
-      names.append(str(eqn.params.get("name_and_src_info", eqn.params.get("name"))).split()[0])
-    for param in eqn.params.values():
-      for sub in param if isinstance(param, (tuple, list)) else (param,):
-        if isinstance(sub, jcore.ClosedJaxpr):
-          names += _pallas_kernels(sub.jaxpr)
-        elif isinstance(sub, jcore.Jaxpr):
-          names += _pallas_kernels(sub)
-  return names
+@pytest.fixture
+def pallas_kernels(jaxpr_equations):
+  """``pallas_kernels(jaxpr)``: names of the Pallas kernels a jaxpr calls, nested jaxprs included."""
+  return lambda jaxpr: [str(e.params.get("name_and_src_info", e.params.get("name"))).split()[0]
+                        for e in jaxpr_equations(jaxpr) if e.primitive.name == "pallas_call"]
 
 
 def _fwd_bwd(recipe, backend):
@@ -61,11 +52,11 @@ def _inputs(m, k, n):
 
 
 @pytest.mark.parametrize("name", sorted(RECIPE_SHAPES))
-def test_pallas_backend_matches_xla_bit_for_bit(name):
+def test_pallas_backend_matches_xla_bit_for_bit(name, pallas_kernels):
   recipe = recipes.get(name)
   x, w, dy = _inputs(*RECIPE_SHAPES[name])
   traced = _fwd_bwd(recipe, "pallas").trace(x, w, dy, KEY)
-  kernels = _pallas_kernels(traced.jaxpr.jaxpr)
+  kernels = pallas_kernels(traced.jaxpr.jaxpr)
   n_fp4 = sum(isinstance(s.fmt, FP4Format) for s in recipe.specs)  # every FP4 operand quantized by the kernel
   assert sum(k.startswith("fp4_quantize_") for k in kernels) == n_fp4, kernels
   got = traced.lower().compile()(x, w, dy, KEY)
@@ -93,10 +84,10 @@ def test_folded_operand_matches_xla(spec, shape):
   np.testing.assert_array_equal(np.asarray(got.scale), np.asarray(want.scale))
 
 
-def test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand(monkeypatch):
+def test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand(monkeypatch, pallas_kernels):
   x, w, dy = _inputs(48, 64, 32)
   on_triton = backends.has_pallas_triton()  # the test machine itself: XLA on CI's CPUs, the kernels on a GPU
-  assert bool(_pallas_kernels(jax.make_jaxpr(_fwd_bwd("nvidia_nvfp4", "auto"))(x, w, dy, KEY).jaxpr)) == on_triton
+  assert bool(pallas_kernels(jax.make_jaxpr(_fwd_bwd("nvidia_nvfp4", "auto"))(x, w, dy, KEY).jaxpr)) == on_triton
   spec = OperandSpec(fmt=fp4jax.NVFP4)
   want = "pallas" if on_triton else "xla"
   assert operand.resolve_backend("auto", (4, 8, 64), jnp.bfloat16, spec, fused_hadamard=False) == want

@@ -8,13 +8,10 @@ them as JSON; the tests read them.
 """
 
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
 MESH = ((2, 4), ("a", "b"))
 ROWS, COLS, BOTH, ROWS8 = ("b", None), (None, "a"), ("b", "a"), (("a", "b"), None)
 CASES = {  # name: (QuantizeSpec keyword arguments, shape, [spec_in, ...])
@@ -141,9 +138,7 @@ XLA_FLAGS = ("--xla_force_host_platform_device_count=8 "
 
 @pytest.fixture(scope="module")
 def results(script_json):
-  env = {**os.environ, "XLA_FLAGS": XLA_FLAGS, "JAX_PLATFORMS": "cpu",
-         "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "kernels"), os.environ.get("PYTHONPATH", "")])}
-  return script_json(__file__, env, timeout=SUBPROCESS_TIMEOUT_S)
+  return script_json(__file__, XLA_FLAGS, timeout=SUBPROCESS_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("name", list(CASES))
