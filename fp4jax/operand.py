@@ -7,14 +7,15 @@ by the ``backend`` argument:
 * ``"xla"``: the pure-JAX path built on ``fp4jax.quantize``'s block numerics, ``fp4jax.fp8`` and ``fp4jax.estimators``.
 * ``"pallas"``: block-scaled FP4 operands go through the fused quantize kernel (``fp4jax_kernels.quantize``, Pallas
   Triton on a GPU, Pallas interpret mode elsewhere) on the operand folded to 2D (leading dims into rows), in one
-  kernel pass per operand (plus NVFP4's amax pre-pass): the kernel applies the Hadamard with the GEMM's signs,
-  draws the same random bits as the XLA path, writes the bf16 ``values`` directly (``value(q)·dec_b``, the
-  kernel's ``dequantize="block_scaled_only"``) and no packed codes (``packed=False``). QuEST (trust-mask) operands
-  are the exception for now: XLA rotates them and builds values and mask from the kernel's codes and scales (see
+  kernel pass per operand (plus NVFP4's amax pre-pass): the Hadamard with the GEMM's signs is applied in the
+  kernel (for NVFP4, by the pre-pass, which writes the rotated operand for the kernel); the kernel draws the same
+  random bits as the XLA path, writes the bf16 ``values`` directly (``value(q)·dec_b``, the kernel's
+  ``dequantize="block_scaled_only"``) and no packed codes (``packed=False``). QuEST (trust-mask) operands are the
+  exception for now: XLA rotates them and builds values and mask from the kernel's codes and scales (see
   ``rotate_and_quantize``). A backward operand that is a transposed tensor (``transposed=True``: Wᵀ, dYᵀ, Xᵀ) is
   written K-major by the kernel (``along="rows_of_transpose"``: the bits of the transposed layout), by the faster
-  route measured (``fp4jax_kernels.quantize.pallas_triton.default_transpose``: tiles transposed in registers with
-  a Hadamard, XLA's transpose without); batched tensors are transposed by XLA first. Both backends give the same
+  route measured (``fp4jax_kernels.quantize.pallas_triton.default_route``: transposed by the pre-pass with a
+  Hadamard, XLA's transpose without); batched tensors are transposed by XLA first. Both backends give the same
   bits for the same key. Operands the kernel cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last axis that
   is not whole blocks, 16x16 tiles that would straddle folded batch rows) raise a ``ValueError`` naming the spec.
 * ``"auto"``: ``"pallas"`` where ``fp4jax.backends.quantize_backend`` picks it (a GPU that runs the kernels, the

@@ -92,28 +92,55 @@ def test_kernel_matches_reference_bit_for_bit(name, interpret):
   _assert_same(pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret), reference.quantize(x, spec, key))
 
 
-@pytest.mark.parametrize("route", ["xla", "prepass", "kernel"])
-@pytest.mark.parametrize("name", sorted(n for n in CASES if CASES[n][0].transposed))
-def test_transpose_routes_give_the_same_bits(name, route, interpret):
-  """Every route of the transposed directions (XLA's transpose, ``xᵀ`` written by the amax pre-pass, the tile
-  transposed in registers): bit-identical to the reference."""
+ROUTE_CASES = [(name, route) for name in sorted(CASES) for route in pallas_triton.ROUTES  # the distinct ones
+               if CASES[name][0].transposed or (route != "xla" and CASES[name][0].hadamard and "nvfp4" in name)]
+
+
+@pytest.mark.parametrize("name, route", ROUTE_CASES)
+def test_routes_give_the_same_bits(name, route, interpret):
+  """Every route of the transposed and rotated specs (XLA's transpose; the kernel's input staged by the amax
+  pre-pass, transposed and rotated; the tile transposed and rotated in the kernel): bit-identical to the
+  reference."""
   spec, shape, tile = CASES[name]
   x, key = _input(shape, jnp.bfloat16), jax.random.key(7)
-  got = pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret, transpose=route)
+  got = pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret, route=route)
   _assert_same(got, reference.quantize(x, spec, key))
 
 
-def test_prepass_writes_the_transpose_and_the_amax(interpret):
-  """``transpose_and_amax`` on a ragged shape: ``xᵀ`` exactly, and the rotated amax of the XLA pre-pass."""
-  spec = QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along="rows_of_transpose")
-  x = _input((48, 200), jnp.bfloat16)
+@pytest.mark.parametrize("along", ["rows", "rows_of_transpose"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
+def test_prepass_stages_the_rotated_input_and_the_amax(along, dtype, interpret):
+  """``stage_and_amax`` on a ragged shape: the tensor rotated as ``fp4jax.hadamard.rotated`` does (rounded to
+  ``x.dtype``), transposed for the transposed direction, and the rotated amax of the XLA pre-pass."""
+  spec = QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along=along)
+  x = _input((48, 208) if along == "rows" else (208, 48), dtype)  # a ragged last tile along the other axis
   signs = fp4jax.hadamard.TE_SIGNS_16
-  xt, amax = pallas_triton.transpose_and_amax(x, spec, signs, interpret=interpret)
+  staged, amax = pallas_triton.stage_and_amax(x, spec, signs, interpret=interpret)
+  x_rows = x.T if spec.transposed else x
+  want = fp4jax.hadamard.rotated(x_rows, 16, axis=-1, signs=signs)
+  assert staged.dtype == dtype
+  np.testing.assert_array_equal(np.asarray(staged, np.float32), np.asarray(want, np.float32))
+  want_amax = pallas_triton.tensor_amax(x_rows, dataclasses.replace(spec, along="rows"), signs, use_kernel=False)
+  np.testing.assert_array_equal(np.asarray(amax), np.asarray(want_amax))
+
+
+def test_prepass_stages_the_transpose(interpret):
+  spec = QuantizeSpec(N, along="rows_of_transpose")
+  x = _input((48, 200), jnp.bfloat16)
+  xt, amax = pallas_triton.stage_and_amax(x, spec, None, interpret=interpret)
   np.testing.assert_array_equal(np.asarray(xt, np.float32), np.asarray(x.T, np.float32))
-  want = pallas_triton.tensor_amax(x.T, dataclasses.replace(spec, along="rows"), signs, use_kernel=False)
-  np.testing.assert_array_equal(np.asarray(amax), np.asarray(want))
-  with pytest.raises(ValueError, match="transpose must be one of"):
-    pallas_triton.quantize(x, spec, jax.random.key(0), transpose="registers", interpret=interpret)
+  np.testing.assert_array_equal(np.asarray(amax), np.max(np.abs(np.asarray(x, np.float32))))
+
+
+def test_routes_are_named_and_fall_back_where_nothing_is_staged():
+  spec = QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te")
+  with pytest.raises(ValueError, match="route must be one of"):
+    pallas_triton.quantize(jnp.ones((16, 64)), spec, jax.random.key(0), route="registers", interpret=True)
+  assert pallas_triton.effective_route(spec, "prepass", has_prepass=True) == "prepass"
+  assert pallas_triton.effective_route(spec, "prepass", has_prepass=False) == "kernel"  # amax given, or MXFP4
+  assert pallas_triton.effective_route(QuantizeSpec(N), "prepass", has_prepass=True) == "xla"  # nothing to stage
+  with pytest.raises(ValueError, match="nothing to stage"):
+    pallas_triton.stage_and_amax(jnp.ones((16, 64)), QuantizeSpec(N), None, interpret=True)
 
 
 @pytest.mark.parametrize("fmt", [M, N], ids=lambda f: f.name)
@@ -158,11 +185,12 @@ def test_kernel_lowers_to_triton(name):
   transposed directions on every route."""
   spec, _, _ = CASES[name]
   x = jnp.ones((256, 256), jnp.bfloat16)
-  for route in pallas_triton.TRANSPOSE_ROUTES if spec.transposed else ("xla",):
-    quantize = lambda x, k: pallas_triton.quantize(x, spec, k, transpose=route)
+  for route in pallas_triton.ROUTES:
+    quantize = lambda x, k: pallas_triton.quantize(x, spec, k, route=route)
     text = jax.jit(quantize).trace(x, jax.random.key(0)).lower(lowering_platforms=("cuda",)).as_text()
     assert "triton" in text
-    assert ("fp4_transpose_amax" in text) == (route == "prepass" and spec.fmt.name == "nvfp4"), route
+    staged = pallas_triton.effective_route(spec, route, spec.fmt.name == "nvfp4") == "prepass"
+    assert ("fp4_staging_amax" in text) == staged, route
 
 
 def _assert_masked(module: str, stores: int):
@@ -188,9 +216,9 @@ def test_ragged_edge_blocks_are_masked_in_triton(name):
 def test_ragged_transposing_prepass_is_masked_in_triton():
   """The pre-pass that writes ``xᵀ`` on a ragged shape: its tiles stick out of ``x`` (and of ``xᵀ``)."""
   spec, shape, tile = CASES["nvfp4_xt_rtn_ragged_f32"]
-  quantize = lambda x: pallas_triton.quantize(x, spec, tile=tile, transpose="prepass")
+  quantize = lambda x: pallas_triton.quantize(x, spec, tile=tile, route="prepass")
   prepass, main = triton_ir.triton_modules(quantize, jnp.ones(shape, jnp.float32))
-  assert "fp4_transpose_amax" in prepass
+  assert "fp4_staging_amax" in prepass
   _assert_masked(prepass, stores=1)  # xᵀ (the partial max is a (1, 1) block)
 
 
@@ -261,6 +289,7 @@ def test_load_unit_falls_back_to_plain_tile_loads():
   assert pallas_triton.load_unit(rtn, 512, "xla", (16, 512), 4) == 16
   assert pallas_triton.load_unit(QuantizeSpec(M), 512, "xla", (16, 512), 4) == 32
   assert pallas_triton.load_unit(CASES["nvfp4_ms_eden"][0], 512, "xla", (64, 512), 4) == 0
+  assert pallas_triton.load_unit(CASES["nvfp4_ms_eden"][0], 512, "prepass", (64, 512), 4) == 16  # staged rotation
   assert pallas_triton.load_unit(CASES["nvfp4_2d"][0], 512, "xla", (16, 512), 4) == 0
   cols = CASES["nvfp4_cols_rtn"][0]
   assert pallas_triton.load_unit(cols, 512, "xla", (512, 16), 4) == 16
@@ -269,11 +298,14 @@ def test_load_unit_falls_back_to_plain_tile_loads():
   assert pallas_triton.load_unit(rtn, 512, "xla", (16, 64), 4) == 0  # 64 units for 128 threads
 
 
-def test_default_transpose_route_follows_the_hadamard():
-  """Tiles transposed in registers where a Hadamard's arithmetic hides it, XLA's transpose otherwise (BENCHMARKS §5)."""
-  assert pallas_triton.default_transpose(CASES["nvfp4_cols_rht16_sr"][0]) == "kernel"
-  assert pallas_triton.default_transpose(CASES["nvfp4_xt_ms_eden_values"][0]) == "kernel"
-  assert pallas_triton.default_transpose(CASES["nvfp4_cols_rtn"][0]) == "xla"
+def test_default_route_follows_the_hadamard():
+  """The pre-pass stages the rotated input where there is one, tiles are transposed and rotated in registers where
+  there is none, XLA transposes without a Hadamard (BENCHMARKS §5)."""
+  route = lambda name, has_prepass=True: pallas_triton.effective_route(
+      CASES[name][0], pallas_triton.default_route(CASES[name][0]), has_prepass)
+  assert route("nvfp4_cols_rht16_sr") == route("nvfp4_xt_ms_eden_values") == route("nvfp4_ms_eden") == "prepass"
+  assert route("nvfp4_cols_rht16_sr", has_prepass=False) == route("mxfp4_headroom_sr", False) == "kernel"
+  assert route("nvfp4_cols_rtn") == route("nvfp4_rtn") == "xla"
 
 
 def test_default_tile_is_wider_for_rtn_along_rows():

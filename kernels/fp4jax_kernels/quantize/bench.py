@@ -108,6 +108,13 @@ def sweep(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
   return results
 
 
+def other_routes(spec: QuantizeSpec) -> list[str]:
+  """The routes of ``pallas_triton.quantize`` other than the default that run differently for ``spec``: without a
+  transpose, ``"xla"`` and ``"kernel"`` are one route; without a transpose or a rotation all three are."""
+  routes = list(pallas_triton.ROUTES) if spec.transposed else ["kernel", "prepass"] if spec.hadamard else []
+  return [r for r in routes if r != pallas_triton.default_route(spec)]
+
+
 def table(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False) -> None:
   """The hand-picked tiles of ``OPS`` next to the XLA path, one text table."""
   n = x.size
@@ -125,12 +132,10 @@ def table(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
         print(f"{name:24s} {f'pallas {tile} w{nw}':28s} {ms:8.3f} {pct(ms):9.1f}% {ms - pre:15.3f}", flush=True)
       except Exception as e:  # noqa: BLE001  a tile that fails to compile is reported, not fatal
         print(f"{name:24s} {f'pallas {tile} w{nw}':28s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
-    if spec.transposed:  # the pallas rows read XLA's transpose of x; the other routes of pallas_triton.quantize
-      for route, label in (("prepass", "pallas, pre-pass transposes"), ("kernel", "pallas, in-register transpose")):
-        fn = jax.jit(lambda x, key, route=route: pallas_triton.quantize(x, spec, key, interpret=interpret,
-                                                                        transpose=route))
-        ms = time_ms(fn, x, key)
-        print(f"{name:24s} {label:28s} {ms:8.3f} {pct(ms):9.1f}%", flush=True)
+    for route in other_routes(spec):  # the pallas rows above take pallas_triton.default_route(spec)
+      fn = jax.jit(lambda x, key, route=route: pallas_triton.quantize(x, spec, key, interpret=interpret, route=route))
+      ms = time_ms(fn, x, key)
+      print(f"{name:24s} {f'pallas, route {route}':28s} {ms:8.3f} {pct(ms):9.1f}%", flush=True)
     kw, xt = spec.quantize_kwargs, spec.along == "rows_of_transpose"
     for impl, fn in (("xla fp4jax.quantize", fp4jax.quantize), ("xla fp4jax.fake_quantize", fp4jax.fake_quantize)):
       ms = time_ms(jax.jit(lambda x, key, fn=fn: fn(x.T if xt else x, spec.fmt, key=key, **kw)), x, key)

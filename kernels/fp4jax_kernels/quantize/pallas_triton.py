@@ -7,16 +7,18 @@ Hadamard (TE, random or caller-given signs, any size up to the tile), the per-el
 (``fp4jax.bits.hash_bits`` of the element's logical index in the reference's layout: its bits exactly), and every
 rounding / scale rule of ``fp4jax.quantize`` — the block numerics are the foundation's own ``quantize_blocks``
 evaluated in the kernel (``fp4jax_kernels.triton_compat``), so RTN, SR, four-over-six, MS-EDEN and MXFP4 agree bit
-for bit by construction. The transposed directions write their outputs K-major; they read ``xᵀ``, written by XLA
-or by the amax pre-pass, or transpose each tile in registers (``quantize``'s ``transpose``). Each thread loads
-whole blocks (or Hadamard chunks of up to 32 elements) in 16-byte parts (``load_units``), so a block's max, scale
-and butterflies stay in one thread's registers.
+for bit by construction. The transposed directions write their outputs K-major. Where the transposition and the
+rotation happen is ``quantize``'s ``route``: in the kernel (each tile transposed in registers), or before it, by
+XLA's transpose or by the amax pre-pass, which can write the kernel's input (``xᵀ``, rotated) as it reduces.
+Each thread loads whole blocks (or Hadamard chunks of up to 32 elements) in 16-byte parts (``load_units``), so a
+block's max, scale and butterflies stay in one thread's registers.
 
 Per-tensor amax (NVFP4 only): a separate reduction reads ``x`` once before the kernel (``tensor_amax``; with a
 Hadamard, a small Pallas kernel that rotates each tile and writes one partial max). Any current-scaling scheme
 must see every element before the first code is final, so it costs one extra read of ``x`` whatever the split; a
 standalone reduction is that one read with nothing else written (a 4-byte result), so bytes moved per element are
-2·sizeof(x) + 1/2 (codes) + 1/16 (scales), plus 2 (bf16 dequantized) and 1 (trust mask) when asked for.
+2·sizeof(x) + 1/2 (codes) + 1/16 (scales), plus 2 (bf16 dequantized) and 1 (trust mask) when asked for. The
+``"prepass"`` route adds 2·sizeof(x) (the staged input, written and read again) to rotate once instead of twice.
 """
 
 from __future__ import annotations
@@ -104,9 +106,10 @@ def hash_index(rows: jax.Array, cols: jax.Array, n_rows: int, n_cols: int, colum
 
 
 def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs: bool, interpret: bool,
-            bf16_input: bool, transpose_tile: bool):
+            bf16_input: bool, transpose_tile: bool, rotate: bool):
   """One tile, in the output layout: for ``spec.transposed``, ``x``'s tile transposed in registers
   (``transpose_tile``) or the tile of an already transposed ``xᵀ`` (``x_ref`` then holds ``xᵀ``, of ``shape``).
+  ``rotate``: apply ``spec``'s Hadamard (False: ``x_ref`` holds the rotated tensor, staged by the pre-pass).
   A 4D ``shape`` is ``x`` viewed in units (``load_units``); the outputs other than the scales are then viewed as
   (rows, units, elements of a unit) too, so each thread stores what it computed.
 
@@ -141,7 +144,7 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
     cols = col0 // spec.block + lax.broadcasted_iota(jnp.int32, (r, nb), 1)
     index = hash_index(rows, cols, logical_out[0], logical_out[1] // spec.block, column_major)
     sbits = safe(bits_lib.hash_bits)(sseed_ref[...], index)[..., None]
-  if spec.hadamard:
+  if rotate:
     x = rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
 
   block = (spec.block,) if spec.block_shape is None else tuple(spec.block_shape)
@@ -170,21 +173,25 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
 
 
 # ------------------------------------------------------------------------------------------------ wrapper
-def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: bool, write_transpose: bool):
-  """One partial max|x| per tile (of the tile transposed for ``spec.transposed``, then rotated); with
-  ``write_transpose`` the tile is also stored transposed, into ``xᵀ``."""
+def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: bool, stage: bool):
+  """One partial max|x| per tile (of the tile transposed for ``spec.transposed``, then rotated); with ``stage``
+  what it reduced is also stored, in ``x``'s dtype (exact: the rotation already rounds to it), as the quantize
+  kernel's input: ``xᵀ`` and/or ``x`` rotated."""
   it = iter(refs)
   x_ref = next(it)
   signs_ref = next(it) if has_signs else None
   o_ref = next(it)
   i, j = pl.program_id(0), pl.program_id(1)
   tile = load_in_bounds(x_ref, (i, j), shape)
-  if write_transpose:
-    store_in_bounds(next(it), tile.T, (j, i), shape[::-1])
+  out_index, out_shape = ((j, i), shape[::-1]) if spec.transposed else ((i, j), shape)
+  if stage and not spec.hadamard:  # the transpose only: stored as loaded
+    store_in_bounds(next(it), tile.T, out_index, out_shape)
   x = tile.astype(jnp.float32)
   x = x.T if spec.transposed else x
   if spec.hadamard:
     x = rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
+    if stage:
+      store_in_bounds(next(it), x.astype(tile.dtype), out_index, out_shape)
   # one integer max of the magnitude bits: max|x| for finite tiles, and NaN's bits exceed +Inf's (one reduction,
   # where a float max would need a second one to see NaN)
   amax_bits = jnp.max(lax.bitcast_convert_type(x, jnp.int32) & 0x7FFFFFFF)
@@ -192,8 +199,8 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
   o_ref[...] = amax.reshape(1, 1)
 
 
-def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, write_transpose: bool):
-  """The pre-pass kernel over ``x`` in ``default_tile(spec)`` tiles: (tensor amax, ``xᵀ`` or None)."""
+def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, stage: bool):
+  """The pre-pass kernel over ``x`` in ``default_tile(spec)`` tiles: (tensor amax, the staged input or None)."""
   m, k = x.shape
   tile = default_tile(spec)
   grid = (pl.cdiv(m, tile[0]), pl.cdiv(k, tile[1]))
@@ -202,17 +209,21 @@ def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, write_t
     args.append(jnp.asarray(signs, jnp.float32))
     in_specs.append(pl.BlockSpec((spec.hadamard,), lambda i, j: (0,)))
   out_shape, out_specs = [jax.ShapeDtypeStruct(grid, jnp.float32)], [pl.BlockSpec((1, 1), lambda i, j: (i, j))]
-  if write_transpose:
-    out_shape.append(jax.ShapeDtypeStruct((k, m), x.dtype))
-    out_specs.append(pl.BlockSpec(tile[::-1], lambda i, j: (j, i)))
+  if stage:
+    if spec.transposed:
+      out_shape.append(jax.ShapeDtypeStruct((k, m), x.dtype))
+      out_specs.append(pl.BlockSpec(tile[::-1], lambda i, j: (j, i)))
+    else:
+      out_shape.append(jax.ShapeDtypeStruct((m, k), x.dtype))
+      out_specs.append(pl.BlockSpec(tile, lambda i, j: (i, j)))
   outs = pl.pallas_call(
       functools.partial(_amax_kernel, spec=spec, shape=(m, k), bf16_input=x.dtype == jnp.bfloat16,
-                        has_signs=signs is not None, write_transpose=write_transpose),
+                        has_signs=signs is not None, stage=stage),
       grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=interpret,
-      name="fp4_transpose_amax" if write_transpose else "fp4_rotated_amax",
+      name="fp4_staging_amax" if stage else "fp4_rotated_amax",
   )(*args)
-  return jnp.max(outs[0]), (outs[1] if write_transpose else None)
+  return jnp.max(outs[0]), (outs[1] if stage else None)
 
 
 def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs, *, use_kernel: bool = True, interpret: bool = False):
@@ -227,14 +238,18 @@ def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs, *, use_kernel: bool = T
   if not spec.hadamard or not use_kernel:
     xf = hadamard_lib.rotated(x, spec.hadamard, axis=spec.axis, signs=signs) if spec.hadamard else x.astype(jnp.float32)
     return jnp.where(jnp.all(jnp.isfinite(xf)), jnp.max(jnp.abs(xf)), jnp.float32(jnp.nan))
-  return _amax_call(x, spec, signs, interpret, write_transpose=False)[0]
+  return _amax_call(x, spec, signs, interpret, stage=False)[0]
 
 
-def transpose_and_amax(x: jax.Array, spec: QuantizeSpec, signs, *, interpret: bool = False):
-  """``(xᵀ, tensor_amax)`` for a transposed ``spec`` in one pass over ``x``: the pre-pass kernel reads each tile
-  once, writes it transposed and reduces it (transposed and rotated, as the quantize kernel will see it)."""
-  amax, xt = _amax_call(x, spec, signs, interpret, write_transpose=True)
-  return xt, amax
+def stage_and_amax(x: jax.Array, spec: QuantizeSpec, signs, *, interpret: bool = False):
+  """``(staged, tensor_amax)`` in one pass over ``x``, for a transposed or rotating NVFP4 ``spec``: the pre-pass
+  kernel reads each tile once, transposes (``spec.transposed``) and rotates (``spec.hadamard``) it as the quantize
+  kernel would, reduces it and writes it: ``staged`` is ``xᵀ`` / ``x``, rotated by ``spec``'s Hadamard with
+  ``signs`` and rounded to ``x.dtype`` as ``fp4jax.hadamard.rotated`` does."""
+  if not (spec.transposed or spec.hadamard):
+    raise ValueError(f"stage_and_amax: spec {spec} has nothing to stage (neither transposed nor rotated)")
+  amax, staged = _amax_call(x, spec, signs, interpret, stage=True)
+  return staged, amax
 
 
 def _check(x, spec: QuantizeSpec, tile):
@@ -297,33 +312,48 @@ def _signs_and_seeds(spec: QuantizeSpec, hadamard: int, key, signs):
   return signs, eseed, sseed
 
 
-TRANSPOSE_ROUTES = ("xla", "prepass", "kernel")
+ROUTES = ("xla", "prepass", "kernel")
 
 
-def default_transpose(spec: QuantizeSpec) -> str:
-  """The faster route for a transposed ``spec`` (BENCHMARKS.md §5, H200, linear layer fwd + bwd): ``"kernel"`` with
-  a Hadamard, whose arithmetic hides the in-register transpose (nvidia_nvfp4's layer 5-6% faster than through
-  XLA's transpose, quartet2's 1-2%); ``"xla"`` without (nvfp4_rtn's layer 9-17% slower through the kernel)."""
-  return "kernel" if spec.hadamard else "xla"
+def default_route(spec: QuantizeSpec) -> str:
+  """The faster route for ``spec`` (BENCHMARKS.md §5, H100 and H200): ``"prepass"`` with a Hadamard — NVFP4's
+  pre-pass rotates every tile anyway, and staging its output spares the kernel a second rotation (MS-EDEN 1.3-1.7x
+  faster, RHT16 + SR 1.04-1.18x, quartet2's linear layer 8%); where there is no pre-pass, ``"kernel"``, whose
+  rotation hides the in-register transpose (nvidia_nvfp4's layer 5-6% faster than through XLA's transpose).
+  ``"xla"`` without a Hadamard (nvfp4_rtn's layer 9-17% slower through the in-register transpose)."""
+  return "prepass" if spec.hadamard else "xla"
+
+
+def effective_route(spec: QuantizeSpec, route: str, has_prepass: bool) -> str:
+  """``route``, except ``"prepass"`` where the pre-pass has nothing to stage — no pre-pass (MXFP4, or the amax
+  given), or a spec neither transposed nor rotated: then ``"kernel"`` with a Hadamard, ``"xla"`` without."""
+  if route not in ROUTES:
+    raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+  if route == "prepass" and not (has_prepass and (spec.transposed or spec.hadamard)):
+    return "kernel" if spec.hadamard else "xla"
+  return route
+
+
 MAX_UNIT = 32  # MS-EDEN's 128-point chunks in one thread spill registers (sm_90 SASS: 9k local loads/stores)
 
 
-def load_unit(spec: QuantizeSpec, n_axis: int, transpose: str, tile, num_warps: int) -> int:
+def load_unit(spec: QuantizeSpec, n_axis: int, route: str, tile, num_warps: int) -> int:
   """Elements along the quantized axis that one thread loads and keeps (``load_units``): a block, or a Hadamard
-  chunk when larger, up to ``MAX_UNIT``. 0 (a plain tile load) for 2D blocks, an in-register transpose
-  (``transpose="kernel"``), an axis that is not a whole number of units (zero padding inside the tile), or a tile
-  with fewer units than threads (Triton would compute each unit in several threads)."""
-  unit = spec.unit
-  if unit > MAX_UNIT or spec.block_shape is not None or (spec.transposed and transpose == "kernel") or n_axis % unit:
+  chunk when larger and rotated in the kernel, up to ``MAX_UNIT`` (the effective ``route`` ``"prepass"`` stages a
+  rotated input: a block). 0 (a plain tile load) for 2D blocks, an in-register transpose (``route="kernel"``), an
+  axis that is not a whole number of units (zero padding inside the tile), or a tile with fewer units than threads
+  (Triton would compute each unit in several threads)."""
+  unit = spec.block if route == "prepass" else spec.unit
+  if unit > MAX_UNIT or spec.block_shape is not None or (spec.transposed and route == "kernel") or n_axis % unit:
     return 0
   return unit if tile[0] * tile[1] // unit >= 32 * num_warps else 0
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret", "logical_shape", "transpose"))
+@functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret", "logical_shape", "route"))
 def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, signs: jax.Array | None = None,
              tile=None, num_warps: int | None = None, interpret: bool = False, amax: jax.Array | None = None,
              origin: jax.Array | None = None, logical_shape: tuple[int, int] | None = None,
-             transpose: str | None = None) -> Quantized:
+             route: str | None = None) -> Quantized:
   """Quantize 2D ``x`` per ``spec`` in one kernel pass (plus the amax pre-pass for NVFP4).
 
   Returns ``Quantized(qtensor, dequantized, trust_mask, global_scale)``: an ``fp4jax.QTensor`` bit-identical to
@@ -343,17 +373,17 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   element's / scale's logical index. Blocks and Hadamard chunks must not straddle the shard (the caller checks).
   Defaults: the pre-pass, origin (0, 0), logical shape ``x.shape``: the unsharded kernel.
 
-  Transposed directions, by ``transpose`` (all give the same bits; default ``default_transpose(spec)``):
-  * ``"xla"``: XLA transposes ``x``; the pre-pass and the kernel read ``xᵀ`` row-wise.
-  * ``"prepass"``: NVFP4's pre-pass reads ``x`` and writes ``xᵀ`` as it reduces (``transpose_and_amax``), one read
-    of ``x`` fewer; where there is no pre-pass (MXFP4, or ``amax`` given) it is ``"xla"``.
-  * ``"kernel"``: the quantize kernel transposes each tile in registers.
+  ``route``: where the transposition (transposed directions) and the Hadamard rotation happen; all routes give the
+  same bits (default ``default_route(spec)``):
+  * ``"xla"``: XLA transposes ``x``; the pre-pass and the kernel read ``xᵀ`` row-wise; the kernel rotates.
+  * ``"prepass"``: NVFP4's pre-pass reads ``x`` and writes the kernel's input as it reduces (``stage_and_amax``):
+    ``xᵀ``, rotated with a Hadamard; the kernel then runs only the block numerics, loading whole blocks. Where the
+    pre-pass has nothing to stage it is ``"kernel"`` with a Hadamard, ``"xla"`` without (``effective_route``).
+  * ``"kernel"``: the quantize kernel transposes each tile in registers and rotates it.
   ``tile`` is always a tile of ``x``; ``tile`` and ``num_warps`` default to ``default_tile`` and
   ``default_num_warps``.
   """
-  transpose = transpose or default_transpose(spec)
-  if transpose not in TRANSPOSE_ROUTES:
-    raise ValueError(f"transpose must be one of {TRANSPOSE_ROUTES}, got {transpose!r}")
+  route = effective_route(spec, route or default_route(spec), spec.fmt.name == "nvfp4" and amax is None)
   tile = tuple(tile or default_tile(spec))
   num_warps = num_warps or default_num_warps(spec)
   _check(x, spec, tile)
@@ -364,10 +394,11 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   _, block, hadamard = check_quantize_args(x, spec.fmt, spec.axis, spec.rounding, spec.block_shape,
                                            spec.hadamard or None, spec.hadamard_signs)
   signs, eseed, sseed = _signs_and_seeds(spec, hadamard, key, signs)
-  pre_transposed = spec.transposed and transpose != "kernel"
+  pre_transposed = spec.transposed and route != "kernel"
   x_tile = (bk, bm) if pre_transposed else (bm, bk)  # the tile of what the kernel reads
-  if pre_transposed and transpose == "prepass" and spec.fmt.name == "nvfp4" and amax is None:
-    x_in, amax = transpose_and_amax(x, spec, signs, interpret=interpret)
+  rotate = bool(spec.hadamard) and route != "prepass"
+  if route == "prepass":
+    x_in, amax = stage_and_amax(x, spec, signs, interpret=interpret)
   else:
     x_in = x.T if pre_transposed else x
   if spec.fmt.name != "nvfp4":
@@ -395,7 +426,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     s_shape, s_tile = (-(-out_rows // 16), n_pad // 16), (t_rows // 16, t_axis // 16)
   else:
     s_shape, s_tile = (out_rows, n_pad // bs), (t_rows, t_axis // bs)
-  unit = load_unit(spec, n_axis, transpose, tile, num_warps)
+  unit = load_unit(spec, n_axis, route, tile, num_warps)
 
   def per_row(shape, block, elements_per_item=1):  # viewed as (rows, units, items of a unit) when loading units
     if not unit:
@@ -424,14 +455,15 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     x_spec = pl.BlockSpec(x_tile, lambda i, j: (i, j))
   args = [x_in, tensor_scales, eseed, sseed, origin]
   in_specs = [x_spec, whole(2), whole(2), whole(2), whole(2)]
-  if signs is not None:
+  if rotate and signs is not None:
     args.append(signs)
     in_specs.append(whole(spec.hadamard))
   logical_out = logical_shape[::-1] if spec.transposed else logical_shape
   kernel = functools.partial(_kernel, spec=spec, shape=x_in.shape, logical_out=logical_out,
                              out_shapes=tuple((name, o[0]) for name, o in outputs.items()),
-                             has_signs=signs is not None, interpret=interpret, bf16_input=x.dtype == jnp.bfloat16,
-                             transpose_tile=spec.transposed and transpose == "kernel")
+                             has_signs=rotate and signs is not None, interpret=interpret,
+                             bf16_input=x.dtype == jnp.bfloat16, transpose_tile=spec.transposed and route == "kernel",
+                             rotate=rotate)
   outs = iter(pl.pallas_call(
       kernel,
       grid=(pl.cdiv(x_in.shape[0], x_tile[0]), pl.cdiv(n_axis if unit else x_in.shape[1], x_tile[1])),
