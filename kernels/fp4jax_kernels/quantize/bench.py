@@ -4,8 +4,8 @@
     PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.bench --sweep-tiles [--json sweep.json]
 
 "% copy BW" = (bytes the op must move at least: read x once + write codes and scales) / time, over the copy's
-(read + write) / time. The Pallas rows include the amax pre-pass (a second read of x, see pallas_triton);
-"kernel only" subtracts the separately timed pre-pass.
+(read + write) / time. The Pallas rows include the amax pre-pass (a second read of x, see pallas_triton; with a
+Hadamard it also writes the rotated x the kernel reads); "kernel only" subtracts the separately timed pre-pass.
 
 ``--sweep-tiles``: for every spec, the kernel over ``SWEEP_TILES`` x ``SWEEP_WARPS`` (tiles given as (across,
 along) the quantized axis; a tile the spec cannot take is skipped, one that fails to compile is reported), next to
@@ -64,11 +64,14 @@ def copy_bandwidth(x: jax.Array) -> tuple[float, float]:
   return ms, 2 * x.size * x.dtype.itemsize / ms / 1e6
 
 
-def amax_ms(spec: QuantizeSpec, x: jax.Array, interpret: bool) -> float:
-  """Time of the kernel's amax pre-pass (NVFP4 only; 0 for MXFP4, which has no tensor scale)."""
+def prepass_ms(spec: QuantizeSpec, x: jax.Array, interpret: bool) -> float:
+  """Time of the pre-pass that ``spec``'s default route runs (NVFP4 only; 0 for MXFP4, which has no tensor scale):
+  the amax reduction, or the one that also stages the kernel's input (route ``"prepass"``)."""
   if spec.fmt.name != "nvfp4":
     return 0.0
   signs = fp4jax.hadamard.TE_SIGNS_16 if spec.hadamard_signs == "te" else None
+  if pallas_triton.effective_route(spec, pallas_triton.default_route(spec), has_prepass=True) == "prepass":
+    return time_ms(jax.jit(lambda x: pallas_triton.stage_and_amax(x, spec, signs, interpret=interpret)), x)
   return time_ms(jax.jit(lambda x: pallas_triton.tensor_amax(x, spec, signs, interpret=interpret)), x)
 
 
@@ -82,7 +85,7 @@ def sweep(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
   results = {}
   for name, (spec, _) in OPS.items():
     frac = lambda ms, spec=spec: (min_bytes(spec, x.size) / ms / 1e6) / copy_bw
-    pre = amax_ms(spec, x, interpret)
+    pre = prepass_ms(spec, x, interpret)
     configs = []
     for across, along in SWEEP_TILES:
       tile = (along, across) if spec.transposed else (across, along)
@@ -122,7 +125,7 @@ def table(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
   for name, (spec, tiles) in OPS.items():
     pct = lambda ms, spec=spec: 100 * (min_bytes(spec, n) / ms / 1e6) / copy_bw
     signs = fp4jax.hadamard.TE_SIGNS_16 if spec.hadamard_signs == "te" else None
-    pre = amax_ms(spec, x, interpret)
+    pre = prepass_ms(spec, x, interpret)
     if spec.hadamard:
       xla_pre = time_ms(jax.jit(lambda x: pallas_triton.tensor_amax(x, spec, signs, use_kernel=False)), x)
       print(f"{name:24s} {'amax pre-pass, xla hadamard':28s} {xla_pre:8.3f}", flush=True)
@@ -140,7 +143,7 @@ def table(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
     for impl, fn in (("xla fp4jax.quantize", fp4jax.quantize), ("xla fp4jax.fake_quantize", fp4jax.fake_quantize)):
       ms = time_ms(jax.jit(lambda x, key, fn=fn: fn(x.T if xt else x, spec.fmt, key=key, **kw)), x, key)
       print(f"{name:24s} {impl:28s} {ms:8.3f} {pct(ms):9.1f}% {'':>15s}", flush=True)
-    print(f"{name:24s} {'amax pre-pass (used)':28s} {pre:8.3f}", flush=True)
+    print(f"{name:24s} {'pre-pass (used)':28s} {pre:8.3f}", flush=True)
 
 
 def main():
