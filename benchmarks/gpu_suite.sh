@@ -2,7 +2,7 @@
 # The GPU checks and benchmarks of BENCHMARKS.md, in pieces that each fit one 10-minute device command.
 #
 #   bash benchmarks/gpu_suite.sh kernels   # 1 GPU: GPU tests (compiled kernels, parity), quantize stage profile,
-#                                          # GEMM, linear layer, quantize tile sweep
+#                                          # GEMM, linear layer, quantize bench (and after a producer)
 #   bash benchmarks/gpu_suite.sh multi     # 2-4 GPUs: sharded == one device (operands, then losses)
 #   bash benchmarks/gpu_suite.sh scaling   # 2-4 GPUs: data-parallel weak scaling, 125M and 350M
 #   bash benchmarks/gpu_suite.sh deterministic  # 2-4 GPUs: --deterministic, bit-identical losses (one process and
@@ -43,6 +43,8 @@ case "${1:-}" in
     timeout 120 python benchmarks/bench_linear.py --json "$OUT/linear.json" > "$OUT/linear.log" 2>&1
     # the hand-picked tiles, the pre-pass and the transposed routes (--sweep-tiles: the tile x warps sweep instead)
     timeout 90 python -m fp4jax_kernels.quantize.bench > "$OUT/quantize_bench.log" 2>&1
+    # NVFP4 RTN after an elementwise producer: the amax pre-pass folded into the producer's fusion
+    timeout 60 python -m fp4jax_kernels.quantize.bench --after-producer > "$OUT/quantize_after_producer.log" 2>&1
     ;;
   multi)
     n=$(nvidia-smi -L | wc -l)

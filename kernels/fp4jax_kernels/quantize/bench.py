@@ -2,10 +2,16 @@
 
     PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.bench [--rows 16384 --cols 8192]
     PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.bench --sweep-tiles [--json sweep.json]
+    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.bench --after-producer
 
 "% copy BW" = (bytes the op must move at least: read x once + write codes and scales) / time, over the copy's
 (read + write) / time. The Pallas rows include the amax pre-pass (a second read of x, see pallas_triton; with a
 Hadamard it also writes the rotated x the kernel reads); "kernel only" subtracts the separately timed pre-pass.
+
+``--after-producer``: NVFP4 RTN in a graph, after the elementwise op that produces ``x`` (``PRODUCERS``): what the
+quantize adds to the producer's time, against the kernel alone (tensor amax given) and the standalone quantize. XLA
+can fold the amax pre-pass into the producer's fusion (a multi-output fusion that writes ``x`` and its partial
+maxima), so in a model the quantize costs about the kernel alone; whether it did is read from the compiled HLO.
 
 ``--sweep-tiles``: for every spec, the kernel over ``SWEEP_TILES`` x ``SWEEP_WARPS`` (tiles given as (across,
 along) the quantized axis; a tile the spec cannot take is skipped, one that fails to compile is reported), next to
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -146,12 +153,54 @@ def table(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
     print(f"{name:24s} {'pre-pass (used)':28s} {pre:8.3f}", flush=True)
 
 
+PRODUCERS = {  # name: the elementwise op that produces x from two bf16 tensors (a SwiGLU-like product, a residual add)
+    "x = h * g": lambda h, g: h * g,
+    "x = h + g": lambda h, g: h + g,
+    "x = gelu(h)": lambda h, g: jax.nn.gelu(h),
+}
+IN_GRAPH_OPS = ("nvfp4_rtn_1x16", "nvfp4_rtn_values_only")
+
+
+def amax_folded(fn, *args) -> bool:
+  """Whether XLA compiled ``fn`` with one fusion that writes a tensor of ``args[0]``'s shape together with other
+  outputs (the producer's result and the amax's partial reduction: the pre-pass folded into the producer)."""
+  hlo_type = {"bfloat16": "bf16", "float32": "f32"}[jnp.dtype(args[0].dtype).name]
+  shape = f"{hlo_type}[{','.join(map(str, args[0].shape))}]"
+  entry = fn.lower(*args).compile().as_text().split("ENTRY")[-1]
+  return any(re.search(r"= \([^=]*" + re.escape(shape) + r"[^=]*\) fusion\(", line) for line in entry.splitlines())
+
+
+def after_producer(h: jax.Array, copy_bw: float, interpret: bool = False) -> None:
+  """One row per (spec, producer): producer alone, producer + quantize, what the quantize adds (and its share of
+  copy bandwidth by ``min_bytes``), the kernel alone and the standalone quantize with its pre-pass."""
+  g = jax.random.normal(jax.random.key(2), h.shape, jnp.float32).astype(h.dtype)
+  print(f"{'op':24s} {'producer':14s} {'producer':>9s} {'+ quantize':>11s} {'adds':>7s} {'% copy BW':>10s} "
+        f"{'kernel alone':>13s} {'standalone':>11s} amax folded into the producer")
+  for name in IN_GRAPH_OPS:
+    spec = OPS[name][0]
+    outs = lambda q: (q.dequantized,) if q.qtensor is None else (q.qtensor.codes, q.qtensor.scales)
+    quantize = lambda x, **kw: outs(pallas_triton.quantize(x, spec, interpret=interpret, **kw))
+    for label, prod in PRODUCERS.items():
+      f_prod = jax.jit(prod)
+      f_both = jax.jit(lambda h, g, prod=prod: (prod(h, g), *quantize(prod(h, g))))
+      x = f_prod(h, g)
+      amax = jnp.max(jnp.abs(x.astype(jnp.float32)))
+      t_prod, t_both = time_ms(f_prod, h, g), time_ms(f_both, h, g)
+      t_kernel = time_ms(jax.jit(lambda x, a: quantize(x, amax=a)), x, amax)
+      t_alone = time_ms(jax.jit(quantize), x)
+      added = t_both - t_prod
+      pct = 100 * (min_bytes(spec, x.size) / added / 1e6) / copy_bw if added > 0 else float("nan")
+      print(f"{name:24s} {label:14s} {t_prod:9.3f} {t_both:11.3f} {added:7.3f} {pct:9.1f}% {t_kernel:13.3f} "
+            f"{t_alone:11.3f} {amax_folded(f_both, h, g)}", flush=True)
+
+
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--rows", type=int, default=16384)
   p.add_argument("--cols", type=int, default=8192)
   p.add_argument("--sweep-tiles", action="store_true", help="tile x num_warps sweep per spec, JSON out")
   p.add_argument("--json", default=None, help="with --sweep-tiles: also write the JSON document to this path")
+  p.add_argument("--after-producer", action="store_true", help="NVFP4 RTN after an elementwise producer, in one graph")
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode: a CPU smoke run, times meaningless")
   args = p.parse_args()
   m, k = args.rows, args.cols
@@ -160,6 +209,9 @@ def main():
   print(header())
   copy_ms, copy_bw = copy_bandwidth(x)
   print(f"shape {m}x{k} bf16; copy {copy_ms:.3f} ms = {copy_bw:.0f} GB/s (read + write)")
+  if args.after_producer:
+    after_producer(x, copy_bw, args.interpret)
+    return
   if not args.sweep_tiles:
     table(x, key, copy_bw, args.interpret)
     return
