@@ -194,5 +194,31 @@ def test_kernel_shard_arguments_are_checked(kwargs, match):
     pallas_triton.quantize(jnp.ones((16, 64)), spec, interpret=True, **kwargs)
 
 
+def test_staged_input_needs_the_amax_and_a_spec_that_stages():
+  import jax.numpy as jnp  # noqa: PLC0415
+  from fp4jax_kernels.quantize import pallas_triton  # noqa: PLC0415
+  x = jnp.ones((16, 64))
+  for spec, amax in ((_spec(CASES["nvfp4_sr_rht16_te"][0]), None), (_spec(dict(fmt="N")), 1.0)):
+    with pytest.raises(ValueError, match="staged: the pre-pass's output"):
+      pallas_triton.quantize(x, spec, interpret=True, amax=amax, staged=x)
+
+
+@pytest.mark.parametrize("name, stages", [("nvfp4_ms_eden", True), ("nvfp4_xt_sr_rht16_values_signs_mask", True),
+                                          ("nvfp4_rtn", False)])
+def test_shards_with_a_hadamard_are_rotated_once(name, stages):
+  """Per shard, the pre-pass that finds the local amax also stages the rotated shard for the kernel (the default
+  route of one device): the program lowered for CUDA has the staging pre-pass exactly for Hadamard specs."""
+  import jax  # noqa: PLC0415
+  from fp4jax_kernels import triton_ir  # noqa: PLC0415
+  from fp4jax_kernels.quantize import sharded  # noqa: PLC0415
+  kw, shape, _ = CASES[name]
+  spec, mesh = _spec(kw), jax.make_mesh((1,), ("a",), axis_types=(jax.sharding.AxisType.Auto,))
+  modules = triton_ir.triton_modules(
+      lambda x, k: sharded.quantize_sharded(x, spec, k, mesh=mesh, spec_in=_pspec(("a", None))), _input(shape),
+      jax.random.key(0))
+  assert any("fp4_staging_amax" in m for m in modules) == stages
+  assert sum("fp4_quantize" in m for m in modules) == 1
+
+
 if __name__ == "__main__":
   print(json.dumps(compute()))

@@ -353,7 +353,7 @@ def load_unit(spec: QuantizeSpec, n_axis: int, route: str, tile, num_warps: int)
 def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, signs: jax.Array | None = None,
              tile=None, num_warps: int | None = None, interpret: bool = False, amax: jax.Array | None = None,
              origin: jax.Array | None = None, logical_shape: tuple[int, int] | None = None,
-             route: str | None = None) -> Quantized:
+             route: str | None = None, staged: jax.Array | None = None) -> Quantized:
   """Quantize 2D ``x`` per ``spec`` in one kernel pass (plus the amax pre-pass for NVFP4).
 
   Returns ``Quantized(qtensor, dequantized, trust_mask, global_scale)``: an ``fp4jax.QTensor`` bit-identical to
@@ -371,7 +371,9 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   replaces the pre-pass; ``origin`` (int32 (row, col), may be traced) is where ``x[0, 0]`` sits in the logical tensor
   of static shape ``logical_shape``, so every random bit (SR's per element, MS-EDEN's per scale) hashes the
   element's / scale's logical index. Blocks and Hadamard chunks must not straddle the shard (the caller checks).
-  Defaults: the pre-pass, origin (0, 0), logical shape ``x.shape``: the unsharded kernel.
+  Defaults: the pre-pass, origin (0, 0), logical shape ``x.shape``: the unsharded kernel. ``staged`` (with
+  ``amax``): what ``stage_and_amax(x, spec, signs)`` wrote for this ``x``, which the kernel then reads (route
+  ``"prepass"``): a caller that reduces the amax itself (across shards) keeps the single rotation.
 
   ``route``: where the transposition (transposed directions) and the Hadamard rotation happen; all routes give the
   same bits (default ``default_route(spec)``):
@@ -383,7 +385,12 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   ``tile`` is always a tile of ``x``; ``tile`` and ``num_warps`` default to ``default_tile`` and
   ``default_num_warps``.
   """
-  route = effective_route(spec, route or default_route(spec), spec.fmt.name == "nvfp4" and amax is None)
+  if staged is not None:
+    if amax is None or not (spec.transposed or spec.hadamard):
+      raise ValueError("staged: the pre-pass's output for a transposed or rotated spec, passed with the amax")
+    route = "prepass"
+  route = effective_route(spec, route or default_route(spec),
+                          spec.fmt.name == "nvfp4" and (amax is None or staged is not None))
   tile = tuple(tile or default_tile(spec))
   num_warps = num_warps or default_num_warps(spec)
   _check(x, spec, tile)
@@ -398,7 +405,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   x_tile = (bk, bm) if pre_transposed else (bm, bk)  # the tile of what the kernel reads
   rotate = bool(spec.hadamard) and route != "prepass"
   if route == "prepass":
-    x_in, amax = stage_and_amax(x, spec, signs, interpret=interpret)
+    x_in, amax = (staged, amax) if staged is not None else stage_and_amax(x, spec, signs, interpret=interpret)
   else:
     x_in = x.T if pre_transposed else x
   if spec.fmt.name != "nvfp4":

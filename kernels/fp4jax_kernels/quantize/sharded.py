@@ -4,8 +4,9 @@
 logical tensor on one device:
 
 * NVFP4 tensor amax: each shard reduces its own (rotated, when ``spec.hadamard``) elements with
-  ``pallas_triton.tensor_amax``, then ``lax.pmax`` over the mesh axes that split ``x``. A max is exact in any order,
-  so the result is the logical tensor's amax. Non-finite elements: the local amax is made +Inf (XLA's max may drop
+  ``pallas_triton.tensor_amax`` — with a Hadamard, ``stage_and_amax``, which also writes the rotated shard for the
+  kernel (the default route: one rotation) — then ``lax.pmax`` over the mesh axes that split ``x``. A max is exact in
+  any order, so the result is the logical tensor's amax. Non-finite elements: the local amax is made +Inf (XLA's max may drop
   NaN, but no max drops +Inf), so the global amax is +Inf and the tensor scale NaN, as on one device.
 * Random bits: the kernel hashes each element's (SR) and each scale's (MS-EDEN) logical row-major index, from the
   shard's origin ``lax.axis_index(axis) · shard length`` and the logical shape; signs and seeds come from the same
@@ -100,16 +101,19 @@ def quantize_sharded(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = N
                                            spec.hadamard or None, spec.hadamard_signs)
 
   def per_shard(x_shard, key, signs):
-    amax = None
+    amax = staged = None
     if spec.fmt.name == "nvfp4":
       amax_signs = signs if signs is not None else hadamard_sign_vector(
           hadamard, spec.hadamard_signs, split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)[0])
-      local = pallas_triton.tensor_amax(x_shard, spec, amax_signs, interpret=interpret)
+      if pallas_triton.effective_route(spec, pallas_triton.default_route(spec), has_prepass=True) == "prepass":
+        staged, local = pallas_triton.stage_and_amax(x_shard, spec, amax_signs, interpret=interpret)
+      else:
+        local = pallas_triton.tensor_amax(x_shard, spec, amax_signs, interpret=interpret)
       local = jnp.where(jnp.isfinite(local), local, jnp.float32(jnp.inf))  # NaN would not survive pmax
       amax = lax.pmax(local, split_axes) if split_axes else local
     origin = jnp.stack([_shard_index(row_axes, mesh) * shard_shape[0], _shard_index(col_axes, mesh) * shard_shape[1]])
     q, deq, mask, _ = pallas_triton.quantize(x_shard, spec, key, signs=signs, interpret=interpret, amax=amax,
-                                             origin=origin, logical_shape=tuple(x.shape))
+                                             origin=origin, logical_shape=tuple(x.shape), staged=staged)
     return q.codes, q.scales, q.global_scale, q.signs, deq, mask
 
   in_spec = P(row_axes or None, col_axes or None)
