@@ -10,9 +10,8 @@ by the ``backend`` argument:
   kernel pass per operand (plus NVFP4's amax pre-pass): the Hadamard with the GEMM's signs is applied in the
   kernel (for NVFP4, by the pre-pass, which writes the rotated operand for the kernel); the kernel draws the same
   random bits as the XLA path, writes the bf16 ``values`` directly (``value(q)·dec_b``, the kernel's
-  ``dequantize="block_scaled_only"``) and no packed codes (``packed=False``). QuEST (trust-mask) operands are the
-  exception for now: XLA rotates them and builds values and mask from the kernel's codes and scales (see
-  ``rotate_and_quantize``). A backward operand that is a transposed tensor (``transposed=True``: Wᵀ, dYᵀ, Xᵀ) is
+  ``dequantize="block_scaled_only"``) and no packed codes (``packed=False``); QuEST (trust-mask) operands also take
+  the kernel's trust mask. A backward operand that is a transposed tensor (``transposed=True``: Wᵀ, dYᵀ, Xᵀ) is
   written K-major by the kernel (``along="rows_of_transpose"``: the bits of the transposed layout), by the faster
   route measured (``fp4jax_kernels.quantize.pallas_triton.default_route``: transposed by the pre-pass with a
   Hadamard, XLA's transpose without); batched tensors are transposed by XLA first. Both backends give the same
@@ -148,21 +147,15 @@ def _kernel_fp4(x: jax.Array, spec: OperandSpec, key, signs, hadamard: int,
     x, transposed = jnp.swapaxes(x, -1, -2), False
   out_shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
   mode = "none" if not hadamard or spec.signs == "none" else ("te" if spec.signs == "te" else "random")
-  quest = spec.estimator == "trust_mask"  # values and mask from codes and scales in XLA (rotate_and_quantize)
+  quest = spec.estimator == "trust_mask"
   qspec = QuantizeSpec(spec.fmt, rounding=spec.rounding, hadamard=hadamard, hadamard_signs=mode,
                        block_shape=spec.block_shape, along="rows_of_transpose" if transposed else "rows",
-                       dequantize=None if quest else "block_scaled_only", packed=quest)
+                       dequantize="block_scaled_only", trust_mask=quest, packed=False)
   x2 = x.reshape(x.shape[-2:]) if transposed else x.reshape(-1, x.shape[-1])
-  q, values, _, global_scale = api.quantize(x2, qspec, key, signs=signs if mode == "random" else None,
-                                            backend="pallas")
-  if not quest:  # the GEMM reads the bf16 values only: the kernel writes no codes or scales
-    return Operand(values.reshape(out_shape), global_scale), None
-  # QuEST operands (rotated by XLA, see rotate_and_quantize): values and mask built in XLA from codes and scales.
-  lay = BlockLayout(out_shape, len(out_shape) - 1, q.block_shape)
-  dec = lay.scales_to_blocks(q.scale_values().reshape(lay.scale_shape))
-  values = lay.from_blocks(decode_blocks(lay.to_blocks(q.unpacked_codes().reshape(out_shape)), dec, jnp.float32(1.0)))
-  mask = lay.from_blocks(estimators.trust_mask(lay.to_blocks(x.astype(jnp.float32)), dec * q.global_scale))
-  return Operand(values.astype(jnp.bfloat16), q.global_scale), mask
+  _, values, mask, global_scale = api.quantize(x2, qspec, key, signs=signs if mode == "random" else None,
+                                               backend="pallas")
+  # the GEMM reads the bf16 values (and QuEST's backward the mask) only: the kernel writes no codes or scales
+  return Operand(values.reshape(out_shape), global_scale), None if mask is None else mask.reshape(out_shape) == 1
 
 
 def pallas_refusal(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool) -> str | None:
@@ -236,7 +229,7 @@ def rotate_and_quantize(
 
   With the Pallas backend one kernel pass does it all: rotation (same butterflies, same bf16 rounding), transpose
   (read ``x``, write the K-major operand; the random bits are ``xt``'s), quantization and the bf16 values; the
-  same bits as XLA (trust-mask operands: see below). ``shard``: see ``quantize_operand`` (of the transposed operand when
+  same bits as XLA (QuEST's trust mask too). ``shard``: see ``quantize_operand`` (of the transposed operand when
   ``transposed``; XLA backend only).
   """
   shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
@@ -244,17 +237,13 @@ def rotate_and_quantize(
     shard.check(shape, spec, "fp4jax.operand.rotate_and_quantize")
     x = jnp.swapaxes(x, -1, -2) if transposed else x
     return _sharded_quantize(rotate(x, spec.hadamard, signs) if spec.hadamard else x, spec, key, backend, shard)
-  # QuEST (trust-mask) operands keep XLA's rotation and build values and mask in XLA: with the kernel's own values
-  # and mask, the jitted XLA backend of quartet differed from Pallas in one dgrad-of-W element (Pallas matched the
-  # XLA path run op by op, the jitted XLA path did not); the kernel's mask output awaits that being resolved.
-  quest = spec.estimator == "trust_mask"
-  if not quest and resolve_backend(backend, shape, x.dtype, spec, fused_hadamard=True) == "pallas":
+  if resolve_backend(backend, shape, x.dtype, spec, fused_hadamard=True) == "pallas":
     return _kernel_fp4(x, spec, key, signs, spec.hadamard, transposed)
   if transposed:
     x = jnp.swapaxes(x, -1, -2)
   if spec.hadamard:
     x = rotate(x, spec.hadamard, signs)
-  return quantize_operand(x, spec, key, backend=backend) if quest else _quantize(x, spec, key)
+  return _quantize(x, spec, key)
 
 
 def _sharded_quantize(x, spec: OperandSpec, key, backend: str, shard) -> tuple[Operand, jax.Array | None]:
