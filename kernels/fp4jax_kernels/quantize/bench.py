@@ -77,7 +77,7 @@ def prepass_ms(spec: QuantizeSpec, x: jax.Array, interpret: bool) -> float:
   if spec.fmt.name != "nvfp4":
     return 0.0
   signs = fp4jax.hadamard.TE_SIGNS_16 if spec.hadamard_signs == "te" else None
-  if pallas_triton.effective_route(spec, pallas_triton.default_route(spec), has_prepass=True) == "prepass":
+  if pallas_triton.prepass_stages(spec):
     return time_ms(jax.jit(lambda x: pallas_triton.stage_and_amax(x, spec, signs, interpret=interpret)), x)
   return time_ms(jax.jit(lambda x: pallas_triton.tensor_amax(x, spec, signs, interpret=interpret)), x)
 

@@ -324,6 +324,11 @@ def default_route(spec: QuantizeSpec) -> str:
   return "prepass" if spec.hadamard else "xla"
 
 
+def prepass_stages(spec: QuantizeSpec) -> bool:
+  """Whether ``spec``'s default route has NVFP4's pre-pass write the kernel's input (where it runs at all)."""
+  return effective_route(spec, default_route(spec), has_prepass=True) == "prepass"
+
+
 def effective_route(spec: QuantizeSpec, route: str, has_prepass: bool) -> str:
   """``route``, except ``"prepass"`` where the pre-pass has nothing to stage — no pre-pass (MXFP4, or the amax
   given), or a spec neither transposed nor rotated: then ``"kernel"`` with a Hadamard, ``"xla"`` without."""
@@ -389,8 +394,8 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     if amax is None or not (spec.transposed or spec.hadamard):
       raise ValueError("staged: the pre-pass's output for a transposed or rotated spec, passed with the amax")
     route = "prepass"
-  route = effective_route(spec, route or default_route(spec),
-                          spec.fmt.name == "nvfp4" and (amax is None or staged is not None))
+  else:
+    route = effective_route(spec, route or default_route(spec), spec.fmt.name == "nvfp4" and amax is None)
   tile = tuple(tile or default_tile(spec))
   num_warps = num_warps or default_num_warps(spec)
   _check(x, spec, tile)
@@ -404,6 +409,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   pre_transposed = spec.transposed and route != "kernel"
   x_tile = (bk, bm) if pre_transposed else (bm, bk)  # the tile of what the kernel reads
   rotate = bool(spec.hadamard) and route != "prepass"
+  kernel_signs = signs if rotate else None  # a staged input is rotated already
   if route == "prepass":
     x_in, amax = (staged, amax) if staged is not None else stage_and_amax(x, spec, signs, interpret=interpret)
   else:
@@ -462,13 +468,13 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
     x_spec = pl.BlockSpec(x_tile, lambda i, j: (i, j))
   args = [x_in, tensor_scales, eseed, sseed, origin]
   in_specs = [x_spec, whole(2), whole(2), whole(2), whole(2)]
-  if rotate and signs is not None:
-    args.append(signs)
+  if kernel_signs is not None:
+    args.append(kernel_signs)
     in_specs.append(whole(spec.hadamard))
   logical_out = logical_shape[::-1] if spec.transposed else logical_shape
   kernel = functools.partial(_kernel, spec=spec, shape=x_in.shape, logical_out=logical_out,
                              out_shapes=tuple((name, o[0]) for name, o in outputs.items()),
-                             has_signs=rotate and signs is not None, interpret=interpret,
+                             has_signs=kernel_signs is not None, interpret=interpret,
                              bf16_input=x.dtype == jnp.bfloat16, transpose_tile=spec.transposed and route == "kernel",
                              rotate=rotate)
   outs = iter(pl.pallas_call(

@@ -105,7 +105,7 @@ def quantize_sharded(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = N
     if spec.fmt.name == "nvfp4":
       amax_signs = signs if signs is not None else hadamard_sign_vector(
           hadamard, spec.hadamard_signs, split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)[0])
-      if pallas_triton.effective_route(spec, pallas_triton.default_route(spec), has_prepass=True) == "prepass":
+      if pallas_triton.prepass_stages(spec):
         staged, local = pallas_triton.stage_and_amax(x_shard, spec, amax_signs, interpret=interpret)
       else:
         local = pallas_triton.tensor_amax(x_shard, spec, amax_signs, interpret=interpret)
