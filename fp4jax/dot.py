@@ -206,8 +206,8 @@ def dot_general(
       with the tokens, outputs or inputs split over a mesh axis, ``fp4jax.sharding.sharded(recipe, axis, split)``
       quantizes every operand as one device does on the logical tensors (cross-shard amax, logical random bits).
     key: JAX PRNG key, required when ``recipe.is_random`` (stochastic rounding, MS-EDEN, fresh Hadamard signs).
-    precision: passed to the internal GEMMs (default: bf16 GEMMs for exact-in-bf16 quantized values, HIGHEST for
-      float32 ones).
+    precision: passed to the internal GEMMs (default: bf16 GEMMs for exact-in-bf16 quantized values; off the CPU a
+      float32 operand against those as three exact bf16 parts; HIGHEST for two float32 ones: ``fp4jax.operand.matmul``).
     preferred_element_type: output dtype (default ``result_type(lhs, rhs)``); gradients keep the input dtypes.
     backend: quantizer implementation of every operand: ``"xla"`` (pure JAX), ``"pallas"`` (the fused quantize
       kernels of ``fp4jax_kernels``, Hadamard included; interpret mode off GPU; errors for an operand they cannot

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fp4jax.formats import E2M1_MAX
 
@@ -55,13 +56,61 @@ def dge_derivative(x: jax.Array, k: float = 5.0, cap: float = 3.0) -> jax.Array:
 
 
 def occ_bounds(x: jax.Array, quantile: float, axis: int = -1) -> tuple[jax.Array, jax.Array]:
-  """Per-row ``(low, high)`` clamp bounds along ``axis``: order statistics at indices ``floor((1−q)·n)`` and
-  ``min(floor(q·n), n−1)`` of the sorted row (Microsoft FP4's token-wise quantile clipping; keepdims)."""
+  """Per-row ``(low, high)`` clamp bounds along ``axis``: the order statistics of ranks ``floor((1−q)·n)`` and
+  ``min(floor(q·n), n−1)`` (0-based, ascending) of each row (Microsoft FP4's token-wise quantile clipping;
+  keepdims).
+
+  Found by ``select_ranks`` without sorting: the values ``jnp.sort`` would put at those ranks (−0 and +0 equal,
+  returned as +0; NaN after +Inf, so a bound is NaN only when the NaNs reach its rank)."""
   n = x.shape[axis]
-  s = jnp.sort(x, axis=axis)
-  lo_i, hi_i = int((1.0 - quantile) * n), min(int(quantile * n), n - 1)
-  take = lambda i: jax.lax.slice_in_dim(s, i, i + 1, axis=axis % x.ndim)
-  return take(lo_i), take(hi_i)
+  ranks = (int((1.0 - quantile) * n), min(int(quantile * n), n - 1))
+  lo, hi = select_ranks(jnp.moveaxis(x, axis, -1), ranks)
+  return jnp.moveaxis(lo, -1, axis), jnp.moveaxis(hi, -1, axis)
+
+
+def _order_keys(x: jax.Array) -> jax.Array:
+  """Unsigned integers ordered as the floats ``x``: ``bits | signbit`` for ``x >= 0``, ``~bits`` for ``x < 0``;
+  −0 maps to +0's key and every NaN to the largest key (after +Inf)."""
+  nbits = 8 * x.dtype.itemsize
+  utype, sign = jnp.dtype(f"uint{nbits}"), 1 << (nbits - 1)
+  b = jax.lax.bitcast_convert_type(jnp.where(x == 0, jnp.zeros_like(x), x), utype)
+  key = jnp.where(b >> (nbits - 1) == 1, ~b, b | utype.type(sign))
+  return jnp.where(jnp.isnan(x), jnp.array(np.iinfo(utype).max, utype), key)
+
+
+def _from_order_keys(key: jax.Array, dtype) -> jax.Array:
+  """Inverse of ``_order_keys`` (the largest key decodes to a NaN)."""
+  nbits = 8 * key.dtype.itemsize
+  sign = key.dtype.type(1 << (nbits - 1))
+  return jax.lax.bitcast_convert_type(jnp.where(key >= sign, key ^ sign, ~key), dtype)
+
+
+RADIX_BITS = 2  # key bits settled per counting pass (2^RADIX_BITS − 1 counts per rank and pass; 2: BENCHMARKS §3)
+
+
+def select_ranks(x: jax.Array, ranks: tuple[int, ...]) -> tuple[jax.Array, ...]:
+  """For each 0-based ``rank``, the value at that rank of every row of ``x`` sorted ascending along the last axis
+  (keepdims), by a most-significant-digit radix select on ``_order_keys``: with the key's higher digits ``p``
+  settled, the next digit is the number of ``j ≥ 1`` with ``#{key < p + j·2^s} ≤ rank`` (counts rise with j), so
+  ``8·itemsize / RADIX_BITS`` counting passes over ``x`` give the exact key (a streaming read per pass instead of
+  a sort). Ties and signed zeros as in ``occ_bounds``."""
+  n = x.shape[-1]
+  if not ranks or any(not 0 <= r < n for r in ranks):
+    raise ValueError(f"select_ranks: ranks must lie in [0, {n}) for rows of length {n}, got {ranks}")
+  keys = _order_keys(x)
+  utype, nbits = keys.dtype, 8 * x.dtype.itemsize
+  if nbits % RADIX_BITS:
+    raise ValueError(f"select_ranks: RADIX_BITS={RADIX_BITS} must divide the {nbits}-bit keys of {x.dtype}")
+  rank = jnp.asarray(ranks, jnp.int32)[:, None]  # (R, 1): one row of thresholds per rank
+  digits = jnp.arange(1, 2**RADIX_BITS, dtype=utype)  # (J,)
+  found = jnp.zeros(x.shape[:-1] + (len(ranks), 1), utype)
+  for shift in range(nbits - RADIX_BITS, -1, -RADIX_BITS):
+    thresholds = found + (digits << utype.type(shift))  # (..., R, J)
+    below = jnp.sum(keys[..., None, None, :] < thresholds[..., None], axis=-1, dtype=jnp.int32)  # (..., R, J)
+    digit = jnp.sum(below <= rank, axis=-1, keepdims=True, dtype=jnp.int32).astype(utype)
+    found = found + (digit << utype.type(shift))
+  values = _from_order_keys(found, x.dtype)  # (..., R, 1)
+  return tuple(values[..., i, :] for i in range(len(ranks)))
 
 
 def occ_clamp(x: jax.Array, quantile: float = 0.99, axis: int = -1, rows=None) -> tuple[jax.Array, jax.Array]:

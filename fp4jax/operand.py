@@ -24,13 +24,13 @@ by the ``backend`` argument:
 ``import fp4jax`` never loads Pallas.
 
 An ``Operand`` is a pair ``(values, scale)`` with the dequantized operand equal to ``values · scale``, where ``scale``
-is an fp32 scalar (the NVFP4 tensor scale, the MXFP4 headroom factor 4/3 or an FP8 decode scale) and ``values``
-carries everything else. For FP4 and FP8 operands ``values`` are exact in bfloat16 (an E2M1 value times an E4M3 or
-power-of-two block scale has at most 6 significant bits; FP8 values at most 4), so ``matmul`` multiplies them at
-bf16 with fp32 accumulation and applies ``scale_a · scale_b`` in the epilogue, as the hardware does with block-scaled
-FP4 GEMMs (FP4-REFERENCE §2). Operands that are not exact in bf16 (unquantized f32 inputs, per-channel E2M1 with
-non-power-of-two scales, OCC with its residual) stay float32 and their GEMM runs at HIGHEST precision unless the
-caller passes a ``precision``.
+is an fp32 scalar (the NVFP4 tensor scale, the MXFP4 headroom factor 4/3 or an FP8 decode scale) or, for per-channel
+E2M1, one fp32 decode scale per row (shape ``values.shape[:-1] + (1,)``: per token or output channel, never along
+the contraction axis), and ``values`` carries everything else. For FP4 and FP8 operands ``values`` are exact in
+bfloat16 (an E2M1 value times an E4M3 or power-of-two block scale has at most 6 significant bits; FP8 values at most
+4), so ``matmul`` multiplies them at bf16 with fp32 accumulation and applies the scales in the epilogue, as the
+hardware does with block-scaled FP4 GEMMs (FP4-REFERENCE §2). Operands that are not exact in bf16 (unquantized f32
+inputs, OCC's clamped values plus residual) stay float32 (see ``matmul`` for their GEMM).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from fp4jax.formats import E2M1_MAX, FP4Format, e2m1_decode, floor_log2, pow2
 from fp4jax.ieee import div_rn
 from fp4jax.quantize import BlockLayout, check_quantize_args, decode_blocks, quantize_blocks, split_quantize_key
 from fp4jax.recipes import E2M1_CHANNEL, OperandSpec
-from fp4jax.rounding import rtn_e2m1
+from fp4jax.rounding import rtn_bf16, rtn_e2m1
 
 BACKENDS = ("xla", "pallas", "auto")
 KERNEL_DTYPES = (jnp.float32, jnp.bfloat16)
@@ -55,7 +55,7 @@ FIXED_SIGNS_SEED = 0x5EED5
 
 
 class Operand(NamedTuple):
-  """A quantized GEMM operand: dequantized value ``values · scale`` (``scale`` an fp32 scalar)."""
+  """A quantized GEMM operand: dequantized value ``values · scale`` (``scale`` an fp32 scalar or per-row, keepdims)."""
 
   values: jax.Array
   scale: jax.Array
@@ -64,6 +64,10 @@ class Operand(NamedTuple):
     return self.values.astype(jnp.float32) * self.scale
 
   def swap_last(self) -> "Operand":
+    """The operand with its last two axes swapped; per-row scales would then lie along the contraction axis, so
+    such an operand is dequantized first (float32, exact)."""
+    if jnp.ndim(self.scale):
+      return Operand(jnp.swapaxes(self.dequantize(), -1, -2), jnp.float32(1.0))
     return Operand(jnp.swapaxes(self.values, -1, -2), self.scale)
 
 
@@ -105,11 +109,11 @@ def channel_scale(x: jax.Array, pow2_scale: bool, shard=None) -> jax.Array:
 
 
 def _e2m1_channel(x: jax.Array, pow2_scale: bool, shard=None) -> Operand:
-  """E2M1 with per-row absmax scales: ``values = value(rtn_e2m1(x·γ)) · (1/γ)``, the per-row decode scale ``1/γ``
-  correctly rounded (``div_rn``); exact in bf16 when γ is a power of two."""
+  """E2M1 with per-row absmax scales: ``values = value(rtn_e2m1(x·γ))`` (E2M1 grid values, exact in bf16) and the
+  per-row decode scale ``1/γ`` correctly rounded (``div_rn``), so the dequantized row is ``value · fl(1/γ)``."""
   g = channel_scale(x, pow2_scale, shard)
-  values = e2m1_decode(rtn_e2m1(x.astype(jnp.float32) * g)) * div_rn(jnp.float32(1.0), g)
-  return Operand(values.astype(jnp.bfloat16) if pow2_scale else values, jnp.float32(1.0))
+  values = e2m1_decode(rtn_e2m1(x.astype(jnp.float32) * g)).astype(jnp.bfloat16)
+  return Operand(values, div_rn(jnp.float32(1.0), g))
 
 
 def _block_fp4(x: jax.Array, spec: OperandSpec, key, shard=None) -> tuple[Operand, jax.Array | None]:
@@ -274,24 +278,54 @@ def _quantize(x, spec: OperandSpec, key, shard=None) -> tuple[Operand, jax.Array
   return op, mask
 
 
-def matmul(a: Operand, b: Operand, precision=None) -> jax.Array:
-  """``(a.values · b.valuesᵀ) · (a.scale · b.scale)`` batched over the leading axis, fp32 accumulation and result.
+def bf16_parts(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Three bfloat16 arrays ``(hi, mid, lo)`` with ``hi + mid + lo == x`` exactly for float32 ``x`` (normal, finite;
+  non-finite ``x`` gives non-finite parts): ``hi = rtn_bf16(x)``, ``mid = rtn_bf16(x − hi)``, ``lo = x − hi − mid``;
+  each difference is exact in float32 and ``lo`` has at most 24 − 16 significant bits. Explicit rounding: XLA may
+  drop a float32 → bf16 → float32 convert pair."""
+  x = x.astype(jnp.float32)
+  hi = rtn_bf16(x)
+  rest = x - hi
+  mid = rtn_bf16(rest)
+  return tuple(p.astype(jnp.bfloat16) for p in (hi, mid, rest - mid))
 
-  ``a``: (B, R, C), ``b``: (B, S, C) -> (B, R, S). bf16 values (exact) multiply at bf16 on accelerators; otherwise,
-  and always on the CPU, at float32 with ``precision`` (default HIGHEST, so f32 emulation is not silently TF32 on
-  GPUs). On the CPU, XLA runs a bf16 x bf16 -> f32 dot either on AVX512-BF16 pair dot products or, after upcasting
-  it (and dropping the exact f32 -> bf16 convert before it), as an f32 dot, and picks per program. The two round
-  their sums differently whenever the sums are not exact: FP4 products (at most 12 significant bits) usually sum
-  exactly, FP8 products over E5M2's range often do not. So the same fp8 GEMM gave different bits on one device and
-  under a 2-device ``shard_map``. The values are exact in either dtype; f32 inputs take that choice away.
+
+def matmul(a: Operand, b: Operand, precision=None) -> jax.Array:
+  """``(a.values · b.valuesᵀ) ⊙ (a.scale · b.scaleᵀ)`` batched over the leading axis, fp32 accumulation and result.
+
+  ``a``: (B, R, C), ``b``: (B, S, C) -> (B, R, S); scalar scales, or per-row ones (``Operand``) whose outer product
+  scales the output. bf16 values (exact) multiply at bf16 on accelerators. With ``precision`` None, a float32
+  operand facing bf16 values is split there into three bf16 parts (``bf16_parts``, exact), so three bf16 GEMMs
+  (products exact, fp32 accumulation, the parts' results added smallest first) replace a float32 GEMM; two float32
+  operands multiply at HIGHEST precision (f32 emulation is not silently TF32 on GPUs).
+
+  On the CPU every GEMM runs at float32 with ``precision`` (default HIGHEST). There XLA runs a bf16 x bf16 -> f32
+  dot either on AVX512-BF16 pair dot products or, after upcasting it (and dropping the exact f32 -> bf16 convert
+  before it), as an f32 dot, and picks per program. The two round their sums differently whenever the sums are not
+  exact: FP4 products (at most 12 significant bits) usually sum exactly, FP8 products over E5M2's range often do
+  not. So the same fp8 GEMM gave different bits on one device and under a 2-device ``shard_map``. The values are
+  exact in either dtype; f32 inputs take that choice away.
   """
-  dt = jnp.promote_types(a.values.dtype, b.values.dtype)
-  if jax.default_backend() == "cpu":
-    dt = jnp.promote_types(dt, jnp.float32)
-  if precision is None and dt != jnp.bfloat16:
-    precision = jax.lax.Precision.HIGHEST
-  dims = (((2,), (2,)), ((0,), (0,)))
-  y = jax.lax.dot_general(
-      a.values.astype(dt), b.values.astype(dt), dims, precision=precision, preferred_element_type=jnp.float32
-  )
-  return y * (a.scale * b.scale)
+  cpu = jax.default_backend() == "cpu"
+  f32, bf16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)
+  if not cpu and precision is None and {jnp.dtype(a.values.dtype), jnp.dtype(b.values.dtype)} == {f32, bf16}:
+    if a.values.dtype == f32:
+      hi, mid, lo = (_dot(p, b.values, None) for p in bf16_parts(a.values))
+    else:
+      hi, mid, lo = (_dot(a.values, p, None) for p in bf16_parts(b.values))
+    y = lo + mid + hi
+  else:
+    dt = jnp.promote_types(a.values.dtype, b.values.dtype)
+    if cpu:
+      dt = jnp.promote_types(dt, f32)
+    if precision is None and dt != bf16:
+      precision = jax.lax.Precision.HIGHEST
+    y = _dot(a.values.astype(dt), b.values.astype(dt), precision)
+  sb = jnp.swapaxes(b.scale, -1, -2) if jnp.ndim(b.scale) else b.scale
+  return y * (a.scale * sb)
+
+
+def _dot(a: jax.Array, b: jax.Array, precision) -> jax.Array:
+  """(B, R, C) x (B, S, C) -> (B, R, S), fp32 accumulation and result."""
+  return jax.lax.dot_general(a, b, (((2,), (2,)), ((0,), (0,))), precision=precision,
+                             preferred_element_type=jnp.float32)

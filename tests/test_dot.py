@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import recipes
+from fp4jax import operand as operand_lib, recipes
 from fp4jax.recipes import OperandSpec, Recipe
 
 DN = (((1,), (1,)), ((), ()))
@@ -182,6 +182,40 @@ def test_quantized_gemms_multiply_at_float32_on_the_cpu_only(name, jaxpr_equatio
   expected = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
   assert len(dots) == 3  # forward, dgrad, wgrad
   assert all(v.aval.dtype == expected for e in dots for v in e.invars), [[v.aval for v in e.invars] for e in dots]
+
+
+def test_bf16_parts_add_up_exactly():
+  rng = np.random.default_rng(0)
+  x = (rng.standard_normal(4096) * np.exp2(rng.integers(-100, 100, 4096))).astype(np.float32)
+  parts = operand_lib.bf16_parts(jnp.asarray(x))
+  assert all(p.dtype == jnp.bfloat16 for p in parts)
+  np.testing.assert_array_equal(sum(np.asarray(p, np.float64) for p in parts), x.astype(np.float64))
+
+
+def test_per_row_scales_scale_the_output_rows_and_columns():
+  a = operand_lib.Operand(_normal(1, (2, 8, 32)).astype(jnp.bfloat16), jnp.exp2(_normal(2, (2, 8, 1))))
+  b = operand_lib.Operand(_normal(3, (2, 4, 32)).astype(jnp.bfloat16), jnp.exp2(_normal(4, (2, 4, 1))))
+  y = operand_lib.matmul(a, b)
+  ref = jnp.einsum("brk,bsk->brs", a.dequantize(), b.dequantize(), precision="highest")
+  np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_float32_operand_meets_bf16_values_as_three_bf16_gemms_on_accelerators(monkeypatch, jaxpr_equations):
+  """Off the CPU, OCC's float32 operand times per-channel E2M1 weights runs as three bf16 GEMMs of its exact
+  ``bf16_parts``: every product exact, so the result is a float32 GEMM's up to the fp32 accumulation."""
+  rng = np.random.default_rng(5)
+  x = jnp.asarray(rng.standard_normal((1, 16, 256)), jnp.float32)  # not bf16-exact
+  w_op, _ = fp4jax.operand.quantize_operand(_normal(6, (1, 24, 256)), OperandSpec(fmt="e2m1_channel"), None)
+  x_op = operand_lib.Operand(x, jnp.float32(1.0))
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  jaxpr = jax.make_jaxpr(operand_lib.matmul)(x_op, w_op)
+  dots = [e for e in jaxpr_equations(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+  assert len(dots) == 3 and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)
+  y = np.asarray(operand_lib.matmul(x_op, w_op), np.float64)
+  monkeypatch.undo()
+  a, b = np.asarray(x, np.float64), np.asarray(w_op.dequantize(), np.float64)
+  exact, bound = np.einsum("brk,bsk->brs", a, b), np.einsum("brk,bsk->brs", np.abs(a), np.abs(b))
+  assert np.all(np.abs(y - exact) <= 256 * 2.0**-23 * bound)  # fp32 accumulation of 256 exact products
 
 
 def test_nan_and_inf_propagate():

@@ -70,6 +70,49 @@ def test_occ_residual_holds_exactly_the_outliers():
   assert float(r[1, 7]) == pytest.approx(50.0 - float(hi[1, 0]))
 
 
+def _sorted_rank(x, rank, axis):
+  return jax.lax.slice_in_dim(jnp.sort(x, axis=axis), rank, rank + 1, axis=axis % x.ndim)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+@pytest.mark.parametrize("n", [1, 7, 200, 4099])
+def test_occ_bounds_are_the_sorted_rows_order_statistics(dtype, n):
+  """The radix select gives the values a sort puts at the bound ranks: ties, ±0 (equal), ±Inf, NaN (after +Inf)."""
+  rng = np.random.default_rng(n)
+  x = rng.standard_normal((6, n)) * np.exp2(rng.integers(-12, 12, (6, n)))
+  x[rng.random(x.shape) < 0.2] = 0.0
+  x[rng.random(x.shape) < 0.2] *= -1.0  # -0.0 among the zeros
+  x[1] = np.round(x[1])  # many ties
+  x[2, : n // 2 + 1] = np.nan  # NaN reaches the high rank
+  x[3, 0], x[3, -1] = np.inf, -np.inf
+  x[4, :] = -np.inf
+  x[5, n // 3] = np.nan  # one NaN: finite bounds (for n >= 200)
+  x = jnp.asarray(x, dtype)
+  for q in (0.99, 0.9, 0.51, 1.0):
+    lo, hi = estimators.occ_bounds(x, q)
+    ranks = (int((1.0 - q) * n), min(int(q * n), n - 1))
+    np.testing.assert_array_equal(np.asarray(lo, np.float32), np.asarray(_sorted_rank(x, ranks[0], -1), np.float32))
+    np.testing.assert_array_equal(np.asarray(hi, np.float32), np.asarray(_sorted_rank(x, ranks[1], -1), np.float32))
+  lo, hi = estimators.occ_bounds(x.T, 0.99, axis=0)  # along a leading axis
+  assert lo.shape == (1, 6)
+  np.testing.assert_array_equal(np.asarray(hi, np.float32),
+                                np.asarray(_sorted_rank(x.T, min(int(0.99 * n), n - 1), 0), np.float32))
+
+
+@pytest.mark.parametrize("radix_bits", [1, 2, 4])
+def test_select_ranks_is_exact_at_every_radix(radix_bits, monkeypatch):
+  monkeypatch.setattr(estimators, "RADIX_BITS", radix_bits)
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((5, 300)), jnp.float32).at[0, :7].set(-0.0)
+  ranks = (0, 3, 150, 299)
+  for got, rank in zip(estimators.select_ranks(x, ranks), ranks):
+    np.testing.assert_array_equal(got, _sorted_rank(x, rank, -1))
+
+
+def test_select_ranks_checks_its_ranks():
+  with pytest.raises(ValueError, match=r"ranks must lie in \[0, 5\)"):
+    estimators.select_ranks(jnp.zeros((2, 5)), (5,))
+
+
 def test_trust_mask_boundary():
   s = jnp.float32(0.25)
   x = jnp.asarray([0.0, 1.49, -1.4999999, 1.5, -1.5, 2.0], jnp.float32)
@@ -115,14 +158,24 @@ def test_e2m1_channel_operand(pow2):
   x = jax.random.normal(jax.random.key(3), (8, 40))
   op, _ = quantize_operand(x, OperandSpec(fmt="e2m1_channel", scale_pow2=pow2), None)
   g = np.asarray(channel_scale(x, pow2))
-  scaled = np.asarray(op.dequantize()) * g
-  nearest = E2M1_VALUES[np.argmin(np.abs(np.abs(scaled)[..., None] - E2M1_VALUES), axis=-1)]
-  np.testing.assert_allclose(np.abs(scaled), nearest, rtol=1e-6)  # rows land on the E2M1 grid (up to 1/γ·γ)
+  # values: E2M1 grid values of x·γ (exact in bf16); scale: one decode scale 1/γ per row
+  assert op.values.dtype == jnp.bfloat16 and op.scale.shape == (8, 1)
+  nearest = E2M1_VALUES[np.argmin(np.abs(np.abs(np.asarray(x) * g)[..., None] - E2M1_VALUES), axis=-1)]
+  np.testing.assert_array_equal(np.abs(np.asarray(op.values, np.float32)), nearest)
+  np.testing.assert_array_equal(op.scale, np.float32(1.0) / g)
+  np.testing.assert_array_equal(op.dequantize(), np.asarray(op.values, np.float32) * (np.float32(1.0) / g))
   if pow2:
-    assert op.values.dtype == jnp.bfloat16 and np.all(np.log2(g) == np.round(np.log2(g)))
+    assert np.all(np.log2(g) == np.round(np.log2(g)))
     assert np.all(np.max(np.abs(np.asarray(x)) * g, axis=1) <= 6.0)
   else:
-    np.testing.assert_allclose(np.max(np.abs(scaled), axis=1), 6.0)
+    np.testing.assert_array_equal(np.max(np.abs(np.asarray(op.values, np.float32)), axis=1), 6.0)
+
+
+def test_swapping_a_per_row_scaled_operand_dequantizes_it():
+  op, _ = quantize_operand(jax.random.normal(jax.random.key(4), (2, 8, 32)), OperandSpec(fmt="e2m1_channel"), None)
+  swapped = op.swap_last()  # per-row scales would lie along the new contraction axis
+  assert swapped.values.dtype == jnp.float32 and jnp.ndim(swapped.scale) == 0
+  np.testing.assert_array_equal(swapped.dequantize(), jnp.swapaxes(op.dequantize(), -1, -2))
 
 
 @pytest.mark.parametrize(

@@ -86,3 +86,34 @@ def test_jitted_gpu_fake_quantize_lies_on_the_grid(name):
   v = np.asarray(y, np.float64) / np.where(scale == 0, 1, scale)
   grid = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
   assert np.all(np.isin(np.abs(np.round(v, 4)), grid)), name
+
+
+def test_bf16_parts_add_up_exactly_under_jit_on_the_gpu():
+  """The three bf16 parts of a float32 operand (``fp4jax.operand.matmul``'s split) survive XLA's convert folding."""
+  rng = np.random.default_rng(0)
+  x = (rng.standard_normal(1 << 16) * np.exp2(rng.integers(-60, 60, 1 << 16))).astype(np.float32)
+  parts = jax.jit(fp4jax.operand.bf16_parts)(jax.device_put(x, GPU[0]))
+  np.testing.assert_array_equal(sum(np.asarray(p, np.float64) for p in parts), x.astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+def test_occ_bounds_match_cpu(dtype):
+  x = _inputs(dtype)
+  x[3, :300] = np.nan
+  f = jax.jit(lambda a: fp4jax.estimators.occ_bounds(a, 0.99))
+  for g, c in zip(f(jax.device_put(x, GPU[0])), f(jax.device_put(x, jax.devices("cpu")[0]))):
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(c, np.float32))
+
+
+def test_ms_fp4_forward_is_a_float32_gemm_of_its_operands():
+  """OCC's float32 operand times per-channel E2M1 weights (three bf16 GEMMs on the GPU) is within fp32
+  accumulation error of the exact product of the same operands."""
+  x = jax.device_put(_inputs(np.float32)[:64], GPU[0])
+  w = jax.device_put(np.random.RandomState(1).randn(128, 512).astype(np.float32), GPU[0])
+  dn = (((1,), (1,)), ((), ()))
+  y = np.asarray(jax.jit(lambda a, b: fp4jax.dot_general(a, b, dn, recipe="ms_fp4"))(x, w), np.float64)
+  spec = fp4jax.recipes.get("ms_fp4")
+  a = np.asarray(fp4jax.operand.quantize_operand(x, spec.fwd_lhs, None)[0].dequantize(), np.float64)
+  b = np.asarray(fp4jax.operand.quantize_operand(w, spec.fwd_rhs, None)[0].dequantize(), np.float64)
+  bound = np.abs(a) @ np.abs(b).T
+  assert np.all(np.abs(y - a @ b.T) <= 512 * 2.0**-23 * bound)

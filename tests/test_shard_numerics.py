@@ -88,15 +88,18 @@ def compute() -> dict:
 
   def compare(got_ops, ref_ops, dims=token_dims):
     """Per operand: values and scale of every device equal the one-device operand (slices concatenated along the
-    operand's split dim in ``dims``)."""
+    operand's split dim in ``dims``; per-row scales too, when the split cuts the rows)."""
+    def equal(got, ref, split_dim):  # got: one slice per device
+      if split_dim is None:
+        return all(np.array_equal(_bits(g), _bits(ref)) for g in got)
+      return np.array_equal(_bits(np.concatenate(list(got), axis=split_dim)), _bits(ref))
+
     same = {}
     for name, (gv, gs), (rv, rs) in zip(OPERANDS, got_ops, ref_ops):
       gv, gs = np.asarray(gv), np.asarray(gs)
-      if name in dims:
-        values_equal = np.array_equal(_bits(np.concatenate(list(gv), axis=dims[name])), _bits(rv))
-      else:
-        values_equal = all(np.array_equal(_bits(v), _bits(rv)) for v in gv)
-      same[name] = bool(values_equal and all(np.array_equal(_bits(s), _bits(rs)) for s in gs))
+      split = dims.get(name)
+      row_split = split if gs.ndim == 4 and split == 1 else None  # per-row (B, R, 1) scales, their rows split
+      same[name] = bool(equal(gv, rv, split) and equal(gs, rs, row_split))
     return same
 
   for name in RECIPES:
