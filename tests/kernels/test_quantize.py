@@ -309,8 +309,10 @@ def test_default_route_follows_the_hadamard():
 
 
 def test_default_tile_is_wider_for_rtn_along_rows():
-  """(16, 512) for RTN along the rows without a Hadamard, (16, 256) otherwise (BENCHMARKS.md §5)."""
+  """(16, 512) for RTN along the rows without a Hadamard, (32, 256) for 16x16 tiles, (16, 256) otherwise
+  (BENCHMARKS.md §5)."""
   assert pallas_triton.default_tile(QuantizeSpec(N)) == (16, 512)
+  assert pallas_triton.default_tile(QuantizeSpec(N, block_shape=(16, 16))) == (32, 256)
   assert pallas_triton.default_tile(QuantizeSpec(N, rounding="sr")) == (16, 256)
   assert pallas_triton.default_tile(CASES["nvfp4_rht16_random_rtn"][0]) == (16, 256)
   assert pallas_triton.default_tile(CASES["nvfp4_cols_rtn"][0]) == (256, 32)

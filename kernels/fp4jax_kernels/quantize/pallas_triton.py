@@ -274,8 +274,12 @@ def _check(x, spec: QuantizeSpec, tile):
 
 def default_tile(spec: QuantizeSpec) -> tuple[int, int]:
   """(block_rows, block_cols): wide along the quantized axis (coalesced loads), 16·256 elements, or 16·512 for RTN
-  along the rows without a Hadamard (BENCHMARKS.md §5, H200: 5-6% faster there, 11% slower for SR)."""
+  along the rows without a Hadamard (BENCHMARKS.md §5, H200: 5-6% faster there, 11% slower for SR); 16x16 tiles
+  along the rows take (32, 256), two tile rows (H100: 15-22% faster than (16, 512) on 4096x11008 and 11008x4096,
+  level on 4096x4096)."""
   unit = max(spec.unit, 16)
+  if spec.block_shape is not None and not spec.transposed:
+    return (32, max(256, unit))
   wide = spec.rounding == "rtn" and not spec.hadamard and not spec.transposed
   along = max(512 if wide else 256, unit)
   return (along, 32) if spec.transposed else (16, along)
