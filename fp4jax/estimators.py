@@ -103,12 +103,15 @@ def select_ranks(x: jax.Array, ranks: tuple[int, ...]) -> tuple[jax.Array, ...]:
     raise ValueError(f"select_ranks: RADIX_BITS={RADIX_BITS} must divide the {nbits}-bit keys of {x.dtype}")
   rank = jnp.asarray(ranks, jnp.int32)[:, None]  # (R, 1): one row of thresholds per rank
   digits = jnp.arange(1, 2**RADIX_BITS, dtype=utype)  # (J,)
-  found = jnp.zeros(x.shape[:-1] + (len(ranks), 1), utype)
-  for shift in range(nbits - RADIX_BITS, -1, -RADIX_BITS):
-    thresholds = found + (digits << utype.type(shift))  # (..., R, J)
+
+  def settle_digit(step, found):  # found: (..., R, 1), the key's digits above the shift settled
+    shift = (jnp.asarray(nbits - RADIX_BITS, jnp.int32) - RADIX_BITS * step).astype(utype)
+    thresholds = found + (digits << shift)  # (..., R, J)
     below = jnp.sum(keys[..., None, None, :] < thresholds[..., None], axis=-1, dtype=jnp.int32)  # (..., R, J)
     digit = jnp.sum(below <= rank, axis=-1, keepdims=True, dtype=jnp.int32).astype(utype)
-    found = found + (digit << utype.type(shift))
+    return found + (digit << shift)
+
+  found = jax.lax.fori_loop(0, nbits // RADIX_BITS, settle_digit, jnp.zeros(x.shape[:-1] + (len(ranks), 1), utype))
   values = _from_order_keys(found, x.dtype)  # (..., R, 1)
   return tuple(values[..., i, :] for i in range(len(ranks)))
 
