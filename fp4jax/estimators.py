@@ -111,7 +111,9 @@ def select_ranks(x: jax.Array, ranks: tuple[int, ...]) -> tuple[jax.Array, ...]:
     digit = jnp.sum(below <= rank, axis=-1, keepdims=True, dtype=jnp.int32).astype(utype)
     return found + (digit << shift)
 
-  found = jax.lax.fori_loop(0, nbits // RADIX_BITS, settle_digit, jnp.zeros(x.shape[:-1] + (len(ranks), 1), utype))
+  # the zero start is computed from the keys so that it varies over the same shard_map axes as the loop's result
+  start = (keys[..., None, :1] & utype.type(0)) + jnp.zeros((len(ranks), 1), utype)  # (..., R, 1)
+  found = jax.lax.fori_loop(0, nbits // RADIX_BITS, settle_digit, start)
   values = _from_order_keys(found, x.dtype)  # (..., R, 1)
   return tuple(values[..., i, :] for i in range(len(ranks)))
 
