@@ -65,6 +65,19 @@ def fwht(x: jnp.ndarray, d: int) -> jnp.ndarray:
   return x
 
 
+def fwht_parts(parts: list[jnp.ndarray]) -> list[jnp.ndarray]:
+  """``fwht`` of chunks held as ``d`` arrays, ``parts[i]`` being element ``i`` of every chunk: the same stages,
+  each pairing part ``i`` with part ``i + d/2`` into parts ``(2i, 2i + 1)``, so the same floats are added in the
+  same order. Every stage is elementwise between whole arrays: a kernel that loads the parts with one layout
+  (strided rows of a tile) rotates without moving data between threads."""
+  d = len(parts)
+  check_size(d, "len(parts)")
+  for _ in range(int(math.log2(d))):
+    pairs = zip(parts[: d // 2], parts[d // 2 :])
+    parts = [y for a, b in pairs for y in (a + b, a - b)]
+  return parts
+
+
 def _chunked(x: jnp.ndarray, d: int, axis: int):
   axis = axis % x.ndim
   n = x.shape[axis]

@@ -22,6 +22,16 @@ def test_matches_matrix_definition_and_inverts(d):
   np.testing.assert_allclose(np.asarray(H.inverse_hadamard(y, d, signs=s)), x, atol=1e-5 * np.abs(x).max())
 
 
+@pytest.mark.parametrize("d", [16, 32, 128])
+def test_fwht_of_parts_adds_the_same_floats_in_the_same_order(d):
+  """``fwht_parts`` (the chunk as d arrays, as the kernels' strided loads hold it) gives ``fwht``'s bits on inputs
+  spread over 60 binades, where any other summation order rounds differently somewhere."""
+  key1, key2 = jax.random.split(jax.random.key(d))
+  x = jax.random.normal(key1, (64, 3, d)) * jnp.exp2(jax.random.randint(key2, (64, 3, d), -30, 30).astype(jnp.float32))
+  parts = H.fwht_parts([x[..., i] for i in range(d)])
+  np.testing.assert_array_equal(np.stack(parts, axis=-1), np.asarray(H.fwht(x, d)))
+
+
 def test_sylvester_recursion():
   h4 = np.sign(H.hadamard_matrix(32))
   h2 = np.sign(H.hadamard_matrix(16))

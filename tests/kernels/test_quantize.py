@@ -213,10 +213,12 @@ def test_ragged_edge_blocks_are_masked_in_triton(name):
   _assert_masked(module, stores=2 + bool(spec.dequantize) + spec.trust_mask)
 
 
-def test_ragged_transposing_prepass_is_masked_in_triton():
-  """The pre-pass that writes ``xᵀ`` on a ragged shape: its tiles stick out of ``x`` (and of ``xᵀ``)."""
-  spec, shape, tile = CASES["nvfp4_xt_rtn_ragged_f32"]
-  quantize = lambda x: pallas_triton.quantize(x, spec, tile=tile, route="prepass")
+@pytest.mark.parametrize("name", ["nvfp4_xt_rtn_ragged_f32", "nvfp4_xt_rht16_sr_values"])
+def test_ragged_transposing_prepass_is_masked_in_triton(name):
+  """The pre-pass that writes ``xᵀ`` (rotated: from strided row loads) on a ragged shape: its tiles stick out of
+  ``x`` (and of ``xᵀ``)."""
+  spec, shape, tile = CASES[name]
+  quantize = lambda x: pallas_triton.quantize(x, spec, jax.random.key(0), tile=tile, route="prepass")
   prepass, main = triton_ir.triton_modules(quantize, jnp.ones(shape, jnp.float32))
   assert "fp4_staging_amax" in prepass
   _assert_masked(prepass, stores=1)  # xᵀ (the partial max is a (1, 1) block)
@@ -296,6 +298,17 @@ def test_load_unit_falls_back_to_plain_tile_loads():
   assert pallas_triton.load_unit(cols, 512, "kernel", (512, 16), 4) == 0
   assert pallas_triton.load_unit(cols, 504, "xla", (512, 16), 4) == 0
   assert pallas_triton.load_unit(rtn, 512, "xla", (16, 64), 4) == 0  # 64 units for 128 threads
+
+
+def test_transposed_rotations_up_to_32_points_load_strided_rows():
+  """``load_rotated_transposed`` takes the transposed directions with a 16- or 32-point Hadamard; MS-EDEN's 128
+  and every direction along the rows keep the tile load."""
+  strided = lambda name: pallas_triton.rotates_strided(CASES[name][0])
+  assert strided("nvfp4_xt_rht16_sr_values") and strided("nvfp4_cols_rht16_sr")
+  assert strided("nvfp4_xt_rht16_sr_values_only")
+  assert not strided("nvfp4_xt_ms_eden_values") and not strided("nvfp4_rht16_te_sr")
+  assert not strided("nvfp4_xt_rtn_ragged_f32") and not strided("mxfp4_headroom_sr")
+  assert pallas_triton.prepass_tile(CASES["nvfp4_xt_rht16_sr_values"][0]) == (256, 64)
 
 
 def test_default_route_follows_the_hadamard():

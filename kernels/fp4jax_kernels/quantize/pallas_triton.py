@@ -11,7 +11,9 @@ for bit by construction. The transposed directions write their outputs K-major. 
 rotation happen is ``quantize``'s ``route``: in the kernel (each tile transposed in registers), or before it, by
 XLA's transpose or by the amax pre-pass, which can write the kernel's input (``xᵀ``, rotated) as it reduces.
 Each thread loads whole blocks (or Hadamard chunks of up to 32 elements) in 16-byte parts (``load_units``), so a
-block's max, scale and butterflies stay in one thread's registers.
+block's max, scale and butterflies stay in one thread's registers. A transposed direction rotated by up to 32
+points loads row ``i`` of every d-row chunk as one array (``load_rotated_transposed``): its butterflies are
+elementwise between arrays, and the tile is transposed once, after them.
 
 Per-tensor amax (NVFP4 only): a separate reduction reads ``x`` once before the kernel (``tensor_amax``; with a
 Hadamard, a small Pallas kernel that rotates each tile and writes one partial max). Any current-scaling scheme
@@ -54,6 +56,43 @@ def rotate_rows(x: jax.Array, d: int, signs: jax.Array | None, round_bf16: bool)
     x3 = x3 * signs.reshape(1, 1, d)
   y = (hadamard_lib.fwht(x3, d) * jnp.float32(1.0 / math.sqrt(d))).reshape(r, c)
   return rtn_bf16(y) if round_bf16 else y
+
+
+MAX_UNIT = 32  # MS-EDEN's 128-point chunks in one thread spill registers (sm_90 SASS: 9k local loads/stores)
+
+
+def rotates_strided(spec: QuantizeSpec) -> bool:
+  """Whether ``spec``'s tiles are transposed and rotated by ``load_rotated_transposed``: a transposed direction
+  with a Hadamard of up to ``MAX_UNIT`` points (MS-EDEN's 128 parts took Triton 35 s to compile)."""
+  return spec.transposed and 0 < spec.hadamard <= MAX_UNIT
+
+
+def chunk_view(x: jax.Array, d: int) -> jax.Array:
+  """(m, k) ``x`` viewed as (m/d, d, k), row ``i`` of every d-row chunk along the middle axis (a free reshape):
+  the input of ``load_rotated_transposed``."""
+  return x.reshape(x.shape[0] // d, d, x.shape[1])
+
+
+def load_rotated_transposed(x_ref, block_index, full_shape, signs_ref, round_bf16: bool) -> jax.Array:
+  """``rotate_rows(tile.T, d, signs, round_bf16)`` for the (r, c) tile of ``x``, read from its (r/d, d, c) block
+  of ``chunk_view(x, d)`` (``full_shape``: the view's): the (c, r) tile of ``xᵀ``, rotated along its rows. Row
+  ``i`` of every chunk is one load, so each butterfly (``fwht_parts``) is elementwise in registers, where a
+  transposed tile would exchange values between threads at every stage; the rotated parts are then joined into
+  whole chunks per thread and transposed once."""
+  n, d, c = x_ref.shape
+  parts = [load_in_bounds(x_ref.at[:, pl.ds(i, 1), :], block_index, full_shape).reshape(n, c).astype(jnp.float32)
+           for i in range(d)]
+  if signs_ref is not None:
+    parts = [part * signs_ref[i] for i, part in enumerate(parts)]
+  norm = jnp.float32(1.0 / math.sqrt(d))
+  parts = [part * norm for part in hadamard_lib.fwht_parts(parts)]
+  if round_bf16:
+    parts = [rtn_bf16(part) for part in parts]
+  while len(parts) > 1:  # pairs (i, i + d/2) first, so that the joined axes read i in order
+    half = len(parts) // 2
+    parts = [jnp.stack([a, b], axis=-1) for a, b in zip(parts[:half], parts[half:])]
+  chunks = parts[0].reshape(n, c, d)  # [b, col, i]: rotated element i of chunk b of column col
+  return jnp.transpose(chunks, (1, 0, 2)).reshape(c, n * d)
 
 
 def e4m3_bits(dec: jax.Array) -> jax.Array:
@@ -106,10 +145,12 @@ def hash_index(rows: jax.Array, cols: jax.Array, n_rows: int, n_cols: int, colum
 
 
 def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs: bool, interpret: bool,
-            bf16_input: bool, transpose_tile: bool, rotate: bool):
+            bf16_input: bool, transpose_tile: bool, rotate: bool, strided: bool):
   """One tile, in the output layout: for ``spec.transposed``, ``x``'s tile transposed in registers
   (``transpose_tile``) or the tile of an already transposed ``xᵀ`` (``x_ref`` then holds ``xᵀ``, of ``shape``).
   ``rotate``: apply ``spec``'s Hadamard (False: ``x_ref`` holds the rotated tensor, staged by the pre-pass).
+  ``strided`` (with both): ``x_ref`` is a block of ``chunk_view(x)``, transposed and rotated as it is loaded
+  (``load_rotated_transposed``).
   A 4D ``shape`` is ``x`` viewed in units (``load_units``); the outputs other than the scales are then viewed as
   (rows, units, elements of a unit) too, so each thread stores what it computed.
 
@@ -123,12 +164,15 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
   out_refs = {name: next(it) for name, _ in out_shapes}  # codes and scales (if spec.packed), deq, mask: as asked
   out_shapes = dict(out_shapes)
   i, j = pl.program_id(0), pl.program_id(1)
-  x = (load_units if len(shape) == 4 else load_in_bounds)(x_ref, (i, j), shape).astype(jnp.float32)
+  if strided:
+    x = load_rotated_transposed(x_ref, (i, 0, j), shape, signs_ref, bf16_input)
+  else:
+    x = (load_units if len(shape) == 4 else load_in_bounds)(x_ref, (i, j), shape).astype(jnp.float32)
   out_index, origin = (i, j), (origin_ref[0], origin_ref[1])  # x[0, 0] in the logical tensor
   if spec.transposed:
     origin = (origin[1], origin[0])
     if transpose_tile:
-      x, out_index = x.T, (j, i)
+      x, out_index = (x if strided else x.T), (j, i)
   r, c = x.shape
   row0, col0 = origin[0] + out_index[0] * r, origin[1] + out_index[1] * c  # the tile in the logical output
   column_major = spec.along == "cols"
@@ -144,7 +188,7 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
     cols = col0 // spec.block + lax.broadcasted_iota(jnp.int32, (r, nb), 1)
     index = hash_index(rows, cols, logical_out[0], logical_out[1] // spec.block, column_major)
     sbits = safe(bits_lib.hash_bits)(sseed_ref[...], index)[..., None]
-  if rotate:
+  if rotate and not strided:
     x = rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
 
   block = (spec.block,) if spec.block_shape is None else tuple(spec.block_shape)
@@ -182,16 +226,20 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
   signs_ref = next(it) if has_signs else None
   o_ref = next(it)
   i, j = pl.program_id(0), pl.program_id(1)
-  tile = load_in_bounds(x_ref, (i, j), shape)
   out_index, out_shape = ((j, i), shape[::-1]) if spec.transposed else ((i, j), shape)
-  if stage and not spec.hadamard:  # the transpose only: stored as loaded
-    store_in_bounds(next(it), tile.T, out_index, out_shape)
-  x = tile.astype(jnp.float32)
-  x = x.T if spec.transposed else x
-  if spec.hadamard:
-    x = rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
-    if stage:
-      store_in_bounds(next(it), x.astype(tile.dtype), out_index, out_shape)
+  if rotates_strided(spec):  # x_ref holds a block of chunk_view(x)
+    d = spec.hadamard
+    x = load_rotated_transposed(x_ref, (i, 0, j), (shape[0] // d, d, shape[1]), signs_ref, bf16_input)
+  else:
+    tile = load_in_bounds(x_ref, (i, j), shape)
+    if stage and not spec.hadamard:  # the transpose only: stored as loaded
+      store_in_bounds(next(it), tile.T, out_index, out_shape)
+    x = tile.astype(jnp.float32)
+    x = x.T if spec.transposed else x
+    if spec.hadamard:
+      x = rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
+  if stage and spec.hadamard:
+    store_in_bounds(next(it), x.astype(x_ref.dtype), out_index, out_shape)
   # one integer max of the magnitude bits: max|x| for finite tiles, and NaN's bits exceed +Inf's (one reduction,
   # where a float max would need a second one to see NaN)
   amax_bits = jnp.max(lax.bitcast_convert_type(x, jnp.int32) & 0x7FFFFFFF)
@@ -202,9 +250,13 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
 def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, stage: bool):
   """The pre-pass kernel over ``x`` in ``default_tile(spec)`` tiles: (tensor amax, the staged input or None)."""
   m, k = x.shape
-  tile = default_tile(spec)
+  tile = prepass_tile(spec)
   grid = (pl.cdiv(m, tile[0]), pl.cdiv(k, tile[1]))
-  args, in_specs = [x], [pl.BlockSpec(tile, lambda i, j: (i, j))]
+  if rotates_strided(spec):
+    d = spec.hadamard
+    args, in_specs = [chunk_view(x, d)], [pl.BlockSpec((tile[0] // d, d, tile[1]), lambda i, j: (i, 0, j))]
+  else:
+    args, in_specs = [x], [pl.BlockSpec(tile, lambda i, j: (i, j))]
   if signs is not None:
     args.append(jnp.asarray(signs, jnp.float32))
     in_specs.append(pl.BlockSpec((spec.hadamard,), lambda i, j: (0,)))
@@ -285,6 +337,12 @@ def default_tile(spec: QuantizeSpec) -> tuple[int, int]:
   return (along, 32) if spec.transposed else (16, along)
 
 
+def prepass_tile(spec: QuantizeSpec) -> tuple[int, int]:
+  """The amax pre-pass's tile of ``x``: (256, 64) where it transposes and rotates (``rotates_strided``; H100:
+  1.25x faster than (256, 32)), else ``default_tile(spec)``."""
+  return (256, 64) if rotates_strided(spec) else default_tile(spec)
+
+
 def default_num_warps(spec: QuantizeSpec) -> int:
   """8 for a 128-point Hadamard (MS-EDEN: 10% faster than 4 on an H200), else 4 (BENCHMARKS.md §5, tile sweep)."""
   return 8 if spec.hadamard >= 128 else 4
@@ -341,9 +399,6 @@ def effective_route(spec: QuantizeSpec, route: str, has_prepass: bool) -> str:
   if route == "prepass" and not (has_prepass and (spec.transposed or spec.hadamard)):
     return "kernel" if spec.hadamard else "xla"
   return route
-
-
-MAX_UNIT = 32  # MS-EDEN's 128-point chunks in one thread spill registers (sm_90 SASS: 9k local loads/stores)
 
 
 def load_unit(spec: QuantizeSpec, n_axis: int, route: str, tile, num_warps: int) -> int:
@@ -464,10 +519,16 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   out_specs = [pl.BlockSpec(block, lambda i, j, n=len(block): index(i, j) + (0,) * (n - 2))
                for _, block, _ in outputs.values()]
   whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
+  grid = (pl.cdiv(x_in.shape[0], x_tile[0]), pl.cdiv(n_axis if unit else x_in.shape[1], x_tile[1]))
+  transpose_tile = spec.transposed and route == "kernel"
+  strided = transpose_tile and rotate and rotates_strided(spec)
   if unit:  # (rows, n) -> (rows, units, parts, vec): a free reshape in XLA
     vec = vector_width(x.dtype)
     x_in = x_in.reshape(x_in.shape[0], n_axis // unit, unit // vec, vec)
     x_spec = pl.BlockSpec((x_tile[0], x_tile[1] // unit, unit // vec, vec), lambda i, j: (i, j, 0, 0))
+  elif strided:
+    x_in, d = chunk_view(x_in, spec.hadamard), spec.hadamard
+    x_spec = pl.BlockSpec((x_tile[0] // d, d, x_tile[1]), lambda i, j: (i, 0, j))
   else:
     x_spec = pl.BlockSpec(x_tile, lambda i, j: (i, j))
   args = [x_in, tensor_scales, eseed, sseed, origin]
@@ -479,11 +540,11 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   kernel = functools.partial(_kernel, spec=spec, shape=x_in.shape, logical_out=logical_out,
                              out_shapes=tuple((name, o[0]) for name, o in outputs.items()),
                              has_signs=kernel_signs is not None, interpret=interpret,
-                             bf16_input=x.dtype == jnp.bfloat16, transpose_tile=spec.transposed and route == "kernel",
-                             rotate=rotate)
+                             bf16_input=x.dtype == jnp.bfloat16, transpose_tile=transpose_tile,
+                             rotate=rotate, strided=strided)
   outs = iter(pl.pallas_call(
       kernel,
-      grid=(pl.cdiv(x_in.shape[0], x_tile[0]), pl.cdiv(n_axis if unit else x_in.shape[1], x_tile[1])),
+      grid=grid,
       in_specs=in_specs,
       out_specs=out_specs,
       out_shape=out_shape,
