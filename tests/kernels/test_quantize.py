@@ -213,10 +213,10 @@ def test_ragged_edge_blocks_are_masked_in_triton(name):
   _assert_masked(module, stores=2 + bool(spec.dequantize) + spec.trust_mask)
 
 
-@pytest.mark.parametrize("name", ["nvfp4_xt_rtn_ragged_f32", "nvfp4_xt_rht16_sr_values"])
-def test_ragged_transposing_prepass_is_masked_in_triton(name):
-  """The pre-pass that writes ``xᵀ`` (rotated: from strided row loads) on a ragged shape: its tiles stick out of
-  ``x`` (and of ``xᵀ``)."""
+@pytest.mark.parametrize("name", ["nvfp4_xt_rtn_ragged_f32", "nvfp4_xt_rht16_sr_values", "nvfp4_rht16_te_sr"])
+def test_ragged_staging_prepass_is_masked_in_triton(name):
+  """The pre-pass that writes ``xᵀ`` or the rotated ``x`` (rotated: loaded in parts, ``load_rotated``) on a
+  ragged shape: its tiles stick out of ``x`` (and of what it writes)."""
   spec, shape, tile = CASES[name]
   quantize = lambda x: pallas_triton.quantize(x, spec, jax.random.key(0), tile=tile, route="prepass")
   prepass, main = triton_ir.triton_modules(quantize, jnp.ones(shape, jnp.float32))
@@ -300,15 +300,16 @@ def test_load_unit_falls_back_to_plain_tile_loads():
   assert pallas_triton.load_unit(rtn, 512, "xla", (16, 64), 4) == 0  # 64 units for 128 threads
 
 
-def test_transposed_rotations_up_to_32_points_load_strided_rows():
-  """``load_rotated_transposed`` takes the transposed directions with a 16- or 32-point Hadamard; MS-EDEN's 128
-  and every direction along the rows keep the tile load."""
-  strided = lambda name: pallas_triton.rotates_strided(CASES[name][0])
-  assert strided("nvfp4_xt_rht16_sr_values") and strided("nvfp4_cols_rht16_sr")
-  assert strided("nvfp4_xt_rht16_sr_values_only")
-  assert not strided("nvfp4_xt_ms_eden_values") and not strided("nvfp4_rht16_te_sr")
-  assert not strided("nvfp4_xt_rtn_ragged_f32") and not strided("mxfp4_headroom_sr")
+def test_rotations_up_to_32_points_load_their_chunks_in_parts():
+  """``load_rotated`` takes 16- and 32-point Hadamards (the pre-pass in both directions, the kernel's transposed
+  tiles); MS-EDEN's 128 keeps the tile load. The transposing pre-pass takes wider tiles."""
+  in_parts = lambda name: pallas_triton.rotates_in_parts(CASES[name][0])
+  assert in_parts("nvfp4_xt_rht16_sr_values") and in_parts("nvfp4_cols_rht16_sr") and in_parts("nvfp4_rht16_te_sr")
+  assert in_parts("mxfp4_headroom_sr")
+  assert not in_parts("nvfp4_xt_ms_eden_values") and not in_parts("nvfp4_ms_eden")
+  assert not in_parts("nvfp4_xt_rtn_ragged_f32") and not in_parts("nvfp4_rtn")
   assert pallas_triton.prepass_tile(CASES["nvfp4_xt_rht16_sr_values"][0]) == (256, 64)
+  assert pallas_triton.prepass_tile(CASES["nvfp4_rht16_te_sr"][0]) == pallas_triton.default_tile(CASES["nvfp4_rht16_te_sr"][0])
 
 
 def test_default_route_follows_the_hadamard():

@@ -12,8 +12,8 @@ rotation happen is ``quantize``'s ``route``: in the kernel (each tile transposed
 XLA's transpose or by the amax pre-pass, which can write the kernel's input (``xᵀ``, rotated) as it reduces.
 Each thread loads whole blocks (or Hadamard chunks of up to 32 elements) in 16-byte parts (``load_units``), so a
 block's max, scale and butterflies stay in one thread's registers. A transposed direction rotated by up to 32
-points loads row ``i`` of every d-row chunk as one array (``load_rotated_transposed``): its butterflies are
-elementwise between arrays, and the tile is transposed once, after them.
+points loads row ``i`` of every d-row chunk as one array (``load_rotated``): its butterflies are
+elementwise between arrays, and the tile is transposed once, after them; so does the pre-pass along the rows.
 
 Per-tensor amax (NVFP4 only): a separate reduction reads ``x`` once before the kernel (``tensor_amax``; with a
 Hadamard, a small Pallas kernel that rotates each tile and writes one partial max). Any current-scaling scheme
@@ -61,27 +61,35 @@ def rotate_rows(x: jax.Array, d: int, signs: jax.Array | None, round_bf16: bool)
 MAX_UNIT = 32  # MS-EDEN's 128-point chunks in one thread spill registers (sm_90 SASS: 9k local loads/stores)
 
 
-def rotates_strided(spec: QuantizeSpec) -> bool:
-  """Whether ``spec``'s tiles are transposed and rotated by ``load_rotated_transposed``: a transposed direction
-  with a Hadamard of up to ``MAX_UNIT`` points (MS-EDEN's 128 parts took Triton 35 s to compile)."""
-  return spec.transposed and 0 < spec.hadamard <= MAX_UNIT
+def rotates_in_parts(spec: QuantizeSpec) -> bool:
+  """Whether ``spec``'s Hadamard runs on ``load_rotated``'s parts (in the pre-pass, and in the kernel for the
+  transposed directions): up to ``MAX_UNIT`` points (MS-EDEN's 128 parts took Triton 35 s to compile)."""
+  return 0 < spec.hadamard <= MAX_UNIT
 
 
-def chunk_view(x: jax.Array, d: int) -> jax.Array:
-  """(m, k) ``x`` viewed as (m/d, d, k), row ``i`` of every d-row chunk along the middle axis (a free reshape):
-  the input of ``load_rotated_transposed``."""
-  return x.reshape(x.shape[0] // d, d, x.shape[1])
+def chunk_shape(shape: tuple[int, int], d: int, transposed: bool) -> tuple[int, int, int]:
+  """(m, k) with element ``i`` of every d-chunk along its own axis: (m/d, d, k) for chunks along the columns
+  (``transposed``: rows ``i`` of every d-row chunk), (m, k/d, d) along the rows."""
+  m, k = shape
+  return (m // d, d, k) if transposed else (m, k // d, d)
 
 
-def load_rotated_transposed(x_ref, block_index, full_shape, signs_ref, round_bf16: bool) -> jax.Array:
-  """``rotate_rows(tile.T, d, signs, round_bf16)`` for the (r, c) tile of ``x``, read from its (r/d, d, c) block
-  of ``chunk_view(x, d)`` (``full_shape``: the view's): the (c, r) tile of ``xᵀ``, rotated along its rows. Row
-  ``i`` of every chunk is one load, so each butterfly (``fwht_parts``) is elementwise in registers, where a
-  transposed tile would exchange values between threads at every stage; the rotated parts are then joined into
-  whole chunks per thread and transposed once."""
-  n, d, c = x_ref.shape
-  parts = [load_in_bounds(x_ref.at[:, pl.ds(i, 1), :], block_index, full_shape).reshape(n, c).astype(jnp.float32)
-           for i in range(d)]
+def chunk_view(x: jax.Array, d: int, transposed: bool) -> jax.Array:
+  """``x`` reshaped to ``chunk_shape`` (free): the input of ``load_rotated``."""
+  return x.reshape(chunk_shape(x.shape, d, transposed))
+
+
+def load_rotated(x_ref, block_index, full_shape, signs_ref, round_bf16: bool, transposed: bool) -> jax.Array:
+  """``rotate_rows(tile, d, signs, round_bf16)`` of the (r, c) tile of ``x`` — of ``tile.T``, the (c, r) tile of
+  ``xᵀ``, for ``transposed`` — read from its block of ``chunk_view(x, d, transposed)`` (``full_shape``: the
+  view's). Element ``i`` of every chunk is one load, so each butterfly (``fwht_parts``) is elementwise between
+  arrays of one layout, in registers, where a tile load spreads a chunk over threads that exchange values at
+  every stage; the rotated parts are then joined into whole chunks per thread (and the tile transposed once)."""
+  axis = 1 if transposed else 2
+  d = x_ref.shape[axis]
+  view = lambda i: x_ref.at[:, pl.ds(i, 1), :] if transposed else x_ref.at[:, :, pl.ds(i, 1)]
+  shape = tuple(n for a, n in enumerate(x_ref.shape) if a != axis)
+  parts = [load_in_bounds(view(i), block_index, full_shape).reshape(shape).astype(jnp.float32) for i in range(d)]
   if signs_ref is not None:
     parts = [part * signs_ref[i] for i, part in enumerate(parts)]
   norm = jnp.float32(1.0 / math.sqrt(d))
@@ -91,8 +99,10 @@ def load_rotated_transposed(x_ref, block_index, full_shape, signs_ref, round_bf1
   while len(parts) > 1:  # pairs (i, i + d/2) first, so that the joined axes read i in order
     half = len(parts) // 2
     parts = [jnp.stack([a, b], axis=-1) for a, b in zip(parts[:half], parts[half:])]
-  chunks = parts[0].reshape(n, c, d)  # [b, col, i]: rotated element i of chunk b of column col
-  return jnp.transpose(chunks, (1, 0, 2)).reshape(c, n * d)
+  chunks = parts[0].reshape(*shape, d)  # (rows, chunks, i), or (chunks, cols, i) transposed
+  if not transposed:
+    return chunks.reshape(shape[0], shape[1] * d)
+  return jnp.transpose(chunks, (1, 0, 2)).reshape(shape[1], shape[0] * d)
 
 
 def e4m3_bits(dec: jax.Array) -> jax.Array:
@@ -149,8 +159,8 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
   """One tile, in the output layout: for ``spec.transposed``, ``x``'s tile transposed in registers
   (``transpose_tile``) or the tile of an already transposed ``xᵀ`` (``x_ref`` then holds ``xᵀ``, of ``shape``).
   ``rotate``: apply ``spec``'s Hadamard (False: ``x_ref`` holds the rotated tensor, staged by the pre-pass).
-  ``strided`` (with both): ``x_ref`` is a block of ``chunk_view(x)``, transposed and rotated as it is loaded
-  (``load_rotated_transposed``).
+  ``strided`` (with both): ``x_ref`` is a block of ``chunk_view(x, d, transposed=True)``, transposed and rotated
+  as it is loaded (``load_rotated``).
   A 4D ``shape`` is ``x`` viewed in units (``load_units``); the outputs other than the scales are then viewed as
   (rows, units, elements of a unit) too, so each thread stores what it computed.
 
@@ -165,7 +175,7 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
   out_shapes = dict(out_shapes)
   i, j = pl.program_id(0), pl.program_id(1)
   if strided:
-    x = load_rotated_transposed(x_ref, (i, 0, j), shape, signs_ref, bf16_input)
+    x = load_rotated(x_ref, (i, 0, j), shape, signs_ref, bf16_input, transposed=True)
   else:
     x = (load_units if len(shape) == 4 else load_in_bounds)(x_ref, (i, j), shape).astype(jnp.float32)
   out_index, origin = (i, j), (origin_ref[0], origin_ref[1])  # x[0, 0] in the logical tensor
@@ -227,9 +237,9 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
   o_ref = next(it)
   i, j = pl.program_id(0), pl.program_id(1)
   out_index, out_shape = ((j, i), shape[::-1]) if spec.transposed else ((i, j), shape)
-  if rotates_strided(spec):  # x_ref holds a block of chunk_view(x)
-    d = spec.hadamard
-    x = load_rotated_transposed(x_ref, (i, 0, j), (shape[0] // d, d, shape[1]), signs_ref, bf16_input)
+  if rotates_in_parts(spec):  # x_ref holds a block of chunk_view(x)
+    x = load_rotated(x_ref, (i, 0, j) if spec.transposed else (i, j, 0),
+                     chunk_shape(shape, spec.hadamard, spec.transposed), signs_ref, bf16_input, spec.transposed)
   else:
     tile = load_in_bounds(x_ref, (i, j), shape)
     if stage and not spec.hadamard:  # the transpose only: stored as loaded
@@ -252,9 +262,14 @@ def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, stage: 
   m, k = x.shape
   tile = prepass_tile(spec)
   grid = (pl.cdiv(m, tile[0]), pl.cdiv(k, tile[1]))
-  if rotates_strided(spec):
+  if rotates_in_parts(spec) and spec.transposed:
     d = spec.hadamard
-    args, in_specs = [chunk_view(x, d)], [pl.BlockSpec((tile[0] // d, d, tile[1]), lambda i, j: (i, 0, j))]
+    args = [chunk_view(x, d, transposed=True)]
+    in_specs = [pl.BlockSpec((tile[0] // d, d, tile[1]), lambda i, j: (i, 0, j))]
+  elif rotates_in_parts(spec):
+    d = spec.hadamard
+    args, in_specs = [chunk_view(x, d, transposed=False)], [pl.BlockSpec((tile[0], tile[1] // d, d),
+                                                                           lambda i, j: (i, j, 0))]
   else:
     args, in_specs = [x], [pl.BlockSpec(tile, lambda i, j: (i, j))]
   if signs is not None:
@@ -338,9 +353,9 @@ def default_tile(spec: QuantizeSpec) -> tuple[int, int]:
 
 
 def prepass_tile(spec: QuantizeSpec) -> tuple[int, int]:
-  """The amax pre-pass's tile of ``x``: (256, 64) where it transposes and rotates (``rotates_strided``; H100:
-  1.25x faster than (256, 32)), else ``default_tile(spec)``."""
-  return (256, 64) if rotates_strided(spec) else default_tile(spec)
+  """The amax pre-pass's tile of ``x``: (256, 64) where it transposes and rotates in parts (``rotates_in_parts``;
+  H100: 1.25x faster than (256, 32)), else ``default_tile(spec)``."""
+  return (256, 64) if rotates_in_parts(spec) and spec.transposed else default_tile(spec)
 
 
 def default_num_warps(spec: QuantizeSpec) -> int:
@@ -521,13 +536,13 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
   grid = (pl.cdiv(x_in.shape[0], x_tile[0]), pl.cdiv(n_axis if unit else x_in.shape[1], x_tile[1]))
   transpose_tile = spec.transposed and route == "kernel"
-  strided = transpose_tile and rotate and rotates_strided(spec)
+  strided = transpose_tile and rotate and rotates_in_parts(spec)
   if unit:  # (rows, n) -> (rows, units, parts, vec): a free reshape in XLA
     vec = vector_width(x.dtype)
     x_in = x_in.reshape(x_in.shape[0], n_axis // unit, unit // vec, vec)
     x_spec = pl.BlockSpec((x_tile[0], x_tile[1] // unit, unit // vec, vec), lambda i, j: (i, j, 0, 0))
   elif strided:
-    x_in, d = chunk_view(x_in, spec.hadamard), spec.hadamard
+    x_in, d = chunk_view(x_in, spec.hadamard, transposed=True), spec.hadamard
     x_spec = pl.BlockSpec((x_tile[0] // d, d, x_tile[1]), lambda i, j: (i, 0, j))
   else:
     x_spec = pl.BlockSpec(x_tile, lambda i, j: (i, j))
