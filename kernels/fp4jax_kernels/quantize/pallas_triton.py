@@ -79,16 +79,24 @@ def chunk_view(x: jax.Array, d: int, transposed: bool) -> jax.Array:
   return x.reshape(chunk_shape(x.shape, d, transposed))
 
 
-def load_rotated(x_ref, block_index, full_shape, signs_ref, round_bf16: bool, transposed: bool) -> jax.Array:
-  """``rotate_rows(tile, d, signs, round_bf16)`` of the (r, c) tile of ``x`` — of ``tile.T``, the (c, r) tile of
-  ``xᵀ``, for ``transposed`` — read from its block of ``chunk_view(x, d, transposed)`` (``full_shape``: the
-  view's). Element ``i`` of every chunk is one load, so each butterfly (``fwht_parts``) is elementwise between
+def chunk_block_spec(tile: tuple[int, int], d: int, transposed: bool) -> pl.BlockSpec:
+  """The (r, c) tiles of ``x`` as blocks of ``chunk_view(x, d, transposed)``, on a 2D grid over ``x``'s tiles."""
+  if transposed:
+    return pl.BlockSpec((tile[0] // d, d, tile[1]), lambda i, j: (i, 0, j))
+  return pl.BlockSpec((tile[0], tile[1] // d, d), lambda i, j: (i, j, 0))
+
+
+def load_rotated(x_ref, tile_index, full_shape, signs_ref, round_bf16: bool, transposed: bool) -> jax.Array:
+  """``rotate_rows(tile, d, signs, round_bf16)`` of the (r, c) tile ``tile_index`` of ``x`` — of ``tile.T``, the
+  (c, r) tile of ``xᵀ``, for ``transposed`` — read from its block of ``chunk_view(x, d, transposed)``
+  (``chunk_block_spec``; ``full_shape``: the view's). Element ``i`` of every chunk is one load, so each butterfly (``fwht_parts``) is elementwise between
   arrays of one layout, in registers, where a tile load spreads a chunk over threads that exchange values at
   every stage; the rotated parts are then joined into whole chunks per thread (and the tile transposed once)."""
   axis = 1 if transposed else 2
   d = x_ref.shape[axis]
   view = lambda i: x_ref.at[:, pl.ds(i, 1), :] if transposed else x_ref.at[:, :, pl.ds(i, 1)]
   shape = tuple(n for a, n in enumerate(x_ref.shape) if a != axis)
+  block_index = (tile_index[0], 0, tile_index[1]) if transposed else (*tile_index, 0)
   parts = [load_in_bounds(view(i), block_index, full_shape).reshape(shape).astype(jnp.float32) for i in range(d)]
   if signs_ref is not None:
     parts = [part * signs_ref[i] for i, part in enumerate(parts)]
@@ -155,11 +163,11 @@ def hash_index(rows: jax.Array, cols: jax.Array, n_rows: int, n_cols: int, colum
 
 
 def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs: bool, interpret: bool,
-            bf16_input: bool, transpose_tile: bool, rotate: bool, strided: bool):
+            bf16_input: bool, transpose_tile: bool, rotate: bool, in_parts: bool):
   """One tile, in the output layout: for ``spec.transposed``, ``x``'s tile transposed in registers
   (``transpose_tile``) or the tile of an already transposed ``xᵀ`` (``x_ref`` then holds ``xᵀ``, of ``shape``).
   ``rotate``: apply ``spec``'s Hadamard (False: ``x_ref`` holds the rotated tensor, staged by the pre-pass).
-  ``strided`` (with both): ``x_ref`` is a block of ``chunk_view(x, d, transposed=True)``, transposed and rotated
+  ``in_parts`` (with both): ``x_ref`` is a block of ``chunk_view(x, d, transposed=True)``, transposed and rotated
   as it is loaded (``load_rotated``).
   A 4D ``shape`` is ``x`` viewed in units (``load_units``); the outputs other than the scales are then viewed as
   (rows, units, elements of a unit) too, so each thread stores what it computed.
@@ -174,15 +182,15 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
   out_refs = {name: next(it) for name, _ in out_shapes}  # codes and scales (if spec.packed), deq, mask: as asked
   out_shapes = dict(out_shapes)
   i, j = pl.program_id(0), pl.program_id(1)
-  if strided:
-    x = load_rotated(x_ref, (i, 0, j), shape, signs_ref, bf16_input, transposed=True)
+  if in_parts:
+    x = load_rotated(x_ref, (i, j), shape, signs_ref, bf16_input, transposed=True)
   else:
     x = (load_units if len(shape) == 4 else load_in_bounds)(x_ref, (i, j), shape).astype(jnp.float32)
   out_index, origin = (i, j), (origin_ref[0], origin_ref[1])  # x[0, 0] in the logical tensor
   if spec.transposed:
     origin = (origin[1], origin[0])
     if transpose_tile:
-      x, out_index = (x if strided else x.T), (j, i)
+      x, out_index = (x if in_parts else x.T), (j, i)
   r, c = x.shape
   row0, col0 = origin[0] + out_index[0] * r, origin[1] + out_index[1] * c  # the tile in the logical output
   column_major = spec.along == "cols"
@@ -198,7 +206,7 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
     cols = col0 // spec.block + lax.broadcasted_iota(jnp.int32, (r, nb), 1)
     index = hash_index(rows, cols, logical_out[0], logical_out[1] // spec.block, column_major)
     sbits = safe(bits_lib.hash_bits)(sseed_ref[...], index)[..., None]
-  if rotate and not strided:
+  if rotate and not in_parts:
     x = rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
 
   block = (spec.block,) if spec.block_shape is None else tuple(spec.block_shape)
@@ -238,8 +246,8 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
   i, j = pl.program_id(0), pl.program_id(1)
   out_index, out_shape = ((j, i), shape[::-1]) if spec.transposed else ((i, j), shape)
   if rotates_in_parts(spec):  # x_ref holds a block of chunk_view(x)
-    x = load_rotated(x_ref, (i, 0, j) if spec.transposed else (i, j, 0),
-                     chunk_shape(shape, spec.hadamard, spec.transposed), signs_ref, bf16_input, spec.transposed)
+    x = load_rotated(x_ref, (i, j), chunk_shape(shape, spec.hadamard, spec.transposed), signs_ref, bf16_input,
+                     spec.transposed)
   else:
     tile = load_in_bounds(x_ref, (i, j), shape)
     if stage and not spec.hadamard:  # the transpose only: stored as loaded
@@ -258,18 +266,13 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
 
 
 def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, stage: bool):
-  """The pre-pass kernel over ``x`` in ``default_tile(spec)`` tiles: (tensor amax, the staged input or None)."""
+  """The pre-pass kernel over ``x`` in ``prepass_tile(spec)`` tiles: (tensor amax, the staged input or None)."""
   m, k = x.shape
   tile = prepass_tile(spec)
   grid = (pl.cdiv(m, tile[0]), pl.cdiv(k, tile[1]))
-  if rotates_in_parts(spec) and spec.transposed:
-    d = spec.hadamard
-    args = [chunk_view(x, d, transposed=True)]
-    in_specs = [pl.BlockSpec((tile[0] // d, d, tile[1]), lambda i, j: (i, 0, j))]
-  elif rotates_in_parts(spec):
-    d = spec.hadamard
-    args, in_specs = [chunk_view(x, d, transposed=False)], [pl.BlockSpec((tile[0], tile[1] // d, d),
-                                                                           lambda i, j: (i, j, 0))]
+  if rotates_in_parts(spec):
+    args = [chunk_view(x, spec.hadamard, spec.transposed)]
+    in_specs = [chunk_block_spec(tile, spec.hadamard, spec.transposed)]
   else:
     args, in_specs = [x], [pl.BlockSpec(tile, lambda i, j: (i, j))]
   if signs is not None:
@@ -536,14 +539,13 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
   grid = (pl.cdiv(x_in.shape[0], x_tile[0]), pl.cdiv(n_axis if unit else x_in.shape[1], x_tile[1]))
   transpose_tile = spec.transposed and route == "kernel"
-  strided = transpose_tile and rotate and rotates_in_parts(spec)
+  in_parts = transpose_tile and rotate and rotates_in_parts(spec)
   if unit:  # (rows, n) -> (rows, units, parts, vec): a free reshape in XLA
     vec = vector_width(x.dtype)
     x_in = x_in.reshape(x_in.shape[0], n_axis // unit, unit // vec, vec)
     x_spec = pl.BlockSpec((x_tile[0], x_tile[1] // unit, unit // vec, vec), lambda i, j: (i, j, 0, 0))
-  elif strided:
-    x_in, d = chunk_view(x_in, spec.hadamard, transposed=True), spec.hadamard
-    x_spec = pl.BlockSpec((x_tile[0] // d, d, x_tile[1]), lambda i, j: (i, 0, j))
+  elif in_parts:
+    x_in, x_spec = chunk_view(x_in, spec.hadamard, True), chunk_block_spec(x_tile, spec.hadamard, True)
   else:
     x_spec = pl.BlockSpec(x_tile, lambda i, j: (i, j))
   args = [x_in, tensor_scales, eseed, sseed, origin]
@@ -556,7 +558,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
                              out_shapes=tuple((name, o[0]) for name, o in outputs.items()),
                              has_signs=kernel_signs is not None, interpret=interpret,
                              bf16_input=x.dtype == jnp.bfloat16, transpose_tile=transpose_tile,
-                             rotate=rotate, strided=strided)
+                             rotate=rotate, in_parts=in_parts)
   outs = iter(pl.pallas_call(
       kernel,
       grid=grid,
