@@ -2,6 +2,7 @@
 dequantized tensor, for every rounding / scale rule / block shape / direction, on ragged and non-power-of-two shapes."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -109,15 +110,22 @@ def test_routes_give_the_same_bits(name, route, interpret):
 
 @pytest.mark.parametrize("along", ["rows", "rows_of_transpose"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
-def test_prepass_stages_the_rotated_input_and_the_amax(along, dtype, interpret):
+@pytest.mark.parametrize("hadamard", [16, 128])
+def test_prepass_stages_the_rotated_input_and_the_amax(along, dtype, hadamard, interpret):
   """``stage_and_amax`` on a ragged shape: the tensor rotated as ``fp4jax.hadamard.rotated`` does (rounded to
-  ``x.dtype``), transposed for the transposed direction, and the rotated amax of the XLA pre-pass."""
-  spec = QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along=along)
-  x = _input((48, 208) if along == "rows" else (208, 48), dtype)  # a ragged last tile along the other axis
-  signs = fp4jax.hadamard.TE_SIGNS_16
+  ``x.dtype``), transposed for the transposed direction, and the rotated amax of the XLA pre-pass. RHT16 (scalar
+  parts) and MS-EDEN's 128 points (vector parts along the rows, the tile load transposed), with tiles ragged
+  along both axes."""
+  if hadamard == 16:
+    spec = QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along=along)
+    signs, shape = fp4jax.hadamard.TE_SIGNS_16, (48, 208)
+  else:
+    spec = QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", along=along)
+    signs, shape = fp4jax.hadamard.random_signs(jax.random.key(3), 128), (80, 384)
+  x = _input(shape if along == "rows" else shape[::-1], dtype)
   staged, amax = pallas_triton.stage_and_amax(x, spec, signs, interpret=interpret)
   x_rows = x.T if spec.transposed else x
-  want = fp4jax.hadamard.rotated(x_rows, 16, axis=-1, signs=signs)
+  want = fp4jax.hadamard.rotated(x_rows, hadamard, axis=-1, signs=signs)
   assert staged.dtype == dtype
   np.testing.assert_array_equal(np.asarray(staged, np.float32), np.asarray(want, np.float32))
   want_amax = pallas_triton.tensor_amax(x_rows, dataclasses.replace(spec, along="rows"), signs, use_kernel=False)
@@ -195,9 +203,10 @@ def test_kernel_lowers_to_triton(name):
 
 def _assert_masked(module: str, stores: int):
   """Every tensor load and store of ``module`` is masked, but one-element blocks (a grid of partial results is
-  never ragged)."""
+  never ragged) and 1D loads (slices of the Hadamard sign vector, a whole-array block)."""
   accesses = [l.split(":")[0] for l in module.splitlines()
-              if ("tt.store" in l or ("tt.load" in l and "tensor<" in l)) and "tensor<1x1x" not in l]
+              if ("tt.store" in l or ("tt.load" in l and "tensor<" in l)) and "tensor<1x1x" not in l
+              and not re.search(r"tt\.load .*: tensor<\d+x!tt\.ptr", l)]
   assert sum("tt.store" in a for a in accesses) == stores
   for access in accesses:  # tt.load %ptr, %mask, %other / tt.store %ptr, %value, %mask
     assert access.count("%") >= 4 if "tt.load" in access else access.count("%") == 3, access
@@ -213,10 +222,11 @@ def test_ragged_edge_blocks_are_masked_in_triton(name):
   _assert_masked(module, stores=2 + bool(spec.dequantize) + spec.trust_mask)
 
 
-@pytest.mark.parametrize("name", ["nvfp4_xt_rtn_ragged_f32", "nvfp4_xt_rht16_sr_values", "nvfp4_rht16_te_sr"])
+@pytest.mark.parametrize("name", ["nvfp4_xt_rtn_ragged_f32", "nvfp4_xt_rht16_sr_values", "nvfp4_rht16_te_sr",
+                                  "nvfp4_ms_eden"])
 def test_ragged_staging_prepass_is_masked_in_triton(name):
-  """The pre-pass that writes ``xᵀ`` or the rotated ``x`` (rotated: loaded in parts, ``load_rotated``) on a
-  ragged shape: its tiles stick out of ``x`` (and of what it writes)."""
+  """The pre-pass that writes ``xᵀ`` or the rotated ``x`` (rotated: loaded in parts, ``load_rotated``, scalar or
+  vector parts) on a ragged shape: its tiles stick out of ``x`` (and of what it writes)."""
   spec, shape, tile = CASES[name]
   quantize = lambda x: pallas_triton.quantize(x, spec, jax.random.key(0), tile=tile, route="prepass")
   prepass, main = triton_ir.triton_modules(quantize, jnp.ones(shape, jnp.float32))
@@ -300,16 +310,21 @@ def test_load_unit_falls_back_to_plain_tile_loads():
   assert pallas_triton.load_unit(rtn, 512, "xla", (16, 64), 4) == 0  # 64 units for 128 threads
 
 
-def test_rotations_up_to_32_points_load_their_chunks_in_parts():
+def test_rotations_load_their_chunks_in_parts():
   """``load_rotated`` takes 16- and 32-point Hadamards (the pre-pass in both directions, the kernel's transposed
-  tiles); MS-EDEN's 128 keeps the tile load. The transposing pre-pass takes wider tiles."""
+  tiles) as scalar parts, and MS-EDEN's 128 along the rows as 16-byte vector parts; MS-EDEN's 128 transposed keeps
+  the tile load. The transposing pre-pass takes wider tiles, the vector parts taller ones."""
   in_parts = lambda name: pallas_triton.rotates_in_parts(CASES[name][0])
   assert in_parts("nvfp4_xt_rht16_sr_values") and in_parts("nvfp4_cols_rht16_sr") and in_parts("nvfp4_rht16_te_sr")
   assert in_parts("mxfp4_headroom_sr")
-  assert not in_parts("nvfp4_xt_ms_eden_values") and not in_parts("nvfp4_ms_eden")
+  assert in_parts("nvfp4_ms_eden") and not in_parts("nvfp4_xt_ms_eden_values")
   assert not in_parts("nvfp4_xt_rtn_ragged_f32") and not in_parts("nvfp4_rtn")
   assert pallas_triton.prepass_tile(CASES["nvfp4_xt_rht16_sr_values"][0]) == (256, 64)
   assert pallas_triton.prepass_tile(CASES["nvfp4_rht16_te_sr"][0]) == pallas_triton.default_tile(CASES["nvfp4_rht16_te_sr"][0])
+  assert pallas_triton.prepass_tile(CASES["nvfp4_ms_eden"][0]) == (64, 256)
+  width = lambda name, dtype: pallas_triton.part_width(CASES[name][0], dtype)
+  assert width("nvfp4_ms_eden", jnp.bfloat16) == 8 and width("nvfp4_ms_eden", jnp.float32) == 4
+  assert width("nvfp4_rht16_te_sr", jnp.bfloat16) == width("nvfp4_xt_rht16_sr_values", jnp.float32) == 1
 
 
 def test_default_route_follows_the_hadamard():
