@@ -59,7 +59,9 @@ def rotate_rows(x: jax.Array, d: int, signs: jax.Array | None, round_bf16: bool)
   return rtn_bf16(y) if round_bf16 else y
 
 
-MAX_UNIT = 32  # MS-EDEN's 128-point chunks in one thread spill registers (sm_90 SASS: 9k local loads/stores)
+# Widest unit a quantize-kernel thread holds: MS-EDEN's 128-point chunks spill its registers there (sm_90 SASS: 9k
+# local loads/stores); the pre-pass, which only rotates, holds them (PTX proxy: no spills, ``part_width``)
+MAX_UNIT = 32
 
 
 def rotates_in_parts(spec: QuantizeSpec) -> bool:
