@@ -95,11 +95,10 @@ def chunk_view(x: jax.Array, d: int, transposed: bool, width: int = 1) -> jax.Ar
 def chunk_block_spec(tile: tuple[int, int], d: int, transposed: bool, width: int = 1) -> pl.BlockSpec:
   """The (r, c) tiles of ``x`` as blocks of ``chunk_view(x, d, transposed, width)``, on a 2D grid over ``x``'s
   tiles."""
+  block = chunk_shape(tile, d, transposed, width)
   if transposed:
-    return pl.BlockSpec((tile[0] // d, d, tile[1]), lambda i, j: (i, 0, j))
-  if width == 1:
-    return pl.BlockSpec((tile[0], tile[1] // d, d), lambda i, j: (i, j, 0))
-  return pl.BlockSpec((tile[0], tile[1] // d, d // width, width), lambda i, j: (i, j, 0, 0))
+    return pl.BlockSpec(block, lambda i, j: (i, 0, j))
+  return pl.BlockSpec(block, lambda i, j: (i, j) + (0,) * (len(block) - 2))
 
 
 def load_rotated(x_ref, tile_index, full_shape, signs_ref, round_bf16: bool, transposed: bool) -> jax.Array:
