@@ -65,28 +65,16 @@ def fwht(x: jnp.ndarray, d: int) -> jnp.ndarray:
   return x
 
 
-def fwht_parts(parts: list[jnp.ndarray], width: int = 1) -> list[jnp.ndarray]:
-  """``fwht`` of chunks held as a list of arrays, the same floats added in the same order.
-
-  ``width=1``: ``parts[i]`` is element ``i`` of every chunk (``d = len(parts)``); ``fwht``'s stages, each pairing
-  part ``i`` with part ``i + d/2`` into parts ``(2i, 2i + 1)``. Every stage is elementwise between whole arrays: a
-  kernel that loads the parts with one layout (strided rows of a tile) rotates without moving data between threads.
-
-  ``width=w > 1``: ``parts[p][..., j]`` is element ``p·w + j`` (``d = w·len(parts)``). ``fwht``'s stages pair
-  the elements that differ in the top bit of the index, then the next bit down: the parts' stages above (the top
-  bits, those of ``p``) run first, then ``fwht(part, w)`` on each part's last axis (the low bits, those of ``j``):
-  ``H_d = H_{d/w} ⊗ H_w``, each output being the same sum. A kernel whose thread loads whole ``w``-vectors keeps a
-  chunk wider than it can hold as scalars (MS-EDEN's 128) in registers.
-  """
-  p = len(parts)
-  if width < 1 or width & (width - 1):
-    raise ValueError(f"width must be a power of two, got {width!r}")
-  check_size(p * width, "len(parts)·width")
-  for _ in range(int(math.log2(p))):
-    pairs = zip(parts[: p // 2], parts[p // 2 :])
+def fwht_parts(parts: list[jnp.ndarray]) -> list[jnp.ndarray]:
+  """``fwht`` of chunks held as ``d`` arrays, ``parts[i]`` being element ``i`` of every chunk: the same stages,
+  each pairing part ``i`` with part ``i + d/2`` into parts ``(2i, 2i + 1)``, so the same floats are added in the
+  same order. Every stage is elementwise between whole arrays: a kernel that loads the parts with one layout
+  (strided rows of a tile) rotates without moving data between threads."""
+  d = len(parts)
+  check_size(d, "len(parts)")
+  for _ in range(int(math.log2(d))):
+    pairs = zip(parts[: d // 2], parts[d // 2 :])
     parts = [y for a, b in pairs for y in (a + b, a - b)]
-  if width > 1:
-    parts = [fwht(part, width) for part in parts]
   return parts
 
 

@@ -32,17 +32,6 @@ def test_fwht_of_parts_adds_the_same_floats_in_the_same_order(d):
   np.testing.assert_array_equal(np.stack(parts, axis=-1), np.asarray(H.fwht(x, d)))
 
 
-@pytest.mark.parametrize("d,width", [(128, 8), (128, 4), (32, 8), (16, 16)])
-def test_fwht_of_vector_parts_adds_the_same_floats_in_the_same_order(d, width):
-  """``fwht_parts(.., width)``: parts of ``width`` consecutive elements (a 16-byte vector per thread), the parts'
-  stages then each vector's, give ``fwht``'s bits on the same spread of binades."""
-  key1, key2 = jax.random.split(jax.random.key(d + width))
-  shape = (64, 3, d)
-  x = jax.random.normal(key1, shape) * jnp.exp2(jax.random.randint(key2, shape, -30, 30).astype(jnp.float32))
-  parts = H.fwht_parts([x[..., p * width:(p + 1) * width] for p in range(d // width)], width)
-  np.testing.assert_array_equal(np.concatenate(parts, axis=-1), np.asarray(H.fwht(x, d)))
-
-
 def test_sylvester_recursion():
   h4 = np.sign(H.hadamard_matrix(32))
   h2 = np.sign(H.hadamard_matrix(16))

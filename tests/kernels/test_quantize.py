@@ -113,9 +113,8 @@ def test_routes_give_the_same_bits(name, route, interpret):
 @pytest.mark.parametrize("hadamard", [16, 128])
 def test_prepass_stages_the_rotated_input_and_the_amax(along, dtype, hadamard, interpret):
   """``stage_and_amax`` on a ragged shape: the tensor rotated as ``fp4jax.hadamard.rotated`` does (rounded to
-  ``x.dtype``), transposed for the transposed direction, and the rotated amax of the XLA pre-pass. RHT16 (scalar
-  parts) and MS-EDEN's 128 points (vector parts along the rows, the tile load transposed), with tiles ragged
-  along both axes."""
+  ``x.dtype``), transposed for the transposed direction, and the rotated amax of the XLA pre-pass. RHT16 (loaded
+  in parts) and MS-EDEN's 128 points (the tile load), with tiles ragged along both axes."""
   if hadamard == 16:
     spec = QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along=along)
     signs, shape = fp4jax.hadamard.TE_SIGNS_16, (48, 208)
@@ -225,8 +224,8 @@ def test_ragged_edge_blocks_are_masked_in_triton(name):
 @pytest.mark.parametrize("name", ["nvfp4_xt_rtn_ragged_f32", "nvfp4_xt_rht16_sr_values", "nvfp4_rht16_te_sr",
                                   "nvfp4_ms_eden"])
 def test_ragged_staging_prepass_is_masked_in_triton(name):
-  """The pre-pass that writes ``xᵀ`` or the rotated ``x`` (rotated: loaded in parts, ``load_rotated``, scalar or
-  vector parts) on a ragged shape: its tiles stick out of ``x`` (and of what it writes)."""
+  """The pre-pass that writes ``xᵀ`` or the rotated ``x`` (rotated: loaded in parts, ``load_rotated``, up to 32
+  points; MS-EDEN's 128 by the tile load) on a ragged shape: its tiles stick out of ``x`` (and of what it writes)."""
   spec, shape, tile = CASES[name]
   quantize = lambda x: pallas_triton.quantize(x, spec, jax.random.key(0), tile=tile, route="prepass")
   prepass, main = triton_ir.triton_modules(quantize, jnp.ones(shape, jnp.float32))
@@ -310,21 +309,16 @@ def test_load_unit_falls_back_to_plain_tile_loads():
   assert pallas_triton.load_unit(rtn, 512, "xla", (16, 64), 4) == 0  # 64 units for 128 threads
 
 
-def test_rotations_load_their_chunks_in_parts():
+def test_rotations_up_to_32_points_load_their_chunks_in_parts():
   """``load_rotated`` takes 16- and 32-point Hadamards (the pre-pass in both directions, the kernel's transposed
-  tiles) as scalar parts, and MS-EDEN's 128 along the rows as 16-byte vector parts; MS-EDEN's 128 transposed keeps
-  the tile load. The transposing pre-pass takes wider tiles, the vector parts taller ones."""
+  tiles); MS-EDEN's 128 keeps the tile load. The transposing pre-pass takes wider tiles."""
   in_parts = lambda name: pallas_triton.rotates_in_parts(CASES[name][0])
   assert in_parts("nvfp4_xt_rht16_sr_values") and in_parts("nvfp4_cols_rht16_sr") and in_parts("nvfp4_rht16_te_sr")
   assert in_parts("mxfp4_headroom_sr")
-  assert in_parts("nvfp4_ms_eden") and not in_parts("nvfp4_xt_ms_eden_values")
+  assert not in_parts("nvfp4_xt_ms_eden_values") and not in_parts("nvfp4_ms_eden")
   assert not in_parts("nvfp4_xt_rtn_ragged_f32") and not in_parts("nvfp4_rtn")
   assert pallas_triton.prepass_tile(CASES["nvfp4_xt_rht16_sr_values"][0]) == (256, 64)
   assert pallas_triton.prepass_tile(CASES["nvfp4_rht16_te_sr"][0]) == pallas_triton.default_tile(CASES["nvfp4_rht16_te_sr"][0])
-  assert pallas_triton.prepass_tile(CASES["nvfp4_ms_eden"][0]) == (64, 256)
-  width = lambda name, dtype: pallas_triton.part_width(CASES[name][0], dtype)
-  assert width("nvfp4_ms_eden", jnp.bfloat16) == 8 and width("nvfp4_ms_eden", jnp.float32) == 4
-  assert width("nvfp4_rht16_te_sr", jnp.bfloat16) == width("nvfp4_xt_rht16_sr_values", jnp.float32) == 1
 
 
 def test_default_route_follows_the_hadamard():

@@ -13,8 +13,7 @@ XLA's transpose or by the amax pre-pass, which can write the kernel's input (``x
 Each thread loads whole blocks (or Hadamard chunks of up to 32 elements) in 16-byte parts (``load_units``), so a
 block's max, scale and butterflies stay in one thread's registers. A transposed direction rotated by up to 32
 points loads row ``i`` of every d-row chunk as one array (``load_rotated``): its butterflies are
-elementwise between arrays, and the tile is transposed once, after them; so does the pre-pass along the rows,
-where wider chunks (MS-EDEN's 128) are arrays of 16-byte vectors: butterflies between arrays, then in the vectors.
+elementwise between arrays, and the tile is transposed once, after them; so does the pre-pass along the rows.
 
 Per-tensor amax (NVFP4 only): a separate reduction reads ``x`` once before the kernel (``tensor_amax``; with a
 Hadamard, a small Pallas kernel that rotates each tile and writes one partial max). Any current-scaling scheme
@@ -59,63 +58,41 @@ def rotate_rows(x: jax.Array, d: int, signs: jax.Array | None, round_bf16: bool)
   return rtn_bf16(y) if round_bf16 else y
 
 
-# Widest unit a quantize-kernel thread holds: MS-EDEN's 128-point chunks spill its registers there (sm_90 SASS: 9k
-# local loads/stores); the pre-pass, which only rotates, holds them (PTX proxy: no spills, ``part_width``)
-MAX_UNIT = 32
+MAX_UNIT = 32  # MS-EDEN's 128-point chunks in one thread spill registers (sm_90 SASS: 9k local loads/stores)
 
 
 def rotates_in_parts(spec: QuantizeSpec) -> bool:
   """Whether ``spec``'s Hadamard runs on ``load_rotated``'s parts (in the pre-pass, and in the kernel for the
-  transposed directions): up to ``MAX_UNIT`` points, and wider ones along the rows (in ``part_width`` vectors).
-  Wider transposed chunks keep the tile load (their 128 scalar parts took Triton 35 s to compile)."""
-  return spec.hadamard > 0 and (spec.hadamard <= MAX_UNIT or not spec.transposed)
+  transposed directions): up to ``MAX_UNIT`` points. MS-EDEN's 128 scalar parts took Triton 35 s to compile, and
+  16 parts of 8-element vectors were no faster than the tile load on an H100 (BENCHMARKS.md §5)."""
+  return 0 < spec.hadamard <= MAX_UNIT
 
 
-def part_width(spec: QuantizeSpec, dtype) -> int:
-  """Consecutive elements of a chunk in each of ``load_rotated``'s parts: 1 up to ``MAX_UNIT`` points; one 16-byte
-  vector (``vector_width``) for the wider chunks along the rows, so MS-EDEN's 128 points are 16 bf16 parts."""
-  return vector_width(dtype) if spec.hadamard > MAX_UNIT and not spec.transposed else 1
-
-
-def chunk_shape(shape: tuple[int, int], d: int, transposed: bool, width: int = 1) -> tuple[int, ...]:
+def chunk_shape(shape: tuple[int, int], d: int, transposed: bool) -> tuple[int, int, int]:
   """(m, k) with element ``i`` of every d-chunk along its own axis: (m/d, d, k) for chunks along the columns
-  (``transposed``: rows ``i`` of every d-row chunk), (m, k/d, d) along the rows; with ``width`` w > 1 (rows only)
-  (m, k/d, d/w, w): elements ``[p·w, (p + 1)·w)`` of every chunk along the third axis."""
+  (``transposed``: rows ``i`` of every d-row chunk), (m, k/d, d) along the rows."""
   m, k = shape
-  if transposed:
-    return (m // d, d, k)
-  return (m, k // d, d) if width == 1 else (m, k // d, d // width, width)
+  return (m // d, d, k) if transposed else (m, k // d, d)
 
 
-def chunk_view(x: jax.Array, d: int, transposed: bool, width: int = 1) -> jax.Array:
+def chunk_view(x: jax.Array, d: int, transposed: bool) -> jax.Array:
   """``x`` reshaped to ``chunk_shape`` (free): the input of ``load_rotated``."""
-  return x.reshape(chunk_shape(x.shape, d, transposed, width))
+  return x.reshape(chunk_shape(x.shape, d, transposed))
 
 
-def chunk_block_spec(tile: tuple[int, int], d: int, transposed: bool, width: int = 1) -> pl.BlockSpec:
-  """The (r, c) tiles of ``x`` as blocks of ``chunk_view(x, d, transposed, width)``, on a 2D grid over ``x``'s
-  tiles."""
-  block = chunk_shape(tile, d, transposed, width)
-  if transposed:
-    return pl.BlockSpec(block, lambda i, j: (i, 0, j))
-  return pl.BlockSpec(block, lambda i, j: (i, j) + (0,) * (len(block) - 2))
+def chunk_block_spec(tile: tuple[int, int], d: int, transposed: bool) -> pl.BlockSpec:
+  """The (r, c) tiles of ``x`` as blocks of ``chunk_view(x, d, transposed)``, on a 2D grid over ``x``'s tiles."""
+  block = chunk_shape(tile, d, transposed)
+  return pl.BlockSpec(block, (lambda i, j: (i, 0, j)) if transposed else (lambda i, j: (i, j, 0)))
 
 
 def load_rotated(x_ref, tile_index, full_shape, signs_ref, round_bf16: bool, transposed: bool) -> jax.Array:
   """``rotate_rows(tile, d, signs, round_bf16)`` of the (r, c) tile ``tile_index`` of ``x`` — of ``tile.T``, the
-  (c, r) tile of ``xᵀ``, for ``transposed`` — read from its block of ``chunk_view(x, d, transposed, width)``
-  (``chunk_block_spec``; ``full_shape``: the view's). Element ``i`` of every chunk is one load (or, with a 4D
-  view, the ``width`` elements from ``i·width``: ``load_parts``), so each butterfly (``fwht_parts``) is
-  elementwise between arrays of one layout, or inside a thread's vector, in registers, where a tile load spreads a
-  chunk over threads that exchange values at every stage; the rotated parts are then joined into whole chunks per
+  (c, r) tile of ``xᵀ``, for ``transposed`` — read from its block of ``chunk_view(x, d, transposed)``
+  (``chunk_block_spec``; ``full_shape``: the view's). Element ``i`` of every chunk is one load, so each butterfly
+  (``fwht_parts``) is elementwise between arrays of one layout, in registers, where a tile load spreads a chunk
+  over threads that exchange values at every stage; the rotated parts are then joined into whole chunks per
   thread (and the tile transposed once)."""
-  if x_ref.ndim == 4:  # (rows, chunks, d/w, w)
-    width = x_ref.shape[-1]
-    d = x_ref.shape[2] * width
-    parts = [part.astype(jnp.float32) for part in load_parts(x_ref, (*tile_index, 0, 0), full_shape)]
-    if signs_ref is not None:
-      parts = [part * signs_ref[pl.ds(p * width, width)] for p, part in enumerate(parts)]
-    return join_parts(_normalized(hadamard_lib.fwht_parts(parts, width), d, round_bf16))
   axis = 1 if transposed else 2
   d = x_ref.shape[axis]
   view = lambda i: x_ref.at[:, pl.ds(i, 1), :] if transposed else x_ref.at[:, :, pl.ds(i, 1)]
@@ -124,7 +101,10 @@ def load_rotated(x_ref, tile_index, full_shape, signs_ref, round_bf16: bool, tra
   parts = [load_in_bounds(view(i), block_index, full_shape).reshape(shape).astype(jnp.float32) for i in range(d)]
   if signs_ref is not None:
     parts = [part * signs_ref[i] for i, part in enumerate(parts)]
-  parts = _normalized(hadamard_lib.fwht_parts(parts), d, round_bf16)
+  norm = jnp.float32(1.0 / math.sqrt(d))
+  parts = [part * norm for part in hadamard_lib.fwht_parts(parts)]
+  if round_bf16:
+    parts = [rtn_bf16(part) for part in parts]
   while len(parts) > 1:  # pairs (i, i + d/2) first, so that the joined axes read i in order
     half = len(parts) // 2
     parts = [jnp.stack([a, b], axis=-1) for a, b in zip(parts[:half], parts[half:])]
@@ -132,13 +112,6 @@ def load_rotated(x_ref, tile_index, full_shape, signs_ref, round_bf16: bool, tra
   if not transposed:
     return chunks.reshape(shape[0], shape[1] * d)
   return jnp.transpose(chunks, (1, 0, 2)).reshape(shape[1], shape[0] * d)
-
-
-def _normalized(parts: list[jax.Array], d: int, round_bf16: bool) -> list[jax.Array]:
-  """The rotated parts times ``1/sqrt(d)``, then rounded to bf16 for bf16 inputs (as ``rotate_rows``)."""
-  norm = jnp.float32(1.0 / math.sqrt(d))
-  parts = [part * norm for part in parts]
-  return [rtn_bf16(part) for part in parts] if round_bf16 else parts
 
 
 def e4m3_bits(dec: jax.Array) -> jax.Array:
@@ -168,31 +141,18 @@ def vector_width(dtype) -> int:
 
 def load_units(x_ref, block_index, full_shape) -> jax.Array:
   """The (r, c) tile of an ``x`` viewed as (rows, n/unit, parts, vec) — unit = parts·vec elements along the
-  quantized axis — loaded one part at a time (``load_parts``): every load has the same (r, n/unit, vec) layout, so
-  one thread holds all ``parts`` vectors of its unit (a block, or a Hadamard chunk) and block maxima, Hadamard
-  butterflies and block scales stay in its registers (a single (r, c) load spreads a unit over several threads:
-  shuffles, and each block's scale computed by every thread holding part of it). The parts are joined in
-  registers, in element order (``join_parts``).
+  quantized axis — loaded one part at a time: every load has the same (r, n/unit, vec) layout, so one thread holds
+  all ``parts`` vectors of its unit (a block, or a Hadamard chunk) and block maxima, Hadamard butterflies and
+  block scales stay in its registers (a single (r, c) load spreads a unit over several threads: shuffles, and each
+  block's scale computed by every thread holding part of it). The parts are joined in registers, in element order.
   """
-  return join_parts(load_parts(x_ref, block_index + (0, 0), full_shape))
-
-
-def load_parts(x_ref, block_index, full_shape) -> list[jax.Array]:
-  """Part ``p`` of every unit of a (rows, units, parts, vec) block, for each ``p``: (rows, units, vec) arrays of
-  one layout, a 16-byte vector per thread (zeros outside ``full_shape``)."""
   r, nu, parts, vec = x_ref.shape
-  return [load_in_bounds(x_ref.at[:, :, pl.ds(p, 1), :], block_index, full_shape).reshape(r, nu, vec)
-          for p in range(parts)]
-
-
-def join_parts(parts: list[jax.Array]) -> jax.Array:
-  """The (rows, units·parts·vec) tile of ``load_parts``' parts, each unit's elements in order: pairs of (.., w)
-  arrays become (.., 2w) by a register-level join, then the pair's two halves in order."""
-  r, nu, _ = parts[0].shape
-  while len(parts) > 1:
-    parts = [jnp.swapaxes(jnp.stack([a, b], axis=-1), -1, -2).reshape(r, nu, 2 * a.shape[-1])
-             for a, b in zip(parts[::2], parts[1::2])]
-  return parts[0].reshape(r, nu * parts[0].shape[-1])
+  loaded = [load_in_bounds(x_ref.at[:, :, pl.ds(p, 1), :], block_index + (0, 0), full_shape).reshape(r, nu, vec)
+            for p in range(parts)]
+  while len(loaded) > 1:  # (.., w) pairs -> (.., 2w): a register-level join, then the pair's two halves in order
+    loaded = [jnp.swapaxes(jnp.stack([a, b], axis=-1), -1, -2).reshape(r, nu, 2 * a.shape[-1])
+              for a, b in zip(loaded[::2], loaded[1::2])]
+  return loaded[0].reshape(r, nu * parts * vec)
 
 
 # ------------------------------------------------------------------------------------------------ kernel
@@ -287,8 +247,8 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
   i, j = pl.program_id(0), pl.program_id(1)
   out_index, out_shape = ((j, i), shape[::-1]) if spec.transposed else ((i, j), shape)
   if rotates_in_parts(spec):  # x_ref holds a block of chunk_view(x)
-    view_shape = chunk_shape(shape, spec.hadamard, spec.transposed, part_width(spec, x_ref.dtype))
-    x = load_rotated(x_ref, (i, j), view_shape, signs_ref, bf16_input, spec.transposed)
+    x = load_rotated(x_ref, (i, j), chunk_shape(shape, spec.hadamard, spec.transposed), signs_ref, bf16_input,
+                     spec.transposed)
   else:
     tile = load_in_bounds(x_ref, (i, j), shape)
     if stage and not spec.hadamard:  # the transpose only: stored as loaded
@@ -312,9 +272,8 @@ def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, stage: 
   tile = prepass_tile(spec)
   grid = (pl.cdiv(m, tile[0]), pl.cdiv(k, tile[1]))
   if rotates_in_parts(spec):
-    width = part_width(spec, x.dtype)
-    args = [chunk_view(x, spec.hadamard, spec.transposed, width)]
-    in_specs = [chunk_block_spec(tile, spec.hadamard, spec.transposed, width)]
+    args = [chunk_view(x, spec.hadamard, spec.transposed)]
+    in_specs = [chunk_block_spec(tile, spec.hadamard, spec.transposed)]
   else:
     args, in_specs = [x], [pl.BlockSpec(tile, lambda i, j: (i, j))]
   if signs is not None:
@@ -399,14 +358,8 @@ def default_tile(spec: QuantizeSpec) -> tuple[int, int]:
 
 def prepass_tile(spec: QuantizeSpec) -> tuple[int, int]:
   """The amax pre-pass's tile of ``x``: (256, 64) where it transposes and rotates in parts (``rotates_in_parts``;
-  H100: 1.25x faster than (256, 32)); (64, 256) where it rotates wider chunks in vector parts (``part_width``),
-  enough vectors of each part for the 128 threads (a smaller tile would spread them over threads: PTX proxy 44.8
-  SASS instructions per element at (16, 256), 19.3 at (64, 256)); else ``default_tile(spec)``."""
-  if rotates_in_parts(spec) and spec.transposed:
-    return (256, 64)
-  if rotates_in_parts(spec) and spec.hadamard > MAX_UNIT:
-    return (64, max(256, spec.hadamard))
-  return default_tile(spec)
+  H100: 1.25x faster than (256, 32)), else ``default_tile(spec)``."""
+  return (256, 64) if rotates_in_parts(spec) and spec.transposed else default_tile(spec)
 
 
 def default_num_warps(spec: QuantizeSpec) -> int:
