@@ -37,10 +37,12 @@ device's, so equality with a mesh also rests on XLA giving each op the same bits
 the CPU it holds for every recipe (BENCHMARKS §9) since the GEMMs take f32 operands there (XLA:CPU chose between
 AVX512-BF16 and f32 dots per program, and fp8's inexact sums told them apart; ``fp4jax.operand.matmul``).
 
-On a GPU the same program shapes are not enough when XLA's autotuner picks GEMM algorithms by timing:
-the training CLI runs deterministic jobs with ``XLA_FLAGS=--xla_gpu_deterministic_ops=true
---xla_gpu_autotune_level=0`` (:func:`set_gpu_flags`): run-to-run deterministic kernels and GEMM algorithms chosen
-by shape alone.
+On a GPU that premise fails: on two H100s the quantized operands of ``--mesh model=2`` matched one device's, but
+the GEMMs rounded differently batched under ``vmap`` and alone per device, so the losses parted (bf16 by 224 ulp in
+3 steps, nvidia_nvfp4 by about 1e-3 from the first step; BENCHMARKS §9). Runs of one program are reproducible, as
+long as XLA's autotuner does not pick GEMM algorithms by timing: the training CLI runs deterministic jobs with
+``XLA_FLAGS=--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0`` (:func:`set_gpu_flags`): run-to-run
+deterministic kernels and GEMM algorithms chosen by shape alone.
 """
 
 from __future__ import annotations
