@@ -8,8 +8,9 @@
 #   bash benchmarks/gpu_suite.sh scaling   # 2-4 GPUs: data-parallel weak scaling, 125M and 350M
 #   bash benchmarks/gpu_suite.sh deterministic  # 2-4 GPUs: --deterministic, bit-identical losses (one process and
 #                                          # three), then its cost at 125M (one process per program: XLA flags)
-#   bash benchmarks/gpu_suite.sh tp        # 1-4 GPUs: --deterministic --tensor-shards 2, bit-identical losses (one
-#                                          # process, then across processes), then its cost at 125M
+#   bash benchmarks/gpu_suite.sh tp        # 1-4 GPUs: --deterministic --tensor-shards 2, losses against one GPU (one
+#                                          # process, then across processes); RECIPES=a,b picks the recipes
+#   bash benchmarks/gpu_suite.sh tp-cost   # 2 GPUs: what --tensor-shards 2 costs at 125M
 #   bash benchmarks/gpu_suite.sh training  # 1 GPU: XLA vs Pallas quantizers, losses step by step, then the 125M step
 #
 # Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
@@ -104,31 +105,34 @@ case "${1:-}" in
     ;;
   tp)
     # --deterministic 2 --tensor-shards 2 (Megatron shards, ordered sums): the mesh's shards against one GPU running
-    # both (jax.vmap), losses and state; then one GPU twice and (with 2+ GPUs) model=2, three processes; then the cost
+    # both (jax.vmap), losses and state; then two processes, one GPU and (with 2+ GPUs) model=2, else one GPU twice.
+    # Two H100s took about 85 s per recipe on model=2: with 4 GPUs (three meshes) pass fewer RECIPES per command.
     n=$(nvidia-smi -L | wc -l)
     if [ "$n" -ge 2 ]; then
       meshes="model=2"; [ "$n" -ge 4 ] && meshes="model=2 data=2,model=2 data=2,model=2:fsdp"
-      timeout 300 python -m experiments.layout_check --checks loss --recipes bf16,nvfp4_rtn,nvidia_nvfp4,quartet2 \
+      recipes=${RECIPES:-bf16,nvfp4_rtn,nvidia_nvfp4,quartet2}
+      timeout 400 python -m experiments.layout_check --checks loss --recipes "$recipes" \
         --meshes $meshes --steps 3 --deterministic 2 --out "$OUT/layout_tp.json" > "$OUT/layout_tp.log" 2>&1
     fi
     runs=("" "")
-    [ "$n" -ge 2 ] && runs+=("--mesh model=2")
+    [ "$n" -ge 2 ] && runs[1]="--mesh model=2"
     for i in "${!runs[@]}"; do
-      timeout 90 python -m experiments.train --model 1M --recipe nvidia_nvfp4 --tokens 24576 --batch-size 16 \
+      timeout 80 python -m experiments.train --model 1M --recipe nvidia_nvfp4 --tokens 24576 --batch-size 16 \
         --seq-len 128 --log-every 1 --eval-every 6 --ckpt-every 6 --eval-batches 2 --deterministic 2 \
         --tensor-shards 2 ${runs[$i]} --out "$OUT/tp$i" > "$OUT/tp$i.log" 2>&1
     done
     same_curves tp "${#runs[@]}" > "$OUT/tp_cross_process.log"
-    if [ "$n" -ge 2 ]; then
-      common="--model 125M --recipes bf16,nvidia_nvfp4 --per-device-batch 16 --seq-len 1024 --steps 5 --warmup 2"
-      timeout 150 python -m experiments.bench_scaling $common --mesh model --devices 1,2 --microbatches-per-device 1 \
-        --out "$OUT/tp_cost_det.json" > "$OUT/tp_cost_det.log" 2>&1
-      timeout 120 python -m experiments.bench_scaling $common --mesh model --devices 1,2 \
-        --out "$OUT/tp_cost_default.json" > "$OUT/tp_cost_default.log" 2>&1
-    fi
+    ;;
+  tp-cost)
+    # what --deterministic --tensor-shards 2 costs at 125M, on one GPU (vmapped shards) and on model=2
+    common="--model 125M --recipes bf16,nvidia_nvfp4 --per-device-batch 16 --seq-len 1024 --steps 5 --warmup 2"
+    timeout 150 python -m experiments.bench_scaling $common --mesh model --devices 1,2 --microbatches-per-device 1 \
+      --out "$OUT/tp_cost_det.json" > "$OUT/tp_cost_det.log" 2>&1
+    timeout 120 python -m experiments.bench_scaling $common --mesh model --devices 1,2 \
+      --out "$OUT/tp_cost_default.json" > "$OUT/tp_cost_default.log" 2>&1
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_suite.sh kernels|gemm|multi|scaling|deterministic|tp|training" >&2
+    echo "usage: bash benchmarks/gpu_suite.sh kernels|gemm|multi|scaling|deterministic|tp|tp-cost|training" >&2
     exit 2
     ;;
 esac
