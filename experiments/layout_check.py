@@ -11,10 +11,12 @@ array sharded along its rows, its columns (the contraction axis) or both, agains
 device; ``equal`` means values and scale agree bit for bit.
 
 ``{"check": "loss", "recipe", "mesh", "grad_comm_dtype", "losses", "reference", "grad_norms", "reference_grad_norms",
-"max_abs_diff", "max_ulp_diff", "bit_identical", "state_identical", "collectives", "all_reduce_dtypes"}``:
-``--steps`` training steps of ``experiments.train.Trainer`` on the mesh, once per ``--grad-comm-dtypes`` entry,
-against the same steps on one device (same data, same keys, fp32 gradients); ``state_identical``: the parameters
-and optimizer state after the last step are the same bytes. ``--deterministic R`` trains both with R fixed
+"max_abs_diff", "max_ulp_diff", "bit_identical", "state_identical", "differing_params", "collectives",
+"all_reduce_dtypes"}``: ``--steps`` training steps of ``experiments.train.Trainer`` on the mesh, once per
+``--grad-comm-dtypes`` entry, against the same steps on one device (same data, same keys, fp32 gradients);
+``state_identical``: the parameters and optimizer state after the last step are the same bytes;
+``differing_params``: the paths of the parameters whose bytes differ (with ``--steps 1``, where the first
+gradients differed). ``--deterministic R`` trains both with R fixed
 microbatches summed in a fixed order (``experiments.deterministic``), which makes them bit-identical; a mesh with a
 model axis of T devices then trains T tensor-parallel shards (``--tensor-shards T``), and so does its one-device
 reference.
@@ -138,6 +140,17 @@ def _compared(losses: np.ndarray, ref: np.ndarray) -> dict:
             "max_ulp_diff": int(ulps.max()), "bit_identical": bool(ulps.max() == 0)}
 
 
+def state_digests(state) -> dict[str, str]:
+    """SHA-256 of the bytes of every leaf of ``state`` (gathered from its devices), by its path."""
+    return {jax.tree_util.keystr(path): hashlib.sha256(np.ascontiguousarray(leaf).tobytes()).hexdigest()
+            for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(state))}
+
+
+def differing_leaves(digests: dict[str, str], reference: dict[str, str]) -> list[str]:
+    """Paths of the leaves whose bytes differ from ``reference``'s (or that only one side has), sorted."""
+    return sorted(path for path in digests.keys() | reference.keys() if digests.get(path) != reference.get(path))
+
+
 def _losses(config: train.TrainConfig, layout, steps: int, model_overrides) -> dict:
     """The first ``steps`` losses and gradient norms, and the collectives' element types of the train step."""
     trainer = train.Trainer(config, layout=layout, model_overrides=model_overrides)
@@ -149,10 +162,7 @@ def _losses(config: train.TrainConfig, layout, steps: int, model_overrides) -> d
         state, out = step_fn(state, batch(step), trainer.quant_key(step))
         metrics.append(out)
     metrics = jax.device_get(metrics)
-    digest = hashlib.sha256()
-    for leaf in jax.tree.leaves(jax.device_get(state)):
-        digest.update(np.ascontiguousarray(leaf).tobytes())
-    return {"losses": np.asarray([m["loss"] for m in metrics], np.float32), "state_sha256": digest.hexdigest(),
+    return {"losses": np.asarray([m["loss"] for m in metrics], np.float32), "state_digests": state_digests(state),
             "grad_norms": [float(m["grad_norm"]) for m in metrics],
             "collectives": {op: sorted(types) for op, types in sharding.collective_dtypes(step_fn.as_text()).items()},
             "all_reduce_dtypes": all_reduce_dtypes(lowered.as_text())}
@@ -181,8 +191,10 @@ def check_losses(config: train.TrainConfig, recipe_names, layouts, steps: int, m
                     references[shards] = _losses(dataclasses.replace(run, grad_comm_dtype="float32"), None, steps,
                                                  model_overrides)
                 reference = references[shards]
+                differing = differing_leaves(got["state_digests"], reference["state_digests"])
                 records.append({**head, **_compared(got["losses"], reference["losses"]),
-                                "state_identical": got["state_sha256"] == reference["state_sha256"],
+                                "state_identical": not differing,
+                                "differing_params": [path for path in differing if path.startswith("['params']")],
                                 "grad_norms": got["grad_norms"], "reference_grad_norms": reference["grad_norms"],
                                 "collectives": got["collectives"], "all_reduce_dtypes": got["all_reduce_dtypes"]})
                 print(json.dumps(records[-1]), flush=True)

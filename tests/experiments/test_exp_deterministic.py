@@ -66,7 +66,7 @@ def test_losses_and_trained_state_are_bit_identical_on_every_layout(corpus):
                             "--steps", "3", "--deterministic", "4")
     assert [r["mesh"] for r in records] == ["data=4", "data=2 fsdp", "model=2", "data=2,model=2"], records
     for r in records:
-        assert r["bit_identical"] and r["state_identical"], r
+        assert r["bit_identical"] and r["state_identical"] and r["differing_params"] == [], r
         assert r["grad_norms"] == r["reference_grad_norms"], r
         assert r["losses"][-1] < r["losses"][0], r  # it trains
 

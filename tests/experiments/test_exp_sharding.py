@@ -186,6 +186,20 @@ def test_sharded_losses_match_one_device(corpus, recipes, meshes):
         assert set(r["collectives"].get("all-reduce", [])) <= {"f32", "pred", "s32", "u32"}, r["collectives"]
 
 
+def test_differing_leaves_names_the_parameters_that_differ():
+    """``state_digests`` hashes each leaf by its path; a one-ulp change in one parameter, and a leaf on one side
+    only, are named, and nothing else is."""
+    from experiments import layout_check
+    state = {"params": {"q": np.ones((2, 3), np.float32), "o": np.zeros(4, np.float32)}, "opt_state": (np.ones(2),)}
+    moved = {"params": {"q": state["params"]["q"].copy(), "o": state["params"]["o"]}, "opt_state": state["opt_state"]}
+    moved["params"]["q"][1, 2] = np.nextafter(np.float32(1), np.float32(2))
+    digests = layout_check.state_digests(state)
+    assert layout_check.differing_leaves(digests, digests) == []
+    assert layout_check.differing_leaves(layout_check.state_digests(moved), digests) == ["['params']['q']"]
+    extra = {**moved, "step": np.int32(0)}
+    assert layout_check.differing_leaves(layout_check.state_digests(extra), digests) == ["['params']['q']", "['step']"]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
