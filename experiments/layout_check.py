@@ -16,10 +16,9 @@ device; ``equal`` means values and scale agree bit for bit.
 ``--grad-comm-dtypes`` entry, against the same steps on one device (same data, same keys, fp32 gradients);
 ``state_identical``: the parameters and optimizer state after the last step are the same bytes;
 ``differing_params``: the paths of the parameters whose bytes differ (with ``--steps 1``, where the first
-gradients differed). ``--deterministic R`` trains both with R fixed
-microbatches summed in a fixed order (``experiments.deterministic``), which makes them bit-identical; a mesh with a
-model axis of T devices then trains T tensor-parallel shards (``--tensor-shards T``), and so does its one-device
-reference.
+gradients differed). ``--deterministic R`` trains both with R fixed microbatches summed in a fixed order
+(``experiments.deterministic``), which makes them bit-identical; a mesh with a model axis of T devices then trains T
+tensor-parallel shards (``--tensor-shards T``), and so does its one-device reference.
 ``{"check": "backends", "recipe", "backend", "reference_backend", "losses", "reference", "max_abs_diff",
 "max_ulp_diff", "bit_identical", "grad_norms", "reference_grad_norms"}``:
 ``--steps`` training steps on one device with the projections' quantizers run by ``--backends``' other entries
