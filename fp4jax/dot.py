@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from fp4jax import estimators, operand as operand_lib, recipes as recipes_lib, sharding as sharding_lib
-from fp4jax.operand import Operand, channel_scale, inverse_rotate, matmul, rotate_and_quantize, signs_for
+from fp4jax.operand import (Operand, channel_scale, inverse_rotate, matmul, rotate_and_quantize,
+                            rotate_and_quantize_both, signs_for)
 from fp4jax.recipes import Recipe
 
 _KEY_IDS = {"fwd_lhs": 1, "fwd_rhs": 2, "dgrad_lhs": 3, "dgrad_rhs": 4, "wgrad_lhs": 5, "wgrad_rhs": 6}
@@ -111,6 +112,18 @@ def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs, transposed=
   return out
 
 
+def _quantize_both(static: _Static, x, key, rows: str, cols: str, signs_rows, signs_cols):
+  """``x`` quantized as operand ``rows`` (e.g. ``"dgrad_lhs"``) and, transposed, as operand ``cols`` (e.g.
+  ``"wgrad_lhs"``) by ``rotate_and_quantize_both`` (one pass over ``x`` for both where the kernel fuses them):
+  ``((Operand, mask), (Operand, mask))``, the bits each GEMM would draw; None on the XLA backend and for sharded
+  recipes, whose GEMMs quantize their operands themselves."""
+  r = static.recipe
+  if static.backend == "xla" or any(sharding_lib.operand_shard(r, name) for name in (rows, cols)):
+    return None
+  return rotate_and_quantize_both(x, (getattr(r, rows), _fold(key, _KEY_IDS[rows]), signs_rows),
+                                  (getattr(r, cols), _fold(key, _KEY_IDS[cols]), signs_cols), backend=static.backend)
+
+
 def _forward_source(spec, raw, forward: Operand):
   """The backward GEMM's W or X according to ``spec.source``: an array to quantize transposed (its GEMM contracts
   the second-to-last axis), or the forward ``Operand`` reused with its last axes swapped."""
@@ -132,18 +145,26 @@ def _to_input(grad, fwd_spec, mask, signs):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _qdot(static: _Static, x, w, key):
-  return _qdot_fwd(static, x, w, key)[0]
+  return _qdot_fwd(static, x, w, key, for_backward=False)[0]
 
 
-def _qdot_fwd(static: _Static, x, w, key):
+def _qdot_fwd(static: _Static, x, w, key, for_backward: bool = True):
+  """Y and the backward's residuals. ``for_backward``: X is also quantized here for the weight-gradient GEMM
+  where one kernel pass serves both (``_quantize_both``) and that operand is kept instead of X."""
   r = static.recipe
   signs = signs_for(r.fwd_lhs, _fold(key, _SIGNS_IDS["fwd"]))
-  (xq, mask_x), (wq, mask_w) = _quantize_gemm(static, "fwd", x, w, key, signs)
-  y = matmul(xq, wq, static.precision).astype(static.out_dtype)
   keep_x = r.wgrad_rhs.source == "input"
+  both = None
+  if for_backward and keep_x:
+    wgrad_signs = signs_for(r.wgrad_lhs, _fold(key, _SIGNS_IDS["bwd"]))
+    both = _quantize_both(static, x, key, "fwd_lhs", "wgrad_rhs", signs, wgrad_signs)
+  (xq, mask_x), (wq, mask_w) = _quantize_gemm(static, "fwd", x if both is None else both[0][0], w, key, signs)
+  if both is not None:
+    mask_x = both[0][1]
+  y = matmul(xq, wq, static.precision).astype(static.out_dtype)
   keep_w = r.dgrad_rhs.source == "input" or r.fwd_rhs.estimator == "dge"
   res = (
-      x if keep_x else None,
+      (x if both is None else both[1][0]) if keep_x else None,  # X, or its weight-gradient operand
       w if keep_w else None,
       None if keep_x else xq,
       wq if r.dgrad_rhs.source == "forward" else None,
@@ -159,16 +180,19 @@ def _qdot_bwd(static: _Static, res, dy):
   x, w, xq, wq, mask_x, mask_w, fwd_signs, key = res
   r = static.recipe
   bwd_key = _fold(key, _SIGNS_IDS["bwd"])
+  dgrad_signs, wgrad_signs = signs_for(r.dgrad_lhs, bwd_key), signs_for(r.wgrad_lhs, bwd_key)
+  both = _quantize_both(static, dy, key, "dgrad_lhs", "wgrad_lhs", dgrad_signs, wgrad_signs)
+  dy_dgrad, dy_wgrad = (dy, dy) if both is None else (both[0][0], both[1][0])
   # dgrad: dX (B, M, K) = dY (B, M, N) . W (B, N, K), contraction over N.
   (a, _), (b, _) = _quantize_gemm(
-      static, "dgrad", dy, _forward_source(r.dgrad_rhs, w, wq), key, signs_for(r.dgrad_lhs, bwd_key), (False, True)
+      static, "dgrad", dy_dgrad, _forward_source(r.dgrad_rhs, w, wq), key, dgrad_signs, (False, True)
   )
   dx = matmul(a, b, static.precision)
   if r.dgrad_rhs.source == "forward":
     dx = _to_input(dx, r.fwd_lhs, mask_x, fwd_signs)
   # wgrad: dW (B, N, K) = dYᵀ (B, N, M) . X (B, M, K), contraction over M.
   (a, _), (b, _) = _quantize_gemm(
-      static, "wgrad", dy, _forward_source(r.wgrad_rhs, x, xq), key, signs_for(r.wgrad_lhs, bwd_key), (True, True)
+      static, "wgrad", dy_wgrad, _forward_source(r.wgrad_rhs, x, xq), key, wgrad_signs, (True, True)
   )
   dw = matmul(a, b, static.precision)
   if r.wgrad_rhs.source == "forward":

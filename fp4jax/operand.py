@@ -140,26 +140,63 @@ def _block_fp4(x: jax.Array, spec: OperandSpec, key, shard=None) -> tuple[Operan
   return Operand(values, jnp.asarray(global_scale, jnp.float32)), mask
 
 
+def _kernel_spec(spec: OperandSpec, hadamard: int, transposed: bool):
+  """The fused kernel's ``QuantizeSpec`` for ``spec``: bf16 values only (and QuEST's trust mask), no packed codes."""
+  from fp4jax_kernels.quantize.spec import QuantizeSpec  # noqa: PLC0415  (lazy: the kernels plug in beneath)
+
+  mode = "none" if not hadamard or spec.signs == "none" else ("te" if spec.signs == "te" else "random")
+  return QuantizeSpec(spec.fmt, rounding=spec.rounding, hadamard=hadamard, hadamard_signs=mode,
+                      block_shape=spec.block_shape, along="rows_of_transpose" if transposed else "rows",
+                      dequantize="block_scaled_only", trust_mask=spec.estimator == "trust_mask", packed=False)
+
+
+def _kernel_operand(out, shape) -> tuple[Operand, jax.Array | None]:
+  """A kernel's ``Quantized`` (values and mask only: the GEMM reads nothing else) as ``(Operand, mask)``."""
+  _, values, mask, global_scale = out
+  return Operand(values.reshape(shape), global_scale), None if mask is None else mask.reshape(shape) == 1
+
+
 def _kernel_fp4(x: jax.Array, spec: OperandSpec, key, signs, hadamard: int,
                 transposed: bool) -> tuple[Operand, jax.Array | None]:
   """``_block_fp4`` of ``rotate(x, hadamard, signs)`` (of ``swapaxes(x, -1, -2)`` if ``transposed``) by one pass
   of ``fp4jax_kernels``' fused quantize on ``x`` folded to 2D; the same bits."""
   from fp4jax_kernels.quantize import api  # noqa: PLC0415  (lazy: the kernels plug in beneath the quantizers)
-  from fp4jax_kernels.quantize.spec import QuantizeSpec  # noqa: PLC0415
 
   if transposed and math.prod(x.shape[:-2]) > 1:  # the kernel is 2D: a batch of transposes goes through XLA
     x, transposed = jnp.swapaxes(x, -1, -2), False
   out_shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
-  mode = "none" if not hadamard or spec.signs == "none" else ("te" if spec.signs == "te" else "random")
-  quest = spec.estimator == "trust_mask"
-  qspec = QuantizeSpec(spec.fmt, rounding=spec.rounding, hadamard=hadamard, hadamard_signs=mode,
-                       block_shape=spec.block_shape, along="rows_of_transpose" if transposed else "rows",
-                       dequantize="block_scaled_only", trust_mask=quest, packed=False)
+  qspec = _kernel_spec(spec, hadamard, transposed)
   x2 = x.reshape(x.shape[-2:]) if transposed else x.reshape(-1, x.shape[-1])
-  _, values, mask, global_scale = api.quantize(x2, qspec, key, signs=signs if mode == "random" else None,
-                                               backend="pallas")
-  # the GEMM reads the bf16 values (and QuEST's backward the mask) only: the kernel writes no codes or scales
-  return Operand(values.reshape(out_shape), global_scale), None if mask is None else mask.reshape(out_shape) == 1
+  out = api.quantize(x2, qspec, key, signs=signs if qspec.hadamard_signs == "random" else None, backend="pallas")
+  return _kernel_operand(out, out_shape)
+
+
+def rotate_and_quantize_both(
+    x: jax.Array, rows: tuple[OperandSpec, jax.Array | None, jax.Array | None],
+    cols: tuple[OperandSpec, jax.Array | None, jax.Array | None], *, backend: str = "xla",
+) -> tuple[tuple[Operand, jax.Array | None], tuple[Operand, jax.Array | None]]:
+  """``(rotate_and_quantize(x, *rows), rotate_and_quantize(x, *cols, transposed=True))``, each ``(spec, key,
+  signs)``: one tensor quantized for two GEMMs (X for the forward and the weight-gradient GEMMs, dY for the data-
+  and the weight-gradient GEMMs). Where both resolve to the Pallas kernel and the kernel fuses them
+  (``fp4jax_kernels.quantize.pallas_triton.pair_refusal``; a 2D ``x``), one pre-pass and one kernel read ``x``
+  twice in all instead of four times; otherwise the two calls. The same bits either way."""
+  shape_t = x.shape[:-2] + (x.shape[-1], x.shape[-2])
+  fused = (math.prod(x.shape[:-2]) == 1
+           and resolve_backend(backend, x.shape, x.dtype, rows[0], fused_hadamard=True) == "pallas"
+           and resolve_backend(backend, shape_t, x.dtype, cols[0], fused_hadamard=True) == "pallas")
+  if fused:
+    from fp4jax_kernels.quantize import api, pallas_triton  # noqa: PLC0415  (lazy, as above)
+
+    qrows, qcols = _kernel_spec(rows[0], rows[0].hadamard, False), _kernel_spec(cols[0], cols[0].hadamard, True)
+    fused = pallas_triton.pair_refusal(qrows, qcols) is None
+  if not fused:
+    return (rotate_and_quantize(x, *rows, backend=backend),
+            rotate_and_quantize(x, *cols, backend=backend, transposed=True))
+  signs = lambda q, s: s if q.hadamard_signs == "random" else None
+  out_r, out_c = api.quantize_pair(x.reshape(x.shape[-2:]), qrows, qcols, rows[1], cols[1],
+                                   rows_signs=signs(qrows, rows[2]), cols_signs=signs(qcols, cols[2]),
+                                   backend="pallas")
+  return _kernel_operand(out_r, x.shape), _kernel_operand(out_c, shape_t)
 
 
 def pallas_refusal(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool) -> str | None:

@@ -28,6 +28,9 @@ RECIPE_SHAPES = {
     "quartet": (32, 64, 64),
     "quartet2": (128, 32, 128),
 }
+# one kernel quantizes X (forward and weight-gradient GEMMs) and one dY (data- and weight-gradient GEMMs) where
+# both directions can share it: not Quartet's X (its wgrad reuses the forward operand), nor MS-EDEN's 128 points
+FUSED_PAIRS = {"nvfp4_rtn": 2, "nvidia_nvfp4": 2, "quartet": 1, "quartet2": 0}
 
 
 @pytest.fixture
@@ -58,7 +61,8 @@ def test_pallas_backend_matches_xla_bit_for_bit(name, pallas_kernels):
   traced = _fwd_bwd(recipe, "pallas").trace(x, w, dy, KEY)
   kernels = pallas_kernels(traced.jaxpr.jaxpr)
   n_fp4 = sum(isinstance(s.fmt, FP4Format) for s in recipe.specs)  # every FP4 operand quantized by the kernel
-  assert sum(k.startswith("fp4_quantize_") for k in kernels) == n_fp4, kernels
+  assert sum(2 if k == "fp4_quantize_pair" else k.startswith("fp4_quantize_") for k in kernels) == n_fp4, kernels
+  assert kernels.count("fp4_quantize_pair") == FUSED_PAIRS[name], kernels
   got = traced.lower().compile()(x, w, dy, KEY)
   want = _fwd_bwd(recipe, "xla")(x, w, dy, KEY)
   for what, g, r in zip(("y", "dx", "dw"), got, want):
@@ -66,6 +70,15 @@ def test_pallas_backend_matches_xla_bit_for_bit(name, pallas_kernels):
     g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
     assert np.all(np.isfinite(r)) and np.any(r != 0), what
     np.testing.assert_array_equal(g, r, err_msg=f"{name} {what}")
+
+
+def test_forward_alone_quantizes_x_once(pallas_kernels):
+  """Without a gradient the forward quantizes X for its own GEMM only: the pair kernel (which also writes the
+  weight-gradient operand) runs only under differentiation."""
+  x, w, _ = _inputs(*RECIPE_SHAPES["nvidia_nvfp4"])
+  fwd = lambda x, w: fp4jax.dot_general(x, w, DN, recipe="nvidia_nvfp4", key=KEY, backend="pallas")
+  kernels = pallas_kernels(jax.make_jaxpr(fwd)(x, w).jaxpr)
+  assert [k for k in kernels if k.startswith("fp4_quantize")] == ["fp4_quantize_nvfp4_rtn"] * 2, kernels
 
 
 @pytest.mark.parametrize("spec, shape", [

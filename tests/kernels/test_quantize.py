@@ -108,6 +108,71 @@ def test_routes_give_the_same_bits(name, route, interpret):
   _assert_same(got, reference.quantize(x, spec, key))
 
 
+PAIR_CASES = {  # name: (rows spec, cols spec, shape, tile, explicit signs for rows / cols)
+    # nvidia_nvfp4's dY: SR for the data gradient, RHT16 + SR transposed for the weight gradient (bf16 values)
+    "nvidia_dy": (QuantizeSpec(N, rounding="sr", dequantize=V, packed=False),
+                  QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along="rows_of_transpose",
+                               dequantize=V, packed=False), (48, 96), (16, 32), (False, False)),
+    # its X, every output written; the columns' bits indexed as x's (along="cols")
+    "nvidia_x_packed": (QuantizeSpec(N, dequantize=D, trust_mask=True),
+                        QuantizeSpec(N, hadamard=16, hadamard_signs="te", along="cols", dequantize=D),
+                        (64, 64), (32, 32), (False, False)),
+    # nvfp4_rtn's operands, f32, the transposed axis ragged (40 rows: a partial block)
+    "rtn_ragged_f32": (QuantizeSpec(N, dequantize=V), QuantizeSpec(N, along="rows_of_transpose", dequantize=V),
+                       (40, 48), (16, 32), (False, False)),
+    # Quartet's dY: MXFP4 (no pre-pass), RHT32 + SR both ways, one sign vector drawn and one given
+    "quartet_dy": (QuantizeSpec(M, rounding="sr", hadamard=32, hadamard_signs="random", dequantize=V),
+                   QuantizeSpec(M, rounding="sr", hadamard=32, hadamard_signs="random", along="rows_of_transpose",
+                                dequantize=V), (64, 96), (32, 32), (False, True)),
+    # mixed formats and rotations: NVFP4 RHT16 + SR along the rows, MXFP4 QuEST transposed (trust mask)
+    "mixed_quest": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="random", dequantize=D),
+                    QuantizeSpec(QUEST, hadamard=32, along="rows_of_transpose", dequantize=V, trust_mask=True),
+                    (64, 64), (32, 64), (True, False)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAIR_CASES))
+def test_pair_matches_two_quantizes_bit_for_bit(name, interpret):
+  """``quantize_pair``: both directions from one pre-pass and one kernel, each bit-identical to the reference
+  (and so to ``quantize`` of that direction alone), with its own key and signs."""
+  rows, cols, shape, tile, given = PAIR_CASES[name]
+  dtype = jnp.float32 if "f32" in name else jnp.bfloat16
+  x = _input(shape, dtype)
+  keys = jax.random.key(7), jax.random.key(8)
+  signs = [fp4jax.hadamard.random_signs(jax.random.key(9 + i), s.hadamard) if g else None
+           for i, (s, g) in enumerate(zip((rows, cols), given))]
+  got = pallas_triton.quantize_pair(x, rows, cols, *keys, rows_signs=signs[0], cols_signs=signs[1], tile=tile,
+                                    interpret=interpret)
+  want = reference.quantize_pair(x, rows, cols, *keys, rows_signs=signs[0], cols_signs=signs[1])
+  _assert_same(got[0], want[0])
+  _assert_same(got[1], want[1])
+  assert got[1].dequantized.shape == shape[::-1]
+
+
+@pytest.mark.parametrize("rows, cols, match", [
+    (QuantizeSpec(N, along="cols"), QuantizeSpec(N, along="cols"), "rows must quantize along the rows"),
+    (QuantizeSpec(N), QuantizeSpec(N), "rows must quantize along the rows and cols along axis 0"),
+    (QuantizeSpec(N, block_shape=(16, 16)), QuantizeSpec(N, along="cols"), "rows has 16x16 tiles"),
+    (QuantizeSpec(N), QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", along="cols"),
+     "cols has a 128-point Hadamard"),
+])
+def test_pair_refuses_what_it_cannot_fuse(rows, cols, match):
+  with pytest.raises(ValueError, match=f"quantize_pair: {match}"):
+    pallas_triton.quantize_pair(jnp.ones((128, 128)), rows, cols, jax.random.key(0), interpret=True)
+
+
+def test_pair_api_picks_the_reference_off_gpu_and_refused_pairs():
+  """``api.quantize_pair``'s ``"auto"``: the kernel only on a GPU that runs it and for a pair it fuses."""
+  rows, cols = QuantizeSpec(N, dequantize=V), QuantizeSpec(N, along="rows_of_transpose", dequantize=V)
+  x = _input((32, 64), jnp.bfloat16)
+  got = jax.make_jaxpr(lambda x: api.quantize_pair(x, rows, cols))(x)
+  assert ("pallas_call" in str(got)) == (jax.default_backend() == "gpu")
+  eden = QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", along="rows_of_transpose")
+  x = _input((128, 64), jnp.bfloat16)
+  got = jax.make_jaxpr(lambda x: api.quantize_pair(x, rows, eden, None, jax.random.key(0), backend="auto"))(x)
+  assert "fp4_quantize_pair" not in str(got)
+
+
 @pytest.mark.parametrize("along", ["rows", "rows_of_transpose"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("hadamard", [16, 128])

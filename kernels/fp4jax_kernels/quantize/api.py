@@ -16,6 +16,7 @@ from fp4jax_kernels.quantize import pallas_triton, reference
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 
 IMPLEMENTATIONS = {"xla": reference.quantize, "pallas": pallas_triton.quantize}
+PAIR_IMPLEMENTATIONS = {"xla": reference.quantize_pair, "pallas": pallas_triton.quantize_pair}
 
 
 def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, signs: jax.Array | None = None,
@@ -34,3 +35,22 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   if name == "pallas":
     impl = functools.partial(impl, interpret=backends.pallas_interpret() if interpret is None else interpret)
   return impl(x, spec, key, signs=signs)
+
+
+def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key: jax.Array | None = None,
+                  cols_key: jax.Array | None = None, *, rows_signs: jax.Array | None = None,
+                  cols_signs: jax.Array | None = None, backend: str = "auto", interpret: bool | None = None):
+  """``(quantize(x, rows, rows_key, ...), quantize(x, cols, cols_key, ...))``, by ``pallas_triton.quantize_pair``
+  (one pre-pass and one kernel for both) or the reference; identical bits from every backend. ``"auto"`` picks the
+  kernel where it takes both directions (``backends.quantize_backend`` for each, ``pallas_triton.pair_refusal``)."""
+  auto = "xla"
+  if (pallas_triton.pair_refusal(rows, cols) is None
+      and backends.quantize_backend(x.shape, rows.unit) == backends.quantize_backend(x.shape[::-1], cols.unit)):
+    auto = backends.quantize_backend(x.shape, rows.unit)
+  name = backends.resolve(backend, auto)
+  if name not in PAIR_IMPLEMENTATIONS:
+    raise ValueError(f"quantize_pair has no {name!r} implementation; choose from {sorted(PAIR_IMPLEMENTATIONS)}")
+  impl = PAIR_IMPLEMENTATIONS[name]
+  if name == "pallas":
+    impl = functools.partial(impl, interpret=backends.pallas_interpret() if interpret is None else interpret)
+  return impl(x, rows, cols, rows_key, cols_key, rows_signs=rows_signs, cols_signs=cols_signs)

@@ -3,6 +3,7 @@
     PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.bench [--rows 16384 --cols 8192]
     PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.bench --sweep-tiles [--json sweep.json]
     PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.bench --after-producer
+    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.bench --pairs [--rows 8192 --cols 4096]
 
 "% copy BW" = (bytes the op must move at least: read x once + write codes and scales) / time, over the copy's
 (read + write) / time. The Pallas rows include the amax pre-pass (a second read of x, see pallas_triton; with a
@@ -12,6 +13,10 @@ Hadamard it also writes the rotated x the kernel reads); "kernel only" subtracts
 quantize adds to the producer's time, against the kernel alone (tensor amax given) and the standalone quantize. XLA
 can fold the amax pre-pass into the producer's fusion (a multi-output fusion that writes ``x`` and its partial
 maxima), so in a model the quantize costs about the kernel alone; whether it did is read from the compiled HLO.
+
+``--pairs``: one tensor quantized both ways (``PAIRS``: a linear layer's X and dY as ``fp4jax.operand`` asks for
+them, bf16 values only), by the two ``quantize`` calls (default tiles and routes) and by ``quantize_pair`` over
+``PAIR_TILES`` x ``SWEEP_WARPS``; "% copy BW" counts one read of x and both outputs.
 
 ``--sweep-tiles``: for every spec, the kernel over ``SWEEP_TILES`` x ``SWEEP_WARPS`` (tiles given as (across,
 along) the quantized axis; a tile the spec cannot take is skipped, one that fails to compile is reported), next to
@@ -54,6 +59,20 @@ OPS = {  # name: (spec, tiles to try as (tile, num_warps))
                                                       along="rows_of_transpose", dequantize="block_scaled_only",
                                                       packed=False), [((256, 32), 4)]),
 }
+_VALUES = dict(dequantize="block_scaled_only", packed=False)
+_RHT16_TE = dict(hadamard=16, hadamard_signs="te")
+PAIRS = {  # name: (along the rows, transposed), as fp4jax.dot_general's kernels quantize these tensors
+    "nvidia_nvfp4 X": (QuantizeSpec(fp4jax.NVFP4, **_VALUES),
+                       QuantizeSpec(fp4jax.NVFP4, along="rows_of_transpose", **_RHT16_TE, **_VALUES)),
+    "nvidia_nvfp4 dY": (QuantizeSpec(fp4jax.NVFP4, rounding="sr", **_VALUES),
+                        QuantizeSpec(fp4jax.NVFP4, rounding="sr", along="rows_of_transpose", **_RHT16_TE, **_VALUES)),
+    "nvfp4_rtn X, dY": (QuantizeSpec(fp4jax.NVFP4, **_VALUES),
+                        QuantizeSpec(fp4jax.NVFP4, along="rows_of_transpose", **_VALUES)),
+    "quartet dY": (QuantizeSpec(fp4jax.MXFP4, rounding="sr", hadamard=32, hadamard_signs="random", **_VALUES),
+                   QuantizeSpec(fp4jax.MXFP4, rounding="sr", hadamard=32, hadamard_signs="random",
+                                along="rows_of_transpose", **_VALUES)),
+}
+PAIR_TILES = ((32, 256), (64, 256), (64, 128), (128, 128), (128, 64), (256, 64))  # tiles of x
 SWEEP_TILES = ((16, 256), (32, 256), (64, 256), (32, 512), (64, 512), (128, 256))  # (across, along)
 SWEEP_WARPS = (4, 8)
 
@@ -153,6 +172,31 @@ def table(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
     print(f"{name:24s} {'pre-pass (used)':28s} {pre:8.3f}", flush=True)
 
 
+def pairs(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False) -> None:
+  """Per ``PAIRS`` entry: the two quantizes, then ``quantize_pair`` on every tile and warp count (ms, % of copy
+  bandwidth for one read of x and both outputs, speed-up over the two quantizes)."""
+  k1, k2 = jax.random.split(key)
+  print(f"{'tensor':18s} {'impl':32s} {'ms':>8s} {'% copy BW':>10s} {'vs two':>7s}")
+  for name, (rows, cols) in PAIRS.items():
+    need = 2 * x.size + sum(min_bytes(s, x.size) - 2 * x.size for s in (rows, cols))
+    pct = lambda ms: 100 * (need / ms / 1e6) / copy_bw
+    two = jax.jit(lambda x, a, b: (pallas_triton.quantize(x, rows, a, interpret=interpret).dequantized,
+                                   pallas_triton.quantize(x, cols, b, interpret=interpret).dequantized))
+    t_two = time_ms(two, x, k1, k2)
+    print(f"{name:18s} {'two quantizes (defaults)':32s} {t_two:8.3f} {pct(t_two):9.1f}%", flush=True)
+    for tile in PAIR_TILES:
+      for nw in SWEEP_WARPS:
+        fn = jax.jit(lambda x, a, b, tile=tile, nw=nw: [q.dequantized for q in pallas_triton.quantize_pair(
+            x, rows, cols, a, b, tile=tile, num_warps=nw, interpret=interpret)])
+        label = f"pair {tile} w{nw}"
+        try:
+          ms = time_ms(fn, x, k1, k2)
+        except Exception as e:  # noqa: BLE001  a tile that fails to compile is reported, not fatal
+          print(f"{name:18s} {label:32s} FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
+          continue
+        print(f"{name:18s} {label:32s} {ms:8.3f} {pct(ms):9.1f}% {t_two / ms:6.2f}x", flush=True)
+
+
 PRODUCERS = {  # name: the elementwise op that produces x from two bf16 tensors (a SwiGLU-like product, a residual add)
     "x = h * g": lambda h, g: h * g,
     "x = h + g": lambda h, g: h + g,
@@ -201,6 +245,7 @@ def main():
   p.add_argument("--sweep-tiles", action="store_true", help="tile x num_warps sweep per spec, JSON out")
   p.add_argument("--json", default=None, help="with --sweep-tiles: also write the JSON document to this path")
   p.add_argument("--after-producer", action="store_true", help="NVFP4 RTN after an elementwise producer, in one graph")
+  p.add_argument("--pairs", action="store_true", help="both directions of one tensor: two quantizes vs the pair")
   p.add_argument("--interpret", action="store_true", help="Pallas interpret mode: a CPU smoke run, times meaningless")
   args = p.parse_args()
   m, k = args.rows, args.cols
@@ -211,6 +256,9 @@ def main():
   print(f"shape {m}x{k} bf16; copy {copy_ms:.3f} ms = {copy_bw:.0f} GB/s (read + write)")
   if args.after_producer:
     after_producer(x, copy_bw, args.interpret)
+    return
+  if args.pairs:
+    pairs(x, key, copy_bw, args.interpret)
     return
   if not args.sweep_tiles:
     table(x, key, copy_bw, args.interpret)

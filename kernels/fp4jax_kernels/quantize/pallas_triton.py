@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -266,10 +267,48 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
   o_ref[...] = amax.reshape(1, 1)
 
 
-def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, stage: bool):
-  """The pre-pass kernel over ``x`` in ``prepass_tile(spec)`` tiles: (tensor amax, the staged input or None)."""
+class _Call(NamedTuple):
+  """One kernel over a grid of ``x``'s tiles: its body and ``pl.pallas_call``'s inputs and outputs. ``_launch``
+  runs one, or several on the same grid as one kernel (each program runs every body on its tile)."""
+
+  body: Callable
+  grid: tuple[int, int]
+  args: tuple
+  in_specs: tuple
+  out_shape: tuple
+  out_specs: tuple
+
+
+def _fused_body(*refs, bodies, arity):
+  """Every body on this program's tile; ``arity``: (inputs, outputs) per body. The refs come as all inputs, then
+  all outputs (``pl.pallas_call``'s order); each body gets its own inputs, then its own outputs."""
+  n_in = sum(a for a, _ in arity)
+  ins, outs = iter(refs[:n_in]), iter(refs[n_in:])
+  for body, (a, b) in zip(bodies, arity):
+    body(*[next(ins) for _ in range(a)], *[next(outs) for _ in range(b)])
+
+
+def _launch(calls: list[_Call], num_warps: int, interpret: bool, name: str) -> list[list[jax.Array]]:
+  """``calls`` as one ``pl.pallas_call`` (they must share the grid): each call's outputs."""
+  if len({c.grid for c in calls}) != 1:
+    raise ValueError(f"fused kernels must run on one grid, got {[c.grid for c in calls]}")
+  body = calls[0].body if len(calls) == 1 else functools.partial(
+      _fused_body, bodies=tuple(c.body for c in calls), arity=tuple((len(c.args), len(c.out_shape)) for c in calls))
+  outs = pl.pallas_call(
+      body, grid=calls[0].grid,
+      in_specs=[s for c in calls for s in c.in_specs], out_specs=[s for c in calls for s in c.out_specs],
+      out_shape=[s for c in calls for s in c.out_shape],
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1), interpret=interpret, name=name,
+  )(*[a for c in calls for a in c.args])
+  outs, got = iter(outs), []
+  for c in calls:
+    got.append([next(outs) for _ in c.out_shape])
+  return got
+
+
+def _amax_plan(x: jax.Array, spec: QuantizeSpec, signs, stage: bool, tile) -> _Call:
+  """The pre-pass kernel over ``x`` in ``tile`` tiles: outputs (partial max per tile, [the staged input])."""
   m, k = x.shape
-  tile = prepass_tile(spec)
   grid = (pl.cdiv(m, tile[0]), pl.cdiv(k, tile[1]))
   if rotates_in_parts(spec):
     args = [chunk_view(x, spec.hadamard, spec.transposed)]
@@ -287,13 +326,15 @@ def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, stage: 
     else:
       out_shape.append(jax.ShapeDtypeStruct((m, k), x.dtype))
       out_specs.append(pl.BlockSpec(tile, lambda i, j: (i, j)))
-  outs = pl.pallas_call(
-      functools.partial(_amax_kernel, spec=spec, shape=(m, k), bf16_input=x.dtype == jnp.bfloat16,
-                        has_signs=signs is not None, stage=stage),
-      grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1), interpret=interpret,
-      name="fp4_staging_amax" if stage else "fp4_rotated_amax",
-  )(*args)
+  body = functools.partial(_amax_kernel, spec=spec, shape=(m, k), bf16_input=x.dtype == jnp.bfloat16,
+                           has_signs=signs is not None, stage=stage)
+  return _Call(body, grid, tuple(args), tuple(in_specs), tuple(out_shape), tuple(out_specs))
+
+
+def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, stage: bool):
+  """The pre-pass kernel over ``x`` in ``prepass_tile(spec)`` tiles: (tensor amax, the staged input or None)."""
+  (outs,) = _launch([_amax_plan(x, spec, signs, stage, prepass_tile(spec))], 4, interpret,
+                    "fp4_staging_amax" if stage else "fp4_rotated_amax")
   return jnp.max(outs[0]), (outs[1] if stage else None)
 
 
@@ -468,6 +509,72 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   ``tile`` is always a tile of ``x``; ``tile`` and ``num_warps`` default to ``default_tile`` and
   ``default_num_warps``.
   """
+  num_warps = num_warps or default_num_warps(spec)
+  call, finish = _plan(x, spec, key, signs, tile, num_warps, interpret, amax, origin, logical_shape, route, staged)
+  (outs,) = _launch([call], num_warps, interpret, f"fp4_quantize_{spec.fmt.name}_{spec.rounding}")
+  return finish(outs)
+
+
+PAIR_TILE = (64, 256)
+
+
+def pair_refusal(rows: QuantizeSpec, cols: QuantizeSpec) -> str | None:
+  """Why ``quantize_pair`` cannot take ``(rows, cols)``, or None."""
+  if rows.transposed or not cols.transposed:
+    return f"rows must quantize along the rows and cols along axis 0, got along={rows.along!r} / {cols.along!r}"
+  for name, spec in (("rows", rows), ("cols", cols)):
+    if spec.block_shape is not None:
+      return f"{name} has 16x16 tiles (one direction serves both GEMMs: quantize them alone)"
+    if spec.hadamard > MAX_UNIT:
+      return (f"{name} has a {spec.hadamard}-point Hadamard; the pair rotates in the kernel, up to {MAX_UNIT} points "
+              "(MS-EDEN's rotation is staged by its own pre-pass: quantize it alone)")
+  return None
+
+
+@functools.partial(jax.jit, static_argnames=("rows", "cols", "tile", "num_warps", "interpret"))
+def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key: jax.Array | None = None,
+                  cols_key: jax.Array | None = None, *, rows_signs: jax.Array | None = None,
+                  cols_signs: jax.Array | None = None, tile=None, num_warps: int = 4,
+                  interpret: bool = False) -> tuple[Quantized, Quantized]:
+  """``(quantize(x, rows, rows_key, signs=rows_signs), quantize(x, cols, cols_key, signs=cols_signs))`` bit for
+  bit, in one pre-pass and one kernel: a tensor quantized along its rows and, transposed, along its columns (the
+  activation X of a linear layer for the forward and the weight-gradient GEMMs; dY for the data- and the
+  weight-gradient GEMMs).
+
+  Bytes: the two ``quantize`` calls read ``x`` four times (each pre-pass and each kernel; the staged route also
+  writes and reads a rotated ``xᵀ``). Here the pre-pass reduces both tensor amaxes from one read (each program
+  loads its tile once per direction; the second load hits the cache) and the kernel quantizes both directions of
+  each tile after one read: ``2·sizeof(x)`` read per element in all. ``rows`` runs along the rows (rotated in the
+  kernel); ``cols`` is transposed in registers and, with a Hadamard, rotated as it is loaded (``load_rotated``).
+  ``pair_refusal`` names the pairs it does not take (16x16 tiles, a Hadamard over 32 points). ``tile`` is a tile
+  of ``x`` holding whole units of both directions (default ``PAIR_TILE``).
+  """
+  refusal = pair_refusal(rows, cols)
+  if refusal:
+    raise ValueError(f"quantize_pair: {refusal}")
+  tile = tuple(tile or PAIR_TILE)
+  amaxes, plans = {}, []
+  for name, spec, key, signs in (("rows", rows, rows_key, rows_signs), ("cols", cols, cols_key, cols_signs)):
+    _check(x, spec, tile)
+    if spec.fmt.name == "nvfp4":
+      drawn, _, _ = _signs_and_seeds(spec, spec.hadamard, key, signs)
+      amax_spec = spec if spec.hadamard else dataclasses.replace(spec, along="rows")  # a max needs no transpose
+      plans.append((name, _amax_plan(x, amax_spec, drawn, False, tile)))
+  if plans:
+    for (name, _), (partial,) in zip(plans, _launch([p for _, p in plans], num_warps, interpret, "fp4_pair_amax")):
+      amaxes[name] = jnp.max(partial)
+  calls, finishes = zip(*(_plan(x, spec, key, signs, tile, num_warps, interpret, amaxes.get(name), None, None,
+                                "kernel", None)
+                          for name, spec, key, signs in (("rows", rows, rows_key, rows_signs),
+                                                         ("cols", cols, cols_key, cols_signs))))
+  outs = _launch(list(calls), num_warps, interpret, "fp4_quantize_pair")
+  return finishes[0](outs[0]), finishes[1](outs[1])
+
+
+def _plan(x, spec: QuantizeSpec, key, signs, tile, num_warps: int, interpret: bool, amax, origin, logical_shape,
+          route, staged) -> tuple[_Call, Callable]:
+  """``quantize``'s kernel for ``spec`` (its NVFP4 pre-pass run unless ``amax`` is given), and the function that
+  turns the kernel's outputs into ``Quantized``."""
   if staged is not None:
     if amax is None or not (spec.transposed or spec.hadamard):
       raise ValueError("staged: the pre-pass's output for a transposed or rotated spec, passed with the amax")
@@ -475,7 +582,6 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   else:
     route = effective_route(spec, route or default_route(spec), spec.fmt.name == "nvfp4" and amax is None)
   tile = tuple(tile or default_tile(spec))
-  num_warps = num_warps or default_num_warps(spec)
   _check(x, spec, tile)
   logical_shape = tuple(logical_shape or x.shape)
   _check_shard(x, spec, amax, logical_shape)
@@ -560,17 +666,14 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
                              has_signs=kernel_signs is not None, interpret=interpret,
                              bf16_input=x.dtype == jnp.bfloat16, transpose_tile=transpose_tile,
                              rotate=rotate, in_parts=in_parts)
-  outs = iter(pl.pallas_call(
-      kernel,
-      grid=grid,
-      in_specs=in_specs,
-      out_specs=out_specs,
-      out_shape=out_shape,
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-      interpret=interpret,
-      name=f"fp4_quantize_{spec.fmt.name}_{spec.rounding}",
-  )(*args))
-  got = {name: next(outs).reshape(shape[0], -1) for name, (shape, _, _) in outputs.items()}
+  call = _Call(kernel, grid, tuple(args), tuple(in_specs), tuple(out_shape), tuple(out_specs))
+  return call, functools.partial(_finish, spec=spec, names=tuple(outputs), tensor_scales=tensor_scales,
+                                 signs=signs, shape=(out_rows, n_axis), block=block, hadamard=hadamard, dtype=x.dtype)
+
+
+def _finish(outs, *, spec: QuantizeSpec, names, tensor_scales, signs, shape, block, hadamard, dtype) -> Quantized:
+  """The kernel's outputs (in ``names`` order) as ``Quantized``."""
+  got = {name: out.reshape(out.shape[0], -1) for name, out in zip(names, outs)}
   if spec.fmt.name == "nvfp4":
     gscale = tensor_scales[1]
   else:
@@ -580,6 +683,5 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   if spec.packed:
     qt = QTensor(
         codes=got["codes"], scales=lax.bitcast_convert_type(got["scales"], spec.fmt.scale_dtype), global_scale=gscale,
-        signs=signs, shape=(out_rows, n_axis), axis=1, fmt=spec.fmt, block_shape=block, hadamard=hadamard,
-        dtype=x.dtype)
+        signs=signs, shape=shape, axis=1, fmt=spec.fmt, block_shape=block, hadamard=hadamard, dtype=dtype)
   return Quantized(qt, got.get("deq"), got.get("mask"), gscale)

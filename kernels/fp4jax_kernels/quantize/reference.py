@@ -54,3 +54,10 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *,
     deq = None if deq is None else deq.T
     mask = None if mask is None else mask.T
   return Quantized(q if spec.packed else None, deq, mask, q.global_scale)
+
+
+def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key: jax.Array | None = None,
+                  cols_key: jax.Array | None = None, *, rows_signs: jax.Array | None = None,
+                  cols_signs: jax.Array | None = None) -> tuple[Quantized, Quantized]:
+  """``pallas_triton.quantize_pair``'s two results, by two calls of ``quantize``."""
+  return quantize(x, rows, rows_key, signs=rows_signs), quantize(x, cols, cols_key, signs=cols_signs)
