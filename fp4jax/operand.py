@@ -177,8 +177,8 @@ def rotate_and_quantize_both(
 ) -> tuple[tuple[Operand, jax.Array | None], tuple[Operand, jax.Array | None]]:
   """``(rotate_and_quantize(x, *rows), rotate_and_quantize(x, *cols, transposed=True))``, each ``(spec, key,
   signs)``: one tensor quantized for two GEMMs (X for the forward and the weight-gradient GEMMs, dY for the data-
-  and the weight-gradient GEMMs). Where both resolve to the Pallas kernel and the kernel fuses them
-  (``fp4jax_kernels.quantize.pallas_triton.pair_refusal``; a 2D ``x``), one pre-pass and one kernel read ``x``
+  and the weight-gradient GEMMs). Where both resolve to the Pallas kernel and fusing them pays
+  (``fp4jax_kernels.quantize.pallas_triton.pair_pays``; a 2D ``x``), one pre-pass and one kernel read ``x``
   twice in all instead of four times; otherwise the two calls. The same bits either way."""
   shape_t = x.shape[:-2] + (x.shape[-1], x.shape[-2])
   fused = (math.prod(x.shape[:-2]) == 1
@@ -188,7 +188,7 @@ def rotate_and_quantize_both(
     from fp4jax_kernels.quantize import api, pallas_triton  # noqa: PLC0415  (lazy, as above)
 
     qrows, qcols = _kernel_spec(rows[0], rows[0].hadamard, False), _kernel_spec(cols[0], cols[0].hadamard, True)
-    fused = pallas_triton.pair_refusal(qrows, qcols) is None
+    fused = pallas_triton.pair_pays(qrows, qcols)
   if not fused:
     return (rotate_and_quantize(x, *rows, backend=backend),
             rotate_and_quantize(x, *cols, backend=backend, transposed=True))

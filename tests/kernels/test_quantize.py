@@ -162,7 +162,7 @@ def test_pair_refuses_what_it_cannot_fuse(rows, cols, match):
 
 
 def test_pair_api_picks_the_reference_off_gpu_and_refused_pairs():
-  """``api.quantize_pair``'s ``"auto"``: the kernel only on a GPU that runs it and for a pair it fuses."""
+  """``api.quantize_pair``'s ``"auto"``: the kernel only on a GPU that runs it and for a pair it speeds up."""
   rows, cols = QuantizeSpec(N, dequantize=V), QuantizeSpec(N, along="rows_of_transpose", dequantize=V)
   x = _input((32, 64), jnp.bfloat16)
   got = jax.make_jaxpr(lambda x: api.quantize_pair(x, rows, cols))(x)
@@ -171,6 +171,11 @@ def test_pair_api_picks_the_reference_off_gpu_and_refused_pairs():
   x = _input((128, 64), jnp.bfloat16)
   got = jax.make_jaxpr(lambda x: api.quantize_pair(x, rows, eden, None, jax.random.key(0), backend="auto"))(x)
   assert "fp4_quantize_pair" not in str(got)
+  quartet = QuantizeSpec(M, rounding="sr", hadamard=32, hadamard_signs="random", dequantize=V)
+  assert pallas_triton.pair_refusal(quartet, dataclasses.replace(quartet, along="rows_of_transpose")) is None
+  assert not pallas_triton.pair_pays(quartet, dataclasses.replace(quartet, along="rows_of_transpose"))
+  rht16 = QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along="rows_of_transpose")
+  assert pallas_triton.pair_pays(rows, cols) and pallas_triton.pair_pays(QuantizeSpec(N), rht16)
 
 
 @pytest.mark.parametrize("along", ["rows", "rows_of_transpose"])

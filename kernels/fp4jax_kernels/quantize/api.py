@@ -42,9 +42,10 @@ def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key
                   cols_signs: jax.Array | None = None, backend: str = "auto", interpret: bool | None = None):
   """``(quantize(x, rows, rows_key, ...), quantize(x, cols, cols_key, ...))``, by ``pallas_triton.quantize_pair``
   (one pre-pass and one kernel for both) or the reference; identical bits from every backend. ``"auto"`` picks the
-  kernel where it takes both directions (``backends.quantize_backend`` for each, ``pallas_triton.pair_refusal``)."""
+  kernel where it runs both directions (``backends.quantize_backend`` for each) and speeds them up
+  (``pallas_triton.pair_pays``); ``"pallas"`` runs it wherever it takes them (``pallas_triton.pair_refusal``)."""
   auto = "xla"
-  if (pallas_triton.pair_refusal(rows, cols) is None
+  if (pallas_triton.pair_pays(rows, cols)
       and backends.quantize_backend(x.shape, rows.unit) == backends.quantize_backend(x.shape[::-1], cols.unit)):
     auto = backends.quantize_backend(x.shape, rows.unit)
   name = backends.resolve(backend, auto)

@@ -72,7 +72,7 @@ PAIRS = {  # name: (along the rows, transposed), as fp4jax.dot_general's kernels
                    QuantizeSpec(fp4jax.MXFP4, rounding="sr", hadamard=32, hadamard_signs="random",
                                 along="rows_of_transpose", **_VALUES)),
 }
-PAIR_TILES = ((32, 256), (64, 256), (64, 128), (128, 128), (128, 64), (256, 64))  # tiles of x
+PAIR_TILES = ((16, 256), (32, 128), (32, 256), (64, 64), (64, 128), (128, 64))  # tiles of x
 SWEEP_TILES = ((16, 256), (32, 256), (64, 256), (32, 512), (64, 512), (128, 256))  # (across, along)
 SWEEP_WARPS = (4, 8)
 

@@ -515,9 +515,6 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   return finish(outs)
 
 
-PAIR_TILE = (64, 256)
-
-
 def pair_refusal(rows: QuantizeSpec, cols: QuantizeSpec) -> str | None:
   """Why ``quantize_pair`` cannot take ``(rows, cols)``, or None."""
   if rows.transposed or not cols.transposed:
@@ -531,10 +528,24 @@ def pair_refusal(rows: QuantizeSpec, cols: QuantizeSpec) -> str | None:
   return None
 
 
+def pair_pays(rows: QuantizeSpec, cols: QuantizeSpec) -> bool:
+  """Whether ``quantize_pair`` beats the two ``quantize`` calls for ``(rows, cols)`` (BENCHMARKS.md §5, H100,
+  8192x4096 bf16): where it takes them and the rows have no Hadamard. Quartet's dY (RHT32 + SR both ways, the rows
+  rotated in the same program as the transposed columns) ran at 0.87x of the two calls at its best tile."""
+  return pair_refusal(rows, cols) is None and not rows.hadamard
+
+
+def pair_config(cols: QuantizeSpec) -> tuple[tuple[int, int], int]:
+  """``quantize_pair``'s default (tile of ``x``, warps) (BENCHMARKS.md §5, H100, 8192x4096 bf16): (64, 128) and 8
+  warps where the columns are rotated (nvidia_nvfp4's X and dY: 1.31x and 1.20x faster than two quantizes),
+  (32, 256) and 4 without (nvfp4_rtn: 1.28x); larger tiles with 4 warps ran up to 3x slower."""
+  return ((64, 128), 8) if cols.hadamard else ((32, 256), 4)
+
+
 @functools.partial(jax.jit, static_argnames=("rows", "cols", "tile", "num_warps", "interpret"))
 def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key: jax.Array | None = None,
                   cols_key: jax.Array | None = None, *, rows_signs: jax.Array | None = None,
-                  cols_signs: jax.Array | None = None, tile=None, num_warps: int = 4,
+                  cols_signs: jax.Array | None = None, tile=None, num_warps: int | None = None,
                   interpret: bool = False) -> tuple[Quantized, Quantized]:
   """``(quantize(x, rows, rows_key, signs=rows_signs), quantize(x, cols, cols_key, signs=cols_signs))`` bit for
   bit, in one pre-pass and one kernel: a tensor quantized along its rows and, transposed, along its columns (the
@@ -546,13 +557,15 @@ def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key
   loads its tile once per direction; the second load hits the cache) and the kernel quantizes both directions of
   each tile after one read: ``2·sizeof(x)`` read per element in all. ``rows`` runs along the rows (rotated in the
   kernel); ``cols`` is transposed in registers and, with a Hadamard, rotated as it is loaded (``load_rotated``).
-  ``pair_refusal`` names the pairs it does not take (16x16 tiles, a Hadamard over 32 points). ``tile`` is a tile
-  of ``x`` holding whole units of both directions (default ``PAIR_TILE``).
+  ``pair_refusal`` names the pairs it does not take (16x16 tiles, a Hadamard over 32 points), ``pair_pays`` those
+  it speeds up. ``tile`` (a tile of ``x`` holding whole units of both directions) and ``num_warps`` default to
+  ``pair_config(cols)``.
   """
   refusal = pair_refusal(rows, cols)
   if refusal:
     raise ValueError(f"quantize_pair: {refusal}")
-  tile = tuple(tile or PAIR_TILE)
+  default_tile_, default_warps = pair_config(cols)
+  tile, num_warps = tuple(tile or default_tile_), num_warps or default_warps
   amaxes, plans = {}, []
   for name, spec, key, signs in (("rows", rows, rows_key, rows_signs), ("cols", cols, cols_key, cols_signs)):
     _check(x, spec, tile)
