@@ -13,6 +13,10 @@ When the backward re-uses the forward-quantized W (or X) (``OperandSpec.source="
 gradient of the forward-quantized operand, which the forward operand's estimator (straight-through or trust mask)
 and the inverse forward rotation map back to the input; DGE multiplies the weight gradient by its derivative.
 
+On a Pallas backend, X (forward and wgrad) and dY (dgrad and wgrad) are each quantized for both of their GEMMs in
+one pass where the kernels fuse the two directions (``fp4jax.operand.rotate_and_quantize_both``); X's wgrad operand
+is then quantized in the forward and kept instead of X. Same bits as quantizing each operand in its own GEMM.
+
 Randomness: one ``key`` per call, split by ``jax.random.fold_in`` with a fixed id per operand (and one per signs
 draw: the forward GEMM's, and one shared by the two backward GEMMs); the same key gives the same result.
 """

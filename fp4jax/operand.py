@@ -11,7 +11,8 @@ by the ``backend`` argument:
   kernel (for NVFP4, by the pre-pass, which writes the rotated operand for the kernel); the kernel draws the same
   random bits as the XLA path, writes the bf16 ``values`` directly (``value(q)·dec_b``, the kernel's
   ``dequantize="block_scaled_only"``) and no packed codes (``packed=False``); QuEST (trust-mask) operands also take
-  the kernel's trust mask. A backward operand that is a transposed tensor (``transposed=True``: Wᵀ, dYᵀ, Xᵀ) is
+  the kernel's trust mask. ``rotate_and_quantize_both`` quantizes one tensor for two GEMMs (along its rows, and
+  transposed) in one pre-pass and one kernel where that pays. A backward operand that is a transposed tensor (``transposed=True``: Wᵀ, dYᵀ, Xᵀ) is
   written K-major by the kernel (``along="rows_of_transpose"``: the bits of the transposed layout), by the faster
   route measured (``fp4jax_kernels.quantize.pallas_triton.default_route``: transposed by the pre-pass with a
   Hadamard, XLA's transpose without); batched tensors are transposed by XLA first. Both backends give the same

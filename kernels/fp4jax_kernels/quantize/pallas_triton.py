@@ -536,10 +536,11 @@ def pair_pays(rows: QuantizeSpec, cols: QuantizeSpec) -> bool:
 
 
 def pair_config(cols: QuantizeSpec) -> tuple[tuple[int, int], int]:
-  """``quantize_pair``'s default (tile of ``x``, warps) (BENCHMARKS.md §5, H100, 8192x4096 bf16): (64, 128) and 8
-  warps where the columns are rotated (nvidia_nvfp4's X and dY: 1.31x and 1.20x faster than two quantizes),
-  (32, 256) and 4 without (nvfp4_rtn: 1.28x); larger tiles with 4 warps ran up to 3x slower."""
-  return ((64, 128), 8) if cols.hadamard else ((32, 256), 4)
+  """``quantize_pair``'s default (tile of ``x``, warps) (BENCHMARKS.md §5, H100, 8192x4096 bf16, two sweeps): (64,
+  64) and 8 warps where the columns are rotated (nvidia_nvfp4's X and dY: 1.26x and 1.13x faster than the two
+  quantizes), (16, 256) and 4 without (nvfp4_rtn: 1.27x). The best few tiles differ by less than the run-to-run
+  spread; larger tiles with 4 warps ran up to 3x slower."""
+  return ((64, 64), 8) if cols.hadamard else ((16, 256), 4)
 
 
 @functools.partial(jax.jit, static_argnames=("rows", "cols", "tile", "num_warps", "interpret"))
