@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_suite.sh kernels   # 1 GPU: GPU tests (compiled kernels, parity), quantize stage profile,
 #                                          # quantize bench (and after a producer)
 #   bash benchmarks/gpu_suite.sh gemm      # 1 GPU: the FP4 GEMM bench (many rows, then few), the linear layer
+#   bash benchmarks/gpu_suite.sh pairs     # 1 GPU: quantize_pair against two quantizes (tile sweep), the layer
 #   bash benchmarks/gpu_suite.sh multi     # 2-4 GPUs: sharded == one device (operands, then losses)
 #   bash benchmarks/gpu_suite.sh scaling   # 2-4 GPUs: data-parallel weak scaling, 125M and 350M
 #   bash benchmarks/gpu_suite.sh deterministic  # 2-4 GPUs: --deterministic, bit-identical losses (one process and
@@ -51,6 +52,12 @@ case "${1:-}" in
     timeout 240 python -m fp4jax_kernels.gemm.bench > "$OUT/gemm.log" 2>&1
     timeout 120 python -m fp4jax_kernels.gemm.bench --few-rows > "$OUT/gemm_few_rows.log" 2>&1
     timeout 200 python benchmarks/bench_linear.py --json "$OUT/linear.json" > "$OUT/linear.log" 2>&1
+    ;;
+  pairs)
+    # a linear layer's X and dY quantized both ways by one kernel, then the layer of the recipes that use it
+    timeout 300 python -m fp4jax_kernels.quantize.bench --pairs --rows 8192 --cols 4096 > "$OUT/pairs.log" 2>&1
+    timeout 150 python benchmarks/bench_linear.py --recipes nvfp4_rtn,nvidia_nvfp4 --json "$OUT/linear_pairs.json" \
+      > "$OUT/linear_pairs.log" 2>&1
     ;;
   multi)
     n=$(nvidia-smi -L | wc -l)

@@ -13,9 +13,10 @@ When the backward re-uses the forward-quantized W (or X) (``OperandSpec.source="
 gradient of the forward-quantized operand, which the forward operand's estimator (straight-through or trust mask)
 and the inverse forward rotation map back to the input; DGE multiplies the weight gradient by its derivative.
 
-On a Pallas backend, X (forward and wgrad) and dY (dgrad and wgrad) are each quantized for both of their GEMMs in
-one pass where the kernels fuse the two directions (``fp4jax.operand.rotate_and_quantize_both``); X's wgrad operand
-is then quantized in the forward and kept instead of X. Same bits as quantizing each operand in its own GEMM.
+On a Pallas backend, X (forward and wgrad), W (forward and dgrad, where the dgrad quantizes W itself) and dY
+(dgrad and wgrad) are each quantized for both of their GEMMs in one pass where the kernels fuse the two directions
+(``fp4jax.operand.rotate_and_quantize_both``); X's wgrad and W's dgrad operand are then quantized in the forward and
+kept instead of X and W. Same bits as quantizing each operand in its own GEMM.
 
 Randomness: one ``key`` per call, split by ``jax.random.fold_in`` with a fixed id per operand (and one per signs
 draw: the forward GEMM's, and one shared by the two backward GEMMs); the same key gives the same result.
@@ -153,23 +154,27 @@ def _qdot(static: _Static, x, w, key):
 
 
 def _qdot_fwd(static: _Static, x, w, key, for_backward: bool = True):
-  """Y and the backward's residuals. ``for_backward``: X is also quantized here for the weight-gradient GEMM
-  where one kernel pass serves both (``_quantize_both``) and that operand is kept instead of X."""
+  """Y and the backward's residuals. ``for_backward``: where one kernel pass quantizes X for the forward and the
+  weight-gradient GEMM (W: the forward and the data-gradient GEMM; ``_quantize_both``), the backward's operand is
+  made here and kept instead of X (W)."""
   r = static.recipe
   signs = signs_for(r.fwd_lhs, _fold(key, _SIGNS_IDS["fwd"]))
+  bwd_key = _fold(key, _SIGNS_IDS["bwd"])
   keep_x = r.wgrad_rhs.source == "input"
-  both = None
-  if for_backward and keep_x:
-    wgrad_signs = signs_for(r.wgrad_lhs, _fold(key, _SIGNS_IDS["bwd"]))
-    both = _quantize_both(static, x, key, "fwd_lhs", "wgrad_rhs", signs, wgrad_signs)
-  (xq, mask_x), (wq, mask_w) = _quantize_gemm(static, "fwd", x if both is None else both[0][0], w, key, signs)
-  if both is not None:
-    mask_x = both[0][1]
-  y = matmul(xq, wq, static.precision).astype(static.out_dtype)
   keep_w = r.dgrad_rhs.source == "input" or r.fwd_rhs.estimator == "dge"
+  x_both = w_both = None
+  if for_backward and keep_x:
+    x_both = _quantize_both(static, x, key, "fwd_lhs", "wgrad_rhs", signs, signs_for(r.wgrad_lhs, bwd_key))
+  if for_backward and r.dgrad_rhs.source == "input" and r.fwd_rhs.estimator != "dge":  # DGE's backward reads W
+    w_both = _quantize_both(static, w, key, "fwd_rhs", "dgrad_rhs", signs, signs_for(r.dgrad_lhs, bwd_key))
+  (xq, mask_x), (wq, mask_w) = _quantize_gemm(static, "fwd", x if x_both is None else x_both[0][0],
+                                              w if w_both is None else w_both[0][0], key, signs)
+  mask_x = mask_x if x_both is None else x_both[0][1]
+  mask_w = mask_w if w_both is None else w_both[0][1]
+  y = matmul(xq, wq, static.precision).astype(static.out_dtype)
   res = (
-      (x if both is None else both[1][0]) if keep_x else None,  # X, or its weight-gradient operand
-      w if keep_w else None,
+      (x if x_both is None else x_both[1][0]) if keep_x else None,  # X, or its weight-gradient operand
+      (w if w_both is None else w_both[1][0]) if keep_w else None,  # W, or its data-gradient operand
       None if keep_x else xq,
       wq if r.dgrad_rhs.source == "forward" else None,
       mask_x,

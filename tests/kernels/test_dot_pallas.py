@@ -28,10 +28,11 @@ RECIPE_SHAPES = {
     "quartet": (32, 64, 64),
     "quartet2": (128, 32, 128),
 }
-# one kernel quantizes X (forward and weight-gradient GEMMs) and one dY (data- and weight-gradient GEMMs) where
-# that pays (pallas_triton.pair_pays): not Quartet's X (its wgrad reuses the forward operand) nor its dY (rotated
-# both ways: slower fused), nor MS-EDEN's 128 points
-FUSED_PAIRS = {"nvfp4_rtn": 2, "nvidia_nvfp4": 2, "quartet": 0, "quartet2": 0}
+# one kernel quantizes X (forward and weight-gradient GEMMs), W (forward and data-gradient GEMMs) and dY (data- and
+# weight-gradient GEMMs) where that pays (pallas_triton.pair_pays): not Quartet's X (its wgrad reuses the forward
+# operand) nor its dY (rotated both ways: slower fused), not nvidia_nvfp4's W (16x16 tiles: one quantize serves
+# both GEMMs), nor MS-EDEN's 128 points
+FUSED_PAIRS = {"nvfp4_rtn": 3, "nvidia_nvfp4": 2, "quartet": 0, "quartet2": 0}
 
 
 @pytest.fixture
@@ -71,6 +72,27 @@ def test_pallas_backend_matches_xla_bit_for_bit(name, pallas_kernels):
     g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
     assert np.all(np.isfinite(r)) and np.any(r != 0), what
     np.testing.assert_array_equal(g, r, err_msg=f"{name} {what}")
+
+
+def test_batched_dot_falls_back_to_one_quantize_per_operand(pallas_kernels):
+  """With batch dims (B > 1) the pair kernel (2D) is not used; every operand still takes its own kernel and the
+  result is the XLA path's, bit for bit."""
+  dn = (((2,), (2,)), ((0,), (0,)))
+  kx, kw, kd = jax.random.split(jax.random.key(4), 3)
+  x, w = jax.random.normal(kx, (2, 32, 64), jnp.bfloat16), jax.random.normal(kw, (2, 16, 64), jnp.bfloat16)
+  dy = jax.random.normal(kd, (2, 32, 16), jnp.bfloat16)
+
+  def run(backend):
+    def f(x, w, dy):
+      y, vjp = jax.vjp(lambda a, b: fp4jax.dot_general(a, b, dn, recipe="nvfp4_rtn", key=KEY, backend=backend), x, w)
+      return (y, *vjp(dy))
+    return jax.jit(f)
+
+  traced = run("pallas").trace(x, w, dy)
+  kernels = pallas_kernels(traced.jaxpr.jaxpr)
+  assert "fp4_quantize_pair" not in kernels and sum(k.startswith("fp4_quantize_") for k in kernels) == 6, kernels
+  for g, r in zip(traced.lower().compile()(x, w, dy), run("xla")(x, w, dy)):
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(r, np.float32))
 
 
 def test_forward_alone_quantizes_x_once(pallas_kernels):
