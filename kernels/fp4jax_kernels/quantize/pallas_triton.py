@@ -555,8 +555,9 @@ def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key
 
   Bytes: the two ``quantize`` calls read ``x`` four times (each pre-pass and each kernel; the staged route also
   writes and reads a rotated ``xᵀ``). Here the pre-pass reduces both tensor amaxes from one read (each program
-  loads its tile once per direction; the second load hits the cache) and the kernel quantizes both directions of
-  each tile after one read: ``2·sizeof(x)`` read per element in all. ``rows`` runs along the rows (rotated in the
+  loads its tile once per direction; the second load hits the cache; without a Hadamard the two amaxes are one
+  max|x|, XLA's reduction) and the kernel quantizes both directions of each tile after one read: ``2·sizeof(x)``
+  read per element in all. ``rows`` runs along the rows (rotated in the
   kernel); ``cols`` is transposed in registers and, with a Hadamard, rotated as it is loaded (``load_rotated``).
   ``pair_refusal`` names the pairs it does not take (16x16 tiles, a Hadamard over 32 points), ``pair_pays`` those
   it speeds up. ``tile`` (a tile of ``x`` holding whole units of both directions) and ``num_warps`` default to
@@ -567,20 +568,25 @@ def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key
     raise ValueError(f"quantize_pair: {refusal}")
   default_tile_, default_warps = pair_config(cols)
   tile, num_warps = tuple(tile or default_tile_), num_warps or default_warps
-  amaxes, plans = {}, []
-  for name, spec, key, signs in (("rows", rows, rows_key, rows_signs), ("cols", cols, cols_key, cols_signs)):
+  directions = (("rows", rows, rows_key, rows_signs), ("cols", cols, cols_key, cols_signs))
+  for _, spec, _, _ in directions:
     _check(x, spec, tile)
-    if spec.fmt.name == "nvfp4":
+  nvfp4 = [d for d in directions if d[1].fmt.name == "nvfp4"]
+  amaxes = {}
+  if nvfp4 and not any(spec.hadamard for _, spec, _, _ in nvfp4):
+    # one max|x| serves both: XLA's reduction, which XLA can fold into the fusion that produces x
+    amax = tensor_amax(x, nvfp4[0][1], None)
+    amaxes = {name: amax for name, *_ in nvfp4}
+  elif nvfp4:
+    plans = []
+    for _, spec, key, signs in nvfp4:
       drawn, _, _ = _signs_and_seeds(spec, spec.hadamard, key, signs)
       amax_spec = spec if spec.hadamard else dataclasses.replace(spec, along="rows")  # a max needs no transpose
-      plans.append((name, _amax_plan(x, amax_spec, drawn, False, tile)))
-  if plans:
-    for (name, _), (partial,) in zip(plans, _launch([p for _, p in plans], num_warps, interpret, "fp4_pair_amax")):
-      amaxes[name] = jnp.max(partial)
+      plans.append(_amax_plan(x, amax_spec, drawn, False, tile))
+    partials = _launch(plans, num_warps, interpret, "fp4_pair_amax")
+    amaxes = {name: jnp.max(partial) for (name, *_), (partial,) in zip(nvfp4, partials)}
   calls, finishes = zip(*(_plan(x, spec, key, signs, tile, num_warps, interpret, amaxes.get(name), None, None,
-                                "kernel", None)
-                          for name, spec, key, signs in (("rows", rows, rows_key, rows_signs),
-                                                         ("cols", cols, cols_key, cols_signs))))
+                                "kernel", None) for name, spec, key, signs in directions))
   outs = _launch(list(calls), num_warps, interpret, "fp4_quantize_pair")
   return finishes[0](outs[0]), finishes[1](outs[1])
 
