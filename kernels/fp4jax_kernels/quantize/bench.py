@@ -172,13 +172,18 @@ def table(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
     print(f"{name:24s} {'pre-pass (used)':28s} {pre:8.3f}", flush=True)
 
 
+def pair_bytes(rows: QuantizeSpec, cols: QuantizeSpec, n: int) -> int:
+  """Bytes ``quantize_pair`` must move for ``n`` bf16 elements: read x once, write both directions' outputs."""
+  return 2 * n + sum(min_bytes(s, n) - 2 * n for s in (rows, cols))
+
+
 def pairs(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False) -> None:
   """Per ``PAIRS`` entry: the two quantizes, then ``quantize_pair`` on every tile and warp count (ms, % of copy
   bandwidth for one read of x and both outputs, speed-up over the two quantizes)."""
   k1, k2 = jax.random.split(key)
   print(f"{'tensor':18s} {'impl':32s} {'ms':>8s} {'% copy BW':>10s} {'vs two':>7s}")
   for name, (rows, cols) in PAIRS.items():
-    need = 2 * x.size + sum(min_bytes(s, x.size) - 2 * x.size for s in (rows, cols))
+    need = pair_bytes(rows, cols, x.size)
     pct = lambda ms: 100 * (need / ms / 1e6) / copy_bw
     two = jax.jit(lambda x, a, b: (pallas_triton.quantize(x, rows, a, interpret=interpret).dequantized,
                                    pallas_triton.quantize(x, cols, b, interpret=interpret).dequantized))
@@ -203,6 +208,7 @@ PRODUCERS = {  # name: the elementwise op that produces x from two bf16 tensors 
     "x = gelu(h)": lambda h, g: jax.nn.gelu(h),
 }
 IN_GRAPH_OPS = ("nvfp4_rtn_1x16", "nvfp4_rtn_values_only")
+IN_GRAPH_PAIRS = ("nvfp4_rtn X, dY", "nvidia_nvfp4 X")
 
 
 def amax_folded(fn, *args) -> bool:
@@ -215,26 +221,37 @@ def amax_folded(fn, *args) -> bool:
 
 
 def after_producer(h: jax.Array, copy_bw: float, interpret: bool = False) -> None:
-  """One row per (spec, producer): producer alone, producer + quantize, what the quantize adds (and its share of
-  copy bandwidth by ``min_bytes``), the kernel alone and the standalone quantize with its pre-pass."""
+  """One row per (op, producer): producer alone, producer + quantize, what the quantize adds (and its share of
+  copy bandwidth by ``min_bytes``), the kernel alone (tensor amax given; single quantizes only) and the standalone
+  quantize with its pre-pass. The ops: ``IN_GRAPH_OPS``, then the pairs of ``IN_GRAPH_PAIRS``."""
   g = jax.random.normal(jax.random.key(2), h.shape, jnp.float32).astype(h.dtype)
   print(f"{'op':24s} {'producer':14s} {'producer':>9s} {'+ quantize':>11s} {'adds':>7s} {'% copy BW':>10s} "
         f"{'kernel alone':>13s} {'standalone':>11s} amax folded into the producer")
+  outs = lambda q: (q.dequantized,) if q.qtensor is None else (q.qtensor.codes, q.qtensor.scales)
+  ops = {}  # name: (quantize(x, **kw) -> outputs, bytes, takes amax=)
   for name in IN_GRAPH_OPS:
     spec = OPS[name][0]
-    outs = lambda q: (q.dequantized,) if q.qtensor is None else (q.qtensor.codes, q.qtensor.scales)
-    quantize = lambda x, **kw: outs(pallas_triton.quantize(x, spec, interpret=interpret, **kw))
+    ops[name] = (lambda x, spec=spec, **kw: outs(pallas_triton.quantize(x, spec, interpret=interpret, **kw)),
+                 min_bytes(spec, h.size), True)
+  for name in IN_GRAPH_PAIRS:
+    rows, cols = PAIRS[name]
+    pair = lambda x, rows=rows, cols=cols: [o for q in pallas_triton.quantize_pair(
+        x, rows, cols, interpret=interpret) for o in outs(q)]
+    ops[f"pair: {name}"] = (pair, pair_bytes(rows, cols, h.size), False)
+  for name, (quantize, need, takes_amax) in ops.items():
     for label, prod in PRODUCERS.items():
       f_prod = jax.jit(prod)
-      f_both = jax.jit(lambda h, g, prod=prod: (prod(h, g), *quantize(prod(h, g))))
+      f_both = jax.jit(lambda h, g, prod=prod, quantize=quantize: (prod(h, g), *quantize(prod(h, g))))
       x = f_prod(h, g)
-      amax = jnp.max(jnp.abs(x.astype(jnp.float32)))
       t_prod, t_both = time_ms(f_prod, h, g), time_ms(f_both, h, g)
-      t_kernel = time_ms(jax.jit(lambda x, a: quantize(x, amax=a)), x, amax)
+      t_kernel = "–"
+      if takes_amax:
+        amax = jnp.max(jnp.abs(x.astype(jnp.float32)))
+        t_kernel = f"{time_ms(jax.jit(lambda x, a, quantize=quantize: quantize(x, amax=a)), x, amax):.3f}"
       t_alone = time_ms(jax.jit(quantize), x)
       added = t_both - t_prod
-      pct = 100 * (min_bytes(spec, x.size) / added / 1e6) / copy_bw if added > 0 else float("nan")
-      print(f"{name:24s} {label:14s} {t_prod:9.3f} {t_both:11.3f} {added:7.3f} {pct:9.1f}% {t_kernel:13.3f} "
+      pct = 100 * (need / added / 1e6) / copy_bw if added > 0 else float("nan")
+      print(f"{name:24s} {label:14s} {t_prod:9.3f} {t_both:11.3f} {added:7.3f} {pct:9.1f}% {t_kernel:>13s} "
             f"{t_alone:11.3f} {amax_folded(f_both, h, g)}", flush=True)
 
 
