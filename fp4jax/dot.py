@@ -14,9 +14,9 @@ gradient of the forward-quantized operand, which the forward operand's estimator
 and the inverse forward rotation map back to the input; DGE multiplies the weight gradient by its derivative.
 
 On a Pallas backend, X (forward and wgrad), W (forward and dgrad, where the dgrad quantizes W itself) and dY
-(dgrad and wgrad) are each quantized for both of their GEMMs in one pass where the kernels fuse the two directions
-(``fp4jax.operand.rotate_and_quantize_both``); X's wgrad and W's dgrad operand are then quantized in the forward and
-kept instead of X and W. Same bits as quantizing each operand in its own GEMM.
+(dgrad and wgrad) are each quantized for both of their GEMMs by one kernel where that pays
+(``fp4jax.operand.fuses_both``); X's wgrad and W's dgrad operand are then quantized in the forward and kept instead
+of X and W. Same bits as quantizing each operand in its own GEMM.
 
 Randomness: one ``key`` per call, split by ``jax.random.fold_in`` with a fixed id per operand (and one per signs
 draw: the forward GEMM's, and one shared by the two backward GEMMs); the same key gives the same result.
@@ -119,14 +119,16 @@ def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs, transposed=
 
 def _quantize_both(static: _Static, x, key, rows: str, cols: str, signs_rows, signs_cols):
   """``x`` quantized as operand ``rows`` (e.g. ``"dgrad_lhs"``) and, transposed, as operand ``cols`` (e.g.
-  ``"wgrad_lhs"``) by ``rotate_and_quantize_both`` (one pass over ``x`` for both where the kernel fuses them):
-  ``((Operand, mask), (Operand, mask))``, the bits each GEMM would draw; None on the XLA backend and for sharded
-  recipes, whose GEMMs quantize their operands themselves."""
+  ``"wgrad_lhs"``) by one kernel for both (``fp4jax.operand.rotate_and_quantize_both``): ``((Operand, mask),
+  (Operand, mask))``, the bits each GEMM would draw. None where that kernel does not run (``fuses_both``: the XLA
+  backend, a pair it does not speed up; and sharded recipes): each GEMM then quantizes its own operand."""
   r = static.recipe
-  if static.backend == "xla" or any(sharding_lib.operand_shard(r, name) for name in (rows, cols)):
+  spec_r, spec_c = getattr(r, rows), getattr(r, cols)
+  if (any(sharding_lib.operand_shard(r, name) for name in (rows, cols))
+      or not operand_lib.fuses_both(x.shape, x.dtype, spec_r, spec_c, static.backend)):
     return None
-  return rotate_and_quantize_both(x, (getattr(r, rows), _fold(key, _KEY_IDS[rows]), signs_rows),
-                                  (getattr(r, cols), _fold(key, _KEY_IDS[cols]), signs_cols), backend=static.backend)
+  return rotate_and_quantize_both(x, (spec_r, _fold(key, _KEY_IDS[rows]), signs_rows),
+                                  (spec_c, _fold(key, _KEY_IDS[cols]), signs_cols), backend=static.backend)
 
 
 def _forward_source(spec, raw, forward: Operand):

@@ -12,11 +12,12 @@ by the ``backend`` argument:
   random bits as the XLA path, writes the bf16 ``values`` directly (``value(q)·dec_b``, the kernel's
   ``dequantize="block_scaled_only"``) and no packed codes (``packed=False``); QuEST (trust-mask) operands also take
   the kernel's trust mask. ``rotate_and_quantize_both`` quantizes one tensor for two GEMMs (along its rows, and
-  transposed) in one pre-pass and one kernel where that pays. A backward operand that is a transposed tensor (``transposed=True``: Wᵀ, dYᵀ, Xᵀ) is
-  written K-major by the kernel (``along="rows_of_transpose"``: the bits of the transposed layout), by the faster
-  route measured (``fp4jax_kernels.quantize.pallas_triton.default_route``: transposed by the pre-pass with a
-  Hadamard, XLA's transpose without); batched tensors are transposed by XLA first. Both backends give the same
-  bits for the same key. Operands the kernel cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last axis that
+  transposed) in one pre-pass and one kernel where that pays (``fuses_both``). A backward operand that is a
+  transposed tensor (``transposed=True``: Wᵀ, dYᵀ, Xᵀ) is written K-major by the kernel
+  (``along="rows_of_transpose"``: the bits of the transposed layout), by the faster route measured
+  (``fp4jax_kernels.quantize.pallas_triton.default_route``: transposed by the pre-pass with a Hadamard, XLA's
+  transpose without); batched tensors are transposed by XLA first. Both backends give the same bits for the same
+  key. Operands the kernel cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last axis that
   is not whole blocks, 16x16 tiles that would straddle folded batch rows) raise a ``ValueError`` naming the spec.
 * ``"auto"``: ``"pallas"`` where ``fp4jax.backends.quantize_backend`` picks it (a GPU that runs the kernels, the
   folded axis a whole number of blocks and Hadamard chunks) and the kernel takes the spec; ``"xla"`` otherwise.
@@ -172,32 +173,39 @@ def _kernel_fp4(x: jax.Array, spec: OperandSpec, key, signs, hadamard: int,
   return _kernel_operand(out, out_shape)
 
 
+def fuses_both(shape: tuple[int, ...], dtype, rows: OperandSpec, cols: OperandSpec, backend: str) -> bool:
+  """Whether ``rotate_and_quantize_both`` runs one kernel for both directions of an ``x`` of ``shape``/``dtype``:
+  ``x`` is 2D (leading dims of size 1), both directions resolve to the Pallas kernel and fusing them pays
+  (``fp4jax_kernels.quantize.pallas_triton.pair_pays``)."""
+  shape_t = shape[:-2] + (shape[-1], shape[-2])
+  if (backend == "xla" or math.prod(shape[:-2]) != 1
+      or resolve_backend(backend, shape, dtype, rows, fused_hadamard=True) != "pallas"
+      or resolve_backend(backend, shape_t, dtype, cols, fused_hadamard=True) != "pallas"):
+    return False
+  from fp4jax_kernels.quantize import pallas_triton  # noqa: PLC0415  (lazy: the kernels plug in beneath)
+
+  return pallas_triton.pair_pays(_kernel_spec(rows, rows.hadamard, False), _kernel_spec(cols, cols.hadamard, True))
+
+
 def rotate_and_quantize_both(
     x: jax.Array, rows: tuple[OperandSpec, jax.Array | None, jax.Array | None],
     cols: tuple[OperandSpec, jax.Array | None, jax.Array | None], *, backend: str = "xla",
 ) -> tuple[tuple[Operand, jax.Array | None], tuple[Operand, jax.Array | None]]:
   """``(rotate_and_quantize(x, *rows), rotate_and_quantize(x, *cols, transposed=True))``, each ``(spec, key,
   signs)``: one tensor quantized for two GEMMs (X for the forward and the weight-gradient GEMMs, dY for the data-
-  and the weight-gradient GEMMs). Where both resolve to the Pallas kernel and fusing them pays
-  (``fp4jax_kernels.quantize.pallas_triton.pair_pays``; a 2D ``x``), one pre-pass and one kernel read ``x``
-  twice in all instead of four times; otherwise the two calls. The same bits either way."""
-  shape_t = x.shape[:-2] + (x.shape[-1], x.shape[-2])
-  fused = (math.prod(x.shape[:-2]) == 1
-           and resolve_backend(backend, x.shape, x.dtype, rows[0], fused_hadamard=True) == "pallas"
-           and resolve_backend(backend, shape_t, x.dtype, cols[0], fused_hadamard=True) == "pallas")
-  if fused:
-    from fp4jax_kernels.quantize import api, pallas_triton  # noqa: PLC0415  (lazy, as above)
-
-    qrows, qcols = _kernel_spec(rows[0], rows[0].hadamard, False), _kernel_spec(cols[0], cols[0].hadamard, True)
-    fused = pallas_triton.pair_pays(qrows, qcols)
-  if not fused:
+  and the weight-gradient GEMMs). Where ``fuses_both``, one pre-pass and one kernel read ``x`` twice in all instead
+  of four times; otherwise the two calls. The same bits either way."""
+  if not fuses_both(x.shape, x.dtype, rows[0], cols[0], backend):
     return (rotate_and_quantize(x, *rows, backend=backend),
             rotate_and_quantize(x, *cols, backend=backend, transposed=True))
+  from fp4jax_kernels.quantize import api  # noqa: PLC0415  (lazy: the kernels plug in beneath the quantizers)
+
+  qrows, qcols = _kernel_spec(rows[0], rows[0].hadamard, False), _kernel_spec(cols[0], cols[0].hadamard, True)
   signs = lambda q, s: s if q.hadamard_signs == "random" else None
   out_r, out_c = api.quantize_pair(x.reshape(x.shape[-2:]), qrows, qcols, rows[1], cols[1],
                                    rows_signs=signs(qrows, rows[2]), cols_signs=signs(qcols, cols[2]),
                                    backend="pallas")
-  return _kernel_operand(out_r, x.shape), _kernel_operand(out_c, shape_t)
+  return _kernel_operand(out_r, x.shape), _kernel_operand(out_c, x.shape[:-2] + (x.shape[-1], x.shape[-2]))
 
 
 def pallas_refusal(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool) -> str | None:

@@ -531,7 +531,8 @@ def pair_refusal(rows: QuantizeSpec, cols: QuantizeSpec) -> str | None:
 def pair_pays(rows: QuantizeSpec, cols: QuantizeSpec) -> bool:
   """Whether ``quantize_pair`` beats the two ``quantize`` calls for ``(rows, cols)`` (BENCHMARKS.md §5, H100,
   8192x4096 bf16): where it takes them and the rows have no Hadamard. Quartet's dY (RHT32 + SR both ways, the rows
-  rotated in the same program as the transposed columns) ran at 0.87x of the two calls at its best tile."""
+  rotated in the same program as the transposed columns) ran at 0.87x and 0.94x of the two calls at the best tile
+  of two sweeps."""
   return pair_refusal(rows, cols) is None and not rows.hadamard
 
 
@@ -557,8 +558,8 @@ def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key
   writes and reads a rotated ``xᵀ``). Here the pre-pass reduces both tensor amaxes from one read (each program
   loads its tile once per direction; the second load hits the cache; without a Hadamard the two amaxes are one
   max|x|, XLA's reduction) and the kernel quantizes both directions of each tile after one read: ``2·sizeof(x)``
-  read per element in all. ``rows`` runs along the rows (rotated in the
-  kernel); ``cols`` is transposed in registers and, with a Hadamard, rotated as it is loaded (``load_rotated``).
+  read per element in all. ``rows`` runs along the rows (rotated in the kernel); ``cols`` is transposed in
+  registers and, with a Hadamard, rotated as it is loaded (``load_rotated``).
   ``pair_refusal`` names the pairs it does not take (16x16 tiles, a Hadamard over 32 points), ``pair_pays`` those
   it speeds up. ``tile`` (a tile of ``x`` holding whole units of both directions) and ``num_warps`` default to
   ``pair_config(cols)``.
