@@ -139,6 +139,14 @@ def test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand(monkeypatc
   assert decide((8, 64), eden, fused=True) == "xla"  # not whole Hadamard chunks
   assert decide((8, 256), eden, fused=False) == "xla"  # MS-EDEN needs the kernel's own rotation
   assert decide((3, 24, 64), OperandSpec(fmt=fp4jax.NVFP4, block_shape=(16, 16))) == "xla"  # tiles would straddle
+  # one kernel for both directions of a tensor: 2D, both directions on the kernel, and a pair that pays
+  both = lambda shape, rows, cols, backend="auto": operand.fuses_both(shape, jnp.bfloat16, rows, cols, backend)
+  rht16 = OperandSpec(fmt=fp4jax.NVFP4, rounding="sr", hadamard=16, signs="te")
+  assert both((1, 32, 64), spec, rht16) and both((32, 64), spec, spec)
+  assert not both((32, 64), spec, rht16, "xla") and not both((2, 32, 64), spec, rht16)  # XLA; a batch of them
+  assert not both((32, 40), spec, spec)  # 40 is not whole blocks along the rows
+  quartet = recipes.get("quartet").dgrad_lhs
+  assert not both((64, 64), quartet, quartet)  # rotated both ways: slower fused
 
 
 @pytest.mark.parametrize("recipe, shape, match", [
