@@ -21,6 +21,9 @@ must see every element before the first code is final, so it costs one extra rea
 standalone reduction is that one read with nothing else written (a 4-byte result), so bytes moved per element are
 2·sizeof(x) + 1/2 (codes) + 1/16 (scales), plus 2 (bf16 dequantized) and 1 (trust mask) when asked for. The
 ``"prepass"`` route adds 2·sizeof(x) (the staged input, written and read again) to rotate once instead of twice.
+``quantize_pair`` quantizes one tensor along its rows and, transposed, along its columns with one pre-pass and one
+kernel (each program runs both directions' bodies on its tile: ``_launch``), reading ``x`` twice instead of four
+times.
 """
 
 from __future__ import annotations
