@@ -258,10 +258,10 @@ def quantize_operand(
 ) -> tuple[Operand, jax.Array | None]:
   """Quantize ``x`` along its last axis (already rotated if the GEMM has a Hadamard) as ``spec`` says.
 
-  Returns the ``Operand`` and, for ``estimator="trust_mask"``, the bool mask of unclipped elements, else None. ``key`` feeds stochastic rounding / MS-EDEN. ``backend``:
-  ``"xla"``, ``"pallas"`` or ``"auto"`` (module docstring); every backend gives the same bits. ``shard``: an
-  ``fp4jax.sharding.OperandShard`` when ``x`` is one device's slice of a sharded operand inside ``shard_map``
-  (XLA backend only; see ``fp4jax.sharding``).
+  Returns the ``Operand`` and, for ``estimator="trust_mask"``, the bool mask of unclipped elements, else None.
+  ``key`` feeds stochastic rounding / MS-EDEN. ``backend``: ``"xla"``, ``"pallas"`` or ``"auto"`` (module
+  docstring); every backend gives the same bits. ``shard``: an ``fp4jax.sharding.OperandShard`` when ``x`` is one
+  device's slice of a sharded operand inside ``shard_map`` (XLA backend only; see ``fp4jax.sharding``).
   """
   if shard is not None:
     return _sharded_quantize(x, spec, key, backend, shard)
