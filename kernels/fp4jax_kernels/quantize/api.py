@@ -44,11 +44,9 @@ def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key
   (one pre-pass and one kernel for both) or the reference; identical bits from every backend. ``"auto"`` picks the
   kernel where it runs both directions (``backends.quantize_backend`` for each) and speeds them up
   (``pallas_triton.pair_pays``); ``"pallas"`` runs it wherever it takes them (``pallas_triton.pair_refusal``)."""
-  auto = "xla"
-  if (pallas_triton.pair_pays(rows, cols)
-      and backends.quantize_backend(x.shape, rows.unit) == backends.quantize_backend(x.shape[::-1], cols.unit)):
-    auto = backends.quantize_backend(x.shape, rows.unit)
-  name = backends.resolve(backend, auto)
+  on_kernel = {backends.quantize_backend(x.shape, rows.unit), backends.quantize_backend(x.shape[::-1], cols.unit)}
+  name = backends.resolve(backend, "pallas" if on_kernel == {"pallas"} and pallas_triton.pair_pays(rows, cols)
+                          else "xla")
   if name not in PAIR_IMPLEMENTATIONS:
     raise ValueError(f"quantize_pair has no {name!r} implementation; choose from {sorted(PAIR_IMPLEMENTATIONS)}")
   impl = PAIR_IMPLEMENTATIONS[name]

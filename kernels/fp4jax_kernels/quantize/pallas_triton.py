@@ -570,8 +570,8 @@ def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key
   refusal = pair_refusal(rows, cols)
   if refusal:
     raise ValueError(f"quantize_pair: {refusal}")
-  default_tile_, default_warps = pair_config(cols)
-  tile, num_warps = tuple(tile or default_tile_), num_warps or default_warps
+  pair_tile, pair_warps = pair_config(cols)
+  tile, num_warps = tuple(tile or pair_tile), num_warps or pair_warps
   directions = (("rows", rows, rows_key, rows_signs), ("cols", cols, cols_key, cols_signs))
   for _, spec, _, _ in directions:
     _check(x, spec, tile)
