@@ -74,11 +74,13 @@ def test_gemv_rejects_what_it_does_not_cover():
 
 @pytest.mark.parametrize("m,n,fmt,kernel", [(1, 256, fp4jax.NVFP4, "fp4_gemv_nvfp4"),
                                             (256, 1, fp4jax.NVFP4, "fp4_gemv_nvfp4"),
-                                            (2, 256, fp4jax.NVFP4, "fp4_dequant_matmul_nvfp4"),
+                                            (2, 256, fp4jax.NVFP4, "fp4_gemv_nvfp4"),
+                                            (256, 2, fp4jax.NVFP4, "fp4_gemv_nvfp4"),
+                                            (3, 256, fp4jax.NVFP4, "fp4_dequant_matmul_nvfp4"),
                                             (1, 256, fp4jax.MXFP4, "fp4_dequant_matmul_mxfp4")])
-def test_pallas_entry_sends_one_row_to_the_gemv(m, n, fmt, kernel):
-  """``api.pallas_matmul``: the GEMV for one row of A (or of B, transposed), the tensor-core kernel otherwise (lowered
-  for CUDA on any machine); both shapes and values match the XLA path in interpret mode."""
+def test_pallas_entry_sends_up_to_two_rows_to_the_gemv(m, n, fmt, kernel):
+  """``api.pallas_matmul``: the GEMV for up to ``gemv.ROWS`` = 2 rows of A (or of B, transposed), the tensor-core
+  kernel otherwise (lowered for CUDA on any machine)."""
   a, b = _operands(m, n, 512, fmt=fmt)
   text = jax.jit(api.pallas_matmul).trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
   assert kernel in text and ("fp4_gemv" in text) == (kernel == "fp4_gemv_nvfp4")
