@@ -35,8 +35,8 @@ from fp4jax_kernels.edge_blocks import store_in_bounds
 from fp4jax_kernels.gemm import pallas_triton
 
 MAX_ROWS = 8  # rows of A the kernel accepts; each adds one fp32 multiply-add per element of B
-# rows sent here by ``fp4jax_kernels.gemm.api`` (BENCHMARKS §5): at one row 1.3-2.1x bf16; at two at least level
-# with the tensor-core kernel (H200 1.0-1.1x of it, H100 1.0-1.4x); at four 0.7x of it
+# rows sent here by ``fp4jax_kernels.gemm.api`` (BENCHMARKS §5): at one row 1.3-2.2x bf16 from 8192x8192 up; at two
+# at least level with the tensor-core kernel (H200 1.0-1.1x of it, H100 1.0-1.4x); at four 0.7x of it
 ROWS = 2
 MIN_PROGRAMS = 1024  # split-K target: about 8 programs per SM of an H100 / H200, the fastest measured (BENCHMARKS §5)
 _B_SCALE_EXP = 14  # B's values are decoded as value · 2^-14; its scales carry the 2^14 back
