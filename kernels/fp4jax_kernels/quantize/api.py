@@ -29,12 +29,7 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   """
   n_axis_shape = x.shape[::-1] if spec.transposed else x.shape
   name = backends.resolve(backend, backends.quantize_backend(n_axis_shape, spec.unit))
-  if name not in IMPLEMENTATIONS:
-    raise ValueError(f"quantize has no {name!r} implementation; choose from {sorted(IMPLEMENTATIONS)}")
-  impl = IMPLEMENTATIONS[name]
-  if name == "pallas":
-    impl = functools.partial(impl, interpret=backends.pallas_interpret() if interpret is None else interpret)
-  return impl(x, spec, key, signs=signs)
+  return _implementation(IMPLEMENTATIONS, "quantize", name, interpret)(x, spec, key, signs=signs)
 
 
 def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key: jax.Array | None = None,
@@ -47,9 +42,14 @@ def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key
   on_kernel = {backends.quantize_backend(x.shape, rows.unit), backends.quantize_backend(x.shape[::-1], cols.unit)}
   name = backends.resolve(backend, "pallas" if on_kernel == {"pallas"} and pallas_triton.pair_pays(rows, cols)
                           else "xla")
-  if name not in PAIR_IMPLEMENTATIONS:
-    raise ValueError(f"quantize_pair has no {name!r} implementation; choose from {sorted(PAIR_IMPLEMENTATIONS)}")
-  impl = PAIR_IMPLEMENTATIONS[name]
-  if name == "pallas":
-    impl = functools.partial(impl, interpret=backends.pallas_interpret() if interpret is None else interpret)
+  impl = _implementation(PAIR_IMPLEMENTATIONS, "quantize_pair", name, interpret)
   return impl(x, rows, cols, rows_key, cols_key, rows_signs=rows_signs, cols_signs=cols_signs)
+
+
+def _implementation(table: dict, what: str, name: str, interpret: bool | None):
+  """``table[name]``, the Pallas one with its interpret mode (None: when the device is not a GPU)."""
+  if name not in table:
+    raise ValueError(f"{what} has no {name!r} implementation; choose from {sorted(table)}")
+  if name != "pallas":
+    return table[name]
+  return functools.partial(table[name], interpret=backends.pallas_interpret() if interpret is None else interpret)
