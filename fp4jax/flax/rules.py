@@ -6,13 +6,17 @@ indices, ``blocks/0/attn/q``). The quantizable layers are the ones that own a we
 score/value products (activation x activation, computed by attention functions, not by these layers) are never
 quantized by rules.
 
-Resolution (``plan``): the candidate paths are matched against ``(*defaults, *rules)`` with ``re.fullmatch``;
-the first matching rule decides; a rule with ``recipe=None`` keeps the layer in high precision; a layer no rule
-matches is left as the model defines it. ``DEFAULT_HIGH_PRECISION`` keeps the LM head (a layer named ``lm_head``,
-``logits`` or ``unembed`` anywhere, or a top-level ``head`` / ``output``; an ``attn/output`` projection is not
-an LM head) in high precision as every published FP4 recipe does; pass
-``defaults=()`` to let your rules decide it. A rule that matches no candidate, or names an unknown recipe, is an
-error: a typo must not silently train in high precision.
+Resolution (``plan``), per candidate path: the first of ``rules`` (in order, policies expanded) whose pattern
+``re.fullmatch``-es the path decides it, before the defaults, so a rule naming the LM head (``Rule("lm_head", ...)``)
+quantizes it. A catch-all rule (one matching every candidate path, such as ``.*``) yields to the defaults: a path it
+decides that a default matches is decided by that default. A path no user rule matches is decided by the first
+matching default. A rule with ``recipe=None`` keeps the layer in high precision; a layer nothing matches is left as
+the model defines it. ``DEFAULT_HIGH_PRECISION`` keeps the LM head (a layer named ``lm_head``, ``logits`` or
+``unembed`` anywhere, or a top-level ``head`` / ``output``; an ``attn/output`` projection is not an LM head) in high
+precision as every published FP4 recipe does; pass ``defaults=()`` to let catch-all rules decide it too. A rule
+that matches no candidate, names an unknown recipe, or decides no layer (every layer it matches decided by an earlier
+rule or a default) is an error: a typo must not silently train in high precision. Rules that quantize no layer at
+all (``rules=[]``) warn.
 
 Policies expand into rules once the candidate paths are known: ``keep_high_precision(first=k, last=m)`` keeps the
 layers of the first k and last m blocks in high precision (NVIDIA's NVFP4 recipe, arXiv 2509.25149: the 12B
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from typing import Any, Mapping, Sequence
 
 from fp4jax.flax import ops
@@ -98,28 +103,52 @@ DEFAULT_HIGH_PRECISION = (Rule(r"(?:.*/)?(?:lm_head|logits|unembed)|head|output"
 def plan(
     paths: Sequence[str], rules: Sequence[Any], *, defaults: Sequence[Any] = DEFAULT_HIGH_PRECISION
 ) -> dict[str, Any]:
-  """{path: recipe, or None for high precision} of the candidate paths some rule matches (first match wins).
+  """{path: recipe, or None for high precision} of the candidate paths some rule or default decides.
 
-  ``rules`` items are ``Rule``s, ``(pattern, recipe)`` pairs or policies; paths no rule matches are absent (the
-  layer is left as the model defines it). A ``Rule`` matching no candidate path raises a ValueError.
+  Args:
+    paths: the candidate layer paths ("/"-joined module names), in model order.
+    rules: ``Rule``s, ``(pattern, recipe)`` pairs or policies (``keep_high_precision``), in priority order.
+    defaults: rules consulted after ``rules``, and before a catch-all rule (see the module docstring).
+
+  Returns:
+    {path: recipe or None} for the decided paths; undecided paths are absent (left as the model defines them).
+
+  Raises:
+    ValueError: no candidate path; a ``Rule`` matching no candidate path; a rule or policy deciding no layer.
+    TypeError: ``rules`` is not a sequence of rules / policies.
   """
   if isinstance(rules, (Rule, KeepHighPrecision)) or isinstance(rules, Mapping):
     raise TypeError(f"rules must be a sequence of Rule / policies, got {rules!r}")
   paths = list(dict.fromkeys(paths))
   if not paths:
     raise ValueError("the model has no quantizable layer (linen Dense/DenseGeneral/Einsum, NNX Linear/LinearGeneral/Einsum)")
-  expanded = []
-  for item in rules:
-    item = Rule(*item) if isinstance(item, tuple) else item
-    if not hasattr(item, "expand"):
-      raise TypeError(f"rules: expected Rule or a policy such as keep_high_precision(...), got {item!r}")
-    if isinstance(item, Rule) and not any(item.matches(p) for p in paths):
-      raise ValueError(f"rule {item!r} matches no quantizable layer; the layer paths are {paths}")
-    expanded.extend(item.expand(paths))
-  ordered = [r for d in defaults for r in d.expand(paths)] + expanded
-  result = {}
+  items = [_item(item, paths) for item in rules]
+  owned = [(i, r) for i, item in enumerate(items) for r in item.expand(paths)]  # (index of its item, rule)
+  fallback = [r for d in defaults for r in d.expand(paths)]
+  result, deciders = {}, set()
   for p in paths:
-    hit = next((r for r in ordered if r.matches(p)), None)
+    i, hit = next(((i, r) for i, r in owned if r.matches(p)), (None, None))
+    default = next((r for r in fallback if r.matches(p)), None)
+    if hit is None or (default is not None and all(hit.matches(q) for q in paths)):
+      i, hit = None, default
     if hit is not None:
       result[p] = hit.recipe
+      deciders.add(i)
+  for i, item in enumerate(items):
+    if i not in deciders:
+      raise ValueError(f"rules[{i}] = {item!r} decides no layer: every layer it matches is decided by an earlier rule "
+                       f"or, for a catch-all rule, by a default ({list(defaults)}); the plan is {result}")
+  if all(r is None for r in result.values()):
+    warnings.warn(f"fp4jax.flax rules {list(rules)!r} quantize no layer: the model runs in high precision",
+                  stacklevel=2)
   return result
+
+
+def _item(item: Any, paths: Sequence[str]):
+  """A rules entry as a Rule or policy; a Rule must match some candidate path."""
+  item = Rule(*item) if isinstance(item, tuple) else item
+  if not hasattr(item, "expand"):
+    raise TypeError(f"rules: expected Rule or a policy such as keep_high_precision(...), got {item!r}")
+  if isinstance(item, Rule) and not any(item.matches(p) for p in paths):
+    raise ValueError(f"rule {item!r} matches no quantizable layer; the layer paths are {paths}")
+  return item

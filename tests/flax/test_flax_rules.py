@@ -97,3 +97,31 @@ def test_bad_rules_raise_clear_errors():
     _linen_recipes([keep_high_precision(first=3, last=2)])
   with pytest.raises(ValueError, match=r"'quartet' draws random bits.*rngs=nnx.Rngs\(quant=...\)"):
     quantize(fm.NnxTransformer(CFG, nnx.Rngs(0)), [Rule(r".*", "quartet")])
+
+
+@pytest.mark.parametrize("recipes_of", [_linen_recipes, _nnx_recipes], ids=["linen", "nnx"])
+def test_a_rule_naming_the_lm_head_wins_over_the_default(recipes_of):
+  got = recipes_of([Rule("lm_head", "nvidia_nvfp4")])
+  assert got["lm_head"] == "nvidia_nvfp4"
+  assert {k: v for k, v in got.items() if k != "lm_head"} == {k: HP for k in got if k != "lm_head"}
+  got = recipes_of([keep_high_precision(last=1), Rule(r".*/(qkv|o)|lm_head", "quartet"), Rule(r".*", "nvfp4_rtn")])
+  assert got["lm_head"] == "quartet"  # named among other layers: the rule still wins over the default
+  assert recipes_of([Rule(r".*", "nvfp4_rtn")])["lm_head"] == HP  # a catch-all does not name the head
+
+
+@pytest.mark.parametrize("recipes_of", [_linen_recipes, _nnx_recipes], ids=["linen", "nnx"])
+def test_empty_rules_warn_that_nothing_is_quantized(recipes_of):
+  with pytest.warns(UserWarning, match=r"quantize no layer"):
+    got = recipes_of([])
+  assert set(got.values()) == {HP}
+
+
+def test_a_rule_that_decides_no_layer_raises():
+  paths = ["block_0/fc", "block_1/fc", "lm_head"]
+  with pytest.raises(ValueError, match=r"rules\[1\] = Rule\(pattern='lm_head'.*decides no layer"):
+    rules.plan(paths, [Rule(r".*", "nvfp4_rtn"), Rule("lm_head", "quartet")])
+  with pytest.raises(ValueError, match=r"rules\[1\] = KeepHighPrecision\(first=1.*decides no layer"):
+    rules.plan(paths, [Rule(r".*", "nvfp4_rtn"), keep_high_precision(first=1)])
+  paths = ["block_0/fc", "block_0/proj", "block_1/fc", "lm_head"]  # a layer named before the policy keeps its rule
+  assert rules.plan(paths, [Rule(r"block_0/fc", "quartet"), keep_high_precision(first=1), Rule(r".*", "nvfp4_rtn")]) == {
+      "block_0/fc": "quartet", "block_0/proj": None, "block_1/fc": "nvfp4_rtn", "lm_head": None}
