@@ -1,10 +1,11 @@
 """Packed export: a trained model's weights as ``fp4jax.QTensor`` (packed E2M1 codes + block scales) and back.
 
-``pack(params, recipe=...)`` quantizes the selected weights exactly as the recipe's forward pass quantizes a
-weight (its ``fwd_rhs`` spec: format, block shape, Hadamard), so ``unpack(pack(params))`` is the weight the
-quantized forward multiplies; other leaves are kept as they are. ``save`` / ``restore`` write and read the packed
-tree with orbax (codes and scales as uint8 arrays, the QTensor metadata as JSON), bit for bit. ``nbytes`` counts
-stored bytes (a QTensor: codes + scales + the fp32 tensor scale + the Hadamard signs it carries).
+``pack(params, rules)`` quantizes the weights of exactly the layers that the model quantized with ``rules`` runs in
+FP4, each as its recipe's forward pass quantizes a weight (its ``fwd_rhs`` spec: format, block shape, Hadamard), so
+``unpack(pack(params, rules))`` holds the weights the quantized forward multiplies; other leaves are kept as they
+are. ``save`` / ``restore`` write and read the packed tree with orbax (codes and scales as uint8 arrays, the QTensor
+metadata as JSON), bit for bit, with a sha256 manifest verified on restore (see ``save``). ``nbytes`` counts stored
+bytes (a QTensor: codes + scales + the fp32 tensor scale + the Hadamard signs it carries).
 
 Params are nested dicts (linen ``variables["params"]``; NNX ``nnx.state(model, nnx.Param).to_pure_dict()``).
 """
@@ -12,21 +13,21 @@ Params are nested dicts (linen ``variables["params"]``; NNX ``nnx.state(model, n
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import re
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx as flax_nnx
 from flax import traverse_util
 
-from fp4jax.flax import ops
+from fp4jax.flax import ops, rules as rules_lib
 from fp4jax.formats import MXFP4, NVFP4, FP4Format
 from fp4jax.quantize import QTensor, packed_nbytes, quantize
 
-DEFAULT_SELECT = r"(?:.*/)?kernel"
+ALL_KERNELS = r"(?:.*/)?kernel"  # select= of every kernel leaf
 _SIGNS = {"none": "none", "te": "te"}
 
 
@@ -46,21 +47,104 @@ def weight_quantizer(recipe: Any) -> dict:
               hadamard_signs=_SIGNS.get(spec.signs, "none"))
 
 
-def pack(params, *, recipe: Any = "nvidia_nvfp4", select: str = DEFAULT_SELECT, axis: int = 0):
-  """``params`` with every leaf whose "/"-joined path ``re.fullmatch``-es ``select`` (and ndim >= 2) replaced by a
-  ``QTensor`` quantized along ``axis`` (the contraction axis of the layer's dot: 0 for Dense/Linear kernels).
+def pack(params, rules: Any = None, *, defaults: Sequence[Any] = rules_lib.DEFAULT_HIGH_PRECISION,
+         select: str | None = None, recipe: Any = None, axis: int = 0, dtype: Any = None):
+  """``params`` with the weights of the layers a quantized model runs in FP4 replaced by ``QTensor``s.
 
-  Raises when ``select`` matches no such leaf.
+  With ``rules`` (the mode to use after rule-based quantization), exactly the layers the quantized model quantizes
+  are packed, each with its own recipe's forward weight quantizer (``weight_quantizer``), so each layer of
+  ``unpack(pack(params, rules))`` is the FP4 weight the quantized forward multiplies (for NVFP4, re-quantizing it
+  gives back its codes and block scales; an fp32 tensor scale recomputed from its amax may differ in the last bit,
+  a bf16 one does not) and the other layers are unchanged. The candidate layers
+  are the parents of the ``kernel`` leaves (linen Dense/DenseGeneral/Einsum and NNX Linear/LinearGeneral/Einsum
+  store their weight as ``kernel``); ``rules`` resolve against their paths as in ``fp4jax.flax.rules.plan``.
+  A packed layer's kernel must be 2-D and contracted along axis 0 (Dense, Linear, ``"...d,df->...f"`` Einsums); an
+  Einsum contracting its kernel along another axis is not detected from ``params`` alone: pack it with ``select``.
+
+  With ``select`` instead, every leaf whose "/"-joined path ``re.fullmatch``-es ``select`` (and ndim >= 2) is
+  packed with the one ``recipe`` along ``axis``.
+
+  Args:
+    params: nested dict (linen ``variables["params"]``; NNX ``nnx.state(model, nnx.Param).to_pure_dict()``).
+    rules: what the model was quantized with: the ``rules`` list given to ``fp4jax.flax.quantize`` (with the same
+      ``defaults``), the linen ``QuantizedModule`` it returned (its rules and defaults), the quantized NNX model
+      (each layer's recipe), or a plan ``{layer path: recipe or None}``.
+    defaults: the ``defaults`` given to ``fp4jax.flax.quantize``, when ``rules`` is a list.
+    select: regular expression on leaf paths, instead of ``rules`` (``ALL_KERNELS``: every ``kernel`` leaf).
+    recipe: the recipe of ``select`` mode (default ``"nvidia_nvfp4"``); not with ``rules``.
+    axis: the contraction axis of ``select`` mode's weights (0 for Dense/Linear kernels).
+    dtype: the dtype the layers compute in (their ``dtype`` field: a layer casts its kernel to it before
+      quantizing, so a bf16 layer's FP4 weight is that of the bf16 kernel); None: each NNX layer's own ``dtype``
+      when ``rules`` is the NNX model, else the kernel's dtype. A linen model computing in another dtype than its
+      params needs ``dtype``.
+
+  Returns:
+    ``params`` with the packed leaves replaced by QTensors (of the kernel's dtype, or ``dtype``).
+
+  Raises:
+    TypeError: neither or both of ``rules`` and ``select``; ``recipe`` with ``rules``.
+    ValueError: nothing to pack; a planned layer without a 2-D ``kernel``; a recipe whose weights are not RTN
+      block-scaled FP4.
   """
-  kwargs = weight_quantizer(recipe)
-  flat = traverse_util.flatten_dict(_to_dict(params), sep="/")
-  chosen = [k for k, v in flat.items() if re.fullmatch(select, k) and np.ndim(v) >= 2]
+  flat = traverse_util.flatten_dict(_to_dict(params))
+  if (rules is None) == (select is None) or (rules is not None and recipe is not None):
+    raise TypeError(
+        "pack: pass the rules the model was quantized with, pack(params, rules) (the list given to "
+        "fp4jax.flax.quantize, the QuantizedModule, the quantized NNX model or a {layer path: recipe} plan), so that "
+        "exactly the layers the model quantizes are packed, each with its own recipe; or select=<regex on leaf "
+        f"paths> with one recipe=... (got rules={rules!r}, select={select!r}, recipe={recipe!r})")
+  if select is not None:
+    kwargs = weight_quantizer("nvidia_nvfp4" if recipe is None else recipe)
+    chosen = {k: (kwargs, axis, None) for k, v in flat.items() if re.fullmatch(select, _join_path(k)) and np.ndim(v) >= 2}
+    if not chosen:
+      raise ValueError(f"pack: select={select!r} matches no weight of ndim >= 2; leaf paths are "
+                       f"{[_join_path(k) for k in flat]}")
+  else:
+    chosen = _planned_kernels(flat, rules, defaults)
+  for k, (kwargs, ax, layer_dtype) in chosen.items():
+    w = jnp.asarray(flat[k]).astype(dtype or layer_dtype or jnp.asarray(flat[k]).dtype)
+    flat[k] = quantize(w, axis=ax, **kwargs)
+  return traverse_util.unflatten_dict(flat)
+
+
+def _join_path(key: tuple) -> str:
+  return "/".join(str(p) for p in key)
+
+
+def _plan(layer_paths: list[str], rules: Any, defaults: Sequence[Any]) -> dict[str, tuple[Any, Any]]:
+  """{layer path: (recipe or None, compute dtype or None)} of ``rules`` in any of the forms ``pack`` takes."""
+  from fp4jax.flax import linen, nnx  # noqa: PLC0415 (linen/nnx import this module's package)
+
+  if isinstance(rules, linen.QuantizedModule):
+    plan = rules_lib.plan(layer_paths, rules.rules, defaults=rules.defaults)
+  elif isinstance(rules, flax_nnx.Module):
+    return {path: (nnx.layer_recipe(layer), layer.dtype) for path, layer in nnx.layers(rules).items()}
+  elif isinstance(rules, Mapping):
+    plan = dict(rules)
+  else:
+    plan = rules_lib.plan(layer_paths, rules, defaults=defaults)
+  return {path: (r, None) for path, r in plan.items()}
+
+
+def _planned_kernels(flat: dict, rules: Any, defaults: Sequence[Any]) -> dict[tuple, tuple[dict, int, Any]]:
+  """{kernel key: (quantize kwargs, axis 0, the layer's compute dtype or None)} of the layers ``rules`` quantize."""
+  kernels = {_join_path(k[:-1]): k for k in flat if k[-1] == "kernel"}
+  chosen = {}
+  for path, (r, layer_dtype) in _plan(list(kernels), rules, defaults).items():
+    if r is None:
+      continue
+    if path not in kernels:
+      raise ValueError(f"pack: the plan names layer {path!r}, which has no kernel in params; layers with a kernel: "
+                       f"{list(kernels)}")
+    shape = np.shape(flat[kernels[path]])
+    if len(shape) != 2:
+      raise ValueError(f"pack: layer {path!r} has a kernel of shape {shape}; pack(params, rules) packs 2-D (in, out) "
+                       "kernels contracted along axis 0 (Dense, Linear); pack stacked (nn.scan), DenseGeneral or "
+                       "Einsum kernels with select=... and axis=...")
+    chosen[kernels[path]] = (weight_quantizer(r), 0, layer_dtype)
   if not chosen:
-    raise ValueError(f"pack: select={select!r} matches no weight of ndim >= 2; leaf paths are {list(flat)}")
-  quantize_weight = jax.jit(functools.partial(quantize, axis=axis, **kwargs))
-  for k in chosen:
-    flat[k] = quantize_weight(flat[k])
-  return traverse_util.unflatten_dict(flat, sep="/")
+    raise ValueError(f"pack: the rules quantize no layer; layers with a kernel: {list(kernels)}")
+  return chosen
 
 
 def unpack(packed, dtype: Any = None):

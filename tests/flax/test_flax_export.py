@@ -7,7 +7,8 @@ import pytest
 
 import flax_models as fm
 import fp4jax
-from fp4jax.flax import export
+from flax import nnx
+from fp4jax.flax import Rule, export, keep_high_precision, quantize
 
 
 def _params():
@@ -23,7 +24,7 @@ def _qtensors(tree):
 @pytest.mark.parametrize("recipe", ["nvidia_nvfp4", "quartet"])
 def test_pack_is_the_recipes_forward_weight_and_orbax_round_trip_is_bit_identical(recipe, tmp_path):
   params = _params()
-  packed = export.pack(params, recipe=recipe)
+  packed = export.pack(params, select=export.ALL_KERNELS, recipe=recipe)
   spec = fp4jax.recipes.get(recipe).fwd_rhs
   kernel = params["block_0"]["qkv"]["kernel"]
   q = packed["block_0"]["qkv"]["kernel"]
@@ -53,7 +54,7 @@ def test_pack_is_the_recipes_forward_weight_and_orbax_round_trip_is_bit_identica
 
 def test_bytes_saved_by_packing():
   params = _params()
-  packed = export.pack(params, recipe="nvidia_nvfp4")
+  packed = export.pack(params, select=export.ALL_KERNELS, recipe="nvidia_nvfp4")
   n_kernel = sum(q.codes.size * 2 for q in _qtensors(packed).values() if isinstance(q, fp4jax.QTensor))
   n_qt = sum(isinstance(q, fp4jax.QTensor) for q in _qtensors(packed).values())
   report = export.bytes_report(params, packed)
@@ -67,6 +68,76 @@ def test_bytes_saved_by_packing():
 def test_export_errors():
   params = _params()
   with pytest.raises(ValueError, match=r"does not quantize weights to block-scaled FP4"):
-    export.pack(params, recipe="fp8")
+    export.pack(params, select=export.ALL_KERNELS, recipe="fp8")
   with pytest.raises(ValueError, match=r"select='nope' matches no weight"):
     export.pack(params, select="nope")
+
+
+RULES = [keep_high_precision(first=1, last=1), Rule(r".*/(qkv|o)", "nvfp4_rtn"), Rule(r".*", "nvidia_nvfp4")]
+CFG3 = fm.Config(n_layers=3)  # bf16 compute on fp32 params
+TOKS = fm.tokens(jax.random.key(0))[:, :-1]
+
+
+def _planned(block):
+  """{layer path: recipe or None} RULES give, written out by hand: the first and last block and the LM head (by
+  DEFAULT_HIGH_PRECISION) stay high precision, block 1 runs nvfp4_rtn on qkv/o and nvidia_nvfp4 on the MLP."""
+  out = {f"{block(i)}/{n}": None for i in (0, 2) for n in ("qkv", "o", "gate_up", "down")}
+  out.update({f"{block(1)}/qkv": "nvfp4_rtn", f"{block(1)}/o": "nvfp4_rtn", f"{block(1)}/gate_up": "nvidia_nvfp4",
+              f"{block(1)}/down": "nvidia_nvfp4", "lm_head": None})
+  return out
+
+
+def _check_packed_layers(params, packed, block):
+  """Planned layers: a QTensor equal to the recipe's forward weight spec applied to the bf16 kernel (the layer's
+  compute dtype); the others: untouched."""
+  flat_p, flat_q = (dict(jax.tree_util.tree_flatten_with_path(t, is_leaf=lambda x: isinstance(x, fp4jax.QTensor))[0])
+                    for t in (params, packed))
+  key = lambda path: tuple(jax.tree_util.DictKey(int(p) if p.isdigit() else p) for p in path.split("/"))
+  unpacked = export.unpack(packed)
+  for path, recipe in _planned(block).items():
+    w, q = flat_p[key(path + "/kernel")], flat_q[key(path + "/kernel")]
+    if recipe is None:
+      assert not isinstance(q, fp4jax.QTensor), path
+      np.testing.assert_array_equal(q, w)
+      continue
+    spec = fp4jax.recipes.get(recipe).fwd_rhs
+    want = fp4jax.fake_quantize(w.astype(jnp.bfloat16), spec.fmt, axis=0, block_shape=spec.block_shape,
+                                hadamard=spec.hadamard or None, hadamard_signs="none")
+    assert isinstance(q, fp4jax.QTensor) and q.fmt == spec.fmt and q.block_shape == (spec.block_shape or (16,)), path
+    got = dict(jax.tree_util.tree_flatten_with_path(unpacked)[0])[key(path + "/kernel")]
+    np.testing.assert_array_equal(got, want, err_msg=path)
+  assert sum(isinstance(q, fp4jax.QTensor) for q in flat_q.values()) == 4  # nothing else (embedding, norms) packed
+
+
+def test_pack_follows_the_rules_of_a_linen_model():
+  qmodel = quantize(fm.LinenTransformer(CFG3), RULES, deterministic=True)
+  params = qmodel.init(jax.random.key(1), TOKS)["params"]
+  want = qmodel.apply({"params": params}, TOKS)
+  for rules in (RULES, qmodel):
+    packed = export.pack(params, rules, dtype=jnp.bfloat16)
+    _check_packed_layers(params, packed, lambda i: f"block_{i}")
+    # the quantized model re-quantizes the unpacked weights to the same codes, scales and (bf16) tensor scale
+    np.testing.assert_array_equal(qmodel.apply({"params": export.unpack(packed)}, TOKS), want)
+
+
+def test_pack_follows_the_rules_of_an_nnx_model():
+  model = quantize(fm.NnxTransformer(CFG3, nnx.Rngs(0)), RULES, deterministic=True)
+  want = model(TOKS)
+  state = nnx.state(model, nnx.Param)
+  params = state.to_pure_dict()
+  packed = export.pack(params, model)  # each layer's own recipe and dtype
+  _check_packed_layers(params, packed, lambda i: f"blocks/{i}")
+  _check_packed_layers(params, export.pack(params, RULES, dtype=jnp.bfloat16), lambda i: f"blocks/{i}")
+  nnx.replace_by_pure_dict(state, export.unpack(packed))
+  nnx.update(model, state)
+  np.testing.assert_array_equal(model(TOKS), want)
+
+
+def test_pack_without_rules_says_what_to_pass():
+  params = _params()
+  for kwargs in ({}, {"recipe": "nvidia_nvfp4"}):
+    with pytest.raises(TypeError, match=r"pass the rules the model was quantized with, pack\(params, rules\)"):
+      export.pack(params, **kwargs)
+  with pytest.raises(ValueError, match=r"pack: layer 'blocks/block/o' has a kernel of shape \(2, 128, 128\)"):
+    scan = quantize(fm.LinenScanTransformer(fm.Config(n_layers=2)), [Rule(r".*/o", "nvidia_nvfp4")])
+    export.pack(scan.init(jax.random.key(1), TOKS)["params"], scan)
