@@ -13,8 +13,12 @@ Params are nested dicts (linen ``variables["params"]``; NNX ``nnx.state(model, n
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import re
+import shutil
+import tempfile
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -23,7 +27,8 @@ import numpy as np
 from flax import nnx as flax_nnx
 from flax import traverse_util
 
-from fp4jax.flax import ops, rules as rules_lib
+from fp4jax.flax import linen, nnx, ops
+from fp4jax.flax import rules as rules_lib
 from fp4jax.formats import MXFP4, NVFP4, FP4Format
 from fp4jax.quantize import QTensor, packed_nbytes, quantize
 
@@ -95,7 +100,8 @@ def pack(params, rules: Any = None, *, defaults: Sequence[Any] = rules_lib.DEFAU
         f"paths> with one recipe=... (got rules={rules!r}, select={select!r}, recipe={recipe!r})")
   if select is not None:
     kwargs = weight_quantizer("nvidia_nvfp4" if recipe is None else recipe)
-    chosen = {k: (kwargs, axis, None) for k, v in flat.items() if re.fullmatch(select, _join_path(k)) and np.ndim(v) >= 2}
+    chosen = {k: (kwargs, axis, None) for k, v in flat.items()
+              if re.fullmatch(select, _join_path(k)) and np.ndim(v) >= 2}
     if not chosen:
       raise ValueError(f"pack: select={select!r} matches no weight of ndim >= 2; leaf paths are "
                        f"{[_join_path(k) for k in flat]}")
@@ -113,8 +119,6 @@ def _join_path(key: tuple) -> str:
 
 def _plan(layer_paths: list[str], rules: Any, defaults: Sequence[Any]) -> dict[str, tuple[Any, Any]]:
   """{layer path: (recipe or None, compute dtype or None)} of ``rules`` in any of the forms ``pack`` takes."""
-  from fp4jax.flax import linen, nnx  # noqa: PLC0415 (linen/nnx import this module's package)
-
   if isinstance(rules, linen.QuantizedModule):
     plan = rules_lib.plan(layer_paths, rules.rules, defaults=rules.defaults)
   elif isinstance(rules, flax_nnx.Module):
@@ -223,22 +227,141 @@ def _join(arrays: dict, meta: dict):
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
+MANIFEST = "fp4jax_manifest.json"  # beside the orbax directory: sha256 of every file and of every array
+_ORBAX = "orbax"
+
+
+class CorruptCheckpointError(ValueError):
+  """A directory given to ``restore`` is not exactly what ``save`` wrote (a file or array fails its sha256)."""
+
+
 def save(path: str | os.PathLike, packed) -> None:
-  """Write a packed tree to the (new) directory ``path`` with orbax: arrays via StandardSave, metadata as JSON."""
+  """Write a packed tree to the new directory ``path``: orbax data plus a sha256 manifest, atomically.
+
+  Layout: ``path/orbax`` (orbax: arrays via StandardSave, metadata as JSON) and ``path/fp4jax_manifest.json``
+  ({"arrays": {leaf path: sha256 of dtype, shape and bytes}, "files": {relative path: [size, sha256]},
+  "sha256": of the rest}). Everything is written to a temporary sibling directory that is renamed to ``path``
+  only once complete, so an interrupted save leaves no ``path`` for ``restore`` to accept.
+
+  Args:
+    path: the directory to create; it must not exist.
+    packed: a tree of arrays and QTensors (``pack``'s output).
+
+  Raises:
+    FileExistsError: ``path`` exists.
+  """
   import orbax.checkpoint as ocp  # optional dependency (the "experiments" extra): needed only to save / restore
 
+  path = os.path.abspath(os.fspath(path))
+  if os.path.lexists(path):
+    raise FileExistsError(f"save: {path} exists; save writes a new directory (remove it or choose another path)")
   arrays, meta = _split(packed)
-  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-    ckptr.save(os.fspath(os.path.abspath(path)),
-               args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)))
+  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=os.path.dirname(path))
+  try:
+    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
+      ckptr.save(os.path.join(tmp, _ORBAX),
+                 args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)))
+    _write_manifest(tmp, {"arrays": _array_digests(arrays), "files": _file_digests(tmp)})
+    os.rename(tmp, path)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
 
 
-def restore(path: str | os.PathLike):
-  """Read a tree written by ``save``: QTensors rebuilt bit for bit from their codes, scales and metadata."""
+def restore(path: str | os.PathLike, *, verify: bool = True):
+  """Read a tree written by ``save``: QTensors rebuilt bit for bit from their codes, scales and metadata.
+
+  Args:
+    path: a directory written by ``save``.
+    verify: check every file and array against the manifest first (False: load an unverified directory, e.g.
+      one saved before manifests existed, whose orbax data is ``path`` itself).
+
+  Returns:
+    The saved tree, QTensors included.
+
+  Raises:
+    CorruptCheckpointError: a missing, unreadable or altered manifest; a missing, unlisted, truncated or altered
+      file; a restored array whose sha256 differs from the saved one (the message names the file or array).
+  """
   import orbax.checkpoint as ocp
 
-  path = os.fspath(os.path.abspath(path))
+  path = os.path.abspath(os.fspath(path))
+  manifest = _verify_files(path) if verify else None
+  data = os.path.join(path, _ORBAX)
+  data = data if verify or os.path.isdir(data) else path
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-    meta = ckptr.restore(path, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    arrays = ckptr.restore(path, args=ocp.args.Composite(arrays=ocp.args.StandardRestore()))["arrays"]
+    meta = ckptr.restore(data, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    arrays = ckptr.restore(data, args=ocp.args.Composite(arrays=ocp.args.StandardRestore()))["arrays"]
+  if manifest is not None:
+    got = _array_digests(arrays)
+    for k, digest in manifest["arrays"].items():
+      if got.get(k) != digest:
+        raise CorruptCheckpointError(f"restore: array {k!r} of {path} does not match its sha256 in {MANIFEST}")
+    if set(got) != set(manifest["arrays"]):
+      raise CorruptCheckpointError(f"restore: {path} holds arrays {sorted(set(got) ^ set(manifest['arrays']))} "
+                                   f"that {MANIFEST} does not (or the reverse)")
   return _join(arrays, meta)
+
+
+def _sha256_json(obj) -> str:
+  return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def _array_digests(arrays: dict) -> dict[str, str]:
+  """{leaf path: sha256 of its dtype name, shape and C-order bytes}."""
+  out = {}
+  for k, v in traverse_util.flatten_dict(arrays, sep="/").items():
+    a = np.ascontiguousarray(np.asarray(v))
+    out[k] = hashlib.sha256(f"{a.dtype.name}{a.shape}".encode() + a.tobytes()).hexdigest()
+  return out
+
+
+def _file_digests(root: str) -> dict[str, list]:
+  """{path relative to ``root``: [size, sha256]} of every file under ``root`` except the manifest."""
+  out = {}
+  for dirpath, _, names in os.walk(root):
+    for name in names:
+      full = os.path.join(dirpath, name)
+      rel = os.path.relpath(full, root).replace(os.sep, "/")
+      if rel != MANIFEST:
+        with open(full, "rb") as f:
+          data = f.read()
+        out[rel] = [len(data), hashlib.sha256(data).hexdigest()]
+  return out
+
+
+def _write_manifest(root: str, body: dict) -> None:
+  with open(os.path.join(root, MANIFEST), "w") as f:
+    json.dump({**body, "sha256": _sha256_json(body)}, f, sort_keys=True)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _verify_files(path: str) -> dict:
+  """The manifest of ``path``, after checking it and every file it lists; raises CorruptCheckpointError."""
+  where = os.path.join(path, MANIFEST)
+  try:
+    with open(where, "rb") as f:
+      manifest = json.loads(f.read().decode())
+    body = {k: manifest[k] for k in ("arrays", "files")}
+    intact = manifest["sha256"] == _sha256_json(body)
+  except FileNotFoundError as err:
+    raise CorruptCheckpointError(f"restore: {path} has no {MANIFEST}: not a complete fp4jax save (interrupted, or "
+                                 "written by another tool); restore(path, verify=False) loads it unverified") from err
+  except (UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+    raise CorruptCheckpointError(f"restore: {where} is unreadable or altered ({err})") from err
+  if not intact:
+    raise CorruptCheckpointError(f"restore: {where} is altered: its sha256 does not match its content")
+  found = _file_digests(path)
+  for rel, (size, digest) in body["files"].items():
+    if rel not in found:
+      raise CorruptCheckpointError(f"restore: file {rel!r} of {path} is missing")
+    if found[rel][0] != size:
+      raise CorruptCheckpointError(f"restore: file {rel!r} of {path} has {found[rel][0]} bytes, {size} saved "
+                                   "(truncated or extended)")
+    if found[rel][1] != digest:
+      raise CorruptCheckpointError(f"restore: file {rel!r} of {path} does not match its sha256 in {MANIFEST}")
+  extra = sorted(set(found) - set(body["files"]))
+  if extra:
+    raise CorruptCheckpointError(f"restore: files {extra} of {path} are not in {MANIFEST}")
+  return body

@@ -1,13 +1,17 @@
 """Packed export: weights as QTensors equal the recipe's forward weights; orbax round trip is bit-identical."""
 
+import json
+import re
+import shutil
+
+import flax_models as fm
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import flax_models as fm
-import fp4jax
 from flax import nnx
+
+import fp4jax
 from fp4jax.flax import Rule, export, keep_high_precision, quantize
 
 
@@ -141,3 +145,73 @@ def test_pack_without_rules_says_what_to_pass():
   with pytest.raises(ValueError, match=r"pack: layer 'blocks/block/o' has a kernel of shape \(2, 128, 128\)"):
     scan = quantize(fm.LinenScanTransformer(fm.Config(n_layers=2)), [Rule(r".*/o", "nvidia_nvfp4")])
     export.pack(scan.init(jax.random.key(1), TOKS)["params"], scan)
+
+
+def _saved(tmp_path):
+  packed = export.pack(_params(), select=export.ALL_KERNELS, recipe="nvidia_nvfp4")
+  export.save(tmp_path / "ckpt", packed)
+  return packed, tmp_path / "ckpt"
+
+
+def _copy(src, dst, rel):
+  shutil.copytree(src, dst)
+  return dst / rel
+
+
+def test_restore_raises_on_any_flipped_truncated_or_extra_file(tmp_path):
+  packed, ckpt = _saved(tmp_path)
+  restored = export.restore(ckpt)
+  for (k, a), b in zip(_qtensors(packed).items(), _qtensors(restored).values()):  # untouched: bit-exact
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+      assert x.dtype == y.dtype and x.shape == y.shape, k
+      bits = lambda t: jax.lax.bitcast_convert_type(t, jnp.uint8)
+      np.testing.assert_array_equal(bits(x), bits(y))
+  files = sorted(p.relative_to(ckpt) for p in ckpt.rglob("*") if p.is_file())
+  assert export.MANIFEST in {str(f) for f in files} and len(files) >= 4, files
+  for i, rel in enumerate(files):
+    target = _copy(ckpt, tmp_path / f"flip{i}", rel)
+    data = bytearray(target.read_bytes())
+    n = min(64, len(data))
+    start = (len(data) - n) // 2
+    data[start:start + n] = bytes(b ^ 0xFF for b in data[start:start + n]) if n else bytes(64)  # empty: extend
+    target.write_bytes(bytes(data))
+    name = export.MANIFEST if str(rel) == export.MANIFEST else str(rel)
+    with pytest.raises(export.CorruptCheckpointError, match=re.escape(name)):
+      export.restore(tmp_path / f"flip{i}")
+  largest = max(files, key=lambda f: (ckpt / f).stat().st_size)
+  target = _copy(ckpt, tmp_path / "truncated", largest)
+  target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+  with pytest.raises(export.CorruptCheckpointError, match=re.escape(f"file '{largest}'") + r".*truncated"):
+    export.restore(tmp_path / "truncated")
+  (_copy(ckpt, tmp_path / "extra", "orbax") / "stray").write_bytes(b"x")
+  with pytest.raises(export.CorruptCheckpointError, match=r"files \['orbax/stray'\].*not in"):
+    export.restore(tmp_path / "extra")
+
+
+def test_restore_checks_every_array_against_its_saved_sha256(tmp_path):
+  _, ckpt = _saved(tmp_path)
+  manifest = json.loads((ckpt / export.MANIFEST).read_text())
+  body = {k: manifest[k] for k in ("arrays", "files")}
+  body["arrays"]["block_0/qkv/kernel/scales"] = "0" * 64  # a consistent manifest that disagrees on one array
+  (ckpt / export.MANIFEST).write_text(json.dumps({**body, "sha256": export._sha256_json(body)}))
+  with pytest.raises(export.CorruptCheckpointError, match=r"array 'block_0/qkv/kernel/scales'"):
+    export.restore(ckpt)
+
+
+def test_an_interrupted_save_leaves_nothing_restore_accepts(tmp_path, monkeypatch):
+  packed, ckpt = _saved(tmp_path)
+  with pytest.raises(FileExistsError, match=r"exists"):
+    export.save(ckpt, packed)
+
+  def crash(*args):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(export, "_write_manifest", crash)  # dies after orbax wrote its data, before the manifest
+  with pytest.raises(KeyboardInterrupt):
+    export.save(tmp_path / "crashed", packed)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no target, no temporary sibling left
+  shutil.copytree(ckpt, tmp_path / "no_manifest")
+  (tmp_path / "no_manifest" / export.MANIFEST).unlink()  # what a save killed before the manifest would hold
+  with pytest.raises(export.CorruptCheckpointError, match=r"has no fp4jax_manifest.json.*verify=False"):
+    export.restore(tmp_path / "no_manifest")
+  assert _qtensors(export.restore(tmp_path / "no_manifest", verify=False)).keys() == _qtensors(packed).keys()

@@ -123,5 +123,6 @@ def test_a_rule_that_decides_no_layer_raises():
   with pytest.raises(ValueError, match=r"rules\[1\] = KeepHighPrecision\(first=1.*decides no layer"):
     rules.plan(paths, [Rule(r".*", "nvfp4_rtn"), keep_high_precision(first=1)])
   paths = ["block_0/fc", "block_0/proj", "block_1/fc", "lm_head"]  # a layer named before the policy keeps its rule
-  assert rules.plan(paths, [Rule(r"block_0/fc", "quartet"), keep_high_precision(first=1), Rule(r".*", "nvfp4_rtn")]) == {
+  named_first = [Rule(r"block_0/fc", "quartet"), keep_high_precision(first=1), Rule(r".*", "nvfp4_rtn")]
+  assert rules.plan(paths, named_first) == {
       "block_0/fc": "quartet", "block_0/proj": None, "block_1/fc": "nvfp4_rtn", "lm_head": None}
