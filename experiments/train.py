@@ -48,7 +48,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +57,8 @@ import optax
 import orbax.checkpoint as ocp
 from jax.sharding import PartitionSpec as P
 
-from experiments import data, deterministic, diagnostics, model as model_lib, optimizer, sharding
+from experiments import data, deterministic, diagnostics, optimizer, sharding
+from experiments import model as model_lib
 
 QUANT_KEY_SALT = 1
 EVAL_KEY_SALT = 2
@@ -581,7 +582,7 @@ class StopSignals:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
-    def __enter__(self) -> StopSignals:
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
         return self
