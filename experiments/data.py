@@ -35,6 +35,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SPLITS = ("train", "val")
 NANOGPT_DTYPE = "uint16"
 VOCAB_ROUNDING = 64  # inferred vocabularies are rounded up to a multiple of 64 (GPT-2's 50257 → nanoGPT's 50304)
+MAX_INFERRED_VOCAB = 1 << 20  # a larger inferred vocabulary means the token dtype is wrong
+TEXT_SNIFF_BYTES = 4096  # multi-byte token files whose first bytes are all printable ASCII are refused as text
+TEXT_BYTES = frozenset(range(32, 127)) | {9, 10, 13}
 
 
 def default_cache_dir() -> Path:
@@ -117,27 +120,100 @@ def _load_folder(folder: Path, cache: Path, token_dtype, vocab_size, name: str) 
 
 
 def _load_files(files: dict[str, Path], folder: Path, cache: Path, token_dtype, vocab_size, name: str) -> Corpus:
-    meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else {}
+    meta = read_meta(folder / "meta.json")
     dtype = np.dtype(meta.get("dtype") or token_dtype or NANOGPT_DTYPE)
     if dtype not in (np.uint8, np.uint16, np.uint32):
         raise ValueError(f"token_dtype={dtype.name!r} must be uint8, uint16 or uint32")
     manifest = folder / "MANIFEST.json"
-    expected = json.loads(manifest.read_text()) if manifest.exists() else {}
+    expected = _read_json(manifest, "a MANIFEST.json of {split: {bytes, sha256}}") if manifest.exists() else {}
     arrays = {}
     for split, path in files.items():
         if path.name.endswith(".xz"):
             path = decompress_cached(path, cache, expected.get(split, {}).get("sha256"))
-        arrays[split] = np.memmap(path, dtype=dtype, mode="r")
-        if arrays[split].size < 2:
-            raise ValueError(f"data={str(path)!r} holds {arrays[split].size} tokens; at least 2 are needed")
+        elif isinstance(meta.get(split), dict):
+            _check_recorded(path, meta[split], folder / "meta.json")
+        arrays[split] = token_array(path, dtype)
     byte_level = dtype == np.uint8
-    top = max(int(a.max()) for a in arrays.values())
+    tops = {split: int(a.max()) for split, a in arrays.items()}
+    source = "the vocab_size argument" if vocab_size is not None else None
+    if vocab_size is None and meta.get("vocab_size") is not None:
+        vocab_size, source = meta["vocab_size"], f"{folder / 'meta.json'}"
     if vocab_size is None:
-        vocab_size = meta.get("vocab_size") or (256 if byte_level else -(-(top + 1) // VOCAB_ROUNDING) * VOCAB_ROUNDING)
-    if top >= vocab_size:
-        raise ValueError(f"vocab_size={vocab_size} is too small for token id {top} in data={str(folder)!r}")
+        top = max(tops.values())
+        vocab_size = 256 if byte_level else -(-(top + 1) // VOCAB_ROUNDING) * VOCAB_ROUNDING
+        source = f"inferred from the largest token id, {top}"
+        if vocab_size > MAX_INFERRED_VOCAB:
+            raise ValueError(f"data={str(files['train'])!r}: token id {top} implies a vocabulary of {vocab_size}, "
+                             f"more than {MAX_INFERRED_VOCAB}; are these {dtype.name} tokens? Give the dtype and "
+                             "vocab_size in a meta.json")
+    for split, top in tops.items():
+        if top >= vocab_size:
+            raise ValueError(f"data={str(files[split])!r} holds token id {top}, outside the vocabulary of "
+                             f"vocab_size={vocab_size} ({source}): expected ids in [0, {vocab_size})")
     bytes_per_token = meta.get("bytes_per_token", 1.0 if byte_level else None)
     return Corpus(name, arrays["train"], arrays["val"], int(vocab_size), bytes_per_token)
+
+
+def _read_json(path: Path, expected: str) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); expected {expected}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a JSON {type(value).__name__}; expected {expected}")
+    return value
+
+
+def read_meta(path: Path) -> dict:
+    """A corpus's ``meta.json`` ({} if there is none), checked: dtype a token dtype, vocab_size a positive integer.
+
+    Raises:
+        ValueError: naming the file, if it is not such a JSON object.
+    """
+    if not path.exists():
+        return {}
+    expected = 'a JSON object like {"dtype": "uint8", "vocab_size": 256, "train": {"bytes": N, "sha256": HEX}}'
+    meta = _read_json(path, expected)
+    if meta.get("dtype") is not None and meta["dtype"] not in ("uint8", "uint16", "uint32"):
+        raise ValueError(f"{path}: dtype={meta['dtype']!r} must be uint8, uint16 or uint32")
+    vocab = meta.get("vocab_size")
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab <= 0):
+        raise ValueError(f"{path}: vocab_size={vocab!r} must be a positive integer")
+    return meta
+
+
+def _check_recorded(path: Path, record: dict, meta_path: Path) -> None:
+    """``path`` has the size and sha256 that ``meta_path`` records for it (either may be absent)."""
+    size = path.stat().st_size
+    if record.get("bytes") is not None and size != record["bytes"]:
+        raise ValueError(f"{path} has {size} bytes but {meta_path} records {record['bytes']}: the file is truncated "
+                         "or was replaced")
+    if record.get("sha256") is not None and (actual := sha256_file(path)) != record["sha256"]:
+        raise ValueError(f"{path}: sha256 {actual} does not match the {record['sha256']} of {meta_path}: the file is "
+                         "corrupted or was replaced")
+
+
+def token_array(path: Path, dtype: np.dtype) -> np.ndarray:
+    """The tokens of a raw little-endian ``.bin`` file as a read-only memmap, checked for what training needs.
+
+    Raises:
+        ValueError: naming the file, if its size is not a whole number of ``dtype`` tokens, it holds fewer than 2
+            tokens, or it looks like text (printable bytes only) while ``dtype`` is wider than a byte.
+    """
+    size = path.stat().st_size
+    if size % dtype.itemsize:
+        raise ValueError(f"{path} has {size} bytes, not a whole number of {dtype.name} tokens of {dtype.itemsize} "
+                         "bytes: truncated, or another token dtype (meta.json's dtype, --token-dtype)")
+    if size < 2 * dtype.itemsize:
+        raise ValueError(f"{path} holds {size // dtype.itemsize} {dtype.name} tokens; at least 2 are needed")
+    if dtype.itemsize > 1:
+        with open(path, "rb") as f:
+            head = f.read(TEXT_SNIFF_BYTES)
+        if all(b in TEXT_BYTES for b in head):
+            raise ValueError(f"{path} looks like a text file (its first {len(head)} bytes are printable ASCII), not "
+                             f"{dtype.name} tokens; build a byte-level corpus with `python -m experiments.prepare "
+                             "text OUT FILE`")
+    return np.memmap(path, dtype=dtype, mode="r")
 
 
 def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
@@ -159,8 +235,13 @@ def decompress_cached(path: Path, cache: Path, expected_sha256: str | None = Non
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    with lzma.open(path) as src, open(tmp, "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 24)
+    try:
+        with lzma.open(path) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 24)
+    except (lzma.LZMAError, EOFError) as err:
+        tmp.unlink(missing_ok=True)
+        raise ValueError(f"{path} is not a complete xz stream ({err}): truncated or corrupted; expected an "
+                         "xz-compressed token file") from None
     if expected_sha256 is not None and (actual := sha256_file(tmp)) != expected_sha256:
         tmp.unlink()
         raise ValueError(f"{path}: decompressed sha256 {actual} does not match the MANIFEST's {expected_sha256}")

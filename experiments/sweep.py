@@ -63,9 +63,12 @@ def plan(base: train.TrainConfig, sizes: Sequence[str], ratios: Sequence[float],
 
 
 def run_state(folder: Path) -> str:
-    """"finished" (summary.json), "partial" (a started run: resumes), or "new"."""
+    """"finished" or "diverged" (summary.json's status), "partial" (a started run: resumes, interrupted ones
+    included), or "new"."""
     if (folder / "summary.json").exists():
-        return "finished"
+        status = json.loads((folder / "summary.json").read_text()).get("status", "finished")
+        if status in ("finished", "diverged"):
+            return status
     return "partial" if (folder / "config.json").exists() else "new"
 
 
@@ -124,7 +127,7 @@ def execute(
     if runs_per_device < 1:
         raise ValueError(f"runs_per_device must be at least 1, got {runs_per_device}")
     deadline = time.monotonic() + 60 * max_minutes
-    pending = sorted((r for r in runs if run_state(out / r.name) != "finished"),
+    pending = sorted((r for r in runs if run_state(out / r.name) not in ("finished", "diverged")),
                      key=lambda r: (run_state(out / r.name) != "partial", -training_compute(r)))
     slots = [(d, i) for i in range(runs_per_device) for d in (list(devices) or [None])]  # each GPU once first
     running: dict[tuple[str | None, int], tuple[Run, subprocess.Popen]] = {}

@@ -38,12 +38,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import hashlib
 import json
 import math
+import os
 import re
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Literal, Self
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +57,8 @@ import optax
 import orbax.checkpoint as ocp
 from jax.sharding import PartitionSpec as P
 
-from experiments import data, deterministic, diagnostics, model as model_lib, optimizer, sharding
+from experiments import data, deterministic, diagnostics, optimizer, sharding
+from experiments import model as model_lib
 
 QUANT_KEY_SALT = 1
 EVAL_KEY_SALT = 2
@@ -99,8 +105,14 @@ class TrainConfig:
                              "(a checkpoint must not split a logging window, or a resumed curve would differ)")
         if self.tokens < self.tokens_per_step:
             raise ValueError(f"tokens={self.tokens} is less than one step of batch_size·seq_len={self.tokens_per_step}")
-        if self.lr is not None and self.lr <= 0:
-            raise ValueError(f"lr={self.lr} must be positive")
+        if self.lr is not None and not 0 < self.lr < math.inf:
+            raise ValueError(f"lr={self.lr} must be positive and finite")
+        if not 0 <= self.warmup_frac < 1:
+            raise ValueError(f"warmup_frac={self.warmup_frac} must be in [0, 1)")
+        if not 0 <= self.weight_decay < math.inf:
+            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0 and finite")
+        if not 0 < self.clip_norm < math.inf:
+            raise ValueError(f"clip_norm={self.clip_norm} must be positive and finite")
         if self.dtype not in ("bfloat16", "float32"):
             raise ValueError(f"dtype={self.dtype!r} must be 'bfloat16' or 'float32'")
         if self.grad_comm_dtype not in sharding.GRAD_COMM_DTYPES:
@@ -133,6 +145,28 @@ def parse_count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a count like 200M, 1.5B, 100k or 2e6")
     scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[match.group(2).lower()]
     return int(round(float(match.group(1)) * scale))
+
+
+FLOAT_RANGES = {"positive": (lambda x: x > 0, "a positive finite number"),
+                "non_negative": (lambda x: x >= 0, "a finite number >= 0"),
+                "fraction": (lambda x: 0 <= x < 1, "a number in [0, 1)")}
+
+
+def finite_float(kind: Literal["positive", "non_negative", "fraction"]):
+    """An argparse ``type``: a float that is finite and ``kind`` (argparse names the flag in its error)."""
+    accepts, expected = FLOAT_RANGES[kind]
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and accepts(value)):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {expected}")
+        return value
+
+    parse.__name__ = kind  # argparse's message for other errors
+    return parse
 
 
 def next_token_loss(logits: jax.Array, tokens: jax.Array, total_rows: int | None = None) -> jax.Array:
@@ -275,45 +309,234 @@ class Trainer:
         return None if bpt is None else loss / math.log(2) / bpt
 
 
-class RunFolder:
-    """config.json, metrics.jsonl, summary.json and the orbax checkpoints of one run."""
+MANIFEST = "MANIFEST.sha256.json"  # in each checkpoint step folder, written once the checkpoint is complete
+REJECTED = "ckpt-rejected"  # checkpoints that did not restore are moved here (never deleted)
 
-    def __init__(self, path: str | Path, config: TrainConfig):
+
+class CheckpointError(ValueError):
+    """A checkpoint (or the run file it vouches for) failed verification: the message names the file."""
+
+
+class IncompleteCheckpointError(CheckpointError):
+    """A checkpoint without its manifest: the run stopped before it was completely written."""
+
+
+def _sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _checksums(folder: Path) -> dict[str, str]:
+    """sha256 of every file under ``folder`` (paths relative to it, ``/``-separated), the manifest left out."""
+    return {p.relative_to(folder).as_posix(): data.sha256_file(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != MANIFEST}
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a synced temporary file and an atomic rename."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _all_finite(tree) -> jax.Array:
+    leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.stack(leaves).all()
+
+
+_ALL_FINITE = jax.jit(_all_finite)
+
+
+def _window_record(window: list) -> list[dict]:
+    """The per-step metrics of an unfinished logging window as JSON (value and dtype: restored bit for bit)."""
+    return [{k: [float(v), str(np.asarray(v).dtype)] for k, v in m.items()} for m in jax.device_get(window)]
+
+
+def _window_from_record(record: list[dict]) -> list[dict]:
+    return [{k: np.dtype(dtype).type(v) for k, (v, dtype) in m.items()} for m in record]
+
+
+class RunFolder:
+    """config.json, metrics.jsonl, summary.json and the orbax checkpoints of one run.
+
+    Each checkpoint step folder gets a ``MANIFEST.sha256.json`` once orbax has finished writing it: the sha256 of
+    every file in it, of config.json, of metrics.jsonl as it was then (its first ``metrics_bytes`` bytes: the records
+    up to that step), the unfinished logging window's per-step metrics, and a sha256 of all that. A restore takes
+    the newest checkpoint that verifies and moves the others aside to ``ckpt-rejected/`` (saying so); orbax keeps
+    the newest 3, so at least 2 verified ones exist once 3 were written.
+    """
+
+    def __init__(self, path: str | Path, config: TrainConfig, quiet: bool = True):
         self.path = Path(path).resolve()
         self.path.mkdir(parents=True, exist_ok=True)
         self.primary = jax.process_index() == 0  # with several processes, process 0 writes config and metrics
-        saved = self.path / "config.json"
+        self.quiet = quiet
+        self.config_file = self.path / "config.json"
+        self.metrics = self.path / "metrics.jsonl"
+        self.summary = self.path / "summary.json"
+        self.checkpoints = ocp.CheckpointManager(
+            self.path / "ckpt", options=ocp.CheckpointManagerOptions(max_to_keep=3, create=True)
+        )
+        self.window: list[dict] = []  # the restored checkpoint's unfinished logging window
+        self._pending: dict | None = None  # the manifest of the checkpoint being written
         mine = dataclasses.asdict(config)
-        if saved.exists():
-            # a field added since the run was saved takes its default
-            theirs = {**dataclasses.asdict(TrainConfig()), **json.loads(saved.read_text())}
+        if self.config_file.exists():
+            theirs = {**dataclasses.asdict(TrainConfig()), **self._read_config()}  # new fields take their default
             if theirs != mine:
                 diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
                 raise ValueError(f"out={str(self.path)!r} holds a run with a different config (fields {diff}); "
                                  "use another --out or the same arguments to resume")
         elif self.primary:
-            saved.write_text(json.dumps(mine, indent=1) + "\n")
-        self.metrics = self.path / "metrics.jsonl"
-        self.summary = self.path / "summary.json"
-        self.checkpoints = ocp.CheckpointManager(
-            self.path / "ckpt", options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True)
-        )
+            _write_atomic(self.config_file, json.dumps(mine, indent=1) + "\n")
+
+    def step_dir(self, step: int) -> Path:
+        return self.path / "ckpt" / str(step)
+
+    def _read_config(self) -> dict:
+        raw = self.config_file.read_bytes()
+        for step in sorted(self.checkpoints.all_steps(), reverse=True):
+            try:
+                recorded = self._manifest(step)["config_sha256"]
+            except CheckpointError:
+                continue
+            if _sha256_bytes(raw) != recorded:
+                raise CheckpointError(f"{self.config_file}: sha256 {_sha256_bytes(raw)} is not the {recorded} "
+                                      f"recorded with checkpoint {step} ({self.step_dir(step) / MANIFEST}): the file "
+                                      "was corrupted or edited")
+            break
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"{self.config_file} is not valid JSON ({err}): corrupted; expected the run's "
+                                  "TrainConfig") from None
+
+    def _manifest(self, step: int) -> dict:
+        """The verified body of checkpoint ``step``'s manifest."""
+        path = self.step_dir(step) / MANIFEST
+        if not path.exists():
+            raise IncompleteCheckpointError(f"{path} is missing: the checkpoint was not completed (the run "
+                                            "stopped while writing it)")
+        try:
+            manifest = json.loads(path.read_bytes())
+            body, digest = manifest["body"], manifest["sha256"]
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+            raise CheckpointError(f"{path} is not a valid manifest ({err!r}): corrupted") from None
+        if _sha256_bytes(json.dumps(body, sort_keys=True).encode()) != digest:
+            raise CheckpointError(f"{path}: its contents do not match its sha256: corrupted")
+        return body
+
+    def _verified_metrics(self, step: int, body: dict) -> bytes:
+        """The metrics.jsonl records of the steps up to ``step``, checked against the manifest."""
+        if not self.primary:
+            return b""
+        raw = self.metrics.read_bytes() if self.metrics.exists() else b""
+        kept = raw[:body["metrics_bytes"]]
+        if _sha256_bytes(kept) != body["metrics_sha256"]:
+            raise CheckpointError(f"{self.metrics}: its first {body['metrics_bytes']} bytes (the records up to step "
+                                  f"{step}) do not match the sha256 recorded with checkpoint {step}: truncated or "
+                                  "corrupted")
+        tail = raw[body["metrics_bytes"]:]
+        if tail and not tail.endswith(b"\n"):
+            self._say(f"warning: {self.metrics}: dropped a cut-off last line (the run stopped while writing it)")
+        return kept
+
+    def _verify(self, step: int) -> dict:
+        body = self._manifest(step)
+        folder = self.step_dir(step)
+        actual = _checksums(folder)
+        for name in sorted(body["files"].keys() | actual.keys()):
+            if name not in actual:
+                raise CheckpointError(f"{folder / name} is missing (listed in {folder / MANIFEST})")
+            if name not in body["files"]:
+                raise CheckpointError(f"{folder / name} is not listed in {folder / MANIFEST}")
+            if actual[name] != body["files"][name]:
+                raise CheckpointError(f"{folder / name}: sha256 {actual[name]} does not match the manifest's "
+                                      f"{body['files'][name]}: corrupted")
+        return body
+
+    def _reject(self, step: int) -> Path:
+        target = self.path / REJECTED / str(step)
+        for i in range(1, 1_000_000):
+            if not target.exists():
+                break
+            target = self.path / REJECTED / f"{step}.{i}"
+        if self.primary:
+            target.parent.mkdir(exist_ok=True)
+            os.replace(self.step_dir(step), target)
+        self.checkpoints.reload()
+        return target
+
+    def _say(self, message: str) -> None:
+        if self.primary:
+            print(message, file=sys.stderr, flush=True)
 
     def restore(self, template: dict) -> tuple[dict, int]:
-        """The newest checkpoint (state, step) and the metrics truncated to it; (template, 0) if there is none."""
-        step = self.checkpoints.latest_step()
-        if step is None:
-            if self.primary:
-                self.metrics.unlink(missing_ok=True)
-            return template, 0
-        state = self.checkpoints.restore(step, args=ocp.args.StandardRestore(template))
-        if self.primary and self.metrics.exists():
-            kept = [line for line in self.metrics.read_text().splitlines() if json.loads(line)["step"] <= step]
-            self.metrics.write_text("".join(line + "\n" for line in kept))
-        return state, step
+        """The newest checkpoint that verifies (state, step), and the metrics truncated to it; (template, 0) if none.
 
-    def save(self, step: int, state: dict) -> None:
+        Checkpoints that do not verify are moved to ``ckpt-rejected/``, each with a message naming the file.
+
+        Raises:
+            CheckpointError: checkpoints exist, with manifests, but none verifies (the messages name the files).
+        """
+        failures = []
+        for step in sorted(self.checkpoints.all_steps(), reverse=True):
+            try:
+                body = self._verify(step)
+                kept = self._verified_metrics(step, body)
+                if body["config_sha256"] != _sha256_bytes(self.config_file.read_bytes()):
+                    raise CheckpointError(f"{self.config_file} is not the config.json of checkpoint {step}")
+            except CheckpointError as err:
+                failures.append((step, err))
+                target = self._reject(step)
+                self._say(f"checkpoint {step} does not restore: {err}; moved it to {target}"
+                          + (", falling back to the previous one" if self.checkpoints.all_steps() else ""))
+                continue
+            state = self.checkpoints.restore(step, args=ocp.args.StandardRestore(template))
+            if not bool(_ALL_FINITE(state)):
+                raise CheckpointError(f"checkpoint {step} ({self.step_dir(step)}) holds non-finite values")
+            if self.primary:
+                _write_atomic(self.metrics, kept.decode())
+            self.window = _window_from_record(body["window"])
+            if not self.quiet:
+                self._say(f"resuming from step {step} (checkpoint {self.step_dir(step)})")
+            return state, step
+        if any(not isinstance(err, IncompleteCheckpointError) for _, err in failures):
+            raise CheckpointError("no checkpoint of " + str(self.path) + " restores:\n"
+                                  + "\n".join(f"  step {s}: {e}" for s, e in failures))
+        if self.primary and self.metrics.exists():
+            if failures:
+                os.replace(self.metrics, self.path / REJECTED / f"metrics.{os.getpid()}.jsonl")
+                self._say(f"no complete checkpoint: starting from step 0 (the old metrics are in {self.path / REJECTED})")
+            else:
+                self.metrics.unlink()
+        return template, 0
+
+    def save(self, step: int, state: dict, window: list) -> None:
+        """Checkpoint ``state`` at ``step`` (asynchronously; its manifest follows once written: :meth:`poll`).
+
+        ``window``: the per-step metrics of the unfinished logging window (empty at a logging boundary)."""
+        self._finish_pending(wait=True)
+        raw = self.metrics.read_bytes() if self.primary and self.metrics.exists() else b""
+        self._pending = {"step": step, "config_sha256": _sha256_bytes(self.config_file.read_bytes()),
+                         "metrics_bytes": len(raw), "metrics_sha256": _sha256_bytes(raw),
+                         "window": _window_record(window)}
         self.checkpoints.save(step, args=ocp.args.StandardSave(state))
+
+    def poll(self) -> None:
+        """Write the manifest of the checkpoint being saved if orbax has finished it."""
+        self._finish_pending(wait=False)
+
+    def _finish_pending(self, wait: bool) -> None:
+        if self._pending is None or (not wait and self.checkpoints.is_saving_in_progress()):
+            return
+        self.checkpoints.wait_until_finished()
+        body = {**self._pending, "files": _checksums(self.step_dir(self._pending["step"]))}
+        self._pending = None
+        if self.primary:
+            manifest = {"body": body, "sha256": _sha256_bytes(json.dumps(body, sort_keys=True).encode())}
+            _write_atomic(self.step_dir(body["step"]) / MANIFEST, json.dumps(manifest, indent=1) + "\n")
 
     def log(self, record: dict) -> None:
         if not self.primary:
@@ -322,7 +545,7 @@ class RunFolder:
             f.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
-        self.checkpoints.wait_until_finished()
+        self._finish_pending(wait=True)
         self.checkpoints.close()
 
 
@@ -343,6 +566,38 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+class StopSignals:
+    """SIGINT / SIGTERM set ``received`` (the training loop then checkpoints and stops); a second signal of the same
+    kind acts as it normally does. A context manager: the previous handlers come back on exit (main thread only;
+    elsewhere signals are left alone)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame):
+        self.received = signum
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def __enter__(self) -> Self:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _first_non_finite(window: list[dict]) -> int | None:
+    """Index of the first step of ``window`` (fetched metrics) whose loss or gradient norm is not finite."""
+    return next((i for i, m in enumerate(window) if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"]))),
+                None)
+
+
 def train(
     config: TrainConfig,
     out: str | Path,
@@ -354,21 +609,37 @@ def train(
     model_overrides: dict | None = None,
     final_eval_batches: int = 0,
 ) -> dict:
-    """Train (or resume) the run in ``out``; return its summary ({"status": "finished" | "paused", ...}).
+    """Train (or resume) the run in ``out``; return its summary ({"status": "finished" | "paused" | "interrupted" |
+    "diverged", ...}).
 
     ``max_minutes`` and ``stop_at_step`` pause at the first logging boundary where the time budget would run out /
-    the step is reached; rerunning resumes. ``model_overrides``: ModelConfig fields that change how, not what, the
-    model computes (e.g. ``{"remat": True}``); like the layout they are not part of config.json.
+    the step is reached; rerunning resumes. SIGINT / SIGTERM checkpoint the current step and stop ("interrupted";
+    rerunning resumes, the same curve bit for bit). A non-finite loss or gradient norm (checked at each logging
+    boundary) or state (checked before each checkpoint) stops the run ("diverged") without checkpointing it: the
+    newest checkpoint stays the last finite one. ``model_overrides``: ModelConfig fields that change how, not what,
+    the model computes (e.g. ``{"remat": True}``); like the layout they are not part of config.json.
     ``final_eval_batches``: when the run finishes, write the loss of each of that many validation batches to
     ``out/final_eval.json`` (:data:`FINAL_EVAL`, the record ``experiments.evaluate`` writes), while the weights
     are still on the device.
+
+    Raises:
+        CheckpointError: the run folder's checkpoints exist but none verifies, or config.json was corrupted.
     """
     if final_eval_batches < 0:
         raise ValueError(f"final_eval_batches must be >= 0, got {final_eval_batches}")
+    with StopSignals() as signals:
+        return _train(config, out, cache_dir, max_minutes, stop_at_step, quiet, layout, model_overrides,
+                      final_eval_batches, signals)
+
+
+def _train(config, out, cache_dir, max_minutes, stop_at_step, quiet, layout, model_overrides, final_eval_batches,
+           signals: StopSignals) -> dict:
     started = time.perf_counter()
     trainer = Trainer(config, cache_dir, layout, model_overrides)
-    folder = RunFolder(out, config)
+    folder = RunFolder(out, config, quiet=quiet)
     state, step = folder.restore(trainer.init_state())
+    if folder.primary:
+        folder.summary.unlink(missing_ok=True)  # of an earlier piece; rewritten when this one ends
     counts = model_lib.parameter_count(trainer.model_config)
     quant_metric = diagnostics.default_metric() if config.quant_error_every else None
     if config.quant_error_every and quant_metric is None and not quiet:
@@ -382,11 +653,18 @@ def train(
         emit({"kind": "val", "val_loss": loss, "val_bpb": trainer.bits_per_byte(loss)})
         return loss
 
+    def diverged(at: int, what: str) -> str:
+        last_ckpt = folder.checkpoints.latest_step()
+        kept = f"checkpoint {last_ckpt} ({folder.step_dir(last_ckpt)})" if last_ckpt is not None else "no checkpoint"
+        print(f"diverged at step {at}: {what}; not checkpointed, the last finite state is {kept}", file=sys.stderr,
+              flush=True)
+        return "diverged"
+
     if step == 0:
         log_validation()
-    resumed_from, window_losses, window_start, next_window_s = step, [], time.perf_counter(), 0.0
+    resumed_from, window_losses, window_start, next_window_s = step, list(folder.window), time.perf_counter(), 0.0
     run_start, status, last, timed_steps = time.perf_counter(), "finished", {}, 0
-    while step < config.steps:
+    while step < config.steps and signals.received is None:
         batch = trainer.place(trainer.stream.batch(step))
         state, out_metrics = trainer.train_step(state, batch, trainer.quant_key(step))
         window_losses.append(out_metrics)
@@ -410,6 +688,11 @@ def train(
                     "step_time_s": step_time, "tokens_per_s": config.tokens_per_step / step_time}
             emit({"kind": "train", **last})
             window_losses, window_start, timed_steps = [], now, 0
+            if (bad := _first_non_finite(fetched)) is not None:
+                at = step - len(fetched) + 1 + bad
+                status = diverged(at, f"loss {fetched[bad]['loss']}, gradient norm {fetched[bad]['grad_norm']}")
+                break
+            folder.poll()
         if step % config.eval_every == 0 or step == config.steps:
             last["val_loss"] = log_validation()
         if quant_metric and step % config.quant_error_every == 0:
@@ -420,8 +703,12 @@ def train(
         out_of_time = max_minutes is not None and (
             time.perf_counter() - started + 1.5 * next_window_s > 60 * max_minutes)
         pause = boundary and step < config.steps and (out_of_time or (stop_at_step is not None and step >= stop_at_step))
-        if step % config.ckpt_every == 0 or step == config.steps or pause:
-            folder.save(step, state)
+        stop = signals.received is not None
+        if step % config.ckpt_every == 0 or step == config.steps or pause or stop:
+            if not bool(_ALL_FINITE(state)):
+                status = diverged(step, "the parameters or optimizer state after it are not finite")
+                break
+            folder.save(step, state, window_losses)
         if boundary and not quiet:
             done = step - resumed_from
             eta = (time.perf_counter() - run_start) / done * (config.steps - step)
@@ -432,6 +719,14 @@ def train(
         if pause:
             status = "paused"
             break
+        if stop:
+            status = "interrupted"
+            print(f"\n{signal.Signals(signals.received).name}: wrote the checkpoint of step {step} "
+                  f"({folder.step_dir(step)}); rerun the same command to resume", file=sys.stderr, flush=True)
+    if signals.received is not None and status == "finished" and step < config.steps:
+        status = "interrupted"  # before the first step: nothing new to checkpoint
+        print(f"\n{signal.Signals(signals.received).name} before the first step: nothing to checkpoint; rerun the "
+              "same command to resume", file=sys.stderr, flush=True)
     folder.close()
     if not quiet and sys.stderr.isatty():
         print(file=sys.stderr)
@@ -447,13 +742,15 @@ def train(
         "wall_s": time.perf_counter() - started,
         "mesh": "1 device" if layout is None else layout.describe(),  # of the last piece (a run may resume elsewhere)
     }
+    if status == "interrupted":
+        summary["signal"] = signal.Signals(signals.received).name
     if status == "finished" and final_eval_batches:
         record = evaluation_record(folder.path.name, config, step,
                                    trainer.batch_losses(state["params"], final_eval_batches))
         if folder.primary:
             (folder.path / FINAL_EVAL).write_text(json.dumps(record) + "\n")
-    if status == "finished" and folder.primary:
-        folder.summary.write_text(json.dumps(summary, indent=1) + "\n")
+    if status != "paused" and folder.primary:
+        _write_atomic(folder.summary, json.dumps(summary, indent=1) + "\n")
     if not quiet:
         print(f"{status}: recipe={config.recipe} model={config.model} step={step}/{config.steps} "
               f"tokens={summary['tokens']:,} val_loss={summary['val_loss']:.4f} "
@@ -472,8 +769,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     for name in ("batch_size", "seq_len", "seed", "bf16_first", "bf16_last", "log_every", "eval_every",
                  "eval_batches", "ckpt_every", "quant_error_every"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
-    for name in ("lr", "warmup_frac", "weight_decay", "clip_norm"):
-        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    for name, kind in (("lr", "positive"), ("warmup_frac", "fraction"), ("weight_decay", "non_negative"),
+                       ("clip_norm", "positive")):
+        parser.add_argument("--" + name.replace("_", "-"), type=finite_float(kind), default=getattr(defaults, name))
     parser.add_argument("--dtype", default=defaults.dtype, choices=["bfloat16", "float32"])
     parser.add_argument("--attention-impl", default=None, choices=["xla", "cudnn"])
     parser.add_argument("--token-dtype", default=None, choices=["uint8", "uint16", "uint32"])
@@ -529,7 +827,8 @@ def main(argv: list[str] | None = None) -> None:
     add_config_arguments(parser)
     parser.add_argument("--out", default=None, help="run folder (default runs/<model>-<recipe>-<tokens>)")
     parser.add_argument("--cache-dir", default=None, help="corpus cache (default $FP4JAX_CACHE or ~/.cache/fp4jax)")
-    parser.add_argument("--max-minutes", type=float, default=None, help="pause (checkpoint and exit) before this")
+    parser.add_argument("--max-minutes", type=finite_float("positive"), default=None,
+                        help="pause (checkpoint and exit) before this")
     parser.add_argument("--mesh", default=None, help="device mesh, e.g. data=4 or data=2,model=2 (default: 1 device)")
     parser.add_argument("--fsdp", action="store_true", help="shard parameters and optimizer state over the data axis")
     add_execution_arguments(parser)
@@ -567,8 +866,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.quantizer_backend == "pallas" and config.tensor_shards > 1:
         parser.error("--quantizer-backend pallas: with --tensor-shards the operands split over the shards are "
                      "quantized by XLA (cross-shard amax); use auto (the kernels for the others)")
-    train(config, out, cache_dir=args.cache_dir, max_minutes=args.max_minutes, layout=layout,
-          model_overrides=execution_overrides(args), final_eval_batches=args.final_eval_batches)
+    summary = train(config, out, cache_dir=args.cache_dir, max_minutes=args.max_minutes, layout=layout,
+                    model_overrides=execution_overrides(args), final_eval_batches=args.final_eval_batches)
+    sys.exit(exit_code(summary))
+
+
+def exit_code(summary: dict) -> int:
+    """0 for a finished or paused run, 1 for a diverged one, 128 + the signal's number for an interrupted one."""
+    if summary["status"] == "interrupted":
+        return 128 + signal.Signals[summary["signal"]].value
+    return 1 if summary["status"] == "diverged" else 0
 
 
 if __name__ == "__main__":

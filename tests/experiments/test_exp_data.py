@@ -176,3 +176,85 @@ def test_processes_decompressing_at_once_all_get_the_file(tmp_path):
     paths = {out.strip() for out, _ in outs}
     assert len(paths) == 1 and Path(paths.pop()).read_bytes() == payload
     assert not list((tmp_path / "cache").rglob("*.tmp"))
+
+
+def _byte_corpus(tmp_path):
+    (tmp_path / "t.txt").write_bytes(b"some training text, " * 50)
+    prepare.prepare_text(tmp_path / "c", [tmp_path / "t.txt"])
+    return tmp_path / "c"
+
+
+def test_odd_sized_bin_names_the_file_and_the_token_size(tmp_path):
+    _write_pair(tmp_path / "c", np.arange(100, dtype=np.uint16), np.arange(50, dtype=np.uint16))
+    with open(tmp_path / "c" / "train.bin", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ValueError, match=r"train\.bin has 201 bytes, not a whole number of uint16 tokens of 2"):
+        data.load_corpus(tmp_path / "c", cache_dir=tmp_path)
+
+
+def test_empty_bin_names_the_file(tmp_path):
+    _write_pair(tmp_path / "c", np.arange(100, dtype=np.uint16), np.arange(0, dtype=np.uint16))
+    with pytest.raises(ValueError, match=r"val\.bin holds 0 uint16 tokens; at least 2"):
+        data.load_corpus(tmp_path / "c", cache_dir=tmp_path)
+
+
+def test_truncated_bin_is_caught_by_the_size_in_meta_json(tmp_path):
+    folder = _byte_corpus(tmp_path)
+    raw = (folder / "train.bin").read_bytes()
+    (folder / "train.bin").write_bytes(raw[:-10])
+    with pytest.raises(ValueError, match=rf"train\.bin has {len(raw) - 10} bytes but .*meta\.json records {len(raw)}"):
+        data.load_corpus(folder, cache_dir=tmp_path)
+
+
+def test_corrupt_bin_is_caught_by_the_sha256_in_meta_json(tmp_path):
+    folder = _byte_corpus(tmp_path)
+    raw = bytearray((folder / "val.bin").read_bytes())
+    raw[3] ^= 1
+    (folder / "val.bin").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"val\.bin: sha256 .* does not match .*meta\.json"):
+        data.load_corpus(folder, cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_truncated_or_corrupt_xz_names_the_file(tmp_path, damage):
+    _write_pair(tmp_path / "c", np.frombuffer(b"hello world " * 500, np.uint8), np.arange(50, dtype=np.uint8),
+                ".bin.xz")
+    path = tmp_path / "c" / "train.bin.xz"
+    raw = bytearray(path.read_bytes())
+    if damage == "truncated":
+        raw = raw[:len(raw) // 2]
+    else:
+        raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"train\.bin\.xz is not a complete xz stream"):
+        data.load_corpus(tmp_path / "c", cache_dir=tmp_path / "cache", token_dtype="uint8")
+    assert not list((tmp_path / "cache").rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("text,match", [('{"dtype": "uint8", "vocab', "meta.json is not valid JSON"),
+                                        ('["uint8"]', "meta.json holds a JSON list"),
+                                        ('{"dtype": "int8"}', "meta.json: dtype='int8' must be uint8"),
+                                        ('{"vocab_size": -3}', "vocab_size=-3 must be a positive integer")])
+def test_broken_meta_json_names_the_file(tmp_path, text, match):
+    folder = _byte_corpus(tmp_path)
+    (folder / "meta.json").write_text(text)
+    with pytest.raises(ValueError, match=match):
+        data.load_corpus(folder, cache_dir=tmp_path)
+
+
+def test_text_file_passed_as_uint16_tokens_is_refused(tmp_path):
+    text = b"def f(x):\n    return x + 1\n" * 200
+    (tmp_path / "train.bin").write_bytes(text)
+    (tmp_path / "val.bin").write_bytes(text[:400])
+    with pytest.raises(ValueError, match=r"train\.bin looks like a text file .* not uint16 tokens"):
+        data.load_corpus(tmp_path / "train.bin", cache_dir=tmp_path)
+
+
+def test_token_ids_outside_the_vocabulary_name_the_file(tmp_path):
+    _write_pair(tmp_path / "c", np.arange(100, dtype=np.uint16), np.full(10, 300, np.uint16))
+    (tmp_path / "c" / "meta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 256}))
+    with pytest.raises(ValueError, match=r"val\.bin' holds token id 300, outside the vocabulary of vocab_size=256"):
+        data.load_corpus(tmp_path / "c", cache_dir=tmp_path)
+    _write_pair(tmp_path / "d", np.array([0, 1 << 30], np.uint32), np.arange(4, dtype=np.uint32))
+    with pytest.raises(ValueError, match=r"train\.bin.*token id 1073741824 implies a vocabulary"):
+        data.load_corpus(tmp_path / "d", cache_dir=tmp_path, token_dtype="uint32")
