@@ -18,7 +18,12 @@
 set -u -o pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=.:kernels
+export PYTHONUNBUFFERED=1
+# The checkout, installed with no network (the machine has the dependencies and setuptools): fp4jax, fp4jax_kernels and
+# fp4jax_experiments import from here, in every process; its commands (fp4jax-train, ...) go on the PATH
+python -m pip install -q --no-index --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 \
+  || { cat "$OUT/install.log"; exit 1; }
+PATH="$(python -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
 python -c "import jax; print(jax.__version__, jax.devices())" > "$OUT/device.txt" 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv >> "$OUT/device.txt" 2>&1
@@ -65,7 +70,7 @@ case "${1:-}" in
     [ "$n" -ge 4 ] && meshes="$meshes data=2,model=2"
     # the loss check's default model has two heads, so the tensor-parallel meshes split attention too
     for checks in operands loss; do
-      timeout 280 python -m experiments.layout_check --recipes bf16,nvfp4_rtn,nvidia_nvfp4,quartet2 --meshes $meshes \
+      timeout 280 fp4jax-layout-check --recipes bf16,nvfp4_rtn,nvidia_nvfp4,quartet2 --meshes $meshes \
         --grad-comm-dtypes float32,bfloat16 --checks $checks \
         --out "$OUT/layout_$checks.json" > "$OUT/layout_$checks.log" 2>&1
     done
@@ -73,39 +78,39 @@ case "${1:-}" in
   scaling)
     n=$(nvidia-smi -L | wc -l)
     counts=$(seq -s, 1 "$n" | awk -F, '{for (i = 1; i <= NF; i *= 2) s = s (s ? "," : "") i; print s}')
-    timeout 280 python -m experiments.bench_scaling --model 125M --recipes bf16,nvidia_nvfp4,quartet2 --devices "$counts" \
+    timeout 280 fp4jax-bench-scaling --model 125M --recipes bf16,nvidia_nvfp4,quartet2 --devices "$counts" \
       --per-device-batch 16 --steps 6 --warmup 2 --out "$OUT/scaling125.json" > "$OUT/scaling125.log" 2>&1
-    timeout 280 python -m experiments.bench_scaling --model 350M --recipes bf16,nvidia_nvfp4 --devices "$counts" \
+    timeout 280 fp4jax-bench-scaling --model 350M --recipes bf16,nvidia_nvfp4 --devices "$counts" \
       --per-device-batch 8 --steps 5 --warmup 2 --out "$OUT/scaling350.json" > "$OUT/scaling350.log" 2>&1
     ;;
   deterministic)
     n=$(nvidia-smi -L | wc -l)
-    timeout 400 python -m experiments.layout_check --checks loss --recipes bf16,nvfp4_rtn,nvidia_nvfp4,quartet2 \
+    timeout 400 fp4jax-layout-check --checks loss --recipes bf16,nvfp4_rtn,nvidia_nvfp4,quartet2 \
       --meshes data=$n data=$n:fsdp --steps 3 --deterministic 4 --out "$OUT/layout_deterministic.json" \
       > "$OUT/layout_deterministic.log" 2>&1
     for mesh in "" "--mesh data=$n" "--mesh data=$n --fsdp"; do
       name=run$(echo "$mesh" | tr -dc 'a-z0-9')
-      timeout 60 python -m experiments.train --model 1M --recipe nvidia_nvfp4 --tokens 24576 --batch-size 16 \
+      timeout 60 fp4jax-train --model 1M --recipe nvidia_nvfp4 --tokens 24576 --batch-size 16 \
         --seq-len 128 --log-every 1 --eval-every 6 --ckpt-every 6 --eval-batches 2 --deterministic 4 $mesh \
         --out "$OUT/$name" > "$OUT/$name.log" 2>&1
     done
     same_curves run 3 > "$OUT/cross_process.log"
     common="--model 125M --recipes bf16,nvidia_nvfp4 --per-device-batch 16 --seq-len 1024 --steps 5 --warmup 2"
-    timeout 150 python -m experiments.bench_scaling $common --devices 1,$n --out "$OUT/cost_default.json" \
+    timeout 150 fp4jax-bench-scaling $common --devices 1,$n --out "$OUT/cost_default.json" \
       > "$OUT/cost_default.log" 2>&1
-    XLA_FLAGS="--xla_gpu_deterministic_ops=true" timeout 100 python -m experiments.bench_scaling $common --devices 1 \
+    XLA_FLAGS="--xla_gpu_deterministic_ops=true" timeout 100 fp4jax-bench-scaling $common --devices 1 \
       --out "$OUT/cost_flag.json" > "$OUT/cost_flag.log" 2>&1
     for per_device in 1 2; do
-      timeout 150 python -m experiments.bench_scaling $common --devices 1,$n --microbatches-per-device $per_device \
+      timeout 150 fp4jax-bench-scaling $common --devices 1,$n --microbatches-per-device $per_device \
         --out "$OUT/cost_det$per_device.json" > "$OUT/cost_det$per_device.log" 2>&1
     done
     ;;
   training)
     # the two quantizer backends step by step (losses bit for bit), then the 125M step both ways
-    timeout 200 python -m experiments.layout_check --checks backends --recipes nvfp4_rtn,nvidia_nvfp4,quartet2 \
+    timeout 200 fp4jax-layout-check --checks backends --recipes nvfp4_rtn,nvidia_nvfp4,quartet2 \
       --steps 4 --out "$OUT/backends.json" > "$OUT/backends.log" 2>&1
     for backend in xla pallas; do
-      timeout 280 python -m experiments.bench_scaling --model 125M --recipes bf16,nvidia_nvfp4,quartet2 --devices 1 \
+      timeout 280 fp4jax-bench-scaling --model 125M --recipes bf16,nvidia_nvfp4,quartet2 --devices 1 \
         --per-device-batch 16 --steps 6 --warmup 2 --quantizer-backend $backend --out "$OUT/train_$backend.json" \
         > "$OUT/train_$backend.log" 2>&1
     done
@@ -118,13 +123,13 @@ case "${1:-}" in
     if [ "$n" -ge 2 ]; then
       meshes="model=2"; [ "$n" -ge 4 ] && meshes="model=2 data=2,model=2 data=2,model=2:fsdp"
       recipes=${RECIPES:-bf16,nvfp4_rtn,nvidia_nvfp4,quartet2}
-      timeout 400 python -m experiments.layout_check --checks loss --recipes "$recipes" \
+      timeout 400 fp4jax-layout-check --checks loss --recipes "$recipes" \
         --meshes $meshes --steps 3 --deterministic 2 --out "$OUT/layout_tp.json" > "$OUT/layout_tp.log" 2>&1
     fi
     runs=("" "")
     [ "$n" -ge 2 ] && runs[1]="--mesh model=2"
     for i in "${!runs[@]}"; do
-      timeout 80 python -m experiments.train --model 1M --recipe nvidia_nvfp4 --tokens 24576 --batch-size 16 \
+      timeout 80 fp4jax-train --model 1M --recipe nvidia_nvfp4 --tokens 24576 --batch-size 16 \
         --seq-len 128 --log-every 1 --eval-every 6 --ckpt-every 6 --eval-batches 2 --deterministic 2 \
         --tensor-shards 2 ${runs[$i]} --out "$OUT/tp$i" > "$OUT/tp$i.log" 2>&1
     done
@@ -133,9 +138,9 @@ case "${1:-}" in
   tp-cost)
     # what --deterministic --tensor-shards 2 costs at 125M, on one GPU (vmapped shards) and on model=2
     common="--model 125M --recipes bf16,nvidia_nvfp4 --per-device-batch 16 --seq-len 1024 --steps 5 --warmup 2"
-    timeout 150 python -m experiments.bench_scaling $common --mesh model --devices 1,2 --microbatches-per-device 1 \
+    timeout 150 fp4jax-bench-scaling $common --mesh model --devices 1,2 --microbatches-per-device 1 \
       --out "$OUT/tp_cost_det.json" > "$OUT/tp_cost_det.log" 2>&1
-    timeout 120 python -m experiments.bench_scaling $common --mesh model --devices 1,2 \
+    timeout 120 fp4jax-bench-scaling $common --mesh model --devices 1,2 \
       --out "$OUT/tp_cost_default.json" > "$OUT/tp_cost_default.log" 2>&1
     ;;
   *)

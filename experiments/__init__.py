@@ -1,5 +1,8 @@
 """Experiments: train Llama-style language models under FP4 recipes, compare them with BF16, fit scaling laws.
 
+The folder ``experiments/`` installs as the package ``fp4jax_experiments``; each module with a command line is also a
+console script, ``fp4jax-<module>`` with ``-`` for ``_`` (``fp4jax-train``, ``fp4jax-scaling-law``, ...).
+
 Modules (one concept each):
   model        the decoder and its size table; projections take an FP4 dot chosen per layer by recipe name
   data         token corpora (byte-level default, nanoGPT ``.bin``) and the resumable batch stream

@@ -1,12 +1,12 @@
 """Weak-scaling benchmark of sharded training: tokens/s on 1, 2, 4, ... devices at a fixed per-device batch.
 
-  python -m experiments.bench_scaling --model 125M --recipes bf16,nvidia_nvfp4,quartet2 --devices 1,2,4 \\
+  fp4jax-bench-scaling --model 125M --recipes bf16,nvidia_nvfp4,quartet2 --devices 1,2,4 \\
       --per-device-batch 8 --seq-len 1024 --mesh data --out runs/bench_scaling.json
-  python -m experiments.bench_scaling --smoke        # CPU: 100K model, 1 and 2 host devices, a few steps
+  fp4jax-bench-scaling --smoke        # CPU: 100K model, 1 and 2 host devices, a few steps
 
 Each point compiles the train step (timed: ``compile_s``, lowering included; with JAX's persistent compilation cache
 on, a cached program loads instead), then trains ``--steps`` timed steps (after ``--warmup`` untimed ones) of
-``experiments.train.Trainer`` on a mesh of n devices: ``--mesh data`` (data parallel, global batch n x per-device
+``fp4jax_experiments.train.Trainer`` on a mesh of n devices: ``--mesh data`` (data parallel, global batch n x per-device
 batch), ``fsdp`` (the same with sharded parameters) or ``model`` (tensor parallel over n devices, global batch = the
 per-device batch x 1). Batches are placed on the devices before timing, so the numbers are compute + communication.
 Weak-scaling efficiency = tokens/s(n) / (n · tokens/s(1)) for data / fsdp; for ``model`` it is the speed-up
@@ -19,22 +19,16 @@ rate measured at the start of the same run (``--matmul-size``³, bf16 in, fp32 a
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
-import sys
+import time
 
-if __name__ == "__main__" and "--smoke" in sys.argv and "XLA_FLAGS" not in os.environ:
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # before jax is imported
+import jax
+import jax.numpy as jnp
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-
-import jax.numpy as jnp  # noqa: E402
-
-from experiments import model as model_lib  # noqa: E402
-from experiments import deterministic, sharding, step_profile, train  # noqa: E402
+from fp4jax_experiments import deterministic, sharding, step_profile, train
+from fp4jax_experiments import model as model_lib
 
 MESH_KINDS = ("data", "fsdp", "model")
 
@@ -127,7 +121,7 @@ def efficiencies(results: list[dict]) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench_scaling", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="fp4jax-bench-scaling", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="125M")
     parser.add_argument("--recipes", default="bf16,nvidia_nvfp4,quartet2")
     parser.add_argument("--devices", default="1,2,4", help="comma-separated device counts")
@@ -147,6 +141,8 @@ def main(argv=None) -> None:
                         help="train with --deterministic n·L on n devices (data / fsdp meshes), or --deterministic "
                         "L --tensor-shards n (model); sets its XLA flags")
     args = parser.parse_args(argv)
+    if args.smoke:  # two host devices, unless XLA_FLAGS says otherwise: XLA reads it when the first device is asked for
+        os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
     if args.microbatches_per_device:
         deterministic.set_gpu_flags()
     if args.smoke:

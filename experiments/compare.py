@@ -1,7 +1,7 @@
 """The main job: train one small model under several recipes on the same data; plot and tabulate the losses.
 
-  python -m experiments.compare                      # 1M model, 120k bytes of the stdlib corpus, CPU, ~5 minutes
-  python -m experiments.compare --recipes bf16 nvidia_nvfp4 quartet2 --model 10M --tokens 50M --data linux
+  fp4jax-compare                      # 1M model, 120k bytes of the stdlib corpus, CPU, ~5 minutes
+  fp4jax-compare --recipes bf16 nvidia_nvfp4 quartet2 --model 10M --tokens 50M --data linux
 
 Writes ``OUT/<recipe>/`` (each a resumable training run), ``OUT/loss_curves.png`` and ``OUT/results.md``:
 final validation loss, bits per byte, gap to BF16 (same model, data, batches and seed), tokens/s. An error in any
@@ -15,8 +15,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from experiments import model as model_lib
-from experiments import plots, train
+from fp4jax_experiments import model as model_lib
+from fp4jax_experiments import plots, train
 
 DEFAULT_RECIPES = ("bf16", "nvidia_nvfp4", "quartet2")
 
@@ -39,7 +39,7 @@ def results_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="fp4jax-compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES))
     parser.add_argument("--model", default="1M", choices=list(model_lib.SIZES))
     parser.add_argument("--tokens", type=train.parse_count, default=120_000)

@@ -2,8 +2,8 @@
 
 A corpus is a folder (or a ``train`` file with a ``val`` sibling) of flat token files: ``train.bin`` / ``val.bin``,
 each a raw little-endian array, optionally xz-compressed (``.bin.xz``, decompressed once into the cache folder). The
-token dtype comes from ``meta.json`` when the folder has one (every corpus :mod:`experiments.prepare` writes does),
-else from the caller, else uint16 (nanoGPT's format). Named corpora:
+token dtype comes from ``meta.json`` when the folder has one (every corpus :mod:`fp4jax_experiments.prepare`
+writes does), else from the caller, else uint16 (nanoGPT's format). Named corpora:
 
   stdlib   byte-level, built on first use from the running interpreter's standard library (no download)
   linux    byte-level linux-6.12 research corpus (``data/linux-6.12``, the cache, or ``../shared/data/linux-6.12``)
@@ -69,7 +69,7 @@ def load_corpus(
     """
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if spec == "stdlib":
-        from experiments import prepare
+        from fp4jax_experiments import prepare
 
         folder = cache / prepare.stdlib_corpus_name()
         if not (folder / "meta.json").exists():
@@ -105,7 +105,7 @@ def find_linux_corpus(cache: Path) -> Path:
             return folder
     raise FileNotFoundError(
         "data='linux': no linux-6.12 corpus found in " + ", ".join(map(str, candidates))
-        + "; build it with `python -m experiments.prepare linux` or set FP4JAX_LINUX_DATA"
+        + "; build it with `fp4jax-prepare linux` or set FP4JAX_LINUX_DATA"
     )
 
 
@@ -211,7 +211,7 @@ def token_array(path: Path, dtype: np.dtype) -> np.ndarray:
             head = f.read(TEXT_SNIFF_BYTES)
         if all(b in TEXT_BYTES for b in head):
             raise ValueError(f"{path} looks like a text file (its first {len(head)} bytes are printable ASCII), not "
-                             f"{dtype.name} tokens; build a byte-level corpus with `python -m experiments.prepare "
+                             f"{dtype.name} tokens; build a byte-level corpus with `fp4jax-prepare "
                              "text OUT FILE`")
     return np.memmap(path, dtype=dtype, mode="r")
 

@@ -3,7 +3,7 @@
 Under plain sharded ``jit`` a data-parallel step's loss and gradients are sums over tokens that XLA splits into
 per-device partial sums plus an all-reduce, in an order set by the mesh and by the collective's algorithm, and each
 device's GEMMs have other shapes than one device's, so their kernels may accumulate in another order. The quantized
-operands are identical on every layout (``experiments.sharding``), yet the loss curve parts in its last bits, and
+operands are identical on every layout (``fp4jax_experiments.sharding``), yet the loss curve parts in its last bits, and
 the FP4 roundings downstream amplify those bits.
 
 ``--deterministic R`` defines the step by R microbatches, and every layout computes exactly that step:
@@ -25,7 +25,7 @@ sharded), GEMMs of B/R rows, and an all-to-all plus an all-gather per gradient l
 all-reduce).
 
 Tensor parallelism (``--tensor-shards T``, T a power of two): the step is defined by T shards as well, and the
-model is written out as Megatron's (``experiments.model.TensorParallel``): shard s holds heads and hidden units
+model is written out as Megatron's (``fp4jax_experiments.model.TensorParallel``): shard s holds heads and hidden units
 s·n/T … (s+1)·n/T − 1, its column slices of q, k, v, gate, up and row slices of o, down; the row-parallel outputs
 and the gradient of every block input are sums over s by the pairwise tree (``fp4jax.sharding.sum_from_shards``,
 ``copy_to_shards``), and every FP4 operand cut by the split is quantized as the logical tensor
@@ -58,7 +58,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from fp4jax.reductions import leading_pairwise_sum
 from fp4jax.sharding import ordered_psum
 
-from experiments.sharding import DATA, MODEL, Layout, leaf_spec
+from fp4jax_experiments.sharding import DATA, MODEL, Layout, leaf_spec
 
 GPU_XLA_FLAGS = ("--xla_gpu_deterministic_ops=true", "--xla_gpu_autotune_level=0")
 
@@ -133,7 +133,7 @@ def _split_dim(spec: P) -> int | None:
 
 
 def param_specs(params, tensor_shards: int):
-    """Per parameter leaf, its ``PartitionSpec`` over the model axis alone (``experiments.sharding.leaf_spec`` of
+    """Per parameter leaf, its ``PartitionSpec`` over the model axis alone (``fp4jax_experiments.sharding.leaf_spec`` of
     ``--mesh model=T``): column-parallel kernels split on their outputs, row-parallel on their inputs, the rest
     replicated."""
     layout = Layout(model=tensor_shards)

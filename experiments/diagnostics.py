@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from experiments import model as model_lib
+from fp4jax_experiments import model as model_lib
 
 ERROR_NAME = "quant_error"
 

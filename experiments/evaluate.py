@@ -1,8 +1,8 @@
 """Per-batch validation losses of finished runs, and loss gaps to BF16 with paired error bars.
 
-  python -m experiments.evaluate runs/sweep/*-r10-* --batches 64 --out experiments/results/linux-eval.jsonl
-  python -m experiments.evaluate --table experiments/results/linux-eval.jsonl     # the gap table, markdown
-  python -m experiments.evaluate --table experiments/results/linux-eval.jsonl --baseline nvidia_nvfp4
+  fp4jax-evaluate runs/sweep/*-r10-* --batches 64 --out experiments/results/linux-eval.jsonl
+  fp4jax-evaluate --table experiments/results/linux-eval.jsonl     # the gap table, markdown
+  fp4jax-evaluate --table experiments/results/linux-eval.jsonl --baseline nvidia_nvfp4
 
 For each run folder: restore its newest checkpoint, evaluate ``--batches`` fixed validation batches (the run's
 batch size and sequence length, the first windows of the validation split, the run's fixed evaluation key) and
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments import train
-from experiments.model import BF16_RECIPE, size_rank
+from fp4jax_experiments import train
+from fp4jax_experiments.model import BF16_RECIPE, size_rank
 
 
 def batch_losses(folder: Path, n_batches: int, cache_dir: str | None = None) -> dict:
@@ -78,7 +78,7 @@ def gaps_markdown(records: Sequence[dict], baseline: str = BF16_RECIPE) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.evaluate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="fp4jax-evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="*", type=Path, help="run folders (with config.json and checkpoints)")
     parser.add_argument("--batches", type=int, default=32, help="validation batches per run (default 32)")
     parser.add_argument("--cache-dir", default=None)

@@ -1,6 +1,6 @@
 """Check that sharded training computes what one device computes: quantized operands and loss curves per layout.
 
-  XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.layout_check \\
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 fp4jax-layout-check \\
       --recipes bf16,nvidia_nvfp4 --meshes data=4 data=4:fsdp model=2 data=2,model=2 --data CORPUS
 
 prints one JSON object per check as it finishes (and ``--out FILE`` writes them all):
@@ -12,13 +12,13 @@ device; ``equal`` means values and scale agree bit for bit.
 
 ``{"check": "loss", "recipe", "mesh", "grad_comm_dtype", "losses", "reference", "grad_norms", "reference_grad_norms",
 "max_abs_diff", "max_ulp_diff", "bit_identical", "state_identical", "differing_params", "collectives",
-"all_reduce_dtypes"}``: ``--steps`` training steps of ``experiments.train.Trainer`` on the mesh, once per
+"all_reduce_dtypes"}``: ``--steps`` training steps of ``fp4jax_experiments.train.Trainer`` on the mesh, once per
 ``--grad-comm-dtypes`` entry, against the same steps on one device (same data, same keys, fp32 gradients);
 ``state_identical``: the parameters and optimizer state after the last step are the same bytes;
 ``differing_params``: the paths of the parameters whose bytes differ (with ``--steps 1``, where the first
 gradients differed). ``--deterministic R`` trains both with R fixed microbatches summed in a fixed order
-(``experiments.deterministic``), which makes them bit-identical; a mesh with a model axis of T devices then trains T
-tensor-parallel shards (``--tensor-shards T``), and so does its one-device reference.
+(``fp4jax_experiments.deterministic``), which makes them bit-identical; a mesh with a model axis of T devices then
+trains T tensor-parallel shards (``--tensor-shards T``), and so does its one-device reference.
 ``{"check": "backends", "recipe", "backend", "reference_backend", "losses", "reference", "max_abs_diff",
 "max_ulp_diff", "bit_identical", "grad_norms", "reference_grad_norms"}``:
 ``--steps`` training steps on one device with the projections' quantizers run by ``--backends``' other entries
@@ -52,8 +52,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import fp4jax
 from fp4jax.operand import quantize_operand, rotate, signs_for
 
-from experiments import model as model_lib
-from experiments import deterministic, sharding, train
+from fp4jax_experiments import model as model_lib
+from fp4jax_experiments import deterministic, sharding, train
 
 OPERAND_SHAPE = (512, 256)  # (rows, contraction): tokens x features, or the transposes of the backward GEMMs
 
@@ -220,7 +220,7 @@ LOSS_MODEL_OVERRIDES = {"d_model": 256, "n_heads": 2, "ffn_hidden": 256}
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.layout_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="fp4jax-layout-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipes", default=",".join(fp4jax.recipes.names()), help="comma-separated recipe names")
     parser.add_argument("--meshes", nargs="+", default=["data=4", "data=4:fsdp", "model=2", "data=2,model=2"],
                         help="layouts: data=N, model=N, data=N,model=M, with ':fsdp' for FSDP")
@@ -231,7 +231,8 @@ def main(argv=None) -> None:
                         f"comma-separated, of {sharding.GRAD_COMM_DTYPES}")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--deterministic", type=int, default=0, metavar="R",
-                        help="train with R fixed microbatches summed in a fixed order (experiments.deterministic)")
+                        help="train with R fixed microbatches summed in a fixed order "
+                        "(fp4jax_experiments.deterministic)")
     parser.add_argument("--data", default="stdlib")
     parser.add_argument("--model", default="100K")
     parser.add_argument("--model-overrides", default=json.dumps(LOSS_MODEL_OVERRIDES),

@@ -1,8 +1,8 @@
 """Build byte-level corpora (train.bin, val.bin, meta.json) from text files, the stdlib, or the linux-6.12 sources.
 
-  python -m experiments.prepare text  OUT_DIR FILE [FILE ...] [--val-fraction 0.1]
-  python -m experiments.prepare stdlib [OUT_DIR]
-  python -m experiments.prepare linux  [OUT_DIR] [--tarball /usr/src/linux-source-6.12.tar.xz] [--manifest M.json]
+  fp4jax-prepare text  OUT_DIR FILE [FILE ...] [--val-fraction 0.1]
+  fp4jax-prepare stdlib [OUT_DIR]
+  fp4jax-prepare linux  [OUT_DIR] [--tarball /usr/src/linux-source-6.12.tar.xz] [--manifest M.json]
 
 Every corpus is raw bytes (token = byte, vocab 256, dtype uint8) with a ``meta.json`` holding the dtype, vocabulary,
 sizes and sha256 of each split. Source-tree corpora follow one rule (the linux-6.12 recipe of shared/data/README.md):
@@ -21,7 +21,7 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from experiments.data import default_cache_dir
+from fp4jax_experiments.data import default_cache_dir
 
 SEPARATOR = b"\n\n"
 LINUX_TARBALL = "/usr/src/linux-source-6.12.tar.xz"
@@ -118,7 +118,7 @@ def build_linux_corpus(out_dir: Path, tarball: Path, manifest: Path | None = Non
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.prepare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="fp4jax-prepare", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     text = commands.add_parser("text", help="byte-level corpus from text files")
     text.add_argument("out_dir", type=Path)

@@ -4,7 +4,7 @@ Setup (Quartet II; FP4-REFERENCE §5): rows of 128 i.i.d. N(0,1) values, row r s
 a 128-point random Hadamard transform along rows, then each quantizer; relative MSE ‖x−Q(x)‖²/‖x‖², SNR bits and
 misalignment 1 − ⟨x,Q⟩/⟨x,x⟩ averaged over independent keys. MXFP4: OCP "floor" RTN on plain N(0,1).
 
-    python -m experiments.quant_error_table [--rows 8192] [--keys 16]
+    fp4jax-quant-error-table [--rows 8192] [--keys 16]
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def _pair(x, q):
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(prog="fp4jax-quant-error-table", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--rows", type=int, default=8192)
   p.add_argument("--keys", type=int, default=16)
   a = p.parse_args(argv)

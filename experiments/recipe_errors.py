@@ -10,7 +10,7 @@ Columns: ``fwd relerr`` ‖y − y*‖ / ‖y − x‖ (the MLP's output, residu
 of x: ``cos`` and ``misalign`` (1 − ⟨g*, ĝ⟩/⟨g*, g*⟩) for one key, and ``misalign(mean16)`` of the mean of 16 keys'
 gradients (random recipes; an unbiased backward drives it to the forward's own bias).
 
-Run: ``python -m experiments.recipe_errors [--tokens 512 --d 256]``.
+Run: ``fp4jax-recipe-errors [--tokens 512 --d 256]``.
 """
 
 from __future__ import annotations
@@ -70,12 +70,12 @@ def evaluate(name: str, params, x, target) -> dict[str, float]:
   return {k: float(v) for k, v in row.items()}
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="fp4jax-recipe-errors", description=__doc__.splitlines()[0])
   parser.add_argument("--tokens", type=int, default=512)
   parser.add_argument("--d", type=int, default=256)
   parser.add_argument("--hidden", type=int, default=768)
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   params, x, target = init(jax.random.key(0), args.tokens, args.d, args.hidden)
   print(f"# recipe_errors: SwiGLU MLP tokens={args.tokens} d={args.d} hidden={args.hidden}, f32 inputs")
   print(f"# device={jax.devices()[0].device_kind} jax={jax.__version__} date={datetime.date.today()}")

@@ -14,7 +14,7 @@ Any base parameter can be held fixed (e.g. α, β, γ from the published fit whe
 Bootstrap: resample the BF16 runs and the recipe's runs with replacement (multinomial weights), refit both stages from
 the point estimate (the base refits once, shared by every recipe), report the 2.5 / 97.5 percentiles.
 
-  python -m experiments.scaling_law experiments/results/sweep.jsonl --out experiments/results/fit
+  fp4jax-scaling-law experiments/results/sweep.jsonl --out experiments/results/fit
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments import model as model_lib
+from fp4jax_experiments import model as model_lib
 
 PARAMS = ("A", "alpha", "B", "beta", "E", "gamma")
 LOG_PARAMS = ("A", "B", "E")  # fitted as logarithms (positive)
@@ -238,7 +238,7 @@ def bootstrap(thetas, base_runs, recipe_runs, eff: tuple[float, float], fixed: d
 
 
 def load_results(paths: Sequence[str | Path]) -> list[dict]:
-    """Finished-run records (JSON lines written by ``experiments.sweep --results``)."""
+    """Finished-run records (JSON lines written by ``fp4jax_experiments.sweep --results``)."""
     return [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
 
 
@@ -300,8 +300,8 @@ def markdown(report: dict, gaps: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.scaling_law", description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", nargs="+", type=Path, help="JSONL files from experiments.sweep --results")
+    parser = argparse.ArgumentParser(prog="fp4jax-scaling-law", description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="+", type=Path, help="JSONL files from fp4jax_experiments.sweep --results")
     parser.add_argument("--out", type=Path, required=True, help="folder for fit.json, fit.md and the plots")
     parser.add_argument("--fix-exponents", action="store_true",
                         help="hold α, β, γ at the published C4 BF16 values (for grids too small to identify them)")
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     (args.out / "fit.json").write_text(json.dumps(report, indent=1) + "\n")
     table = markdown(report, gaps_to_bf16(results))
     (args.out / "fit.md").write_text(table)
-    from experiments import plots
+    from fp4jax_experiments import plots
 
     plots.loss_vs_compute(results, LossLaw(**report["quartet"]), report["recipes"], args.out / "loss_vs_compute.png")
     plots.efficiency_bars(report["recipes"], args.out / "efficiency.png")

@@ -58,7 +58,7 @@ from fp4jax.formats import FP4Format
 from fp4jax.ieee import div_rn
 from fp4jax.rounding import rtn_bf16, rtn_e4m3
 
-from experiments import model as model_lib
+from fp4jax_experiments import model as model_lib
 
 DATA, MODEL = "data", "model"
 AXES = (DATA, MODEL)
@@ -216,9 +216,9 @@ def check_layout(layout: Layout, config: model_lib.ModelConfig, batch_size: int,
     FP4 projection recipe, every quantized operand and every GEMM axis split over the mesh, that the shard length is
     a multiple of the operand's block and Hadamard size (contraction axis) and 2D tile height (other axis).
 
-    ``microbatches`` (``--deterministic R``, ``experiments.deterministic``): the quantized tensors are R microbatches,
-    each whole on one device, and the parameters are gathered before use, so the token axis is checked against the
-    R microbatches and the parameters' axes not at all.
+    ``microbatches`` (``--deterministic R``, ``fp4jax_experiments.deterministic``): the quantized tensors are R
+    microbatches, each whole on one device, and the parameters are gathered before use, so the token axis is checked
+    against the R microbatches and the parameters' axes not at all.
     """
     even = [("batch_size", batch_size, layout.data, DATA)]
     if layout.model > 1:

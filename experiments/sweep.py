@@ -1,6 +1,6 @@
 """Grids of training runs: model sizes × tokens-per-parameter ratios × recipes, resumable, in time-boxed pieces.
 
-  python -m experiments.sweep --out runs/sweep --sizes 30M 50M 100M --ratios 100 \\
+  fp4jax-sweep --out runs/sweep --sizes 30M 50M 100M --ratios 100 \\
       --recipes bf16 nvfp4_rtn nvidia_nvfp4 quartet quartet2 ms_fp4 --data linux --max-minutes 9 --devices 0,1,2,3
 
 Run ``{size}-r{ratio}-{recipe}`` trains D = ratio · N tokens (N = non-embedding parameters, the Quartet convention;
@@ -13,9 +13,9 @@ see ``fp4jax.sharding``); ``--runs-per-device 2`` runs two processes per GPU (ea
 memory: small models leave a GPU idle during compilation and between kernel launches); without ``--devices``, runs
 go one after another on the default device. Runs start in decreasing order of training compute (N·D), so the
 longest are not left for last. ``--results FILE`` writes one JSON line per finished run (its summary and
-validation curve), the input of :mod:`experiments.scaling_law`. ``--final-eval-batches 32 --eval-results FILE``
-has each run evaluate 32 validation batches as it finishes, while its weights are on the device, and writes those
-per-batch losses (``experiments.evaluate``'s records, for its gap table) to FILE. Runs share JAX's persistent
+validation curve), the input of ``fp4jax-scaling-law``. ``--final-eval-batches 32 --eval-results FILE`` has each
+run evaluate 32 validation batches as it finishes, while its weights are on the device, and writes those per-batch
+losses (``fp4jax-evaluate``'s records, for its gap table) to FILE. Runs share JAX's persistent
 compilation cache in ``OUT/.jax-cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set), so a resumed piece does not
 compile again.
 """
@@ -33,8 +33,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from experiments import model as model_lib
-from experiments import train
+from fp4jax_experiments import model as model_lib
+from fp4jax_experiments import train
 
 STARTUP_MINUTES = 1.0  # a run is launched only with at least this much budget left (imports, data, compile)
 POLL_SECONDS = 1.0
@@ -74,9 +74,9 @@ def run_state(folder: Path) -> str:
 
 def train_command(run: Run, folder: Path, minutes: float, cache_dir: str | None, mesh: str | None = None,
                   execution: dict | None = None, final_eval_batches: int = 0) -> list[str]:
-    """The ``experiments.train`` command of ``run``; ``execution``: its model_overrides (remat, scan_unroll, ...);
-    ``final_eval_batches``: per-batch validation losses written when it finishes (``train.FINAL_EVAL``)."""
-    command = [sys.executable, "-m", "experiments.train", *train.config_to_args(run.config),
+    """The ``fp4jax_experiments.train`` command of ``run``; ``execution``: its model_overrides (remat, scan_unroll,
+    ...); ``final_eval_batches``: per-batch validation losses written when it finishes (``train.FINAL_EVAL``)."""
+    command = [sys.executable, "-m", "fp4jax_experiments.train", *train.config_to_args(run.config),
                *(train.execution_to_args(execution) if execution else []),
                *(["--final-eval-batches", str(final_eval_batches)] if final_eval_batches else []),
                "--out", str(folder), "--max-minutes", f"{minutes:.2f}"]
@@ -178,7 +178,7 @@ def collect_evaluations(out: Path, runs: Sequence[Run]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="fp4jax-sweep", description=__doc__.split("\n\n")[0])
     train.add_config_arguments(parser)
     train.add_execution_arguments(parser)
     parser.add_argument("--out", type=Path, required=True, help="sweep folder; one subfolder per run")
@@ -193,9 +193,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--results", type=Path, default=None, help="write finished runs' summaries here (JSONL)")
     parser.add_argument("--final-eval-batches", type=int, default=0,
-                        help="each run evaluates this many validation batches as it finishes (experiments.evaluate)")
+                        help="each run evaluates this many validation batches as it finishes (fp4jax-evaluate)")
     parser.add_argument("--eval-results", type=Path, default=None,
-                        help="write those per-batch losses here (JSONL; `experiments.evaluate --table` reads it)")
+                        help="write those per-batch losses here (JSONL; `fp4jax-evaluate --table` reads it)")
     args = parser.parse_args(argv)
     try:
         base = train.config_from_args(args)

@@ -1,6 +1,6 @@
 """Train a Llama-style model under one recipe: JSONL metrics, orbax checkpoints, exact resume.
 
-  python -m experiments.train --recipe quartet2 --model 10M --tokens 200M --data stdlib --out runs/q2-10M
+  fp4jax-train --recipe quartet2 --model 10M --tokens 200M --data stdlib --out runs/q2-10M
 
 Loss: mean next-token cross-entropy ℓ = −(1/BT)·Σ log softmax(logits)[target] in nats; bits per byte =
 ℓ / (ln 2 · bytes_per_token) (byte-level corpora: bytes_per_token = 1). Steps = ⌊tokens / (batch·seq)⌋.
@@ -57,8 +57,8 @@ import optax
 import orbax.checkpoint as ocp
 from jax.sharding import PartitionSpec as P
 
-from experiments import data, deterministic, diagnostics, optimizer, sharding
-from experiments import model as model_lib
+from fp4jax_experiments import data, deterministic, diagnostics, optimizer, sharding
+from fp4jax_experiments import model as model_lib
 
 QUANT_KEY_SALT = 1
 EVAL_KEY_SALT = 2
@@ -823,7 +823,7 @@ def config_to_args(config: TrainConfig) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="fp4jax-train", description=__doc__.split("\n\n")[0])
     add_config_arguments(parser)
     parser.add_argument("--out", default=None, help="run folder (default runs/<model>-<recipe>-<tokens>)")
     parser.add_argument("--cache-dir", default=None, help="corpus cache (default $FP4JAX_CACHE or ~/.cache/fp4jax)")

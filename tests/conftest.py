@@ -1,15 +1,42 @@
 """Fixtures shared by every test directory."""
 
+import atexit
 import fcntl
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _checkout_import_roots() -> list[str]:
+  """The folders that make this checkout's ``fp4jax``, ``fp4jax_kernels`` and ``fp4jax_experiments`` the ones
+  imported: the repository, ``kernels/`` and, unless ``fp4jax_experiments`` already resolves to this checkout's
+  ``experiments/`` (``pip install -e .`` of it maps the folder to that name), a temporary folder holding one link,
+  ``fp4jax_experiments -> experiments/`` (a plain checkout, or an environment where another checkout is installed).
+  """
+  roots = [str(REPO), str(REPO / "kernels")]
+  spec = importlib.util.find_spec("fp4jax_experiments")
+  if spec is None or Path(spec.origin).resolve() != REPO / "experiments" / "__init__.py":
+    links = tempfile.mkdtemp(prefix="fp4jax-checkout-")
+    atexit.register(shutil.rmtree, links, ignore_errors=True)
+    os.symlink(REPO / "experiments", Path(links) / "fp4jax_experiments", target_is_directory=True)
+    roots.insert(0, links)
+  return roots
+
+
+# This process and every subprocess of the tests (``python -m fp4jax_experiments.train``, scripts) import the checkout
+# under test, whether it is installed or not.
+_ROOTS = _checkout_import_roots()
+sys.path[:0] = _ROOTS
+os.environ["PYTHONPATH"] = os.pathsep.join([*_ROOTS, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def _equations(jaxpr):
@@ -30,8 +57,7 @@ def jaxpr_equations():
 
 
 def _run_script(script: Path, xla_flags: str, timeout: float) -> str:
-  paths = [str(REPO), str(REPO / "kernels"), os.environ.get("PYTHONPATH", "")]
-  env = {**os.environ, "XLA_FLAGS": xla_flags, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join(paths)}
+  env = {**os.environ, "XLA_FLAGS": xla_flags, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
                         timeout=timeout)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -41,8 +67,8 @@ def _run_script(script: Path, xla_flags: str, timeout: float) -> str:
 @pytest.fixture(scope="session")
 def script_json(tmp_path_factory):
   """``script_json(script, xla_flags, timeout)``: the JSON object on the last stdout line of ``python script``, run
-  in the repository on the CPU with ``XLA_FLAGS=xla_flags`` and the repository and ``kernels/`` importable, computed
-  once per test session.
+  in the repository on the CPU with ``XLA_FLAGS=xla_flags`` and the checkout importable, computed once per test
+  session.
 
   Modules whose comparisons need more host devices than this process has run themselves as a script. Under
   ``pytest -n`` each xdist worker holding one of their tests would run that script again; instead the first worker

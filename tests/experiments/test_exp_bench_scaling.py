@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from experiments import bench_scaling
+from fp4jax_experiments import bench_scaling
 
 
 def test_one_device_records_and_efficiencies(tmp_path, capsys):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import data, prepare
+from fp4jax_experiments import data, prepare
 
 
 def _write_pair(folder, train, val, suffix=".bin"):
@@ -167,7 +167,7 @@ def test_processes_decompressing_at_once_all_get_the_file(tmp_path):
     payload = bytes(range(256)) * 20000
     src = tmp_path / "train.bin.xz"
     src.write_bytes(lzma.compress(payload))
-    script = ("import sys; from pathlib import Path; from experiments import data; "
+    script = ("import sys; from pathlib import Path; from fp4jax_experiments import data; "
               "print(data.decompress_cached(Path(sys.argv[1]), Path(sys.argv[2])))")
     procs = [subprocess.Popen([sys.executable, "-c", script, str(src), str(tmp_path / "cache")],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments import deterministic, model as model_lib, sharding, train
+from fp4jax_experiments import deterministic, model as model_lib, sharding, train
 from test_exp_sharding import OVERRIDES, _layout_check, corpus  # noqa: F401  (corpus: a fixture)
 
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import model as m
+from fp4jax_experiments import model as m
 
 
 QUARTET_SIZES = {"30M": 30e6, "50M": 50e6, "100M": 100e6, "200M": 200e6}
@@ -201,7 +201,7 @@ def test_fp4_model_keeps_first_and_last_blocks_in_bf16(recipe):
 
 def test_projection_quant_errors_name_every_fp4_layer():
     pytest.importorskip("fp4jax.flax.linen")
-    from experiments import diagnostics
+    from fp4jax_experiments import diagnostics
 
     config = m.model_config("100K", n_layers=3, recipe="nvidia_nvfp4", bf16_first=1)
     params = m.init_params(config, jax.random.key(0))

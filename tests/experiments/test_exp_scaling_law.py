@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from experiments import plots, scaling_law as sl
+from fp4jax_experiments import plots, scaling_law as sl
 
 TRUE = sl.QUARTET_C4_BF16
 EFF = (0.65, 0.82)

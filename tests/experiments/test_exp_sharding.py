@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from experiments import model as model_lib, optimizer, prepare, sharding, train
+from fp4jax_experiments import model as model_lib, optimizer, prepare, sharding, train
 
 REPO = Path(__file__).resolve().parents[2]
 # One block of d_model 256 / ffn 256 / 2 heads: the smallest shape where quartet2's 128-point backward Hadamard fits
@@ -34,15 +34,14 @@ def corpus(tmp_path_factory):
 
 
 def _run(args, devices=8, timeout=600, env=None):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-           **(env or {})}
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", **(env or {})}
     proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
 
 def _layout_check(*args, devices=8):
-    out = _run(["-m", "experiments.layout_check", *args], devices)
+    out = _run(["-m", "fp4jax_experiments.layout_check", *args], devices)
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
@@ -117,7 +116,7 @@ def test_training_with_the_pallas_kernels_matches_the_xla_quantizers_bit_for_bit
     """The backends check: two training steps of nvidia_nvfp4 (RTN, 16x16 weights, RHT16 + SR gradients) with the
     projections' quantizers run by the Pallas kernels (interpret mode on the CPU) give the XLA path's losses. (The
     "pallas" backend never falls back to XLA: ``fp4jax.operand.resolve_backend`` raises where the kernel cannot run.)"""
-    from experiments import layout_check
+    from fp4jax_experiments import layout_check
 
     config = train.TrainConfig(model="100K", data=corpus, batch_size=4, seq_len=64, tokens=4 * 64 * 2, lr=3e-3)
     (record,) = layout_check.check_backends(config, ["nvidia_nvfp4"], ["xla", "pallas"], steps=2)
@@ -142,7 +141,7 @@ NEGATIVE_CONTROL = """
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import PartitionSpec as P
 import fp4jax
-from experiments import sharding
+from fp4jax_experiments import sharding
 mesh = sharding.make_mesh(sharding.Layout(data=4))
 x = (jax.random.normal(jax.random.key(0), (64, 256)) * jnp.arange(1, 257) / 64).astype(jnp.bfloat16)
 q = lambda x: fp4jax.fake_quantize(x, fp4jax.NVFP4, axis=-1)
@@ -189,7 +188,7 @@ def test_sharded_losses_match_one_device(corpus, recipes, meshes):
 def test_differing_leaves_names_the_parameters_that_differ():
     """``state_digests`` hashes each leaf by its path; a one-ulp change in one parameter, and a leaf on one side
     only, are named, and nothing else is."""
-    from experiments import layout_check
+    from fp4jax_experiments import layout_check
     state = {"params": {"q": np.ones((2, 3), np.float32), "o": np.zeros(4, np.float32)}, "opt_state": (np.ones(2),)}
     moved = {"params": {"q": state["params"]["q"].copy(), "o": state["params"]["o"]}, "opt_state": state["opt_state"]}
     moved["params"]["q"][1, 2] = np.nextafter(np.float32(1), np.float32(2))
@@ -209,11 +208,11 @@ def _free_port() -> int:
 def test_two_processes_with_jax_distributed_match_one_process(corpus, tmp_path):
     """Two CPU processes x 2 devices (jax.distributed.initialize, gloo collectives) train like one 4-device process:
     the same loss up to the all-reduce's summation order (gloo's ring vs the in-process reduction)."""
-    args = ["-m", "experiments.train", "--model", "100K", "--tokens", "1536", "--data", corpus, "--batch-size", "8",
-            "--seq-len", "64", "--log-every", "1", "--eval-every", "3", "--eval-batches", "1", "--ckpt-every", "3",
-            "--lr", "3e-3", "--mesh", "data=4"]
+    args = ["-m", "fp4jax_experiments.train", "--model", "100K", "--tokens", "1536", "--data", corpus,
+            "--batch-size", "8", "--seq-len", "64", "--log-every", "1", "--eval-every", "3", "--eval-batches", "1",
+            "--ckpt-every", "3", "--lr", "3e-3", "--mesh", "data=4"]
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     procs = [subprocess.Popen([sys.executable, *args, "--out", str(tmp_path / "two"), "--distributed", "--coordinator",
                                f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
                               cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

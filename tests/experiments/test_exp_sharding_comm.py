@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from experiments import sharding, train
+from fp4jax_experiments import sharding, train
 from test_exp_sharding import STEP0_ULPS, LOSS_ATOL, _layout_check, corpus  # noqa: F401  (corpus: a fixture)
 
 E4M3 = ml_dtypes.float8_e4m3fn

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from experiments import step_profile
+from fp4jax_experiments import step_profile
 
 
 def _trace(tmp_path, events):

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from experiments import model, sweep, train
+from fp4jax_experiments import model, sweep, train
 
 BASE = train.TrainConfig(batch_size=4, seq_len=32)
 
@@ -140,7 +140,7 @@ def test_gpus_per_run_groups_devices_and_meshes_the_run(tmp_path):
 
 
 def test_gaps_pair_each_recipe_with_bf16_over_the_same_batches():
-    from experiments import evaluate
+    from fp4jax_experiments import evaluate
 
     def record(recipe, losses, model="1M"):
         return {"name": recipe, "model": model, "recipe": recipe, "tokens": 100, "step": 5, "steps": 5,

@@ -1,7 +1,6 @@
 """Training: schedule, loss goes down, exact resume after a kill, config mismatch refused."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import optimizer, prepare, train
+from fp4jax_experiments import optimizer, prepare, train
 
 REPO = Path(__file__).resolve().parents[2]
 TIMING = {"step_time_s", "tokens_per_s"}
@@ -66,11 +65,10 @@ def test_loss_goes_down_and_resume_after_kill_reproduces_the_curve(corpus, tmp_p
 
     # A real kill: the CLI is SIGKILLed after its step-9 record (checkpoint at 8), then resumed in process.
     killed = tmp_path / "killed"
-    args = [sys.executable, "-m", "experiments.train", "--out", str(killed), "--model", "100K", "--tokens", "8192",
-            "--data", corpus, "--batch-size", "8", "--seq-len", "64", "--log-every", "1", "--eval-every", "4",
-            "--eval-batches", "2", "--ckpt-every", "4", "--lr", "3e-3"]
-    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    args = [sys.executable, "-m", "fp4jax_experiments.train", "--out", str(killed), "--model", "100K",
+            "--tokens", "8192", "--data", corpus, "--batch-size", "8", "--seq-len", "64", "--log-every", "1",
+            "--eval-every", "4", "--eval-batches", "2", "--ckpt-every", "4", "--lr", "3e-3"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 90
     while time.time() < deadline and proc.poll() is None:
         if (killed / "metrics.jsonl").exists() and any(
@@ -103,7 +101,7 @@ def test_pause_and_resume_in_process_and_config_mismatch(corpus, tmp_path):
 def test_final_evaluation_is_what_evaluate_gives_from_the_checkpoint(corpus, tmp_path):
     """A run that finishes with final_eval_batches writes the per-batch losses that `experiments.evaluate` would
     compute from its last checkpoint; a paused run writes none."""
-    from experiments import evaluate
+    from fp4jax_experiments import evaluate
 
     config = _config(corpus)
     train.train(config, tmp_path / "run", stop_at_step=4, quiet=True, final_eval_batches=3)

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import prepare, train
+from fp4jax_experiments import prepare, train
 
 REPO = Path(__file__).resolve().parents[2]
 TIMING = {"step_time_s", "tokens_per_s"}
@@ -24,7 +24,7 @@ STEPS = 6
 # written but before its manifest is.
 KILLER = """
 import os, signal, sys
-from experiments import train
+from fp4jax_experiments import train
 mode, at = sys.argv[1], int(sys.argv[2])
 die = lambda: os.kill(os.getpid(), signal.SIGKILL)
 step_fn, save, finish = train.Trainer.quant_key, train.RunFolder.save, train.RunFolder._finish_pending
@@ -99,11 +99,10 @@ def test_kill_9_during_a_step_and_during_a_checkpoint_write_then_resume_is_bit_e
                                                                                        seed, capsys):
     rng = random.Random(seed)
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "kernels")])}
     at = rng.choice([2, 4])  # a checkpoint write, then (resumed from before it) a later step
     kills = [(rng.choice(["save", "manifest"]), at), ("step", rng.randrange(at + 1, STEPS))]
     for mode, at in kills:
-        proc = subprocess.run([sys.executable, "-c", KILLER, mode, str(at), *_args(corpus, run)], cwd=REPO, env=env,
+        proc = subprocess.run([sys.executable, "-c", KILLER, mode, str(at), *_args(corpus, run)], cwd=REPO,
                               capture_output=True, text=True, timeout=300, check=False)
         assert proc.returncode == -signal.SIGKILL, (mode, at, proc.stderr[-2000:])
         assert not (run / "summary.json").exists()
