@@ -109,15 +109,18 @@ def quantize_operand(x: jax.Array, spec: OperandSpec, key, signs, *, fused_hadam
 def quantize_operand_pair(x: jax.Array, rows, cols, *, auto: bool):
   """``PAIR_OP`` by ``pallas_triton.quantize_pair``: ``x`` quantized as ``rows = (spec, key, signs)`` and,
   transposed, as ``cols``, in one pre-pass and one kernel. Raises ``Unsupported`` unless ``x`` is 2D (leading dims
-  of size 1), the kernel takes both directions and fusing them pays (``pallas_triton.pair_pays``)."""
+  of size 1), fusing the two pays (``pallas_triton.pair_pays``) and the kernel takes both directions (``check``,
+  evaluated last: where the pair is refused earlier, each GEMM's own ``quantize_operand`` checks its operand once)."""
   shape_t = x.shape[:-2] + (x.shape[-1], x.shape[-2])
   if math.prod(x.shape[:-2]) != 1:
     raise backends.Unsupported(f"quantize_pair is 2D: x of shape {x.shape} has leading dims")
+  if not all(isinstance(spec.fmt, FP4Format) for spec, _, _ in (rows, cols)):
+    raise backends.Unsupported(f"quantize_pair writes block-scaled FP4 only, got {rows[0].fmt!r} / {cols[0].fmt!r}")
+  qrows, qcols = kernel_spec(rows[0], rows[0].hadamard, False), kernel_spec(cols[0], cols[0].hadamard, True)
+  if not pallas_triton.pair_pays(qrows, qcols):  # first: a pair it does not fuse leaves each direction unchecked
+    raise backends.Unsupported(f"quantize_pair does not take or speed up rows {rows[0]} and cols {cols[0]}")
   check(x.shape, x.dtype, rows[0], True, auto)
   check(shape_t, x.dtype, cols[0], True, auto)
-  qrows, qcols = kernel_spec(rows[0], rows[0].hadamard, False), kernel_spec(cols[0], cols[0].hadamard, True)
-  if not pallas_triton.pair_pays(qrows, qcols):
-    raise backends.Unsupported(f"quantize_pair does not take or speed up rows {rows[0]} and cols {cols[0]}")
   out_r, out_c = pallas_triton.quantize_pair(x.reshape(x.shape[-2:]), qrows, qcols, rows[1], cols[1],
                                              rows_signs=_signs(qrows, rows[2]), cols_signs=_signs(qcols, cols[2]),
                                              interpret=backends.pallas_interpret())

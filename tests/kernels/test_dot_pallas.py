@@ -128,8 +128,10 @@ def test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand(monkeypatc
 
   def on_kernel(shape, s, dtype=jnp.bfloat16, fused=False):
     """Whether "auto" quantizes an operand of ``shape`` as ``s`` with the kernel (traced, not run)."""
-    quantize = operand.rotate_and_quantize if fused else lambda x, s, k, _, **kw: operand.quantize_operand(x, s, k, **kw)
-    f = lambda x: quantize(x, s, KEY, None, backend="auto")
+    if fused:
+      f = lambda x: operand.rotate_and_quantize(x, s, KEY, None, backend="auto")
+    else:
+      f = lambda x: operand.quantize_operand(x, s, KEY, backend="auto")
     return bool(pallas_kernels(jax.make_jaxpr(f)(jnp.ones(shape, dtype)).jaxpr))
 
   assert on_kernel((4, 8, 64), spec) == on_triton
