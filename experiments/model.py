@@ -39,15 +39,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, get_args
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 import fp4jax.sharding
+from fp4jax.backends import Backend
 from fp4jax.flax.linen import DotGeneral
-from fp4jax.operand import BACKENDS as QUANTIZER_BACKENDS
+
+QUANTIZER_BACKENDS = get_args(Backend)  # fp4jax.dot_general's backend vocabulary
 
 BF16_RECIPE = "bf16"
 INIT_STD = 0.02

@@ -791,9 +791,10 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scan-unroll", type=int, default=1,
                         help="blocks per scan iteration; >= the layer count: no device loop (faster steps, longer "
                              "compiles)")
-    parser.add_argument("--quantizer-backend", default="xla", choices=list(model_lib.QUANTIZER_BACKENDS),
-                        help="the FP4 quantizers: xla, pallas (fused kernels) or auto (same bits; one device, or a "
-                             "mesh with --deterministic)")
+    parser.add_argument("--quantizer-backend", default="auto", choices=list(model_lib.QUANTIZER_BACKENDS),
+                        help="the FP4 quantizers: auto (the fused kernels on a GPU that runs them, XLA on a CPU or "
+                             "a --mesh without --deterministic), xla, or pallas (same bits; one device, or a mesh "
+                             "with --deterministic)")
 
 
 def execution_overrides(args: argparse.Namespace) -> dict:
@@ -805,7 +806,7 @@ def execution_to_args(overrides: dict) -> list[str]:
     """The flags that :func:`execution_overrides` turns back into ``overrides``."""
     return ((["--remat"] if overrides.get("remat") else [])
             + ["--scan-unroll", str(overrides.get("scan_unroll", 1)),
-               "--quantizer-backend", overrides.get("quantizer_backend", "xla")])
+               "--quantizer-backend", overrides.get("quantizer_backend", "auto")])
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -861,8 +862,11 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         parser.error(str(err))
     if layout is not None and args.quantizer_backend != "xla" and not config.deterministic:
-        parser.error("--quantizer-backend pallas/auto trains on one device; with --mesh the quantizers are XLA's, "
-                     "unless --deterministic R (each device then quantizes whole microbatches)")
+        if args.quantizer_backend != "auto":
+            parser.error(f"--quantizer-backend {args.quantizer_backend} trains on one device; with --mesh the "
+                         "quantizers are XLA's (as auto picks), unless --deterministic R (each device then "
+                         "quantizes whole microbatches)")
+        args.quantizer_backend = "xla"
     if args.quantizer_backend == "pallas" and config.tensor_shards > 1:
         parser.error("--quantizer-backend pallas: with --tensor-shards the operands split over the shards are "
                      "quantized by XLA (cross-shard amax); use auto (the kernels for the others)")

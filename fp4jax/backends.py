@@ -1,17 +1,44 @@
-"""Which implementation runs a quantize or an FP4 GEMM: ``"xla"`` (pure JAX), ``"pallas"`` (fp4jax_kernels, Triton
-backend) or ``"native"`` (block-scaled FP4 tensor cores via ``jax.nn.scaled_matmul``). One small function per decision;
-callers pass ``backend="auto"`` to get these, or name a backend to force it.
+"""Which implementation runs an op: the one backend vocabulary, the registry of implementations, fallback.
+
+Backends (``Backend``): ``"xla"`` (pure JAX, every device), ``"pallas"`` (``fp4jax_kernels``' Pallas Triton
+kernels: a GPU of compute capability >= 8.0; Pallas interpret mode elsewhere), ``"native"`` (block-scaled FP4
+tensor cores via ``jax.nn.scaled_matmul``: compute capability >= 10.0) and ``"auto"``, every public entry's
+default: the implementations this device runs, fastest first (``candidates``), each taking the case or refusing it.
+
+The registry is the one seam between the numerics and the kernels. An op (a name such as ``"quantize_operand"``)
+has implementations registered by ``(op, backend)`` (``register``); ``run`` calls them in the fallback order of the
+backend asked for. An implementation owns its limits: where it cannot take a case (a shape, a dtype, a format, a
+size below which it does not pay) it raises ``Unsupported(reason)`` before computing anything, and ``run`` tries the
+next one; any other error propagates. A backend named explicitly has no fallback: its refusal reaches the caller.
+
+The core registers its XLA implementations itself and never imports the kernels. The kernels package registers
+its implementations when it is imported (``import fp4jax_kernels``); ``run`` imports it on the first call that
+needs a backend with nothing registered for the op, through the ``"fp4jax.backends"`` entry-point group
+(``pyproject.toml``: ``pallas = "fp4jax_kernels"``), loaded once. ``"auto"`` on a device without a GPU asks for
+``"xla"`` only, so there it never loads the kernels (nor runs them in interpret mode).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+from typing import Any, Callable, Literal, Sequence, get_args
+
 import jax
 
-BACKENDS = ("xla", "pallas", "native")
+Backend = Literal["auto", "xla", "pallas", "native"]
 NATIVE_FP4_MIN_CAPABILITY = (10, 0)  # Blackwell (sm_100) and newer
 PALLAS_MIN_CAPABILITY = (8, 0)  # Triton's bf16 tensor-core dot
+ENTRY_POINT_GROUP = "fp4jax.backends"
+
+_REGISTRY: dict[str, dict[str, Callable]] = {}
+_plugins_loaded = False
 
 
+class Unsupported(ValueError):
+  """Raised by an implementation that cannot take a case (``str(error)`` says why); ``run`` then tries the next."""
+
+
+# ------------------------------------------------------------------------------------------------ devices
 def compute_capability(device: jax.Device | None = None) -> tuple[int, int] | None:
   """(major, minor) of an NVIDIA GPU device, None for any other device."""
   device = device or jax.devices()[0]
@@ -39,30 +66,75 @@ def pallas_interpret(device: jax.Device | None = None) -> bool:
   return device.platform != "gpu"
 
 
-def quantize_backend(shape: tuple[int, ...], axis_len_multiple: int, device: jax.Device | None = None) -> str:
-  """"pallas" for a 2D tensor whose quantized axis is a whole number of blocks (and Hadamard chunks) on a GPU that
-  runs the kernels, else "xla". ``axis_len_multiple`` is that unit, e.g. 16 for NVFP4 1x16, 128 for MS-EDEN."""
-  ok_shape = len(shape) == 2 and shape[-1] % axis_len_multiple == 0
-  return "pallas" if ok_shape and has_pallas_triton(device) else "xla"
-
-
-def gemm_backend(k: int, block: int, device: jax.Device | None = None) -> str:
-  """"native" on Blackwell and newer; "pallas" on other capable GPUs for K a whole number of blocks, whatever the
-  rows (one row too: the Pallas GEMV beats XLA's dequantize + dot there, BENCHMARKS.md §5); "xla" (dequantize + dot)
-  otherwise."""
-  if k % block:
-    return "xla"
-  if has_native_fp4(device):
-    return "native"
-  if has_pallas_triton(device):
-    return "pallas"
-  return "xla"
-
-
-def resolve(backend: str, auto: str) -> str:
-  """``backend`` itself, or ``auto`` (the decision above) for ``"auto"``; a clear error for anything else."""
-  if backend == "auto":
-    return auto
-  if backend not in BACKENDS:
-    raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
+# ------------------------------------------------------------------------------------------------ vocabulary
+def check(backend: Any, where: str) -> Backend:
+  """``backend`` itself if it is one of ``Backend``'s names; else a ValueError naming ``where``'s argument."""
+  if backend not in get_args(Backend):
+    raise ValueError(f"{where}: backend must be one of {get_args(Backend)}, got {backend!r}")
   return backend
+
+
+def candidates(backend: Backend, device: jax.Device | None = None) -> tuple[str, ...]:
+  """The implementations to try, in order: ``(backend,)`` for a named one; for ``"auto"`` those ``device`` runs,
+  fastest first: ``"native"`` (compute capability >= 10.0), ``"pallas"`` (>= 8.0), then ``"xla"``."""
+  if backend != "auto":
+    return (backend,)
+  return (("native",) if has_native_fp4(device) else ()) + (("pallas",) if has_pallas_triton(device) else ()) + ("xla",)
+
+
+# ------------------------------------------------------------------------------------------------ registry
+def register(op: str, backend: str, impl: Callable) -> None:
+  """Make ``impl`` the ``backend`` implementation of ``op`` (replacing any earlier one); ``backend`` is one of
+  ``Backend``'s names other than ``"auto"``."""
+  if backend == "auto":
+    raise ValueError(f"register: {op!r} cannot register backend 'auto' (a fallback order, not an implementation)")
+  check(backend, f"register({op!r})")
+  _REGISTRY.setdefault(op, {})[backend] = impl
+
+
+def unregister(op: str, backend: str) -> None:
+  """Remove ``op``'s ``backend`` implementation, if any."""
+  _REGISTRY.get(op, {}).pop(backend, None)
+
+
+def registered(op: str) -> tuple[str, ...]:
+  """The backends with an implementation of ``op``, sorted."""
+  return tuple(sorted(_REGISTRY.get(op, {})))
+
+
+def load_plugins() -> None:
+  """Import, once, every module of the ``"fp4jax.backends"`` entry-point group (the kernels register themselves
+  when imported)."""
+  global _plugins_loaded
+  if _plugins_loaded:
+    return
+  _plugins_loaded = True
+  for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+    entry.load()
+
+
+def run(op: str, backend: Backend, *args, order: Sequence[str] | None = None, **kwargs):
+  """``op``'s result from the first implementation in ``candidates(backend)`` (or ``order``) that takes the case.
+
+  Skipped: a backend with no implementation of ``op`` (after ``load_plugins``) under ``"auto"``, and an
+  implementation that raises ``Unsupported``. A named backend with no implementation raises ``ValueError``; the
+  last refusal is re-raised as ``Unsupported`` naming the op and every reason. Other errors propagate.
+  """
+  order = tuple(order or candidates(backend))
+  impls = _REGISTRY.get(op, {})
+  if any(name not in impls for name in order):
+    load_plugins()
+  reasons = []
+  for name in order:
+    impl = impls.get(name)
+    if impl is None:
+      if backend != "auto":
+        raise ValueError(f"backend={backend!r}: {op} has no {name!r} implementation (registered: {registered(op)}); "
+                         f"the kernels register theirs when fp4jax_kernels is imported")
+      continue
+    try:
+      return impl(*args, **kwargs)
+    except Unsupported as refusal:
+      reasons.append(f"{name}: {refusal}")
+  hint = "" if backend == "auto" else "; backend='auto' falls back to the next implementation"
+  raise Unsupported(f"backend={backend!r}: no implementation of {op} takes this case ({'; '.join(reasons)}){hint}")

@@ -15,7 +15,7 @@ and the inverse forward rotation map back to the input; DGE multiplies the weigh
 
 On a Pallas backend, X (forward and wgrad), W (forward and dgrad, where the dgrad quantizes W itself) and dY
 (dgrad and wgrad) are each quantized for both of their GEMMs by one kernel where that pays
-(``fp4jax.operand.fuses_both``); X's wgrad and W's dgrad operand are then quantized in the forward and kept instead
+(``fp4jax.operand.rotate_and_quantize_both``); X's wgrad and W's dgrad operand are then quantized in the forward and kept instead
 of X and W. Same bits as quantizing each operand in its own GEMM.
 
 Randomness: one ``key`` per call, split by ``jax.random.fold_in`` with a fixed id per operand (and one per signs
@@ -32,7 +32,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fp4jax import estimators, operand as operand_lib, recipes as recipes_lib, sharding as sharding_lib
+from fp4jax import backends as backends_lib, estimators, recipes as recipes_lib, sharding as sharding_lib
+from fp4jax.backends import Backend
 from fp4jax.operand import (Operand, channel_scale, inverse_rotate, matmul, rotate_and_quantize,
                             rotate_and_quantize_both, signs_for)
 from fp4jax.recipes import Recipe
@@ -120,12 +121,11 @@ def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs, transposed=
 def _quantize_both(static: _Static, x, key, rows: str, cols: str, signs_rows, signs_cols):
   """``x`` quantized as operand ``rows`` (e.g. ``"dgrad_lhs"``) and, transposed, as operand ``cols`` (e.g.
   ``"wgrad_lhs"``) by one kernel for both (``fp4jax.operand.rotate_and_quantize_both``): ``((Operand, mask),
-  (Operand, mask))``, the bits each GEMM would draw. None where that kernel does not run (``fuses_both``: the XLA
-  backend, a pair it does not speed up; and sharded recipes): each GEMM then quantizes its own operand."""
+  (Operand, mask))``, the bits each GEMM would draw. None where that kernel does not run (the XLA
+  backend, a pair the kernels refuse or do not speed up; and sharded recipes): each GEMM then quantizes its own operand."""
   r = static.recipe
   spec_r, spec_c = getattr(r, rows), getattr(r, cols)
-  if (any(sharding_lib.operand_shard(r, name) for name in (rows, cols))
-      or not operand_lib.fuses_both(x.shape, x.dtype, spec_r, spec_c, static.backend)):
+  if any(sharding_lib.operand_shard(r, name) for name in (rows, cols)):
     return None
   return rotate_and_quantize_both(x, (spec_r, _fold(key, _KEY_IDS[rows]), signs_rows),
                                   (spec_c, _fold(key, _KEY_IDS[cols]), signs_cols), backend=static.backend)
@@ -228,7 +228,7 @@ def dot_general(
     key: jax.Array | None = None,
     precision=None,
     preferred_element_type=None,
-    backend: str = "xla",
+    backend: Backend = "auto",
 ) -> jax.Array:
   """``jax.lax.dot_general`` whose forward and backward GEMMs are quantized by ``recipe``.
 
@@ -244,17 +244,17 @@ def dot_general(
     precision: passed to the internal GEMMs (default: bf16 GEMMs for exact-in-bf16 quantized values; off the CPU a
       float32 operand against those as three exact bf16 parts; HIGHEST for two float32 ones: ``fp4jax.operand.matmul``).
     preferred_element_type: output dtype (default ``result_type(lhs, rhs)``); gradients keep the input dtypes.
-    backend: quantizer implementation of every operand: ``"xla"`` (pure JAX), ``"pallas"`` (the fused quantize
-      kernels of ``fp4jax_kernels``, Hadamard included; interpret mode off GPU; errors for an operand they cannot
-      take) or ``"auto"`` (per operand: the kernel on a GPU that runs it where it takes the operand, XLA
-      otherwise). The same key gives the same bits on every backend; see ``fp4jax.operand``. The GEMMs themselves
+    backend: quantizer implementation of every operand (``fp4jax.backends``): ``"auto"`` (the default; per
+      operand: the kernel on a GPU that runs it where it takes the operand, XLA otherwise, and XLA only on a CPU),
+      ``"xla"`` (pure JAX) or ``"pallas"`` (the fused quantize kernels of ``fp4jax_kernels``, Hadamard included;
+      interpret mode off GPU; ``fp4jax.backends.Unsupported`` for an operand they cannot take); ``"native"`` has no
+      quantizer implementation (a ValueError when the first operand is quantized). The same key gives the same bits on every backend; see ``fp4jax.operand``. The GEMMs themselves
       are XLA dots of the exact bf16 values on every backend.
 
   Returns an array of ``lax.dot_general``'s shape: batch dims, then lhs free dims, then rhs free dims.
   """
   recipe = recipes_lib.get(recipe)
-  if backend not in operand_lib.BACKENDS:
-    raise ValueError(f"fp4jax.dot_general: backend must be one of {operand_lib.BACKENDS}, got {backend!r}")
+  backend = backends_lib.check(backend, "fp4jax.dot_general")
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
   for name, a in (("lhs", lhs), ("rhs", rhs)):
     if not jnp.issubdtype(a.dtype, jnp.floating):
@@ -285,7 +285,7 @@ def einsum(
     key: jax.Array | None = None,
     precision=None,
     preferred_element_type=None,
-    backend: str = "xla",
+    backend: Backend = "auto",
 ) -> jax.Array:
   """Two-operand ``jnp.einsum`` lowered to ``fp4jax.dot_general`` (``b`` is the weight-like operand).
 

@@ -1,29 +1,22 @@
 """Quantizing one GEMM operand by its ``OperandSpec``, and the GEMM that consumes two of them.
 
 This is the seam between the recipes and the numerics: ``quantize_operand`` (an operand already rotated) and
-``rotate_and_quantize`` (the GEMM's Hadamard included) are the single place where an operand's quantizer is chosen,
-by the ``backend`` argument:
+``rotate_and_quantize`` (the GEMM's Hadamard included) are the single place where an operand's quantizer is chosen.
+They run the op ``QUANTIZE_OP`` (``rotate_and_quantize_both``: ``PAIR_OP``) through ``fp4jax.backends``' registry,
+by the ``backend`` argument; every implementation gives the same bits for the same key:
 
-* ``"xla"``: the pure-JAX path built on ``fp4jax.quantize``'s block numerics, ``fp4jax.fp8`` and ``fp4jax.estimators``.
-* ``"pallas"``: block-scaled FP4 operands go through the fused quantize kernel (``fp4jax_kernels.quantize``, Pallas
-  Triton on a GPU, Pallas interpret mode elsewhere) on the operand folded to 2D (leading dims into rows), in one
-  kernel pass per operand (plus NVFP4's amax pre-pass): the Hadamard with the GEMM's signs is applied in the
-  kernel (for NVFP4, by the pre-pass, which writes the rotated operand for the kernel); the kernel draws the same
-  random bits as the XLA path, writes the bf16 ``values`` directly (``value(q)·dec_b``, the kernel's
-  ``dequantize="block_scaled_only"``) and no packed codes (``packed=False``); QuEST (trust-mask) operands also take
-  the kernel's trust mask. ``rotate_and_quantize_both`` quantizes one tensor for two GEMMs (along its rows, and
-  transposed) in one pre-pass and one kernel where that pays (``fuses_both``). A backward operand that is a
-  transposed tensor (``transposed=True``: Wᵀ, dYᵀ, Xᵀ) is written K-major by the kernel
-  (``along="rows_of_transpose"``: the bits of the transposed layout), by the faster route measured
-  (``fp4jax_kernels.quantize.pallas_triton.default_route``: transposed by the pre-pass with a Hadamard, XLA's
-  transpose without); batched tensors are transposed by XLA first. Both backends give the same bits for the same
-  key. Operands the kernel cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last axis that
-  is not whole blocks, 16x16 tiles that would straddle folded batch rows) raise a ``ValueError`` naming the spec.
-* ``"auto"``: ``"pallas"`` where ``fp4jax.backends.quantize_backend`` picks it (a GPU that runs the kernels, the
-  folded axis a whole number of blocks and Hadamard chunks) and the kernel takes the spec; ``"xla"`` otherwise.
+* ``"xla"`` (registered here): the pure-JAX path built on ``fp4jax.quantize``'s block numerics, ``fp4jax.fp8`` and
+  ``fp4jax.estimators``; it takes every operand.
+* ``"pallas"`` (registered by ``fp4jax_kernels.operand``): block-scaled FP4 operands go through the fused quantize
+  kernel (Pallas Triton on a GPU, Pallas interpret mode elsewhere) on the operand folded to 2D, in one kernel pass
+  per operand (plus NVFP4's amax pre-pass), Hadamard and transpose included; ``PAIR_OP`` quantizes one tensor for
+  two GEMMs (along its rows, and transposed) in one pre-pass and one kernel where that pays. The kernels own their
+  limits: an operand they cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last axis that is not whole
+  blocks, ...) raises ``fp4jax.backends.Unsupported`` naming the spec.
+* ``"auto"`` (the default): the kernels on a GPU that runs them, where they take the operand; ``"xla"`` otherwise
+  (on a CPU, ``"xla"`` only: the kernels are neither loaded nor interpreted there).
 
-``fp4jax_kernels`` is imported inside the Pallas branch only: the kernels plug in beneath the quantizers, and
-``import fp4jax`` never loads Pallas.
+This module never imports ``fp4jax_kernels``; the registry loads it (``fp4jax.backends.load_plugins``).
 
 An ``Operand`` is a pair ``(values, scale)`` with the dequantized operand equal to ``values · scale``, where ``scale``
 is an fp32 scalar (the NVFP4 tensor scale, the MXFP4 headroom factor 4/3 or an FP8 decode scale) or, for per-channel
@@ -37,7 +30,6 @@ inputs, OCC's clamped values plus residual) stay float32 (see ``matmul`` for the
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -45,14 +37,15 @@ import jax.numpy as jnp
 
 from fp4jax import bits as bits_lib
 from fp4jax import backends, estimators, fp8, hadamard as hadamard_lib
+from fp4jax.backends import Backend
 from fp4jax.formats import E2M1_MAX, FP4Format, e2m1_decode, floor_log2, pow2
 from fp4jax.ieee import div_rn
 from fp4jax.quantize import BlockLayout, check_quantize_args, decode_blocks, quantize_blocks, split_quantize_key
 from fp4jax.recipes import E2M1_CHANNEL, OperandSpec
 from fp4jax.rounding import rtn_bf16, rtn_e2m1
 
-BACKENDS = ("xla", "pallas", "auto")
-KERNEL_DTYPES = (jnp.float32, jnp.bfloat16)
+QUANTIZE_OP = "quantize_operand"
+PAIR_OP = "quantize_operand_pair"
 FIXED_SIGNS_SEED = 0x5EED5
 
 
@@ -142,136 +135,51 @@ def _block_fp4(x: jax.Array, spec: OperandSpec, key, shard=None) -> tuple[Operan
   return Operand(values, jnp.asarray(global_scale, jnp.float32)), mask
 
 
-def _kernel_spec(spec: OperandSpec, hadamard: int, transposed: bool):
-  """The fused kernel's ``QuantizeSpec`` for ``spec``: bf16 values only (and QuEST's trust mask), no packed codes."""
-  from fp4jax_kernels.quantize.spec import QuantizeSpec  # noqa: PLC0415  (lazy: the kernels plug in beneath)
-
-  mode = "none" if not hadamard or spec.signs == "none" else ("te" if spec.signs == "te" else "random")
-  return QuantizeSpec(spec.fmt, rounding=spec.rounding, hadamard=hadamard, hadamard_signs=mode,
-                      block_shape=spec.block_shape, along="rows_of_transpose" if transposed else "rows",
-                      dequantize="block_scaled_only", trust_mask=spec.estimator == "trust_mask", packed=False)
-
-
-def _kernel_operand(out, shape) -> tuple[Operand, jax.Array | None]:
-  """A kernel's ``Quantized`` (values and mask only: the GEMM reads nothing else) as ``(Operand, mask)``."""
-  _, values, mask, global_scale = out
-  return Operand(values.reshape(shape), global_scale), None if mask is None else mask.reshape(shape) == 1
-
-
-def _kernel_fp4(x: jax.Array, spec: OperandSpec, key, signs, hadamard: int,
-                transposed: bool) -> tuple[Operand, jax.Array | None]:
-  """``_block_fp4`` of ``rotate(x, hadamard, signs)`` (of ``swapaxes(x, -1, -2)`` if ``transposed``) by one pass
-  of ``fp4jax_kernels``' fused quantize on ``x`` folded to 2D; the same bits."""
-  from fp4jax_kernels.quantize import api  # noqa: PLC0415  (lazy: the kernels plug in beneath the quantizers)
-
-  if transposed and math.prod(x.shape[:-2]) > 1:  # the kernel is 2D: a batch of transposes goes through XLA
-    x, transposed = jnp.swapaxes(x, -1, -2), False
-  out_shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
-  qspec = _kernel_spec(spec, hadamard, transposed)
-  x2 = x.reshape(x.shape[-2:]) if transposed else x.reshape(-1, x.shape[-1])
-  out = api.quantize(x2, qspec, key, signs=signs if qspec.hadamard_signs == "random" else None, backend="pallas")
-  return _kernel_operand(out, out_shape)
-
-
-def fuses_both(shape: tuple[int, ...], dtype, rows: OperandSpec, cols: OperandSpec, backend: str) -> bool:
-  """Whether ``rotate_and_quantize_both`` runs one kernel for both directions of an ``x`` of ``shape``/``dtype``:
-  ``x`` is 2D (leading dims of size 1), both directions resolve to the Pallas kernel and fusing them pays
-  (``fp4jax_kernels.quantize.pallas_triton.pair_pays``)."""
-  shape_t = shape[:-2] + (shape[-1], shape[-2])
-  if (backend == "xla" or math.prod(shape[:-2]) != 1
-      or resolve_backend(backend, shape, dtype, rows, fused_hadamard=True) != "pallas"
-      or resolve_backend(backend, shape_t, dtype, cols, fused_hadamard=True) != "pallas"):
-    return False
-  from fp4jax_kernels.quantize import pallas_triton  # noqa: PLC0415  (lazy: the kernels plug in beneath)
-
-  return pallas_triton.pair_pays(_kernel_spec(rows, rows.hadamard, False), _kernel_spec(cols, cols.hadamard, True))
-
-
 def rotate_and_quantize_both(
     x: jax.Array, rows: tuple[OperandSpec, jax.Array | None, jax.Array | None],
-    cols: tuple[OperandSpec, jax.Array | None, jax.Array | None], *, backend: str = "xla",
-) -> tuple[tuple[Operand, jax.Array | None], tuple[Operand, jax.Array | None]]:
+    cols: tuple[OperandSpec, jax.Array | None, jax.Array | None], *, backend: Backend = "auto",
+) -> tuple[tuple[Operand, jax.Array | None], tuple[Operand, jax.Array | None]] | None:
   """``(rotate_and_quantize(x, *rows), rotate_and_quantize(x, *cols, transposed=True))``, each ``(spec, key,
-  signs)``: one tensor quantized for two GEMMs (X for the forward and the weight-gradient GEMMs, dY for the data-
-  and the weight-gradient GEMMs). Where ``fuses_both``, one pre-pass and one kernel read ``x`` twice in all instead
-  of four times; otherwise the two calls. The same bits either way."""
-  if not fuses_both(x.shape, x.dtype, rows[0], cols[0], backend):
-    return (rotate_and_quantize(x, *rows, backend=backend),
-            rotate_and_quantize(x, *cols, backend=backend, transposed=True))
-  from fp4jax_kernels.quantize import api  # noqa: PLC0415  (lazy: the kernels plug in beneath the quantizers)
-
-  qrows, qcols = _kernel_spec(rows[0], rows[0].hadamard, False), _kernel_spec(cols[0], cols[0].hadamard, True)
-  signs = lambda q, s: s if q.hadamard_signs == "random" else None
-  out_r, out_c = api.quantize_pair(x.reshape(x.shape[-2:]), qrows, qcols, rows[1], cols[1],
-                                   rows_signs=signs(qrows, rows[2]), cols_signs=signs(qcols, cols[2]),
-                                   backend="pallas")
-  return _kernel_operand(out_r, x.shape), _kernel_operand(out_c, x.shape[:-2] + (x.shape[-1], x.shape[-2]))
+  signs)``, by one implementation of ``PAIR_OP`` for both: one tensor quantized for two GEMMs (X for the forward and
+  the weight-gradient GEMMs, dY for the data- and the weight-gradient GEMMs) in one pass (the kernels: one pre-pass
+  and one kernel read ``x`` twice in all instead of four times), the same bits. None where no implementation
+  quantizes both at once (XLA; the kernels where they refuse the pair or it does not pay): each GEMM then quantizes
+  its own operand. A named backend other than ``"xla"`` falls back to None too (the single operands keep it)."""
+  backend = backends.check(backend, "fp4jax.operand.rotate_and_quantize_both")
+  order = tuple(dict.fromkeys(backends.candidates(backend) + ("xla",)))
+  return backends.run(PAIR_OP, backend, x, rows, cols, auto=backend == "auto", order=order)
 
 
-def pallas_refusal(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool) -> str | None:
-  """Why the fused quantize kernel cannot quantize an operand of ``shape``/``dtype`` as ``spec`` says, or None.
-
-  ``fused_hadamard``: the kernel would also apply ``spec.hadamard`` (else the operand comes already rotated).
-  """
-  if spec.clip != "none":
-    return f"clip={spec.clip!r} (outlier clamping runs in XLA)"
-  if not isinstance(spec.fmt, FP4Format):
-    return f"fmt={spec.fmt!r} (the kernel writes block-scaled FP4 only)"
-  if jnp.dtype(dtype) not in KERNEL_DTYPES:
-    return f"input dtype {jnp.dtype(dtype)} (the kernel reads float32 or bfloat16)"
-  n, block = shape[-1], spec.fmt.block_size
-  if n % block:
-    return f"last axis length {n} is not a whole number of {block}-element blocks"
-  if fused_hadamard and spec.hadamard and n % spec.hadamard:
-    return f"last axis length {n} is not a whole number of {spec.hadamard}-point Hadamard chunks"
-  if spec.rounding == "eden" and not fused_hadamard:
-    return "MS-EDEN on an already rotated operand (the kernel applies MS-EDEN with its own rotation)"
-  if spec.block_shape is not None:
-    if len(shape) < 2:
-      return f"block_shape={spec.block_shape} on a 1D operand"
-    if math.prod(shape[:-2]) > 1 and shape[-2] % 16:
-      return f"16x16 tiles of shape {shape} would straddle the folded leading dims (shape[-2] % 16 != 0)"
-  return None
+def _unfused_pair(x, rows, cols, *, auto: bool) -> None:
+  """``PAIR_OP``'s XLA implementation: none fused (XLA fuses what it can); each GEMM quantizes its operand."""
+  del x, rows, cols, auto
 
 
-def resolve_backend(backend: str, shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool) -> str:
-  """``"xla"`` or ``"pallas"`` for quantizing one operand: ``backend`` itself, or for ``"auto"`` the kernel where
-  ``fp4jax.backends`` picks it for the folded 2D shape and the kernel takes the spec. Errors name the backend."""
-  if backend not in BACKENDS:
-    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-  if backend == "xla" or (spec.fmt is None and spec.clip == "none"):  # nothing to quantize: any backend
-    return "xla"
-  refusal = pallas_refusal(shape, dtype, spec, fused_hadamard)
-  if backend == "auto":
-    if refusal:
-      return "xla"
-    unit = max(spec.fmt.block_size, spec.hadamard if fused_hadamard else 1)
-    return backends.quantize_backend((math.prod(shape[:-1]), shape[-1]), unit)
-  if refusal:
-    raise ValueError(f"backend='pallas': the fused quantize kernel cannot quantize an operand of shape {shape} as "
-                     f"{spec}: {refusal}; use backend='xla' (or 'auto', which falls back to it)")
-  return "pallas"
+def _resolve(backend: Backend, spec: OperandSpec, where: str) -> Backend:
+  """``backend`` checked; ``"xla"`` where ``spec`` quantizes nothing (any backend takes it)."""
+  backend = backends.check(backend, where)
+  return "xla" if spec.fmt is None and spec.clip == "none" else backend
 
 
 def quantize_operand(
-    x: jax.Array, spec: OperandSpec, key: jax.Array | None, *, backend: str = "xla", shard=None
+    x: jax.Array, spec: OperandSpec, key: jax.Array | None, *, backend: Backend = "auto", shard=None
 ) -> tuple[Operand, jax.Array | None]:
   """Quantize ``x`` along its last axis (already rotated if the GEMM has a Hadamard) as ``spec`` says.
 
   Returns the ``Operand`` and, for ``estimator="trust_mask"``, the bool mask of unclipped elements, else None.
-  ``key`` feeds stochastic rounding / MS-EDEN. ``backend``: ``"xla"``, ``"pallas"`` or ``"auto"`` (module
-  docstring); every backend gives the same bits. ``shard``: an ``fp4jax.sharding.OperandShard`` when ``x`` is one
-  device's slice of a sharded operand inside ``shard_map`` (XLA backend only; see ``fp4jax.sharding``).
+  ``key`` feeds stochastic rounding / MS-EDEN. ``backend``: ``QUANTIZE_OP``'s implementation (module docstring);
+  every backend gives the same bits. ``shard``: an ``fp4jax.sharding.OperandShard`` when ``x`` is one device's slice
+  of a sharded operand inside ``shard_map`` (XLA only; see ``fp4jax.sharding``).
   """
+  backend = _resolve(backend, spec, "fp4jax.operand.quantize_operand")
   if shard is not None:
     return _sharded_quantize(x, spec, key, backend, shard)
-  if resolve_backend(backend, x.shape, x.dtype, spec, fused_hadamard=False) == "pallas":
-    return _kernel_fp4(x, spec, key, None, 0, transposed=False)
-  return _quantize(x, spec, key)
+  return backends.run(QUANTIZE_OP, backend, x, spec, key, None, fused_hadamard=False, transposed=False,
+                      auto=backend == "auto")
 
 
 def rotate_and_quantize(
-    x: jax.Array, spec: OperandSpec, key: jax.Array | None, signs: jax.Array | None, *, backend: str = "xla",
+    x: jax.Array, spec: OperandSpec, key: jax.Array | None, signs: jax.Array | None, *, backend: Backend = "auto",
     transposed: bool = False, shard=None,
 ) -> tuple[Operand, jax.Array | None]:
   """``quantize_operand(rotate(xt, spec.hadamard, signs), spec, key)`` with ``xt = swapaxes(x, -1, -2)`` when
@@ -280,26 +188,34 @@ def rotate_and_quantize(
   With the Pallas backend one kernel pass does it all: rotation (same butterflies, same bf16 rounding), transpose
   (read ``x``, write the K-major operand; the random bits are ``xt``'s), quantization and the bf16 values; the
   same bits as XLA (QuEST's trust mask too). ``shard``: see ``quantize_operand`` (of the transposed operand when
-  ``transposed``; XLA backend only).
+  ``transposed``; XLA only).
   """
-  shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
+  backend = _resolve(backend, spec, "fp4jax.operand.rotate_and_quantize")
   if shard is not None:  # checked before rotating, so a straddling Hadamard chunk is named as such
+    shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
     shard.check(shape, spec, "fp4jax.operand.rotate_and_quantize")
     x = jnp.swapaxes(x, -1, -2) if transposed else x
     return _sharded_quantize(rotate(x, spec.hadamard, signs) if spec.hadamard else x, spec, key, backend, shard)
-  if resolve_backend(backend, shape, x.dtype, spec, fused_hadamard=True) == "pallas":
-    return _kernel_fp4(x, spec, key, signs, spec.hadamard, transposed)
+  return backends.run(QUANTIZE_OP, backend, x, spec, key, signs, fused_hadamard=True, transposed=transposed,
+                      auto=backend == "auto")
+
+
+def _xla_quantize_operand(x: jax.Array, spec: OperandSpec, key, signs, *, fused_hadamard: bool, transposed: bool,
+                          auto: bool) -> tuple[Operand, jax.Array | None]:
+  """``QUANTIZE_OP``'s XLA implementation: transpose (``transposed``), rotate (``fused_hadamard`` and
+  ``spec.hadamard``), then ``_quantize``; it takes every case."""
+  del auto
   if transposed:
     x = jnp.swapaxes(x, -1, -2)
-  if spec.hadamard:
+  if fused_hadamard and spec.hadamard:
     x = rotate(x, spec.hadamard, signs)
   return _quantize(x, spec, key)
 
 
-def _sharded_quantize(x, spec: OperandSpec, key, backend: str, shard) -> tuple[Operand, jax.Array | None]:
-  """``_quantize`` of one device's slice of a sharded operand (``fp4jax.sharding``); XLA backend only."""
-  if backend == "pallas":
-    raise ValueError("backend='pallas' does not take a sharded operand (fp4jax.sharding); use 'xla' or 'auto'")
+def _sharded_quantize(x, spec: OperandSpec, key, backend: Backend, shard) -> tuple[Operand, jax.Array | None]:
+  """``_quantize`` of one device's slice of a sharded operand (``fp4jax.sharding``); XLA only."""
+  if backend not in ("auto", "xla"):
+    raise ValueError(f"backend={backend!r} does not take a sharded operand (fp4jax.sharding); use 'xla' or 'auto'")
   shard.check(x.shape, spec, "fp4jax.operand.quantize_operand")
   return _quantize(x, spec, key, shard)
 
@@ -375,3 +291,7 @@ def _dot(a: jax.Array, b: jax.Array, precision) -> jax.Array:
   """(B, R, C) x (B, S, C) -> (B, R, S), fp32 accumulation and result."""
   return jax.lax.dot_general(a, b, (((2,), (2,)), ((0,), (0,))), precision=precision,
                              preferred_element_type=jnp.float32)
+
+
+backends.register(QUANTIZE_OP, "xla", _xla_quantize_operand)
+backends.register(PAIR_OP, "xla", _unfused_pair)

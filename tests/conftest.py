@@ -13,6 +13,10 @@ from pathlib import Path
 
 import pytest
 
+# Registers the kernels' "pallas" implementations in fp4jax.backends, as the "fp4jax.backends" entry point does for
+# an installed fp4jax (a checkout on PYTHONPATH, or an install older than the entry point, has no such metadata).
+import fp4jax_kernels  # noqa: F401
+
 REPO = Path(__file__).resolve().parents[1]
 
 

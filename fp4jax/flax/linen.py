@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 import fp4jax
+from fp4jax.backends import Backend
 from fp4jax.flax import ops, rules as rules_lib
 
 LAYERS = (nn.Dense, nn.DenseGeneral, nn.Einsum)
@@ -54,12 +55,12 @@ class DotGeneral(nn.Module):
   Attributes:
     recipe: a name from ``fp4jax.recipes.names()`` or a ``fp4jax.recipes.Recipe``.
     deterministic: evaluation mode; runs ``fp4jax.recipes.deterministic(recipe)`` and needs no "quant" stream.
-    backend: quantizer implementation, ``fp4jax.dot_general``'s ``backend`` (``"xla"``, ``"pallas"``, ``"auto"``).
+    backend: quantizer implementation, ``fp4jax.dot_general``'s ``backend`` (default ``"auto"``; ``fp4jax.backends``).
   """
 
   recipe: Any
   deterministic: bool = False
-  backend: str = "xla"
+  backend: Backend = "auto"
 
   def __post_init__(self):
     ops.check_backend(self.backend, f"fp4jax.flax.linen.{type(self).__name__}")
@@ -74,7 +75,7 @@ class DotGeneral(nn.Module):
     )
 
 
-def _dot_general_cls(recipe: Any, deterministic: bool, backend: str = "xla"):
+def _dot_general_cls(recipe: Any, deterministic: bool, backend: Backend = "auto"):
   return functools.partial(DotGeneral, recipe=recipe, deterministic=deterministic, backend=backend)
 
 
@@ -98,7 +99,7 @@ class Dense(_RecipeDot, nn.Dense):
 
   recipe: Any = dataclasses.field(kw_only=True)
   deterministic: bool = False
-  backend: str = "xla"
+  backend: Backend = "auto"
 
 
 class DenseGeneral(_RecipeDot, nn.DenseGeneral):
@@ -106,10 +107,10 @@ class DenseGeneral(_RecipeDot, nn.DenseGeneral):
 
   recipe: Any = dataclasses.field(kw_only=True)
   deterministic: bool = False
-  backend: str = "xla"
+  backend: Backend = "auto"
 
 
-def einsum_layer(module: nn.Einsum, inputs, einsum_str, recipe: Any, deterministic: bool, backend: str = "xla"):
+def einsum_layer(module: nn.Einsum, inputs, einsum_str, recipe: Any, deterministic: bool, backend: Backend = "auto"):
   """``nn.Einsum``'s computation (kernel, optional bias, dtype promotion) with ``fp4jax.einsum`` under ``recipe``
   and quantizer ``backend``.
 
@@ -142,7 +143,7 @@ class Einsum(nn.Einsum):
 
   recipe: Any = dataclasses.field(kw_only=True)
   deterministic: bool = False
-  backend: str = "xla"
+  backend: Backend = "auto"
 
   def __post_init__(self):
     ops.check_backend(self.backend, "fp4jax.flax.linen.Einsum")
@@ -193,7 +194,7 @@ def _fields(module, **values):
       object.__setattr__(module, k, v)
 
 
-def interceptor(plan: dict[str, Any] | None, deterministic: bool, backend: str = "xla") -> Callable:
+def interceptor(plan: dict[str, Any] | None, deterministic: bool, backend: Backend = "auto") -> Callable:
   """An ``nn.intercept_methods`` interceptor: records every linear layer call (``ops.record_dots``) and makes
   the layers in ``plan`` ({path: recipe or None}) run that recipe with quantizer ``backend``; other layers run as
   written."""
@@ -233,7 +234,7 @@ class QuantizedModule:
   rules: Sequence[Any]
   defaults: Sequence[Any] = rules_lib.DEFAULT_HIGH_PRECISION
   deterministic: bool = False
-  backend: str = "xla"
+  backend: Backend = "auto"
 
   def __post_init__(self):
     ops.check_backend(self.backend, "fp4jax.flax.linen.quantize")
@@ -259,7 +260,7 @@ class QuantizedModule:
 
 
 def quantize(module: nn.Module, rules: Sequence[Any], *, defaults=rules_lib.DEFAULT_HIGH_PRECISION,
-             deterministic: bool = False, backend: str = "xla") -> QuantizedModule:
+             deterministic: bool = False, backend: Backend = "auto") -> QuantizedModule:
   """``module`` with its linear layers quantized by ``rules`` (see ``QuantizedModule``, ``fp4jax.flax.rules``)."""
   if not isinstance(module, nn.Module):
     raise TypeError(f"module must be a flax.linen Module, got {type(module).__name__}")

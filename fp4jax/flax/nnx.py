@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import fp4jax
+from fp4jax.backends import Backend
 from fp4jax.flax import ops, rules as rules_lib
 
 LAYERS = (nnx.Linear, nnx.LinearGeneral, nnx.Einsum)
@@ -46,7 +47,7 @@ class _QuantOp(nnx.Module):
   """Recipe, ``deterministic`` flag, quantizer ``backend`` (``fp4jax.dot_general``'s) and "quant" stream of an FP4
   op; ``path`` names its layer in errors and summaries."""
 
-  def __init__(self, recipe: Any, *, rngs=None, deterministic: bool = False, path: str = "", backend: str = "xla"):
+  def __init__(self, recipe: Any, *, rngs=None, deterministic: bool = False, path: str = "", backend: Backend = "auto"):
     ops.resolve(recipe, f"fp4jax {type(self).__name__}")
     ops.check_backend(backend, f"fp4jax.flax.nnx.{type(self).__name__}")
     self.recipe = recipe
@@ -96,7 +97,7 @@ class Linear(nnx.Linear):
   """``nnx.Linear`` whose matmul runs ``fp4jax.dot_general`` under ``recipe`` (see ``DotGeneral``)."""
 
   def __init__(self, in_features: int, out_features: int, *, recipe: Any, rngs: nnx.Rngs,
-               deterministic: bool = False, backend: str = "xla", **kwargs):
+               deterministic: bool = False, backend: Backend = "auto", **kwargs):
     op = DotGeneral(recipe, rngs=rngs, deterministic=deterministic, backend=backend)
     super().__init__(in_features, out_features, dot_general=op, rngs=rngs, **kwargs)
 
@@ -105,7 +106,7 @@ class Einsum(nnx.Einsum):
   """``nnx.Einsum`` whose contraction runs ``fp4jax.einsum`` under ``recipe`` (see ``EinsumOp``)."""
 
   def __init__(self, einsum_str: str, kernel_shape, bias_shape=None, *, recipe: Any, rngs: nnx.Rngs,
-               deterministic: bool = False, backend: str = "xla", **kwargs):
+               deterministic: bool = False, backend: Backend = "auto", **kwargs):
     op = EinsumOp(recipe, rngs=rngs, deterministic=deterministic, backend=backend)
     super().__init__(einsum_str, kernel_shape, bias_shape, einsum_op=op, rngs=rngs, **kwargs)
 
@@ -129,7 +130,7 @@ def layer_recipe(layer) -> Any:
 
 
 def set_recipe(layer, path: str, recipe: Any, *, rngs=None, deterministic: bool = False,
-               backend: str = "xla") -> None:
+               backend: Backend = "auto") -> None:
   """Make ``layer`` run ``recipe`` (None: ``lax.dot_general`` / ``jnp.einsum``) with quantizer ``backend``, in
   place."""
   attr = _op_attr(layer)
@@ -145,7 +146,7 @@ def set_recipe(layer, path: str, recipe: Any, *, rngs=None, deterministic: bool 
 
 def quantize(model: nnx.Module, rules: Sequence[Any], *, rngs: nnx.Rngs | None = None,
              defaults: Sequence[Any] = rules_lib.DEFAULT_HIGH_PRECISION, deterministic: bool = False,
-             backend: str = "xla") -> nnx.Module:
+             backend: Backend = "auto") -> nnx.Module:
   """Quantize the linear layers of ``model`` in place by ``rules`` (``fp4jax.flax.rules.plan``); returns ``model``.
   ``backend``: the quantizer backend of the planned layers (``fp4jax.dot_general``'s).
 

@@ -17,11 +17,10 @@ import dataclasses
 import math
 from typing import Any, Iterator
 
-from fp4jax import recipes
+from fp4jax import backends, recipes
 
 QUANT_STREAM = "quant"
 HIGH_PRECISION = "high precision"
-BACKENDS = ("xla", "pallas", "auto")  # fp4jax.dot_general's quantizer backends
 
 
 def resolve(recipe: Any, where: str):
@@ -36,10 +35,8 @@ def resolve(recipe: Any, where: str):
 
 
 def check_backend(backend: Any, where: str) -> None:
-  """ValueError naming ``where``'s ``backend`` argument unless it is one of ``BACKENDS``."""
-  if backend not in BACKENDS:
-    raise ValueError(f"{where}: backend must be one of {BACKENDS} (fp4jax.dot_general's quantizer backend), "
-                     f"got {backend!r}")
+  """ValueError naming ``where``'s ``backend`` argument unless it is one of ``fp4jax.backends.Backend``'s names."""
+  backends.check(backend, where)
 
 
 def recipe_name(recipe: Any) -> str:

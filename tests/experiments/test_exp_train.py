@@ -131,4 +131,4 @@ def test_cli_refuses_kernel_quantizers_on_a_mesh(corpus, tmp_path, capsys):
     with pytest.raises(SystemExit):
         train.main(["--data", corpus, "--mesh", "data=1", "--quantizer-backend", "pallas", "--out", str(tmp_path)])
     err = capsys.readouterr().err
-    assert "--quantizer-backend pallas/auto trains on one device" in err and "unless --deterministic R" in err
+    assert "--quantizer-backend pallas trains on one device" in err and "unless --deterministic R" in err

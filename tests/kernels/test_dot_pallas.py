@@ -125,28 +125,39 @@ def test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand(monkeypatc
   on_triton = backends.has_pallas_triton()  # the test machine itself: XLA on CI's CPUs, the kernels on a GPU
   assert bool(pallas_kernels(jax.make_jaxpr(_fwd_bwd("nvidia_nvfp4", "auto"))(x, w, dy, KEY).jaxpr)) == on_triton
   spec = OperandSpec(fmt=fp4jax.NVFP4)
-  want = "pallas" if on_triton else "xla"
-  assert operand.resolve_backend("auto", (4, 8, 64), jnp.bfloat16, spec, fused_hadamard=False) == want
+
+  def on_kernel(shape, s, dtype=jnp.bfloat16, fused=False):
+    """Whether "auto" quantizes an operand of ``shape`` as ``s`` with the kernel (traced, not run)."""
+    if fused:
+      f = lambda x: operand.rotate_and_quantize(x, s, KEY, None, backend="auto")
+    else:
+      f = lambda x: operand.quantize_operand(x, s, KEY, backend="auto")
+    return bool(pallas_kernels(jax.make_jaxpr(f)(jnp.ones(shape, dtype)).jaxpr))
+
+  assert on_kernel((4, 8, 64), spec) == on_triton
   monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)  # as on an H100
-  decide = lambda shape, s, dtype=jnp.bfloat16, fused=False: operand.resolve_backend("auto", shape, dtype, s, fused)
-  assert decide((4, 8, 64), spec) == "pallas"
-  assert decide((4, 8, 40), spec) == "xla"  # not whole blocks
-  assert decide((4, 8, 64), spec, jnp.float16) == "xla"
-  assert decide((8, 64), OperandSpec(fmt="fp8_e4m3")) == "xla"
-  assert decide((8, 64), OperandSpec(fmt="e2m1_channel")) == "xla"
+  assert on_kernel((4, 8, 64), spec)
+  assert not on_kernel((4, 8, 40), spec)  # not whole blocks
+  assert not on_kernel((4, 8, 64), spec, jnp.float16)
+  assert not on_kernel((8, 64), OperandSpec(fmt="fp8_e4m3"))
+  assert not on_kernel((8, 64), OperandSpec(fmt="e2m1_channel"))
   eden = OperandSpec(fmt=fp4jax.NVFP4, rounding="eden", hadamard=128, signs="random")
-  assert decide((8, 256), eden, fused=True) == "pallas"
-  assert decide((8, 64), eden, fused=True) == "xla"  # not whole Hadamard chunks
-  assert decide((8, 256), eden, fused=False) == "xla"  # MS-EDEN needs the kernel's own rotation
-  assert decide((3, 24, 64), OperandSpec(fmt=fp4jax.NVFP4, block_shape=(16, 16))) == "xla"  # tiles would straddle
+  assert on_kernel((8, 256), eden, fused=True)
+  assert not on_kernel((8, 256), eden, fused=False)  # MS-EDEN needs the kernel's own rotation
+  assert on_kernel((3, 32, 64), OperandSpec(fmt=fp4jax.NVFP4, block_shape=(16, 16)))  # whole tiles in each batch
+  assert not on_kernel((3, 24, 64), OperandSpec(fmt=fp4jax.NVFP4, block_shape=(16, 16)))  # tiles would straddle
   # one kernel for both directions of a tensor: 2D, both directions on the kernel, and a pair that pays
-  both = lambda shape, rows, cols, backend="auto": operand.fuses_both(shape, jnp.bfloat16, rows, cols, backend)
+  def both(shape, rows, cols, backend="auto"):
+    f = lambda x: operand.rotate_and_quantize_both(x, (rows, KEY, None), (cols, KEY, None), backend=backend)
+    return "fp4_quantize_pair" in pallas_kernels(jax.make_jaxpr(f)(jnp.ones(shape, jnp.bfloat16)).jaxpr)
   rht16 = OperandSpec(fmt=fp4jax.NVFP4, rounding="sr", hadamard=16, signs="te")
   assert both((1, 32, 64), spec, rht16) and both((32, 64), spec, spec)
   assert not both((32, 64), spec, rht16, "xla") and not both((2, 32, 64), spec, rht16)  # XLA; a batch of them
   assert not both((32, 40), spec, spec)  # 40 is not whole blocks along the rows
   quartet = recipes.get("quartet").dgrad_lhs
   assert not both((64, 64), quartet, quartet)  # rotated both ways: slower fused
+  assert operand.rotate_and_quantize_both(jnp.ones((32, 64)), (spec, KEY, None), (spec, KEY, None),
+                                          backend="xla") is None  # each GEMM quantizes its own operand
 
 
 @pytest.mark.parametrize("recipe, shape, match", [
@@ -162,7 +173,9 @@ def test_explicit_pallas_refuses_what_the_kernel_cannot_take(recipe, shape, matc
 
 def test_bad_backend_and_rotated_eden_are_named():
   x = jnp.ones((16, 64))
-  with pytest.raises(ValueError, match="backend must be one of"):
+  with pytest.raises(ValueError, match="fp4jax.dot_general: backend must be one of"):
+    fp4jax.dot_general(x, x, DN, recipe="nvfp4_rtn", backend="cuda")
+  with pytest.raises(ValueError, match="backend='native': quantize_operand has no 'native' implementation"):
     fp4jax.dot_general(x, x, DN, recipe="nvfp4_rtn", backend="native")
   eden = OperandSpec(fmt=fp4jax.NVFP4, rounding="eden", hadamard=128, signs="random")
   with pytest.raises(ValueError, match="backend='pallas'.*MS-EDEN on an already rotated operand"):

@@ -137,22 +137,27 @@ def _device(platform, cc=None):
   return types.SimpleNamespace(platform=platform, compute_capability=cc)
 
 
-@pytest.mark.parametrize("dev, want", [(_device("cpu"), "xla"), (_device("gpu", "9.0"), "pallas"),
-                                       (_device("gpu", "10.0"), "native"), (_device("gpu", "12.0"), "native"),
-                                       (_device("gpu", "7.5"), "xla")])
-def test_gemm_dispatch_decision(dev, want):
-  assert backends.gemm_backend(256, 16, dev) == want
+@pytest.mark.parametrize("dev, want", [(_device("cpu"), ("xla",)), (_device("gpu", "9.0"), ("pallas", "xla")),
+                                       (_device("gpu", "10.0"), ("native", "pallas", "xla")),
+                                       (_device("gpu", "12.0"), ("native", "pallas", "xla")),
+                                       (_device("gpu", "7.5"), ("xla",))])
+def test_auto_tries_what_the_device_runs_fastest_first(dev, want):
+  assert backends.candidates("auto", dev) == want
+  assert backends.candidates("pallas", dev) == ("pallas",)
 
 
-def test_dispatch_small_or_ragged_shapes_fall_back():
-  h100 = _device("gpu", "9.0")
-  assert backends.gemm_backend(256, 16, h100) == "pallas"  # any rows: one row goes to the GEMV
-  assert backends.gemm_backend(250, 16, h100) == "xla"
-  assert backends.quantize_backend((64, 256), 16, h100) == "pallas"
-  assert backends.quantize_backend((64, 200), 16, h100) == "xla"
-  assert backends.quantize_backend((2, 64, 256), 16, h100) == "xla"
-  with pytest.raises(ValueError, match="backend"):
-    backends.resolve("triton", "xla")
+def test_gemm_dispatch_falls_back_for_ragged_k(monkeypatch):
+  """``api.matmul``'s ``"auto"`` on an H100: the Pallas GEMM for K a whole number of blocks, whatever the rows (one
+  row goes to the GEMV), XLA's dequantize + dot otherwise; an unknown backend is named."""
+  from fp4jax_kernels.gemm import api  # noqa: PLC0415
+
+  monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)
+  q = lambda rows, k: fp4jax.quantize(jnp.ones((rows, k), jnp.float32), fp4jax.NVFP4)
+  on_kernel = lambda a, b: "pallas_call" in str(jax.make_jaxpr(lambda a, b: api.matmul(a, b))(a, b))
+  assert on_kernel(q(64, 256), q(32, 256)) and on_kernel(q(1, 256), q(32, 256))
+  assert not on_kernel(q(64, 250), q(32, 250))
+  with pytest.raises(ValueError, match="backend must be one of"):
+    api.matmul(q(64, 256), q(32, 256), backend="triton")
 
 
 @pytest.mark.parametrize("m,k,want", [(1, 256, ((16, 64, 128), 4, 4)), (16, 96, ((16, 64, 32), 4, 4)),

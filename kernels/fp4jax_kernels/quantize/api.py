@@ -1,55 +1,93 @@
-"""User entry for the fused quantize: picks an implementation per device and shape (``fp4jax.backends``).
+"""User entry for the fused quantize of a ``QuantizeSpec``: an implementation per device and shape, through
+``fp4jax.backends``' registry (ops ``QUANTIZE_OP`` and ``PAIR_OP``, registered when this module is imported).
 
-Implementations sit behind one signature, ``impl(x, spec, key, *, signs) -> Quantized``, in
-``IMPLEMENTATIONS``; a Mosaic GPU kernel can be added beside the Triton one without touching callers.
-``fp4jax.operand`` calls this (backend ``"pallas"``) beneath ``fp4jax.dot_general``'s quantizers.
+Each implementation has one signature, ``impl(x, spec, key, *, signs, interpret) -> Quantized`` (the pair's:
+``quantize_pair``'s), and refuses what it cannot take with ``fp4jax.backends.Unsupported``; ``"auto"`` falls back
+from the Pallas kernel to the reference. A Mosaic GPU kernel can be registered beside the Triton one without
+touching callers. (``fp4jax.operand`` runs ``fp4jax_kernels.operand``'s implementations, not these.)
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 
 from fp4jax import backends
+from fp4jax.backends import Backend
 from fp4jax_kernels.quantize import pallas_triton, reference
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 
-IMPLEMENTATIONS = {"xla": reference.quantize, "pallas": pallas_triton.quantize}
-PAIR_IMPLEMENTATIONS = {"xla": reference.quantize_pair, "pallas": pallas_triton.quantize_pair}
+QUANTIZE_OP = "fp4jax_kernels.quantize"
+PAIR_OP = "fp4jax_kernels.quantize_pair"
 
 
 def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, signs: jax.Array | None = None,
-             backend: str = "auto", interpret: bool | None = None):
+             backend: Backend = "auto", interpret: bool | None = None):
   """``Quantized(qtensor, dequantized, trust_mask, global_scale)`` for ``spec`` (see ``pallas_triton.quantize``);
   identical bits from every backend.
 
   ``signs``: an explicit Hadamard sign vector for ``hadamard_signs="random"`` (instead of the draw from ``key``).
   ``interpret``: run the Pallas kernel in interpret mode; None picks it when the device is not a GPU.
   """
-  n_axis_shape = x.shape[::-1] if spec.transposed else x.shape
-  name = backends.resolve(backend, backends.quantize_backend(n_axis_shape, spec.unit))
-  return _implementation(IMPLEMENTATIONS, "quantize", name, interpret)(x, spec, key, signs=signs)
+  backend = backends.check(backend, "fp4jax_kernels.quantize.api.quantize")
+  return backends.run(QUANTIZE_OP, backend, x, spec, key, signs=signs, interpret=interpret, auto=backend == "auto")
 
 
 def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key: jax.Array | None = None,
                   cols_key: jax.Array | None = None, *, rows_signs: jax.Array | None = None,
-                  cols_signs: jax.Array | None = None, backend: str = "auto", interpret: bool | None = None):
+                  cols_signs: jax.Array | None = None, backend: Backend = "auto", interpret: bool | None = None):
   """``(quantize(x, rows, rows_key, ...), quantize(x, cols, cols_key, ...))``, by ``pallas_triton.quantize_pair``
   (one pre-pass and one kernel for both) or the reference; identical bits from every backend. ``"auto"`` picks the
-  kernel where it runs both directions (``backends.quantize_backend`` for each) and speeds them up
-  (``pallas_triton.pair_pays``); ``"pallas"`` runs it wherever it takes them (``pallas_triton.pair_refusal``)."""
-  on_kernel = {backends.quantize_backend(x.shape, rows.unit), backends.quantize_backend(x.shape[::-1], cols.unit)}
-  name = backends.resolve(backend, "pallas" if on_kernel == {"pallas"} and pallas_triton.pair_pays(rows, cols)
-                          else "xla")
-  impl = _implementation(PAIR_IMPLEMENTATIONS, "quantize_pair", name, interpret)
-  return impl(x, rows, cols, rows_key, cols_key, rows_signs=rows_signs, cols_signs=cols_signs)
+  kernel where it takes both directions and speeds them up (``pallas_triton.pair_pays``); ``"pallas"`` runs it
+  wherever it takes them (``pallas_triton.pair_refusal``)."""
+  backend = backends.check(backend, "fp4jax_kernels.quantize.api.quantize_pair")
+  return backends.run(PAIR_OP, backend, x, rows, cols, rows_key, cols_key, rows_signs=rows_signs,
+                      cols_signs=cols_signs, interpret=interpret, auto=backend == "auto")
 
 
-def _implementation(table: dict, what: str, name: str, interpret: bool | None):
-  """``table[name]``, the Pallas one with its interpret mode (None: when the device is not a GPU)."""
-  if name not in table:
-    raise ValueError(f"{what} has no {name!r} implementation; choose from {sorted(table)}")
-  if name != "pallas":
-    return table[name]
-  return functools.partial(table[name], interpret=backends.pallas_interpret() if interpret is None else interpret)
+def _whole_units(x: jax.Array, spec: QuantizeSpec) -> None:
+  """``Unsupported`` unless ``x`` is 2D with its quantized axis a whole number of ``spec.unit``."""
+  n_axis_shape = x.shape[::-1] if spec.transposed else x.shape
+  if len(n_axis_shape) != 2 or n_axis_shape[-1] % spec.unit:
+    raise backends.Unsupported(f"the kernel quantizes 2D x whose quantized axis is whole {spec.unit}-element units, "
+                               f"got shape {x.shape} along {spec.along!r}")
+
+
+def _interpret(interpret: bool | None) -> bool:
+  return backends.pallas_interpret() if interpret is None else interpret
+
+
+def _kernel(x, spec: QuantizeSpec, key, *, signs, interpret, auto: bool):
+  """The Pallas kernel; under ``"auto"`` only for whole units (a named ``"pallas"`` leaves the checks to it)."""
+  if auto:
+    _whole_units(x, spec)
+  return pallas_triton.quantize(x, spec, key, signs=signs, interpret=_interpret(interpret))
+
+
+def _reference(x, spec: QuantizeSpec, key, *, signs, interpret, auto: bool):
+  del interpret, auto
+  return reference.quantize(x, spec, key, signs=signs)
+
+
+def _kernel_pair(x, rows: QuantizeSpec, cols: QuantizeSpec, rows_key, cols_key, *, rows_signs, cols_signs, interpret,
+                 auto: bool):
+  """The fused pair; under ``"auto"`` only for whole units and a pair it speeds up (``pallas_triton.pair_pays``);
+  a named ``"pallas"`` leaves the checks to it."""
+  if auto:
+    for spec in (rows, cols):
+      _whole_units(x, spec)
+    if not pallas_triton.pair_pays(rows, cols):
+      raise backends.Unsupported(f"quantize_pair: the kernel does not take or speed up rows {rows} and cols {cols}")
+  return pallas_triton.quantize_pair(x, rows, cols, rows_key, cols_key, rows_signs=rows_signs,
+                                     cols_signs=cols_signs, interpret=_interpret(interpret))
+
+
+def _reference_pair(x, rows: QuantizeSpec, cols: QuantizeSpec, rows_key, cols_key, *, rows_signs, cols_signs,
+                    interpret, auto: bool):
+  del interpret, auto
+  return reference.quantize_pair(x, rows, cols, rows_key, cols_key, rows_signs=rows_signs, cols_signs=cols_signs)
+
+
+backends.register(QUANTIZE_OP, "xla", _reference)
+backends.register(QUANTIZE_OP, "pallas", _kernel)
+backends.register(PAIR_OP, "xla", _reference_pair)
+backends.register(PAIR_OP, "pallas", _kernel_pair)

@@ -7,9 +7,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-import fp4jax
 from fp4jax import estimators, hadamard as hadamard_lib
-from fp4jax.quantize import BlockLayout, QTensor
+from fp4jax.quantize import BlockLayout, QTensor, fake_quantize, quantize as quantize_xla
 from fp4jax_kernels.quantize.spec import Quantized, QuantizeSpec
 
 
@@ -40,10 +39,10 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *,
     s = jnp.tile(jnp.asarray(signs, x.dtype), x.shape[kw["axis"]] // spec.hadamard)
     x = x * (s if kw["axis"] == -1 else s[:, None])
     kw = {**kw, "hadamard_signs": "none"}
-  q = fp4jax.quantize(x, spec.fmt, key=key, **kw)
+  q = quantize_xla(x, spec.fmt, key=key, **kw)
   deq = None
   if spec.dequantize == "with_tensor_scale":
-    deq = fp4jax.fake_quantize(x, spec.fmt, key=key, rotated=True, **kw)
+    deq = fake_quantize(x, spec.fmt, key=key, rotated=True, **kw)
   elif spec.dequantize == "block_scaled_only":
     deq = dataclasses.replace(q, global_scale=jnp.float32(1.0)).dequantize(jnp.bfloat16, rotated=True)
   mask = _trust_mask(x, q) if spec.trust_mask else None  # x already carries the explicit signs

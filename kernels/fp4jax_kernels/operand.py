@@ -1,0 +1,133 @@
+"""The fused quantize kernel as the ``"pallas"`` implementation of ``fp4jax.operand``'s ops, and its limits.
+
+``quantize_operand`` implements ``fp4jax.operand.QUANTIZE_OP`` and ``quantize_operand_pair`` ``PAIR_OP``
+(``register`` puts them in ``fp4jax.backends``' registry; ``import fp4jax_kernels`` calls it). Each checks once
+whether the kernel takes the case and raises ``fp4jax.backends.Unsupported`` with the reason where it does not,
+before tracing anything; ``fp4jax.backends.run`` then falls back to XLA under ``"auto"``.
+
+The operand is folded to 2D (leading dims into rows) and quantized in one kernel pass (plus NVFP4's amax pre-pass):
+the Hadamard with the GEMM's signs is applied in the kernel (for NVFP4, by the pre-pass, which writes the rotated
+operand for the kernel); the kernel draws the same random bits as the XLA path, writes the bf16 ``values`` directly
+(``value(q)·dec_b``: ``dequantize="block_scaled_only"``) and no packed codes (``packed=False``); QuEST (trust-mask)
+operands also take the kernel's trust mask. A transposed operand (Wᵀ, dYᵀ, Xᵀ) is written K-major by the kernel
+(``along="rows_of_transpose"``: the bits of the transposed layout) by ``pallas_triton.default_route``; batched
+tensors are transposed by XLA first.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from fp4jax import backends
+from fp4jax.formats import FP4Format
+from fp4jax.operand import PAIR_OP, QUANTIZE_OP, Operand
+from fp4jax.recipes import OperandSpec
+from fp4jax_kernels.quantize import pallas_triton
+from fp4jax_kernels.quantize.spec import QuantizeSpec
+
+KERNEL_DTYPES = (jnp.float32, jnp.bfloat16)
+# "auto" takes the kernel for operands of at least this many elements. Not yet measured (0: every operand the
+# kernel takes); set it from an H100 sweep of "auto" against "xla" so that "auto" is never the slower one.
+AUTO_MIN_ELEMENTS = 0
+
+
+def refusal(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool) -> str | None:
+  """Why the fused quantize kernel cannot quantize an operand of ``shape``/``dtype`` (the GEMM's layout: the
+  transposed one for a transposed operand) as ``spec`` says, or None.
+
+  ``fused_hadamard``: the kernel would also apply ``spec.hadamard`` (else the operand comes already rotated).
+  """
+  if spec.clip != "none":
+    return f"clip={spec.clip!r} (outlier clamping runs in XLA)"
+  if not isinstance(spec.fmt, FP4Format):
+    return f"fmt={spec.fmt!r} (the kernel writes block-scaled FP4 only)"
+  if jnp.dtype(dtype) not in KERNEL_DTYPES:
+    return f"input dtype {jnp.dtype(dtype)} (the kernel reads float32 or bfloat16)"
+  n, block = shape[-1], spec.fmt.block_size
+  if n % block:
+    return f"last axis length {n} is not a whole number of {block}-element blocks"
+  if fused_hadamard and spec.hadamard and n % spec.hadamard:
+    return f"last axis length {n} is not a whole number of {spec.hadamard}-point Hadamard chunks"
+  if spec.rounding == "eden" and not fused_hadamard:
+    return "MS-EDEN on an already rotated operand (the kernel applies MS-EDEN with its own rotation)"
+  if spec.block_shape is not None:
+    if len(shape) < 2:
+      return f"block_shape={spec.block_shape} on a 1D operand"
+    if math.prod(shape[:-2]) > 1 and shape[-2] % 16:
+      return f"16x16 tiles of shape {shape} would straddle the folded leading dims (shape[-2] % 16 != 0)"
+  return None
+
+
+def check(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool, auto: bool) -> None:
+  """``Unsupported`` naming ``shape`` and ``spec`` where ``refusal`` says why, or where ``auto`` picks XLA for
+  an operand of fewer than ``AUTO_MIN_ELEMENTS`` elements."""
+  why = refusal(shape, dtype, spec, fused_hadamard)
+  if why is None and auto and math.prod(shape) < AUTO_MIN_ELEMENTS:
+    why = f"{math.prod(shape)} elements, fewer than AUTO_MIN_ELEMENTS={AUTO_MIN_ELEMENTS} (XLA is as fast there)"
+  if why:
+    raise backends.Unsupported(f"the fused quantize kernel cannot quantize an operand of shape {shape} as {spec}: "
+                               f"{why}")
+
+
+def kernel_spec(spec: OperandSpec, hadamard: int, transposed: bool) -> QuantizeSpec:
+  """The fused kernel's ``QuantizeSpec`` for ``spec``: bf16 values only (and QuEST's trust mask), no packed codes."""
+  mode = "none" if not hadamard or spec.signs == "none" else ("te" if spec.signs == "te" else "random")
+  return QuantizeSpec(spec.fmt, rounding=spec.rounding, hadamard=hadamard, hadamard_signs=mode,
+                      block_shape=spec.block_shape, along="rows_of_transpose" if transposed else "rows",
+                      dequantize="block_scaled_only", trust_mask=spec.estimator == "trust_mask", packed=False)
+
+
+def _as_operand(out, shape) -> tuple[Operand, jax.Array | None]:
+  """A kernel's ``Quantized`` (values and mask only: the GEMM reads nothing else) as ``(Operand, mask)``."""
+  _, values, mask, global_scale = out
+  return Operand(values.reshape(shape), global_scale), None if mask is None else mask.reshape(shape) == 1
+
+
+def _signs(qspec: QuantizeSpec, signs):
+  """The caller's sign vector where the kernel takes one (random signs), else None (TE's or none: its own)."""
+  return signs if qspec.hadamard_signs == "random" else None
+
+
+def quantize_operand(x: jax.Array, spec: OperandSpec, key, signs, *, fused_hadamard: bool, transposed: bool,
+                     auto: bool) -> tuple[Operand, jax.Array | None]:
+  """``QUANTIZE_OP`` by one pass of the fused kernel on ``x`` folded to 2D: ``fp4jax.operand``'s XLA result of
+  ``rotate(xt, spec.hadamard, signs)`` (``xt``: ``swapaxes(x, -1, -2)`` if ``transposed``; no rotation unless
+  ``fused_hadamard``), the same bits. Raises ``Unsupported`` (``check``) where the kernel does not take it."""
+  out_shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
+  check(out_shape, x.dtype, spec, fused_hadamard, auto)
+  if transposed and math.prod(x.shape[:-2]) > 1:  # the kernel is 2D: a batch of transposes goes through XLA
+    x, transposed = jnp.swapaxes(x, -1, -2), False
+  qspec = kernel_spec(spec, spec.hadamard if fused_hadamard else 0, transposed)
+  x2 = x.reshape(x.shape[-2:]) if transposed else x.reshape(-1, x.shape[-1])
+  out = pallas_triton.quantize(x2, qspec, key, signs=_signs(qspec, signs), interpret=backends.pallas_interpret())
+  return _as_operand(out, out_shape)
+
+
+def quantize_operand_pair(x: jax.Array, rows, cols, *, auto: bool):
+  """``PAIR_OP`` by ``pallas_triton.quantize_pair``: ``x`` quantized as ``rows = (spec, key, signs)`` and,
+  transposed, as ``cols``, in one pre-pass and one kernel. Raises ``Unsupported`` unless ``x`` is 2D (leading dims
+  of size 1), fusing the two pays (``pallas_triton.pair_pays``) and the kernel takes both directions (``check``,
+  evaluated last: where the pair is refused earlier, each GEMM's own ``quantize_operand`` checks its operand once)."""
+  shape_t = x.shape[:-2] + (x.shape[-1], x.shape[-2])
+  if math.prod(x.shape[:-2]) != 1:
+    raise backends.Unsupported(f"quantize_pair is 2D: x of shape {x.shape} has leading dims")
+  if not all(isinstance(spec.fmt, FP4Format) for spec, _, _ in (rows, cols)):
+    raise backends.Unsupported(f"quantize_pair writes block-scaled FP4 only, got {rows[0].fmt!r} / {cols[0].fmt!r}")
+  qrows, qcols = kernel_spec(rows[0], rows[0].hadamard, False), kernel_spec(cols[0], cols[0].hadamard, True)
+  if not pallas_triton.pair_pays(qrows, qcols):  # first: a pair it does not fuse leaves each direction unchecked
+    raise backends.Unsupported(f"quantize_pair does not take or speed up rows {rows[0]} and cols {cols[0]}")
+  check(x.shape, x.dtype, rows[0], True, auto)
+  check(shape_t, x.dtype, cols[0], True, auto)
+  out_r, out_c = pallas_triton.quantize_pair(x.reshape(x.shape[-2:]), qrows, qcols, rows[1], cols[1],
+                                             rows_signs=_signs(qrows, rows[2]), cols_signs=_signs(qcols, cols[2]),
+                                             interpret=backends.pallas_interpret())
+  return _as_operand(out_r, x.shape), _as_operand(out_c, shape_t)
+
+
+def register() -> None:
+  """Register these as the ``"pallas"`` implementations of ``fp4jax.operand``'s ops."""
+  backends.register(QUANTIZE_OP, "pallas", quantize_operand)
+  backends.register(PAIR_OP, "pallas", quantize_operand_pair)
