@@ -13,10 +13,6 @@ from pathlib import Path
 
 import pytest
 
-# Registers the kernels' "pallas" implementations in fp4jax.backends, as the "fp4jax.backends" entry point does for
-# an installed fp4jax (a checkout on PYTHONPATH, or an install older than the entry point, has no such metadata).
-import fp4jax_kernels  # noqa: F401
-
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -41,6 +37,10 @@ def _checkout_import_roots() -> list[str]:
 _ROOTS = _checkout_import_roots()
 sys.path[:0] = _ROOTS
 os.environ["PYTHONPATH"] = os.pathsep.join([*_ROOTS, *filter(None, [os.environ.get("PYTHONPATH")])])
+
+# Registers the kernels' "pallas" implementations in fp4jax.backends, as the "fp4jax.backends" entry point does for
+# an installed fp4jax (a plain checkout has no such metadata).
+import fp4jax_kernels  # noqa: E402, F401
 
 
 def _equations(jaxpr):
