@@ -9,6 +9,13 @@ first, free dims flattened, contracting dims flattened last; JAX differentiates 
     wgrad  dW = Q(dYᵀ)· Q(Xᵀ)ᵀ      contraction M (tokens)
 
 A GEMM with a Hadamard rotates both operands along its contraction axis with the same signs, so the rotation cancels.
+A contraction length that is not a multiple of the Hadamard size d is zero-padded at its end to one (``_pad_chunks``)
+in both operands before rotating: zeros add nothing to the product and the rotation is orthogonal on the padded
+length, so the rotation still cancels and an unbiased quantizer keeps the GEMM unbiased; the rotated padding is
+quantized as part of the rotated vector and the contraction sums over it. A forward rotation's gradient is cropped
+back to the input's length after its inverse rotation. (Partial quantization blocks are zero-padded by
+``fp4jax.quantize``.) ``Recipe.shape_rules`` lists these units; under ``fp4jax.sharding`` the split dim's local
+length must hold whole units, which ``dot_general`` checks when the forward is traced.
 When the backward re-uses the forward-quantized W (or X) (``OperandSpec.source="forward"``), its GEMM yields the
 gradient of the forward-quantized operand, which the forward operand's estimator (straight-through or trust mask)
 and the inverse forward rotation map back to the input; DGE multiplies the weight gradient by its derivative.
@@ -55,6 +62,7 @@ class _Canonical:
   bnk: tuple[int, int, int]
   out_shape: tuple[int, ...]
   dimension_numbers: tuple  # with non-negative dims, as lax.dot_general wants
+  dims: dict  # recipes.DIMS name -> ("lhs" or "rhs", the user's dims making up M, N or K)
 
 
 def _canonicalize(lhs_shape, rhs_shape, dimension_numbers) -> _Canonical:
@@ -80,7 +88,35 @@ def _canonicalize(lhs_shape, rhs_shape, dimension_numbers) -> _Canonical:
   size = lambda shape, dims: math.prod(shape[d] for d in dims)
   b, m, n, k = size(lhs_shape, lb), size(lhs_shape, lf), size(rhs_shape, rf), size(lhs_shape, lc)
   out_shape = tuple(lhs_shape[d] for d in lb + lf) + tuple(rhs_shape[d] for d in rf)
-  return _Canonical(lb + lf + lc, rb + rf + rc, (b, m, k), (b, n, k), out_shape, ((lc, rc), (lb, rb)))
+  dims = {"tokens": ("lhs", lf), "outputs": ("rhs", rf), "inputs": ("lhs", lc)}
+  return _Canonical(lb + lf + lc, rb + rf + rc, (b, m, k), (b, n, k), out_shape, ((lc, rc), (lb, rb)), dims)
+
+
+def _dim_label(dim: str, side: str, dims: tuple[int, ...], labels) -> str:
+  """The user's name of canonical dim ``dim`` (M, N or K): its lhs/rhs dims, or einsum letters when ``labels``."""
+  where = (f"{'ab'[side == 'rhs']}'s {''.join(labels[side == 'rhs'][d] for d in dims)!r}" if labels
+           else f"{side} dims {dims}")
+  return f"{dim} ({where})"
+
+
+def _check_shapes(recipe: Recipe, lhs, rhs, canon: _Canonical, fn: str, labels) -> None:
+  """At trace time of the forward: no empty operand, and under ``fp4jax.sharding`` every ``Recipe.shape_rules``
+  rule of the split dim holds for the local length (else a block or Hadamard chunk of some GEMM, forward or
+  backward, would straddle two devices)."""
+  for name, a in zip(("a", "b") if labels else ("lhs", "rhs"), (lhs, rhs)):
+    if a.size == 0:
+      raise ValueError(f"{fn}(recipe={recipe.name!r}): {name} of shape {a.shape} is empty; quantizing needs at least "
+                       "one element (its amax and block scales)")
+  if not isinstance(recipe, sharding_lib.ShardedRecipe):
+    return  # on one device a ragged dim is zero-padded (blocks: fp4jax.quantize; Hadamard chunks: _pad_chunks)
+  sizes = dict(zip(recipes_lib.DIMS, (canon.bmk[1], canon.bnk[1], canon.bmk[2])))
+  for rule in recipe.shape_rules:
+    n = sizes[rule.dim]
+    if rule.dim == recipe.split and n % rule.multiple:
+      raise ValueError(
+          f"{fn}(recipe={recipe.name!r}): {_dim_label(rule.dim, *canon.dims[rule.dim], labels)} = {n} on each "
+          f"device of {recipe.shard_axis!r} must be a multiple of {rule.multiple} for {rule.describe(recipe.name)}: "
+          "a unit would straddle two devices; use fewer shards or a larger dim")
 
 
 def _axis(d: int, ndim: int, what: str) -> int:
@@ -98,6 +134,7 @@ class _Static:
   out_dtype: Any
   lhs_dtype: Any
   rhs_dtype: Any
+  k: int | None = None  # K of the canonical X (B, M, K) and W (B, N, K), to crop ``_pad_chunks``; None: no crop
 
 
 def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs, transposed=(False, False)):
@@ -114,8 +151,24 @@ def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs, transposed=
       continue
     k = _fold(key, _KEY_IDS[f"{gemm}_{side}"])
     shard = sharding_lib.operand_shard(static.recipe, f"{gemm}_{side}")  # None unless the recipe is sharded
+    if shard is None:
+      x = _pad_chunks(x, spec.hadamard, -2 if t else -1)
     out.append(rotate_and_quantize(x, spec, k, signs, backend=static.backend, transposed=t, shard=shard))
   return out
+
+
+def _pad_chunks(x, d: int, axis: int):
+  """``x`` zero-padded at the end of ``axis`` (a GEMM's contraction axis) to a multiple of the Hadamard size ``d``
+  (unchanged when ``d`` is 0 or divides it). Both operands of the GEMM share ``d`` and so pad alike: the padded
+  products are 0·0, the rotation is orthogonal on the padded length, and the contraction sums over it, so the GEMM
+  estimates the same product as on whole chunks (unbiased where its quantizers are); the rotated padded positions
+  are real values of the rotated vector and are quantized as such."""
+  n = x.shape[axis]
+  if not d or n % d == 0:
+    return x
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, -n % d)
+  return jnp.pad(x, pad)
 
 
 def _quantize_both(static: _Static, x, key, rows: str, cols: str, signs_rows, signs_cols):
@@ -125,7 +178,8 @@ def _quantize_both(static: _Static, x, key, rows: str, cols: str, signs_rows, si
   backend, a pair the kernels refuse or do not speed up; and sharded recipes): each GEMM then quantizes its own operand."""
   r = static.recipe
   spec_r, spec_c = getattr(r, rows), getattr(r, cols)
-  if any(sharding_lib.operand_shard(r, name) for name in (rows, cols)):
+  ragged = (spec_r.hadamard and x.shape[-1] % spec_r.hadamard) or (spec_c.hadamard and x.shape[-2] % spec_c.hadamard)
+  if ragged or any(sharding_lib.operand_shard(r, name) for name in (rows, cols)):
     return None
   return rotate_and_quantize_both(x, (spec_r, _fold(key, _KEY_IDS[rows]), signs_rows),
                                   (spec_c, _fold(key, _KEY_IDS[cols]), signs_cols), backend=static.backend)
@@ -141,13 +195,14 @@ def _forward_source(spec, raw, forward: Operand):
   return forward.dequantize()
 
 
-def _to_input(grad, fwd_spec, mask, signs):
-  """Gradient of a forward-quantized operand -> gradient of the layer input: estimator, then inverse rotation."""
+def _to_input(grad, fwd_spec, mask, signs, k: int | None):
+  """Gradient of a forward-quantized operand -> gradient of the layer input: estimator, then inverse rotation, then
+  the ``k`` input features (the chain rule through ``_pad_chunks``: the zero padding's gradient is dropped)."""
   if fwd_spec.estimator == "trust_mask":
     grad = jnp.where(mask, grad, 0.0)
   if fwd_spec.hadamard:
     grad = inverse_rotate(grad, fwd_spec.hadamard, signs)
-  return grad
+  return grad[..., :k]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -200,14 +255,14 @@ def _qdot_bwd(static: _Static, res, dy):
   )
   dx = matmul(a, b, static.precision)
   if r.dgrad_rhs.source == "forward":
-    dx = _to_input(dx, r.fwd_lhs, mask_x, fwd_signs)
+    dx = _to_input(dx, r.fwd_lhs, mask_x, fwd_signs, static.k)
   # wgrad: dW (B, N, K) = dYᵀ (B, N, M) . X (B, M, K), contraction over M.
   (a, _), (b, _) = _quantize_gemm(
       static, "wgrad", dy_wgrad, _forward_source(r.wgrad_rhs, x, xq), key, wgrad_signs, (True, True)
   )
   dw = matmul(a, b, static.precision)
   if r.wgrad_rhs.source == "forward":
-    dw = _to_input(dw, r.fwd_rhs, mask_w, fwd_signs)
+    dw = _to_input(dw, r.fwd_rhs, mask_w, fwd_signs, static.k)
   if r.fwd_rhs.estimator == "dge":
     spec = r.fwd_rhs
     scaled = w.astype(jnp.float32) * channel_scale(w, spec.scale_pow2, sharding_lib.operand_shard(r, "fwd_rhs"))
@@ -253,12 +308,18 @@ def dot_general(
 
   Returns an array of ``lax.dot_general``'s shape: batch dims, then lhs free dims, then rhs free dims.
   """
+  return _dot_general(lhs, rhs, dimension_numbers, recipe, key, precision, preferred_element_type, backend)
+
+
+def _dot_general(lhs, rhs, dimension_numbers, recipe, key, precision, preferred_element_type, backend,
+                 fn: str = "fp4jax.dot_general", labels: tuple[str, str] | None = None) -> jax.Array:
+  """``dot_general``; errors name ``fn`` and the user's dims (einsum letters where ``labels`` are given)."""
   recipe = recipes_lib.get(recipe)
-  backend = backends_lib.check(backend, "fp4jax.dot_general")
+  backend = backends_lib.check(backend, fn)
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
   for name, a in (("lhs", lhs), ("rhs", rhs)):
     if not jnp.issubdtype(a.dtype, jnp.floating):
-      raise TypeError(f"fp4jax.dot_general: {name} must be a floating-point array, got dtype {a.dtype}")
+      raise TypeError(f"{fn}: {name} must be a floating-point array, got dtype {a.dtype}")
   canon = _canonicalize(lhs.shape, rhs.shape, dimension_numbers)
   if recipe.is_identity:
     return jax.lax.dot_general(
@@ -269,8 +330,9 @@ def dot_general(
         f"recipe {recipe.name!r} is random (stochastic rounding, MS-EDEN or random Hadamard signs): "
         "pass key=jax.random.key(...)"
     )
+  _check_shapes(recipe, lhs, rhs, canon, fn, labels)
   out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
-  static = _Static(recipe, precision, backend, out_dtype, lhs.dtype, rhs.dtype)
+  static = _Static(recipe, precision, backend, out_dtype, lhs.dtype, rhs.dtype, canon.bmk[2])
   x = jnp.transpose(lhs, canon.lhs_perm).reshape(canon.bmk)
   w = jnp.transpose(rhs, canon.rhs_perm).reshape(canon.bnk)
   return _qdot(static, x, w, key).reshape(canon.out_shape)
@@ -293,6 +355,7 @@ def einsum(
   sorted). Letters in both operands and the output are batch dims; in both but not the output, contracted; in one
   operand only and not the output, summed out first. No ellipsis, no repeated letter within an operand.
   """
+  a, b = jnp.asarray(a), jnp.asarray(b)
   in_a, in_b, out = _parse_einsum(spec, a.ndim, b.ndim)
   a, in_a = _sum_out(a, in_a, in_b + out)
   b, in_b = _sum_out(b, in_b, in_a + out)
@@ -302,10 +365,7 @@ def einsum(
       (tuple(in_a.index(c) for c in contract), tuple(in_b.index(c) for c in contract)),
       (tuple(in_a.index(c) for c in batch), tuple(in_b.index(c) for c in batch)),
   )
-  y = dot_general(
-      a, b, dn, recipe=recipe, key=key, precision=precision,
-      preferred_element_type=preferred_element_type, backend=backend,
-  )
+  y = _dot_general(a, b, dn, recipe, key, precision, preferred_element_type, backend, "fp4jax.einsum", (in_a, in_b))
   labels = batch + [c for c in in_a if c not in in_b] + [c for c in in_b if c not in in_a]
   return jnp.transpose(y, tuple(labels.index(c) for c in out))
 

@@ -227,9 +227,13 @@ def check_quantize_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_
     raise TypeError(f"x must be a floating-point array, got dtype {x.dtype}")
   if x.ndim == 0:
     raise ValueError("x must have at least one dimension to quantize along, got a scalar")
+  if x.size == 0:
+    raise ValueError(f"x of shape {x.shape} is empty; quantizing needs at least one element (its amax and scales)")
+  if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+    raise TypeError(f"axis must be an int, got {axis!r} of type {type(axis).__name__}")
   if not -x.ndim <= axis < x.ndim:
     raise ValueError(f"axis must be in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}, got {axis}")
-  axis %= x.ndim
+  axis = int(axis) % x.ndim
   if rounding not in ROUNDINGS:
     raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
   if hadamard == "auto":
@@ -241,10 +245,8 @@ def check_quantize_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_
     raise ValueError(f"hadamard_signs must be one of {SIGN_MODES}, got {hadamard_signs!r}")
   if hadamard_signs == "te" and hadamard not in (0, 16):
     raise ValueError(f"hadamard_signs='te' is Transformer Engine's 16-point sign vector; got hadamard={hadamard}")
-  if block_shape is None:
-    block = (fmt.block_size,)
-  else:
-    block = tuple(int(b) for b in block_shape)
+  block = (fmt.block_size,) if block_shape is None else _static_block_shape(block_shape)
+  if block_shape is not None:
     if len(block) == 1:
       if block[0] != fmt.block_size:
         raise ValueError(f"block_shape {block_shape} must match the format's block size {fmt.block_size}")
@@ -360,7 +362,13 @@ _STATIC = ("fmt", "axis", "rounding", "block_shape", "hadamard", "hadamard_signs
 
 
 def _static_block_shape(block_shape):
-  return None if block_shape is None else tuple(int(b) for b in block_shape)
+  """``block_shape`` as a tuple of ints (None stays None); TypeError unless it is a sequence of ints."""
+  if block_shape is None:
+    return None
+  if (not isinstance(block_shape, (tuple, list))
+      or not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in block_shape)):
+    raise TypeError(f"block_shape must be None or a tuple of ints such as (16,) or (16, 16), got {block_shape!r}")
+  return tuple(int(b) for b in block_shape)
 
 
 def quantize(
@@ -377,18 +385,25 @@ def quantize(
   """Quantize ``x`` to a block-scaled FP4 ``QTensor`` along ``axis``.
 
   Args:
-    x: float array (f32/bf16/f16), any shape and length along ``axis`` (partial blocks are zero-padded).
+    x: float array or array-like (f32/bf16/f16, converted by ``jnp.asarray``), not empty, any shape and length along
+      ``axis`` (partial blocks are zero-padded).
     fmt: ``fp4jax.NVFP4`` or ``fp4jax.MXFP4`` (or a ``dataclasses.replace`` of them, e.g. another ``scale_mode``).
-    axis: the axis blocks run along (the GEMM's contraction axis).
+    axis: the axis blocks run along (the GEMM's contraction axis), an int.
     rounding: ``"rtn"`` (nearest, ties to even), ``"sr"`` (stochastic, unbiased) or ``"eden"`` (MS-EDEN, NVFP4).
     key: JAX PRNG key; required exactly when ``rounding`` is random or the Hadamard signs are random.
-    block_shape: None for 1D blocks of ``fmt.block_size``; ``(16, 16)`` for NVFP4 2D tiles of the last two dims.
+    block_shape: None for 1D blocks of ``fmt.block_size``; ``(16, 16)`` for NVFP4 2D tiles of the last two dims
+      (a tuple, never a bare int).
     hadamard: blockwise Hadamard size applied along ``axis`` before quantizing (0/None: none); ``"auto"`` means
       128 for ``rounding="eden"`` (its random rotation) and none otherwise.
     hadamard_signs: ``"random"`` (from ``key``), ``"te"`` (Transformer Engine's fixed 16 signs) or ``"none"``.
+
+  Raises:
+    TypeError: ``x`` not floating point, ``fmt`` not an ``FP4Format``, ``axis`` not an int, ``block_shape`` not a
+      tuple of ints.
+    ValueError: ``x`` a scalar or empty, ``axis`` out of range, or an option the format does not take.
   """
   return _quantize_jit(
-      x, fmt=fmt, axis=axis, rounding=rounding, key=key, block_shape=_static_block_shape(block_shape),
+      jnp.asarray(x), fmt=fmt, axis=axis, rounding=rounding, key=key, block_shape=_static_block_shape(block_shape),
       hadamard=hadamard, hadamard_signs=hadamard_signs,
   )
 
@@ -429,7 +444,7 @@ def fake_quantize(
   """``quantize(x, ...).dequantize(dtype)`` without packing: the same bits, fewer passes.
 
   ``rotated=True`` returns the quantized tensor in the Hadamard domain (what a GEMM whose operands share the
-  rotation consumes); ``dtype`` defaults to ``x.dtype``.
+  rotation consumes); ``dtype`` defaults to ``x.dtype``. Arguments and errors as ``quantize``.
   """
   lay, codes, dec, global_scale, _, signs, hadamard = _run(
       x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs

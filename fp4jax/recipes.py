@@ -15,6 +15,7 @@ is the registry; one constructor per paper below, whose docstring cites the pape
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 from fp4jax import hadamard as hadamard_lib
@@ -111,6 +112,42 @@ HIGH_PRECISION = OperandSpec()
 REUSE_FORWARD = OperandSpec(source="forward")
 
 
+# The canonical GEMM dims (fp4jax.dot: X (B, M, K), W (B, N, K)) by name, and each GEMM's contraction dim.
+DIMS = ("tokens", "outputs", "inputs")  # M, N, K (the names of fp4jax.sharding's splits)
+CONTRACTION = {"fwd": "inputs", "dgrad": "outputs", "wgrad": "tokens"}
+_OTHER_DIM = {"fwd_lhs": "tokens", "fwd_rhs": "outputs", "dgrad_lhs": "tokens", "dgrad_rhs": "inputs",
+              "wgrad_lhs": "outputs", "wgrad_rhs": "inputs"}  # each operand's non-contraction dim
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeRule:
+  """A unit a GEMM dim is cut into: ``dim`` ("tokens", "outputs" or "inputs", i.e. features) holds whole
+  ``multiple``-element units in GEMM ``gemm`` because of ``why`` (blocks, 16x16 tiles, Hadamard chunks).
+
+  ``fp4jax.dot_general`` zero-pads a dim that is not a multiple (blocks: ``fp4jax.quantize``; Hadamard chunks along a
+  GEMM's contraction: ``fp4jax.dot``), so on one device the rule only says where padding happens. Under
+  ``fp4jax.sharding`` the local length of the split dim must be a multiple: a unit would straddle two devices.
+  """
+
+  gemm: str
+  dim: str
+  multiple: int
+  why: str
+
+  def describe(self, recipe_name: str) -> str:
+    return f"{recipe_name}'s {self.gemm} GEMM ({self.why})"
+
+
+def _units(spec: OperandSpec) -> tuple[tuple[int, str], ...]:
+  """``(multiple, why)`` of the units an operand's contraction axis is cut into."""
+  out = []
+  if isinstance(spec.fmt, FP4Format):
+    out.append((spec.fmt.block_size, f"{spec.fmt.name} {spec.fmt.block_size}-element blocks"))
+  if spec.hadamard:
+    out.append((spec.hadamard, f"{spec.hadamard}-point Hadamard chunks"))
+  return tuple(out)
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
   """Per-GEMM operand specs of a linear layer (see the module docstring for which operand is which)."""
@@ -152,6 +189,22 @@ class Recipe:
   @property
   def specs(self) -> tuple[OperandSpec, ...]:
     return tuple(s for g in GEMMS for s in self.operands(g))
+
+  @property
+  def shape_rules(self) -> tuple[ShapeRule, ...]:
+    """Every ``ShapeRule`` of the recipe: per GEMM, the units of its contraction dim (the lcm over both operands'
+    blocks and Hadamard chunks), and the non-contraction dim of an operand quantized in 16x16 tiles."""
+    rules = []
+    for gemm in GEMMS:
+      units = dict.fromkeys(u for spec in self.operands(gemm) for u in _units(spec))  # ordered, no repeats
+      if units:
+        why = " and ".join(w for _, w in units) + " along it"
+        rules.append(ShapeRule(gemm, CONTRACTION[gemm], math.lcm(*(m for m, _ in units)), why))
+    for gemm in GEMMS:
+      for side, spec in zip(("lhs", "rhs"), self.operands(gemm)):
+        if spec.block_shape is not None:
+          rules.append(ShapeRule(gemm, _OTHER_DIM[f"{gemm}_{side}"], spec.block_shape[0], "16x16 tiles across it"))
+    return tuple(rules)
 
   @property
   def is_random(self) -> bool:

@@ -226,12 +226,6 @@ def test_nan_and_inf_propagate():
     assert not np.all(np.isfinite(f(x, w.at[0, 0].set(jnp.inf)))), name
 
 
-def test_hadamard_must_divide_the_contraction_length():
-  x, w = _normal(1, (32, 48)), _normal(2, (16, 48))  # K = 48 is not a multiple of Quartet's 32
-  with pytest.raises(ValueError, match="Hadamard size 32 must divide the contraction length 48"):
-    fp4jax.dot_general(x, w, DN, recipe="quartet", key=KEY)
-
-
 def test_bad_arguments():
   x, w = _normal(1, (32, 64)), _normal(2, (48, 64))
   with pytest.raises(ValueError, match="unknown recipe"):

@@ -269,3 +269,42 @@ def test_ms_eden_blocks_whose_scale_underflows_dequantize_to_zero_not_nan():
   assert np.all(np.isfinite(y)) and np.all(y[1] == 0)
   q = fp4jax.quantize(x, NV, rounding="eden", key=KEY, hadamard=None)
   assert np.all(np.asarray(q.scales).astype(np.float32)[1] == 0)
+
+
+@pytest.mark.parametrize("fn", [fp4jax.quantize, fp4jax.fake_quantize])
+def test_empty_x_raises_naming_x_and_its_shape(fn):
+  with pytest.raises(ValueError, match=r"x of shape \(4, 0\) is empty"):
+    fn(jnp.ones((4, 0)), NV)
+
+
+@pytest.mark.parametrize("fn", [fp4jax.quantize, fp4jax.fake_quantize])
+@pytest.mark.parametrize("axis", [1.0, "1", True, None])
+def test_non_int_axis_raises_type_error_naming_axis(fn, axis):
+  with pytest.raises(TypeError, match="axis must be an int"):
+    fn(jnp.ones((4, 32)), NV, axis=axis)
+
+
+@pytest.mark.parametrize("fn", [fp4jax.quantize, fp4jax.fake_quantize])
+@pytest.mark.parametrize("block_shape", [16, (16.0,), "16"])
+def test_block_shape_not_a_tuple_of_ints_raises_type_error(fn, block_shape):
+  with pytest.raises(TypeError, match="block_shape must be None or a tuple of ints"):
+    fn(jnp.ones((4, 32)), NV, block_shape=block_shape)
+
+
+def test_array_likes_are_accepted_by_quantize_and_fake_quantize_alike():
+  """A Python list (and a NumPy array) quantizes as the float32 array it converts to: the TE-order NumPy oracle."""
+  x = np.random.default_rng(0).standard_normal((2, 32)).astype(np.float32)
+  _, _, _, want = ref.nvfp4_reference(x)
+  for arg in (x.tolist(), x):
+    q = fp4jax.quantize(arg, NV, hadamard=0)
+    assert q.shape == (2, 32) and q.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(q.dequantize()), want)
+    np.testing.assert_array_equal(np.asarray(fp4jax.fake_quantize(arg, NV, hadamard=0)), want)
+
+
+def test_dot_general_and_einsum_take_array_likes():
+  x, w = np.ones((16, 32), np.float32).tolist(), np.ones((8, 32), np.float32).tolist()
+  y = fp4jax.dot_general(x, w, (((1,), (1,)), ((), ())), recipe="nvfp4_rtn")
+  np.testing.assert_array_equal(np.asarray(y), np.full((16, 8), 32.0))  # ones quantize exactly
+  y = fp4jax.einsum("mk,nk->mn", x, w, recipe="nvfp4_rtn")
+  np.testing.assert_array_equal(np.asarray(y), np.full((16, 8), 32.0))
