@@ -1,0 +1,79 @@
+"""One linear layer fwd+bwd under every recipe with default arguments, this tree against another checkout, side by side.
+
+Runs ``benchmarks/bench_linear.py --backends auto`` alternately from this checkout and from ``--baseline`` (a folder
+holding another commit's ``fp4jax``, ``kernels`` and ``benchmarks``), ``--rounds`` times each, in separate processes
+on the same GPU, and writes one JSON document under ``benchmarks/results/``: per recipe the median ms of each tree
+over the rounds, every round's value and the ratio this tree / baseline.
+
+    python benchmarks/linear_trees.py --baseline .baseline --rounds 2     # on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_tree(root: pathlib.Path, python_path: str, extra: list[str]) -> dict:
+  """The JSON document of one ``bench_linear.py`` run from ``root`` with ``PYTHONPATH=python_path``."""
+  with tempfile.NamedTemporaryFile(suffix=".json") as out:
+    cmd = [sys.executable, str(root / "benchmarks" / "bench_linear.py"), "--backends", "auto", "--json", out.name,
+           *extra]
+    env = {**os.environ, "PYTHONPATH": python_path}
+    subprocess.run(cmd, cwd=root, env=env, check=True, stdout=sys.stderr)
+    return json.loads(pathlib.Path(out.name).read_text())
+
+
+def commit(root: pathlib.Path) -> str:
+  out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+  return out.stdout.strip() or "unknown"
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--baseline", required=True, help="folder with the other commit's fp4jax/, kernels/, benchmarks/")
+  p.add_argument("--baseline-commit", default="unknown", help="the commit the baseline folder holds")
+  p.add_argument("--rounds", type=int, default=2)
+  p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "linear_trees.json"))
+  p.add_argument("bench_args", nargs="*", help="passed to bench_linear.py (after --)")
+  args = p.parse_args(argv)
+  base = pathlib.Path(args.baseline).resolve()
+  trees = {"this": (REPO, os.environ.get("PYTHONPATH", "")),
+           "baseline": (base, f"{base}{os.pathsep}{base / 'kernels'}")}
+  ms: dict[str, dict[str, list[float]]] = {"this": {}, "baseline": {}}
+  header = None
+  for _ in range(args.rounds):
+    for tree, (root, path) in trees.items():
+      doc = run_tree(root, path, args.bench_args)
+      header = header or doc["header"]
+      for row in doc["rows"]:
+        if "ms" in row:
+          ms[tree].setdefault(row["name"], []).append(row["ms"])
+  rows = []
+  for name in ms["this"]:
+    this, other = statistics.median(ms["this"][name]), statistics.median(ms["baseline"].get(name, [float("nan")]))
+    rows.append({"name": name, "this_ms": this, "baseline_ms": other, "ratio": this / other,
+                 "this_rounds": ms["this"][name], "baseline_rounds": ms["baseline"].get(name, [])})
+  doc = {"benchmark": "linear_trees", "header": header, "commit": commit(REPO), "baseline_commit": args.baseline_commit,
+         "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+         "command": " ".join(["python", "benchmarks/linear_trees.py", *(argv if argv is not None else sys.argv[1:])]),
+         "rows": rows}
+  pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+  pathlib.Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+  print("| linear fwd+bwd, default arguments | this ms | baseline ms | this / baseline |")
+  print("|---|---|---|---|")
+  for r in rows:
+    print(f"| {r['name']} | {r['this_ms']:.3f} | {r['baseline_ms']:.3f} | {r['ratio']:.3f} |")
+
+
+if __name__ == "__main__":
+  main()
