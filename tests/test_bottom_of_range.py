@@ -49,7 +49,8 @@ def test_nvfp4_tiny_tensors_match_te_bit_for_bit(amax):
   _assert_same_floats(q.global_scale, s_dec, "tensor decode scale")
   _assert_same_floats(q.dequantize(jnp.float32), deq, "dequantize")
   _assert_same_floats(fp4jax.fake_quantize(x, fp4jax.NVFP4), deq, "fake_quantize")
-  assert np.count_nonzero(deq) > 0
+  # below amax ~ 2688 / FLT_MAX / 2^20 TE's own enc_b clamps at FLT_MAX and the whole tensor dequantizes to 0
+  assert np.count_nonzero(deq) > 0 or amax < 1e-38
 
 
 @pytest.mark.parametrize("rounding", ["rtn", "sr"])
