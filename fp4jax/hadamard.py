@@ -46,7 +46,8 @@ def hadamard_matrix(d: int) -> np.ndarray:
 def random_signs(key: jax.Array, d: int) -> jnp.ndarray:
   """A vector of ``d`` independent uniform ±1 signs (float32) from ``key``."""
   check_size(d)
-  return jax.random.rademacher(key, (d,), dtype=jnp.float32)
+  # jax.random.rademacher with a float32 probability: its Python 0.5 draws float64 uniforms under jax_enable_x64
+  return jax.random.bernoulli(key, np.float32(0.5), (d,)).astype(jnp.float32) * 2 - 1
 
 
 def fwht(x: jnp.ndarray, d: int) -> jnp.ndarray:

@@ -11,8 +11,15 @@ A, B (hidden bit set) and s = 23 (A >= B) or 24 (A < B), the significand quotien
 2. the remainder R = N − Q·B is small, so it is exact in wrapping uint32 arithmetic (the high bits cancel);
 3. two correction steps each way make 0 <= R < B (Q = floor(N / B)); round up iff 2R > B, or 2R = B and Q is odd.
 
-Only integer operations decide the result, so no backend can reassociate or contract them. Zeros, infinities,
-NaNs, subnormal operands and quotients outside the normal range fall back to the backend's own division.
+Only integer operations decide the result, so no backend can reassociate or contract them. Subnormal operands are
+normalized first and quotients that are subnormal or overflow are rounded by ``round_pack`` (IEEE gradual underflow,
+overflow to Inf), so the result never depends on a backend flushing subnormals; zeros, infinities and NaNs fall
+back to the backend's own division.
+
+The same integer rounding gives two exact products: ``mul_pow2_rn`` (``x·num·2^k``, num 1 or 3: the MX element
+scaling) and ``mul_short_rn`` (a product whose first factor has at most 7 significant bits: E2M1 values times
+E4M3 / E8M0 scales, and those times a tensor scale). XLA on CPU flushes float32 subnormals (inputs and results) to
+zero and XLA on GPU does not; these functions return the IEEE result (subnormals kept) on both.
 """
 
 from __future__ import annotations
@@ -20,57 +27,151 @@ from __future__ import annotations
 import jax
 import jax.lax as lax
 import jax.numpy as jnp
+import numpy as np
 
-_MANT = 0x7FFFFF
-_HIDDEN = 0x800000
-_ONE = 0x3F800000  # bits of 1.0f
+_MANT = np.uint32(0x7FFFFF)
+_HIDDEN = np.uint32(0x800000)
+_ONE = np.uint32(0x3F800000)  # bits of 1.0f
+_INF = np.uint32(0x7F800000)
+_U1 = np.uint32(1)
 
 
-def _fields(x):
+def significand(x: jnp.ndarray):
+  """``(sign, m, lsb)`` of float32 ``x`` with ``|x| = m · 2^lsb``: ``m`` uint32 in [2^23, 2^24) (subnormals
+  normalized; 0 for zero), ``lsb`` int32. Meaningless for Inf/NaN."""
   b = lax.bitcast_convert_type(x, jnp.uint32)
-  exp = ((b >> 23) & 0xFF).astype(jnp.int32)
-  return b >> 31, exp, (b & _MANT) | _HIDDEN
+  biased = ((b >> 23) & jnp.uint32(0xFF)).astype(jnp.int32)
+  normal = biased > 0
+  m = jnp.where(normal, (b & _MANT) | _HIDDEN, b & _MANT)
+  lsb = jnp.where(normal, biased - jnp.int32(150), jnp.int32(-149))
+  shift = jnp.clip(lax.clz(m).astype(jnp.int32) - jnp.int32(8), 0, 23)
+  return b >> 31, m << shift.astype(jnp.uint32), lsb - shift
+
+
+def _finite(x: jnp.ndarray) -> jnp.ndarray:
+  return (lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0x7FFFFFFF)) < _INF
+
+
+def _special(a: jnp.ndarray, b: jnp.ndarray, op) -> jnp.ndarray:
+  """``op(a, b)`` by the backend where an operand is zero, Inf or NaN: a subnormal other operand is replaced by
+  ±1 first (same sign, so the same zero / Inf / NaN result) so that a flushing backend cannot turn 0·Inf into NaN."""
+  def unflushed(x):
+    bits = lax.bitcast_convert_type(x, jnp.uint32)
+    sub = ((bits & _INF) == 0) & ((bits & _MANT) != 0)
+    return jnp.where(sub, lax.bitcast_convert_type((bits & jnp.uint32(0x80000000)) | _ONE, jnp.float32), x)
+  return op(unflushed(a), unflushed(b))
+
+
+def round_pack(sign: jnp.ndarray, p: jnp.ndarray, lsb: jnp.ndarray, sticky: jnp.ndarray | None = None) -> jnp.ndarray:
+  """The float32 nearest (ties to even) to ``(-1)^sign · (p + δ) · 2^lsb``, subnormal results included (IEEE
+  gradual underflow), Inf beyond FLT_MAX.
+
+  Args:
+    sign: uint32 0 or 1.
+    p: uint32 integer below 2^31.
+    lsb: int32 exponent of ``p``'s unit.
+    sticky: bool, ``δ`` in (0, 1) where True, 0 where False (None: all False).
+
+  Returns:
+    float32 array: bits ``((t + 149) << 23) + r`` with ``t = max(exponent(p·2^lsb) - 23, -149)`` the result's unit
+    and ``r`` the rounded ``(p + δ)·2^(lsb - t)`` (a carry to 2^24 steps the exponent, as in IEEE).
+  """
+  sticky = jnp.zeros(p.shape, jnp.bool_) if sticky is None else sticky
+  h = jnp.int32(31) - lax.clz(p).astype(jnp.int32)
+  t = jnp.maximum(h + lsb - jnp.int32(23), jnp.int32(-149))
+  sh = t - lsb
+  left = p << jnp.clip(-sh, 0, 31).astype(jnp.uint32)
+  shc = jnp.clip(sh, 1, 31).astype(jnp.uint32)
+  keep = p >> shc
+  rem = p & ((_U1 << shc) - _U1)
+  half = _U1 << (shc - _U1)
+  up = (rem > half) | ((rem == half) & (sticky | ((keep & _U1) == _U1)))
+  right = jnp.where(sh > 31, jnp.uint32(0), keep + up.astype(jnp.uint32))
+  r = jnp.where(sh <= 0, left, right)
+  bits = ((t + jnp.int32(149)).astype(jnp.uint32) << 23) + r
+  bits = jnp.where(p == 0, jnp.uint32(0), jnp.minimum(bits, _INF))
+  return lax.bitcast_convert_type(bits | (sign << 31), jnp.float32)
+
+
+def mul_pow2_rn(x: jnp.ndarray, k: jnp.ndarray, num: int = 1) -> jnp.ndarray:
+  """``x · num · 2^k`` in float32 rounded once (nearest, ties to even; subnormal results kept, Inf on overflow).
+
+  Exact integer arithmetic on the bits: subnormal ``x`` counts at its value on every backend. Inf and NaN pass
+  through unchanged.
+
+  Args:
+    x: float32 array.
+    k: int32 exponent (broadcasts against ``x``).
+    num: 1 or 3 (static): ``x · 3 · 2^k`` rounded once is ``x · 0.75 · 2^(k+2)``.
+  """
+  if num not in (1, 3):
+    raise ValueError(f"mul_pow2_rn: num must be 1 or 3, got {num}")
+  x = jnp.asarray(x, jnp.float32)
+  sign, m, lsb = significand(x)
+  y = round_pack(sign, m * jnp.uint32(num), lsb + jnp.asarray(k).astype(jnp.int32))
+  return jnp.where(_finite(x), y, x)
+
+
+def mul_unflushed(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
+  """``x · y`` in float32 with a subnormal ``x`` counted at its value on every backend: computed as
+  ``(x · 2^64) · (y · 2^-64)`` where ``x`` is subnormal (both scalings exact: the first on the bits), so the result
+  is the IEEE product wherever that product is normal. A subnormal product may be flushed to zero (XLA on CPU): only
+  use it where such a product is rounded to 0 anyway (an E2M1 or E4M3 rounding)."""
+  x, y = jnp.broadcast_arrays(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32))
+  bits = lax.bitcast_convert_type(x, jnp.uint32)
+  sub = (bits & _INF) == 0
+  up = (bits & _MANT).astype(jnp.int32).astype(jnp.float32) * jnp.float32(2.0**-85)  # |x| · 2^64, exact
+  up = jnp.where((bits >> 31) == 1, -up, up)
+  return jnp.where(sub, up, x) * jnp.where(sub, y * jnp.float32(2.0**-64), y)
+
+
+def mul_short_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+  """``a · b`` in float32 rounded once (nearest, ties to even; subnormal operands and results kept, Inf on overflow)
+  for finite ``a`` with at most 7 significant bits (an E2M1 value, an E4M3 or E8M0 scale, or their product) and
+  any ``b``. Exact integer arithmetic (a 7 x 24-bit product); non-finite operands use the float product."""
+  a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+  sa, ma, la = significand(a)
+  sb, mb, lb = significand(b)
+  y = round_pack(sa ^ sb, (ma >> 17) * mb, la + lb + jnp.int32(17))
+  return jnp.where(_finite(a) & _finite(b), y, _special(a, b, lax.mul))
 
 
 @jax.jit  # a named call in jaxprs: GPU Pallas kernels run it as PTX div.rn.f32 (fp4jax_kernels.triton_compat)
 def div_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
-  """``a / b`` in float32, correctly rounded (nearest, ties to even) for normal operands and results."""
+  """``a / b`` in float32, correctly rounded (nearest, ties to even) for finite nonzero operands, subnormal operands
+  and quotients included (IEEE: gradual underflow, Inf on overflow); zeros, Inf and NaN use the backend's division."""
   a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
   # Opaque operands: XLA's algebraic simplifier otherwise folds constant operands through the steps and can loop.
   a, b = lax.optimization_barrier((a, b))
-  sa, ea, ma = _fields(a)
-  sb, eb, mb = _fields(b)
+  sa, ma, la = significand(a)
+  sb, mb, lb = significand(b)
   small = ma < mb
   # 1. Guess from the significands as floats in [1, 2): their quotient times 2^shift is < 2^25, exact as a float.
   fa = lax.bitcast_convert_type((ma & _MANT) | _ONE, jnp.float32)
   fb = lax.bitcast_convert_type((mb & _MANT) | _ONE, jnp.float32)
   scale = jnp.where(small, jnp.float32(2.0**24), jnp.float32(2.0**23))
-  q, carry = rounded_significand_quotient(ma, mb, (fa / fb * scale).astype(jnp.int32).astype(jnp.uint32))
-  biased = ea - eb - small.astype(jnp.int32) + carry + 127
-  bits = ((sa ^ sb) << 31) | (jnp.clip(biased, 1, 254).astype(jnp.uint32) << 23) | (q & _MANT)
-  exact = lax.bitcast_convert_type(bits, jnp.float32)
-  normal_in = (ea > 0) & (ea < 255) & (eb > 0) & (eb < 255)
-  ok = normal_in & (biased >= 1) & (biased <= 254)
-  return jnp.where(ok, exact, a / b)
+  q, r = floor_significand_quotient(ma, mb, (fa / fb * scale).astype(jnp.int32).astype(jnp.uint32))
+  # a / b = (q + r / mb) · 2^(la - lb - shift); one guard bit and a sticky bit for round_pack
+  guard = 2 * r >= mb.astype(jnp.int32)
+  sticky = 2 * r != jnp.where(guard, mb.astype(jnp.int32), jnp.int32(0))
+  shift = jnp.where(small, jnp.int32(24), jnp.int32(23))
+  exact = round_pack(sa ^ sb, (q << 1) | guard.astype(jnp.uint32), la - lb - shift - jnp.int32(1), sticky)
+  ok = _finite(a) & _finite(b) & (ma > 0) & (mb > 0)
+  return jnp.where(ok, exact, _special(a, b, lax.div))
 
 
-def rounded_significand_quotient(ma: jnp.ndarray, mb: jnp.ndarray, q: jnp.ndarray):
-  """Steps 2-3 for 24-bit significands ``ma``, ``mb`` and a guess ``q`` within 2 of floor(N / mb).
-
-  Returns ``(Q, carry)``: the 24-bit significand of round_half_even(N / mb), N = ma · 2^(24 if ma < mb else 23),
-  and 1 where rounding carried into the next binade (then Q = 2^23).
-  """
-  shift = jnp.where(ma < mb, 24, 23).astype(jnp.uint32)
+def floor_significand_quotient(ma: jnp.ndarray, mb: jnp.ndarray, q: jnp.ndarray):
+  """Steps 2-3 without the rounding: ``(Q, R)`` with ``Q = floor(N / mb)`` (uint32) and ``R = N - Q·mb`` (int32,
+  0 <= R < mb) for 24-bit significands ``ma``, ``mb``, N = ma · 2^(24 if ma < mb else 23), and a guess ``q`` within
+  2 of Q."""
+  shift = jnp.where(ma < mb, jnp.uint32(24), jnp.uint32(23))
   r = lax.bitcast_convert_type((ma << shift) - q * mb, jnp.int32)
   bi = mb.astype(jnp.int32)
-  # 3. Make 0 <= r < mb, then round to nearest even.
   for _ in range(2):
     neg = r < 0
-    q, r = jnp.where(neg, q - 1, q), jnp.where(neg, r + bi, r)
+    q, r = jnp.where(neg, q - _U1, q), jnp.where(neg, r + bi, r)
   for _ in range(2):
     over = r >= bi
-    q, r = jnp.where(over, q + 1, q), jnp.where(over, r - bi, r)
-  up = (2 * r > bi) | ((2 * r == bi) & ((q & 1) == 1))
-  q = q + up.astype(jnp.uint32)
-  carry = (q >> 24).astype(jnp.int32)  # rounding overflowed to 2^24
-  return jnp.where(carry == 1, q >> 1, q), carry
+    q, r = jnp.where(over, q + _U1, q), jnp.where(over, r - bi, r)
+  return q, r
+

@@ -7,11 +7,19 @@ The pipeline, all in fp32 and explicit arithmetic (see ``fp4jax.scaling``, ``fp4
       ─► tensor scale (NVFP4) and block scales ─► E2M1 codes by RTN / SR / MS-EDEN ─► QTensor or dequantized array
 
 Dequantized value of an element: ``f32(value(q) · f32(dec_b)) · s_dec`` (NVFP4, TE order) or
-``f32(value(q) · 2^e_b) · g`` (MXFP4, ``g`` = 1, or 4/3 for the "floor_headroom" mode).
+``f32(value(q) · 2^e_b) · g`` (MXFP4, ``g`` = 1, or f32(4/3) for the "floor_headroom" mode), each product rounded
+once as IEEE fp32 with subnormals (``fp4jax.ieee.mul_short_rn``: exact integer arithmetic, no backend flushes).
+
+Element scaling: NVFP4 ``x · enc_b`` (fp32, subnormal ``x`` counted at its value: ``fp4jax.ieee.mul_unflushed``);
+MXFP4 ``x · 2^-e_b`` (``x · 0.75 · 2^-e_b`` for "floor_headroom"), rounded once on the float32 bits
+(``fp4jax.ieee.mul_pow2_rn``: subnormal inputs and results as IEEE). E2M1 rounding maps ``|v| < 2^-126`` to ±0.
 
 Four-over-six (NVFP4, Quartet II): each block is rounded (RTN) under both block targets t = 6 and t = 4 and keeps
-the one with the smaller Σ (x - x̂)² over the block (fp32, summed pairwise in a fixed order,
-``fp4jax.reductions``); a tie keeps t = 6.
+the one with the smaller error ``E_t`` (``four_over_six_error``); a tie keeps t = 6. ``E_t`` is a fixed sequence
+of IEEE fp32 operations whose products are exact, so no backend's FMA contraction, reduction order or subnormal
+flushing changes it: per element ``d = f32(x - x̂_t)`` (x̂_t the dequantized value), ``d_s = d · 2^-F`` rounded once
+(F = floor(log2 amax_b)), ``|d_s| < 2^-40`` counted as 0, split ``d_s = hi + lo`` (``hi`` the top 12 significand
+bits), ``e = f32(f32(hi·hi + 2·hi·lo) + lo·lo)``, and the block's ``e`` summed pairwise (``fp4jax.reductions``).
 
 NaN and Inf never become finite: a block holding a non-finite value gets the NaN scale (E4M3 0x7F / E8M0 0xFF),
 and for NVFP4 a non-finite tensor amax makes the tensor scale NaN.
@@ -32,13 +40,22 @@ import numpy as np
 from jax import lax
 
 from fp4jax import bits as bits_lib
-from fp4jax import eden, hadamard as hadamard_lib, scaling
-from fp4jax.ieee import div_rn
+from fp4jax import eden, scaling
+from fp4jax import hadamard as hadamard_lib
+from fp4jax.formats import (
+  E2M1_MAX,
+  E4M3_NAN_BITS,
+  E8M0_BIAS,
+  E8M0_NAN_BITS,
+  F32_INF_BITS,
+  FP4Format,
+  e2m1_decode,
+  floor_log2,
+  pow2,
+)
+from fp4jax.ieee import div_rn, mul_pow2_rn, mul_short_rn, mul_unflushed
 from fp4jax.reductions import pairwise_sum
-from fp4jax.formats import (E2M1_MAX, E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS, F32_INF_BITS, FP4Format, e2m1_decode,
-                            pow2)
 from fp4jax.rounding import rtn_e2m1, sr_e2m1
-
 
 ROUNDINGS = ("rtn", "sr", "eden")
 SIGN_MODES = ("random", "te", "none")
@@ -208,8 +225,24 @@ def _encode_scales(dec: jnp.ndarray, fmt: FP4Format, exps: jnp.ndarray | None) -
 
 
 def decode_blocks(codes: jnp.ndarray, dec: jnp.ndarray, global_scale: jnp.ndarray) -> jnp.ndarray:
-  """``f32(value(codes) · dec) · global_scale`` (TE's dequantization order)."""
-  return (e2m1_decode(codes) * dec) * global_scale
+  """``f32(f32(value(codes) · dec) · global_scale)`` (TE's dequantization order), each product rounded once as IEEE
+  fp32 with subnormals on every backend (``fp4jax.ieee.mul_short_rn``)."""
+  return mul_short_rn(mul_short_rn(e2m1_decode(codes), dec), global_scale)
+
+
+_ERROR_FLOOR = np.float32(2.0**-40)
+_HI_MASK = np.uint32(0xFFFFF000)
+
+
+def four_over_six_error(xb: jnp.ndarray, deq: jnp.ndarray, amax_b: jnp.ndarray, axes: tuple[int, ...]) -> jnp.ndarray:
+  """A block's squared error ``E`` between ``xb`` and its dequantized ``deq`` (keep-dims), as specified in the module
+  docstring: scaled by 2^-floor(log2 amax_b), errors below 2^-40 dropped, squares from exact split products,
+  summed pairwise. The same float32 bits on every backend."""
+  d = mul_pow2_rn(xb - deq, -floor_log2(amax_b))
+  d = jnp.where(jnp.abs(d) < _ERROR_FLOOR, jnp.float32(0.0), d)
+  hi = lax.bitcast_convert_type(lax.bitcast_convert_type(d, jnp.uint32) & _HI_MASK, jnp.float32)
+  lo = d - hi  # exact: at most 12 significant bits
+  return pairwise_sum((hi * hi + jnp.float32(2.0) * hi * lo) + lo * lo, axes)
 
 
 def _finish(y, hadamard: int, signs, axis: int, rotated: bool, dtype) -> jnp.ndarray:
@@ -303,7 +336,8 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
   nonfinite = amax_bits >= F32_INF_BITS
   amax_b = lax.bitcast_convert_type(amax_bits, jnp.float32)
   if amax is None and tensor_scales is None:
-    amax = jnp.where(jnp.any(nonfinite), jnp.float32(jnp.nan), jnp.max(amax_b))
+    amax = lax.bitcast_convert_type(jnp.max(amax_bits), jnp.float32)  # an integer max: no subnormal flushed
+    amax = jnp.where(jnp.any(nonfinite), jnp.float32(jnp.nan), amax)
   round_codes = (lambda v: sr_e2m1(v, bits)) if rounding == "sr" else rtn_e2m1
   exps = None
   if fmt.name == "nvfp4":
@@ -311,23 +345,24 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
     s_enc, s_dec = scaling.nvfp4_tensor_scales(amax, rule) if tensor_scales is None else tensor_scales
     target = scaling.V_MAX_EDEN if rule == "eden" else E2M1_MAX
     dec, enc = scaling.nvfp4_block_scales(amax_b, s_enc, s_dec, target)
-    codes = round_codes(xb * enc)  # the roundings saturate at ±6
+    scaled = mul_unflushed(xb, enc)
+    codes = round_codes(scaled)  # the roundings saturate at ±6
     if rule == "four_over_six":
       dec4, enc4 = scaling.nvfp4_block_scales(amax_b, s_enc, s_dec, 4.0)
-      codes4 = rtn_e2m1(xb * enc4)
-      # pairwise in a fixed order: a sum in the backend's own order tips near-ties differently on a GPU
-      err = lambda c, d: pairwise_sum(jnp.square(xb - decode_blocks(c, d, s_dec)), axes)
+      codes4 = rtn_e2m1(mul_unflushed(xb, enc4))
+      err = lambda c, d: four_over_six_error(xb, decode_blocks(c, d, s_dec), amax_b, axes)
       use4 = err(codes4, dec4) < err(codes, dec)
       codes, dec = jnp.where(use4, codes4, codes), jnp.where(use4, dec4, dec)
     elif rule == "eden":
-      dec = eden.corrected_scale(dec, eden.correction(xb * enc, codes, axes), scale_bits)
+      dec = eden.corrected_scale(dec, eden.correction(scaled, codes, axes), scale_bits)
     global_scale = s_dec
   else:
     sigma = _block_std(xb, lay) if fmt.scale_mode.startswith("quest") else None
     exps = scaling.mx_exponents(amax_b, fmt.scale_mode, sigma)
     pre = scaling.mx_element_prescale(fmt.scale_mode)
     dec = pow2(exps)
-    codes = round_codes(xb * jnp.float32(pre) * pow2(-exps))
+    # x · pre · 2^-e rounded once: pre = 1, or 3/4 = 3 · 2^-2
+    codes = round_codes(mul_pow2_rn(xb, -exps, 1) if pre == 1.0 else mul_pow2_rn(xb, jnp.int32(-2) - exps, 3))
     global_scale = jnp.float32(1.0 / pre)
   dec = jnp.where(nonfinite, jnp.float32(jnp.nan), dec)
   return codes, dec, global_scale, exps

@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import jax.lax as lax
 import jax.numpy as jnp
+import numpy as np
 
 from fp4jax.formats import E2M1_SIGN_BIT, E4M3_MAX, e4m3_step_exponent, pow2
 
-_MAGNITUDE = 0x7FFFFFFF  # float32 bits without the sign
-_SIX = 0x40C00000  # bits of 6.0
-_ONE = 0x3F800000  # bits of 1.0
-_HALF = 0x3F000000  # bits of 0.5
+# int32 constants, explicitly typed: under jax_enable_x64 a Python int next to another becomes int64 (jnp.where),
+# and int32-int64 bit operations crash XLA's CPU compiler.
+_MAGNITUDE = np.int32(0x7FFFFFFF)  # float32 bits without the sign
+_SIX = np.int32(0x40C00000)  # bits of 6.0
+_ONE = np.int32(0x3F800000)  # bits of 1.0
+_HALF = np.int32(0x3F000000)  # bits of 0.5
+_SMALLEST_NORMAL = np.int32(0x800000)  # bits of 2^-126
 _MAGIC_1_5_2P22 = 0x4AC00000  # bits of 1.5 · 2^22, whose ulp is 0.5: E2M1's step below 2
 
 
@@ -42,8 +46,8 @@ def _saturated_magnitude(x: jnp.ndarray) -> jnp.ndarray:
 def _with_sign(mag_code: jnp.ndarray, x: jnp.ndarray) -> jnp.ndarray:
   """Sets the sign bit for ``x < 0`` (-0.0 and NaN excluded), as an integer compare on the bits, so no backend's
   denormal flushing or NaN sign changes it: ``bits(x) - 1`` (wrapping) is below ``bits(-Inf)`` exactly then."""
-  negative = lax.bitcast_convert_type(x, jnp.int32) - 1 < -0x800000
-  return (mag_code | jnp.where(negative, E2M1_SIGN_BIT, 0)).astype(jnp.uint8)
+  negative = lax.bitcast_convert_type(x, jnp.int32) - jnp.int32(1) < -_SMALLEST_NORMAL
+  return (mag_code | jnp.where(negative, jnp.int32(E2M1_SIGN_BIT), jnp.int32(0))).astype(jnp.uint8)
 
 
 def rtn_e2m1(x: jnp.ndarray) -> jnp.ndarray:
@@ -58,10 +62,10 @@ def rtn_e2m1(x: jnp.ndarray) -> jnp.ndarray:
   """
   x = x.astype(jnp.float32)
   b = _saturated_magnitude(x)
-  biased = jnp.maximum(b >> 23, 127)  # e + 127
-  magic = lax.bitcast_convert_type((biased << 23) + (_MAGIC_1_5_2P22 - (127 << 23) + 2), jnp.float32)
+  biased = jnp.maximum(b >> 23, jnp.int32(127))  # e + 127
+  magic = lax.bitcast_convert_type((biased << 23) + jnp.int32(_MAGIC_1_5_2P22 - (127 << 23) + 2), jnp.float32)
   steps = lax.bitcast_convert_type(lax.bitcast_convert_type(b, jnp.float32) + magic, jnp.int32)
-  return _with_sign((steps + 2 * biased) & 7, x)
+  return _with_sign((steps + jnp.int32(2) * biased) & jnp.int32(7), x)
 
 
 def sr_e2m1(x: jnp.ndarray, bits: jnp.ndarray) -> jnp.ndarray:
@@ -70,17 +74,21 @@ def sr_e2m1(x: jnp.ndarray, bits: jnp.ndarray) -> jnp.ndarray:
   With ``lo <= a = min(|x|, 6) < hi`` the neighbouring grid values, rounds up iff ``u < (a - lo)/(hi - lo)``:
   for ``a >= 1`` that fraction is the 22 mantissa bits of ``a`` below E2M1's, compared with ``u = bits >> 10``
   (22 bits) as ``(b - u + 0x3FFFFF - bits(0.5)) >> 22`` (a carry into bit 22 iff ``u`` is smaller); for ``a < 1``,
-  ``u = (bits >> 8)·2^-24`` and up iff ``u·0.5 < a - lo`` (exact). ``E[value(q)] = x`` exactly for ``|x| <= 6``.
-  Both ranges decide as ``(bits >> 8)·2^-24 < (a - lo)/(hi - lo)`` would: same bits, same codes.
+  ``u = (bits >> 8)·2^-24`` and up iff ``u·0.5 < a - lo`` (exact; for ``a < 0.5`` an integer compare of the float
+  bits). ``E[value(q)] = x`` exactly for ``2^-126 <= |x| <= 6``. Both ranges decide as
+  ``(bits >> 8)·2^-24 < (a - lo)/(hi - lo)`` would: same bits, same codes. Subnormal ``|x| < 2^-126`` rounds to ±0
+  on every backend (XLA on CPU flushes them and XLA on GPU does not: the rule is fixed here, a bias below 2^-126).
   """
   x = x.astype(jnp.float32)
   bits = bits.astype(jnp.uint32)
   b = _saturated_magnitude(x)
-  normal = (b - (bits >> 10).astype(jnp.int32) + (0x3FFFFF - _HALF)) >> 22
+  normal = (b - (bits >> 10).astype(jnp.int32) + (jnp.int32(0x3FFFFF) - _HALF)) >> 22
   a = lax.bitcast_convert_type(b, jnp.float32)
   upper_half = b >= _HALF
-  u_gap = (bits >> 8).astype(jnp.float32) * jnp.float32(2.0**-25)  # u · 0.5, exact
-  up = u_gap < a - jnp.where(upper_half, jnp.float32(0.5), jnp.float32(0.0))
+  u_gap = (bits >> 8).astype(jnp.int32).astype(jnp.float32) * jnp.float32(2.0**-25)  # u · 0.5, exact
+  # below 0.5: lo = 0 and the float order of non-negative floats is the integer order of their bits
+  lower_up = lax.bitcast_convert_type(u_gap, jnp.int32) < jnp.where(b < _SMALLEST_NORMAL, jnp.int32(0), b)
+  up = jnp.where(upper_half, u_gap < a - jnp.float32(0.5), lower_up)
   small = upper_half.astype(jnp.int32) + up.astype(jnp.int32)
   return _with_sign(jnp.where(b < _ONE, small, normal), x)
 

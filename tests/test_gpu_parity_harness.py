@@ -1,0 +1,26 @@
+"""The CPU half of ``tests/test_gpu_parity.py``'s property test, runnable anywhere: the harness compares a device
+with itself (CPU vs CPU), so its inputs, configurations and comparisons are exercised without a GPU."""
+
+import jax
+import numpy as np
+
+from tests import test_gpu_parity as parity
+
+
+def test_configs_cover_every_format_mode_rounding_and_axis():
+  names = {name for name, _, _ in parity.parity_configs()}
+  assert len(names) == 2 * (3 + 1 + 5 * 2)  # axes x (absmax rtn/sr/eden, four_over_six, MX modes x rtn/sr)
+  assert {"nvfp4_absmax_eden_ax0", "nvfp4_four_over_six_rtn_ax-1", "mxfp4_floor_headroom_sr_ax0"} <= names
+
+
+def test_inputs_hold_the_extreme_values():
+  x = parity.parity_inputs(0, np.float32)["extreme"]
+  assert np.isnan(x).any() and np.isinf(x).any() and (x == 0).any()
+  finite = np.abs(x[np.isfinite(x)])
+  assert finite.max() > 1e38 and ((finite > 0) & (finite < np.finfo(np.float32).tiny)).any()
+
+
+def test_harness_runs_on_cpu_against_itself():
+  cpu = jax.devices("cpu")[0]
+  configs = [c for c in parity.parity_configs() if c[0] in ("nvfp4_four_over_six_rtn_ax0", "mxfp4_rceil_sr_ax-1")]
+  parity.assert_parity(cpu, cpu, 0, np.float32, configs)

@@ -1,0 +1,71 @@
+"""fp4jax under ``jax_enable_x64``: the same bits as without it, and no crash.
+
+With x64 on, a Python int next to another Python int becomes an int64 array (``jnp.where(c, 8, 0)``), and XLA's CPU
+compiler segfaulted on the int32 | int64 bit operations this produced in eager ``fake_quantize`` and
+``dot_general``. The x64 run happens in a subprocess, so a segfault fails this test instead of killing pytest.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fp4jax
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = ("nvidia_nvfp4", "quartet")
+DN = (((1,), (1,)), ((), ()))
+
+
+def compute(dtype_name: str) -> dict:
+  """Eager fake_quantize (NVFP4, MXFP4; rtn, sr), quantize, and dot_general forward + gradients, as NumPy arrays."""
+  rng = np.random.RandomState(0)
+  dtype = jnp.dtype(dtype_name)
+  x = jnp.asarray(rng.standard_t(3, (64, 128)).astype(np.float32), dtype)
+  w = jnp.asarray(rng.standard_t(3, (32, 128)).astype(np.float32), dtype)
+  key = jax.random.key(7)
+  out = {}
+  for fmt in (fp4jax.NVFP4, fp4jax.MXFP4):
+    for rounding in ("rtn", "sr"):
+      out[f"fq_{fmt.name}_{rounding}"] = fp4jax.fake_quantize(x, fmt, rounding=rounding, key=key)
+    q = fp4jax.quantize(x, fmt, rounding="sr", key=key)
+    out[f"q_{fmt.name}"] = jnp.concatenate([q.codes.ravel().astype(jnp.float32),
+                                            q.scale_values().ravel(), q.global_scale.ravel()])
+  for recipe in RECIPES:
+    f = lambda a, b, recipe=recipe: fp4jax.dot_general(a, b, DN, recipe=recipe, key=key)
+    out[f"dot_{recipe}"] = f(x, w)
+    loss = lambda a, b, f=f: jnp.sum(f(a, b).astype(jnp.float32) ** 2)
+    for i, g in enumerate(jax.grad(loss, argnums=(0, 1))(x, w)):
+      out[f"grad{i}_{recipe}"] = g
+  return {k: np.asarray(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+def test_x64_gives_the_same_bits_as_x32(dtype_name, tmp_path):
+  path = tmp_path / "x64.npz"
+  script = textwrap.dedent(f"""
+      import jax
+      jax.config.update("jax_enable_x64", True)
+      import numpy as np
+      from tests.test_x64 import compute
+      np.savez({str(path)!r}, **compute({dtype_name!r}))
+  """)
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "kernels"),
+                                                      os.environ.get("PYTHONPATH", "")]))
+  run = subprocess.run([sys.executable, "-c", script], check=False, cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=1200)
+  assert run.returncode == 0, f"x64 subprocess failed (rc {run.returncode}):\n{run.stderr[-3000:]}"
+  got = np.load(path)
+  # without x64 float64 is float32: the same computation as the x64 run on float32 inputs
+  expect = compute("float32")
+  assert sorted(got.files) == sorted(expect)
+  for name, value in expect.items():
+    g = got[name]
+    if dtype_name == "float64" and g.dtype == np.float64:
+      g = g.astype(np.float32)  # a float64 input's outputs are float64: they hold float32 values
+    np.testing.assert_array_equal(g.view(np.uint8), value.view(np.uint8), err_msg=name)
