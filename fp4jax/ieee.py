@@ -125,6 +125,7 @@ def mul_unflushed(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
   return jnp.where(sub, up, x) * jnp.where(sub, y * jnp.float32(2.0**-64), y)
 
 
+@jax.jit  # a named call in jaxprs: GPU Pallas kernels run it as PTX mul.rn.f32 (fp4jax_kernels.triton_compat)
 def mul_short_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
   """``a · b`` in float32 rounded once (nearest, ties to even; subnormal operands and results kept, Inf on overflow)
   for finite ``a`` with at most 7 significant bits (an E2M1 value, an E4M3 or E8M0 scale, or their product) and

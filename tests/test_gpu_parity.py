@@ -68,6 +68,11 @@ def parity_inputs(seed: int, dtype) -> dict:
             for name, a in (("heavy", heavy), ("extreme", ext), ("tiny", tiny_tensor))}
 
 
+def _nan_canonical(y: np.ndarray) -> np.ndarray:
+  """float32 bits with every NaN the same bits (NaN payloads are not part of the contract; GPUs make 0x7FFFFFFF)."""
+  return np.where(np.isnan(y), np.float32(np.nan), y).view(np.uint32)
+
+
 def parity_outputs(device, x, fmt, kw, key) -> dict:
   """jit on ``device``: codes, scale bits, tensor scale, and fake_quantize's dequantized bits (float32 view)."""
   f = lambda a, k: fp4jax.quantize(a, fmt, key=k, **kw)
@@ -76,8 +81,8 @@ def parity_outputs(device, x, fmt, kw, key) -> dict:
   q = jax.jit(f)(xd, kd)
   y = np.asarray(jax.jit(g)(xd, kd))
   return {"codes": np.asarray(q.codes), "scales": np.asarray(q.scales).view(np.uint8),
-          "global_scale": np.asarray(q.global_scale).reshape(1).view(np.uint32),
-          "deq": np.where(np.isnan(y), np.float32(np.nan), y).view(np.uint32)}  # every NaN the same bits
+          "global_scale": _nan_canonical(np.asarray(q.global_scale, np.float32).reshape(1)),
+          "deq": _nan_canonical(y)}
 
 
 def assert_parity(dev_a, dev_b, seed: int, dtype, configs=None):

@@ -10,6 +10,8 @@ to something inexact, so ``kernel_safe(fn)`` traces ``fn`` to a jaxpr and evalua
   around a first guess with a fallback to ``div`` for special values. On the GPU the whole call becomes one
   ``div.rn.f32``, the IEEE quotient it emulates: the same bits for every input (its normal-range result is the IEEE
   quotient, its fallback already was this instruction), at a fraction of the instructions.
+* ``mul_short_rn`` (``fp4jax.ieee``, a named call): an IEEE fp32 product with subnormals, emulated in integers so
+  that XLA:CPU's flushing cannot change it; on the GPU the whole call becomes PTX ``mul.rn.f32``, the same product.
 * ``round`` (ties to even): no Triton lowering; PTX ``cvt.rni.f32.f32`` (round to nearest integer, ties to even).
 * ``sqrt`` (float32): Triton lowers ``math.sqrt`` to the approximate square root; PTX ``sqrt.rn.f32`` is IEEE
   round-to-nearest, as XLA's (QuEST's block standard deviation).
@@ -123,7 +125,10 @@ def _slice(x, *, start_indices, limit_indices, strides, **_):
 
 def _named_rules(interpret: bool) -> dict[str, Callable]:
   """Rules for whole named calls (jitted functions), by name."""
-  return {} if interpret else {"div_rn": lambda a, b: _asm("div.rn.f32 $0, $1, $2;", a, b)}
+  if interpret:
+    return {}
+  return {"div_rn": lambda a, b: _asm("div.rn.f32 $0, $1, $2;", a, b),
+          "mul_short_rn": lambda a, b: _asm("mul.rn.f32 $0, $1, $2;", a, b)}
 
 
 def _rules(interpret: bool) -> dict[str, Callable]:

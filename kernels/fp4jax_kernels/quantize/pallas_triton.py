@@ -234,7 +234,7 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
     store("codes", pack_nibbles(codes.reshape(r, c)))
   if spec.dequantize:  # block_scaled_only: value·dec_b is exact in bf16, so the cast does not round
     tensor_scale = gscale if spec.dequantize == "with_tensor_scale" else jnp.float32(1.0)
-    store("deq", decode_blocks(codes, dec, tensor_scale).reshape(r, c).astype(out_refs["deq"].dtype))
+    store("deq", safe(decode_blocks)(codes, dec, tensor_scale).reshape(r, c).astype(out_refs["deq"].dtype))
   if spec.trust_mask:
     store("mask", estimators.trust_mask(xb, dec * gscale).reshape(r, c).astype(jnp.uint8))
 
