@@ -325,3 +325,37 @@ def sr_e4m3_value(x: float, bits: int) -> float:
   s = x / step
   lo = math.floor(s)
   return min((lo + ((bits >> 12) * 2.0**-20 < s - lo)) * step, 448.0)
+
+
+# ------------------------------------------------------------------------------------------------ MS-EDEN
+def pairwise_sum32(x) -> np.ndarray:
+  """Sum over the last axis (a power of two) in float32 as the documented tree: x[2i] + x[2i + 1], stage by stage."""
+  x = fl(x)
+  while x.shape[-1] > 1:
+    x = x[..., 0::2] + x[..., 1::2]
+  return x[..., 0]
+
+
+def ms_eden(x, scale_bits):
+  """MS-EDEN (Quartet II, no rotation) of a 2D float32 array along its last axis, 16-blocks: tensor numerator
+  255.99·V_MAX, block target V_MAX = 6/((17/16)·0.93); v = f32(x·enc_b), q = rtn(v), c = Σv² / Σv·q (float32,
+  pairwise; 1 where Σv·q <= 0), s_b' = SR_e4m3(f32(dec_b·c)) with the block's 32 random ``scale_bits`` (a block
+  whose dec_b is 0 keeps 0). Returns (dec', s_dec, dequantized float32)."""
+  v_max = 6.0 / ((17.0 / 16.0) * 0.93)
+  x = fl(x)
+  xb = x.reshape(x.shape[0], -1, 16)
+  s_enc, s_dec = nvfp4_tensor_scales(np.max(np.abs(x)), 255.99 * v_max)
+  amax_b = np.max(np.abs(xb), axis=-1, keepdims=True)
+  dec = nvfp4_block_dec(amax_b, s_enc, v_max)
+  with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+    enc = np.minimum(F32(1.0) / (dec * s_dec), FLT_MAX).astype(F32)
+    v = fl(xb * enc)
+    q = rne_e2m1(np.clip(v, -6, 6))
+    num, den = pairwise_sum32(v * v), pairwise_sum32(v * fl(q))
+    c = np.where(den > 0, num / np.where(den > 0, den, F32(1.0)), F32(1.0)).astype(F32)
+  target = fl(dec[..., 0] * c)
+  new = np.array([sr_e4m3_value(float(t), int(b)) if d > 0 else 0.0
+                  for t, b, d in zip(target.ravel(), np.asarray(scale_bits).ravel(), dec[..., 0].ravel())], F32)
+  new = new.reshape(dec.shape[:-1])
+  deq = fl(fl(fl(q) * new[..., None]) * s_dec)
+  return new, s_dec, deq.reshape(x.shape)

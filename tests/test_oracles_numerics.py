@@ -5,6 +5,7 @@ every stochastic-rounding decision around its threshold, NVFP4 block scales arou
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -78,7 +79,7 @@ def _sr_e2m1_cases():
   grid = oracles.E2M1_GRID
   fracs = [j / 2**22 for j in (1, 2, 3, 5, 7, 255, 256, 257, 4095, 2**21, 2**22 - 1)] + list(rng.random(8))
   xs, bits = [], []
-  for lo, hi in zip(grid[:-1], grid[1:]):
+  for lo, hi in itertools.pairwise(grid):
     res = 2.0**-24 if hi <= 1 else 2.0**-22  # fraction bits a float32 magnitude in the gap carries
     for f in fracs:
       a = F32(lo + np.floor(f / res) * res * (hi - lo))
@@ -116,7 +117,7 @@ def test_sr_e4m3_every_decision_follows_the_documented_rule():
   rng = np.random.default_rng(1)
   grid = np.arange(0, 0x7F, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)  # 0 ... 448
   xs, bits = [], []
-  for lo, hi in zip(grid[:-1], grid[1:]):
+  for lo, hi in itertools.pairwise(grid):
     for j in (1, 2, 3, 2**19, 2**20 - 1, *rng.integers(1, 2**20, 3).tolist()):
       x = lo + j * 2.0**-20 * (hi - lo)
       t = j  # threshold in units of 2^-20
@@ -231,8 +232,31 @@ def test_scaling_law_at_hand_computed_points():
 
 def test_published_quartet_law_at_a_point_by_the_formula():
   from experiments import scaling_law as sl
-  p = dict(A=1.274e5, alpha=0.5785, B=4.658e5, beta=0.5389, E=1.3408, gamma=0.2764)  # FP4-REFERENCE.md §4
+  p = {"A": 1.274e5, "alpha": 0.5785, "B": 4.658e5, "beta": 0.5389, "E": 1.3408, "gamma": 0.2764}  # REFERENCE §4
   n, d, eff_n, eff_d = 100e6, 100e6 * 100, 0.658, 0.822
   want = (p["A"] / (n * eff_n) ** p["alpha"] + p["B"] / (d * eff_d) ** p["beta"]) ** p["gamma"] + p["E"]
   assert float(sl.QUARTET_C4_BF16(n, d, eff_n, eff_d)) == pytest.approx(want, rel=1e-5)
   assert 2.5 < want < 3.5  # a C4 loss of a 100M model
+
+
+# ------------------------------------------------------------------------------------------------ MS-EDEN
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ms_eden_scales_and_values_equal_the_oracle(seed):
+  """MS-EDEN without the rotation (hadamard=0), its scale bits recomputed from the key as ``fp4jax.quantize``
+  documents (third split of the key, counter hash over the scale grid): every corrected, stochastically rounded
+  E4M3 scale and every value equal the oracle's."""
+  import jax
+
+  from fp4jax import bits as bits_lib
+  rng = np.random.default_rng(seed)
+  x = (rng.standard_normal((32, 256)) * np.exp2(rng.integers(-5, 6, (32, 1)))).astype(F32)
+  x[3, 16:32] = 0.0  # an all-zero block: c = 1, scale 0
+  key = jax.random.key(seed)
+  q = fp4jax.quantize(jnp.asarray(x), fp4jax.NVFP4, rounding="eden", key=key, hadamard=0)
+  deq = np.asarray(fp4jax.fake_quantize(jnp.asarray(x), fp4jax.NVFP4, rounding="eden", key=key, hadamard=0,
+                                        dtype=jnp.float32))
+  scale_bits = np.asarray(bits_lib.random_bits(jax.random.split(key, 3)[2], (32, 16)))
+  dec, s_dec, want = oracles.ms_eden(x, scale_bits)
+  np.testing.assert_array_equal(np.asarray(q.scales.astype(jnp.float32)), dec)
+  np.testing.assert_array_equal(deq, want)
+  assert float(q.global_scale) == s_dec
