@@ -7,8 +7,8 @@
 Why a small tool rather than mutmut 3: mutmut 3 runs every mutant in a process forked from one that already ran the
 tests, and JAX caches traced and compiled functions per Python function; a mutant inside a ``jax.jit`` function
 whose unmutated trace is cached never runs, so it would "survive" falsely. Here every mutant runs in a fresh
-interpreter with the mutated package first on ``PYTHONPATH`` (JAX's persistent compilation cache, keyed by the HLO,
-is shared between runs: programs the mutant does not change are not recompiled).
+interpreter, in a temporary copy of the repository whose one module is rewritten (JAX's persistent compilation
+cache, keyed by the HLO, is shared between runs: programs the mutant does not change are not recompiled).
 
 Mutants (enumerated deterministically from the AST, in source order): arithmetic / bitwise operator swaps
 (``+ -``, ``* /``, ``// /``, ``>> <<``, ``& |``, ``^ |``, ``** *``), comparison swaps (``< <=``, ``> >=``, ``== !=``),
@@ -42,7 +42,7 @@ _Q, _N, _D = "tests/test_quantize.py", "tests/test_oracles_numerics.py", "tests/
 TARGETS = {
     "eden": [f"{_N}::test_ms_eden_scales_and_values_equal_the_oracle",
              f"{_Q}::test_ms_eden_blocks_whose_scale_underflows_dequantize_to_zero_not_nan"],
-    "bits": ["tests/test_bits.py"],
+    "bits": ["tests/test_bits.py", "tests/test_oracles_bits.py"],
     "scaling": [_N, f"{_Q}::test_mxfp4_matches_reference", f"{_Q}::test_nvfp4_zero_outlier_and_underflow",
                 f"{_Q}::test_mxfp4_floor_headroom_never_clips_and_decodes_with_4_3", _D],
     "rounding": ["tests/test_rounding.py", _N, "-k", "sr or rtn or e2m1 or e4m3 or bf16 or nvfp4"],
@@ -152,26 +152,33 @@ def mutated_source(mutant_id: str) -> str:
   return ast.unparse(ast.fix_missing_locations(tree))
 
 
-def _overlay(mutant_id: str, root: Path) -> Path:
-  """A copy of the fp4jax package under ``root`` with the one mutated module."""
-  pkg = root / "fp4jax"
-  if pkg.exists():
-    shutil.rmtree(pkg)
-  shutil.copytree(REPO / "fp4jax", pkg, ignore=shutil.ignore_patterns("__pycache__"))
-  module = mutant_id.split(":")[0]
-  (pkg / f"{module}.py").write_text(mutated_source(mutant_id))
-  return root
+def _workspace(root: Path) -> Path:
+  """A copy of the repository's code and tests under ``root``, where mutants are written and tests run (pytest puts
+  the rootdir of ``tests/`` first on ``sys.path``, so the mutated package must live in the tree the tests run from)."""
+  ws = root / "repo"
+  ignore = shutil.ignore_patterns("__pycache__", "results", "*.json", ".hypothesis")
+  for name in ("fp4jax", "kernels", "experiments", "tests"):
+    shutil.copytree(REPO / name, ws / name, ignore=ignore)
+  shutil.copy(REPO / "pyproject.toml", ws / "pyproject.toml")
+  probe = subprocess.run([sys.executable, "-c", "import fp4jax; print(fp4jax.__file__)"], cwd=ws, env=_env(ws),
+                         capture_output=True, text=True, check=True)
+  if not probe.stdout.strip().startswith(str(ws)):
+    sys.exit(f"the workspace copy is not the fp4jax the tests import: {probe.stdout.strip()}")
+  return ws
 
 
-def _pytest(tests: list[str], pythonpath: list[str], timeout: float) -> tuple[str, float]:
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath), "JAX_PLATFORMS": "cpu",
-         "JAX_COMPILATION_CACHE_DIR": str(CACHE), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-         "PYTHONDONTWRITEBYTECODE": "1"}
+def _env(ws: Path) -> dict:
+  return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ws), str(ws / "kernels")]), "JAX_PLATFORMS": "cpu",
+          "JAX_COMPILATION_CACHE_DIR": str(CACHE), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _pytest(tests: list[str], ws: Path, timeout: float) -> tuple[str, float]:
   cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
          "-o", "addopts=", *tests]
   t0 = time.time()
   try:
-    proc = subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, check=False, cwd=ws, env=_env(ws), capture_output=True, text=True, timeout=timeout)
   except subprocess.TimeoutExpired:
     return "timeout", time.time() - t0
   return ("survived" if proc.returncode == 0 else "killed"), time.time() - t0
@@ -187,27 +194,35 @@ def _save(results: dict) -> None:
   tmp.replace(RESULTS)
 
 
-def run(modules: list[str], limit: int | None, budget_s: float | None) -> None:
+def run(modules: list[str], limit: int | None, budget_s: float | None, rerun_survivors: bool = False) -> None:
   results = _load()
-  base = [str(REPO), str(REPO / "kernels")]
   start = time.time()
   with tempfile.TemporaryDirectory(prefix="fp4jax_mut_") as tmp:
+    ws = _workspace(Path(tmp))
     for module in modules:
       tests = TARGETS[module]
+      target = ws / "fp4jax" / f"{module}.py"
+      original = target.read_text()
       key = f"{module}:baseline"
-      if key not in results:
-        status, secs = _pytest(tests, base, 1800)
+      if results.get(key, {}).get("tests") != tests:  # new or changed targets: time them again
+        status, secs = _pytest(tests, ws, 1800)
         if status != "survived":
           sys.exit(f"{module}: the targeted tests {tests} fail on the unmutated code; fix that first")
-        results[key] = {"status": "baseline", "seconds": round(secs, 1)}
+        results[key] = {"status": "baseline", "seconds": round(secs, 1), "tests": tests}
         _save(results)
       timeout = 3 * results[key]["seconds"] + 60
-      todo = [m for m in enumerate_mutants(module) if m["id"] not in results]
+      status_of = lambda m: results.get(m["id"], {}).get("status")
+      todo = [m for m in enumerate_mutants(module)
+              if status_of(m) is None or (rerun_survivors and status_of(m) == "survived")]
       for m in todo[:limit]:
         if budget_s is not None and time.time() - start > budget_s:
           print(f"time budget of {budget_s:.0f}s spent; rerun the same command to resume")
           return
-        status, secs = _pytest(tests, [str(_overlay(m["id"], Path(tmp)))] + base, timeout)
+        target.write_text(mutated_source(m["id"]))
+        try:
+          status, secs = _pytest(tests, ws, timeout)
+        finally:
+          target.write_text(original)
         results[m["id"]] = {**m, "status": status, "seconds": round(secs, 1)}
         _save(results)
         print(f"{m['id']:<18} line {m['line']:<4} {m['desc']:<28} {status} ({secs:.0f}s)", flush=True)
@@ -249,6 +264,7 @@ def main() -> None:
   r.add_argument("--modules", nargs="+", default=list(TARGETS), choices=list(TARGETS))
   r.add_argument("--limit", type=int, default=None, help="at most this many new mutants per module")
   r.add_argument("--budget", type=float, default=None, help="stop starting mutants after this many seconds")
+  r.add_argument("--rerun-survivors", action="store_true", help="run the surviving mutants again (after new tests)")
   sub.add_parser("report")
   s = sub.add_parser("show")
   s.add_argument("mutant_id")
@@ -256,7 +272,7 @@ def main() -> None:
   s2.add_argument("module", choices=list(TARGETS))
   args = p.parse_args()
   if args.cmd == "run":
-    run(args.modules, args.limit, args.budget)
+    run(args.modules, args.limit, args.budget, args.rerun_survivors)
   elif args.cmd == "report":
     report()
   elif args.cmd == "show":
