@@ -260,3 +260,37 @@ def test_ms_eden_scales_and_values_equal_the_oracle(seed):
   np.testing.assert_array_equal(np.asarray(q.scales.astype(jnp.float32)), dec)
   np.testing.assert_array_equal(deq, want)
   assert float(q.global_scale) == s_dec
+
+
+# ------------------------------------------------------------------------------------------------ MXFP4 exponents
+def _floor_log2(a):
+  return np.frexp(np.asarray(a, np.float64))[1] - 1  # a = m·2^e, m in [0.5, 1): exact
+
+
+def _mx_exponent_oracle(a, mode, sigma):
+  a = np.asarray(a, np.float64)
+  if mode in ("floor", "floor_headroom"):
+    e = _floor_log2(a) - 2
+  elif mode == "rceil":  # the smallest e with 6·2^e >= a, by exact comparison
+    e = _floor_log2(a) - 3
+    e = np.where(6.0 * np.exp2(e) >= a, e, e + 1)
+    e = np.where(6.0 * np.exp2(e) >= a, e, e + 1)
+  else:
+    t = (F32(2.92247856 / 6.0) * F32(sigma)).astype(F32) + F32(1e-8)
+    e = _floor_log2(t)
+    if mode == "quest_nearest":  # log-domain nearest: up iff the mantissa t / 2^e >= sqrt 2
+      e = e + (t.astype(np.float64) >= np.float64(F32(np.sqrt(2.0))) * np.exp2(e))
+  return np.where(a == 0, -127, np.clip(e, -127, 127))
+
+
+@pytest.mark.parametrize("mode", ["floor", "floor_headroom", "rceil", "quest", "quest_nearest"])
+def test_mx_exponents_equal_the_oracle_at_their_boundaries(mode):
+  from fp4jax import scaling
+  rng = np.random.default_rng(5)
+  k = rng.integers(-40, 40, 64).astype(np.float64)
+  edges = np.concatenate([np.exp2(k), 1.5 * np.exp2(k), np.sqrt(2.0) * np.exp2(k)]).astype(F32)
+  near = np.concatenate([edges, np.nextafter(edges, F32(0)), np.nextafter(edges, F32(np.inf))])
+  a = np.concatenate([near, (rng.random(256) * np.exp2(rng.integers(-60, 60, 256))).astype(F32), [F32(0)]])
+  sigma = a / F32(2.92247856 / 6.0) if mode.startswith("quest") else None  # puts t at the same edges
+  got = np.asarray(scaling.mx_exponents(jnp.asarray(a), mode, None if sigma is None else jnp.asarray(sigma)))
+  np.testing.assert_array_equal(got, _mx_exponent_oracle(a, mode, sigma))
