@@ -87,9 +87,11 @@ def _sr_e2m1_cases():
         for sign in (1, -1):
           xs.append(sign * a)
           bits.append(b)
-  for a in (6.0, 7.5, np.inf):  # saturation
-    xs.append(F32(a))
-    bits.append(int(rng.integers(0, 2**32)))
+  for a in (6.0, 7.5, 1e30, np.inf):  # saturation, whatever the bits
+    for b in (0, 1 << 10, 2**32 - 1, int(rng.integers(0, 2**32))):
+      for sign in (1, -1):
+        xs.append(sign * F32(a))
+        bits.append(b)
   return np.array(xs, F32), np.array(bits, np.uint32)
 
 
@@ -290,7 +292,17 @@ def test_mx_exponents_equal_the_oracle_at_their_boundaries(mode):
   k = rng.integers(-40, 40, 64).astype(np.float64)
   edges = np.concatenate([np.exp2(k), 1.5 * np.exp2(k), np.sqrt(2.0) * np.exp2(k)]).astype(F32)
   near = np.concatenate([edges, np.nextafter(edges, F32(0)), np.nextafter(edges, F32(np.inf))])
-  a = np.concatenate([near, (rng.random(256) * np.exp2(rng.integers(-60, 60, 256))).astype(F32), [F32(0)]])
+  a = np.concatenate([near, (rng.random(256) * np.exp2(rng.integers(-60, 60, 256))).astype(F32), F32([0, 1, 6])])
   sigma = a / F32(2.92247856 / 6.0) if mode.startswith("quest") else None  # puts t at the same edges
   got = np.asarray(scaling.mx_exponents(jnp.asarray(a), mode, None if sigma is None else jnp.asarray(sigma)))
   np.testing.assert_array_equal(got, _mx_exponent_oracle(a, mode, sigma))
+
+
+def test_e2m1_sign_of_nan_payloads_and_negative_zero():
+  """NaN saturates to +6 whatever its sign bit and payload (the sign is set only for x < 0), -0.0 gives code 0."""
+  pats = np.array([0x7FC00000, 0xFFC00000, 0xFF800001, 0x7F800001, 0xFFFFFFFF, 0x80000000, 0xBF000000], np.uint32)
+  x = jnp.asarray(pats.view(F32))
+  rtn = np.asarray(rounding.rtn_e2m1(x))
+  sr = np.asarray(rounding.sr_e2m1(x, jnp.zeros(x.shape, jnp.uint32)))
+  np.testing.assert_array_equal(rtn, [7, 7, 7, 7, 7, 0, 9])
+  np.testing.assert_array_equal(sr, [7, 7, 7, 7, 7, 0, 9])
