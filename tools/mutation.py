@@ -1,0 +1,286 @@
+"""Mutation testing of fp4jax's core numerics: one command, reproducible, resumable, bounded.
+
+    python tools/mutation.py run  [--modules bits ieee ...] [--limit N] [--jobs 1]
+    python tools/mutation.py report                        # score per module and the surviving mutants
+    python tools/mutation.py show MUTANT_ID                # the diff of one mutant
+
+Why a small tool rather than mutmut 3: mutmut 3 runs every mutant in a process forked from one that already ran the
+tests, and JAX caches traced and compiled functions per Python function; a mutant inside a ``jax.jit`` function
+whose unmutated trace is cached never runs, so it would "survive" falsely. Here every mutant runs in a fresh
+interpreter, in a temporary copy of the repository whose one module is rewritten (JAX's persistent compilation
+cache, keyed by the HLO, is shared between runs: programs the mutant does not change are not recompiled).
+
+Mutants (enumerated deterministically from the AST, in source order): arithmetic / bitwise operator swaps
+(``+ -``, ``* /``, ``// /``, ``>> <<``, ``& |``, ``^ |``, ``** *``), comparison swaps (``< <=``, ``> >=``, ``== !=``),
+``and``/``or`` swaps, removal of unary ``-`` / ``~`` / ``not``, number constants (``n -> n + 1``, ``0.5 -> 1.5``,
+``x -> 2x`` for floats), ``True``/``False`` swaps. Not mutated: docstrings and other strings, f-strings, statements
+that ``raise`` (error messages), type annotations. Each mutant runs its module's targeted tests (``TARGETS``) with
+``-x``; a failing, crashing or timed-out run kills it. Results go to ``tools/mutation_results.json`` (one entry per
+mutant id ``module:index``), so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "tools" / "mutation_results.json"
+CACHE = Path(tempfile.gettempdir()) / "fp4jax_mutation_jax_cache"
+
+# module -> pytest arguments of the fast, targeted tests that must kill its mutants (smallest modules first)
+_Q, _N, _D = "tests/test_quantize.py", "tests/test_oracles_numerics.py", "tests/test_oracles_dot.py"
+TARGETS = {
+    "eden": [f"{_N}::test_ms_eden_scales_and_values_equal_the_oracle",
+             f"{_Q}::test_ms_eden_blocks_whose_scale_underflows_dequantize_to_zero_not_nan"],
+    "bits": ["tests/test_bits.py", "tests/test_oracles_bits.py"],
+    "scaling": [_N, f"{_Q}::test_mxfp4_matches_reference", f"{_Q}::test_nvfp4_zero_outlier_and_underflow",
+                f"{_Q}::test_mxfp4_floor_headroom_never_clips_and_decodes_with_4_3", _D],
+    "rounding": ["tests/test_rounding.py", _N, "-k", "sr or rtn or e2m1 or e4m3 or bf16 or nvfp4"],
+    "ieee": ["tests/test_ieee.py"],
+    "formats": ["tests/test_rounding.py", _N, f"{_Q}::test_mxfp4_matches_reference"],
+    "hadamard": ["tests/test_hadamard.py", _D],
+    "estimators": ["tests/test_estimators.py", _D],
+    "dot": [_D, "tests/test_dot.py"],
+}
+
+_BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
+           ast.RShift: ast.LShift, ast.LShift: ast.RShift, ast.BitAnd: ast.BitOr, ast.BitOr: ast.BitAnd,
+           ast.BitXor: ast.BitOr, ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv}
+_CMPOPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq}
+
+
+def _skipped_nodes(tree: ast.AST) -> set[int]:
+  """ids of nodes never mutated: docstrings, raise statements, f-strings, annotations."""
+  skip = set()
+
+  def mark(node):
+    skip.update(id(n) for n in ast.walk(node))
+
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Raise, ast.JoinedStr, ast.Assert)):
+      mark(node)
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      if node.returns:
+        mark(node.returns)
+      for a in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
+        if a.annotation:
+          mark(a.annotation)
+    elif isinstance(node, ast.AnnAssign):
+      mark(node.annotation)
+    if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body:
+      first = node.body[0]
+      if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        mark(first)
+  return skip
+
+
+def _mutations(node: ast.AST):
+  """(description, apply) pairs for one node; ``apply(node)`` mutates it in place."""
+  def setter(attr, value):
+    return lambda n: setattr(n, attr, value)
+
+  if isinstance(node, (ast.BinOp, ast.AugAssign)) and type(node.op) in _BINOPS:
+    new = _BINOPS[type(node.op)]
+    yield f"{type(node.op).__name__} -> {new.__name__}", setter("op", new())
+  elif isinstance(node, ast.Compare):
+    for i, op in enumerate(node.ops):
+      if type(op) in _CMPOPS:
+        new = _CMPOPS[type(op)]
+
+        def apply(n, i=i, new=new):
+          n.ops[i] = new()
+        yield f"{type(op).__name__} -> {new.__name__}", apply
+  elif isinstance(node, ast.BoolOp):
+    new = ast.Or if isinstance(node.op, ast.And) else ast.And
+    yield f"{type(node.op).__name__} -> {new.__name__}", setter("op", new())
+  elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Invert, ast.Not)):
+    yield f"drop unary {type(node.op).__name__}", None  # replaced by its operand (see _apply)
+  elif isinstance(node, ast.Constant) and type(node.value) in (int, float, bool):
+    v = node.value
+    if isinstance(v, bool):
+      yield f"{v} -> {not v}", setter("value", not v)
+    elif isinstance(v, int):
+      yield f"{v} -> {v + 1}", setter("value", v + 1)
+    else:
+      new = 1.5 if v == 0.5 else (1.0 if v == 0.0 else v * 2)
+      yield f"{v!r} -> {new!r}", setter("value", new)
+
+
+class _DropUnary(ast.NodeTransformer):
+  def __init__(self, target):
+    self.target = target
+
+  def visit_UnaryOp(self, node):
+    self.generic_visit(node)
+    return node.operand if node is self.target else node
+
+
+def enumerate_mutants(module: str) -> list[dict]:
+  """Every mutant of ``fp4jax/<module>.py`` as ``{"id", "line", "desc"}`` (deterministic order)."""
+  src = (REPO / "fp4jax" / f"{module}.py").read_text()
+  tree = ast.parse(src)
+  skip = _skipped_nodes(tree)
+  out = []
+  for idx, node in enumerate(ast.walk(tree)):
+    if id(node) in skip:
+      continue
+    for k, (desc, _) in enumerate(_mutations(node)):
+      out.append({"id": f"{module}:{idx}.{k}", "line": getattr(node, "lineno", 0), "desc": desc})
+  return out
+
+
+def mutated_source(mutant_id: str) -> str:
+  module, rest = mutant_id.split(":")
+  idx, k = (int(p) for p in rest.split("."))
+  tree = ast.parse((REPO / "fp4jax" / f"{module}.py").read_text())
+  node = list(ast.walk(tree))[idx]
+  _, apply = list(_mutations(node))[k]
+  if apply is None:
+    tree = _DropUnary(node).visit(tree)
+  else:
+    apply(node)
+  return ast.unparse(ast.fix_missing_locations(tree))
+
+
+def _workspace(root: Path) -> Path:
+  """A copy of the repository's code and tests under ``root``, where mutants are written and tests run (pytest puts
+  the rootdir of ``tests/`` first on ``sys.path``, so the mutated package must live in the tree the tests run from)."""
+  ws = root / "repo"
+  ignore = shutil.ignore_patterns("__pycache__", "results", "*.json", ".hypothesis")
+  for name in ("fp4jax", "kernels", "experiments", "tests"):
+    shutil.copytree(REPO / name, ws / name, ignore=ignore)
+  shutil.copy(REPO / "pyproject.toml", ws / "pyproject.toml")
+  probe = subprocess.run([sys.executable, "-c", "import fp4jax; print(fp4jax.__file__)"], cwd=ws, env=_env(ws),
+                         capture_output=True, text=True, check=True)
+  if not probe.stdout.strip().startswith(str(ws)):
+    sys.exit(f"the workspace copy is not the fp4jax the tests import: {probe.stdout.strip()}")
+  return ws
+
+
+def _env(ws: Path) -> dict:
+  return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ws), str(ws / "kernels")]), "JAX_PLATFORMS": "cpu",
+          "JAX_COMPILATION_CACHE_DIR": str(CACHE), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _pytest(tests: list[str], ws: Path, timeout: float) -> tuple[str, float]:
+  cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+         "-o", "addopts=", *tests]
+  t0 = time.time()
+  try:
+    proc = subprocess.run(cmd, check=False, cwd=ws, env=_env(ws), capture_output=True, text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return "timeout", time.time() - t0
+  return ("survived" if proc.returncode == 0 else "killed"), time.time() - t0
+
+
+def _load() -> dict:
+  return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+
+
+def _save(results: dict) -> None:
+  tmp = RESULTS.with_suffix(".tmp")
+  tmp.write_text(json.dumps(results, indent=1, sort_keys=True))
+  tmp.replace(RESULTS)
+
+
+def run(modules: list[str], limit: int | None, budget_s: float | None, rerun_survivors: bool = False) -> None:
+  results = _load()
+  start = time.time()
+  with tempfile.TemporaryDirectory(prefix="fp4jax_mut_") as tmp:
+    ws = _workspace(Path(tmp))
+    for module in modules:
+      tests = TARGETS[module]
+      target = ws / "fp4jax" / f"{module}.py"
+      original = target.read_text()
+      key = f"{module}:baseline"
+      if results.get(key, {}).get("tests") != tests:  # new or changed targets: time them again
+        status, secs = _pytest(tests, ws, 1800)
+        if status != "survived":
+          sys.exit(f"{module}: the targeted tests {tests} fail on the unmutated code; fix that first")
+        results[key] = {"status": "baseline", "seconds": round(secs, 1), "tests": tests}
+        _save(results)
+      timeout = 3 * results[key]["seconds"] + 60
+      status_of = lambda m: results.get(m["id"], {}).get("status")
+      todo = [m for m in enumerate_mutants(module)
+              if status_of(m) is None or (rerun_survivors and status_of(m) == "survived")]
+      for m in todo[:limit]:
+        if budget_s is not None and time.time() - start > budget_s:
+          print(f"time budget of {budget_s:.0f}s spent; rerun the same command to resume")
+          return
+        target.write_text(mutated_source(m["id"]))
+        try:
+          status, secs = _pytest(tests, ws, timeout)
+        finally:
+          target.write_text(original)
+        results[m["id"]] = {**m, "status": status, "seconds": round(secs, 1)}
+        _save(results)
+        print(f"{m['id']:<18} line {m['line']:<4} {m['desc']:<28} {status} ({secs:.0f}s)", flush=True)
+
+
+def report(show_survivors: bool = True) -> None:
+  results = _load()
+  by_module: dict[str, list[dict]] = {}
+  for r in results.values():
+    if r["status"] != "baseline":
+      by_module.setdefault(r["id"].split(":")[0], []).append(r)
+  total = killed = 0
+  for module in TARGETS:
+    rs = by_module.get(module, [])
+    if not rs:
+      continue
+    k = sum(r["status"] in ("killed", "timeout") for r in rs)
+    n_all = len(enumerate_mutants(module))
+    print(f"{module:<11} {k}/{len(rs)} killed ({100 * k / len(rs):.1f}%), {len(rs)}/{n_all} mutants run")
+    total, killed = total + len(rs), killed + k
+    if show_survivors:
+      for r in sorted((r for r in rs if r["status"] == "survived"), key=lambda r: r["line"]):
+        print(f"    survived {r['id']:<18} line {r['line']:<4} {r['desc']}")
+  if total:
+    print(f"total       {killed}/{total} killed ({100 * killed / total:.1f}%)")
+
+
+def show(mutant_id: str) -> None:
+  module = mutant_id.split(":")[0]
+  a = ast.unparse(ast.parse((REPO / "fp4jax" / f"{module}.py").read_text())).splitlines()
+  b = mutated_source(mutant_id).splitlines()
+  print("\n".join(difflib.unified_diff(a, b, f"fp4jax/{module}.py", f"mutant {mutant_id}", lineterm="", n=2)))
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  sub = p.add_subparsers(dest="cmd", required=True)
+  r = sub.add_parser("run")
+  r.add_argument("--modules", nargs="+", default=list(TARGETS), choices=list(TARGETS))
+  r.add_argument("--limit", type=int, default=None, help="at most this many new mutants per module")
+  r.add_argument("--budget", type=float, default=None, help="stop starting mutants after this many seconds")
+  r.add_argument("--rerun-survivors", action="store_true", help="run the surviving mutants again (after new tests)")
+  sub.add_parser("report")
+  s = sub.add_parser("show")
+  s.add_argument("mutant_id")
+  s2 = sub.add_parser("list")
+  s2.add_argument("module", choices=list(TARGETS))
+  args = p.parse_args()
+  if args.cmd == "run":
+    run(args.modules, args.limit, args.budget, args.rerun_survivors)
+  elif args.cmd == "report":
+    report()
+  elif args.cmd == "show":
+    show(args.mutant_id)
+  else:
+    for m in enumerate_mutants(args.module):
+      print(m["id"], m["line"], m["desc"])
+
+
+if __name__ == "__main__":
+  main()
