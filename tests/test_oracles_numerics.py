@@ -222,7 +222,7 @@ def test_nvfp4_16x16_tiles_on_random_data():
 
 # ------------------------------------------------------------------------------------------------ scaling law
 def test_scaling_law_at_hand_computed_points():
-  from experiments import scaling_law as sl
+  from fp4jax_experiments import scaling_law as sl
   law = sl.LossLaw(A=1.0, alpha=1.0, B=4.0, beta=0.5, E=1.0, gamma=2.0)
   # (1/2 + 4/sqrt(16))^2 + 1 = 1.5^2 + 1 = 3.25; with eff_N = 0.5 at N = 4 and eff_D = 4 at D = 4: the same point
   assert float(law(2.0, 16.0)) == pytest.approx(3.25, rel=1e-6)
@@ -233,7 +233,7 @@ def test_scaling_law_at_hand_computed_points():
 
 
 def test_published_quartet_law_at_a_point_by_the_formula():
-  from experiments import scaling_law as sl
+  from fp4jax_experiments import scaling_law as sl
   p = {"A": 1.274e5, "alpha": 0.5785, "B": 4.658e5, "beta": 0.5389, "E": 1.3408, "gamma": 0.2764}  # REFERENCE §4
   n, d, eff_n, eff_d = 100e6, 100e6 * 100, 0.658, 0.822
   want = (p["A"] / (n * eff_n) ** p["alpha"] + p["B"] / (d * eff_d) ** p["beta"]) ** p["gamma"] + p["E"]
