@@ -22,10 +22,11 @@ This module never imports ``fp4jax_kernels``; the registry loads it (``fp4jax.ba
 An ``Operand`` is a pair ``(values, scale)`` with the dequantized operand equal to ``values · scale``, where ``scale``
 is an fp32 scalar (the NVFP4 tensor scale, the MXFP4 headroom factor 4/3 or an FP8 decode scale) or, for per-channel
 E2M1 and for NVFP4 / FP8 with ``OperandSpec.amax="row"``, one fp32 decode scale per row (shape
-``values.shape[:-1] + (1,)``: per token or output channel, never along the contraction axis), and ``values`` carries everything else. For FP4 and FP8 operands ``values`` are exact in
-bfloat16 (an E2M1 value times an E4M3 or power-of-two block scale has at most 6 significant bits; FP8 values at most
-4), so ``matmul`` multiplies them at bf16 with fp32 accumulation and applies the scales in the epilogue, as the
-hardware does with block-scaled FP4 GEMMs (FP4-REFERENCE §2). Operands that are not exact in bf16 (unquantized f32
+``values.shape[:-1] + (1,)``: per token or output channel, never along the contraction axis), and ``values``
+carries everything else. For FP4 and FP8 operands ``values`` are exact in bfloat16 (an E2M1 value times an E4M3
+or power-of-two block scale has at most 6 significant bits; FP8 values at most 4), so ``matmul`` multiplies them at
+bf16 with fp32 accumulation and applies the scales in the epilogue, as the hardware does with block-scaled FP4 GEMMs
+(FP4-REFERENCE §2). Operands that are not exact in bf16 (unquantized f32
 inputs, OCC's clamped values plus residual) stay float32 (see ``matmul`` for their GEMM).
 """
 
