@@ -15,13 +15,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 from flax import nnx
+from fp4jax_kernels import operand as kernel_operand
 
 import fp4jax
 from fp4jax import backends, operand, recipes
 from fp4jax.flax import linen as ql
 from fp4jax.flax import nnx as qn
 from fp4jax.recipes import OperandSpec
-from fp4jax_kernels import operand as kernel_operand
 from tests.numpy_reference import nvfp4_reference
 
 quantize_mod = importlib.import_module("fp4jax.quantize")
