@@ -45,6 +45,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+import fp4jax.recipes
 import fp4jax.sharding
 from fp4jax.backends import Backend
 from fp4jax.flax.linen import DotGeneral
@@ -115,6 +116,8 @@ class ModelConfig:
     # fp4jax.dot_general's quantizer backend for the projections: "xla", "pallas" (the fused kernels) or "auto"
     # (the kernels on a GPU that runs them); every backend gives the same bits.
     quantizer_backend: str = "xla"
+    # the projections run fp4jax.recipes.causal(recipe): per-token amax of X, a strictly causal forward
+    causal_amax: bool = False
 
     def __post_init__(self):
         for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size", "scan_unroll"):
@@ -218,13 +221,15 @@ class TensorParallel:
         return fp4jax.sharding.sum_from_shards(x.astype(jnp.float32), self.axis).astype(x.dtype)
 
 
-def projection_dot_cls(recipe: str, backend: str = "xla", tp: TensorParallel | None = None, split: str = ""):
+def projection_dot_cls(recipe: str, backend: str = "xla", tp: TensorParallel | None = None, split: str = "",
+                       causal: bool = False):
     """The ``dot_general_cls`` for a projection under ``recipe``: None (flax's plain dot) for BF16, else fp4jax's
-    with quantizer ``backend``; with ``tp``, the recipe marked ``fp4jax.sharding.sharded`` along ``split``
-    ("outputs" or "inputs") over ``tp.axis``."""
+    with quantizer ``backend``; ``causal``: ``fp4jax.recipes.causal(recipe)`` (per-token amax); with ``tp``, the
+    recipe marked ``fp4jax.sharding.sharded`` along ``split`` ("outputs" or "inputs") over ``tp.axis``."""
     if recipe == BF16_RECIPE:
         return None
-    marked = recipe if tp is None else fp4jax.sharding.sharded(recipe, tp.axis, split)
+    base = fp4jax.recipes.causal(recipe) if causal else recipe
+    marked = base if tp is None else fp4jax.sharding.sharded(base, tp.axis, split)
     return functools.partial(DotGeneral, recipe=marked, backend=backend)
 
 
@@ -250,7 +255,7 @@ def _projection(config: ModelConfig, recipe: str, features: int, name: str, init
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         kernel_init=nn.initializers.normal(init_std),
-        dot_general_cls=projection_dot_cls(recipe, config.quantizer_backend, tp, split),
+        dot_general_cls=projection_dot_cls(recipe, config.quantizer_backend, tp, split, config.causal_amax),
         name=name,
     )
 

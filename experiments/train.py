@@ -93,6 +93,7 @@ class TrainConfig:
     grad_comm_dtype: str = "float32"  # data-parallel gradient all-reduce dtype (sharding.GRAD_COMM_DTYPES)
     deterministic: int = 0  # R > 0: R fixed microbatches, sums in a fixed order (experiments.deterministic)
     tensor_shards: int = 1  # with deterministic: the blocks as T Megatron shards (experiments.deterministic)
+    causal_amax: bool = False  # fp4jax.recipes.causal(recipe): per-token amax of X, a strictly causal forward
 
     def __post_init__(self):
         for name in ("tokens", "batch_size", "seq_len", "log_every", "eval_every", "eval_batches", "ckpt_every"):
@@ -198,6 +199,7 @@ class Trainer:
             bf16_last=config.bf16_last,
             dtype=jnp.dtype(config.dtype),
             attention_impl=config.attention_impl,
+            causal_amax=config.causal_amax,
             **(model_overrides or {}),
         )
         model_lib.projection_dot_cls(config.recipe)  # fail now, not after the data and compile, if fp4jax lacks it
@@ -783,6 +785,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-shards", type=int, default=defaults.tensor_shards, metavar="T",
                         help="with --deterministic: the blocks as T Megatron tensor-parallel shards (a power of two), "
                         "the same bits on --mesh model=T or data=D,model=T as on one device or --mesh data=D")
+    parser.add_argument("--causal-amax", action="store_true",
+                        help="fp4jax.recipes.causal(recipe): amax of the projections' inputs per token, not per "
+                        "tensor, so no token's quantization depends on later tokens or other batch rows")
 
 
 def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
@@ -818,7 +823,9 @@ def config_to_args(config: TrainConfig) -> list[str]:
     flags = []
     for field in dataclasses.fields(TrainConfig):
         value = getattr(config, field.name)
-        if value is not None:
+        if isinstance(value, bool):
+            flags += ["--" + field.name.replace("_", "-")] if value else []
+        elif value is not None:
             flags += ["--" + field.name.replace("_", "-"), repr(value) if isinstance(value, float) else str(value)]
     return flags
 

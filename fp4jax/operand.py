@@ -12,7 +12,8 @@ by the ``backend`` argument; every implementation gives the same bits for the sa
   per operand (plus NVFP4's amax pre-pass), Hadamard and transpose included; ``PAIR_OP`` quantizes one tensor for
   two GEMMs (along its rows, and transposed) in one pre-pass and one kernel where that pays. The kernels own their
   limits: an operand they cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last axis that is not whole
-  blocks, ...) raises ``fp4jax.backends.Unsupported`` naming the spec.
+  blocks, per-row tensor scales (``OperandSpec.amax="row"``), ...) raises ``fp4jax.backends.Unsupported`` naming the
+  spec.
 * ``"auto"`` (the default): the kernels on a GPU that runs them, where they take the operand; ``"xla"`` otherwise
   (on a CPU, ``"xla"`` only: the kernels are neither loaded nor interpreted there).
 
@@ -20,11 +21,12 @@ This module never imports ``fp4jax_kernels``; the registry loads it (``fp4jax.ba
 
 An ``Operand`` is a pair ``(values, scale)`` with the dequantized operand equal to ``values · scale``, where ``scale``
 is an fp32 scalar (the NVFP4 tensor scale, the MXFP4 headroom factor 4/3 or an FP8 decode scale) or, for per-channel
-E2M1, one fp32 decode scale per row (shape ``values.shape[:-1] + (1,)``: per token or output channel, never along
-the contraction axis), and ``values`` carries everything else. For FP4 and FP8 operands ``values`` are exact in
-bfloat16 (an E2M1 value times an E4M3 or power-of-two block scale has at most 6 significant bits; FP8 values at most
-4), so ``matmul`` multiplies them at bf16 with fp32 accumulation and applies the scales in the epilogue, as the
-hardware does with block-scaled FP4 GEMMs (FP4-REFERENCE §2). Operands that are not exact in bf16 (unquantized f32
+E2M1 and for NVFP4 / FP8 with ``OperandSpec.amax="row"``, one fp32 decode scale per row (shape
+``values.shape[:-1] + (1,)``: per token or output channel, never along the contraction axis), and ``values``
+carries everything else. For FP4 and FP8 operands ``values`` are exact in bfloat16 (an E2M1 value times an E4M3
+or power-of-two block scale has at most 6 significant bits; FP8 values at most 4), so ``matmul`` multiplies them at
+bf16 with fp32 accumulation and applies the scales in the epilogue, as the hardware does with block-scaled FP4 GEMMs
+(FP4-REFERENCE §2). Operands that are not exact in bf16 (unquantized f32
 inputs, OCC's clamped values plus residual) stay float32 (see ``matmul`` for their GEMM).
 """
 
@@ -103,6 +105,14 @@ def channel_scale(x: jax.Array, pow2_scale: bool, shard=None) -> jax.Array:
   return jnp.where(jnp.isfinite(amax), g, jnp.float32(jnp.nan))
 
 
+def row_amax(x: jax.Array, shard=None) -> jax.Array:
+  """max|x| of each row along the last axis (fp32, keepdims), NaN for a row holding NaN or Inf: the amax
+  ``fp4jax.quantize`` takes of that row alone. ``shard``: an ``fp4jax.sharding.OperandShard``; the max is then over
+  the logical rows."""
+  amax = shard.row_amax(x) if shard else jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+  return jnp.where(jnp.all(jnp.isfinite(x), axis=-1, keepdims=True), amax, jnp.float32(jnp.nan))
+
+
 def _e2m1_channel(x: jax.Array, pow2_scale: bool, shard=None) -> Operand:
   """E2M1 with per-row absmax scales: ``values = value(rtn_e2m1(x·γ))`` (E2M1 grid values, exact in bf16) and the
   per-row decode scale ``1/γ`` correctly rounded (``div_rn``), so the dequantized row is ``value · fl(1/γ)``."""
@@ -126,13 +136,20 @@ def _block_fp4(x: jax.Array, spec: OperandSpec, key, shard=None) -> tuple[Operan
   scale_where = (lay.scale_origin(where[0]), BlockLayout(where[1], lay.axis, block).scale_shape) if shard else ()
   scale_bits = lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape, *scale_where)) if eden else None
   xb = lay.to_blocks(x.astype(jnp.float32))
-  amax = shard.global_amax(x) if shard and spec.fmt.name == "nvfp4" else None
+  amax = None
+  if spec.amax == "row":
+    amax = row_amax(x, shard)[..., None]  # (..., rows, 1, 1): broadcasts over the row's blocks
+  elif shard and spec.fmt.name == "nvfp4":
+    amax = shard.global_amax(x)
   codes, dec, global_scale, _ = quantize_blocks(xb, lay, spec.fmt, spec.rounding, bits, scale_bits, amax)
   values = lay.from_blocks(decode_blocks(codes, dec, jnp.float32(1.0))).astype(jnp.bfloat16)
   mask = None
   if spec.estimator == "trust_mask":
     mask = lay.from_blocks(estimators.trust_mask(xb, dec * global_scale))
-  return Operand(values, jnp.asarray(global_scale, jnp.float32)), mask
+  global_scale = jnp.asarray(global_scale, jnp.float32)
+  if spec.amax == "row" and global_scale.ndim:  # NVFP4: one tensor scale per row, keepdims (..., rows, 1)
+    global_scale = global_scale[..., 0]
+  return Operand(values, global_scale), mask
 
 
 def rotate_and_quantize_both(
@@ -233,7 +250,8 @@ def _quantize(x, spec: OperandSpec, key, shard=None) -> tuple[Operand, jax.Array
   elif spec.fmt == E2M1_CHANNEL:
     op = _e2m1_channel(x, spec.scale_pow2, shard)
   else:
-    v, inv = fp8.quantize_fp8(x, spec.fmt, pow2_scale=spec.scale_pow2, amax=shard.global_amax(x) if shard else None)
+    amax = row_amax(x, shard) if spec.amax == "row" else shard.global_amax(x) if shard else None
+    v, inv = fp8.quantize_fp8(x, spec.fmt, pow2_scale=spec.scale_pow2, amax=amax)
     op = Operand(v.astype(jnp.bfloat16), inv)  # FP8 grid values: exact in bf16
   if residual is not None:
     op = Operand(op.dequantize() + residual.astype(jnp.float32), jnp.float32(1.0))

@@ -325,7 +325,9 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
   """The block numerics of ``quantize``, shared with the Pallas kernels (which call it on one tile).
 
   Blocked fp32 ``xb`` -> (codes, fp32 block scales (keep-dims), tensor decode scale, E8M0 exponents or None).
-  ``amax`` is the tensor's max|x| (NaN if any element is non-finite); None computes it from ``xb``.
+  ``amax`` is the tensor's max|x| (NaN if any element is non-finite); None computes it from ``xb``. A keep-dims
+  ``amax`` per row (shape ``xb.shape[:-2] + (1, 1)``, 1D blocks) gives each row its own NVFP4 tensor scale, which is
+  then returned per row too: each row quantized as if alone (``OperandSpec.amax="row"``).
   ``tensor_scales``: NVFP4's ``(s_enc, s_dec)`` of that amax (``scaling.nvfp4_tensor_scales`` with the rule of
   ``fmt`` and ``rounding``), when the caller computed them once for many calls (the kernels' tiles).
   The block max is an integer max of the magnitude bits (XLA's CPU float max may drop NaN; NaN's bits exceed +Inf's

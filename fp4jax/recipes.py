@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from typing import Callable, Literal, get_args
 
 from fp4jax import hadamard as hadamard_lib
 from fp4jax.formats import MXFP4, NVFP4, FP4Format
@@ -27,6 +27,7 @@ SIGNS = ("none", "te", "fixed", "random")
 ESTIMATORS = ("ste", "trust_mask", "dge")
 CLIPS = ("none", "occ")
 SOURCES = ("input", "forward")
+AmaxScope = Literal["tensor", "row"]
 GEMMS = ("fwd", "dgrad", "wgrad")
 
 
@@ -55,6 +56,13 @@ class OperandSpec:
     dge_k, dge_cap: DGE's sharpness k and the cap on its derivative.
     source: for the backward operands W and X: ``"input"`` (quantize the layer input) or ``"forward"`` (re-quantize
       the forward-quantized tensor; with ``fmt=None`` and no Hadamard it is reused unchanged).
+    amax: what the tensor-wide statistic of the operand is taken over: ``"tensor"`` (Transformer Engine's design:
+      NVFP4's FP32 tensor scale and FP8's current scale from max|x| over the whole operand) or ``"row"`` (one FP32
+      tensor scale per row along the contraction axis, from that row's max|x|: per token for X, so each token's
+      quantization depends on that token only; the row is quantized exactly as the 1-row tensor would be).
+      MXFP4 and ``e2m1_channel`` take no tensor-wide statistic (block and per-row scales; OCC's quantiles are per
+      row too), so both values give the same bits there. ``"row"`` needs a quantized ``fmt`` and 1D blocks (a
+      16x16 tile spans 16 rows).
   """
 
   fmt: FP4Format | str | None = None
@@ -69,6 +77,7 @@ class OperandSpec:
   dge_k: float = 5.0
   dge_cap: float = 3.0
   source: str = "input"
+  amax: AmaxScope = "tensor"
 
   def __post_init__(self):
     fmt = self.fmt
@@ -98,6 +107,11 @@ class OperandSpec:
       raise ValueError(f"estimator 'dge' is defined on {E2M1_CHANNEL!r} weights, got fmt={fmt!r}")
     if self.source not in SOURCES:
       raise ValueError(f"OperandSpec.source must be one of {SOURCES}, got {self.source!r}")
+    if self.amax not in get_args(AmaxScope):
+      raise ValueError(f"OperandSpec.amax must be one of {get_args(AmaxScope)}, got {self.amax!r}")
+    if self.amax == "row" and (fmt is None or self.block_shape is not None):
+      raise ValueError(f"OperandSpec.amax='row' needs a quantized fmt with 1D blocks (one scale per row), got "
+                       f"fmt={fmt!r}, block_shape={self.block_shape}")
 
   @property
   def is_random(self) -> bool:
@@ -349,3 +363,25 @@ def deterministic(recipe: str | Recipe) -> Recipe:
 
   fields = {f"{g}_{side}": fixed(getattr(recipe, f"{g}_{side}")) for g in GEMMS for side in ("lhs", "rhs")}
   return dataclasses.replace(recipe, name=f"{recipe.name}:deterministic", **fields)
+
+
+def causal(recipe: str | Recipe) -> Recipe:
+  """The strictly causal variant of ``recipe``: its forward activation operand X (``fwd_lhs``) takes its amax per
+  row (``OperandSpec.amax="row"``: one FP32 tensor scale per token), so a token's forward quantization, and so
+  every output at that token, depends on that token's input only.
+
+  With ``amax="tensor"`` (every registered recipe, as Transformer Engine) one token's max|x| sets the NVFP4 tensor
+  scale (FP8: the current scale) of all tokens of the batch: in a causal LM, tokens after position p then change
+  the logits at positions <= p, and one batch row changes the others. Nothing else in a recipe's forward mixes
+  tokens: W holds no tokens, block scales, Hadamard chunks and MS-EDEN corrections lie along the features, random
+  bits hash element indices, and Microsoft FP4's OCC quantiles and ``e2m1_channel`` scales are per token already
+  (there "row" changes no bits). The backward GEMMs are left as they are (they compute gradients, not outputs).
+  A ``dot_general`` whose rhs holds tokens (e.g. attention's K or V quantized by an einsum layer) is not made
+  causal by this: keep such products in high precision (as the experiments' model does; ``fp4jax.flax``'s rules
+  select weight layers only). A recipe with an unquantized X is returned unchanged.
+  """
+  recipe = get(recipe)
+  if recipe.fwd_lhs.fmt is None or recipe.fwd_lhs.amax == "row":
+    return recipe
+  return dataclasses.replace(recipe, name=f"{recipe.name}:causal",
+                             fwd_lhs=dataclasses.replace(recipe.fwd_lhs, amax="row"))

@@ -42,6 +42,8 @@ def refusal(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bo
   """
   if spec.clip != "none":
     return f"clip={spec.clip!r} (outlier clamping runs in XLA)"
+  if spec.amax != "tensor":
+    return f"amax={spec.amax!r} (the kernel takes one tensor scale per operand; per-row tensor scales run in XLA)"
   if not isinstance(spec.fmt, FP4Format):
     return f"fmt={spec.fmt!r} (the kernel writes block-scaled FP4 only)"
   if jnp.dtype(dtype) not in KERNEL_DTYPES:
