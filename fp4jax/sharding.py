@@ -63,7 +63,6 @@ SPLIT_DIMS = {
     "outputs": {"fwd_rhs": 1, "dgrad_lhs": 2, "dgrad_rhs": 2, "wgrad_lhs": 1},  # N: column-parallel (Megatron)
     "inputs": {"fwd_lhs": 2, "fwd_rhs": 2, "dgrad_rhs": 1, "wgrad_rhs": 1},  # K: row-parallel (Megatron)
 }
-TOKEN_DIMS = SPLIT_DIMS["tokens"]
 AxisName = str | tuple[str, ...]  # a mesh axis, or several (major to minor: lax.axis_index's row-major order)
 
 
