@@ -1,6 +1,8 @@
 """``fp4jax.packed_matmul`` through the kernels' implementations (``fp4jax_kernels.gemm.api``; Pallas interpret
 mode off a GPU) against NumPy decodes of the packed codes, and ``"auto"``'s choice between them and XLA."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -69,6 +71,10 @@ def test_kernels_refuse_weight_only_and_named_backends_say_so():
   x = fp4jax.quantize(jnp.ones((2, 64)), fp4jax.MXFP4)
   with pytest.raises(backends.Unsupported, match="one format"):
     fp4jax.packed_matmul(x, w, backend="pallas")
+  nv32 = dataclasses.replace(fp4jax.NVFP4, block_size=32)  # the GEMV would read 16-blocks
+  w32, x32 = fp4jax.quantize(jnp.ones((64, 24)), nv32, axis=0), fp4jax.quantize(jnp.ones((1, 64)), nv32)
+  with pytest.raises(backends.Unsupported, match="32-element blocks"):
+    fp4jax.packed_matmul(x32, w32, backend="pallas")
 
 
 def test_auto_on_a_gpu_takes_the_kernel_for_fp4_activations_and_xla_otherwise(monkeypatch):
