@@ -13,22 +13,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fp4jax.metrics import relative_mse
 from fp4jax_experiments import model as model_lib
 
 ERROR_NAME = "quant_error"
 
 
-def default_metric() -> Callable | None:
-    """fp4jax.metrics.relative_mse(reference, approximation) if that module exists, else None."""
-    try:
-        from fp4jax.metrics import relative_mse
-    except ImportError:
-        return None
-    return relative_mse
-
-
 def projection_quant_errors(model: model_lib.Llama, params, tokens: jax.Array, key: jax.Array,
-                            metric: Callable) -> dict:
+                            metric: Callable = relative_mse) -> dict:
     """{"block_<l>/<module path>": metric(x·W in fp32, quantized projection output)} for one forward pass.
 
     Layers with flax's plain dot (BF16 recipe, first/last BF16 blocks, embeddings, LM head) are not listed. Inside

@@ -643,9 +643,6 @@ def _train(config, out, cache_dir, max_minutes, stop_at_step, quiet, layout, mod
     if folder.primary:
         folder.summary.unlink(missing_ok=True)  # of an earlier piece; rewritten when this one ends
     counts = model_lib.parameter_count(trainer.model_config)
-    quant_metric = diagnostics.default_metric() if config.quant_error_every else None
-    if config.quant_error_every and quant_metric is None and not quiet:
-        print("quant_error_every: fp4jax.metrics.relative_mse is not available; no quant_error records", file=sys.stderr)
 
     def emit(record):
         folder.log({"step": step, "tokens": step * config.tokens_per_step, **record})
@@ -697,9 +694,9 @@ def _train(config, out, cache_dir, max_minutes, stop_at_step, quiet, layout, mod
             folder.poll()
         if step % config.eval_every == 0 or step == config.steps:
             last["val_loss"] = log_validation()
-        if quant_metric and step % config.quant_error_every == 0:
+        if config.quant_error_every and step % config.quant_error_every == 0:
             errors = diagnostics.projection_quant_errors(
-                trainer.model, state["params"], trainer.eval_set[0][:, :-1], trainer.quant_key(step), quant_metric)
+                trainer.model, state["params"], trainer.eval_set[0][:, :-1], trainer.quant_key(step))
             if errors:
                 emit({"kind": "quant_error", "relative_mse": errors})
         out_of_time = max_minutes is not None and (

@@ -29,8 +29,11 @@ the forward GEMM's over inputs), which are partial sums that the caller adds acr
   take a per-row ``pmax`` when the split cuts the rows; its OCC clamp bounds (per-row quantiles) are taken from the
   whole rows, gathered from the shards (``lax.all_gather``, exact).
 
-Not supported on a sharded operand: the ``"pallas"`` quantizer backend (``ValueError``; ``"auto"`` uses XLA); the
-per-shard kernel with a collective amax is ``fp4jax_kernels.quantize.sharded``.
+Not supported on a sharded operand: the ``"pallas"`` quantizer backend (``ValueError``; ``"auto"`` uses XLA). The
+per-shard quantize kernel (``fp4jax_kernels.quantize.sharded``) runs on this module's description of a sharded
+tensor: one :class:`OperandShard` per split dim (a mesh axis or a tuple of axes), its :func:`placement` (origin and
+logical shape for the random bits), :func:`combine_amax` (the collective NVFP4 amax) and ``OperandShard.check``
+(no straddling block, Hadamard chunk or 16x16 tile).
 
 ``ordered_psum`` is the all-reduce for sums that must not depend on the layout: ``lax.psum`` adds the shards in an
 order the backend picks (a ring or a tree, by message size), ``ordered_psum`` always by the pairwise tree of
@@ -49,9 +52,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp4jax import recipes as recipes_lib
-from fp4jax.reductions import leading_pairwise_sum
 from fp4jax.formats import FP4Format
 from fp4jax.recipes import OperandSpec, Recipe
+from fp4jax.reductions import leading_pairwise_sum
 
 # The dim of each operand of fp4jax.dot's canonical form (X (B, M, K), W (B, N, K); dgrad dY (B, M, N), Wᵀ (B, K, N);
 # wgrad dYᵀ (B, N, M), Xᵀ (B, K, M)) that a split cuts; operands missing from a split are the same on every device.
@@ -60,7 +63,7 @@ SPLIT_DIMS = {
     "outputs": {"fwd_rhs": 1, "dgrad_lhs": 2, "dgrad_rhs": 2, "wgrad_lhs": 1},  # N: column-parallel (Megatron)
     "inputs": {"fwd_lhs": 2, "fwd_rhs": 2, "dgrad_rhs": 1, "wgrad_rhs": 1},  # K: row-parallel (Megatron)
 }
-TOKEN_DIMS = SPLIT_DIMS["tokens"]
+AxisName = str | tuple[str, ...]  # a mesh axis, or several (major to minor: lax.axis_index's row-major order)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,16 +98,24 @@ def token_sharded(recipe: str | Recipe, axis_name: str) -> ShardedRecipe:
   return sharded(recipe, axis_name, "tokens")
 
 
-def global_amax(x: jax.Array, axis_name: str) -> jax.Array:
-  """max|x| over the shards of ``x`` along mesh axis ``axis_name`` (fp32), NaN if any shard holds NaN/Inf.
+def combine_amax(local: jax.Array, axis_name: AxisName) -> jax.Array:
+  """The logical tensor's amax from each shard's ``local`` max|x| (fp32 scalar; NaN or +Inf for a shard holding
+  NaN/Inf), over mesh axis (or axes) ``axis_name``: NaN if any shard holds NaN/Inf.
 
-  Each shard sends its max|x|, or +Inf if it holds NaN/Inf (XLA's max, and so ``lax.pmax``, may drop NaN; no max
-  drops +Inf); a max is exact in any order, so the result is the logical tensor's amax.
+  Each shard sends ``local``, or +Inf where it is not finite (XLA's max, and so ``lax.pmax``, may drop NaN; no max
+  drops +Inf); a max is exact in any order, so the result is the logical tensor's amax (``fp4jax.quantize``'s NaN
+  rule). Call inside ``jax.shard_map``; the per-shard kernels (``fp4jax_kernels.quantize.sharded``) call it on their
+  kernel's local amax.
   """
-  x = x.astype(jnp.float32)
-  local = jnp.where(jnp.all(jnp.isfinite(x)), jnp.max(jnp.abs(x)), jnp.float32(jnp.inf))
-  total = lax.pmax(local, axis_name)
+  total = lax.pmax(jnp.where(jnp.isfinite(local), local, jnp.float32(jnp.inf)), axis_name)
   return jnp.where(jnp.isfinite(total), total, jnp.float32(jnp.nan))
+
+
+def global_amax(x: jax.Array, axis_name: AxisName) -> jax.Array:
+  """max|x| over the shards of ``x`` along mesh axis (or axes) ``axis_name`` (fp32), NaN if any shard holds NaN/Inf
+  (:func:`combine_amax` of the local max|x|, +Inf for a shard with a non-finite element)."""
+  x = x.astype(jnp.float32)
+  return combine_amax(jnp.where(jnp.all(jnp.isfinite(x)), jnp.max(jnp.abs(x)), jnp.float32(jnp.inf)), axis_name)
 
 
 def ordered_psum(x: jax.Array, axis_name: str) -> jax.Array:
@@ -165,19 +176,16 @@ sum_from_shards.defvjp(_sum_fwd, _sum_bwd)
 
 @dataclasses.dataclass(frozen=True)
 class OperandShard:
-  """A GEMM operand whose dim ``dim`` is this device's slice of a logical dim split evenly over ``axis_name``;
-  ``label`` names that dim in errors ("tokens", "outputs", "inputs")."""
+  """A GEMM operand whose dim ``dim`` is this device's slice of a logical dim split evenly over ``axis_name`` (a mesh
+  axis, or a tuple of axes, major to minor); ``label`` names that dim in errors ("tokens", "outputs", "inputs")."""
 
-  axis_name: str
+  axis_name: AxisName
   dim: int
   label: str = "tokens"
 
   def placement(self, shape: tuple[int, ...]) -> tuple[tuple, tuple[int, ...]]:
     """(origin, logical shape) of a local array of ``shape``: where its element 0 sits in the logical tensor."""
-    logical, origin = list(shape), [0] * len(shape)
-    logical[self.dim] *= lax.axis_size(self.axis_name)
-    origin[self.dim] = lax.axis_index(self.axis_name) * shape[self.dim]
-    return tuple(origin), tuple(logical)
+    return placement((self,), shape)
 
   def global_amax(self, x: jax.Array) -> jax.Array:
     """max|x| over the logical tensor, NaN if any shard holds NaN/Inf (:func:`global_amax`)."""
@@ -188,13 +196,12 @@ class OperandShard:
 
   def row_amax(self, x: jax.Array) -> jax.Array:
     """max|x| of each logical row along the last axis (keepdims, fp32), NaN for a row holding NaN/Inf when the split
-    cuts the rows (each shard sends +Inf for such a row, as :func:`global_amax`); else the local rows' max."""
+    cuts the rows (:func:`combine_amax` per row); else the local rows' max."""
     local = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
     if not self._along_rows(x):
       return local
     finite = jnp.all(jnp.isfinite(x), axis=-1, keepdims=True)
-    total = lax.pmax(jnp.where(finite, local, jnp.float32(jnp.inf)), self.axis_name)
-    return jnp.where(jnp.isfinite(total), total, jnp.float32(jnp.nan))
+    return combine_amax(jnp.where(finite, local, jnp.float32(jnp.inf)), self.axis_name)
 
   def whole_rows(self, x: jax.Array) -> jax.Array:
     """The logical rows of ``x`` along its last axis: ``lax.all_gather`` of the shards when the split cuts them
@@ -221,6 +228,17 @@ class OperandShard:
       names = ", ".join(f"{name} {u}" for name, u in units)
       raise ValueError(f"{head}: {n} local {self.label} are not a multiple of lcm({names}) = {unit}, so a block or "
                        "Hadamard chunk would straddle two devices; use fewer shards or a larger split dim")
+
+
+def placement(shards, shape: tuple[int, ...]) -> tuple[tuple, tuple[int, ...]]:
+  """(origin, logical shape) of a local array of ``shape`` whose dims ``s.dim`` are split as the ``OperandShard`` s
+  ``shards`` say (at most one per dim): dim ``d`` of the logical tensor is ``shape[d]`` times the devices of its
+  axes, and this device's slice starts at ``lax.axis_index(axes) · shape[d]``. Call inside ``jax.shard_map``."""
+  logical, origin = list(shape), [0] * len(shape)
+  for s in shards:
+    logical[s.dim] *= lax.axis_size(s.axis_name)
+    origin[s.dim] = lax.axis_index(s.axis_name) * shape[s.dim]
+  return tuple(origin), tuple(logical)
 
 
 def operand_shard(recipe: Recipe, operand: str) -> OperandShard | None:

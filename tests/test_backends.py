@@ -17,7 +17,9 @@ import pytest
 import fp4jax
 from fp4jax import backends, operand, recipes
 from fp4jax.backends import Unsupported
-from fp4jax.flax import linen as qlinen, nnx as qnnx
+from fp4jax.flax import linen as qlinen
+from fp4jax.flax import nnx as qnnx
+from fp4jax.flax import packed as fq_packed
 
 REPO = Path(__file__).resolve().parents[1]
 DN = (((1,), (1,)), ((), ()))
@@ -43,17 +45,18 @@ def _backend_defaults(module) -> dict[str, object]:
 
 
 def test_every_public_entry_defaults_to_auto():
-  from fp4jax_experiments import train  # noqa: PLC0415
-  from fp4jax_kernels.gemm import api as gemm_api  # noqa: PLC0415
-  from fp4jax_kernels.quantize import api as quantize_api  # noqa: PLC0415
+  from fp4jax_kernels.quantize import api as quantize_api
+
+  from fp4jax_experiments import train
 
   found = {}
-  for module in (fp4jax.dot, operand, qlinen, qnnx, quantize_api, gemm_api):
+  for module in (fp4jax.dot, operand, qlinen, qnnx, quantize_api, fp4jax.matmul, fq_packed):
     found.update({f"{module.__name__}.{n}": d for n, d in _backend_defaults(module).items()})
   for name in ("fp4jax.dot.dot_general", "fp4jax.dot.einsum", "fp4jax.flax.linen.Dense",
                "fp4jax.flax.linen.DenseGeneral", "fp4jax.flax.linen.Einsum", "fp4jax.flax.linen.DotGeneral",
                "fp4jax.flax.linen.quantize", "fp4jax.flax.nnx.Linear", "fp4jax.flax.nnx.Einsum",
-               "fp4jax.flax.nnx.quantize", "fp4jax.operand.rotate_and_quantize"):
+               "fp4jax.flax.nnx.quantize", "fp4jax.operand.rotate_and_quantize", "fp4jax.matmul.packed_matmul",
+               "fp4jax.flax.packed.apply"):
     assert name in found, name
   assert {n: d for n, d in found.items() if d != "auto"} == {}
   model = fp4jax.flax.quantize(fp4jax.flax.linen.nn.Dense(4), [fp4jax.flax.Rule(".*", "nvfp4_rtn")])

@@ -83,7 +83,7 @@ def compute() -> dict:
 
   x, w, dy = _inputs()
   key = jax.random.key(7)
-  token_dims = fp4jax.sharding.TOKEN_DIMS
+  token_dims = fp4jax.sharding.SPLIT_DIMS["tokens"]
   out = {"recipes": {}, "errors": {}}
 
   def compare(got_ops, ref_ops, dims=token_dims):

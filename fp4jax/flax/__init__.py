@@ -2,7 +2,8 @@
 
 Modules: ``linen`` (DotGeneral, Dense, DenseGeneral, Einsum, quantize), ``nnx`` (DotGeneral, EinsumOp, Linear,
 Einsum, quantize), ``rules`` (Rule, keep_high_precision, plan), ``summary`` (which layers run which recipe, FP4
-share of linear FLOPs), ``export`` (packed FP4 weights as QTensors, orbax save/restore).
+share of linear FLOPs), ``export`` (packed FP4 weights as QTensors, orbax save/restore), ``packed`` (inference of
+a linen model from its packed params: ``packed.apply``).
 """
 
 from typing import Any, Sequence
@@ -10,7 +11,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 from flax import nnx as _nnx
 
-from fp4jax.flax import export, linen, nnx, rules
+from fp4jax.flax import export, linen, nnx, packed, rules
 from fp4jax.flax.export import pack, restore, save, unpack
 from fp4jax.flax.rules import DEFAULT_HIGH_PRECISION, Rule, keep_high_precision
 from fp4jax.flax.summary import LayerSummary, summary
@@ -35,6 +36,7 @@ __all__ = [
     "linen",
     "nnx",
     "pack",
+    "packed",
     "quantize",
     "restore",
     "rules",

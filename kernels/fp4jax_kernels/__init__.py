@@ -1,11 +1,16 @@
-"""Pallas kernels beneath fp4jax's quantizers and dot (import name ``fp4jax_kernels``; folder ``kernels/``).
+"""Pallas kernels beneath fp4jax's quantizers, dot and packed matmul (import name ``fp4jax_kernels``; folder
+``kernels/``).
 
-Importing the package registers its implementations of ``fp4jax.operand``'s ops as backend ``"pallas"`` in
-``fp4jax.backends``' registry (``fp4jax_kernels.operand``). ``fp4jax`` never imports this package: its registry
-imports it through the ``"fp4jax.backends"`` entry point (``pyproject.toml``) on the first call that asks for a
-backend it has nothing registered for (``backend="pallas"``, or ``"auto"`` on a GPU that runs the kernels).
+Importing the package registers its implementations in ``fp4jax.backends``' registry: of ``fp4jax.operand``'s
+ops as backend ``"pallas"`` (``fp4jax_kernels.operand``) and of ``fp4jax.matmul.PACKED_MATMUL_OP`` as ``"pallas"``
+and ``"native"`` (``fp4jax_kernels.gemm.api``). ``fp4jax`` never imports this package: its registry imports it
+through the ``"fp4jax.backends"`` entry point (``pyproject.toml``) on the first call that asks for a backend it has
+nothing registered for (a named kernel backend, or ``"auto"`` on a GPU that runs the kernels).
+``fp4jax_kernels.contrib`` holds measured, experimental kernels that the library does not call.
 """
 
 from fp4jax_kernels import operand as _operand
+from fp4jax_kernels.gemm import api as _gemm_api
 
 _operand.register()
+_gemm_api.register()

@@ -206,8 +206,7 @@ def test_projection_quant_errors_name_every_fp4_layer():
     config = m.model_config("100K", n_layers=3, recipe="nvidia_nvfp4", bf16_first=1)
     params = m.init_params(config, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (2, 32), 0, 256)
-    errors = diagnostics.projection_quant_errors(m.Llama(config), params, tokens, jax.random.key(2),
-                                                 diagnostics.default_metric())
+    errors = diagnostics.projection_quant_errors(m.Llama(config), params, tokens, jax.random.key(2))
     projections = ("attn/q", "attn/k", "attn/v", "attn/o", "mlp/gate", "mlp/up", "mlp/down")
     assert set(errors) == {f"block_{layer}/{p}" for layer in (1, 2) for p in projections}
     assert all(0 < e < 0.1 for e in errors.values()), errors  # NVFP4 relative MSE of Gaussian-like data: ~1e-2

@@ -9,7 +9,8 @@ import pytest
 
 import fp4jax
 from fp4jax import hadamard as hadamard_lib
-from fp4jax_kernels.gemm import fused_forward, reference
+from fp4jax_kernels.contrib import fused_forward
+from fp4jax_kernels.gemm import reference
 
 FOUR_OVER_SIX = dataclasses.replace(fp4jax.NVFP4, scale_mode="four_over_six")
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import fp4jax
+from fp4jax import backends
 from fp4jax_kernels.gemm import api, gemv, reference
 
 
@@ -72,24 +73,36 @@ def test_gemv_rejects_what_it_does_not_cover():
     gemv.matmul(a, _operands(1, 64, 512)[1], interpret=True)
 
 
+def _packed(m, n, k, fmt=fp4jax.NVFP4):
+  """(x quantized along K (m, K), w packed along K (K, n)): ``fp4jax.packed_matmul``'s W4A4 operands."""
+  x = fp4jax.quantize(jax.random.normal(jax.random.key(0), (m, k)) * 3.0, fmt)
+  w = fp4jax.quantize(jax.random.normal(jax.random.key(1), (k, n)), fmt, axis=0)
+  return x, w
+
+
 @pytest.mark.parametrize("m,n,fmt,kernel", [(1, 256, fp4jax.NVFP4, "fp4_gemv_nvfp4"),
-                                            (256, 1, fp4jax.NVFP4, "fp4_gemv_nvfp4"),
                                             (2, 256, fp4jax.NVFP4, "fp4_gemv_nvfp4"),
-                                            (256, 2, fp4jax.NVFP4, "fp4_gemv_nvfp4"),
                                             (3, 256, fp4jax.NVFP4, "fp4_dequant_matmul_nvfp4"),
+                                            (256, 1, fp4jax.NVFP4, "fp4_dequant_matmul_nvfp4"),
                                             (1, 256, fp4jax.MXFP4, "fp4_dequant_matmul_mxfp4")])
-def test_pallas_entry_sends_up_to_two_rows_to_the_gemv(m, n, fmt, kernel):
-  """``api.pallas_matmul``: the GEMV for up to ``gemv.ROWS`` = 2 rows of A (or of B, transposed), the tensor-core
+def test_pallas_entry_sends_up_to_two_rows_to_the_gemv(m, n, fmt, kernel, monkeypatch):
+  """``api.pallas_matmul``: the GEMV for up to ``gemv.ROWS`` = 2 rows of activations (NVFP4), the tensor-core
   kernel otherwise (lowered for CUDA on any machine)."""
-  a, b = _operands(m, n, 512, fmt=fmt)
-  text = jax.jit(api.pallas_matmul).trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
+  monkeypatch.setattr(backends, "pallas_interpret", lambda device=None: False)
+  x, w = _packed(m, n, 512, fmt=fmt)
+  run = lambda x, w: api.pallas_matmul(x, w, out_dtype=jnp.bfloat16, auto=True)
+  text = jax.jit(run).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
   assert kernel in text and ("fp4_gemv" in text) == (kernel == "fp4_gemv_nvfp4")
 
 
-def test_pallas_entry_one_row_of_b_matches(interpret):
-  a, b = _operands(37, 1, 256)
-  y = jax.jit(lambda a, b: gemv.matmul(b, a, out_dtype=jnp.float32, interpret=interpret).T)(a, b)
-  assert y.shape == (37, 1) and _rel(y, reference.matmul(a, b, out_dtype=jnp.float32)) < 1e-6
+@pytest.mark.parametrize("m", [1, 5])
+def test_packed_matmul_on_pallas_matches_dequantize_then_dot(m):
+  """``fp4jax.packed_matmul(backend="pallas")`` (interpret mode off a GPU: the GEMV for one row, the tensor-core
+  kernel for five) against NumPy's float64 product of the dequantized operands: fp32 summation order only."""
+  x, w = _packed(m, 48, 256)
+  y = fp4jax.packed_matmul(x, w, out_dtype=jnp.float32, backend="pallas")
+  want = np.asarray(x.dequantize(jnp.float32), np.float64) @ np.asarray(w.dequantize(jnp.float32), np.float64)
+  assert y.shape == (m, 48) and _rel(y, want) < 1e-6
 
 
 def test_gemv_sass_is_fused_multiply_adds_without_tensor_cores():
@@ -112,4 +125,7 @@ def test_gemv_randomized_shapes_on_gpu(seed):
   a, b = _operands(m, n, k)
   want = reference.matmul(a, b, out_dtype=jnp.float32)
   assert _rel(gemv.matmul(a, b, out_dtype=jnp.float32), want) < 1e-6
-  assert _rel(api.pallas_matmul(a, b, out_dtype=jnp.float32), want) < 1e-6
+  x = fp4jax.quantize(jax.random.normal(jax.random.key(0), (m, k)) * 3.0, fp4jax.NVFP4)
+  w = fp4jax.quantize(jax.random.normal(jax.random.key(1), (k, n)), fp4jax.NVFP4, axis=0)
+  want = np.asarray(x.dequantize(jnp.float32), np.float64) @ np.asarray(w.dequantize(jnp.float32), np.float64)
+  assert _rel(fp4jax.packed_matmul(x, w, out_dtype=jnp.float32, backend="pallas"), want) < 1e-6

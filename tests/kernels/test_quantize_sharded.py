@@ -174,9 +174,9 @@ def test_per_shard_kernel_without_global_amax_and_indices_differs(results):
 def test_straddling_or_uneven_layouts_are_rejected(results):
   errors = results["errors"]
   assert "shape (32, 256)" in errors["straddle_hadamard"] and "('a', 'b')" in errors["straddle_hadamard"]
-  assert "shards of 32" in errors["straddle_hadamard"] and "= 128" in errors["straddle_hadamard"]
-  assert "straddle" in errors["straddle_cols_block"] and "shards of 10" in errors["straddle_cols_block"]
-  assert "16-row height" in errors["straddle_2d_tile_height"] and "shards of 8" in errors["straddle_2d_tile_height"]
+  assert "32 local" in errors["straddle_hadamard"] and "= 128" in errors["straddle_hadamard"]
+  assert "straddle" in errors["straddle_cols_block"] and "10 local" in errors["straddle_cols_block"]
+  assert "tile height 16" in errors["straddle_2d_tile_height"] and "8 local" in errors["straddle_2d_tile_height"]
   assert "does not split evenly" in errors["uneven"] and "(30, 128)" in errors["uneven"]
   assert "'c'" in errors["unknown_axis"]
 

@@ -1,10 +1,15 @@
-"""User entry for the FP4 GEMM ``dq(a)·dq(b)ᵀ``: native (Blackwell), Pallas Triton, or XLA, through
-``fp4jax.backends``' registry (op ``MATMUL_OP``, registered when this module is imported).
+"""The FP4 GEMM kernels as implementations of ``fp4jax.matmul.PACKED_MATMUL_OP`` (``fp4jax.packed_matmul``).
 
-``"auto"`` tries what the device runs, fastest first (``fp4jax.backends.candidates``: native from compute
-capability 10.0, Pallas from 8.0, then XLA); the native and Pallas GEMMs take K a whole number of blocks (under
-``"auto"``; a named backend runs its GEMM as asked), whatever the rows (one row too: the Pallas GEMV beats XLA's
-dequantize + dot there, BENCHMARKS.md §5).
+``register`` (called by ``import fp4jax_kernels``) puts ``pallas_matmul`` as its ``"pallas"`` implementation and
+``native_matmul`` as its ``"native"`` one in ``fp4jax.backends``' registry. Both take the W4A4 case only: the
+activations a QTensor (M, K) quantized along K, the weight the packed (K, N) QTensor; both in one format and Hadamard
+domain. Each refuses (``fp4jax.backends.Unsupported``, before tracing anything) an array ``x`` (weight-only FP4:
+XLA's reference) and, under ``"auto"``, K not a whole number of blocks; ``"auto"`` then falls back to XLA.
+
+The kernels read both operands K-major, (rows, K) with 1-D blocks along K (``k_major``): the packed weight's codes
+and scales are transposed by XLA (an exact copy of K·N/2 + K·N/16 bytes per call) and NVIDIA's 16x16 weight tiles
+become 1x16 blocks by repeating each tile's scale over its 16 rows (exact: the same scale multiplies the same
+elements).
 """
 
 from __future__ import annotations
@@ -13,51 +18,61 @@ import jax
 import jax.numpy as jnp
 
 from fp4jax import backends
-from fp4jax.backends import Backend
+from fp4jax.matmul import PACKED_MATMUL_OP
 from fp4jax.quantize import QTensor
-from fp4jax_kernels.gemm import gemv, pallas_triton, reference
+from fp4jax_kernels.gemm import gemv, pallas_triton
 from fp4jax_kernels.native import matmul as native
 
-MATMUL_OP = "fp4jax_kernels.matmul"
+KERNEL_BLOCKS = (("nvfp4", 16), ("mxfp4", 32))  # (format, block size) the GEMMs decode (and the hardware reads)
 
 
-def pallas_matmul(a: QTensor, b: QTensor, *, out_dtype=jnp.bfloat16) -> jax.Array:
-  """The Pallas GEMM for these operands: the CUDA-core GEMV (``gemv``) when either side has at most ``gemv.ROWS``
-  rows and it applies, else the tensor-core kernel (``pallas_triton``)."""
-  if a.shape[0] <= gemv.ROWS and gemv.supports(a, b):
-    return gemv.matmul(a, b, out_dtype=out_dtype)
-  if b.shape[0] <= gemv.ROWS and gemv.supports(b, a):
-    return gemv.matmul(b, a, out_dtype=out_dtype).T
-  return pallas_triton.matmul(a, b, out_dtype=out_dtype)
+def k_major(q: QTensor) -> QTensor:
+  """``q`` as the kernels read it: a 2-D QTensor (rows, K) quantized along axis 1 with 1-D blocks of
+  ``q.fmt.block_size``; from (M, K) along axis 1 or (K, N) along axis 0 (transposed), 1-D blocks or 16x16 tiles
+  (each tile's scale repeated over its rows). Exact: the same codes and scales, laid out again."""
+  codes, scales = (q.codes, q.scales) if q.axis == 1 else (q.codes.T, q.scales.T)
+  rows, k = (q.shape if q.axis == 1 else q.shape[::-1])
+  if len(q.block_shape) == 2:
+    scales = jnp.repeat(scales, q.block_shape[0], axis=0)[:rows]
+  return QTensor(codes=codes, scales=scales, global_scale=q.global_scale, signs=q.signs, shape=(rows, k), axis=1,
+                 fmt=q.fmt, block_shape=(q.fmt.block_size,), hadamard=q.hadamard, dtype=q.dtype)
 
 
-def matmul(a: QTensor, b: QTensor, *, out_dtype=jnp.bfloat16, backend: Backend = "auto") -> jax.Array:
-  """``dq(a) · dq(b)ᵀ`` for 2D QTensors quantized along K; fp32 accumulation, ``out_dtype`` result."""
-  backend = backends.check(backend, "fp4jax_kernels.gemm.api.matmul")
-  return backends.run(MATMUL_OP, backend, a, b, out_dtype=out_dtype, auto=backend == "auto")
-
-
-def whole_blocks(a: QTensor) -> None:
-  """``Unsupported`` unless K is a whole number of ``a``'s blocks (the kernels' GEMMs read no partial block)."""
-  k, block = a.shape[1], a.fmt.block_size
-  if k % block:
+def operands(x, w: QTensor, auto: bool) -> tuple[QTensor, QTensor]:
+  """(A (M, K), B (N, K)), both ``k_major``, for ``dq(A)·dq(B)ᵀ = dq(x)·dq(w)``; ``Unsupported`` for an array ``x``,
+  operands of two formats, a block size other than the format's own (``KERNEL_BLOCKS``), or (under ``auto``) K not
+  a whole number of blocks."""
+  if not isinstance(x, QTensor):
+    raise backends.Unsupported("x is not quantized: the FP4 GEMM kernels multiply two FP4 operands (a weight-only "
+                               "product is XLA's)")
+  if x.fmt != w.fmt:
+    raise backends.Unsupported(f"x is {x.fmt.name} and w {w.fmt.name}: the kernels take one format")
+  if (w.fmt.name, w.fmt.block_size) not in KERNEL_BLOCKS:
+    raise backends.Unsupported(f"{w.fmt.name} with {w.fmt.block_size}-element blocks: the kernels take "
+                               f"{dict(KERNEL_BLOCKS)}")
+  k, block = w.shape[0], w.fmt.block_size
+  if auto and k % block:
     raise backends.Unsupported(f"K={k} is not a whole number of {block}-element blocks")
+  return k_major(x), k_major(w)
 
 
-def _on_blocks(gemm):
-  """``gemm`` as an implementation of ``MATMUL_OP``: under ``"auto"``, for whole blocks only."""
-  def impl(a: QTensor, b: QTensor, *, out_dtype, auto: bool) -> jax.Array:
-    if auto:
-      whole_blocks(a)
-    return gemm(a, b, out_dtype=out_dtype)
-  return impl
+def pallas_matmul(x, w: QTensor, *, out_dtype, auto: bool) -> jax.Array:
+  """The ``"pallas"`` implementation: the CUDA-core GEMV (``gemv``) for at most ``gemv.ROWS`` rows of activations
+  when it applies (NVFP4), else the tensor-core kernel (``pallas_triton``); Pallas interpret mode off a GPU."""
+  a, b = operands(x, w, auto)
+  interpret = backends.pallas_interpret()
+  if a.shape[0] <= gemv.ROWS and gemv.supports(a, b):
+    return gemv.matmul(a, b, out_dtype=out_dtype, interpret=interpret)
+  return pallas_triton.matmul(a, b, out_dtype=out_dtype, interpret=interpret)
 
 
-def _reference(a: QTensor, b: QTensor, *, out_dtype, auto: bool) -> jax.Array:
-  del auto
-  return reference.matmul(a, b, out_dtype=out_dtype)
+def native_matmul(x, w: QTensor, *, out_dtype, auto: bool) -> jax.Array:
+  """The ``"native"`` implementation: ``jax.nn.scaled_matmul`` (block-scaled FP4 tensor cores, Blackwell)."""
+  a, b = operands(x, w, auto)
+  return native.matmul(a, b, out_dtype=out_dtype)
 
 
-backends.register(MATMUL_OP, "xla", _reference)
-backends.register(MATMUL_OP, "pallas", _on_blocks(pallas_matmul))
-backends.register(MATMUL_OP, "native", _on_blocks(native.matmul))
+def register() -> None:
+  """Register these as the ``"pallas"`` and ``"native"`` implementations of ``PACKED_MATMUL_OP``."""
+  backends.register(PACKED_MATMUL_OP, "pallas", pallas_matmul)
+  backends.register(PACKED_MATMUL_OP, "native", native_matmul)

@@ -8,7 +8,7 @@ bf16 matmul of the same shape, one run, one table; and for bf16 activations, the
 
 Every row is timed over ``WEIGHTS`` distinct B operands in one jitted program (``benchtools.time_distinct_ms``):
 device time per GEMM, with no host dispatch between GEMMs of tens of microseconds and no weights left in L2 from
-the call before. The "pallas default" row is what ``fp4jax_kernels.gemm.api`` runs (the swapped product for a few
+the call before. The "pallas default" row is what ``fp4jax.packed_matmul``'s Pallas backend runs (the swapped product for a few
 rows of A); the tile rows are the unswapped kernel.
 
 ``--sass`` compiles each GEMM kernel configuration of the table for sm_90 with PyPI's Triton
@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import fp4jax
 from fp4jax_kernels import triton_ir
 from fp4jax_kernels.benchtools import header, time_distinct_ms
-from fp4jax_kernels.gemm import fused_forward, gemv, pallas_triton, reference
+from fp4jax_kernels.contrib import fused_forward
+from fp4jax_kernels.gemm import gemv, pallas_triton, reference
 from fp4jax_kernels.native import matmul as native
 from fp4jax_kernels.quantize import pallas_triton as quantize_kernel
 from fp4jax_kernels.quantize.spec import QuantizeSpec
@@ -79,7 +80,7 @@ def _bf16_dot(p, q):
 
 def few_rows() -> None:
   """Below a tile of rows: bf16, XLA's dequantize + dot, the tensor-core kernel and the CUDA-core GEMV at their
-  defaults, and which of the two ``api.pallas_matmul`` runs (the GEMV up to ``gemv.ROWS`` rows)."""
+  defaults, and which of the two ``fp4jax_kernels.gemm.api.pallas_matmul`` runs (the GEMV up to ``gemv.ROWS`` rows)."""
   print(f"{'M x N x K':20s} {'bf16 ms':>8s} {'xla ms':>8s} {'tensor-core ms':>14s} {'gemv ms':>8s} "
         f"{'gemv vs bf16':>12s}  pallas runs")
   for m, n, k in FEW_ROWS:

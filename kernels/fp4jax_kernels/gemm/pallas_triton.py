@@ -106,11 +106,6 @@ def code_words(codes: jax.Array) -> jax.Array:
   return jnp.sum(b << (8 * lax.broadcasted_iota(jnp.uint32, b.shape, 2)), axis=-1, dtype=jnp.uint32)
 
 
-def operand_dtype(fmt_name: str):
-  """The dtype the GEMM kernels decode ``fmt_name`` operands to: float16 for NVFP4, bfloat16 for MXFP4 (both exact)."""
-  return jnp.float16 if fmt_name == "nvfp4" else jnp.bfloat16
-
-
 def scale_to_f32(bits: jax.Array, fmt_name: str) -> jax.Array:
   """fp32 value of uint8 block-scale bits: E4M3 (``float8_e4m3fn``) or E8M0 (``2^(b-127)``); NaN patterns -> NaN."""
   b = bits.astype(jnp.int32)
@@ -126,7 +121,7 @@ def scale_to_f32(bits: jax.Array, fmt_name: str) -> jax.Array:
 
 def dequant_halves(codes: jax.Array, scales: jax.Array, block: int, fmt_name: str) -> tuple[jax.Array, jax.Array]:
   """(r, bk/2) packed codes + (r, bk/block) scale bits -> the even and the odd elements, each (r, bk/2)
-  ``value · scale`` (exact) in ``operand_dtype(fmt_name)``."""
+  ``value · scale`` (exact) in float16 for NVFP4, bfloat16 for MXFP4."""
   r, half = codes.shape
   groups = (r, half // (block // 2), block // 2)
   s = scale_to_f32(scales, fmt_name).reshape(r, half // (block // 2), 1)

@@ -3,10 +3,10 @@
 Operands: E2M1 elements as ``float4_e2m1fn`` (our codes decoded to their exact grid values and converted — exact,
 every value is on the grid), block scales as they are in the QTensor (``float8_e4m3fn`` for NVFP4, 16-blocks;
 ``float8_e8m0fnu`` for MXFP4, 32-blocks) in the natural (rows, K/block) layout that ``jax.nn.scaled_matmul`` takes
-(XLA rearranges them into the 128x4 tiles of ``native.swizzle`` for cuDNN); the tensor scales multiply the fp32 result
-(the GEMM's alpha). On GPUs without native FP4, XLA runs ``scaled_matmul`` as dequantize-and-dot; on CPU it has no
-lowering, so CPU tests check the operands with ``emulate`` (the formula ``jax.nn.scaled_matmul`` documents) and
-check that the call lowers for CUDA.
+(XLA rearranges them into cuBLAS' 128x4 scale tiles for cuDNN); the tensor scales multiply the fp32 result (the
+GEMM's alpha). On GPUs without native FP4, XLA runs ``scaled_matmul`` as dequantize-and-dot; on CPU it has no
+lowering, so CPU tests check ``operands`` against the formula ``jax.nn.scaled_matmul`` documents and check that
+the call lowers for CUDA. ``fp4jax.packed_matmul``'s ``"native"`` backend (``fp4jax_kernels.gemm.api``) calls it.
 """
 
 from __future__ import annotations
@@ -44,13 +44,6 @@ def operands(a: QTensor, b: QTensor):
 
 
 def _finish(out, a: QTensor, b: QTensor, out_dtype):
+  """The (1, M, N) fp32 product times both tensor scales (alpha), cast to ``out_dtype``."""
   return (out[0] * (a.global_scale * b.global_scale)).astype(out_dtype)
 
-
-@functools.partial(jax.jit, static_argnames=("out_dtype",))
-def emulate(a: QTensor, b: QTensor, *, out_dtype=jnp.bfloat16) -> jax.Array:
-  """``matmul`` with ``jax.nn.scaled_matmul`` replaced by its documented definition (repeat scales, einsum)."""
-  lhs, rhs, ls, rs = operands(a, b)
-  up = lambda v, s: v.astype(jnp.float32) * jnp.repeat(s.astype(jnp.float32), v.shape[-1] // s.shape[-1], axis=-1)
-  out = jnp.einsum("bmk,bnk->bmn", up(lhs, ls), up(rhs, rs), precision=jax.lax.Precision.HIGHEST)
-  return _finish(out, a, b, out_dtype)

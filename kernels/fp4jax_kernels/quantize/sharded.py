@@ -3,17 +3,19 @@
 ``quantize_sharded`` gives bit for bit what ``pallas_triton.quantize`` (and ``fp4jax.quantize``) gives on the whole
 logical tensor on one device:
 
+The sharding is described as the core describes a sharded operand (``fp4jax.sharding``): one ``OperandShard`` per
+split dim of ``x`` (its mesh axes, major to minor), and
+
 * NVFP4 tensor amax: each shard reduces its own (rotated, when ``spec.hadamard``) elements with
   ``pallas_triton.tensor_amax`` — with a Hadamard, ``stage_and_amax``, which also writes the rotated shard for the
-  kernel (the default route: one rotation) — then ``lax.pmax`` over the mesh axes that split ``x``. A max is exact in
-  any order, so the result is the logical tensor's amax. Non-finite elements: the local amax is made +Inf (XLA's max may drop
-  NaN, but no max drops +Inf), so the global amax is +Inf and the tensor scale NaN, as on one device.
+  kernel (the default route: one rotation) — then ``fp4jax.sharding.combine_amax`` over the mesh axes that split
+  ``x``: the logical tensor's amax, NaN if any shard holds NaN/Inf (the tensor scale is then NaN, as on one device).
 * Random bits: the kernel hashes each element's (SR) and each scale's (MS-EDEN) logical row-major index, from the
-  shard's origin ``lax.axis_index(axis) · shard length`` and the logical shape; signs and seeds come from the same
+  shard's origin and the logical shape (``fp4jax.sharding.placement``); signs and seeds come from the same
   replicated key on every shard.
-* Blocks and Hadamard chunks never straddle shards: the shard length along the quantized axis must be a multiple of
-  lcm(block, hadamard), and with 16x16 tiles the other axis a multiple of 16 (else a ValueError names the shape,
-  the mesh axes and the unit).
+* Blocks and Hadamard chunks never straddle shards (``OperandShard.check`` on the shard's shape in the quantized
+  layout): the shard length along the quantized axis must be a multiple of lcm(block, hadamard), and with 16x16
+  tiles the other axis a multiple of 16 (else a ValueError names the shape, the mesh axes and the unit).
 
 Output layout: the codes, block scales, the dequantized tensor and the trust mask are sharded like ``x``. With
 ``spec_in = P(R, C)`` (R, C: a mesh axis name, a tuple of names, or None) and ``along="rows"``: codes (M, K/2),
@@ -30,10 +32,16 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax import lax
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
-from fp4jax.quantize import QTensor, check_quantize_args, hadamard_sign_vector, split_quantize_key
+from fp4jax import sharding
+from fp4jax.quantize import (
+  QTensor,
+  check_quantize_args,
+  hadamard_sign_vector,
+  split_quantize_key,
+)
 from fp4jax_kernels.quantize import pallas_triton
 from fp4jax_kernels.quantize.spec import Quantized, QuantizeSpec
 
@@ -45,42 +53,32 @@ def _axis_names(entry) -> tuple[str, ...]:
   return tuple(entry) if isinstance(entry, tuple) else (entry,)
 
 
-def _shard_index(names: tuple[str, ...], mesh: Mesh) -> jax.Array:
-  """This device's shard number along a dimension split over ``names`` (row-major over the named axes)."""
-  index = jnp.int32(0)
-  for name in names:
-    index = index * mesh.shape[name] + lax.axis_index(name)
-  return index
-
-
 def _check_layout(x, spec: QuantizeSpec, mesh: Mesh, spec_in: P) -> tuple[tuple[str, ...], tuple[str, ...]]:
-  """(row axes, column axes) of ``spec_in``; ValueError if ``x`` does not split evenly or a block would straddle."""
+  """(row axes, column axes) of ``spec_in``; ValueError if ``x`` does not split evenly over them or (the core's
+  ``OperandShard.check``) a block, Hadamard chunk or 16x16 tile would straddle two shards."""
   if x.ndim != 2:
     raise ValueError(f"x must be 2D (rows, cols), got shape {x.shape}")
   if not spec.packed:
     raise ValueError("quantize_sharded assembles the QTensor of the shards: it needs QuantizeSpec(packed=True)")
   if len(spec_in) > 2:
     raise ValueError(f"spec_in {spec_in} has more entries than x has dimensions (2)")
-  entries = tuple(spec_in) + (None,) * (2 - len(spec_in))
-  axes = tuple(_axis_names(e) for e in entries)
-  for names in axes:
+  axes = tuple(_axis_names(e) for e in tuple(spec_in) + (None,) * (2 - len(spec_in)))
+  local = []
+  for dim, names in enumerate(axes):
     for name in names:
       if name not in mesh.shape:
         raise ValueError(f"spec_in {spec_in} names mesh axis {name!r}, not one of the mesh's {tuple(mesh.shape)}")
-  unit = math.lcm(spec.block, spec.hadamard or 1)
-  quantized = 0 if spec.transposed else 1
-  for dim, names in enumerate(axes):
     parts = math.prod(mesh.shape[name] for name in names)
-    need = unit if dim == quantized else (16 if spec.block_shape is not None else 1)
-    what = (f"lcm(block {spec.block}, hadamard {spec.hadamard or 1}) = {unit}" if dim == quantized
-            else "the 16-row height of the 16x16 tiles")
     if x.shape[dim] % parts:
       raise ValueError(f"x of shape {x.shape}: dimension {dim} ({x.shape[dim]}) does not split evenly over mesh "
                        f"axes {names} ({parts} shards)")
-    if (x.shape[dim] // parts) % need:
-      raise ValueError(f"x of shape {x.shape} split over mesh axes {names} along dimension {dim} gives shards of "
-                       f"{x.shape[dim] // parts}, not a multiple of {what}: a block or Hadamard chunk would "
-                       "straddle two devices. Use fewer shards on that axis or a larger tensor")
+    local.append(x.shape[dim] // parts)
+  order = (1, 0) if spec.transposed else (0, 1)  # the quantized layout: the quantized axis last
+  shape_q = tuple(local[d] for d in order)
+  for dim_q, d in enumerate(order):
+    if axes[d]:
+      sharding.OperandShard(axes[d], dim_q, f"elements of dim {d}").check(
+          shape_q, spec, f"quantize_sharded: x of shape {x.shape} split over mesh axes {axes[d]}")
   return axes[0], axes[1]
 
 
@@ -95,8 +93,7 @@ def quantize_sharded(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = N
   """
   row_axes, col_axes = _check_layout(x, spec, mesh, spec_in)
   split_axes = row_axes + col_axes
-  shard_shape = (x.shape[0] // math.prod(mesh.shape[a] for a in row_axes),
-                 x.shape[1] // math.prod(mesh.shape[a] for a in col_axes))
+  shards = tuple(sharding.OperandShard(names, dim) for dim, names in enumerate((row_axes, col_axes)) if names)
   _, block, hadamard = check_quantize_args(x, spec.fmt, spec.axis, spec.rounding, spec.block_shape,
                                            spec.hadamard or None, spec.hadamard_signs)
 
@@ -109,11 +106,11 @@ def quantize_sharded(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = N
         staged, local = pallas_triton.stage_and_amax(x_shard, spec, amax_signs, interpret=interpret)
       else:
         local = pallas_triton.tensor_amax(x_shard, spec, amax_signs, interpret=interpret)
-      local = jnp.where(jnp.isfinite(local), local, jnp.float32(jnp.inf))  # NaN would not survive pmax
-      amax = lax.pmax(local, split_axes) if split_axes else local
-    origin = jnp.stack([_shard_index(row_axes, mesh) * shard_shape[0], _shard_index(col_axes, mesh) * shard_shape[1]])
+      amax = sharding.combine_amax(local, split_axes) if split_axes else local
+    origin, logical = sharding.placement(shards, x_shard.shape)
     q, deq, mask, _ = pallas_triton.quantize(x_shard, spec, key, signs=signs, interpret=interpret, amax=amax,
-                                             origin=origin, logical_shape=tuple(x.shape), staged=staged)
+                                             origin=jnp.stack([jnp.asarray(o, jnp.int32) for o in origin]), logical_shape=logical,
+                                             staged=staged)
     return q.codes, q.scales, q.global_scale, q.signs, deq, mask
 
   in_spec = P(row_axes or None, col_axes or None)

@@ -27,10 +27,16 @@ from jax.experimental.pallas import triton as plgpu
 from fp4jax import scaling
 from fp4jax.formats import FP4Format
 from fp4jax.quantize import BlockLayout, QTensor, decode_blocks, quantize_blocks
-from fp4jax_kernels.gemm.pallas_triton import dequant_halves, operand_dtype
+from fp4jax_kernels.gemm.pallas_triton import dequant_halves
 from fp4jax_kernels.quantize import pallas_triton as quantize_kernel
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 from fp4jax_kernels.triton_compat import kernel_safe
+
+
+def operand_dtype(fmt_name: str):
+  """The dtype ``pallas_triton.dequant_halves`` decodes ``fmt_name`` operands to: float16 for NVFP4, bfloat16 for
+  MXFP4 (both exact)."""
+  return jnp.float16 if fmt_name == "nvfp4" else jnp.bfloat16
 
 
 def _kernel(*refs, fmt: FP4Format, hadamard: int, has_signs: bool, k: int, bk: int, bf16_input: bool,
