@@ -29,9 +29,9 @@ from fp4jax_kernels.quantize import pallas_triton
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 
 KERNEL_DTYPES = (jnp.float32, jnp.bfloat16)
-# "auto" takes the kernel for operands of at least this many elements. Not yet measured (0: every operand the
-# kernel takes); set it from an H100 sweep of "auto" against "xla" so that "auto" is never the slower one.
-AUTO_MIN_ELEMENTS = 0
+# "auto" takes the kernel for operands of at least this many elements (2^23): below it a layer's quantizers are
+# launch-bound and XLA's fusions were as fast or faster (benchmarks/results/auto_threshold.json).
+AUTO_MIN_ELEMENTS = 1 << 23
 
 
 def refusal(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool) -> str | None:

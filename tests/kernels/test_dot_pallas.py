@@ -17,6 +17,7 @@ import fp4jax
 from fp4jax import backends, operand, recipes
 from fp4jax.formats import FP4Format
 from fp4jax.recipes import OperandSpec
+from fp4jax_kernels import operand as kernel_operand
 
 DN = (((1,), (1,)), ((), ()))
 KEY = jax.random.key(11)
@@ -123,7 +124,8 @@ def test_folded_operand_matches_xla(spec, shape):
 def test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand(monkeypatch, pallas_kernels):
   x, w, dy = _inputs(48, 64, 32)
   on_triton = backends.has_pallas_triton()  # the test machine itself: XLA on CI's CPUs, the kernels on a GPU
-  assert bool(pallas_kernels(jax.make_jaxpr(_fwd_bwd("nvidia_nvfp4", "auto"))(x, w, dy, KEY).jaxpr)) == on_triton
+  # a small layer stays on XLA everywhere (below kernel_operand.AUTO_MIN_ELEMENTS)
+  assert not pallas_kernels(jax.make_jaxpr(_fwd_bwd("nvidia_nvfp4", "auto"))(x, w, dy, KEY).jaxpr)
   spec = OperandSpec(fmt=fp4jax.NVFP4)
 
   def on_kernel(shape, s, dtype=jnp.bfloat16, fused=False):
@@ -134,8 +136,12 @@ def test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand(monkeypatc
       f = lambda x: operand.quantize_operand(x, s, KEY, backend="auto")
     return bool(pallas_kernels(jax.make_jaxpr(f)(jnp.ones(shape, dtype)).jaxpr))
 
-  assert on_kernel((4, 8, 64), spec) == on_triton
+  big = (2, kernel_operand.AUTO_MIN_ELEMENTS // 128, 64)  # exactly the threshold's element count
+  assert on_kernel(big, spec) == on_triton
   monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)  # as on an H100
+  assert on_kernel(big, spec)
+  assert not on_kernel((2, kernel_operand.AUTO_MIN_ELEMENTS // 128 - 1, 64), spec)  # one row below it: XLA
+  monkeypatch.setattr(kernel_operand, "AUTO_MIN_ELEMENTS", 0)  # the kernels' own limits, at small shapes
   assert on_kernel((4, 8, 64), spec)
   assert not on_kernel((4, 8, 40), spec)  # not whole blocks
   assert not on_kernel((4, 8, 64), spec, jnp.float16)

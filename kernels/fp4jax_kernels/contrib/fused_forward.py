@@ -49,6 +49,7 @@ def _kernel(*refs, fmt: FP4Format, hadamard: int, has_signs: bool, k: int, bk: i
   block = fmt.block_size
   lay = BlockLayout((bm, bk), 1, (block,))
   quantize = kernel_safe(lambda xb, amax: quantize_blocks(xb, lay, fmt, "rtn", None, None, amax), interpret=interpret)
+  decode = kernel_safe(decode_blocks, interpret=interpret)
   dims = (((1,), (1,)), ((), ()))
 
   def body(t, acc):
@@ -56,7 +57,7 @@ def _kernel(*refs, fmt: FP4Format, hadamard: int, has_signs: bool, k: int, bk: i
     if hadamard:
       x = quantize_kernel.rotate_rows(x, hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
     codes, dec, _, _ = quantize(x.reshape(lay.blocked), amax_ref[0])
-    xv = kernel_safe(decode_blocks, interpret=interpret)(codes, dec, jnp.float32(1.0)).reshape(bm, bk).astype(operand_dtype(fmt.name))  # exact
+    xv = decode(codes, dec, jnp.float32(1.0)).reshape(bm, bk).astype(operand_dtype(fmt.name))  # exact
     x_even, x_odd = (h.reshape(bm, bk // 2) for h in jnp.split(xv.reshape(bm, bk // 2, 2), 2, axis=-1))
     w_even, w_odd = dequant_halves(wc_ref[:, pl.ds(t * (bk // 2), bk // 2)],
                                    ws_ref[:, pl.ds(t * (bk // block), bk // block)], block, fmt.name)
