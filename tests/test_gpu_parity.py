@@ -88,11 +88,13 @@ def parity_outputs(device, x, fmt, kw, key) -> dict:
 def assert_parity(dev_a, dev_b, seed: int, dtype, configs=None):
   """The property: for every config and input, ``parity_outputs`` are equal bit for bit on both devices."""
   key = jax.random.key(seed)
+  differing = []
   for name, fmt, kw in configs or parity_configs():
     for data, x in parity_inputs(seed, dtype).items():
       a, b = parity_outputs(dev_a, x, fmt, kw, key), parity_outputs(dev_b, x, fmt, kw, key)
-      for field in a:
-        np.testing.assert_array_equal(a[field], b[field], err_msg=f"{name} {data} {np.dtype(dtype)} {field}")
+      differing += [f"{name} {data} {np.dtype(dtype)} {field}: {np.sum(a[field] != b[field])} of {a[field].size}"
+                    for field in a if not np.array_equal(a[field], b[field])]
+  assert not differing, "\n".join(differing)  # every difference, not only the first
 
 
 @pytest.mark.parametrize("seed", [0, 1])

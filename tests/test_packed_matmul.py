@@ -145,7 +145,8 @@ def test_packed_apply_of_quartet_multiplies_the_packed_operands_in_the_hadamard_
   x = jax.random.normal(jax.random.key(0), (6, 64))
   params = qmodel.init(jax.random.key(1), x)["params"]
   packed = fq.pack(params, qmodel)
-  y = fq.packed.apply(qmodel, {"params": packed}, x)
+  with jax.default_matmul_precision("highest"):  # fp32 GEMMs, not TF32, on a GPU
+    y = fq.packed.apply(qmodel, {"params": packed}, x)
   act = {"fmt": fp4jax.recipes.get("quartet").fwd_lhs.fmt, "hadamard": 32, "hadamard_signs": "none"}
   h = x
   for name in ("up", "mid"):
