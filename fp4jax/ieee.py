@@ -103,13 +103,35 @@ def mul_pow2_rn(x: jnp.ndarray, k: jnp.ndarray, num: int = 1) -> jnp.ndarray:
     x: float32 array.
     k: int32 exponent (broadcasts against ``x``).
     num: 1 or 3 (static): ``x · 3 · 2^k`` rounded once is ``x · 0.75 · 2^(k+2)``.
+
+  Returns:
+    float32 array of the broadcast shape.
+
+  Raises:
+    ValueError: ``num`` is not 1 or 3.
   """
   if num not in (1, 3):
     raise ValueError(f"mul_pow2_rn: num must be 1 or 3, got {num}")
+  return (mul_pow2_rn1 if num == 1 else mul_pow2_rn3)(x, jnp.asarray(k).astype(jnp.int32))
+
+
+def _mul_pow2(x: jnp.ndarray, k: jnp.ndarray, num: int) -> jnp.ndarray:
   x = jnp.asarray(x, jnp.float32)
   sign, m, lsb = significand(x)
-  y = round_pack(sign, m * jnp.uint32(num), lsb + jnp.asarray(k).astype(jnp.int32))
+  y = round_pack(sign, m * jnp.uint32(num), lsb + k)
   return jnp.where(_finite(x), y, x)
+
+
+@jax.jit  # named calls in jaxprs: GPU Pallas kernels run them as PTX mul.rn.f32 (fp4jax_kernels.triton_compat)
+def mul_pow2_rn1(x: jnp.ndarray, k: jnp.ndarray) -> jnp.ndarray:
+  """``mul_pow2_rn(x, k, 1)``."""
+  return _mul_pow2(x, k, 1)
+
+
+@jax.jit
+def mul_pow2_rn3(x: jnp.ndarray, k: jnp.ndarray) -> jnp.ndarray:
+  """``mul_pow2_rn(x, k, 3)``."""
+  return _mul_pow2(x, k, 3)
 
 
 def mul_unflushed(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:

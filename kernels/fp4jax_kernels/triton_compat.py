@@ -10,8 +10,9 @@ to something inexact, so ``kernel_safe(fn)`` traces ``fn`` to a jaxpr and evalua
   around a first guess with a fallback to ``div`` for special values. On the GPU the whole call becomes one
   ``div.rn.f32``, the IEEE quotient it emulates: the same bits for every input (its normal-range result is the IEEE
   quotient, its fallback already was this instruction), at a fraction of the instructions.
-* ``mul_short_rn`` (``fp4jax.ieee``, a named call): an IEEE fp32 product with subnormals, emulated in integers so
-  that XLA:CPU's flushing cannot change it; on the GPU the whole call becomes PTX ``mul.rn.f32``, the same product.
+* ``mul_short_rn``, ``mul_pow2_rn1`` / ``mul_pow2_rn3`` (``fp4jax.ieee``, named calls): IEEE fp32 products with
+  subnormals, emulated in integers so that XLA:CPU's flushing cannot change them; on the GPU each becomes PTX
+  ``mul.rn.f32`` (by exact powers of two), the same products.
 * ``round`` (ties to even): no Triton lowering; PTX ``cvt.rni.f32.f32`` (round to nearest integer, ties to even).
 * ``sqrt`` (float32): Triton lowers ``math.sqrt`` to the approximate square root; PTX ``sqrt.rn.f32`` is IEEE
   round-to-nearest, as XLA's (QuEST's block standard deviation).
@@ -38,6 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend import core as jex_core
+
+from fp4jax.formats import pow2
 
 
 def _asm(instruction: str, *args: jax.Array) -> jax.Array:
@@ -127,8 +130,19 @@ def _named_rules(interpret: bool) -> dict[str, Callable]:
   """Rules for whole named calls (jitted functions), by name."""
   if interpret:
     return {}
+  mul = "mul.rn.f32 $0, $1, $2;"
   return {"div_rn": lambda a, b: _asm("div.rn.f32 $0, $1, $2;", a, b),
-          "mul_short_rn": lambda a, b: _asm("mul.rn.f32 $0, $1, $2;", a, b)}
+          "mul_short_rn": lambda a, b: _asm(mul, a, b),
+          "mul_pow2_rn1": _mul_pow2,
+          "mul_pow2_rn3": lambda x, k: _asm(mul, x, _asm(mul, pow2(k), jnp.float32(3.0)))}
+
+
+def _mul_pow2(x, k):
+  """IEEE ``x · 2^k``, rounded once, for int32 ``k`` in [-149, 254]: one product where ``k <= 0`` (the factor a float32),
+  else two exact ones by ``2^(k >> 1)`` and ``2^(k - (k >> 1))`` (scaling up rounds nothing short of overflow)."""
+  first = jnp.where(k > 0, k >> 1, k)
+  mul = "mul.rn.f32 $0, $1, $2;"
+  return _asm(mul, _asm(mul, x, pow2(first)), pow2(k - first))
 
 
 def _rules(interpret: bool) -> dict[str, Callable]:
