@@ -238,7 +238,8 @@ def four_over_six_error(xb: jnp.ndarray, deq: jnp.ndarray, amax_b: jnp.ndarray, 
   """A block's squared error ``E`` between ``xb`` and its dequantized ``deq`` (keep-dims), as specified in the module
   docstring: scaled by 2^-floor(log2 amax_b), errors below 2^-40 dropped, squares from exact split products,
   summed pairwise. The same float32 bits on every backend."""
-  d = mul_pow2_rn(xb - deq, -floor_log2(amax_b))
+  k = -floor_log2(amax_b)
+  d = mul_pow2_rn(xb, k) - mul_pow2_rn(deq, k)  # IEEE (xb - deq)·2^k: the scaled values are not subnormal
   d = jnp.where(jnp.abs(d) < _ERROR_FLOOR, jnp.float32(0.0), d)
   hi = lax.bitcast_convert_type(lax.bitcast_convert_type(d, jnp.uint32) & _HI_MASK, jnp.float32)
   lo = d - hi  # exact: at most 12 significant bits

@@ -97,6 +97,18 @@ def test_four_over_six_selection_matches_oracle(dtype):
     assert 0 < use4.mean() < 1
 
 
+def test_four_over_six_of_a_tiny_tensor_matches_oracle():
+  """A tensor of amax ~1e-35 whose elements and block errors are partly fp32 subnormals: each candidate's error is
+  taken on values scaled by 2^-floor(log2 amax_b) first, so no backend flushes it (XLA:CPU flushed the unscaled
+  difference, and 2021 of these codes differed from the IEEE oracle and from a GPU)."""
+  a = (np.random.RandomState(0).standard_t(3, (128, 256)) * 1e-37).astype(np.float32)
+  codes, dec, s_dec, deq, _ = ref.nvfp4_four_over_six_reference(a)
+  q = jax.jit(lambda v: fp4jax.quantize(v, FOUR_OVER_SIX))(a)
+  np.testing.assert_array_equal(np.asarray(q.unpacked_codes()), codes)
+  _assert_same_floats(q.scale_values(), dec, "block scales")
+  _assert_same_floats(q.dequantize(jnp.float32), deq, "dequantize")
+
+
 def test_four_over_six_ties_keep_six():
   """Hand-built blocks (tensor amax A; s_enc = 1536 / A, so a block with amax A has exact scales 256 (t = 6) and
   384 (t = 4)): [A, A/2] is exact under both (tie -> 6), [A, A/3] only under 6 (-> 6), [A, 3A/8] only under 4
