@@ -10,20 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fp4jax_experiments import optimizer, prepare, train
+from fp4jax_experiments import optimizer, train
 
 REPO = Path(__file__).resolve().parents[2]
 TIMING = {"step_time_s", "tokens_per_s"}
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """A small byte corpus with learnable structure (repeated sentences with counters)."""
-    folder = tmp_path_factory.mktemp("corpus")
-    text = "".join(f"line {i % 97}: the quick brown fox jumps over the lazy dog.\n" for i in range(3000))
-    (folder / "text.txt").write_text(text)
-    prepare.prepare_text(folder / "bytes", [folder / "text.txt"])
-    return str(folder / "bytes")
 
 
 def _config(corpus, **changes):

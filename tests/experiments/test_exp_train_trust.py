@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from fp4jax_experiments import prepare, train
+from fp4jax_experiments import train
 
 REPO = Path(__file__).resolve().parents[2]
 TIMING = {"step_time_s", "tokens_per_s"}
@@ -45,15 +45,6 @@ def finishing(self, wait):
 train.Trainer.quant_key, train.RunFolder.save, train.RunFolder._finish_pending = quant_key, saving, finishing
 train.main(sys.argv[3:])
 """
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("corpus")
-    text = "".join(f"line {i % 97}: the quick brown fox jumps over the lazy dog.\n" for i in range(3000))
-    (folder / "text.txt").write_text(text)
-    prepare.prepare_text(folder / "bytes", [folder / "text.txt"])
-    return str(folder / "bytes")
 
 
 def _config(corpus, **changes):
