@@ -43,6 +43,8 @@ def main(argv=None):
   p.add_argument("--baseline", required=True, help="folder with the other commit's fp4jax/, kernels/, benchmarks/")
   p.add_argument("--baseline-commit", default="unknown", help="the commit the baseline folder holds")
   p.add_argument("--rounds", type=int, default=2)
+  p.add_argument("--commit", default=None,
+                 help="this tree's commit (default: git rev-parse; a copied tree's .git may be stale)")
   p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "linear_trees.json"))
   p.add_argument("bench_args", nargs="*", help="passed to bench_linear.py (after --)")
   args = p.parse_args(argv)
@@ -63,7 +65,8 @@ def main(argv=None):
     this, other = statistics.median(ms["this"][name]), statistics.median(ms["baseline"].get(name, [float("nan")]))
     rows.append({"name": name, "this_ms": this, "baseline_ms": other, "ratio": this / other,
                  "this_rounds": ms["this"][name], "baseline_rounds": ms["baseline"].get(name, [])})
-  doc = {"benchmark": "linear_trees", "header": header, "commit": commit(REPO), "baseline_commit": args.baseline_commit,
+  doc = {"benchmark": "linear_trees", "header": header, "commit": args.commit or commit(REPO),
+         "baseline_commit": args.baseline_commit,
          "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
          "command": " ".join(["python", "benchmarks/linear_trees.py", *(argv if argv is not None else sys.argv[1:])]),
          "rows": rows}

@@ -1,0 +1,55 @@
+"""Regenerates the "Current numbers" section at the top of BENCHMARKS.md from benchmarks/results/*.json.
+
+    python benchmarks/report.py
+
+The section lies between two marker lines; everything below the end marker is left as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BEGIN, END = "<!-- current numbers: begin (benchmarks/report.py) -->", "<!-- current numbers: end -->"
+
+
+def _linear_trees(doc: dict) -> list[str]:
+  out = [f"### Linear layer fwd+bwd, default arguments, this tree / {doc['baseline_commit']}",
+         "", f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`", "",
+         "| row | this ms | baseline ms | this / baseline |", "|---|---|---|---|"]
+  out += [f"| {r['name']} | {r['this_ms']:.3f} | {r['baseline_ms']:.3f} | {r['ratio']:.3f} |" for r in doc["rows"]]
+  return out
+
+
+def _auto_threshold(doc: dict) -> list[str]:
+  s = doc["shape"]
+  out = [f"### Quantizer backends at {s['m']}x{s['k']}x{s['n']} (ratio to bf16 in the same run)", "",
+         f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`; {doc.get('note', '')}", "",
+         "| row | ms | ratio to bf16 |", "|---|---|---|"]
+  out += [f"| {r['name']} | {r['ms']:.3f} | {r['ratio_to_bf16']:.2f} |" for r in doc["rows"] if "ms" in r]
+  return out
+
+
+RENDER = {"linear_trees": _linear_trees, "auto_threshold": _auto_threshold}
+
+
+def section() -> str:
+  lines = [BEGIN, "## Current numbers", "",
+           "Generated from `benchmarks/results/*.json` by `python benchmarks/report.py`.", ""]
+  for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+    doc = json.loads(path.read_text())
+    lines += RENDER[doc["benchmark"]](doc) + [""]
+  return "\n".join(lines + [END])
+
+
+def main() -> None:
+  path = ROOT / "BENCHMARKS.md"
+  text = path.read_text()
+  rest = text.split(END, 1)[1].lstrip("\n") if END in text else text
+  head = text.split(BEGIN, 1)[0] if BEGIN in text else ""
+  path.write_text(head + section() + "\n\n" + rest)
+
+
+if __name__ == "__main__":
+  main()
