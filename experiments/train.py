@@ -510,7 +510,8 @@ class RunFolder:
         if self.primary and self.metrics.exists():
             if failures:
                 os.replace(self.metrics, self.path / REJECTED / f"metrics.{os.getpid()}.jsonl")
-                self._say(f"no complete checkpoint: starting from step 0 (the old metrics are in {self.path / REJECTED})")
+                self._say("no complete checkpoint: starting from step 0 "
+                          f"(the old metrics are in {self.path / REJECTED})")
             else:
                 self.metrics.unlink()
         return template, 0

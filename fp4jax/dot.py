@@ -22,8 +22,8 @@ and the inverse forward rotation map back to the input; DGE multiplies the weigh
 
 On a Pallas backend, X (forward and wgrad), W (forward and dgrad, where the dgrad quantizes W itself) and dY
 (dgrad and wgrad) are each quantized for both of their GEMMs by one kernel where that pays
-(``fp4jax.operand.rotate_and_quantize_both``); X's wgrad and W's dgrad operand are then quantized in the forward and kept instead
-of X and W. Same bits as quantizing each operand in its own GEMM.
+(``fp4jax.operand.rotate_and_quantize_both``); X's wgrad and W's dgrad operand are then quantized in the forward
+and kept instead of X and W. Same bits as quantizing each operand in its own GEMM.
 
 Randomness: one ``key`` per call, split by ``jax.random.fold_in`` with a fixed id per operand (and one per signs
 draw: the forward GEMM's, and one shared by the two backward GEMMs); the same key gives the same result.
@@ -174,8 +174,9 @@ def _pad_chunks(x, d: int, axis: int):
 def _quantize_both(static: _Static, x, key, rows: str, cols: str, signs_rows, signs_cols):
   """``x`` quantized as operand ``rows`` (e.g. ``"dgrad_lhs"``) and, transposed, as operand ``cols`` (e.g.
   ``"wgrad_lhs"``) by one kernel for both (``fp4jax.operand.rotate_and_quantize_both``): ``((Operand, mask),
-  (Operand, mask))``, the bits each GEMM would draw. None where that kernel does not run (the XLA
-  backend, a pair the kernels refuse or do not speed up; and sharded recipes): each GEMM then quantizes its own operand."""
+  (Operand, mask))``, the bits each GEMM would draw. None where that kernel does not run (the XLA backend, a pair
+  the kernels refuse or do not speed up, a ragged Hadamard chunk, sharded recipes): each GEMM then quantizes its own
+  operand."""
   r = static.recipe
   spec_r, spec_c = getattr(r, rows), getattr(r, cols)
   ragged = (spec_r.hadamard and x.shape[-1] % spec_r.hadamard) or (spec_c.hadamard and x.shape[-2] % spec_c.hadamard)
@@ -303,8 +304,9 @@ def dot_general(
       operand: the kernel on a GPU that runs it where it takes the operand, XLA otherwise, and XLA only on a CPU),
       ``"xla"`` (pure JAX) or ``"pallas"`` (the fused quantize kernels of ``fp4jax_kernels``, Hadamard included;
       interpret mode off GPU; ``fp4jax.backends.Unsupported`` for an operand they cannot take); ``"native"`` has no
-      quantizer implementation (a ValueError when the first operand is quantized). The same key gives the same bits on every backend; see ``fp4jax.operand``. The GEMMs themselves
-      are XLA dots of the exact bf16 values on every backend.
+      quantizer implementation (a ValueError when the first operand is quantized). The same key gives the same
+      bits on every backend; see ``fp4jax.operand``. The GEMMs themselves are XLA dots of the exact bf16 values on
+      every backend.
 
   Returns an array of ``lax.dot_general``'s shape: batch dims, then lhs free dims, then rhs free dims.
   """

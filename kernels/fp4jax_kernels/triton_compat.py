@@ -138,8 +138,8 @@ def _named_rules(interpret: bool) -> dict[str, Callable]:
 
 
 def _mul_pow2(x, k):
-  """IEEE ``x · 2^k``, rounded once, for int32 ``k`` in [-149, 254]: one product where ``k <= 0`` (the factor a float32),
-  else two exact ones by ``2^(k >> 1)`` and ``2^(k - (k >> 1))`` (scaling up rounds nothing short of overflow)."""
+  """IEEE ``x · 2^k``, rounded once, for int32 ``k`` in [-149, 254]: one product where ``k <= 0`` (the factor a
+  float32), else two exact ones by ``2^(k >> 1)`` and ``2^(k - (k >> 1))`` (scaling up rounds nothing short of overflow)."""
   first = jnp.where(k > 0, k >> 1, k)
   mul = "mul.rn.f32 $0, $1, $2;"
   return _asm(mul, _asm(mul, x, pow2(first)), pow2(k - first))

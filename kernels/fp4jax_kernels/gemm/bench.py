@@ -8,8 +8,8 @@ bf16 matmul of the same shape, one run, one table; and for bf16 activations, the
 
 Every row is timed over ``WEIGHTS`` distinct B operands in one jitted program (``benchtools.time_distinct_ms``):
 device time per GEMM, with no host dispatch between GEMMs of tens of microseconds and no weights left in L2 from
-the call before. The "pallas default" row is what ``fp4jax.packed_matmul``'s Pallas backend runs (the swapped product for a few
-rows of A); the tile rows are the unswapped kernel.
+the call before. The "pallas default" row is what ``fp4jax.packed_matmul``'s Pallas backend runs (the swapped
+product for a few rows of A); the tile rows are the unswapped kernel.
 
 ``--sass`` compiles each GEMM kernel configuration of the table for sm_90 with PyPI's Triton
 (``fp4jax_kernels.triton_ir``, a proxy) and prints its SASS instructions (the whole kernel: prologue, the

@@ -109,8 +109,8 @@ def quantize_sharded(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = N
       amax = sharding.combine_amax(local, split_axes) if split_axes else local
     origin, logical = sharding.placement(shards, x_shard.shape)
     q, deq, mask, _ = pallas_triton.quantize(x_shard, spec, key, signs=signs, interpret=interpret, amax=amax,
-                                             origin=jnp.stack([jnp.asarray(o, jnp.int32) for o in origin]), logical_shape=logical,
-                                             staged=staged)
+                                             origin=jnp.stack([jnp.asarray(o, jnp.int32) for o in origin]),
+                                             logical_shape=logical, staged=staged)
     return q.codes, q.scales, q.global_scale, q.signs, deq, mask
 
   in_spec = P(row_axes or None, col_axes or None)
