@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import argparse
 import ast
+import concurrent.futures
 import difflib
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -194,38 +197,64 @@ def _save(results: dict) -> None:
   tmp.replace(RESULTS)
 
 
-def run(modules: list[str], limit: int | None, budget_s: float | None, rerun_survivors: bool = False) -> None:
+def _baseline(module: str, results: dict, ws: Path, lock: threading.Lock) -> float:
+  """Seconds the targeted tests of ``module`` take unmutated (timed again when the targets changed)."""
+  tests, key = TARGETS[module], f"{module}:baseline"
+  if results.get(key, {}).get("tests") != tests:
+    status, secs = _pytest(tests, ws, 1800)
+    if status != "survived":
+      sys.exit(f"{module}: the targeted tests {tests} fail on the unmutated code; fix that first")
+    with lock:
+      results[key] = {"status": "baseline", "seconds": round(secs, 1), "tests": tests}
+      _save(results)
+  return results[key]["seconds"]
+
+
+def run(modules: list[str], limit: int | None, budget_s: float | None, rerun_survivors: bool = False,
+        jobs: int = 1) -> None:
+  """Runs the mutants of ``modules`` not yet in the results, ``jobs`` at a time (one workspace copy per job).
+
+  A mutant's timeout is ``5 x`` its module's baseline plus 120 s, generous because ``jobs`` processes share the
+  machine; ``report`` counts timeouts apart from test failures.
+  """
   results = _load()
   start = time.time()
+  lock = threading.Lock()
+  status_of = lambda m: results.get(m["id"], {}).get("status")
   with tempfile.TemporaryDirectory(prefix="fp4jax_mut_") as tmp:
-    ws = _workspace(Path(tmp))
+    workspaces = queue.Queue()
+    for j in range(jobs):
+      workspaces.put(_workspace(Path(tmp) / f"w{j}"))
+    todo = []
     for module in modules:
-      tests = TARGETS[module]
-      target = ws / "fp4jax" / f"{module}.py"
+      ws = workspaces.get()
+      timeout = 5 * _baseline(module, results, ws, lock) + 120
+      workspaces.put(ws)
+      todo += [(m, timeout) for m in enumerate_mutants(module)
+               if status_of(m) is None or (rerun_survivors and status_of(m) == "survived")][:limit]
+
+    def one(item):
+      m, timeout = item
+      if budget_s is not None and time.time() - start > budget_s:
+        return
+      ws = workspaces.get()
+      target = ws / "fp4jax" / f"{m['id'].split(':')[0]}.py"
       original = target.read_text()
-      key = f"{module}:baseline"
-      if results.get(key, {}).get("tests") != tests:  # new or changed targets: time them again
-        status, secs = _pytest(tests, ws, 1800)
-        if status != "survived":
-          sys.exit(f"{module}: the targeted tests {tests} fail on the unmutated code; fix that first")
-        results[key] = {"status": "baseline", "seconds": round(secs, 1), "tests": tests}
-        _save(results)
-      timeout = 3 * results[key]["seconds"] + 60
-      status_of = lambda m: results.get(m["id"], {}).get("status")
-      todo = [m for m in enumerate_mutants(module)
-              if status_of(m) is None or (rerun_survivors and status_of(m) == "survived")]
-      for m in todo[:limit]:
-        if budget_s is not None and time.time() - start > budget_s:
-          print(f"time budget of {budget_s:.0f}s spent; rerun the same command to resume")
-          return
-        target.write_text(mutated_source(m["id"]))
-        try:
-          status, secs = _pytest(tests, ws, timeout)
-        finally:
-          target.write_text(original)
+      target.write_text(mutated_source(m["id"]))
+      try:
+        status, secs = _pytest(TARGETS[m["id"].split(":")[0]], ws, timeout)
+      finally:
+        target.write_text(original)
+        workspaces.put(ws)
+      with lock:
         results[m["id"]] = {**m, "status": status, "seconds": round(secs, 1)}
         _save(results)
-        print(f"{m['id']:<18} line {m['line']:<4} {m['desc']:<28} {status} ({secs:.0f}s)", flush=True)
+      print(f"{m['id']:<18} line {m['line']:<4} {m['desc']:<28} {status} ({secs:.0f}s)", flush=True)
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+      list(pool.map(one, todo))
+    if budget_s is not None and time.time() - start > budget_s:
+      print(f"time budget of {budget_s:.0f}s spent; rerun the same command to resume")
 
 
 def report(show_survivors: bool = True) -> None:
@@ -240,8 +269,10 @@ def report(show_survivors: bool = True) -> None:
     if not rs:
       continue
     k = sum(r["status"] in ("killed", "timeout") for r in rs)
+    t = sum(r["status"] == "timeout" for r in rs)
     n_all = len(enumerate_mutants(module))
-    print(f"{module:<11} {k}/{len(rs)} killed ({100 * k / len(rs):.1f}%), {len(rs)}/{n_all} mutants run")
+    print(f"{module:<11} {k}/{len(rs)} killed ({100 * k / len(rs):.1f}%; {t} of them by a timeout), "
+          f"{len(rs)}/{n_all} mutants run")
     total, killed = total + len(rs), killed + k
     if show_survivors:
       for r in sorted((r for r in rs if r["status"] == "survived"), key=lambda r: r["line"]):
@@ -265,6 +296,7 @@ def main() -> None:
   r.add_argument("--limit", type=int, default=None, help="at most this many new mutants per module")
   r.add_argument("--budget", type=float, default=None, help="stop starting mutants after this many seconds")
   r.add_argument("--rerun-survivors", action="store_true", help="run the surviving mutants again (after new tests)")
+  r.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own workspace copy")
   sub.add_parser("report")
   s = sub.add_parser("show")
   s.add_argument("mutant_id")
@@ -272,7 +304,7 @@ def main() -> None:
   s2.add_argument("module", choices=list(TARGETS))
   args = p.parse_args()
   if args.cmd == "run":
-    run(args.modules, args.limit, args.budget, args.rerun_survivors)
+    run(args.modules, args.limit, args.budget, args.rerun_survivors, args.jobs)
   elif args.cmd == "report":
     report()
   elif args.cmd == "show":
