@@ -25,6 +25,7 @@ import argparse
 import ast
 import concurrent.futures
 import difflib
+import hashlib
 import json
 import os
 import queue
@@ -128,9 +129,16 @@ class _DropUnary(ast.NodeTransformer):
     return node.operand if node is self.target else node
 
 
+def source_digest(module: str) -> str:
+  """sha256 (first 16 hex digits) of ``fp4jax/<module>.py``: a result counts only for the source it was run on."""
+  return hashlib.sha256((REPO / "fp4jax" / f"{module}.py").read_bytes()).hexdigest()[:16]
+
+
 def enumerate_mutants(module: str) -> list[dict]:
-  """Every mutant of ``fp4jax/<module>.py`` as ``{"id", "line", "desc"}`` (deterministic order)."""
+  """Every mutant of ``fp4jax/<module>.py`` as ``{"id", "line", "desc", "source"}`` (deterministic order; ids are
+  AST positions, so they name the same mutant only while ``source`` is the module's current digest)."""
   src = (REPO / "fp4jax" / f"{module}.py").read_text()
+  digest = source_digest(module)
   tree = ast.parse(src)
   skip = _skipped_nodes(tree)
   out = []
@@ -138,7 +146,7 @@ def enumerate_mutants(module: str) -> list[dict]:
     if id(node) in skip:
       continue
     for k, (desc, _) in enumerate(_mutations(node)):
-      out.append({"id": f"{module}:{idx}.{k}", "line": getattr(node, "lineno", 0), "desc": desc})
+      out.append({"id": f"{module}:{idx}.{k}", "line": getattr(node, "lineno", 0), "desc": desc, "source": digest})
   return out
 
 
@@ -187,6 +195,12 @@ def _pytest(tests: list[str], ws: Path, timeout: float) -> tuple[str, float]:
   return ("survived" if proc.returncode == 0 else "killed"), time.time() - t0
 
 
+def _current(results: dict, mutant: dict) -> str | None:
+  """The recorded status of ``mutant``, or None when it was never run or was run on another version of its module."""
+  r = results.get(mutant["id"], {})
+  return r.get("status") if r.get("source") == mutant["source"] else None
+
+
 def _load() -> dict:
   return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
 
@@ -220,7 +234,7 @@ def run(modules: list[str], limit: int | None, budget_s: float | None, rerun_sur
   results = _load()
   start = time.time()
   lock = threading.Lock()
-  status_of = lambda m: results.get(m["id"], {}).get("status")
+  status_of = lambda m: _current(results, m)
   with tempfile.TemporaryDirectory(prefix="fp4jax_mut_") as tmp:
     workspaces = queue.Queue()
     for j in range(jobs):
@@ -258,21 +272,18 @@ def run(modules: list[str], limit: int | None, budget_s: float | None, rerun_sur
 
 
 def report(show_survivors: bool = True) -> None:
+  """Score per module over the mutants of the modules' current sources (results of older sources are ignored)."""
   results = _load()
-  by_module: dict[str, list[dict]] = {}
-  for r in results.values():
-    if r["status"] != "baseline":
-      by_module.setdefault(r["id"].split(":")[0], []).append(r)
   total = killed = 0
   for module in TARGETS:
-    rs = by_module.get(module, [])
+    mutants = enumerate_mutants(module)
+    rs = [{**m, **results[m["id"]]} for m in mutants if _current(results, m) is not None]
     if not rs:
       continue
     k = sum(r["status"] in ("killed", "timeout") for r in rs)
     t = sum(r["status"] == "timeout" for r in rs)
-    n_all = len(enumerate_mutants(module))
     print(f"{module:<11} {k}/{len(rs)} killed ({100 * k / len(rs):.1f}%; {t} of them by a timeout), "
-          f"{len(rs)}/{n_all} mutants run")
+          f"{len(rs)}/{len(mutants)} mutants run")
     total, killed = total + len(rs), killed + k
     if show_survivors:
       for r in sorted((r for r in rs if r["status"] == "survived"), key=lambda r: r["line"]):
