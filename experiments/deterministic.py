@@ -55,8 +55,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec as P
 
-from fp4jax.reductions import leading_pairwise_sum
-from fp4jax.sharding import ordered_psum
+from fp4jax._src.reductions import leading_pairwise_sum
+from fp4jax._src.sharding import ordered_psum
 
 from fp4jax_experiments.sharding import DATA, MODEL, Layout, leaf_spec
 

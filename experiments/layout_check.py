@@ -50,7 +50,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import fp4jax
-from fp4jax.operand import quantize_operand, rotate, signs_for
+from fp4jax._src.operand import quantize_operand, rotate, signs_for
 
 from fp4jax_experiments import model as model_lib
 from fp4jax_experiments import deterministic, sharding, train

@@ -52,11 +52,11 @@ from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 import fp4jax
-from fp4jax import fp8
+from fp4jax._src import fp8
 import fp4jax.flax
-from fp4jax.formats import FP4Format
-from fp4jax.ieee import div_rn
-from fp4jax.rounding import rtn_bf16, rtn_e4m3
+from fp4jax._src.formats import FP4Format
+from fp4jax._src.ieee import div_rn
+from fp4jax._src.rounding import rtn_bf16, rtn_e4m3
 
 from fp4jax_experiments import model as model_lib
 

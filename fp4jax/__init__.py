@@ -4,11 +4,11 @@ Formats -> quantizers -> gradient estimators -> dot_general -> Flax modules; ker
 quantizers and the dot (package ``fp4jax_kernels``).
 """
 
-from fp4jax import bits, estimators, fp8, hadamard, metrics, recipes, rounding, scaling, sharding
-from fp4jax.dot import dot_general, einsum
-from fp4jax.formats import MXFP4, NVFP4, FP4Format
-from fp4jax.matmul import packed_matmul
-from fp4jax.quantize import QTensor, fake_quantize, quantize
+from fp4jax._src import bits, estimators, fp8, hadamard, metrics, recipes, rounding, scaling, sharding
+from fp4jax._src.dot import dot_general, einsum
+from fp4jax._src.formats import MXFP4, NVFP4, FP4Format
+from fp4jax._src.matmul import packed_matmul
+from fp4jax._src.quantize import QTensor, fake_quantize, quantize
 
 __version__ = "0.1.0"
 

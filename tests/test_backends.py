@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import backends, operand, recipes
-from fp4jax.backends import Unsupported
-from fp4jax.flax import linen as qlinen
-from fp4jax.flax import nnx as qnnx
-from fp4jax.flax import packed as fq_packed
+from fp4jax._src import backends, operand, recipes
+from fp4jax._src.backends import Unsupported
+from fp4jax._src.flax import linen as qlinen
+from fp4jax._src.flax import nnx as qnnx
+from fp4jax._src.flax import packed as fq_packed
 
 REPO = Path(__file__).resolve().parents[1]
 DN = (((1,), (1,)), ((), ()))
@@ -50,13 +50,13 @@ def test_every_public_entry_defaults_to_auto():
   from fp4jax_experiments import train
 
   found = {}
-  for module in (fp4jax.dot, operand, qlinen, qnnx, quantize_api, fp4jax.matmul, fq_packed):
+  for module in (fp4jax._src.dot, operand, qlinen, qnnx, quantize_api, fp4jax._src.matmul, fq_packed):
     found.update({f"{module.__name__}.{n}": d for n, d in _backend_defaults(module).items()})
-  for name in ("fp4jax.dot.dot_general", "fp4jax.dot.einsum", "fp4jax.flax.linen.Dense",
-               "fp4jax.flax.linen.DenseGeneral", "fp4jax.flax.linen.Einsum", "fp4jax.flax.linen.DotGeneral",
-               "fp4jax.flax.linen.quantize", "fp4jax.flax.nnx.Linear", "fp4jax.flax.nnx.Einsum",
-               "fp4jax.flax.nnx.quantize", "fp4jax.operand.rotate_and_quantize", "fp4jax.matmul.packed_matmul",
-               "fp4jax.flax.packed.apply"):
+  for name in ("fp4jax._src.dot.dot_general", "fp4jax._src.dot.einsum", "fp4jax._src.flax.linen.Dense",
+               "fp4jax._src.flax.linen.DenseGeneral", "fp4jax._src.flax.linen.Einsum", "fp4jax._src.flax.linen.DotGeneral",
+               "fp4jax._src.flax.linen.quantize", "fp4jax._src.flax.nnx.Linear", "fp4jax._src.flax.nnx.Einsum",
+               "fp4jax._src.flax.nnx.quantize", "fp4jax._src.operand.rotate_and_quantize", "fp4jax._src.matmul.packed_matmul",
+               "fp4jax._src.flax.packed.apply"):
     assert name in found, name
   assert {n: d for n, d in found.items() if d != "auto"} == {}
   model = fp4jax.flax.quantize(fp4jax.flax.linen.nn.Dense(4), [fp4jax.flax.Rule(".*", "nvfp4_rtn")])
@@ -186,11 +186,11 @@ def test_the_core_never_imports_the_kernels_and_the_kernels_only_the_numerics():
   core = {p: _imported_modules(p) for p in (REPO / "fp4jax").rglob("*.py")}
   assert {str(p): sorted(m for m in names if m.startswith("fp4jax_kernels"))
           for p, names in core.items() if any(m.startswith("fp4jax_kernels") for m in names)} == {}
-  above = ("fp4jax", "fp4jax.dot", "fp4jax.dot_general", "fp4jax.einsum", "fp4jax.flax")
+  above = ("fp4jax", "fp4jax._src.dot", "fp4jax.dot_general", "fp4jax.einsum", "fp4jax.flax", "fp4jax._src.flax")
   # the library's kernel modules; the developer tools (bench.py, profile.py) time whole layers through dot_general
   kernels = {p: _imported_modules(p) for p in (REPO / "kernels" / "fp4jax_kernels").rglob("*.py")
              if p.name not in ("bench.py", "profile.py")}
   assert len(kernels) > 10
-  bad = {str(p): sorted(m for m in names if m in above or m.startswith("fp4jax.flax."))
+  bad = {str(p): sorted(m for m in names if m in above or m.startswith(("fp4jax.flax.", "fp4jax._src.flax.")))
          for p, names in kernels.items()}
   assert {p: m for p, m in bad.items() if m} == {}

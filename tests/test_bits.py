@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4jax import bits
+from fp4jax._src import bits
 
 
 def test_index_grid_is_row_major():

@@ -18,13 +18,13 @@ from flax import nnx
 from fp4jax_kernels import operand as kernel_operand
 
 import fp4jax
-from fp4jax import backends, operand, recipes
-from fp4jax.flax import linen as ql
-from fp4jax.flax import nnx as qn
-from fp4jax.recipes import OperandSpec
+from fp4jax._src import backends, operand, recipes
+from fp4jax._src.flax import linen as ql
+from fp4jax._src.flax import nnx as qn
+from fp4jax._src.recipes import OperandSpec
 from tests.numpy_reference import nvfp4_reference
 
-quantize_mod = importlib.import_module("fp4jax.quantize")
+quantize_mod = importlib.import_module("fp4jax._src.quantize")
 F32 = np.float32
 DN = (((1,), (0,)), ((), ()))
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import operand as operand_lib, recipes
-from fp4jax.recipes import OperandSpec, Recipe
+from fp4jax._src import operand as operand_lib, recipes
+from fp4jax._src.recipes import OperandSpec, Recipe
 
 DN = (((1,), (1,)), ((), ()))
 KEY = jax.random.key(0)
@@ -174,7 +174,7 @@ def test_default_output_dtype_follows_lax(name):
 def test_quantized_gemms_multiply_at_float32_on_the_cpu_only(name, jaxpr_equations):
   """XLA:CPU runs a bf16 dot either on AVX512-BF16 pair dot products or upcast to f32, chosen per program, and the
   two round inexact sums differently: fp8's tensor-parallel training differed from one device by that choice
-  (BENCHMARKS §9). ``fp4jax.operand.matmul`` hands the CPU f32 operands, accelerators the exact bf16 values."""
+  (BENCHMARKS §9). ``fp4jax._src.operand.matmul`` hands the CPU f32 operands, accelerators the exact bf16 values."""
   x, w = _normal(1, (32, 64)).astype(jnp.bfloat16), _normal(2, (48, 64))
   key = KEY if recipes.get(name).is_random else None
   jaxpr = jax.make_jaxpr(jax.grad(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=name, key=key).sum(), (0, 1)))(x, w)
@@ -205,7 +205,7 @@ def test_a_float32_operand_meets_bf16_values_as_three_bf16_gemms_on_accelerators
   ``bf16_parts``: every product exact, so the result is a float32 GEMM's up to the fp32 accumulation."""
   rng = np.random.default_rng(5)
   x = jnp.asarray(rng.standard_normal((1, 16, 256)), jnp.float32)  # not bf16-exact
-  w_op, _ = fp4jax.operand.quantize_operand(_normal(6, (1, 24, 256)), OperandSpec(fmt="e2m1_channel"), None)
+  w_op, _ = fp4jax._src.operand.quantize_operand(_normal(6, (1, 24, 256)), OperandSpec(fmt="e2m1_channel"), None)
   x_op = operand_lib.Operand(x, jnp.float32(1.0))
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   jaxpr = jax.make_jaxpr(operand_lib.matmul)(x_op, w_op)

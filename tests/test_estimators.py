@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4jax import estimators, fp8
-from fp4jax.formats import E2M1_VALUES, MXFP4, NVFP4
-from fp4jax.operand import channel_scale, quantize_operand
-from fp4jax.quantize import quantize
-from fp4jax.recipes import OperandSpec, quartet
+from fp4jax._src import estimators, fp8
+from fp4jax._src.formats import E2M1_VALUES, MXFP4, NVFP4
+from fp4jax._src.operand import channel_scale, quantize_operand
+from fp4jax._src.quantize import quantize
+from fp4jax._src.recipes import OperandSpec, quartet
 
 
 def _smooth_step(x, k):

@@ -161,10 +161,10 @@ def test_jitted_gpu_fake_quantize_lies_on_the_grid(name):
 
 
 def test_bf16_parts_add_up_exactly_under_jit_on_the_gpu():
-  """The three bf16 parts of a float32 operand (``fp4jax.operand.matmul``'s split) survive XLA's convert folding."""
+  """The three bf16 parts of a float32 operand (``fp4jax._src.operand.matmul``'s split) survive XLA's convert folding."""
   rng = np.random.default_rng(0)
   x = (rng.standard_normal(1 << 16) * np.exp2(rng.integers(-60, 60, 1 << 16))).astype(np.float32)
-  parts = jax.jit(fp4jax.operand.bf16_parts)(jax.device_put(x, GPU[0]))
+  parts = jax.jit(fp4jax._src.operand.bf16_parts)(jax.device_put(x, GPU[0]))
   np.testing.assert_array_equal(sum(np.asarray(p, np.float64) for p in parts), x.astype(np.float64))
 
 
@@ -185,7 +185,7 @@ def test_ms_fp4_forward_is_a_float32_gemm_of_its_operands():
   dn = (((1,), (1,)), ((), ()))
   y = np.asarray(jax.jit(lambda a, b: fp4jax.dot_general(a, b, dn, recipe="ms_fp4"))(x, w), np.float64)
   spec = fp4jax.recipes.get("ms_fp4")
-  a = np.asarray(fp4jax.operand.quantize_operand(x, spec.fwd_lhs, None)[0].dequantize(), np.float64)
-  b = np.asarray(fp4jax.operand.quantize_operand(w, spec.fwd_rhs, None)[0].dequantize(), np.float64)
+  a = np.asarray(fp4jax._src.operand.quantize_operand(x, spec.fwd_lhs, None)[0].dequantize(), np.float64)
+  b = np.asarray(fp4jax._src.operand.quantize_operand(w, spec.fwd_rhs, None)[0].dequantize(), np.float64)
   bound = np.abs(a) @ np.abs(b).T
   assert np.all(np.abs(y - a @ b.T) <= 512 * 2.0**-23 * bound)

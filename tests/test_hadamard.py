@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4jax import hadamard as H
-from fp4jax.operand import rotate  # the XLA path of the GEMM operands
+from fp4jax._src import hadamard as H
+from fp4jax._src.operand import rotate  # the XLA path of the GEMM operands
 
 
 @pytest.mark.parametrize("d", H.SIZES)

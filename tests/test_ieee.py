@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4jax.ieee import div_rn, mul_pow2_rn, mul_short_rn
+from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_short_rn
 
 
 def test_random_quotients_are_correctly_rounded():
@@ -35,7 +35,7 @@ def test_hard_cases_and_specials():
 def test_correction_recovers_from_guesses_two_off():
   """The backend's division may be up to 2 ulp off (div.full.f32 on GPU): every such guess gives the exact floor
   quotient and remainder."""
-  from fp4jax.ieee import floor_significand_quotient
+  from fp4jax._src.ieee import floor_significand_quotient
 
   rng = np.random.RandomState(1)
   ma = rng.randint(1 << 23, 1 << 24, 5000).astype(np.uint64)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4jax import bits
+from fp4jax._src import bits
 
 M32 = 0xFFFFFFFF
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import recipes
-from fp4jax.operand import FIXED_SIGNS_SEED
+from fp4jax._src import recipes
+from fp4jax._src.operand import FIXED_SIGNS_SEED
 from tests import oracles
 
 DN = (((1,), (1,)), ((), ()))
@@ -81,7 +81,7 @@ def test_quartet_trust_mask_drops_gradient_and_the_estimators_matter():
 
 def test_dge_derivative_matches_the_paper():
   """MS-AMP's reference value f'(±6) = 1/k = 0.2, the cap at interval midpoints, and interior points by hand."""
-  from fp4jax import estimators
+  from fp4jax._src import estimators
   pts = np.array([6.0, -6.0, 0.25, 2.5, 5.0, 0.0, 1.0, 0.3, -3.2, 4.5, 7.0, 1.9], np.float32)
   hand = {0.3: 0.2 * 0.2 ** -0.8, -3.2: 0.2 * 0.6 ** -0.8, 4.5: 0.2 * 0.5 ** -0.8, 1.9: 0.2 * 0.6 ** -0.8}
   want = oracles.dge_derivative(pts)

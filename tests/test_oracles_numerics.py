@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import rounding
+from fp4jax._src import rounding
 from tests import oracles
 
 F32 = np.float32
@@ -249,7 +249,7 @@ def test_ms_eden_scales_and_values_equal_the_oracle(seed):
   E4M3 scale and every value equal the oracle's."""
   import jax
 
-  from fp4jax import bits as bits_lib
+  from fp4jax._src import bits as bits_lib
   rng = np.random.default_rng(seed)
   x = (rng.standard_normal((32, 256)) * np.exp2(rng.integers(-5, 6, (32, 1)))).astype(F32)
   x[3, 16:32] = 0.0  # an all-zero block: c = 1, scale 0
@@ -287,7 +287,7 @@ def _mx_exponent_oracle(a, mode, sigma):
 
 @pytest.mark.parametrize("mode", ["floor", "floor_headroom", "rceil", "quest", "quest_nearest"])
 def test_mx_exponents_equal_the_oracle_at_their_boundaries(mode):
-  from fp4jax import scaling
+  from fp4jax._src import scaling
   rng = np.random.default_rng(5)
   k = rng.integers(-40, 40, 64).astype(np.float64)
   edges = np.concatenate([np.exp2(k), 1.5 * np.exp2(k), np.sqrt(2.0) * np.exp2(k)]).astype(F32)

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import fp4jax
-from fp4jax import metrics
+from fp4jax._src import metrics
 
 NV, MX = fp4jax.NVFP4, fp4jax.MXFP4
 FOUR_SIX = dataclasses.replace(NV, scale_mode="four_over_six")
@@ -39,7 +39,7 @@ def test_nvfp4_element_rounding_is_idempotent(x):
   """Re-rounding the codes' values with the same scales returns the same codes (NVFP4's E4M3 scale is re-derived
   from the dequantized amax, so whole-tensor idempotence is not a property of the format)."""
   codes = fp4jax.quantize(x, NV).unpacked_codes()
-  again = fp4jax.rounding.rtn_e2m1(fp4jax.formats.e2m1_decode(codes))
+  again = fp4jax.rounding.rtn_e2m1(fp4jax._src.formats.e2m1_decode(codes))
   np.testing.assert_array_equal(np.asarray(again), np.where(np.asarray(codes) == 8, 0, np.asarray(codes)))  # -0 -> +0
 
 
@@ -76,13 +76,13 @@ def test_four_over_six_never_worse_per_block(x):
   a = np.asarray(fp4jax.fake_quantize(x, FOUR_SIX)).reshape(4, 4, 16)
   s = np.asarray(fp4jax.quantize(x, FOUR_SIX).global_scale)
   # Quantize with the plain "max -> 6" scale rule but the same tensor scale, then compare the per-block errors.
-  from fp4jax import scaling
+  from fp4jax._src import scaling
 
   xb = jnp.asarray(x).reshape(4, 4, 16)
   amax = jnp.max(jnp.abs(xb))
   s_enc, s_dec = scaling.nvfp4_tensor_scales(amax, "four_over_six")
   dec, enc = scaling.nvfp4_block_scales(jnp.max(jnp.abs(xb), -1, keepdims=True), s_enc, s_dec)
-  b = fp4jax.formats.e2m1_decode(fp4jax.rounding.rtn_e2m1(jnp.clip(xb * enc, -6, 6))) * dec * s_dec
+  b = fp4jax._src.formats.e2m1_decode(fp4jax.rounding.rtn_e2m1(jnp.clip(xb * enc, -6, 6))) * dec * s_dec
   assert np.float32(s) == np.float32(s_dec)
   err = lambda y: ((np.asarray(xb, np.float64) - y) ** 2).sum(-1)
   assert np.all(err(a) <= err(np.asarray(b)) * (1 + 1e-5) + 1e-30)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import hadamard, metrics
-from fp4jax.quantize import packed_nbytes
+from fp4jax._src import hadamard, metrics
+from fp4jax._src.quantize import packed_nbytes
 from tests import numpy_reference as ref
 
 NV, MX = fp4jax.NVFP4, fp4jax.MXFP4
@@ -253,7 +253,7 @@ def test_quest_scales_reproduce_published_relative_mse():
 
 @pytest.mark.parametrize("shape,axis,block", [((3, 70), 1, (32,)), ((37, 5), 0, (16,)), ((20, 40), 1, (16, 16)), ((40, 20), 0, (16, 16))])
 def test_valid_counts_match_padding(shape, axis, block):
-  from fp4jax.quantize import BlockLayout
+  from fp4jax._src.quantize import BlockLayout
 
   lay = BlockLayout(shape, axis, block)
   expect = jnp.sum(lay.to_blocks(jnp.ones(shape, jnp.float32)), axis=lay.red_axes, keepdims=True)

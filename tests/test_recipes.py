@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import pytest
 
 import fp4jax
-from fp4jax import recipes
-from fp4jax.recipes import OperandSpec, Recipe
+from fp4jax._src import recipes
+from fp4jax._src.recipes import OperandSpec, Recipe
 
 
 def test_registry():

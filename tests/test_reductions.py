@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4jax.reductions import leading_pairwise_sum, pairwise_sum
+from fp4jax._src.reductions import leading_pairwise_sum, pairwise_sum
 
 
 def _halving_numpy(x: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fp4jax import bits, formats, rounding
+from fp4jax._src import bits, formats, rounding
 from tests import numpy_reference as ref
 
 GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
@@ -140,7 +140,7 @@ def test_sr_e4m3_lands_on_neighbours_and_is_unbiased():
 
 
 def test_e8m0_decodes_every_pattern():
-  from fp4jax.quantize import _scale_values
+  from fp4jax._src.quantize import _scale_values
 
   b = np.arange(256, dtype=np.uint8)
   vals = np.asarray(_scale_values(jnp.asarray(b.view(ml_dtypes.float8_e8m0fnu)), formats.MXFP4))

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import recipes, sharding
-from fp4jax.recipes import OperandSpec, Recipe
+from fp4jax._src import recipes, sharding
+from fp4jax._src.recipes import OperandSpec, Recipe
 from tests.numpy_reference import nvfp4_reference
 
 DN = (((1,), (1,)), ((), ()))

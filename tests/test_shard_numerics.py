@@ -5,7 +5,7 @@ binds the axis name).
 
 The sharded runs need 4 devices, requested before jax is imported: one subprocess (this file run as a script, CPU)
 computes every comparison and prints them as JSON. It captures the operands each GEMM consumes by wrapping
-``fp4jax.dot.matmul`` and running the custom VJP's forward and backward rules (``_qdot_fwd`` / ``_qdot_bwd``) as
+``fp4jax._src.dot.matmul`` and running the custom VJP's forward and backward rules (``_qdot_fwd`` / ``_qdot_bwd``) as
 plain functions; the public ``dot_general`` is checked end to end on a 3D lhs.
 """
 
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import bits
-from fp4jax.reductions import leading_pairwise_sum
+from fp4jax._src import bits
+from fp4jax._src.reductions import leading_pairwise_sum
 
 SHARDS = 4
 M, K, N = 512, 128, 128  # tokens (128 per shard: quartet2's 128-point Hadamard along tokens fits), features, outputs
@@ -144,8 +144,8 @@ def compute() -> dict:
       whole_dims = {"outputs": {"y": 2, "dw": 1}, "inputs": {"dx": 2, "dw": 2}}[split]
       summed, (a, sa), (b, sb), dtype = (("dx", ref[3][2], ref[3][3], fdy.dtype) if split == "outputs" else
                                          ("y", ref[3][0], ref[3][1], jnp.float32))
-      chunks = [dot.matmul(fp4jax.operand.Operand(a[..., c * 128:(c + 1) * 128], sa),
-                           fp4jax.operand.Operand(b[..., c * 128:(c + 1) * 128], sb)).astype(dtype) for c in range(2)]
+      chunks = [dot.matmul(fp4jax._src.operand.Operand(a[..., c * 128:(c + 1) * 128], sa),
+                           fp4jax._src.operand.Operand(b[..., c * 128:(c + 1) * 128], sb)).astype(dtype) for c in range(2)]
       results = dict(zip(("y", "dx", "dw"), range(3)))
       # Quartet's dX partials pass its trust mask and inverse Hadamard (dot._to_input): not a plain chunk GEMM.
       emulated = not (split == "outputs" and name == "quartet")

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import recipes
-from fp4jax.recipes import OperandSpec
+from fp4jax._src import recipes
+from fp4jax._src.recipes import OperandSpec
 
 N1, N2 = 32, 512
 DN = (((1,), (1,)), ((), ()))

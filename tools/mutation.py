@@ -39,6 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "tools" / "mutation_results.json"
+SOURCES = Path("fp4jax") / "_src"  # the mutated modules, relative to the repository (or a workspace copy)
 CACHE = Path(tempfile.gettempdir()) / "fp4jax_mutation_jax_cache"
 
 # module -> pytest arguments of the fast, targeted tests that must kill its mutants (smallest modules first)
@@ -130,14 +131,14 @@ class _DropUnary(ast.NodeTransformer):
 
 
 def source_digest(module: str) -> str:
-  """sha256 (first 16 hex digits) of ``fp4jax/<module>.py``: a result counts only for the source it was run on."""
-  return hashlib.sha256((REPO / "fp4jax" / f"{module}.py").read_bytes()).hexdigest()[:16]
+  """sha256 (first 16 hex digits) of ``fp4jax/_src/<module>.py``: a result counts only for the source it was run on."""
+  return hashlib.sha256((REPO / SOURCES / f"{module}.py").read_bytes()).hexdigest()[:16]
 
 
 def enumerate_mutants(module: str) -> list[dict]:
-  """Every mutant of ``fp4jax/<module>.py`` as ``{"id", "line", "desc", "source"}`` (deterministic order; ids are
+  """Every mutant of ``fp4jax/_src/<module>.py`` as ``{"id", "line", "desc", "source"}`` (deterministic order; ids are
   AST positions, so they name the same mutant only while ``source`` is the module's current digest)."""
-  src = (REPO / "fp4jax" / f"{module}.py").read_text()
+  src = (REPO / SOURCES / f"{module}.py").read_text()
   digest = source_digest(module)
   tree = ast.parse(src)
   skip = _skipped_nodes(tree)
@@ -153,7 +154,7 @@ def enumerate_mutants(module: str) -> list[dict]:
 def mutated_source(mutant_id: str) -> str:
   module, rest = mutant_id.split(":")
   idx, k = (int(p) for p in rest.split("."))
-  tree = ast.parse((REPO / "fp4jax" / f"{module}.py").read_text())
+  tree = ast.parse((REPO / SOURCES / f"{module}.py").read_text())
   node = list(ast.walk(tree))[idx]
   _, apply = list(_mutations(node))[k]
   if apply is None:
@@ -252,7 +253,7 @@ def run(modules: list[str], limit: int | None, budget_s: float | None, rerun_sur
       if budget_s is not None and time.time() - start > budget_s:
         return
       ws = workspaces.get()
-      target = ws / "fp4jax" / f"{m['id'].split(':')[0]}.py"
+      target = ws / SOURCES / f"{m['id'].split(':')[0]}.py"
       original = target.read_text()
       target.write_text(mutated_source(m["id"]))
       try:
@@ -294,9 +295,9 @@ def report(show_survivors: bool = True) -> None:
 
 def show(mutant_id: str) -> None:
   module = mutant_id.split(":")[0]
-  a = ast.unparse(ast.parse((REPO / "fp4jax" / f"{module}.py").read_text())).splitlines()
+  a = ast.unparse(ast.parse((REPO / SOURCES / f"{module}.py").read_text())).splitlines()
   b = mutated_source(mutant_id).splitlines()
-  print("\n".join(difflib.unified_diff(a, b, f"fp4jax/{module}.py", f"mutant {mutant_id}", lineterm="", n=2)))
+  print("\n".join(difflib.unified_diff(a, b, f"{SOURCES}/{module}.py", f"mutant {mutant_id}", lineterm="", n=2)))
 
 
 def main() -> None:

@@ -11,10 +11,10 @@ from typing import Any, Sequence
 import flax.linen as nn
 from flax import nnx as _nnx
 
-from fp4jax.flax import export, linen, nnx, packed, rules
-from fp4jax.flax.export import pack, restore, save, unpack
-from fp4jax.flax.rules import DEFAULT_HIGH_PRECISION, Rule, keep_high_precision
-from fp4jax.flax.summary import LayerSummary, summary
+from fp4jax._src.flax import export, linen, nnx, packed, rules
+from fp4jax._src.flax.export import pack, restore, save, unpack
+from fp4jax._src.flax.rules import DEFAULT_HIGH_PRECISION, Rule, keep_high_precision
+from fp4jax._src.flax.summary import LayerSummary, summary
 
 
 def quantize(model, rules: Sequence[Any], **kwargs):

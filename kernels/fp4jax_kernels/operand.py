@@ -21,10 +21,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fp4jax import backends
-from fp4jax.formats import FP4Format
-from fp4jax.operand import PAIR_OP, QUANTIZE_OP, Operand
-from fp4jax.recipes import OperandSpec
+from fp4jax._src import backends
+from fp4jax._src.formats import FP4Format
+from fp4jax._src.operand import PAIR_OP, QUANTIZE_OP, Operand
+from fp4jax._src.recipes import OperandSpec
 from fp4jax_kernels.quantize import pallas_triton
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 

@@ -40,7 +40,7 @@ import numpy as np
 from jax import lax
 from jax.extend import core as jex_core
 
-from fp4jax.formats import pow2
+from fp4jax._src.formats import pow2
 
 
 def _asm(instruction: str, *args: jax.Array) -> jax.Array:

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from fp4jax import recipes
+from fp4jax._src import recipes
 from fp4jax_experiments import model as m
 from fp4jax_experiments import train
 

@@ -169,7 +169,7 @@ def test_remat_and_unroll_compute_the_same_gradients(recipe, how):
 @pytest.mark.parametrize("recipe", ["nvidia_nvfp4", "quartet2"])
 def test_fp4_model_keeps_first_and_last_blocks_in_bf16(recipe):
     pytest.importorskip("fp4jax.flax.linen")
-    from fp4jax.flax.linen import DotGeneral
+    from fp4jax._src.flax.linen import DotGeneral
 
     config = m.model_config("100K", n_layers=4, recipe=recipe, bf16_first=1, bf16_last=1)
     params = m.init_params(config, jax.random.key(0))

@@ -12,7 +12,8 @@ import pytest
 from flax import nnx
 
 import fp4jax
-from fp4jax.flax import Rule, export, keep_high_precision, quantize
+from fp4jax._src.flax import export
+from fp4jax.flax import Rule, keep_high_precision, quantize
 
 
 def _params():

@@ -10,9 +10,9 @@ import pytest
 from flax import nnx
 
 import fp4jax
-from fp4jax import metrics, operand, recipes
-from fp4jax.flax import linen as ql
-from fp4jax.flax import nnx as qn
+from fp4jax._src import metrics, operand, recipes
+from fp4jax._src.flax import linen as ql
+from fp4jax._src.flax import nnx as qn
 
 M, K, N = 128, 256, 128
 DN = (((1,), (0,)), ((), ()))

@@ -6,7 +6,9 @@ import pytest
 from flax import nnx
 
 import flax_models as fm
-from fp4jax.flax import Rule, keep_high_precision, quantize, rules, summary
+from fp4jax._src.flax import rules
+from fp4jax.flax import summary
+from fp4jax.flax import Rule, keep_high_precision, quantize
 
 CFG = fm.Config(n_layers=4)
 HP = "high precision"
@@ -66,7 +68,7 @@ def test_explicit_fp4_layers_show_in_summary_without_rules():
   class Explicit(nn.Module):
     @nn.compact
     def __call__(self, x):
-      from fp4jax.flax import linen as ql
+      from fp4jax._src.flax import linen as ql
       return nn.Dense(8, name="plain")(ql.Dense(16, recipe="quartet2", name="fp4")(x))
 
   s = summary(Explicit(), jax.numpy.ones((4, 32)), show=False)

@@ -12,8 +12,9 @@ import pytest
 from flax import nnx
 
 import flax_models as fm
-from fp4jax import recipes
-from fp4jax.flax import Rule, quantize, summary
+from fp4jax._src import recipes
+from fp4jax.flax import summary
+from fp4jax.flax import Rule, quantize
 
 STEPS, LR, MIN_DROP = 4, 1e-2, 0.1
 

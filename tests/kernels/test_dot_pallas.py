@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import backends, operand, recipes
-from fp4jax.formats import FP4Format
-from fp4jax.recipes import OperandSpec
+from fp4jax._src import backends, operand, recipes
+from fp4jax._src.formats import FP4Format
+from fp4jax._src.recipes import OperandSpec
 from fp4jax_kernels import operand as kernel_operand
 
 DN = (((1,), (1,)), ((), ()))

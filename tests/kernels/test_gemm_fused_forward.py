@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import hadamard as hadamard_lib
+from fp4jax._src import hadamard as hadamard_lib
 from fp4jax_kernels.contrib import fused_forward
 from fp4jax_kernels.gemm import reference
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import backends
+from fp4jax._src import backends
 from fp4jax_kernels.gemm import api, gemv, reference
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import backends
-from fp4jax.formats import E2M1_VALUES
+from fp4jax._src import backends
+from fp4jax._src.formats import E2M1_VALUES
 from fp4jax_kernels.gemm import pallas_triton, reference
 from fp4jax_kernels.native import matmul as native
 

@@ -10,7 +10,7 @@ import pytest
 from fp4jax_kernels.gemm import api
 
 import fp4jax
-from fp4jax import backends
+from fp4jax._src import backends
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 

@@ -24,9 +24,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from fp4jax import scaling
-from fp4jax.formats import FP4Format
-from fp4jax.quantize import BlockLayout, QTensor, decode_blocks, quantize_blocks
+from fp4jax._src import scaling
+from fp4jax._src.formats import FP4Format
+from fp4jax._src.quantize import BlockLayout, QTensor, decode_blocks, quantize_blocks
 from fp4jax_kernels.gemm.pallas_triton import dequant_halves
 from fp4jax_kernels.quantize import pallas_triton as quantize_kernel
 from fp4jax_kernels.quantize.spec import QuantizeSpec

@@ -17,9 +17,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fp4jax import backends
-from fp4jax.matmul import PACKED_MATMUL_OP
-from fp4jax.quantize import QTensor
+from fp4jax._src import backends
+from fp4jax._src.matmul import PACKED_MATMUL_OP
+from fp4jax._src.quantize import QTensor
 from fp4jax_kernels.gemm import gemv, pallas_triton
 from fp4jax_kernels.native import matmul as native
 

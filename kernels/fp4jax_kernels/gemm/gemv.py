@@ -30,7 +30,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from fp4jax.quantize import QTensor
+from fp4jax._src.quantize import QTensor
 from fp4jax_kernels.edge_blocks import store_in_bounds
 from fp4jax_kernels.gemm import pallas_triton
 

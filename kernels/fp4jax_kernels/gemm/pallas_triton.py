@@ -32,8 +32,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from fp4jax.formats import E4M3_NAN_BITS, E8M0_NAN_BITS
-from fp4jax.quantize import QTensor
+from fp4jax._src.formats import E4M3_NAN_BITS, E8M0_NAN_BITS
+from fp4jax._src.quantize import QTensor
 from fp4jax_kernels.edge_blocks import store_in_bounds
 
 

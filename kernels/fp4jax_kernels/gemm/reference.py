@@ -7,7 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fp4jax.quantize import QTensor
+from fp4jax._src.quantize import QTensor
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype",))

@@ -16,8 +16,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fp4jax.formats import e2m1_decode
-from fp4jax.quantize import QTensor
+from fp4jax._src.formats import e2m1_decode
+from fp4jax._src.quantize import QTensor
 
 
 def elements(q: QTensor) -> jax.Array:

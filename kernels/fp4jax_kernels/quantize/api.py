@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import jax
 
-from fp4jax import backends
-from fp4jax.backends import Backend
+from fp4jax._src import backends
+from fp4jax._src.backends import Backend
 from fp4jax_kernels.quantize import pallas_triton, reference
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 

@@ -39,13 +39,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from fp4jax import bits as bits_lib
-from fp4jax import estimators, scaling
-from fp4jax import hadamard as hadamard_lib
-from fp4jax.formats import E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS, F32_INF_BITS
-from fp4jax.quantize import (BlockLayout, QTensor, check_quantize_args, decode_blocks, hadamard_sign_vector,
+from fp4jax._src import bits as bits_lib
+from fp4jax._src import estimators, scaling
+from fp4jax._src import hadamard as hadamard_lib
+from fp4jax._src.formats import E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS, F32_INF_BITS
+from fp4jax._src.quantize import (BlockLayout, QTensor, check_quantize_args, decode_blocks, hadamard_sign_vector,
                              quantize_blocks, split_quantize_key)
-from fp4jax.rounding import rtn_bf16
+from fp4jax._src.rounding import rtn_bf16
 from fp4jax_kernels.edge_blocks import load_in_bounds, store_in_bounds
 from fp4jax_kernels.quantize.spec import Quantized, QuantizeSpec
 from fp4jax_kernels.triton_compat import kernel_safe

@@ -30,7 +30,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 import fp4jax
-from fp4jax import bits as bits_lib
+from fp4jax._src import bits as bits_lib
 from fp4jax_kernels import triton_ir
 from fp4jax_kernels.benchtools import header, time_ms
 from fp4jax_kernels.quantize import bench, pallas_triton

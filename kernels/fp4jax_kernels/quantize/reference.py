@@ -7,8 +7,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fp4jax import estimators, hadamard as hadamard_lib
-from fp4jax.quantize import BlockLayout, QTensor, fake_quantize, quantize as quantize_xla
+from fp4jax._src import estimators, hadamard as hadamard_lib
+from fp4jax._src.quantize import BlockLayout, QTensor, fake_quantize, quantize as quantize_xla
 from fp4jax_kernels.quantize.spec import Quantized, QuantizeSpec
 
 

@@ -35,8 +35,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from fp4jax import sharding
-from fp4jax.quantize import (
+from fp4jax._src import sharding
+from fp4jax._src.quantize import (
   QTensor,
   check_quantize_args,
   hadamard_sign_vector,

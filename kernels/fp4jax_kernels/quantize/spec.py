@@ -9,8 +9,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fp4jax.formats import FP4Format
-from fp4jax.quantize import QTensor
+from fp4jax._src.formats import FP4Format
+from fp4jax._src.quantize import QTensor
 
 ALONG = ("rows", "cols", "rows_of_transpose")
 DEQUANTIZE = ("with_tensor_scale", "block_scaled_only")

@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-import fp4jax
-from fp4jax.backends import Backend
-from fp4jax.flax import ops, rules as rules_lib
+from fp4jax._src import dot
+from fp4jax._src.backends import Backend
+from fp4jax._src.flax import ops, rules as rules_lib
 
 LAYERS = (nnx.Linear, nnx.LinearGeneral, nnx.Einsum)
 _OP_ATTR = {nnx.Linear: "dot_general", nnx.LinearGeneral: "dot_general", nnx.Einsum: "einsum_op"}
@@ -78,7 +78,7 @@ class DotGeneral(_QuantOp):
     self._check_sharding(out_sharding)
     run, key = self._recipe_and_key()
     ops.record(self.path, "dot_general", self.recipe, ops.dot_general_flops(lhs.shape, rhs.shape, dimension_numbers))
-    return fp4jax.dot_general(lhs, rhs, dimension_numbers, recipe=run, key=key, precision=precision,
+    return dot.dot_general(lhs, rhs, dimension_numbers, recipe=run, key=key, precision=precision,
                               preferred_element_type=preferred_element_type, backend=self.backend)
 
 
@@ -89,7 +89,7 @@ class EinsumOp(_QuantOp):
     self._check_sharding(out_sharding)
     run, key = self._recipe_and_key()
     ops.record(self.path, "einsum", self.recipe, ops.einsum_flops(spec, lhs.shape, rhs.shape))
-    return fp4jax.einsum(spec, lhs, rhs, recipe=run, key=key, precision=precision,
+    return dot.einsum(spec, lhs, rhs, recipe=run, key=key, precision=precision,
                          preferred_element_type=preferred_element_type, backend=self.backend)
 
 

@@ -16,9 +16,9 @@ import flax.linen as nn
 import jax
 from flax import nnx as flax_nnx
 
-from fp4jax import recipes
-from fp4jax.flax import linen, nnx, ops
-from fp4jax.formats import FP4Format
+from fp4jax._src import recipes
+from fp4jax._src.flax import linen, nnx, ops
+from fp4jax._src.formats import FP4Format
 
 
 def is_fp4(recipe: Any) -> bool:

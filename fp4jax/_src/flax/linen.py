@@ -30,9 +30,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-import fp4jax
-from fp4jax.backends import Backend
-from fp4jax.flax import ops, rules as rules_lib
+from fp4jax._src import dot
+from fp4jax._src.backends import Backend
+from fp4jax._src.flax import ops, rules as rules_lib
 
 LAYERS = (nn.Dense, nn.DenseGeneral, nn.Einsum)
 
@@ -69,7 +69,7 @@ class DotGeneral(nn.Module):
   @nn.compact
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
     run, key = _key(self, self.recipe, self.deterministic, f"fp4jax DotGeneral at {_path(self)!r}")
-    return fp4jax.dot_general(
+    return dot.dot_general(
         lhs, rhs, dimension_numbers, recipe=run, key=key, precision=precision,
         preferred_element_type=preferred_element_type, backend=self.backend,
     )
@@ -131,7 +131,7 @@ def einsum_layer(module: nn.Einsum, inputs, einsum_str, recipe: Any, determinist
                    preferred_element_type=module.preferred_element_type)
   else:
     run, key = _key(module, recipe, deterministic, f"fp4jax Einsum at {_path(module)!r}")
-    y = fp4jax.einsum(einsum_str, inputs, kernel, recipe=run, key=key, precision=module.precision,
+    y = dot.einsum(einsum_str, inputs, kernel, recipe=run, key=key, precision=module.precision,
                       preferred_element_type=module.preferred_element_type, backend=backend)
   if bias is not None:
     y += jnp.reshape(bias, broadcast_shape)

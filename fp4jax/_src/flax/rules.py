@@ -30,7 +30,7 @@ import re
 import warnings
 from typing import Any, Mapping, Sequence
 
-from fp4jax.flax import ops
+from fp4jax._src.flax import ops
 
 DEFAULT_BLOCK_PATTERN = r"(?:^|.*/)(?:blocks?|layers?|h)[_/](\d+)(?:/.*)?"
 

@@ -39,10 +39,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fp4jax import bits as bits_lib
-from fp4jax import eden, scaling
-from fp4jax import hadamard as hadamard_lib
-from fp4jax.formats import (
+from fp4jax._src import bits as bits_lib
+from fp4jax._src import eden, scaling
+from fp4jax._src import hadamard as hadamard_lib
+from fp4jax._src.formats import (
   E2M1_MAX,
   E4M3_NAN_BITS,
   E8M0_BIAS,
@@ -53,9 +53,9 @@ from fp4jax.formats import (
   floor_log2,
   pow2,
 )
-from fp4jax.ieee import div_rn, mul_pow2_rn, mul_short_rn, mul_unflushed
-from fp4jax.reductions import pairwise_sum
-from fp4jax.rounding import rtn_e2m1, sr_e2m1
+from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_short_rn, mul_unflushed
+from fp4jax._src.reductions import pairwise_sum
+from fp4jax._src.rounding import rtn_e2m1, sr_e2m1
 
 ROUNDINGS = ("rtn", "sr", "eden")
 SIGN_MODES = ("random", "te", "none")

@@ -37,9 +37,9 @@ import jax.lax as lax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4jax.formats import E2M1_MAX, E4M3_MAX, FLT_MAX, floor_log2
-from fp4jax.ieee import div_rn, mul_short_rn, mul_unflushed, significand
-from fp4jax.rounding import rtn_e4m3
+from fp4jax._src.formats import E2M1_MAX, E4M3_MAX, FLT_MAX, floor_log2
+from fp4jax._src.ieee import div_rn, mul_short_rn, mul_unflushed, significand
+from fp4jax._src.rounding import rtn_e4m3
 
 E8M0_EMIN, E8M0_EMAX = -127, 127
 V_MAX_EDEN = 6.0 / ((17.0 / 16.0) * 0.93)

@@ -23,11 +23,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fp4jax.backends import Backend
-from fp4jax.flax import linen, ops
-from fp4jax.formats import FP4Format
-from fp4jax.matmul import packed_matmul
-from fp4jax.quantize import QTensor, quantize
+from fp4jax._src.backends import Backend
+from fp4jax._src.flax import linen, ops
+from fp4jax._src.formats import FP4Format
+from fp4jax._src.matmul import packed_matmul
+from fp4jax._src.quantize import QTensor, quantize
 
 
 def activation_quantizer(recipe: Any, w: QTensor, where: str) -> dict | None:

@@ -51,10 +51,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp4jax import recipes as recipes_lib
-from fp4jax.formats import FP4Format
-from fp4jax.recipes import OperandSpec, Recipe
-from fp4jax.reductions import leading_pairwise_sum
+from fp4jax._src import recipes as recipes_lib
+from fp4jax._src.formats import FP4Format
+from fp4jax._src.recipes import OperandSpec, Recipe
+from fp4jax._src.reductions import leading_pairwise_sum
 
 # The dim of each operand of fp4jax.dot's canonical form (X (B, M, K), W (B, N, K); dgrad dY (B, M, N), Wᵀ (B, K, N);
 # wgrad dYᵀ (B, N, M), Xᵀ (B, K, M)) that a split cuts; operands missing from a split are the same on every device.

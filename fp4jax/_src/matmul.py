@@ -32,9 +32,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4jax import backends
-from fp4jax.backends import Backend
-from fp4jax.quantize import QTensor
+from fp4jax._src import backends
+from fp4jax._src.backends import Backend
+from fp4jax._src.quantize import QTensor
 
 PACKED_MATMUL_OP = "packed_matmul"
 

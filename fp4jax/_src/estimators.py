@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4jax.formats import E2M1_MAX
+from fp4jax._src.formats import E2M1_MAX
 
 
 def trust_mask(x: jax.Array, scale: jax.Array) -> jax.Array:

@@ -18,8 +18,8 @@ import dataclasses
 import math
 from typing import Callable, Literal, get_args
 
-from fp4jax import hadamard as hadamard_lib
-from fp4jax.formats import MXFP4, NVFP4, FP4Format
+from fp4jax._src import hadamard as hadamard_lib
+from fp4jax._src.formats import MXFP4, NVFP4, FP4Format
 
 FP8_FORMATS = ("fp8_e4m3", "fp8_e5m2")
 E2M1_CHANNEL = "e2m1_channel"

@@ -17,7 +17,7 @@ import dataclasses
 import math
 from typing import Any, Iterator
 
-from fp4jax import backends, recipes
+from fp4jax._src import backends, recipes
 
 QUANT_STREAM = "quant"
 HIGH_PRECISION = "high precision"

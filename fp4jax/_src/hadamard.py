@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4jax.rounding import rtn_bf16
+from fp4jax._src.rounding import rtn_bf16
 
 SIZES = (16, 32, 64, 128, 256)
 TE_SIGNS_16 = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], np.float32)

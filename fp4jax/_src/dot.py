@@ -39,11 +39,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fp4jax import backends as backends_lib, estimators, recipes as recipes_lib, sharding as sharding_lib
-from fp4jax.backends import Backend
-from fp4jax.operand import (Operand, channel_scale, inverse_rotate, matmul, rotate_and_quantize,
+from fp4jax._src import backends as backends_lib, estimators, recipes as recipes_lib, sharding as sharding_lib
+from fp4jax._src.backends import Backend
+from fp4jax._src.operand import (Operand, channel_scale, inverse_rotate, matmul, rotate_and_quantize,
                             rotate_and_quantize_both, signs_for)
-from fp4jax.recipes import Recipe
+from fp4jax._src.recipes import Recipe
 
 _KEY_IDS = {"fwd_lhs": 1, "fwd_rhs": 2, "dgrad_lhs": 3, "dgrad_rhs": 4, "wgrad_lhs": 5, "wgrad_rhs": 6}
 _SIGNS_IDS = {"fwd": 7, "bwd": 8}

@@ -27,10 +27,10 @@ import numpy as np
 from flax import nnx as flax_nnx
 from flax import traverse_util
 
-from fp4jax.flax import linen, nnx, ops
-from fp4jax.flax import rules as rules_lib
-from fp4jax.formats import MXFP4, NVFP4, FP4Format
-from fp4jax.quantize import QTensor, packed_nbytes, quantize
+from fp4jax._src.flax import linen, nnx, ops
+from fp4jax._src.flax import rules as rules_lib
+from fp4jax._src.formats import MXFP4, NVFP4, FP4Format
+from fp4jax._src.quantize import QTensor, packed_nbytes, quantize
 
 ALL_KERNELS = r"(?:.*/)?kernel"  # select= of every kernel leaf
 _SIGNS = {"none": "none", "te": "te"}

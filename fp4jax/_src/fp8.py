@@ -19,9 +19,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from fp4jax.formats import floor_log2, pow2
-from fp4jax.ieee import div_rn
-from fp4jax.rounding import rtn_e4m3
+from fp4jax._src.formats import floor_log2, pow2
+from fp4jax._src.ieee import div_rn
+from fp4jax._src.rounding import rtn_e4m3
 
 
 @dataclasses.dataclass(frozen=True)

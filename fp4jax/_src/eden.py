@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from fp4jax.formats import e2m1_decode
-from fp4jax.ieee import div_rn
-from fp4jax.reductions import pairwise_sum
-from fp4jax.rounding import sr_e4m3
+from fp4jax._src.formats import e2m1_decode
+from fp4jax._src.ieee import div_rn
+from fp4jax._src.reductions import pairwise_sum
+from fp4jax._src.rounding import sr_e4m3
 
 
 def correction(v: jnp.ndarray, codes: jnp.ndarray, axes: tuple[int, ...]) -> jnp.ndarray:

@@ -37,14 +37,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fp4jax import bits as bits_lib
-from fp4jax import backends, estimators, fp8, hadamard as hadamard_lib
-from fp4jax.backends import Backend
-from fp4jax.formats import E2M1_MAX, FP4Format, e2m1_decode, floor_log2, pow2
-from fp4jax.ieee import div_rn
-from fp4jax.quantize import BlockLayout, check_quantize_args, decode_blocks, quantize_blocks, split_quantize_key
-from fp4jax.recipes import E2M1_CHANNEL, OperandSpec
-from fp4jax.rounding import rtn_bf16, rtn_e2m1
+from fp4jax._src import bits as bits_lib
+from fp4jax._src import backends, estimators, fp8, hadamard as hadamard_lib
+from fp4jax._src.backends import Backend
+from fp4jax._src.formats import E2M1_MAX, FP4Format, e2m1_decode, floor_log2, pow2
+from fp4jax._src.ieee import div_rn
+from fp4jax._src.quantize import BlockLayout, check_quantize_args, decode_blocks, quantize_blocks, split_quantize_key
+from fp4jax._src.recipes import E2M1_CHANNEL, OperandSpec
+from fp4jax._src.rounding import rtn_bf16, rtn_e2m1
 
 QUANTIZE_OP = "quantize_operand"
 PAIR_OP = "quantize_operand_pair"
