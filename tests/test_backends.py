@@ -56,7 +56,7 @@ def test_every_public_entry_defaults_to_auto():
                "fp4jax.flax.linen.DenseGeneral", "fp4jax.flax.linen.Einsum", "fp4jax.flax.linen.DotGeneral",
                "fp4jax.flax.linen.quantize", "fp4jax.flax.nnx.Linear", "fp4jax.flax.nnx.Einsum",
                "fp4jax.flax.nnx.quantize", "fp4jax.operand.rotate_and_quantize", "fp4jax.matmul.packed_matmul",
-               "fp4jax.flax.packed.apply"):
+               "fp4jax.flax.packed.apply", "fp4jax.flax.packed.apply_nnx"):
     assert name in found, name
   assert {n: d for n, d in found.items() if d != "auto"} == {}
   model = fp4jax.flax.quantize(fp4jax.flax.linen.nn.Dense(4), [fp4jax.flax.Rule(".*", "nvfp4_rtn")])
