@@ -1,48 +1,31 @@
 """Layout-independent data-parallel steps: R fixed microbatches and fixed-order sums (``--deterministic R``).
 
-Under plain sharded ``jit`` a data-parallel step's loss and gradients are sums over tokens that XLA splits into
-per-device partial sums plus an all-reduce, in an order set by the mesh and by the collective's algorithm, and each
-device's GEMMs have other shapes than one device's, so their kernels may accumulate in another order. The quantized
-operands are identical on every layout (``fp4jax_experiments.sharding``), yet the loss curve parts in its last bits, and
-the FP4 roundings downstream amplify those bits.
+Under plain sharded ``jit`` a step's sums split into per-device partials and an all-reduce in an order the mesh
+sets, and each device's GEMMs have other shapes, so the loss parts in its last bits and the FP4 roundings amplify
+them. ``--deterministic R`` defines the step by R microbatches, and every layout computes exactly that step:
 
-``--deterministic R`` defines the step by R microbatches, and every layout computes exactly that step:
-
-* The batch of B rows is cut into R microbatches of B/R consecutive rows. Microbatch r is a logical tensor of its
-  own (gradient-accumulation semantics): its operands get their own NVFP4 tensor amax, its random bits come from
-  the key ``fold_in(k, r)``.
+* The batch of B rows is cut into R microbatches of B/R consecutive rows, each a logical tensor of its own
+  (gradient-accumulation semantics): its own NVFP4 tensor amax, random bits from the key ``fold_in(k, r)``.
 * ``loss = Σ_r ℓ_r`` and ``grads = Σ_r ∇ℓ_r`` with ``ℓ_r = Σ_{tokens of r} cross-entropy / (B·T)``, both summed
   over r by the balanced pairwise tree of ``fp4jax.reductions.leading_pairwise_sum`` (R a power of two).
-* On a mesh with a data axis of D devices (D divides R), under ``jax.shard_map`` device d runs microbatches
-  d·R/D … (d+1)·R/D − 1 one after another (``lax.map``: each device runs the one-device program's per-microbatch
-  computation on the same shapes), adds their results by the tree's lower levels (R/D is a power of two, so these
-  are whole subtrees) and ``fp4jax.sharding.ordered_psum`` adds the D partials by its upper levels. Parameters
-  enter replicated (under FSDP, XLA all-gathers them first, which is exact) and the gradients leave replicated.
+* On a data axis of D devices (D divides R), under ``jax.shard_map`` device d runs microbatches d·R/D … (d+1)·R/D − 1
+  one after another (``lax.map``, the one-device shapes), adds them by the tree's lower levels, and
+  ``fp4jax.sharding.ordered_psum`` adds the D partials by its upper levels. Parameters enter replicated (FSDP:
+  all-gathered, exact) and gradients leave replicated; the cost is R/D stacked fp32 gradients per device, GEMMs of
+  B/R rows, and an all-to-all plus an all-gather per gradient leaf.
 
-So one device and any data-parallel or FSDP mesh add the same floats in the same order. Costs: R/D stacked fp32
-gradient copies per device (and under FSDP whole gradients on every device; parameters and optimizer state stay
-sharded), GEMMs of B/R rows, and an all-to-all plus an all-gather per gradient leaf (the bytes of a ring
-all-reduce).
+Tensor parallelism (``--tensor-shards T``, T a power of two) defines the step by T Megatron shards as well
+(``fp4jax_experiments.model.TensorParallel``): shard s holds heads and hidden units s·n/T … (s+1)·n/T − 1; the
+row-parallel outputs and block-input gradients are pairwise-tree sums over s (``fp4jax.sharding.sum_from_shards``,
+``copy_to_shards``), and every FP4 operand the split cuts is quantized as the logical tensor
+(``fp4jax.sharding.sharded``). A mesh with a model axis of T runs shard s on its device s; a mesh without one runs the
+T shards under ``jax.vmap`` with the same axis name (:func:`over_model_shards`). T = 1 is the plain model.
 
-Tensor parallelism (``--tensor-shards T``, T a power of two): the step is defined by T shards as well, and the
-model is written out as Megatron's (``fp4jax_experiments.model.TensorParallel``): shard s holds heads and hidden units
-s·n/T … (s+1)·n/T − 1, its column slices of q, k, v, gate, up and row slices of o, down; the row-parallel outputs
-and the gradient of every block input are sums over s by the pairwise tree (``fp4jax.sharding.sum_from_shards``,
-``copy_to_shards``), and every FP4 operand cut by the split is quantized as the logical tensor
-(``fp4jax.sharding.sharded``). A mesh whose model axis is T runs shard s on device s of that axis; a mesh without
-one (model=1: one device, data parallelism, FSDP) runs the T shards side by side under ``jax.vmap`` with the same
-axis name (:func:`over_model_shards`), whose collectives move the same floats. The numerics are those of T shards
-whatever the mesh; T = 1 is the plain model. Under ``vmap`` the shards' ops run batched, on other shapes than one
-device's, so equality with a mesh also rests on XLA giving each op the same bits whatever its shape and program: on
-the CPU it holds for every recipe (BENCHMARKS §9) since the GEMMs take f32 operands there (XLA:CPU chose between
-AVX512-BF16 and f32 dots per program, and fp8's inexact sums told them apart; ``fp4jax.operand.matmul``).
-
-On a GPU that premise fails: on two H100s the quantized operands of ``--mesh model=2`` matched one device's, but
-the GEMMs rounded differently batched under ``vmap`` and alone per device, so the losses parted (bf16 by 224 ulp in
-3 steps, nvidia_nvfp4 by about 1e-3 from the first step; BENCHMARKS §9). Runs of one program are reproducible, as
-long as XLA's autotuner does not pick GEMM algorithms by timing: the training CLI runs deterministic jobs with
-``XLA_FLAGS=--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0`` (:func:`set_gpu_flags`): run-to-run
-deterministic kernels and GEMM algorithms chosen by shape alone.
+So every layout adds the same floats in the same order. Equal bits also need XLA to give each op the same bits
+whatever its shape and batching: on the CPU it does (the GEMMs take f32 operands, ``fp4jax.operand.matmul``); on a
+GPU batched (``vmap``) and per-device GEMMs round differently. Runs of one program on a GPU are reproducible with
+``XLA_FLAGS=--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0`` (GEMM algorithms chosen by shape alone),
+which the training CLI sets for deterministic jobs (:func:`set_gpu_flags`).
 """
 
 from __future__ import annotations

@@ -1,37 +1,27 @@
 """Llama-style decoder-only language model in Flax linen, with FP4 projections chosen per layer by recipe name.
 
-Architecture (the Quartet / Quartet II training setup, FP4-REFERENCE.md §4):
+Architecture (the Quartet / Quartet II training setup, FP4-REFERENCE.md §4), no biases anywhere:
   h_0     = Embed(tokens)                                       (untied from the LM head)
   h'_l    = h_l  + Attn_l(RMSNorm(h_l))                         (pre-norm residual blocks)
   h_{l+1} = h'_l + SwiGLU_l(RMSNorm(h'_l))
   logits  = LMHead(RMSNorm(h_L))
   RMSNorm(x) = g ⊙ x / sqrt(mean(x²) + ε)                       (computed in fp32)
   Attn(x)    = o( softmax(RoPE(q(x)) RoPE(k(x))ᵀ / sqrt(d_head) + causal mask) v(x) )
-  SwiGLU(x)  = down( silu(gate(x)) ⊙ up(x) ),  hidden = m·ceil(8d/3/m)
-with no biases anywhere. m = 256 for the Quartet sizes; the tiny CPU sizes use m = 64 so that the hidden width stays
-close to 8d/3 (m = 256 would make a d = 128 model's MLP 1.5x too wide).
+  SwiGLU(x)  = down( silu(gate(x)) ⊙ up(x) ),  hidden = m·ceil(8d/3/m)   (m = 256; 64 for the tiny CPU sizes)
+Initialization: every weight ~ N(0, 0.02²), the residual outputs o and down ~ N(0, (0.02/sqrt(2L))²) (GPT-2
+scaling); RMSNorm gains 1.
 
 Precision: parameters fp32 (master weights); activations and GEMM inputs bf16 (``dtype``). Only the seven projections
-of each block (q, k, v, o, gate, up, down) take the recipe's dot; embeddings, the LM head, the attention
-score/value products (fp32 logits and softmax inside ``jax.nn.dot_product_attention``) and the norms stay high
-precision, as in all published FP4 recipes. ``bf16_first`` / ``bf16_last`` keep that many blocks at each end in BF16
-(NVIDIA's NVFP4 policy, arXiv 2509.25149).
+of each block (q, k, v, o, gate, up, down) take the recipe's dot; embeddings, the LM head, the attention products and
+the norms stay high precision. ``bf16_first`` / ``bf16_last`` keep that many blocks at each end in BF16 (NVIDIA's
+NVFP4 policy, arXiv 2509.25149).
 
-Layout: the blocks run under ``nn.scan``, so one block is traced and compiled once per stack, not once per layer. The
-policy splits the blocks into up to three contiguous stacks (:func:`layer_stacks`): ``first_blocks`` (the
-``bf16_first`` BF16 blocks), ``blocks`` (the recipe's) and ``last_blocks`` (the ``bf16_last`` BF16 blocks). Every
-parameter of a stack has a leading layer axis (``params["blocks"]["attn"]["q"]["kernel"]`` is (layers, d, d)); the
-"params" and "quant" RNG streams are split per layer, so layers get distinct initial weights and quantization bits.
-The stacks follow the policy, not the recipe, so a BF16 and an FP4 model of one config share a parameter layout.
-``remat=True`` recomputes each block's activations in the backward pass (``nn.remat``) instead of storing them.
-``scan_unroll=k`` traces k blocks per loop iteration (``nn.scan``'s ``unroll``; k >= the stack length: no loop on the
-device, at the cost of compiling every block); parameters, RNG streams and results keep the scanned layout. On an
-H200 unrolling removes the loop's per-layer copies of stacked activations and weights (a 125M BF16 step 95 → 69 ms,
-10M nvidia_nvfp4 81 → 64 ms, BENCHMARKS §6), but the Hadamard recipes then compile for minutes (quartet2 at 10M:
-19 → 149 s on a CPU; on an H200 it had not finished within one 9-minute command), so the default stays 1.
-
-Initialization: every weight ~ N(0, 0.02²); the two residual-output projections (o, down) ~ N(0, (0.02/sqrt(2L))²)
-(GPT-2 scaling); RMSNorm gains 1.
+Layout: the blocks run under ``nn.scan`` in up to three stacks that follow that policy, not the recipe
+(``layer_stacks``: ``first_blocks``, ``blocks``, ``last_blocks``); every parameter of a stack has a leading layer
+axis (``params["blocks"]["attn"]["q"]["kernel"]`` is (layers, d, d)) and the "params" and "quant" RNG streams are
+split per layer. ``remat=True`` recomputes each block's activations in the backward pass; ``scan_unroll=k`` traces
+k blocks per loop iteration (no loop copies of the stacked tensors, but far longer compiles for the Hadamard
+recipes, hence the default 1).
 """
 
 from __future__ import annotations
@@ -345,9 +335,8 @@ class TokenEmbedding(nn.Module):
 
     Vocabularies up to ONE_HOT_MAX_VOCAB: h = onehot(tokens) · E, exact (one nonzero product per output), so the
     gradient dE = onehot(tokens)ᵀ · dh is a GEMM accumulating in fp32, rounded once to ``dtype``. A gather's
-    gradient is a scatter-add, which serializes on a GPU when a small vocabulary makes every row collide (bytes:
-    32K tokens into 256 rows took half of a 10M model's step on an H200, BENCHMARKS §6). Larger vocabularies
-    gather (one-hot would cost 2·V·d FLOPs per token).
+    gradient is a scatter-add, which serializes on a GPU when a small vocabulary makes every row collide. Larger
+    vocabularies gather (one-hot would cost 2·V·d FLOPs per token).
     """
 
     config: ModelConfig

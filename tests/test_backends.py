@@ -52,11 +52,10 @@ def test_every_public_entry_defaults_to_auto():
   found = {}
   for module in (fp4jax._src.dot, operand, qlinen, qnnx, quantize_api, fp4jax._src.matmul, fq_packed):
     found.update({f"{module.__name__}.{n}": d for n, d in _backend_defaults(module).items()})
-  for name in ("fp4jax._src.dot.dot_general", "fp4jax._src.dot.einsum", "fp4jax._src.flax.linen.Dense",
-               "fp4jax._src.flax.linen.DenseGeneral", "fp4jax._src.flax.linen.Einsum", "fp4jax._src.flax.linen.DotGeneral",
-               "fp4jax._src.flax.linen.quantize", "fp4jax._src.flax.nnx.Linear", "fp4jax._src.flax.nnx.Einsum",
-               "fp4jax._src.flax.nnx.quantize", "fp4jax._src.operand.rotate_and_quantize", "fp4jax._src.matmul.packed_matmul",
-               "fp4jax._src.flax.packed.apply"):
+  entries = ("dot.dot_general", "dot.einsum", "flax.linen.Dense", "flax.linen.DenseGeneral", "flax.linen.Einsum",
+             "flax.linen.DotGeneral", "flax.linen.quantize", "flax.nnx.Linear", "flax.nnx.Einsum", "flax.nnx.quantize",
+             "operand.rotate_and_quantize", "matmul.packed_matmul", "flax.packed.apply", "flax.packed.apply_nnx")
+  for name in (f"fp4jax._src.{e}" for e in entries):
     assert name in found, name
   assert {n: d for n, d in found.items() if d != "auto"} == {}
   model = fp4jax.flax.quantize(fp4jax.flax.linen.nn.Dense(4), [fp4jax.flax.Rule(".*", "nvfp4_rtn")])

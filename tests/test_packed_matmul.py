@@ -1,5 +1,6 @@
-"""``fp4jax.packed_matmul`` (XLA reference, errors, differentiation) and ``fp4jax.flax.packed.apply``, against NumPy
-decodes of the packed codes and against the quantized model run on the unpacked weights."""
+"""``fp4jax.packed_matmul`` (XLA reference, errors, differentiation), ``fp4jax.flax.packed.apply`` (linen) and
+``apply_nnx`` (NNX), against NumPy decodes of the packed codes and against the quantized model run on the unpacked
+weights."""
 
 import dataclasses
 
@@ -10,6 +11,8 @@ import numpy as np
 import pytest
 
 import fp4jax
+from flax import nnx
+
 from fp4jax import flax as fq
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -179,3 +182,119 @@ def test_packed_apply_refuses_what_it_cannot_run():
   packed = fq.pack(params, select="up/kernel")
   with pytest.raises(ValueError, match="block-scaled FP4 activations"):
     fq.packed.apply(qmodel, {"params": packed}, x)
+
+
+# ------------------------------------------------------------------------------------------------ Flax NNX
+class NnxMLP(nnx.Module):
+  def __init__(self, rngs: nnx.Rngs):
+    self.up, self.mid = nnx.Linear(64, 64, rngs=rngs), nnx.Linear(64, 64, rngs=rngs)
+    self.head = nnx.Linear(64, 8, rngs=rngs)
+
+  def __call__(self, x):
+    return self.head(self.mid(nnx.relu(self.up(x))))
+
+
+def _nnx_mlp(rules, seed: int, **kwargs):
+  return fq.quantize(NnxMLP(nnx.Rngs(seed)), rules, defaults=(), **kwargs)
+
+
+def _params(model):
+  return nnx.state(model, nnx.Param).to_pure_dict()
+
+
+def _with_params(model, params):
+  state = nnx.state(model, nnx.Param)
+  nnx.replace_by_pure_dict(state, params)
+  nnx.update(model, state)
+  return model
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4_rtn", "nvidia_nvfp4"])
+def test_packed_nnx_equals_the_quantized_model_on_unpacked_weights(recipe):
+  """As the linen test: for NVFP4, re-quantizing an unpacked weight gives back its codes and scales, so both
+  multiply the same FP4 operands and differ by fp32 rounding only (accumulation order, a last-bit tensor scale):
+  per layer at most (K+2)·u·Σ|a||b| ≈ 2^-18·Σ|a||b| for K = 64, with Σ|a||b| a few times the output scale here, so
+  2^-16 of the output scale bounds it, far below one FP4 code step (the unquantized model's difference). The packed
+  params run on a model initialized from another seed: a layer not replaced would multiply that model's kernel."""
+  rules = [fq.Rule("head", None), fq.Rule(".*", recipe)]
+  model = _nnx_mlp(rules, 1, rngs=nnx.Rngs(quant=0))
+  x = jax.random.normal(jax.random.key(0), (2, 3, 64))
+  params = _params(model)
+  packed = fq.pack(params, model)
+  assert {k for k, v in packed.items() if isinstance(v["kernel"], fp4jax.QTensor)} == {"up", "mid"}
+  other = _nnx_mlp(rules, 2, rngs=nnx.Rngs(quant=0))
+  y = fq.packed.apply_nnx(other, packed, x)
+  want = _with_params(_nnx_mlp(rules, 3, deterministic=True), fq.unpack(packed))(x)
+  high = _with_params(NnxMLP(nnx.Rngs(4)), params)(x)
+  scale = float(jnp.abs(want).max())
+  np.testing.assert_allclose(np.asarray(y), np.asarray(want), rtol=0, atol=2.0**-16 * scale)
+  assert float(jnp.abs(high - want).max()) > 2.0**-8 * scale
+  # the model passed in is not changed: its own layers, kernels and (training-mode) ops
+  assert type(other.up) is nnx.Linear and not other.up.dot_general.deterministic
+  fresh = _params(_nnx_mlp(rules, 2, rngs=nnx.Rngs(quant=0)))
+  np.testing.assert_array_equal(other.up.kernel[...], fresh["up"]["kernel"])
+  np.testing.assert_array_equal(jax.jit(lambda p, x: fq.packed.apply_nnx(other, p, x))(packed, x), y)
+
+
+def test_packed_nnx_of_quartet_multiplies_the_packed_operands_in_the_hadamard_domain():
+  """As the linen test: layer by layer NumPy decodes of the recipe's quantized activations and the packed weights
+  (both rotated by the same 32-point Hadamard, so their product is the unrotated one)."""
+  model = _nnx_mlp([fq.Rule("head", None), fq.Rule(".*", "quartet")], 1, rngs=nnx.Rngs(quant=0))
+  x = jax.random.normal(jax.random.key(0), (6, 64))
+  params = _params(model)
+  packed = fq.pack(params, model)
+  with jax.default_matmul_precision("highest"):
+    y = fq.packed.apply_nnx(model, packed, x)
+  act = {"fmt": fp4jax.recipes.get("quartet").fwd_lhs.fmt, "hadamard": 32, "hadamard_signs": "none"}
+  h = x
+  for name in ("up", "mid"):
+    hq = fp4jax.quantize(jnp.asarray(h, jnp.float32), **act)
+    h = np_dequantize_k_rows(hq) @ np_dequantize_k_rows(packed[name]["kernel"]) + np.asarray(params[name]["bias"])
+    h = np.maximum(h, 0) if name == "up" else h
+  want = h @ np.asarray(params["head"]["kernel"], np.float64) + np.asarray(params["head"]["bias"])
+  np.testing.assert_allclose(np.asarray(y), want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.filterwarnings("ignore:fp4jax.flax rules")
+def test_packed_nnx_runs_a_high_precision_packed_layer_weight_only():
+  """A layer packed with select= but planned high precision: ``x @ dequantize(kernel)``, activations unquantized."""
+  model = _nnx_mlp([fq.Rule(".*", None)], 1)
+  x = jax.random.normal(jax.random.key(0), (3, 64))
+  params = _params(model)
+  packed = fq.pack(params, select="head/kernel")
+  y = fq.packed.apply_nnx(model, packed, x)
+  h = nn.relu(x @ params["up"]["kernel"] + params["up"]["bias"]) @ params["mid"]["kernel"] + params["mid"]["bias"]
+  want = np.asarray(h, np.float64) @ np_dequantize_k_rows(packed["head"]["kernel"]) + np.asarray(params["head"]["bias"])
+  np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-5)
+
+
+class _NnxEinsumHead(nnx.Module):
+  def __init__(self, rngs: nnx.Rngs):
+    self.up = nnx.Linear(64, 64, rngs=rngs)
+    self.head = nnx.Einsum("bd,df->bf", (64, 8), rngs=rngs)
+
+  def __call__(self, x):
+    return self.head(self.up(x))
+
+
+def test_packed_nnx_refuses_what_it_cannot_run():
+  x = jnp.ones((2, 64))
+  with pytest.raises(TypeError, match="flax.nnx Module"):
+    fq.packed.apply_nnx(MLP(), {}, x)
+  with pytest.raises(ValueError, match="backend must be one of"):
+    fq.packed.apply_nnx(_nnx_mlp([fq.Rule(".*", "nvfp4_rtn")], 1), {}, x, backend="triton")
+  model = _nnx_mlp([fq.Rule(".*", "ms_fp4")], 1)
+  packed = fq.pack(_params(model), select="up/kernel")
+  with pytest.raises(ValueError, match="at 'up'.*block-scaled FP4 activations"):
+    fq.packed.apply_nnx(model, packed, x)
+  model = _nnx_mlp([fq.Rule(".*", "nvfp4_rtn")], 1)
+  packed = fq.pack(_params(model), model)
+  with pytest.raises(ValueError, match=r"layer 'up' has shape \(64, 8\), the layer's kernel \(64, 64\)"):
+    fq.packed.apply_nnx(model, {**packed, "up": packed["head"]}, x)
+  with pytest.raises(ValueError, match="'up/bias' is a QTensor but not the kernel"):
+    fq.packed.apply_nnx(model, {"up": {"bias": packed["up"]["kernel"]}}, x)
+  with pytest.raises(ValueError, match="no param for"):
+    fq.packed.apply_nnx(model, {"nope": {"kernel": jnp.ones((64, 64))}}, x)
+  einsum = fq.quantize(_NnxEinsumHead(nnx.Rngs(0)), [fq.Rule(".*", "nvfp4_rtn")], defaults=())
+  with pytest.raises(ValueError, match=r"layer 'head' \(Einsum\) has a packed kernel"):
+    fq.packed.apply_nnx(einsum, fq.pack(_params(einsum), select="head/kernel"), x)

@@ -85,7 +85,7 @@ def _from_order_keys(key: jax.Array, dtype) -> jax.Array:
   return jax.lax.bitcast_convert_type(jnp.where(key >= sign, key ^ sign, ~key), dtype)
 
 
-RADIX_BITS = 2  # key bits settled per counting pass (2^RADIX_BITS − 1 counts per rank and pass; 2: BENCHMARKS §3)
+RADIX_BITS = 2  # key bits per counting pass: 2^RADIX_BITS − 1 counts per rank and pass, 8·itemsize/RADIX_BITS passes
 
 
 def select_ranks(x: jax.Array, ranks: tuple[int, ...]) -> tuple[jax.Array, ...]:

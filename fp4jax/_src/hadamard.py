@@ -3,16 +3,12 @@
 ``H_d`` is the Sylvester Hadamard matrix (``H_1 = [1]``, ``H_2n = [[H_n, H_n], [H_n, -H_n]]``), normalized by
 ``1/sqrt(d)`` so it is orthogonal and symmetric. A randomized transform multiplies by a ±1 diagonal first:
 ``T = diag(s) · H_d / sqrt(d)``, applied to each contiguous ``d``-chunk along ``axis`` as a row vector,
-``y = x_chunk · T``; its inverse is ``x_chunk = y · Tᵀ = (y · H_d / sqrt(d)) ⊙ s``.
+``y = x_chunk · T``; its inverse is ``x_chunk = y · Tᵀ = (y · H_d / sqrt(d)) ⊙ s``. Transformer Engine's NVFP4
+recipe uses d = 16 with the fixed signs ``TE_SIGNS_16`` (mask 0xD7E8, LSB first negated = 0).
 
-The transform is computed with the fast Walsh-Hadamard butterfly (log2 d constant-geometry stages of
-``a + b, a - b``, see ``fwht``) in float32 and one final scaling: elementwise, fusible, and summed in the same
-order on every backend and in the kernels (a matmul would let CPU and GPU sum in different orders and round
-differently). Outputs are float32; ``rotated`` adds the quantizers' rounding: once to bf16 for bf16 inputs, as
-Transformer Engine does for its RHT, else float32 kept from XLA's constant merging.
-
-Transformer Engine's NVFP4 recipe uses d = 16 with the fixed signs ``TE_SIGNS_16`` (mask 0xD7E8, LSB first
-negated = 0), i.e. ``T = diag(TE_SIGNS_16) · H16 · 0.25``.
+Computed by the fast Walsh-Hadamard butterfly (log2 d stages of ``a + b, a - b``, ``fwht``) in float32 and one
+final scaling, so every backend and kernel sums in the same order (a matmul would not). Outputs are float32;
+``rotated`` adds the quantizers' rounding (once to bf16 for bf16 inputs, as Transformer Engine's RHT).
 """
 
 from __future__ import annotations
@@ -110,9 +106,9 @@ def rotated(x: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.n
   (``rtn_bf16``, as TE), else the float32 result with its rounding kept.
 
   Kept means: for d = 32 and 128, whose 1/sqrt(d) is not a power of two, an ``optimization_barrier`` stops XLA from
-  merging the normalization with a later constant multiply (it merged 1/sqrt(32) with MXFP4's 3/4 headroom into
-  0.75/sqrt(32) and so skipped this rounding, where the specification and the Pallas kernels round; BENCHMARKS.md
-  §5). For the other sizes the normalization is a power of two and merging it changes nothing.
+  merging the normalization with a later constant multiply (e.g. 1/sqrt(32) with MXFP4's 3/4 headroom into one
+  constant, which skips this rounding; the specification and the Pallas kernels round). For the other sizes the
+  normalization is a power of two and merging it changes nothing.
   """
   y = hadamard(x, d, axis=axis, signs=signs)
   if x.dtype == jnp.bfloat16:

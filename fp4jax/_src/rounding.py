@@ -1,8 +1,6 @@
-"""Rounding onto the E2M1, E4M3 and BF16 grids by explicit arithmetic.
-
-No function here relies on a dtype conversion to round: XLA on GPU deletes convert pairs under ``jit``.
-Every rounding is written with comparisons, ``floor``/``round`` on exactly scaled values and bit operations,
-so the results are identical on CPU and GPU.
+"""Rounding onto the E2M1, E4M3 and BF16 grids by explicit arithmetic (comparisons, ``floor``/``round`` of exactly
+scaled values, integer operations on the float32 bits), never by a dtype conversion (XLA on GPU deletes convert
+pairs under ``jit``): the results are identical on CPU and GPU.
 
 Rules (OCP MX v1.0; NVIDIA PTX ``cvt.rn.satfinite`` / ``cvt.rs``):
 * RTN, E2M1: nearest grid value, ties to the even code; decision points on magnitudes
@@ -15,9 +13,6 @@ Rules (OCP MX v1.0; NVIDIA PTX ``cvt.rn.satfinite`` / ``cvt.rs``):
 * E4M3 (``float8_e4m3fn``): 3 mantissa bits, exponents -6..8, subnormal step 2^-9, max 448; RTN ties to even,
   saturating; SR with 20 random bits, unbiased below 448. Both scale by the grid spacing (a power of two read from
   the exponent field: exact, no division) and round to an integer.
-
-E2M1 rounding works on the float32 bits with integer operations (about 10 per element for RTN): it runs on every
-element inside every quantize kernel, where the operation count, not memory, sets the speed.
 """
 
 from __future__ import annotations
@@ -97,9 +92,9 @@ def rtn_e4m3(x: jnp.ndarray) -> jnp.ndarray:
   """Float32 values of ``x`` rounded to the E4M3 grid, nearest-even, saturated to ±448 (Inf too). NaN stays NaN.
 
   ``round_half_even(x · 2^-e) · 2^e`` with ``2^e`` the grid spacing at ``|x|`` (``formats.e4m3_step_exponent``),
-  after clipping to ±448: both scalings are by powers of two, so only the rounding to an integer rounds. (A
-  bit-level form of this rounding is possible, but in the Pallas Triton kernels Triton then recomputed the block
-  scale for every element that broadcasts it: 3x slower with bf16 values out, BENCHMARKS.md §5.)
+  after clipping to ±448: both scalings are by powers of two, so only the rounding to an integer rounds. (Not the
+  bit-level form: with it, Triton recomputes in the quantize kernels the block scale for every element it is
+  broadcast to.)
   """
   x = jnp.clip(x.astype(jnp.float32), -E4M3_MAX, E4M3_MAX)
   e = e4m3_step_exponent(x)

@@ -3,7 +3,8 @@
 Modules: ``linen`` (DotGeneral, Dense, DenseGeneral, Einsum, quantize), ``nnx`` (DotGeneral, EinsumOp, Linear,
 Einsum, quantize), ``rules`` (Rule, keep_high_precision, plan), ``summary`` (which layers run which recipe, FP4
 share of linear FLOPs), ``export`` (packed FP4 weights as QTensors, orbax save/restore), ``packed`` (inference of
-a linen model from its packed params: ``packed.apply``).
+a quantized model from its packed params: ``packed.apply`` for linen, ``packed.apply_nnx`` / ``apply_packed_nnx`` for
+NNX).
 """
 
 from typing import Any, Sequence
@@ -13,6 +14,7 @@ from flax import nnx as _nnx
 
 from fp4jax._src.flax import export, linen, nnx, packed, rules
 from fp4jax._src.flax.export import pack, restore, save, unpack
+from fp4jax._src.flax.packed import apply_nnx as apply_packed_nnx
 from fp4jax._src.flax.rules import DEFAULT_HIGH_PRECISION, Rule, keep_high_precision
 from fp4jax._src.flax.summary import LayerSummary, summary
 
@@ -31,6 +33,7 @@ __all__ = [
     "DEFAULT_HIGH_PRECISION",
     "LayerSummary",
     "Rule",
+    "apply_packed_nnx",
     "export",
     "keep_high_precision",
     "linen",

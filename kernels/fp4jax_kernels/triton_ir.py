@@ -4,8 +4,7 @@
 ``compile_sm90`` compiles one module with the ``triton`` package from PyPI (``pip install 'fp4jax[ptx]'``) into PTX
 and a cubin; ``sass_histogram`` disassembles the cubin (``cuobjdump``, bundled with that package) and counts the
 machine instructions by opcode. jaxlib compiles with its own bundled Triton, whose layout choices can differ, so
-counts guide the work and only the GPU measures speed (BENCHMARKS.md §5 has a kernel that got 3x slower on the GPU
-while its PTX count fell).
+counts guide the work and only the GPU measures speed (a kernel with fewer PTX instructions can run slower).
 """
 
 from __future__ import annotations

@@ -1,30 +1,38 @@
-"""Inference of a linen model from its packed params (``fp4jax.flax.pack``), through ``fp4jax.packed_matmul``.
+"""Inference of a quantized linen or NNX model from its packed params (``fp4jax.flax.pack``), through
+``fp4jax.packed_matmul``.
 
-    qmodel = fp4jax.flax.quantize(model, rules)                 # what the model was trained / quantized with
+    qmodel = fp4jax.flax.quantize(model, rules)                 # linen: what the model was quantized with
     packed = fp4jax.flax.pack(variables["params"], qmodel)       # FP4 weights as QTensors
     y = fp4jax.flax.packed.apply(qmodel, {"params": packed}, x)  # no dequantized weight in HBM where a kernel runs
 
-``apply`` runs ``qmodel`` in evaluation mode (``deterministic=True``) with every ``nn.Dense`` whose kernel is a
-QTensor computed as ``packed_matmul(q(x), kernel) + bias``: ``q`` quantizes the layer's input as its recipe's
-forward activation operand (``fwd_lhs``: format, rounding, block shape) in the weight's Hadamard domain (the
-weight's size and sign rule), which is the forward the quantized model runs on ``unpack(packed)``; the two differ by
-fp32 rounding only (``packed_matmul`` multiplies the dequantized operands at fp32, the quantized model's GEMM the
-bf16 values, then the tensor scales; an fp32 weight's tensor scale, recomputed from the unpacked weight, may differ
-in its last bit). A packed Dense that the plan runs in high precision computes ``x @ dequantize(kernel)``. Every
-other layer runs as ``qmodel`` runs it. Forward only (see ``fp4jax.packed_matmul``).
+    fp4jax.flax.quantize(nnx_model, rules, rngs=...)             # NNX: quantized in place
+    packed = fp4jax.flax.pack(nnx.state(nnx_model, nnx.Param).to_pure_dict(), nnx_model)
+    y = fp4jax.flax.packed.apply_nnx(nnx_model, packed, x)
+
+Both run the model with every quantized Dense / Linear whose kernel is a QTensor computed as
+``packed_matmul(q(x), kernel) + bias`` (``linear``): ``q`` quantizes the layer's input as its recipe's forward
+activation operand (``fwd_lhs``: format, rounding, block shape) in the weight's Hadamard domain (the weight's size
+and sign rule), which is the forward the quantized model runs on ``unpack(packed)`` in evaluation mode
+(``deterministic=True``); the two differ by fp32 rounding only (``packed_matmul`` multiplies the dequantized
+operands at fp32, the quantized model's GEMM the bf16 values, then the tensor scales; an fp32 weight's tensor scale,
+recomputed from the unpacked weight, may differ in its last bit). A packed layer that the model runs in high
+precision computes ``x @ dequantize(kernel)``. Every other layer runs as the model runs it. Forward only (see
+``fp4jax.packed_matmul``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import nnx as flax_nnx
+from flax import traverse_util
 
 from fp4jax._src.backends import Backend
-from fp4jax._src.flax import linen, ops
+from fp4jax._src.flax import linen, nnx, ops
 from fp4jax._src.formats import FP4Format
 from fp4jax._src.matmul import packed_matmul
 from fp4jax._src.quantize import QTensor, quantize
@@ -54,23 +62,38 @@ def activation_quantizer(recipe: Any, w: QTensor, where: str) -> dict | None:
           "hadamard_signs": spec.signs if w.hadamard else "none"}
 
 
-def dense(module: nn.Dense, inputs: jax.Array, kernel: QTensor, recipe: Any, backend: Backend = "auto") -> jax.Array:
-  """``nn.Dense``'s output with its packed ``kernel``: inputs cast as ``nn.Dense`` promotes them, quantized by
-  ``activation_quantizer`` (when ``recipe`` quantizes), times the packed kernel, plus the bias."""
-  where = f"fp4jax.flax.packed at {linen._path(module)!r}"
-  dtype = module.dtype or jnp.result_type(inputs.dtype, kernel.dtype)
+def linear(inputs: jax.Array, kernel: QTensor, bias: jax.Array | None, *, dtype: Any, recipe: Any, where: str,
+           backend: Backend = "auto") -> jax.Array:
+  """A Dense / Linear layer's output with its packed ``kernel``: ``packed_matmul(q(x), kernel) + bias``.
+
+  Args:
+    inputs: the layer's input [..., K].
+    kernel: the packed (K, N) kernel.
+    bias: the (N,) bias, or None.
+    dtype: the layer's compute dtype (its ``dtype`` field); None: ``result_type(inputs, kernel)``, as the layer
+      promotes them.
+    recipe: the layer's recipe (``q`` is ``activation_quantizer``'s), or None: high precision, ``x @ dequantize(w)``.
+    where: the layer, for errors.
+    backend: ``packed_matmul``'s backend.
+
+  Returns:
+    [..., N] array of the compute dtype.
+
+  Raises:
+    ValueError: ``activation_quantizer``'s.
+  """
+  dtype = dtype or jnp.result_type(inputs.dtype, kernel.dtype)
   x = inputs.astype(dtype)
   kwargs = None if recipe is None else activation_quantizer(recipe, kernel, where)
   if kwargs is not None:
     x = quantize(x, axis=-1, **kwargs)
   y = packed_matmul(x, kernel, out_dtype=dtype, backend=backend)
-  if module.use_bias:
-    y = y + jnp.asarray(module.get_variable("params", "bias")).astype(dtype)
-  return y
+  return y if bias is None else y + jnp.asarray(bias).astype(dtype)
 
 
+# ------------------------------------------------------------------------------------------------ linen
 def interceptor(backend: Backend = "auto"):
-  """An ``nn.intercept_methods`` interceptor running every ``nn.Dense`` whose kernel is a QTensor by ``dense``, with
+  """An ``nn.intercept_methods`` interceptor running every ``nn.Dense`` whose kernel is a QTensor by ``linear``, with
   the recipe the quantized model's own interceptor (entered before it, so run before it) gave the layer; other
   layers pass through."""
 
@@ -86,7 +109,9 @@ def interceptor(backend: Backend = "auto"):
       raise ValueError(f"fp4jax.flax.packed: layer {linen._path(module)!r} ({type(module).__name__}) has a packed "
                        "kernel; packed inference runs nn.Dense layers (pack(params, rules) packs only those)")
     inputs = args[0] if args else kwargs["inputs"]
-    return dense(module, inputs, kernel, linen.own_recipe(module), backend)
+    bias = module.get_variable("params", "bias") if module.use_bias else None
+    return linear(inputs, kernel, bias, dtype=module.dtype, recipe=linen.own_recipe(module),
+                  where=f"fp4jax.flax.packed at {linen._path(module)!r}", backend=backend)
 
   return intercept
 
@@ -125,3 +150,111 @@ def apply(qmodel: linen.QuantizedModule, variables, *args, backend: Backend = "a
   # the interceptor entered last runs last: the packed one sees the recipe the quantized model's one set
   with nn.intercept_methods(linen.interceptor(plan, True, run.backend)), nn.intercept_methods(interceptor(backend)):
     return module.apply(variables, *args, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ NNX
+class _PackedLinear(flax_nnx.Module):
+  """An ``nnx.Linear`` of the model with its kernel packed: ``linear(inputs, kernel, bias)`` under its recipe."""
+
+  def __init__(self, layer: flax_nnx.Linear, kernel: QTensor, recipe: Any, where: str, backend: Backend):
+    self.kernel = flax_nnx.data(kernel)
+    self.bias = layer.bias
+    self.dtype, self.preferred_element_type = layer.dtype, layer.preferred_element_type
+    self.recipe, self.where, self.backend = recipe, where, backend
+
+  def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
+    if out_sharding is not None:
+      raise NotImplementedError(f"{self.where}: packed inference does not take out_sharding; got {out_sharding!r}")
+    bias = None if self.bias is None else self.bias[...]
+    return linear(inputs, self.kernel, bias, dtype=self.dtype, recipe=self.recipe, where=self.where,
+                  backend=self.backend)
+
+
+def _linear_recipe(layer: flax_nnx.Module, path: str, where: str) -> Any:
+  """The recipe ``layer`` (at ``path``, holding a packed kernel) runs, or None; raises where packed inference would
+  not compute what the layer computes."""
+  if type(layer) not in (flax_nnx.Linear, nnx.Linear):
+    raise ValueError(f"{where}: layer {path!r} ({type(layer).__name__}) has a packed kernel; packed inference runs "
+                     "nnx.Linear layers (pack(params, model) packs only those)")
+  if layer.preferred_element_type is not None:
+    raise ValueError(f"{where}: layer {path!r} sets preferred_element_type={layer.preferred_element_type}; packed "
+                     "inference computes in the layer's dtype")
+  op = layer.dot_general
+  if not isinstance(op, nnx.DotGeneral) and op is not jax.lax.dot_general:
+    raise ValueError(f"{where}: layer {path!r} multiplies with a custom dot_general ({op!r}); packed inference "
+                     "replaces only lax.dot_general and fp4jax's DotGeneral")
+  return nnx.layer_recipe(layer)
+
+
+def _set_child(parent: Any, key: Any, child: Any, where: str) -> None:
+  if isinstance(parent, flax_nnx.Module):
+    setattr(parent, key, child)
+  elif isinstance(parent, (list, dict, flax_nnx.List, flax_nnx.Dict)):
+    parent[key] = child
+  else:
+    raise TypeError(f"{where}: cannot replace a packed layer held in a {type(parent).__name__}; hold layers in "
+                    "Modules, lists, dicts, nnx.List or nnx.Dict")
+
+
+def _packed_copy(model: flax_nnx.Module, packed: Mapping, backend: Backend, where: str) -> flax_nnx.Module:
+  """A copy of ``model`` holding ``packed``'s arrays, every packed Linear replaced by a ``_PackedLinear``, every
+  fp4jax op deterministic."""
+  run = flax_nnx.clone(model)
+  flat = traverse_util.flatten_dict(packed.to_pure_dict() if hasattr(packed, "to_pure_dict") else dict(packed))
+  kernels = {k: v for k, v in flat.items() if isinstance(v, QTensor)}
+  state = flax_nnx.state(run, flax_nnx.Param)
+  try:
+    flax_nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict({k: v for k, v in flat.items()
+                                                                       if k not in kernels}))
+  except ValueError as err:
+    raise ValueError(f"{where}: packed holds a leaf the model has no param for ({err})") from err
+  flax_nnx.update(run, state)
+  nodes = {tuple(str(p) for p in path): (path, node) for path, node in flax_nnx.iter_graph(run)}
+  layers = nnx.layers(run)
+  for key, kernel in kernels.items():
+    path = "/".join(str(p) for p in key[:-1])
+    if key[-1] != "kernel" or path not in layers:
+      raise ValueError(f"{where}: {'/'.join(str(p) for p in key)!r} is a QTensor but not the kernel of a linear "
+                       f"layer of the model; layers: {list(layers)}")
+    layer = layers[path]
+    recipe = _linear_recipe(layer, path, where)
+    if kernel.shape != layer.kernel.shape:
+      raise ValueError(f"{where}: the packed kernel of layer {path!r} has shape {kernel.shape}, the layer's kernel "
+                       f"{layer.kernel.shape}")
+    layer_path = nodes[tuple(str(p) for p in key[:-1])][0]
+    parent = nodes[tuple(str(p) for p in layer_path[:-1])][1]
+    _set_child(parent, layer_path[-1], _PackedLinear(layer, kernel, recipe, f"{where} at {path!r}", backend), where)
+  for _, node in flax_nnx.iter_graph(run):
+    if isinstance(node, (nnx.DotGeneral, nnx.EinsumOp)):
+      node.deterministic = True
+  return run
+
+
+def apply_nnx(model: flax_nnx.Module, packed: Mapping, *args, backend: Backend = "auto", **kwargs):
+  """``model(*args, **kwargs)`` on the params ``packed``, with every fp4jax op deterministic and every packed
+  ``nnx.Linear`` kernel (a QTensor from ``fp4jax.flax.pack``) multiplied by ``fp4jax.packed_matmul`` (module
+  docstring). ``model`` is not changed: the forward runs on a copy (other modules run as ``model`` is set, e.g.
+  ``model.eval()`` for dropout).
+
+  Args:
+    model: the NNX model the params were packed for, quantized by ``fp4jax.flax.quantize`` (each layer's recipe
+      decides how its activations are quantized).
+    packed: ``fp4jax.flax.pack(nnx.state(model, nnx.Param).to_pure_dict(), model)``, or any subset of the model's
+      params as a nested dict (leaves not given keep the model's values).
+    *args, **kwargs: the model's call arguments.
+    backend: ``packed_matmul``'s backend (``"auto"``: the FP4 GEMM kernels where they take the case, else XLA).
+
+  Returns:
+    The model's output.
+
+  Raises:
+    TypeError: ``model`` is not an NNX Module; a packed layer held in a tuple (it cannot be replaced).
+    ValueError: a key of ``packed`` that is not a param of ``model``; a QTensor that is not the kernel of an
+      ``nnx.Linear`` (or fp4jax ``Linear``) using ``lax.dot_general`` or fp4jax's ``DotGeneral`` without
+      ``preferred_element_type``; a recipe whose activations ``activation_quantizer`` does not take.
+  """
+  if not isinstance(model, flax_nnx.Module):
+    raise TypeError(f"fp4jax.flax.packed.apply_nnx: model must be the flax.nnx Module the params were packed for, "
+                    f"got {type(model).__name__}")
+  ops.check_backend(backend, "fp4jax.flax.packed.apply_nnx")
+  return _packed_copy(model, packed, backend, "fp4jax.flax.packed.apply_nnx")(*args, **kwargs)

@@ -1,8 +1,8 @@
 """FP4 GEMV on CUDA cores, Pallas on the Triton backend: ``out = dq(A) · dq(B)ᵀ`` for a few rows of A.
 
-One row of activations against packed NVFP4 weights (decoding a token) has too little arithmetic for the tensor
-cores to matter, and the tensor-core kernel (``pallas_triton``) spends its time staging decoded tiles for them. Here
-each program owns ``bn`` rows of B and walks K in chunks of ``bk`` with fused multiply-adds only:
+A few rows of activations against packed NVFP4 weights (decoding a token) have too little arithmetic to repay
+staging decoded tiles for the tensor cores (``pallas_triton``), so each program owns ``bn`` rows of B and walks K
+in chunks of ``bk`` with fused multiply-adds only:
 
 * B's packed codes are read as uint32 words of 8 codes (``pallas_triton.code_words``) and decoded in registers to
   ``value · 2^-14`` (``pallas_triton.e2m1_words_to_f16``, exact), converted to fp32 (exact).
@@ -35,10 +35,10 @@ from fp4jax_kernels.edge_blocks import store_in_bounds
 from fp4jax_kernels.gemm import pallas_triton
 
 MAX_ROWS = 8  # rows of A the kernel accepts; each adds one fp32 multiply-add per element of B
-# rows sent here by ``fp4jax_kernels.gemm.api`` (BENCHMARKS §5): at one row 1.3-2.2x bf16 from 8192x8192 up; at two
-# at least level with the tensor-core kernel (H200 1.0-1.1x of it, H100 1.0-1.4x); at four 0.7x of it
+# rows sent here by ``fp4jax_kernels.gemm.api``: up to ROWS the GEMV is at least level with the tensor-core kernel,
+# beyond it slower
 ROWS = 2
-MIN_PROGRAMS = 1024  # split-K target: about 8 programs per SM of an H100 / H200, the fastest measured (BENCHMARKS §5)
+MIN_PROGRAMS = 1024  # split-K target: about 8 programs per SM of a 132-SM Hopper GPU
 _B_SCALE_EXP = 14  # B's values are decoded as value · 2^-14; its scales carry the 2^14 back
 
 
@@ -94,8 +94,7 @@ def _kernel(ap_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, m: int, k: int, 
 
 
 def default_config(k: int) -> tuple[int, int, int]:
-  """(bn, bk, num_warps), the fastest measured on an H200 (BENCHMARKS.md §5): (64, 256) w4, bk the largest of 256,
-  128, 64, 32 dividing K."""
+  """(bn, bk, num_warps) (the tile sweep's choice): (64, 256) w4, bk the largest of 256, 128, 64, 32 dividing K."""
   return 64, next(t for t in (256, 128, 64, 32) if k % t == 0), 4
 
 

@@ -198,8 +198,8 @@ def _k_chunk(k: int) -> int:
 
 
 def default_config(m: int, k: int) -> tuple[tuple[int, int, int], int, int]:
-  """((bm, bn, bk), num_warps, num_stages), the fastest measured on an H200 (BENCHMARKS.md §5): bm = M rounded up
-  to a power of two in [16, 128]; (128, 128, 128) w8 s3 for large M, (bm, 128, 128) w4 s4 for skinny M, with
+  """((bm, bn, bk), num_warps, num_stages) (the tile sweep's choice): bm = M rounded up to a power of two in
+  [16, 128]; (128, 128, 128) w8 s3 for large M, (bm, 128, 128) w4 s4 for skinny M, with
   bn = 64 for M <= 16 (bk: the largest of 128, 64, 32 dividing K)."""
   bm = min(128, _rows_tile(m))
   bk = _k_chunk(k)
@@ -207,9 +207,9 @@ def default_config(m: int, k: int) -> tuple[tuple[int, int, int], int, int]:
 
 
 def default_dots(fmt_name: str, bm: int, bk: int) -> int:
-  """Tensor-core dots per K chunk (``joined``), the fastest measured on an H200 (BENCHMARKS.md §5): NVFP4 parts
-  joined into one dot for skinny tiles (bm < 64) and into two for larger ones (each dot's K at least 16). MXFP4: its
-  two halves, unjoined (PyPI's Triton 3.9 fails to compile the joined bfloat16 operands for sm_90)."""
+  """Tensor-core dots per K chunk (``joined``; the tile sweep's choice): NVFP4 parts joined into one dot for skinny
+  tiles (bm < 64) and into two for larger ones (each dot's K at least 16). MXFP4: its two halves, unjoined (PyPI's
+  Triton 3.9 fails to compile the joined bfloat16 operands for sm_90)."""
   if fmt_name != "nvfp4":
     return 2
   return 1 if bm < 64 or bk < 32 else 2
@@ -221,8 +221,8 @@ def swapped_config(m: int, k: int) -> tuple[tuple[int, int, int], int, int]:
   return (64, _rows_tile(m), _k_chunk(k)), 4, 4
 
 
-SWAP_ROWS = 32  # A with at most this many rows: the swapped product by default (BENCHMARKS.md §5)
-MIN_PROGRAMS = 512  # about 4 per SM of an H100 / H200 (132 SMs)
+SWAP_ROWS = 32  # A with at most this many rows: the swapped product by default
+MIN_PROGRAMS = 512  # about 4 per SM of a 132-SM Hopper GPU
 
 
 def default_split_k(m: int, n: int, k: int, tile, min_programs: int = MIN_PROGRAMS) -> int:
@@ -250,8 +250,7 @@ def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_war
   ``swap``: compute ``(dq(b) · dq(a)ᵀ)ᵀ`` instead, B's rows (e.g. packed weights) as the tiles' rows and A's few
   rows (e.g. 16 decoded tokens) as their columns; ``tile`` and the rest then describe that product (defaults
   ``swapped_config``). Default: swap when ``a`` has at most ``SWAP_ROWS`` rows, ``b`` more, and no ``tile`` is given
-  (H200, BENCHMARKS.md §5: 1.21x faster at 16x28672x8192, 1.11x at 32x8192x8192, 0.97-1.06x at 1-16 rows of
-  4096-8192). The sums are the same; their fp32 order may differ.
+  (the tiles' rows are then B's, not mostly padding). The sums are the same; their fp32 order may differ.
   """
   (m, k), n = a.shape, b.shape[0]
   if swap is None:

@@ -3,26 +3,16 @@
 One program reads one (block_rows, block_cols) tile of ``x`` once and writes packed E2M1 codes (even element in
 the low nibble), block-scale bit patterns (uint8; bitcast to float8 outside) and, as its ``QuantizeSpec`` asks, the
 dequantized tile (with or without the tensor scale) and QuEST's trust mask. Fused in the tile: the blockwise
-Hadamard (TE, random or caller-given signs, any size up to the tile), the per-element random bits
-(``fp4jax.bits.hash_bits`` of the element's logical index in the reference's layout: its bits exactly), and every
-rounding / scale rule of ``fp4jax.quantize`` — the block numerics are the foundation's own ``quantize_blocks``
-evaluated in the kernel (``fp4jax_kernels.triton_compat``), so RTN, SR, four-over-six, MS-EDEN and MXFP4 agree bit
-for bit by construction. The transposed directions write their outputs K-major. Where the transposition and the
-rotation happen is ``quantize``'s ``route``: in the kernel (each tile transposed in registers), or before it, by
-XLA's transpose or by the amax pre-pass, which can write the kernel's input (``xᵀ``, rotated) as it reduces.
-Each thread loads whole blocks (or Hadamard chunks of up to 32 elements) in 16-byte parts (``load_units``), so a
-block's max, scale and butterflies stay in one thread's registers. A transposed direction rotated by up to 32
-points loads row ``i`` of every d-row chunk as one array (``load_rotated``): its butterflies are
-elementwise between arrays, and the tile is transposed once, after them; so does the pre-pass along the rows.
-
-Per-tensor amax (NVFP4 only): a separate reduction reads ``x`` once before the kernel (``tensor_amax``; with a
-Hadamard, a small Pallas kernel that rotates each tile and writes one partial max). Any current-scaling scheme
-must see every element before the first code is final, so it costs one extra read of ``x`` whatever the split; a
-standalone reduction is that one read with nothing else written (a 4-byte result), so bytes moved per element are
-2·sizeof(x) + 1/2 (codes) + 1/16 (scales), plus 2 (bf16 dequantized) and 1 (trust mask) when asked for. The
-``"prepass"`` route adds 2·sizeof(x) (the staged input, written and read again) to rotate once instead of twice.
-``quantize_pair`` quantizes one tensor along its rows and, transposed, along its columns with one pre-pass and one
-kernel (each program runs both directions' bodies on its tile: ``_launch``), reading ``x`` twice instead of four
+Hadamard (TE, random or caller-given signs), the per-element random bits (``fp4jax.bits.hash_bits`` of the element's
+logical index: the reference's bits) and the block numerics, which are the foundation's own ``quantize_blocks``
+evaluated in the kernel, so every rounding and scale rule of ``fp4jax.quantize`` holds bit for bit. Transposed
+directions write K-major; ``route`` says where the transposition and rotation happen (in the kernel, by XLA's
+transpose, or in the amax pre-pass). Each thread holds whole blocks (or Hadamard chunks of up to 32 elements) in
+registers (``load_units``, ``load_rotated``). NVFP4's tensor amax is a separate reduction before the kernel
+(``tensor_amax``): current scaling must see every element before the first code is final. Bytes moved per element:
+2·sizeof(x) + 1/2 (codes) + 1/16 (scales), + 2 (bf16 dequantized) and 1 (trust mask) when asked for; the
+``"prepass"`` route adds 2·sizeof(x) (the staged input) to rotate once instead of twice. ``quantize_pair`` quantizes
+a tensor along its rows and, transposed, its columns in one pre-pass and one kernel, reading ``x`` twice, not four
 times.
 """
 
@@ -62,13 +52,13 @@ def rotate_rows(x: jax.Array, d: int, signs: jax.Array | None, round_bf16: bool)
   return rtn_bf16(y) if round_bf16 else y
 
 
-MAX_UNIT = 32  # MS-EDEN's 128-point chunks in one thread spill registers (sm_90 SASS: 9k local loads/stores)
+MAX_UNIT = 32  # MS-EDEN's 128-point chunks in one thread would spill registers
 
 
 def rotates_in_parts(spec: QuantizeSpec) -> bool:
   """Whether ``spec``'s Hadamard runs on ``load_rotated``'s parts (in the pre-pass, and in the kernel for the
-  transposed directions): up to ``MAX_UNIT`` points. MS-EDEN's 128 scalar parts took Triton 35 s to compile, and
-  16 parts of 8-element vectors were no faster than the tile load on an H100 (BENCHMARKS.md §5)."""
+  transposed directions): up to ``MAX_UNIT`` points. Larger Hadamards use the tile load: 128 scalar parts compile
+  slowly and vector parts gain nothing over it."""
   return 0 < spec.hadamard <= MAX_UNIT
 
 
@@ -389,9 +379,8 @@ def _check(x, spec: QuantizeSpec, tile):
 
 def default_tile(spec: QuantizeSpec) -> tuple[int, int]:
   """(block_rows, block_cols): wide along the quantized axis (coalesced loads), 16·256 elements, or 16·512 for RTN
-  along the rows without a Hadamard (BENCHMARKS.md §5, H200: 5-6% faster there, 11% slower for SR); 16x16 tiles
-  along the rows take (32, 256), two tile rows (H100: 15-22% faster than (16, 512) on 4096x11008 and 11008x4096,
-  level on 4096x4096)."""
+  along the rows without a Hadamard (the one case where the wider tile pays); 16x16 tiles along the rows take (32, 256),
+  two tile rows."""
   unit = max(spec.unit, 16)
   if spec.block_shape is not None and not spec.transposed:
     return (32, max(256, unit))
@@ -401,13 +390,13 @@ def default_tile(spec: QuantizeSpec) -> tuple[int, int]:
 
 
 def prepass_tile(spec: QuantizeSpec) -> tuple[int, int]:
-  """The amax pre-pass's tile of ``x``: (256, 64) where it transposes and rotates in parts (``rotates_in_parts``;
-  H100: 1.25x faster than (256, 32)), else ``default_tile(spec)``."""
+  """The amax pre-pass's tile of ``x``: (256, 64) where it transposes and rotates in parts (``rotates_in_parts``),
+  else ``default_tile(spec)``."""
   return (256, 64) if rotates_in_parts(spec) and spec.transposed else default_tile(spec)
 
 
 def default_num_warps(spec: QuantizeSpec) -> int:
-  """8 for a 128-point Hadamard (MS-EDEN: 10% faster than 4 on an H200), else 4 (BENCHMARKS.md §5, tile sweep)."""
+  """8 for a 128-point Hadamard (MS-EDEN), else 4."""
   return 8 if spec.hadamard >= 128 else 4
 
 
@@ -441,11 +430,10 @@ ROUTES = ("xla", "prepass", "kernel")
 
 
 def default_route(spec: QuantizeSpec) -> str:
-  """The faster route for ``spec`` (BENCHMARKS.md §5, H100 and H200): ``"prepass"`` with a Hadamard — NVFP4's
-  pre-pass rotates every tile anyway, and staging its output spares the kernel a second rotation (MS-EDEN 1.3-1.7x
-  faster, RHT16 + SR 1.04-1.18x, quartet2's linear layer 8%); where there is no pre-pass, ``"kernel"``, whose
-  rotation hides the in-register transpose (nvidia_nvfp4's layer 5-6% faster than through XLA's transpose).
-  ``"xla"`` without a Hadamard (nvfp4_rtn's layer 9-17% slower through the in-register transpose)."""
+  """The default route for ``spec``: ``"prepass"`` with a Hadamard (NVFP4's pre-pass rotates every tile anyway, and
+  staging its output spares the kernel a second rotation; where there is no pre-pass, ``effective_route`` makes it
+  ``"kernel"``, whose rotation hides the in-register transpose); ``"xla"`` without a Hadamard (there the
+  in-register transpose costs more than XLA's)."""
   return "prepass" if spec.hadamard else "xla"
 
 
@@ -532,18 +520,15 @@ def pair_refusal(rows: QuantizeSpec, cols: QuantizeSpec) -> str | None:
 
 
 def pair_pays(rows: QuantizeSpec, cols: QuantizeSpec) -> bool:
-  """Whether ``quantize_pair`` beats the two ``quantize`` calls for ``(rows, cols)`` (BENCHMARKS.md §5, H100,
-  8192x4096 bf16): where it takes them and the rows have no Hadamard. Quartet's dY (RHT32 + SR both ways, the rows
-  rotated in the same program as the transposed columns) ran at 0.87x and 0.94x of the two calls at the best tile
-  of two sweeps."""
+  """Whether ``quantize_pair`` beats the two ``quantize`` calls for ``(rows, cols)``: where it takes them and the
+  rows have no Hadamard (rows rotated in the same program as the transposed columns make it slower than two
+  calls)."""
   return pair_refusal(rows, cols) is None and not rows.hadamard
 
 
 def pair_config(cols: QuantizeSpec) -> tuple[tuple[int, int], int]:
-  """``quantize_pair``'s default (tile of ``x``, warps) (BENCHMARKS.md §5, H100, 8192x4096 bf16, two sweeps): (64,
-  64) and 8 warps where the columns are rotated (nvidia_nvfp4's X and dY: 1.26x and 1.13x faster than the two
-  quantizes), (16, 256) and 4 without (nvfp4_rtn: 1.27x). The best few tiles differ by less than the run-to-run
-  spread; larger tiles with 4 warps ran up to 3x slower."""
+  """``quantize_pair``'s default (tile of ``x``, warps): (64, 64) and 8 warps where the columns are rotated, (16,
+  256) and 4 without (the tile sweep's choices; larger tiles with 4 warps are much slower)."""
   return ((64, 64), 8) if cols.hadamard else ((16, 256), 4)
 
 

@@ -13,7 +13,7 @@ stored), ``transpose`` (load, transpose in registers, store), then the full kern
 ``--ir`` counts, per spec, the operations of the kernel's Triton IR that act on whole-tile tensors (elementwise
 arithmetic, per element of the tile) and the layout operations (reshape, transpose, split, join, broadcast):
 the per-element instruction budget a memory-bound kernel must stay under is roughly
-(ALU rate / copy bandwidth) · bytes per element, about 20 simple operations per bf16 element on an H100/H200.
+(ALU rate / copy bandwidth) · bytes per element.
 """
 
 from __future__ import annotations
