@@ -38,9 +38,10 @@ def _tiny(rng, shape, lo=-140, hi=-127):
   return x.astype(F32)
 
 
-def _rotation_inputs(d):
+def _rotation_inputs(d, signs, inverse):
   """Rows of 2d elements: all subnormal; subnormal mixed with normal values up to 2^96 (the exactness bound) in one
-  chunk; tiny rows beside normal rows; a zero row; a row with Inf and one with NaN."""
+  chunk; tiny rows beside normal rows; a zero row; a row with Inf and one with NaN; a subnormal chunk with two 2^90
+  that cancel exactly in half the outputs (those are sums of subnormals alone)."""
   rng = np.random.default_rng(d)
   x = _tiny(rng, (12, 2 * d))
   x[1] = _tiny(rng, 2 * d, -149, 96)
@@ -50,6 +51,8 @@ def _rotation_inputs(d):
   x[5] = 0.0
   x[6, 3], x[7, d + 1] = np.inf, np.nan
   x[8, ::2] = -x[8, 1::2]  # pairs that cancel exactly in the first stage
+  x[9, 0] = 2.0**90
+  x[9, d // 2] = x[9, 0] if inverse else x[9, 0] * signs[0] * signs[d // 2]  # paired in stage 1: a - b = 0
   return x
 
 
@@ -58,12 +61,14 @@ def _rotation_inputs(d):
 def test_rotation_is_ieee_with_subnormals_on_every_backend(d, inverse):
   """Bits of ``hadamard`` / ``inverse_hadamard`` (under jit, with random signs) equal NumPy's float32 butterfly with
   gradual underflow, subnormal inputs, partial sums and results included; Inf/NaN chunks give Inf/NaN as IEEE."""
-  x = _rotation_inputs(d)
   signs = np.asarray(H.random_signs(jax.random.key(d), d))
+  x = _rotation_inputs(d, signs, inverse)
   f = H.inverse_hadamard if inverse else H.hadamard
   got = jax.jit(lambda a, s: f(a, d, signs=s))(x, signs)
   _assert_same_floats(got, ref.hadamard_ieee(x, d, signs, inverse), f"d={d} inverse={inverse}")
-  assert np.all(np.isnan(np.asarray(got)[7, d:2 * d])) and np.count_nonzero(np.asarray(got)[0]) > d
+  got = np.asarray(got)
+  assert np.all(np.isnan(got[7, d:2 * d])) and np.count_nonzero(got[0]) > d
+  assert np.sum((got[9, :d] != 0) & (np.abs(got[9, :d]) < 2.0**-126)) >= d // 4  # the cancelled outputs
 
 
 @pytest.mark.parametrize("d", H.SIZES)
