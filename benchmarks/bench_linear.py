@@ -2,7 +2,7 @@
 as a ratio to bf16.
 
 Times ``(Y, dX, dW)`` of ``Y = X·Wᵀ`` (default 8192 x 4096 x 4096, bf16 inputs and output) under one ``jax.jit`` per
-row with ``fp4jax_kernels.benchtools.time_ms`` (median of repeats of 10 back-to-back calls, synchronized once);
+row with ``benchtools.time_ms`` (median of repeats of 10 back-to-back calls, synchronized once);
 every ratio is to the plain bf16 ``lax.dot_general`` measured in the same run. ``jax.nn.scaled_dot_general`` with
 JAX's NVFP4 config is a peer row. For each recipe it also checks that the Pallas and XLA backends give the same bits
 (Y, dX, dW compared exactly, same key; those that differ are named with their largest relative difference). The
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fp4jax
-from fp4jax_kernels.benchtools import header, time_ms
+from benchtools import header, time_ms
 
 DN = (((1,), (1,)), ((), ()))
 

@@ -170,3 +170,19 @@ def nvfp4_four_over_six_reference(x: np.ndarray):
   use4 = four_over_six_error(xb, q4.reshape(xb.shape), amax_b) < four_over_six_error(xb, q6.reshape(xb.shape), amax_b)
   pick = lambda a4, a6, shape: np.where(use4, a4.reshape(xb.shape), a6.reshape(xb.shape)).reshape(shape)
   return (pick(c4, c6, x.shape), np.where(use4[..., 0], d4, d6), s_dec, pick(q4, q6, x.shape), use4[..., 0])
+
+
+def hadamard_ieee(x: np.ndarray, d: int, signs: np.ndarray | None = None, inverse: bool = False) -> np.ndarray:
+  """``fp4jax.hadamard``'s transform of each d-chunk of the last axis in NumPy float32 (IEEE, subnormals kept):
+  ``x ⊙ s``, log2(d) butterfly stages pairing element i with i + d/2 into (a + b, a - b) at (2i, 2i + 1), each
+  rounded once, then ``· f32(1/sqrt(d))`` rounded once; ``inverse``: the signs after the normalization instead."""
+  x = np.asarray(x, F32)
+  s = np.ones(d, F32) if signs is None else np.asarray(signs, F32)
+  c = x.reshape(*x.shape[:-1], -1, d)
+  with np.errstate(over="ignore", invalid="ignore"):
+    c = c if inverse else c * s
+    for _ in range(int(np.log2(d))):
+      a, b = c[..., : d // 2], c[..., d // 2 :]
+      c = np.stack([a + b, a - b], axis=-1).reshape(c.shape)
+    c = c * F32(1.0 / np.sqrt(d))
+  return (c * s if inverse else c).reshape(x.shape)

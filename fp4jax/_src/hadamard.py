@@ -3,22 +3,44 @@
 ``H_d`` is the Sylvester Hadamard matrix (``H_1 = [1]``, ``H_2n = [[H_n, H_n], [H_n, -H_n]]``), normalized by
 ``1/sqrt(d)`` so it is orthogonal and symmetric. A randomized transform multiplies by a ±1 diagonal first:
 ``T = diag(s) · H_d / sqrt(d)``, applied to each contiguous ``d``-chunk along ``axis`` as a row vector,
-``y = x_chunk · T``; its inverse is ``x_chunk = y · Tᵀ = (y · H_d / sqrt(d)) ⊙ s``. Transformer Engine's NVFP4
-recipe uses d = 16 with the fixed signs ``TE_SIGNS_16`` (mask 0xD7E8, LSB first negated = 0).
+``y = x_chunk · T``; its inverse is ``x_chunk = y · Tᵀ = (y · H_d / sqrt(d)) ⊙ s``.
 
-Computed by the fast Walsh-Hadamard butterfly (log2 d stages of ``a + b, a - b``, ``fwht``) in float32 and one
-final scaling, so every backend and kernel sums in the same order (a matmul would not). Outputs are float32;
-``rotated`` adds the quantizers' rounding (once to bf16 for bf16 inputs, as Transformer Engine's RHT).
+The transform is computed with the fast Walsh-Hadamard butterfly (log2 d constant-geometry stages of
+``a + b, a - b``, see ``fwht``) in float32 and one final scaling: elementwise, fusible, and summed in the same
+order on every backend and in the kernels (a matmul would let CPU and GPU sum in different orders and round
+differently). Outputs are float32; ``rotated`` adds the quantizers' rounding once to bf16 for bf16 inputs, as
+Transformer Engine does for its RHT.
+
+Specification (``hadamard`` and ``inverse_hadamard``): IEEE float32 with subnormals (gradual underflow), round to
+nearest, ties to even: ``x ⊙ s`` (exact), each butterfly ``a ± b`` rounded once, then ``· f32(1/sqrt(d))`` rounded
+once (the inverse: ``· f32(1/sqrt(d))`` rounded once, then ``⊙ s``), Inf and NaN propagating as in IEEE (an
+overflowing sum is Inf, Inf - Inf NaN). This is what a GPU computes natively; XLA on CPU flushes subnormal operands
+and results to zero, so every backend computes it exactly the same way instead: each d-chunk is first scaled by
+``2^k``, ``k = max(119 - floor(log2 max|chunk|), 0)`` (exact, on the float bits: ``fp4jax.ieee.mul_pow2_rn``), so
+the chunk's max lies in [2^119, 2^120) and every butterfly sum below 2^127 (no overflow), while every nonzero value,
+a multiple of 2^(k-149), is at least 2^-126 when k >= 23 (no subnormal): each scaled sum is then exactly ``2^k``
+times the IEEE sum (a sum of float32 values that is subnormal is exact, and a normal one rounds at the same
+relative position). The normalization and the ``2^-k`` are one rounding of the exact product
+(``fp4jax.ieee.mul_rn``). k < 23 only for chunks with max|x| >= 2^97: those are computed unscaled, and a flushing
+backend may there drop contributions below 2^-126 (they change a result only where the chunk's large values cancel
+exactly).
+
+Transformer Engine's NVFP4 recipe uses d = 16 with the fixed signs ``TE_SIGNS_16`` (mask 0xD7E8, LSB first
+negated = 0), i.e. ``T = diag(TE_SIGNS_16) · H16 · 0.25``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
+from fp4jax._src.formats import floor_log2
+from fp4jax._src.ieee import mul_pow2_rn, mul_rn
 from fp4jax._src.rounding import rtn_bf16
 
 SIZES = (16, 32, 64, 128, 256)
@@ -95,39 +117,63 @@ def hadamard(x: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.
   """
   check_size(d)
   chunks, moved_shape, axis = _chunked(x.astype(jnp.float32), d, axis)
-  if signs is not None:
-    chunks = chunks * _check_signs(signs, d)
-  y = fwht(chunks, d) * jnp.float32(1.0 / math.sqrt(d))
+  y = _transform(chunks, _signs_or_ones(signs, d), d, False)
   return jnp.moveaxis(y.reshape(moved_shape), -1, axis)
 
 
 def rotated(x: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.ndarray | None = None) -> jnp.ndarray:
   """``hadamard(x, d, axis=axis, signs=signs)`` rounded as the quantizers specify: once to bf16 for bf16 inputs
-  (``rtn_bf16``, as TE), else the float32 result with its rounding kept.
+  (``rtn_bf16``, as TE), else the float32 result.
 
-  Kept means: for d = 32 and 128, whose 1/sqrt(d) is not a power of two, an ``optimization_barrier`` stops XLA from
-  merging the normalization with a later constant multiply (e.g. 1/sqrt(32) with MXFP4's 3/4 headroom into one
-  constant, which skips this rounding; the specification and the Pallas kernels round). For the other sizes the
-  normalization is a power of two and merging it changes nothing.
+  The normalization is integer arithmetic (``fp4jax.ieee.mul_rn``), so XLA cannot merge it with a later constant
+  multiply (e.g. 1/sqrt(32) with MXFP4's 3/4 headroom) and skip its rounding.
   """
   y = hadamard(x, d, axis=axis, signs=signs)
-  if x.dtype == jnp.bfloat16:
-    return rtn_bf16(y)
-  return jax.lax.optimization_barrier(y) if math.log2(d) % 2 else y
+  return rtn_bf16(y) if x.dtype == jnp.bfloat16 else y
 
 
 def inverse_hadamard(y: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.ndarray | None = None) -> jnp.ndarray:
   """Inverse (= transpose) of ``hadamard``: ``x_chunk = (y_chunk · H_d / sqrt(d)) ⊙ signs``; float32 result."""
   check_size(d)
   chunks, moved_shape, axis = _chunked(y.astype(jnp.float32), d, axis)
-  x = fwht(chunks, d) * jnp.float32(1.0 / math.sqrt(d))
-  if signs is not None:
-    x = x * _check_signs(signs, d)
+  x = _transform(chunks, _signs_or_ones(signs, d), d, True)
   return jnp.moveaxis(x.reshape(moved_shape), -1, axis)
 
 
-def _check_signs(signs, d: int) -> jnp.ndarray:
+def _signs_or_ones(signs, d: int) -> jnp.ndarray:
+  if signs is None:
+    return jnp.ones((d,), jnp.float32)
   signs = jnp.asarray(signs, jnp.float32)
   if signs.shape != (d,):
     raise ValueError(f"signs must have shape ({d},) for a size-{d} Hadamard transform, got {signs.shape}")
   return signs
+
+
+_HEADROOM = 119  # a chunk's max is scaled into [2^119, 2^120): d <= 256 sums stay below 2^127
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+def _transform(chunks: jnp.ndarray, signs: jnp.ndarray, d: int, inverse: bool) -> jnp.ndarray:
+  """The module docstring's IEEE transform of the last axis: ``(x ⊙ s) · H_d / sqrt(d)`` or, ``inverse``,
+  ``(x · H_d / sqrt(d)) ⊙ s``, on every backend (the signs multiply normal scaled values: exact, and a sign
+  commutes with the final rounding)."""
+  amax_bits = jnp.max(lax.bitcast_convert_type(chunks, jnp.int32) & 0x7FFFFFFF, axis=-1, keepdims=True)
+  k = jnp.maximum(_HEADROOM - floor_log2(lax.bitcast_convert_type(amax_bits, jnp.float32)), 0)
+  scaled = mul_pow2_rn(chunks, k)
+  if inverse:
+    summed = fwht(scaled, d) * signs
+  else:
+    summed = fwht(scaled * signs, d)
+  return mul_rn(summed, jnp.float32(1.0 / math.sqrt(d)), -k)
+
+
+@_transform.defjvp
+def _transform_jvp(d, inverse, primals, tangents):
+  """Tangents by the plain float32 transform (linear, so JAX can transpose it for ``grad``)."""
+  (chunks, signs), (t_chunks, t_signs) = primals, tangents
+  plain = lambda a: fwht(a, d) * jnp.float32(1.0 / math.sqrt(d))
+  if inverse:  # T(x) ⊙ s
+    t_out = plain(t_chunks) * signs + plain(chunks) * t_signs
+  else:  # T(x ⊙ s)
+    t_out = plain(t_chunks * signs + chunks * t_signs)
+  return _transform(chunks, signs, d, inverse), t_out

@@ -16,7 +16,8 @@ normalized first and quotients that are subnormal or overflow are rounded by ``r
 overflow to Inf), so the result never depends on a backend flushing subnormals; zeros, infinities and NaNs fall
 back to the backend's own division.
 
-The same integer rounding gives two exact products: ``mul_pow2_rn`` (``x·num·2^k``, num 1 or 3: the MX element
+The same integer rounding gives exact products: ``mul_rn`` (any two float32 values, times a power of two),
+``mul_pow2_rn`` (``x·num·2^k``, num 1 or 3: the MX element
 scaling) and ``mul_short_rn`` (a product whose first factor has at most 7 significant bits: E2M1 values times
 E4M3 / E8M0 scales, and those times a tensor scale). XLA on CPU flushes float32 subnormals (inputs and results) to
 zero and XLA on GPU does not; these functions return the IEEE result (subnormals kept) on both.
@@ -156,6 +157,33 @@ def mul_short_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
   sa, ma, la = significand(a)
   sb, mb, lb = significand(b)
   y = round_pack(sa ^ sb, (ma >> 17) * mb, la + lb + jnp.int32(17))
+  return jnp.where(_finite(a) & _finite(b), y, _special(a, b, lax.mul))
+
+
+def mul_rn(a: jnp.ndarray, b: jnp.ndarray, k: jnp.ndarray | int = 0) -> jnp.ndarray:
+  """``a · b · 2^k`` in float32 rounded once (nearest, ties to even; subnormal operands and results kept, Inf on
+  overflow) for any finite ``a`` and ``b``: the exact 48-bit product of the significands (12-bit limbs in uint32),
+  its top 30 bits and a sticky bit rounded by ``round_pack``. Non-finite operands use the float product (``k``
+  ignored).
+
+  Args:
+    a, b: float32 arrays (broadcast together).
+    k: int32 exponent (broadcasts).
+
+  Returns:
+    float32 array of the broadcast shape.
+  """
+  a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+  sa, ma, la = significand(a)
+  sb, mb, lb = significand(b)
+  low12 = np.uint32(0xFFF)
+  a1, a0, b1, b0 = ma >> 12, ma & low12, mb >> 12, mb & low12
+  mid = a1 * b0 + a0 * b1  # < 2^25
+  lo = a0 * b0 + ((mid & low12) << 12)  # < 2^25
+  hi = a1 * b1 + (mid >> 12) + (lo >> 24)  # product = hi · 2^24 + (lo mod 2^24), hi < 2^24
+  p = (hi << 6) | ((lo & np.uint32(0xFFFFFF)) >> 18)  # the product's top 30 bits
+  sticky = (lo & np.uint32(0x3FFFF)) != 0
+  y = round_pack(sa ^ sb, p, la + lb + jnp.asarray(k, jnp.int32) + jnp.int32(18), sticky)
   return jnp.where(_finite(a) & _finite(b), y, _special(a, b, lax.mul))
 
 

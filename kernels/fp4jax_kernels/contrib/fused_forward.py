@@ -11,7 +11,7 @@ result differs from dequantize-then-dot (``gemm.reference``) only by the fp32 su
 
 The trade against quantize-then-GEMM (``quantize.pallas_triton`` + ``gemm.pallas_triton``): X's quantized tile never
 goes to HBM (saving a write and a read of 0.56 bytes per element), but every program of a row of output tiles
-quantizes the same X tile again, N/bn times; which one wins per shape is for the benchmark (``gemm.bench``) to say.
+quantizes the same X tile again, N/bn times; which one wins per shape is for the benchmark (``benchmarks/kernels_gemm.py``) to say.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 bf16 matmul of the same shape, one run, one table; and for bf16 activations, the fused quantize-GEMM
 (``fused_forward``) vs the quantize kernel followed by the GEMM kernel.
 
-    PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench          # GPU: the timing table
-    PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench --few-rows   # GPU: M = 1..8, GEMV vs tensor cores
-    PYTHONPATH=.:kernels python -m fp4jax_kernels.gemm.bench --sass   # any machine: SASS per decoded element
+    python benchmarks/kernels_gemm.py          # GPU: the timing table
+    python benchmarks/kernels_gemm.py --few-rows   # GPU: M = 1..8, GEMV vs tensor cores
+    python benchmarks/kernels_gemm.py --sass   # any machine: SASS per decoded element
 
 Every row is timed over ``WEIGHTS`` distinct B operands in one jitted program (``benchtools.time_distinct_ms``):
 device time per GEMM, with no host dispatch between GEMMs of tens of microseconds and no weights left in L2 from
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 import fp4jax
 from fp4jax_kernels import triton_ir
-from fp4jax_kernels.benchtools import header, time_distinct_ms
+from benchtools import header, time_distinct_ms
 from fp4jax_kernels.contrib import fused_forward
 from fp4jax_kernels.gemm import gemv, pallas_triton, reference
 from fp4jax_kernels.native import matmul as native

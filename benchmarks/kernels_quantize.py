@@ -1,9 +1,9 @@
 """Quantize kernels vs a device-to-device copy of the same tensor (and the pure-JAX path), one run, one table.
 
-    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.bench [--rows 16384 --cols 8192]
-    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.bench --sweep-tiles [--json sweep.json]
-    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.bench --after-producer
-    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.bench --pairs [--rows 8192 --cols 4096]
+    python benchmarks/kernels_quantize.py [--rows 16384 --cols 8192]
+    python benchmarks/kernels_quantize.py --sweep-tiles [--json sweep.json]
+    python benchmarks/kernels_quantize.py --after-producer
+    python benchmarks/kernels_quantize.py --pairs [--rows 8192 --cols 4096]
 
 "% copy BW" = (bytes the op must move at least: read x once + write codes and scales) / time, over the copy's
 (read + write) / time. The Pallas rows include the amax pre-pass (a second read of x, see pallas_triton; with a
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 import fp4jax
-from fp4jax_kernels.benchtools import header, time_ms
+from benchtools import header, time_ms
 from fp4jax_kernels.quantize import pallas_triton
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 

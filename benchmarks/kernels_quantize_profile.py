@@ -1,8 +1,8 @@
 """Where the fused quantize kernel's time goes: stage ablations on the GPU, and instruction counts from its Triton IR.
 
-    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.profile            # GPU: stage timings vs a copy
-    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.profile --ir       # any machine: Triton IR op counts
-    PYTHONPATH=.:kernels python -m fp4jax_kernels.quantize.profile --ptx      # any machine: PTX, SASS counts
+    python benchmarks/kernels_quantize_profile.py            # GPU: stage timings vs a copy
+    python benchmarks/kernels_quantize_profile.py --ir       # any machine: Triton IR op counts
+    python benchmarks/kernels_quantize_profile.py --ptx      # any machine: PTX, SASS counts
 
 Stages (each a Pallas kernel over the same bf16 tensor and tile, timed next to XLA's copy):
 ``copy`` (load, store bf16: Pallas's own ceiling), ``block_amax`` (+ per-16-block max|x|, stored as fp32),
@@ -32,8 +32,9 @@ from jax.experimental.pallas import triton as plgpu
 import fp4jax
 from fp4jax._src import bits as bits_lib
 from fp4jax_kernels import triton_ir
-from fp4jax_kernels.benchtools import header, time_ms
-from fp4jax_kernels.quantize import bench, pallas_triton
+from benchtools import header, time_ms
+import kernels_quantize as bench  # benchmarks/ is on sys.path when this script runs
+from fp4jax_kernels.quantize import pallas_triton
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 
 LAYOUT_OPS = ("tt.reshape", "tt.trans", "tt.split", "tt.join", "tt.broadcast", "tt.expand_dims", "tt.reduce")
