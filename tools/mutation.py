@@ -3,6 +3,7 @@
     python tools/mutation.py run  [--modules bits ieee ...] [--limit N] [--jobs 1]
     python tools/mutation.py report                        # score per module and the surviving mutants
     python tools/mutation.py show MUTANT_ID                # the diff of one mutant
+    python tools/mutation.py run --modules ieee --rerun-survivors   # after adding tests: the survivors again
 
 Why a small tool rather than mutmut 3: mutmut 3 runs every mutant in a process forked from one that already ran the
 tests, and JAX caches traced and compiled functions per Python function; a mutant inside a ``jax.jit`` function
@@ -17,6 +18,12 @@ Mutants (enumerated deterministically from the AST, in source order): arithmetic
 that ``raise`` (error messages), type annotations. Each mutant runs its module's targeted tests (``TARGETS``) with
 ``-x``; a failing, crashing or timed-out run kills it. Results go to ``tools/mutation_results.json`` (one entry per
 mutant id ``module:index``), so an interrupted run resumes where it stopped.
+
+Equivalent mutants (behaviour provably identical to the original for every input the mutated function accepts) are
+listed in ``EQUIVALENT`` with the reason, for the module source digest in ``EQUIVALENT_SOURCE``: ``report`` counts
+them apart and leaves them out of the score's denominator only while the module's digest is the one they were
+proved for (after any edit of the module its ids name other mutants, and the list is reported stale until re-checked).
+``run --rerun-survivors`` skips them.
 """
 
 from __future__ import annotations
@@ -55,6 +62,36 @@ TARGETS = {
     "hadamard": ["tests/test_hadamard.py", _D],
     "estimators": ["tests/test_estimators.py", _D],
     "dot": [_D, "tests/test_dot.py"],
+}
+
+# module -> the source digest (``source_digest``) the EQUIVALENT entries of that module were proved for
+EQUIVALENT_SOURCE = {
+    "ieee": "fe8ae05cc29cec33",
+}
+# mutant id -> why it cannot change any result (see the module docstring); "no test builds that input" is no reason
+EQUIVALENT = {
+    # ieee.py
+    "ieee:384.0": "significand: shift clip 23 -> 24 only reaches x = 0 (clz(0) = 32); m << 24 is still 0 and the lsb "
+                  "of a zero is unspecified and unused (round_pack returns 0 for p = 0, div_rn masks ma = 0)",
+    "ieee:1821.0": "_special: a subnormal becomes +-(1 + 2^-23) instead of +-1; it only meets 0, Inf or NaN (else "
+                   "the exact path is selected), and 0, Inf, NaN times or over either give the same value and sign",
+    "ieee:1592.0": "round_pack: -sh <= 23 for every p >= 1 (t >= h + lsb - 23, h >= 0), so clip(-sh, 0, 32) equals "
+                   "clip(-sh, 0, 31); p = 0 returns 0",
+    "ieee:1256.0": "round_pack: shc = clip(sh, 1, 32) differs only for sh >= 32, where the result is 0 by the "
+                   "sh > 31 branch",
+    "ieee:315.0": "div_rn: 2R = mb is impossible: it means (2Q + 1)·mb = ma·2^(s+1), so 2^(s+1) >= 2^24 divides "
+                  "0 < mb < 2^24 (a quotient of 24-bit significands is never a tie), so > equals >=",
+    "ieee:1069.0": "div_rn sticky 3R != ...: guard (2R >= mb) gives 3R > mb (always !=, as 2R != mb); no guard "
+                   "compares with 0, and 3R = 0 iff 2R = 0",
+    "ieee:1099.0": "div_rn: mb is 0 or >= 2^23 (significand normalizes), so mb > 1 iff mb > 0",
+    "ieee:1482.0": "div_rn: ma is 0 or >= 2^23 (significand normalizes), so ma > 1 iff ma > 0",
+    "ieee:677.0": "floor_significand_quotient: a guess within 2 of Q (the contract) leaves r >= 0 after two "
+                  "decrement steps, so a third never fires",
+    "ieee:684.0": "floor_significand_quotient: a guess within 2 of Q leaves r < mb after two increment steps, so a "
+                  "third never fires",
+    "ieee:679.0": "floor_significand_quotient: r <= 0 instead of r < 0 moves R = 0 to (Q-1, mb), which an increment "
+                  "step (at most one of the two used: the guess was >= Q) moves back; checked for guesses Q-2..Q+2",
+    "ieee:1138.0": "floor_significand_quotient: r < 1 is r <= 0 on int32 (same as ieee:679.0)",
 }
 
 _BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
@@ -201,6 +238,12 @@ def _current(results: dict, mutant: dict) -> str | None:
   return r.get("status") if r.get("source") == mutant["source"] else None
 
 
+def equivalent(mutant: dict) -> str | None:
+  """The proof that ``mutant`` is equivalent, or None (not listed, or listed for another source of its module)."""
+  module = mutant["id"].split(":")[0]
+  return EQUIVALENT.get(mutant["id"]) if EQUIVALENT_SOURCE.get(module) == mutant["source"] else None
+
+
 def _load() -> dict:
   return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
 
@@ -244,8 +287,8 @@ def run(modules: list[str], limit: int | None, budget_s: float | None, rerun_sur
       ws = workspaces.get()
       timeout = 5 * _baseline(module, results, ws, lock) + 120
       workspaces.put(ws)
-      todo += [(m, timeout) for m in enumerate_mutants(module)
-               if status_of(m) is None or (rerun_survivors and status_of(m) == "survived")][:limit]
+      todo += [(m, timeout) for m in enumerate_mutants(module) if status_of(m) is None
+               or (rerun_survivors and status_of(m) == "survived" and equivalent(m) is None)][:limit]
 
     def one(item):
       m, timeout = item
@@ -272,7 +315,8 @@ def run(modules: list[str], limit: int | None, budget_s: float | None, rerun_sur
 
 
 def report(show_survivors: bool = True) -> None:
-  """Score per module over the mutants of the modules' current sources (results of older sources are ignored)."""
+  """Score per module over the mutants of the modules' current sources (results of older sources are ignored):
+  killed / (run - equivalent), with the equivalent survivors listed apart and their proofs in ``EQUIVALENT``."""
   results = _load()
   total = killed = 0
   for module in TARGETS:
@@ -282,14 +326,25 @@ def report(show_survivors: bool = True) -> None:
       continue
     k = sum(r["status"] in ("killed", "timeout") for r in rs)
     t = sum(r["status"] == "timeout" for r in rs)
-    print(f"{module:<11} {k}/{len(rs)} killed ({100 * k / len(rs):.1f}%; {t} of them by a timeout), "
-          f"{len(rs)}/{len(mutants)} mutants run")
-    total, killed = total + len(rs), killed + k
+    eq = [r for r in rs if r["status"] == "survived" and equivalent(r)]
+    n = len(rs) - len(eq)
+    print(f"{module:<11} {k}/{n} killed ({100 * k / max(n, 1):.1f}%; {t} of them by a timeout), {len(eq)} equivalent "
+          f"(listed, not counted), {len(rs)}/{len(mutants)} mutants run")
+    listed = [i for i in EQUIVALENT if i.split(":")[0] == module]
+    if listed and EQUIVALENT_SOURCE.get(module) != source_digest(module):
+      print(f"    {len(listed)} EQUIVALENT entries are stale (proved for source {EQUIVALENT_SOURCE.get(module)}, now "
+            f"{source_digest(module)}): their mutants count as survivors until re-checked")
+    for r in rs:
+      if r["status"] != "survived" and equivalent(r):
+        print(f"    LISTED EQUIVALENT BUT {r['status'].upper()}: {r['id']} (the proof in EQUIVALENT is wrong)")
+    total, killed = total + n, killed + k
     if show_survivors:
-      for r in sorted((r for r in rs if r["status"] == "survived"), key=lambda r: r["line"]):
+      for r in sorted(eq, key=lambda r: r["line"]):
+        print(f"    equivalent {r['id']:<18} line {r['line']:<4} {r['desc']}")
+      for r in sorted((r for r in rs if r["status"] == "survived" and not equivalent(r)), key=lambda r: r["line"]):
         print(f"    survived {r['id']:<18} line {r['line']:<4} {r['desc']}")
   if total:
-    print(f"total       {killed}/{total} killed ({100 * killed / total:.1f}%)")
+    print(f"total       {killed}/{total} killed ({100 * killed / total:.1f}%; equivalent mutants not counted)")
 
 
 def show(mutant_id: str) -> None:
