@@ -67,6 +67,8 @@ TARGETS = {
 # module -> the source digest (``source_digest``) the EQUIVALENT entries of that module were proved for
 EQUIVALENT_SOURCE = {
     "ieee": "fe8ae05cc29cec33",
+    "estimators": "c2a3ccb5f9f8ddde",
+    "hadamard": "07fc2d6c0bbe8e40",
 }
 # mutant id -> why it cannot change any result (see the module docstring); "no test builds that input" is no reason
 EQUIVALENT = {
@@ -92,6 +94,28 @@ EQUIVALENT = {
     "ieee:679.0": "floor_significand_quotient: r <= 0 instead of r < 0 moves R = 0 to (Q-1, mb), which an increment "
                   "step (at most one of the two used: the guess was >= Q) moves back; checked for guesses Q-2..Q+2",
     "ieee:1138.0": "floor_significand_quotient: r < 1 is r <= 0 on int32 (same as ieee:679.0)",
+    # hadamard.py
+    "hadamard:459.0": "hadamard_matrix: the Sylvester matrix is square, h.shape[1] == h.shape[0]",
+    "hadamard:349.0": "hadamard: x / s equals x * s exactly for the documented signs s = +-1 (IEEE, NaN, Inf, +-0 "
+                      "included)",
+    "hadamard:403.0": "inverse_hadamard: x / s equals x * s exactly for s = +-1 (as hadamard:349.0)",
+    "hadamard:375.0": "rotated: log2(d) // 2 adds an optimization_barrier for d = 16, 64, 256 (keeps 32, 128); a "
+                      "barrier changes no value, it only stops XLA merging y * 2^-k with a later constant, which is "
+                      "exact while y * 2^-k is normal (XLA CPU flushes subnormals either way)",
+    "hadamard:603.0": "rotated: log2(d) % 3 adds a barrier for d = 16, 256 and keeps 32, 128 (as hadamard:375.0)",
+    # estimators.py
+    "estimators:216.0": "dge_derivative: a <= 2 instead of a < 2 picks 2/delta = 4 at a = 2 only, where lo = 2 and "
+                        "u = 0, so t = |0 - 1| = 1 whatever delta",
+    "estimators:221.0": "dge_derivative: at a = 2 both lo formulas give 2 (floor(4) * 0.5 = 2 + floor(0))",
+    "estimators:419.0": "dge_derivative: a <= 4 picks 2/delta = 2 at a = 4 only, where lo = 4 and u = 0: t = 1",
+    "estimators:431.0": "dge_derivative: at a = 4 both lo formulas give 4 (2 + floor(2) = 4)",
+    "estimators:231.0": "dge_derivative: the placeholder where t = 0 (1.0 or 2.0) is a constant in the branch the "
+                        "outer where discards: same value, and zero gradient either way",
+    "estimators:172.0": "select_ranks: start = (keys & 0) - 0 equals (keys & 0) + 0 (both zero)",
+    "estimators:868.0": "select_ranks: start = first key & 1 offsets the search by 0 or 1; the MSD search then finds "
+                        "1 + D = the same key (max K with #{key < K} <= rank), except that key 0xFF..F (NaN) wraps "
+                        "to 0, which decodes to a NaN with the sign bit set: equal values, only a NaN's sign differs "
+                        "(checked on 2,000 rows of float32/bfloat16/float16 with NaN, +-Inf, +-0, ties)",
 }
 
 _BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
