@@ -285,3 +285,43 @@ def test_gradient_alignment_metrics():
   assert float(exact["cosine"]) == pytest.approx(1.0, abs=1e-6) and float(exact["misalignment"]) == pytest.approx(0.0, abs=1e-6)
   rtn = jax.jit(lambda p, t: fp4jax.metrics.gradient_alignment(loss, p, t, recipe="nvfp4_rtn"))((x, w), t)
   assert 0.9 < float(rtn["cosine"]) < 1.0 and abs(float(rtn["misalignment"])) < 0.1
+
+
+def test_every_operand_and_signs_draw_folds_its_own_key():
+  """Each quantized operand of the three GEMMs and each signs draw gets an independent stream (module docstring):
+  two operands drawing from one folded key would round with correlated bits, and E[Q(a)·Q(b)] would no longer be
+  a·b."""
+  from fp4jax._src import dot as dot_lib
+
+  ids = list(dot_lib._KEY_IDS.values()) + list(dot_lib._SIGNS_IDS.values())
+  assert sorted(dot_lib._KEY_IDS) == sorted(f"{g}_{s}" for g in ("fwd", "dgrad", "wgrad") for s in ("lhs", "rhs"))
+  assert len(set(ids)) == len(ids) == 8
+
+
+def test_stochastic_forward_operands_of_one_tensor_round_independently():
+  """dot_general(x, x) with stochastic rounding on both forward operands: Q1(x)·Q2(x)ᵀ is symmetric only if both
+  drew the same bits (the same folded key)."""
+  sr = OperandSpec(fmt=fp4jax.NVFP4, rounding="sr")
+  r = Recipe("sr_fwd", fwd_lhs=sr, fwd_rhs=sr)
+  x = jax.random.normal(jax.random.key(0), (32, 64))
+  y = np.asarray(fp4jax.dot_general(x, x, DN, recipe=r, key=jax.random.key(1)))
+  assert np.abs(y - y.T).max() > 1e-3 * np.abs(y).max()
+
+
+def test_dimension_numbers_with_unequal_lhs_rhs_counts_are_rejected():
+  x, w = jnp.ones((4, 8, 8)), jnp.ones((8, 3))
+  with pytest.raises(ValueError, match="pair unequal numbers of lhs/rhs dims"):
+    fp4jax.dot_general(x, w, (((1, 2), (0,)), ((), ())), recipe="nvfp4_rtn")
+  with pytest.raises(ValueError, match="pair unequal numbers of lhs/rhs dims"):
+    fp4jax.dot_general(jnp.ones((2, 4, 16)), jnp.ones((2, 8, 16)), (((2,), (2,)), ((0,), ())), recipe="nvfp4_rtn")
+
+
+def test_dimension_numbers_accept_every_dim_from_minus_rank():
+  """A dim d is valid for -rank <= d < rank (as lax.dot_general): -rank names dim 0; -rank - 1 and rank fail."""
+  x = jax.random.normal(jax.random.key(2), (32, 6))
+  w = jax.random.normal(jax.random.key(3), (16, 32))
+  want = fp4jax.dot_general(x, w, (((0,), (1,)), ((), ())), recipe="nvfp4_rtn")
+  np.testing.assert_array_equal(fp4jax.dot_general(x, w, (((-2,), (-1,)), ((), ())), recipe="nvfp4_rtn"), want)
+  for bad in (-3, 2):
+    with pytest.raises(ValueError, match=f"lhs dimension {bad} out of range for rank 2"):
+      fp4jax.dot_general(x, w, (((bad,), (1,)), ((), ())), recipe="nvfp4_rtn")

@@ -14,6 +14,7 @@ from fp4jax._src.formats import E2M1_VALUES, MXFP4, NVFP4
 from fp4jax._src.operand import channel_scale, quantize_operand
 from fp4jax._src.quantize import quantize
 from fp4jax._src.recipes import OperandSpec, quartet
+from tests import oracles
 
 
 def _smooth_step(x, k):
@@ -47,6 +48,56 @@ def test_dge_cap_and_grid_points():
   assert np.isnan(estimators.dge_derivative(jnp.float32(jnp.nan)))
   with pytest.raises(ValueError, match="k must be > 1"):
     estimators.dge_derivative(grid, k=1.0)
+
+
+@pytest.mark.parametrize("k, cap", [(1.5, 3.0), (3.0, 2.0), (5.0, 1e9)])
+def test_dge_for_other_sharpness_and_caps_matches_the_numpy_oracle(k, cap):
+  """Any k > 1 is accepted (Eq. 8 of arXiv 2501.17116): values inside, at the ends and past 6 of every interval."""
+  x = np.concatenate([np.linspace(-7.0, 7.0, 561), [0.0, 0.5, 2.0, 4.0, 6.0, 1.9, 3.9]]).astype(np.float32)
+  np.testing.assert_allclose(estimators.dge_derivative(jnp.asarray(x), k=k, cap=cap),
+                             oracles.dge_derivative(x, k=k, cap=cap), rtol=2e-6)
+
+
+def test_dge_is_differentiable_with_zero_slope_where_it_is_capped():
+  """Around an interval midpoint f' is the constant cap, so its derivative is 0 (not the NaN of an infinite
+  power masked afterwards); inside the uncapped part it is the finite slope of (1/k)·|2u/δ − 1|^(1/k − 1)."""
+  mid = jnp.asarray([0.25, 0.75, 1.25, 2.5, 3.5, 5.0], jnp.float32)
+  slope = jax.vmap(jax.grad(lambda v: estimators.dge_derivative(v, k=5.0, cap=3.0)))(mid)
+  np.testing.assert_array_equal(slope, 0.0)
+  x = 2.2  # interval [2, 3], delta 1: t = 1 - 2u with u = 0.2, so t = 0.6 and dt/dx = -2
+  expect = (1 / 5) * (1 / 5 - 1) * 0.6 ** (1 / 5 - 2) * -2.0
+  assert float(jax.grad(lambda v: estimators.dge_derivative(v, k=5.0, cap=3.0))(jnp.float32(x))) == pytest.approx(
+      expect, rel=1e-5)
+
+
+def _numpy_rank(x, rank):
+  """Value at ``rank`` of each row sorted ascending (NumPy), keepdims; zeros returned as +0."""
+  return np.sort(np.asarray(x, np.float64), axis=-1)[..., rank:rank + 1] + 0.0
+
+
+def test_occ_defaults_clamp_the_last_axis_to_the_0_99_quantiles():
+  """occ_clamp(x) and occ_bounds(x, q): quantile 0.99 and the last axis by default, also for 3-d activations."""
+  rng = np.random.default_rng(7)
+  x = rng.standard_normal((2, 3, 200)).astype(np.float32)
+  lo, hi = _numpy_rank(x, 2), _numpy_rank(x, 198)  # floor(0.01 * 200), floor(0.99 * 200)
+  xc, r = estimators.occ_clamp(jnp.asarray(x))
+  np.testing.assert_array_equal(xc, np.clip(x, lo, hi))
+  np.testing.assert_array_equal(r, x - np.clip(x, lo, hi))
+  got_lo, got_hi = estimators.occ_bounds(jnp.asarray(x), 0.99)
+  np.testing.assert_array_equal(got_lo, lo)
+  np.testing.assert_array_equal(got_hi, hi)
+
+
+def test_select_ranks_of_small_integers_and_signed_zeros_on_batched_rows():
+  """Every rank of rows with ties, ±1 and ±0 (returned as +0), batched (2, 3, n): ranks are checked against the
+  last axis's length only."""
+  row = np.array([1.0, -0.0, 0.0, -1.0, 1.0, 2.0, -0.0, 3.0, 1.0, -2.0, 0.0, 1.0], np.float32)
+  x = np.stack([np.stack([np.roll(row, i + 3 * j) * (1 + j) for i in range(3)]) for j in range(2)])
+  ranks = tuple(range(row.size))
+  for got, rank in zip(estimators.select_ranks(jnp.asarray(x), ranks), ranks):
+    expect = _numpy_rank(x, rank)
+    np.testing.assert_array_equal(got, expect)
+    np.testing.assert_array_equal(np.signbit(np.asarray(got)), np.signbit(expect))
 
 
 def test_occ_residual_is_zero_when_nothing_exceeds_the_quantiles():
@@ -99,7 +150,7 @@ def test_occ_bounds_are_the_sorted_rows_order_statistics(dtype, n):
                                 np.asarray(_sorted_rank(x.T, min(int(0.99 * n), n - 1), 0), np.float32))
 
 
-@pytest.mark.parametrize("radix_bits", [1, 2, 4])
+@pytest.mark.parametrize("radix_bits", [1, 2, 4, 8])
 def test_select_ranks_is_exact_at_every_radix(radix_bits, monkeypatch):
   monkeypatch.setattr(estimators, "RADIX_BITS", radix_bits)
   x = jnp.asarray(np.random.default_rng(1).standard_normal((5, 300)), jnp.float32).at[0, :7].set(-0.0)

@@ -7,6 +7,7 @@ import pytest
 
 from fp4jax._src import hadamard as H
 from fp4jax._src.operand import rotate  # the XLA path of the GEMM operands
+from tests import oracles
 
 
 @pytest.mark.parametrize("d", H.SIZES)
@@ -43,6 +44,25 @@ def test_along_other_axes_equals_transposed_call():
   a = np.asarray(H.hadamard(x, 32, axis=0))
   b = np.moveaxis(np.asarray(H.hadamard(np.moveaxis(x, 0, -1), 32)), -1, 0)
   np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("axis", [1, -2])
+def test_middle_axis_of_a_3d_array_against_the_numpy_rotation(axis):
+  """Chunks along a middle axis, named positively or negatively (NumPy oracle: float64 Sylvester products of small
+  integers, exact, then the one float32 normalization)."""
+  rng = np.random.RandomState(3)
+  x = rng.randint(-8, 9, (3, 64, 5)).astype(np.float32)
+  s = rng.choice([-1.0, 1.0], 32).astype(np.float32)
+  expect = np.moveaxis(oracles.rotate_last(np.moveaxis(x, 1, -1), 32, s), -1, 1)
+  np.testing.assert_array_equal(np.asarray(H.hadamard(x, 32, axis=axis, signs=s)), expect)
+
+
+def test_inverse_runs_along_the_last_axis_by_default():
+  rng = np.random.RandomState(4)
+  g = rng.randint(-8, 9, (2, 3, 64)).astype(np.float32)
+  s = rng.choice([-1.0, 1.0], 16).astype(np.float32)
+  np.testing.assert_allclose(np.asarray(H.inverse_hadamard(g, 16, signs=s)), oracles.inverse_rotate_last(g, 16, s),
+                             rtol=0, atol=1e-6)
 
 
 def test_te_signs_mask():

@@ -95,3 +95,64 @@ def test_mul_short_rn_is_ieee_with_subnormals():
   with np.errstate(all="ignore"):
     expect = (a.astype(np.float64) * b).astype(np.float32)
   _same_bits(jax.jit(mul_short_rn)(a, b), expect)
+
+
+def test_round_pack_of_short_integers_is_exact_and_ties_go_to_even():
+  """``round_pack`` accepts any ``p`` below 2^31: short ``p`` (fewer than 24 bits) is shifted left, exactly; values
+  below the subnormal grid round to nearest, ties to the even neighbour (NumPy's float64 -> float32 cast)."""
+  from fp4jax._src.ieee import round_pack
+
+  p = np.array([1, 2, 3, 5, 7, 255, (1 << 23) - 1, 1 << 23, (1 << 24) + 1, (1 << 30) + 3, 12345, 3, 5, 7, 6],
+               np.uint32)
+  lsb = np.array([0, -3, 7, -140, 100, -20, -149, -160, -170, -180, -160, -150, -150, -151, -151], np.int32)
+  sign = (np.arange(p.size) % 2).astype(np.uint32)
+  expect = (np.where(sign == 1, -1.0, 1.0) * p.astype(np.float64) * np.exp2(lsb.astype(np.float64))).astype(np.float32)
+  _same_bits(round_pack(jnp.asarray(sign), jnp.asarray(p), jnp.asarray(lsb)), expect)
+
+
+def test_mul_pow2_rn_multiplies_by_one_power_of_two_by_default():
+  x = np.array([1.5, -3.0, 1e-40, 7.0], np.float32)
+  k = np.array([3, -2, 10, 0], np.int32)
+  _same_bits(mul_pow2_rn(jnp.asarray(x), jnp.asarray(k)), (x.astype(np.float64) * np.exp2(k)).astype(np.float32))
+
+
+def test_mul_unflushed_counts_subnormal_factors_at_their_value():
+  """Wherever the IEEE product is normal it is returned (NumPy float64 product rounded once), also for subnormal or
+  negative ``x`` that a flushing backend (XLA on CPU) would count as 0."""
+  from fp4jax._src.ieee import mul_unflushed
+
+  rng = np.random.RandomState(5)
+  n = 50_000
+  x = _f32_with_subnormals(rng, n, -149, 20)
+  y = _f32_with_subnormals(rng, n, -20, 127)
+  x[:4], y[:4] = [1e-45, -1e-45, -3e-39, 5e-39], [2.0**127, 2.0**126, -2.0**100, -3.0 * 2.0**110]
+  expect = (x.astype(np.float64) * y).astype(np.float32)
+  normal = np.isfinite(expect) & (np.abs(expect) >= np.finfo(np.float32).tiny)
+  assert np.sum(normal & (np.abs(x) < np.finfo(np.float32).tiny) & (x < 0)) > 1000  # negative subnormal x covered
+  _same_bits(np.asarray(jax.jit(mul_unflushed)(x, y))[normal], expect[normal])
+
+
+def test_exact_subnormal_quotients_halfway_between_two_subnormals_round_to_even():
+  """a / b exact in binary and exactly halfway between two float32 subnormals: the rounding has no sticky bit, so it
+  goes to the even neighbour (NumPy: float64 quotient exact, cast once)."""
+  odd = np.arange(1, 2001, 2, dtype=np.float64)
+  a = (np.concatenate([odd, 3 * odd]) * 2.0**-100).astype(np.float32)
+  b = np.concatenate([np.full(odd.size, 2.0**50), np.full(odd.size, 3 * 2.0**50)]).astype(np.float32)
+  expect = (a.astype(np.float64) / b).astype(np.float32)
+  assert np.all(expect.astype(np.float64) != a.astype(np.float64) / b)  # every case rounds (a tie)
+  _same_bits(jax.jit(div_rn)(a, b), expect)
+
+
+def test_correction_of_exact_significand_quotients_from_guesses_two_off():
+  """Remainder 0 (N a multiple of mb): guesses one or two above or below still give R = 0, not R = mb."""
+  from fp4jax._src.ieee import floor_significand_quotient
+
+  mb = np.array([1 << 23, 3 << 22, 5 << 21, (1 << 24) - 1, 7 << 21], np.uint64)
+  ma = np.array([1 << 23, 3 << 22, 15 << 20, (1 << 24) - 1, 21 << 20], np.uint64)
+  n = np.where(ma < mb, ma << 24, ma << 23)
+  assert np.all(n % mb == 0)
+  for off in (-2, -1, 0, 1, 2):
+    q, r = floor_significand_quotient(jnp.asarray(ma, jnp.uint32), jnp.asarray(mb, jnp.uint32),
+                                      jnp.asarray((n // mb).astype(np.int64) + off, jnp.uint32))
+    np.testing.assert_array_equal(np.asarray(q), (n // mb).astype(np.uint32))
+    np.testing.assert_array_equal(np.asarray(r), np.zeros(mb.size, np.int32))
