@@ -71,6 +71,24 @@ def test_rotation_is_ieee_with_subnormals_on_every_backend(d, inverse):
   assert np.sum((got[9, :d] != 0) & (np.abs(got[9, :d]) < 2.0**-126)) >= d // 4  # the cancelled outputs
 
 
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize("d", H.SIZES)
+def test_the_direct_rotation_other_backends_run_is_the_same_ieee_transform(d, inverse):
+  """The float32 path that backends other than the CPU run (``_direct``: a GPU keeps subnormals natively) gives the
+  NumPy IEEE bits wherever this CPU's flushing cannot interfere: inputs, partial sums and results all normal (rows
+  of N(0, 1) values and of values spread over 2^-60 .. 2^60, Inf and NaN included). Its agreement on subnormal
+  data is the GPU parity test's (``tests/test_gpu_parity.py::test_ms_eden_gpu_matches_cpu_on_tiny_and_extreme_data``).
+  """
+  rng = np.random.default_rng(100 + d)
+  signs = np.asarray(H.random_signs(jax.random.key(d), d))
+  x = rng.standard_normal((6, 2 * d)).astype(F32)
+  x[1] = (rng.choice([-1.0, 1.0], 2 * d) * np.exp2(rng.uniform(-60, 60, 2 * d))).astype(F32)
+  x[2, 5], x[3, d + 2] = np.inf, np.nan
+  chunks = x.reshape(6, 2, d)
+  got = jax.jit(lambda a, s: H._direct(a, s, d=d, inverse=inverse))(chunks, signs).reshape(6, 2 * d)
+  _assert_same_floats(got, ref.hadamard_ieee(x, d, signs, inverse), f"d={d} inverse={inverse}")
+
+
 @pytest.mark.parametrize("d", H.SIZES)
 def test_rotation_commutes_with_powers_of_two(d):
   """``hadamard(x) = fl(hadamard(x·2^j)·2^-j)`` for x out of the subnormal range after scaling: bit for bit where

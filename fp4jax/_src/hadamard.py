@@ -15,7 +15,7 @@ Specification (``hadamard`` and ``inverse_hadamard``): IEEE float32 with subnorm
 nearest, ties to even: ``x ⊙ s`` (exact), each butterfly ``a ± b`` rounded once, then ``· f32(1/sqrt(d))`` rounded
 once (the inverse: ``· f32(1/sqrt(d))`` rounded once, then ``⊙ s``), Inf and NaN propagating as in IEEE (an
 overflowing sum is Inf, Inf - Inf NaN). This is what a GPU computes natively; XLA on CPU flushes subnormal operands
-and results to zero, so every backend computes it exactly the same way instead: each d-chunk is first scaled by
+and results to zero, so on the CPU each d-chunk is first scaled by
 ``2^k``, ``k = max(119 - floor(log2 max|chunk|), 0)`` (exact, on the float bits: ``fp4jax.ieee.mul_pow2_rn``), so
 the chunk's max lies in [2^119, 2^120) and every butterfly sum below 2^127 (no overflow), while every nonzero value,
 a multiple of 2^(k-149), is at least 2^-126 when k >= 23 (no subnormal): each scaled sum is then exactly ``2^k``
@@ -125,8 +125,9 @@ def rotated(x: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.n
   """``hadamard(x, d, axis=axis, signs=signs)`` rounded as the quantizers specify: once to bf16 for bf16 inputs
   (``rtn_bf16``, as TE), else the float32 result.
 
-  The normalization is integer arithmetic (``fp4jax.ieee.mul_rn``), so XLA cannot merge it with a later constant
-  multiply (e.g. 1/sqrt(32) with MXFP4's 3/4 headroom) and skip its rounding.
+  XLA never merges the normalization with a later constant multiply (e.g. 1/sqrt(32) with MXFP4's 3/4 headroom),
+  which would skip its rounding: it is integer arithmetic on the CPU and sits behind an optimization barrier
+  elsewhere.
   """
   y = hadamard(x, d, axis=axis, signs=signs)
   return rtn_bf16(y) if x.dtype == jnp.bfloat16 else y
@@ -155,8 +156,15 @@ _HEADROOM = 119  # a chunk's max is scaled into [2^119, 2^120): d <= 256 sums st
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
 def _transform(chunks: jnp.ndarray, signs: jnp.ndarray, d: int, inverse: bool) -> jnp.ndarray:
   """The module docstring's IEEE transform of the last axis: ``(x ⊙ s) · H_d / sqrt(d)`` or, ``inverse``,
-  ``(x · H_d / sqrt(d)) ⊙ s``, on every backend (the signs multiply normal scaled values: exact, and a sign
-  commutes with the final rounding)."""
+  ``(x · H_d / sqrt(d)) ⊙ s``: by exact ``2^k`` scaling on the CPU, whose XLA flushes subnormals, and directly in
+  float32 elsewhere (a GPU computes IEEE float32 with subnormals natively)."""
+  return lax.platform_dependent(chunks, signs, cpu=functools.partial(_scaled, d=d, inverse=inverse),
+                                default=functools.partial(_direct, d=d, inverse=inverse))
+
+
+def _scaled(chunks: jnp.ndarray, signs: jnp.ndarray, *, d: int, inverse: bool) -> jnp.ndarray:
+  """The transform with every chunk scaled by an exact ``2^k`` first, so no intermediate is subnormal (the signs
+  multiply normal scaled values: exact, and a sign commutes with the final rounding)."""
   amax_bits = jnp.max(lax.bitcast_convert_type(chunks, jnp.int32) & 0x7FFFFFFF, axis=-1, keepdims=True)
   k = jnp.maximum(_HEADROOM - floor_log2(lax.bitcast_convert_type(amax_bits, jnp.float32)), 0)
   scaled = mul_pow2_rn(chunks, k)
@@ -165,6 +173,17 @@ def _transform(chunks: jnp.ndarray, signs: jnp.ndarray, d: int, inverse: bool) -
   else:
     summed = fwht(scaled * signs, d)
   return mul_rn(summed, jnp.float32(1.0 / math.sqrt(d)), -k)
+
+
+def _direct(chunks: jnp.ndarray, signs: jnp.ndarray, *, d: int, inverse: bool) -> jnp.ndarray:
+  """The transform in float32 arithmetic; an ``optimization_barrier`` after the normalization keeps XLA from
+  merging ``1/sqrt(d)`` (not a power of two for d = 32, 128) with a later constant multiply, which would skip its
+  rounding."""
+  norm = jnp.float32(1.0 / math.sqrt(d))
+  y = fwht(chunks if inverse else chunks * signs, d) * norm
+  if d in (32, 128):
+    y = lax.optimization_barrier(y)
+  return y * signs if inverse else y
 
 
 @_transform.defjvp
