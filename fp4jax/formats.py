@@ -49,14 +49,19 @@ from fp4jax.ieee import mul_pow2_rn, mul_unflushed
 ScaleMode = Literal["absmax", "four_over_six", "floor", "rceil", "quest", "quest_nearest", "floor_headroom"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Format:
-  """Base class of the formats an operand is quantized to; ``name`` is for messages and files only."""
+  """Base class of the formats an operand is quantized to; ``name`` is for messages and files only (the repr
+  shows it first, e.g. ``NVFP4Format(name='nvfp4', block_size=16, scale_mode='absmax')``)."""
 
   name: ClassVar[str]
 
+  def __repr__(self) -> str:
+    fields = "".join(f", {f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+    return f"{type(self).__name__}(name={self.name!r}{fields})"
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, repr=False)
 class FP4Format(Format):
   """A block-scaled 4-bit floating-point format: E2M1 elements, one scale per ``block_size`` elements.
 
@@ -132,7 +137,7 @@ class FP4Format(Format):
     raise NotImplementedError
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class NVFP4Format(FP4Format):
   """NVFP4 (NVIDIA; Transformer Engine's reference quantizer): E4M3 block scales under an FP32 tensor scale.
 
@@ -191,7 +196,7 @@ class NVFP4Format(FP4Format):
     return e4m3_bits_to_f32(bits)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class MXFP4Format(FP4Format):
   """MXFP4 (OCP MX v1.0): power-of-two ``float8_e8m0fnu`` block scales 2^e, no tensor scale.
 
@@ -240,7 +245,7 @@ class MXFP4Format(FP4Format):
     return e8m0_bits_to_f32(bits)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class FP8Format(Format):
   """An OCP FP8 element format with per-tensor current scaling (``fp4jax.fp8``): ``exponent_bits`` and
   ``mantissa_bits`` (summing to 7), ``max`` its largest finite value; ``name`` is ``"fp8_e{E}m{M}"``.
@@ -282,7 +287,7 @@ class FP8Format(Format):
     return jnp.round(x * pow2(-e)) * pow2(e)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class E2M1ChannelFormat(Format):
   """E2M1 with one absmax scale per row along the contraction axis (Microsoft FP4, ``fp4jax.operand``): per token
   for activations, per output channel for weights; ``max`` is the largest E2M1 magnitude."""
