@@ -19,7 +19,16 @@ import math
 from typing import Callable, Literal, get_args
 
 from fp4jax import hadamard as hadamard_lib
-from fp4jax.formats import E2M1_CHANNEL, E4M3, E5M2, MXFP4, NVFP4, E2M1ChannelFormat, Format, FP4Format
+from fp4jax.formats import (
+  E2M1_CHANNEL,
+  E4M3,
+  E5M2,
+  MXFP4,
+  NVFP4,
+  E2M1ChannelFormat,
+  Format,
+  FP4Format,
+)
 
 FP8_FORMATS = (E4M3, E5M2)
 SIGNS = ("none", "te", "fixed", "random")
