@@ -51,8 +51,8 @@ def sass_counts(fmt=fp4jax.NVFP4) -> None:
     a = fp4jax.quantize(jnp.ones((min(m, 256), k)), fmt)
     b = fp4jax.quantize(jnp.ones((256, k)), fmt)
     for (bm, bn, bk), nw, ns, dots in configs:
-      dots = dots or pallas_triton.default_dots(fmt.name, bm, bk)
-      if fmt.name != "nvfp4" and dots > 2:
+      dots = dots or pallas_triton.default_dots(fmt, bm, bk)
+      if dots > pallas_triton.dot_parts(fmt):
         continue
       fn = lambda a, b, tile=(bm, bn, bk), nw=nw, ns=ns, dots=dots: pallas_triton.matmul(  # noqa: E731
           a, b, tile=tile, num_warps=nw, num_stages=ns, split_k=1, dots=dots)
@@ -124,7 +124,7 @@ def main():
     row(f"pallas default{' (swapped)' if m <= pallas_triton.SWAP_ROWS < n else ''}",
         per_call(pallas_triton.matmul, a, bs), f"{float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)):.1e}")
     for tile, nw, ns, dots in TILES[(m, n, k)]:
-      dots = dots or pallas_triton.default_dots("nvfp4", tile[0], tile[2])
+      dots = dots or pallas_triton.default_dots(fp4jax.NVFP4, tile[0], tile[2])
       split = pallas_triton.default_split_k(m, n, k, tile)
       splits = sorted({1, split, 2 * split} if split > 1 else {1})  # no split, the default and twice the default
       for split in splits:

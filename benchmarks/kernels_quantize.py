@@ -93,7 +93,7 @@ def copy_bandwidth(x: jax.Array) -> tuple[float, float]:
 def prepass_ms(spec: QuantizeSpec, x: jax.Array, interpret: bool) -> float:
   """Time of the pre-pass that ``spec``'s default route runs (NVFP4 only; 0 for MXFP4, which has no tensor scale):
   the amax reduction, or the one that also stages the kernel's input (route ``"prepass"``)."""
-  if spec.fmt.name != "nvfp4":
+  if not spec.fmt.has_tensor_scale:
     return 0.0
   signs = fp4jax.hadamard.TE_SIGNS_16 if spec.hadamard_signs == "te" else None
   if pallas_triton.prepass_stages(spec):

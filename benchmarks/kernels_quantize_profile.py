@@ -121,7 +121,7 @@ def timings(x: jax.Array, tiles=TILES) -> None:
 
 def kernel_ir(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> str:
   """Triton IR of ``spec``'s kernel (NVFP4: the tensor amax given, so only the main kernel)."""
-  amax = jnp.float32(1.0) if spec.fmt.name == "nvfp4" else None
+  amax = jnp.float32(1.0) if spec.fmt.has_tensor_scale else None
   fn = lambda x, key: pallas_triton.quantize(x, spec, key, tile=tile, amax=amax)
   (text,) = triton_ir.triton_modules(fn, jnp.ones(shape, jnp.bfloat16), jax.random.key(0))
   return text

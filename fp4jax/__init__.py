@@ -4,7 +4,7 @@ Formats -> quantizers -> gradient estimators -> dot_general -> Flax modules; ker
 quantizers and the dot (package ``fp4jax_kernels``).
 """
 
-from fp4jax._src import bits, estimators, fp8, hadamard, metrics, recipes, rounding, scaling, sharding
+from fp4jax._src import bits, estimators, formats, fp8, hadamard, metrics, recipes, rounding, scaling, sharding
 from fp4jax._src.dot import dot_general, einsum
 from fp4jax._src.formats import MXFP4, NVFP4, FP4Format
 from fp4jax._src.matmul import packed_matmul
@@ -22,6 +22,7 @@ __all__ = [
     "einsum",
     "estimators",
     "fake_quantize",
+    "formats",
     "fp8",
     "hadamard",
     "metrics",

@@ -230,7 +230,7 @@ def quantize(x, spec, signs=None) -> Operand:
     x, residual = occ(x, spec.clip_quantile)
   if spec.hadamard:
     x = rotate_last(x, spec.hadamard, signs)
-  fmt = spec.fmt
+  fmt = None if spec.fmt is None else spec.fmt.name  # the oracle reads the format's name, not its behaviour
   if fmt is None:
     op = Operand(x.astype(np.float64), 1.0)
   elif fmt in ("fp8_e4m3", "fp8_e5m2"):
@@ -238,14 +238,14 @@ def quantize(x, spec, signs=None) -> Operand:
   elif fmt == "e2m1_channel":
     assert not spec.scale_pow2
     op = Operand(*e2m1_channel(x))
-  elif fmt.name == "nvfp4":
-    vals, s_dec, _ = nvfp4(x, tiles=spec.block_shape == (16, 16), four_over_six=fmt.scale_mode == "four_over_six")
+  elif fmt == "nvfp4":
+    vals, s_dec, _ = nvfp4(x, tiles=spec.block_shape == (16, 16), four_over_six=spec.fmt.scale_mode == "four_over_six")
     op = Operand(vals, float(s_dec))
-  elif fmt.scale_mode == "quest":
+  elif spec.fmt.scale_mode == "quest":
     vals, g, mask = mxfp4_quest(x)
     op = Operand(vals, g, mask if spec.estimator == "trust_mask" else None)
   else:
-    assert fmt.scale_mode == "floor_headroom"
+    assert spec.fmt.scale_mode == "floor_headroom"
     op = Operand(*mxfp4_floor_headroom(x))
   if residual is not None:
     op = Operand(fl(op.dequantize32() + fl(residual)).astype(np.float64), 1.0, op.mask)

@@ -119,10 +119,10 @@ def _fp8_e4m3_rows(x: np.ndarray) -> np.ndarray:
 
 def test_fp8_row_amax_numpy_oracle():
   x = _rows()
-  op = _row_operand(x, OperandSpec(fmt="fp8_e4m3", amax="row"))
+  op = _row_operand(x, OperandSpec(fmt=fp4jax.formats.E4M3, amax="row"))
   assert op.scale.shape == (x.shape[0], 1)
   np.testing.assert_array_equal(_bits(op.dequantize()), _bits(_fp8_e4m3_rows(x)))
-  tensor = _row_operand(x, OperandSpec(fmt="fp8_e4m3")).dequantize()
+  tensor = _row_operand(x, OperandSpec(fmt=fp4jax.formats.E4M3)).dequantize()
   assert not np.array_equal(_bits(tensor), _bits(_fp8_e4m3_rows(x)))
 
 

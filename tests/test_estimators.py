@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fp4jax._src import estimators, fp8
-from fp4jax._src.formats import E2M1_VALUES, MXFP4, NVFP4
+from fp4jax._src.formats import E2M1_CHANNEL, E2M1_VALUES, MXFP4, NVFP4
 from fp4jax._src.operand import channel_scale, quantize_operand
 from fp4jax._src.quantize import quantize
 from fp4jax._src.recipes import OperandSpec, quartet
@@ -184,7 +184,7 @@ def test_quartet_trust_mask_marks_exactly_the_saturated_elements():
 @pytest.mark.parametrize("name, grid_max", [("fp8_e4m3", 448.0), ("fp8_e5m2", 57344.0)])
 def test_fp8_current_scaling(name, grid_max):
   x = jax.random.normal(jax.random.key(2), (64, 64)) * 3.0
-  v, inv = fp8.quantize_fp8(x, name)
+  v, inv = fp8.quantize_fp8(x, {"fp8_e4m3": fp8.E4M3, "fp8_e5m2": fp8.E5M2}[name])
   v, x = np.asarray(v), np.asarray(x)
   assert np.max(np.abs(v)) == grid_max  # amax maps to the largest finite value
   # Every value is on the FP8 grid: exactly representable in the ml_dtypes type.
@@ -198,16 +198,16 @@ def test_fp8_rounding_ties_to_even_and_specials():
   e5m2 = fp8.rtn_e5m2(jnp.asarray([1.125, 1.375, 1.0625, 60000.0, -1e9, 2.0 ** -17, 3 * 2.0 ** -17, jnp.nan]))
   np.testing.assert_array_equal(e5m2[:7], [1.0, 1.5, 1.0, 57344.0, -57344.0, 0.0, 2.0 ** -15])
   assert np.isnan(e5m2[7])
-  v, inv = fp8.quantize_fp8(jnp.asarray([1.0, jnp.inf]), "fp8_e4m3")
+  v, inv = fp8.quantize_fp8(jnp.asarray([1.0, jnp.inf]), fp8.E4M3)
   assert np.all(np.isnan(np.asarray(v) * float(inv)))  # a non-finite amax gives NaN, never a finite number
-  v, inv = fp8.quantize_fp8(jnp.zeros(4), "fp8_e5m2")
+  v, inv = fp8.quantize_fp8(jnp.zeros(4), fp8.E5M2)
   np.testing.assert_array_equal(np.asarray(v) * float(inv), 0.0)
 
 
 @pytest.mark.parametrize("pow2", [False, True])
 def test_e2m1_channel_operand(pow2):
   x = jax.random.normal(jax.random.key(3), (8, 40))
-  op, _ = quantize_operand(x, OperandSpec(fmt="e2m1_channel", scale_pow2=pow2), None)
+  op, _ = quantize_operand(x, OperandSpec(fmt=E2M1_CHANNEL, scale_pow2=pow2), None)
   g = np.asarray(channel_scale(x, pow2))
   # values: E2M1 grid values of x·γ (exact in bf16); scale: one decode scale 1/γ per row
   assert op.values.dtype == jnp.bfloat16 and op.scale.shape == (8, 1)
@@ -223,7 +223,7 @@ def test_e2m1_channel_operand(pow2):
 
 
 def test_swapping_a_per_row_scaled_operand_dequantizes_it():
-  op, _ = quantize_operand(jax.random.normal(jax.random.key(4), (2, 8, 32)), OperandSpec(fmt="e2m1_channel"), None)
+  op, _ = quantize_operand(jax.random.normal(jax.random.key(4), (2, 8, 32)), OperandSpec(fmt=E2M1_CHANNEL), None)
   swapped = op.swap_last()  # per-row scales would lie along the new contraction axis
   assert swapped.values.dtype == jnp.float32 and jnp.ndim(swapped.scale) == 0
   np.testing.assert_array_equal(swapped.dequantize(), jnp.swapaxes(op.dequantize(), -1, -2))

@@ -61,10 +61,10 @@ def test_quartet2_choices(four_over_six):
 @pytest.mark.parametrize("fp4_gradients", [False, True])
 def test_ms_fp4_choices(fp4_gradients):
   r = recipes.ms_fp4(fp4_gradients=fp4_gradients, pow2_scale=True)
-  assert (r.fwd_lhs.fmt, r.fwd_lhs.clip, r.fwd_lhs.clip_quantile, r.fwd_lhs.scale_pow2) == ("e2m1_channel", "occ", 0.99, True)
+  assert (r.fwd_lhs.fmt, r.fwd_lhs.clip, r.fwd_lhs.clip_quantile, r.fwd_lhs.scale_pow2) == (fp4jax.formats.E2M1_CHANNEL, "occ", 0.99, True)
   assert (r.fwd_rhs.estimator, r.fwd_rhs.dge_k, r.fwd_rhs.dge_cap) == ("dge", 5.0, 3.0)
-  assert r.dgrad_lhs.fmt == r.wgrad_lhs.fmt == ("e2m1_channel" if fp4_gradients else "fp8_e5m2")
-  assert r.dgrad_rhs == r.wgrad_rhs == OperandSpec(fmt="fp8_e4m3", source="forward")
+  assert r.dgrad_lhs.fmt == r.wgrad_lhs.fmt == (fp4jax.formats.E2M1_CHANNEL if fp4_gradients else fp4jax.formats.E5M2)
+  assert r.dgrad_rhs == r.wgrad_rhs == OperandSpec(fmt=fp4jax.formats.E4M3, source="forward")
 
 
 def test_variants_by_dataclasses_replace():
@@ -81,12 +81,11 @@ def test_variants_by_dataclasses_replace():
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: OperandSpec(fmt="fp16"), "OperandSpec.fmt"),
-        (lambda: OperandSpec(fmt="fp8_e4m3", rounding="sr"), "needs an FP4Format"),
+        (lambda: OperandSpec(fmt=fp4jax.formats.E4M3, rounding="sr"), "needs an FP4Format"),
         (lambda: OperandSpec(fmt=fp4jax.NVFP4, hadamard=24), "Hadamard size"),
         (lambda: OperandSpec(fmt=fp4jax.NVFP4, hadamard=32, signs="te"), "Transformer Engine"),
         (lambda: OperandSpec(fmt=fp4jax.NVFP4, estimator="dge"), "dge"),
-        (lambda: OperandSpec(fmt="fp8_e4m3", estimator="trust_mask"), "trust_mask"),
+        (lambda: OperandSpec(fmt=fp4jax.formats.E4M3, estimator="trust_mask"), "trust_mask"),
         (lambda: OperandSpec(source="weights"), "source"),
         (lambda: Recipe("r", fwd_lhs=OperandSpec(fmt=fp4jax.NVFP4, hadamard=16)), "share the Hadamard"),
         (lambda: Recipe("r", dgrad_lhs=OperandSpec(source="forward")), "dgrad_lhs.source"),

@@ -53,7 +53,7 @@ def compute() -> dict:
   from jax.sharding import PartitionSpec as P  # noqa: PLC0415
 
   import fp4jax  # noqa: PLC0415
-  from fp4jax import dot  # noqa: PLC0415
+  from fp4jax._src import dot  # noqa: PLC0415
 
   mesh = jax.make_mesh((SHARDS,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
   captured = []

@@ -1,114 +1,312 @@
-"""FP4 element and scale formats: E2M1 codes, E4M3 and E8M0 scales, the NVFP4 and MXFP4 specs.
+"""Formats as objects: each format class owns its metadata and the behaviour that differs between formats.
 
-E2M1 (OCP MX v1.0, NVIDIA PTX ``e2m1``): 1 sign, 2 exponent, 1 mantissa bit, no Inf/NaN.
-Magnitudes by code 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6; codes 8..15 are the same magnitudes negated
-(the sign is bit 3; code 8 is -0).
+A format is an instance of a frozen dataclass (``NVFP4``, ``MXFP4``, ``E4M3``, ``E5M2``, ``E2M1_CHANNEL``); code
+outside this module asks the object (its attributes and methods, or ``isinstance`` on its class where an
+implementation must be picked), never its name. ``name`` is a class constant (or derived from the fields), so
+``dataclasses.replace`` cannot relabel a format. A variant is another instance, e.g.
+``dataclasses.replace(MXFP4, scale_mode="quest")`` or ``MXFP4Format(block_size=16)``.
 
-Every function here is exact integer/float arithmetic: nothing relies on ``astype`` to round, because
-XLA on GPU removes convert pairs under ``jit`` (f32 -> f4 -> f32 is not a rounding there).
+* ``FP4Format``: block-scaled E2M1 (``fp4jax.quantize``): one scale per ``block_size`` elements along the quantized
+  axis. ``NVFP4Format``: E4M3 block scales under an FP32 tensor scale (TE's order, ``fp4jax.scaling``);
+  ``MXFP4Format``: power-of-two E8M0 block scales (OCP MX v1.0), no tensor scale.
+* ``FP8Format``: OCP FP8 elements with one per-tensor current scale (``fp4jax.fp8``).
+* ``E2M1ChannelFormat``: E2M1 with one absmax scale per row along the contraction axis (Microsoft FP4).
+
+The element and scale encodings these are built from (E2M1 codes, E4M3/E8M0 bits, exact float32 helpers) live in
+``fp4jax.elements`` and are re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar, Literal
 
-import jax.lax as lax
+import jax
 import jax.numpy as jnp
-import numpy as np
+from jax import lax
 
-E2M1_MAX = 6.0
-E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
-E2M1_SIGN_BIT = 8
-E4M3_MAX = 448.0
-E4M3_NAN_BITS = 0x7F
-F32_INF_BITS = 0x7F800000  # float32 +Inf; every NaN's magnitude bits (sign cleared) are larger
-E8M0_NAN_BITS = 0xFF
-E8M0_BIAS = 127
-FLT_MAX = float(np.finfo(np.float32).max)
+from fp4jax._src import scaling
+from fp4jax._src.elements import (  # noqa: F401 (re-exported: the encodings' historical home)
+  E2M1_MAX,
+  E2M1_SIGN_BIT,
+  E2M1_VALUES,
+  E4M3_MAX,
+  E4M3_NAN_BITS,
+  E8M0_BIAS,
+  E8M0_NAN_BITS,
+  F32_INF_BITS,
+  FLT_MAX,
+  e2m1_decode,
+  e4m3_bits,
+  e4m3_bits_to_f32,
+  e4m3_step_exponent,
+  e8m0_bits_to_f32,
+  floor_log2,
+  pow2,
+)
+from fp4jax._src.ieee import mul_pow2_rn, mul_unflushed
 
-
-def e2m1_decode(codes: jnp.ndarray) -> jnp.ndarray:
-  """Value of 4-bit E2M1 codes (uint8 in 0..15) as float32, by building the float32 bit pattern (no table gather).
-
-  Code ``s ee m`` (``k = c & 7`` = ``ee m``): ``e > 0`` -> ``2^(e-1)·(1 + m/2)``, float32 bits
-  ``(k << 22) + (126 << 23)``; ``e == 0`` -> ``m/2``, bits ``m · bits(0.5)``; the sign is bit 3 -> bit 31.
-  """
-  c = codes.astype(jnp.int32)
-  k = c & 7
-  mag = jnp.where(k > 1, (k << 22) + (126 << 23), k * 0x3F000000)
-  return lax.bitcast_convert_type(mag | ((c & E2M1_SIGN_BIT) << 28), jnp.float32)
-
-
-def pow2(e: jnp.ndarray) -> jnp.ndarray:
-  """Exact float32 ``2^e`` for integer ``e`` in [-149, 127], built from the bit pattern."""
-  e = e.astype(jnp.int32)
-  normal_bits = (jnp.clip(e, -126, 127) + 127).astype(jnp.uint32) << 23
-  sub_bits = jnp.uint32(1) << jnp.clip(e + 149, 0, 22).astype(jnp.uint32)
-  bits = jnp.where(e >= -126, normal_bits, sub_bits)
-  return lax.bitcast_convert_type(bits, jnp.float32)
+ScaleMode = Literal["absmax", "four_over_six", "floor", "rceil", "quest", "quest_nearest", "floor_headroom"]
 
 
-def floor_log2(x: jnp.ndarray) -> jnp.ndarray:
-  """``floor(log2(x))`` for finite ``x > 0`` read from the float32 exponent field (exact, subnormals too).
+@dataclasses.dataclass(frozen=True, repr=False)
+class Format:
+  """Base class of the formats an operand is quantized to; ``name`` is for messages and files only (the repr
+  shows it first, e.g. ``NVFP4Format(name='nvfp4', block_size=16, scale_mode='absmax')``)."""
 
-  Returns int32; the value for ``x == 0`` is -150 (below every representable exponent).
-  """
-  x = x.astype(jnp.float32)
-  bits = lax.bitcast_convert_type(jnp.abs(x), jnp.uint32)
-  biased = (bits >> 23).astype(jnp.int32)
-  mant = (bits & 0x7FFFFF).astype(jnp.uint32)
-  # Subnormal: exponent of the leading mantissa bit, -149 + index of the highest set bit.
-  highest = 31 - _clz32(mant)
-  sub = -149 + highest
-  return jnp.where(biased > 0, biased - 127, jnp.where(mant > 0, sub, -150))
+  name: ClassVar[str]
+
+  def __repr__(self) -> str:
+    fields = "".join(f", {f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+    return f"{type(self).__name__}(name={self.name!r}{fields})"
 
 
-def _clz32(x: jnp.ndarray) -> jnp.ndarray:
-  return lax.clz(x.astype(jnp.uint32)).astype(jnp.int32)
-
-
-def e4m3_step_exponent(x: jnp.ndarray) -> jnp.ndarray:
-  """int32 ``e`` with ``2^e`` the spacing of the E4M3 grid at ``|x|``: ``max(floor(log2|x|), -6) - 3`` (-9 in E4M3's
-  subnormal range), from the float32 exponent field (below 2^-6 the field's value no longer matters)."""
-  biased = (lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32) >> 23) & 0xFF
-  return jnp.maximum(biased - 127, -6) - 3
-
-
-@dataclasses.dataclass(frozen=True)
-class FP4Format:
+@dataclasses.dataclass(frozen=True, repr=False)
+class FP4Format(Format):
   """A block-scaled 4-bit floating-point format: E2M1 elements, one scale per ``block_size`` elements.
 
   Attributes:
-    name: ``"nvfp4"`` or ``"mxfp4"``.
-    block_size: elements per scale along the quantized axis (16 for NVFP4, 32 for MXFP4).
-    scale_dtype: ``float8_e4m3fn`` (NVFP4) or ``float8_e8m0fnu`` (MXFP4).
-    tensor_scale: whether an FP32 per-tensor scale sits above the block scales (NVFP4).
-    scale_mode: how block scales are chosen, see ``fp4jax.scaling``. NVFP4: ``"absmax"`` (Transformer Engine's
-      reference quantizer) or ``"four_over_six"`` (Quartet II). MXFP4: ``"floor"`` (OCP MX v1.0),
-      ``"rceil"``, ``"quest"`` / ``"quest_nearest"`` (Quartet forward) or ``"floor_headroom"`` (Quartet backward, 3/4).
+    block_size: elements per scale along the quantized axis (16 for NVFP4, 32 for MXFP4): a positive even int.
+    scale_mode: how block scales are chosen, one of the class's ``scale_modes`` (see ``fp4jax.scaling``).
+
+  Class constants (what a subclass defines): ``name``; ``scale_dtype`` (the block scales' dtype); ``scale_modes``;
+  ``has_tensor_scale`` (an FP32 per-tensor scale above the block scales); ``gemm_dtype`` (the dtype in which
+  ``value · block scale`` is exact, which the GEMM kernels multiply); ``native_block_size`` (the block size of the
+  hardware's block-scaled MMA); ``tile_shapes`` (the 2D block shapes the format takes); ``takes_eden`` (whether
+  MS-EDEN's scale rule applies to the format with this ``scale_mode``).
   """
 
-  name: str
   block_size: int
-  scale_dtype: Any
-  tensor_scale: bool
-  scale_mode: str
+  scale_mode: ScaleMode
+
+  scale_dtype: ClassVar[Any]
+  scale_modes: ClassVar[tuple[str, ...]]
+  has_tensor_scale: ClassVar[bool]
+  gemm_dtype: ClassVar[Any]
+  native_block_size: ClassVar[int]
+  tile_shapes: ClassVar[tuple[tuple[int, int], ...]] = ()
 
   def __post_init__(self):
-    modes = _SCALE_MODES.get(self.name)
-    if modes is None:
-      raise ValueError(f"FP4Format.name must be one of {sorted(_SCALE_MODES)}, got {self.name!r}")
-    if self.scale_mode not in modes:
-      raise ValueError(f"FP4Format.scale_mode for {self.name} must be one of {modes}, got {self.scale_mode!r}")
+    cls = type(self).__name__
+    if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
+      raise TypeError(f"{cls}.block_size must be an int, got {self.block_size!r}")
     if self.block_size <= 0 or self.block_size % 2:
-      raise ValueError(f"FP4Format.block_size must be a positive even integer, got {self.block_size}")
+      raise ValueError(f"{cls}.block_size must be a positive even integer, got {self.block_size}")
+    if self.scale_mode not in self.scale_modes:
+      raise ValueError(f"{cls}.scale_mode must be one of {self.scale_modes}, got {self.scale_mode!r}")
+
+  @property
+  def takes_eden(self) -> bool:
+    return False
+
+  @property
+  def needs_block_std(self) -> bool:
+    """Whether the block scale rule reads each block's standard deviation (QuEST)."""
+    return False
+
+  def tensor_scales(self, amax: jax.Array, rounding: str) -> tuple[jax.Array, jax.Array] | None:
+    """``(s_enc, s_dec)``, the fp32 tensor encode / decode scales from the tensor ``amax``; None without one."""
+    del amax, rounding
+    return None
+
+  def tensor_decode_scale(self, tensor_scales) -> jax.Array:
+    """The fp32 decode scale applied after the block scales (``QTensor.global_scale``), from ``tensor_scales``."""
+    raise NotImplementedError
+
+  def scale_blocks(self, xb: jax.Array, amax_b: jax.Array, tensor_scales, rounding: str, sigma_b=None):
+    """The block scale rule on blocked fp32 ``xb``: ``(scaled, dec, exps, global_scale)`` with ``scaled`` the
+    elements ready to round to E2M1, ``dec`` the fp32 block decode scales (keep-dims), ``exps`` their int32
+    power-of-two exponents (None where scales are not powers of two) and ``global_scale`` the tensor decode scale.
+    ``amax_b``: per-block max|x| (keep-dims); ``sigma_b``: per-block standard deviation where ``needs_block_std``."""
+    raise NotImplementedError
+
+  def encode_scales(self, dec: jax.Array, exps: jax.Array | None) -> jax.Array:
+    """Block scales in ``scale_dtype`` from ``scale_blocks``' ``dec`` / ``exps`` (NaN -> the NaN pattern)."""
+    raise NotImplementedError
+
+  def decode_scales(self, scales: jax.Array) -> jax.Array:
+    """Block scales (``scale_dtype``) as exact fp32 values (NaN for the NaN pattern)."""
+    raise NotImplementedError
+
+  def scale_bits(self, dec: jax.Array, exps: jax.Array | None) -> jax.Array:
+    """``encode_scales`` as uint8 bit patterns by integer arithmetic (no float8 type: kernel-safe)."""
+    raise NotImplementedError
+
+  def decode_scale_bits(self, bits: jax.Array) -> jax.Array:
+    """``decode_scales`` of uint8 bit patterns by integer arithmetic (kernel-safe)."""
+    raise NotImplementedError
 
 
-_SCALE_MODES = {
-    "nvfp4": ("absmax", "four_over_six"),
-    "mxfp4": ("floor", "rceil", "quest", "quest_nearest", "floor_headroom"),
-}
+@dataclasses.dataclass(frozen=True, repr=False)
+class NVFP4Format(FP4Format):
+  """NVFP4 (NVIDIA; Transformer Engine's reference quantizer): E4M3 block scales under an FP32 tensor scale.
 
-NVFP4 = FP4Format(name="nvfp4", block_size=16, scale_dtype=jnp.float8_e4m3fn, tensor_scale=True, scale_mode="absmax")
-MXFP4 = FP4Format(name="mxfp4", block_size=32, scale_dtype=jnp.float8_e8m0fnu, tensor_scale=False, scale_mode="floor")
+  ``scale_mode``: ``"absmax"`` (TE) or ``"four_over_six"`` (Quartet II). Scale rules: ``fp4jax.scaling``; MS-EDEN
+  (``rounding="eden"``) uses its own rule (``scaling.nvfp4_rule``) and block target ``V_MAX_EDEN``.
+  """
+
+  block_size: int = 16
+  scale_mode: ScaleMode = "absmax"
+
+  name: ClassVar[str] = "nvfp4"
+  scale_dtype: ClassVar[Any] = jnp.float8_e4m3fn
+  scale_modes: ClassVar[tuple[str, ...]] = ("absmax", "four_over_six")
+  has_tensor_scale: ClassVar[bool] = True
+  gemm_dtype: ClassVar[Any] = jnp.float16  # E2M1 value x E4M3 scale: at most 6 significant bits, in f16's range
+  native_block_size: ClassVar[int] = 16
+  tile_shapes: ClassVar[tuple[tuple[int, int], ...]] = ((16, 16),)
+
+  @property
+  def takes_eden(self) -> bool:
+    return self.scale_mode == "absmax"
+
+  def scale_rule(self, rounding: str) -> str:
+    """The tensor/block scale rule: MS-EDEN's for ``rounding="eden"``, else ``scale_mode``."""
+    return scaling.nvfp4_rule(self.scale_mode, rounding)
+
+  def tensor_scales(self, amax: jax.Array, rounding: str) -> tuple[jax.Array, jax.Array]:
+    return scaling.nvfp4_tensor_scales(amax, self.scale_rule(rounding))
+
+  def tensor_decode_scale(self, tensor_scales) -> jax.Array:
+    return tensor_scales[1]
+
+  def block_scales(self, amax_b: jax.Array, tensor_scales, target: float) -> tuple[jax.Array, jax.Array]:
+    """``(dec_b, enc_b)`` mapping ``amax_b`` to ``target`` (``scaling.nvfp4_block_scales``)."""
+    return scaling.nvfp4_block_scales(amax_b, *tensor_scales, target)
+
+  def scale_blocks(self, xb, amax_b, tensor_scales, rounding, sigma_b=None):
+    del sigma_b
+    target = scaling.V_MAX_EDEN if self.scale_rule(rounding) == "eden" else E2M1_MAX
+    dec, enc = self.block_scales(amax_b, tensor_scales, target)
+    return mul_unflushed(xb, enc), dec, None, tensor_scales[1]
+
+  def encode_scales(self, dec, exps):
+    del exps
+    nan = lax.bitcast_convert_type(jnp.uint8(E4M3_NAN_BITS), jnp.float8_e4m3fn)
+    return jnp.where(jnp.isnan(dec), nan, dec.astype(jnp.float8_e4m3fn))  # dec lies on the E4M3 grid: exact
+
+  def decode_scales(self, scales):
+    return scales.astype(jnp.float32)
+
+  def scale_bits(self, dec, exps):
+    del exps
+    return e4m3_bits(dec)
+
+  def decode_scale_bits(self, bits):
+    return e4m3_bits_to_f32(bits)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class MXFP4Format(FP4Format):
+  """MXFP4 (OCP MX v1.0): power-of-two ``float8_e8m0fnu`` block scales 2^e, no tensor scale.
+
+  ``scale_mode``: ``"floor"`` (OCP), ``"rceil"``, ``"quest"`` / ``"quest_nearest"`` (Quartet forward) or
+  ``"floor_headroom"`` (Quartet backward: elements pre-scaled by 3/4, the 4/3 returned as the tensor decode scale);
+  the exponent rules are ``scaling.mx_exponents``.
+  """
+
+  block_size: int = 32
+  scale_mode: ScaleMode = "floor"
+
+  name: ClassVar[str] = "mxfp4"
+  scale_dtype: ClassVar[Any] = jnp.float8_e8m0fnu
+  scale_modes: ClassVar[tuple[str, ...]] = ("floor", "rceil", "quest", "quest_nearest", "floor_headroom")
+  has_tensor_scale: ClassVar[bool] = False
+  gemm_dtype: ClassVar[Any] = jnp.bfloat16  # E2M1 value x 2^e: E8M0's range needs bf16's exponent
+  native_block_size: ClassVar[int] = 32
+
+  @property
+  def needs_block_std(self) -> bool:
+    return self.scale_mode in ("quest", "quest_nearest")
+
+  def tensor_decode_scale(self, tensor_scales) -> jax.Array:
+    del tensor_scales
+    return jnp.float32(1.0 / scaling.mx_element_prescale(self.scale_mode))
+
+  def scale_blocks(self, xb, amax_b, tensor_scales, rounding, sigma_b=None):
+    del rounding
+    exps = scaling.mx_exponents(amax_b, self.scale_mode, sigma_b)
+    pre = scaling.mx_element_prescale(self.scale_mode)
+    # x · pre · 2^-e rounded once: pre = 1, or 3/4 = 3 · 2^-2
+    scaled = mul_pow2_rn(xb, -exps, 1) if pre == 1.0 else mul_pow2_rn(xb, jnp.int32(-2) - exps, 3)
+    return scaled, pow2(exps), exps, self.tensor_decode_scale(tensor_scales)
+
+  def encode_scales(self, dec, exps):
+    return lax.bitcast_convert_type(self.scale_bits(dec, exps), jnp.float8_e8m0fnu)
+
+  def decode_scales(self, scales):
+    b = lax.bitcast_convert_type(scales, jnp.uint8).astype(jnp.int32)
+    return jnp.where(b == E8M0_NAN_BITS, jnp.float32(jnp.nan), pow2(b - E8M0_BIAS))
+
+  def scale_bits(self, dec, exps):
+    return jnp.where(jnp.isnan(dec), E8M0_NAN_BITS, exps + E8M0_BIAS).astype(jnp.uint8)
+
+  def decode_scale_bits(self, bits):
+    return e8m0_bits_to_f32(bits)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class FP8Format(Format):
+  """An OCP FP8 element format with per-tensor current scaling (``fp4jax.fp8``): ``exponent_bits`` and
+  ``mantissa_bits`` (summing to 7), ``max`` its largest finite value; ``name`` is ``"fp8_e{E}m{M}"``.
+
+  Rounding (``round``): ``x`` clipped to ±max, then ``round_half_even(x · 2^-e) · 2^e`` with ``2^e`` the grid
+  spacing at ``|x|``, ``e = max(floor(log2|x|), emin) - mantissa_bits`` read from the float32 exponent field (both
+  scalings exact; NaN stays NaN).
+  """
+
+  exponent_bits: int
+  mantissa_bits: int
+  max: float
+
+  def __post_init__(self):
+    for field in ("exponent_bits", "mantissa_bits"):
+      v = getattr(self, field)
+      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"FP8Format.{field} must be a positive int, got {v!r}")
+    if self.exponent_bits + self.mantissa_bits != 7:
+      raise ValueError(f"FP8Format: exponent_bits + mantissa_bits must be 7, got {self.exponent_bits} + "
+                       f"{self.mantissa_bits}")
+    if not 0 < self.max < 2.0 ** (2 ** (self.exponent_bits - 1) + 1):
+      raise ValueError(f"FP8Format.max must be a positive finite value of the format, got {self.max!r}")
+
+  @property
+  def name(self) -> str:  # derived from the fields: a replace() cannot relabel it
+    return f"fp8_e{self.exponent_bits}m{self.mantissa_bits}"
+
+  @property
+  def emin(self) -> int:
+    """Exponent of the smallest normal value, ``2 - 2^(exponent_bits - 1)``."""
+    return 2 - 2 ** (self.exponent_bits - 1)
+
+  def round(self, x: jax.Array) -> jax.Array:
+    """Float32 ``x`` rounded to the grid, nearest-even, saturated to ±max (see the class docstring)."""
+    x = jnp.clip(x.astype(jnp.float32), -self.max, self.max)
+    biased = (lax.bitcast_convert_type(x, jnp.int32) >> 23) & 0xFF
+    e = jnp.maximum(biased - 127, self.emin) - self.mantissa_bits
+    return jnp.round(x * pow2(-e)) * pow2(e)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class E2M1ChannelFormat(Format):
+  """E2M1 with one absmax scale per row along the contraction axis (Microsoft FP4, ``fp4jax.operand``): per token
+  for activations, per output channel for weights; ``max`` is the largest E2M1 magnitude."""
+
+  name: ClassVar[str] = "e2m1_channel"
+  max: ClassVar[float] = E2M1_MAX
+
+
+NVFP4 = NVFP4Format()
+MXFP4 = MXFP4Format()
+E4M3 = FP8Format(exponent_bits=4, mantissa_bits=3, max=448.0)
+E5M2 = FP8Format(exponent_bits=5, mantissa_bits=2, max=57344.0)
+E2M1_CHANNEL = E2M1ChannelFormat()
+FORMATS: tuple[Format, ...] = (NVFP4, MXFP4, E4M3, E5M2, E2M1_CHANNEL)
+
+
+def get(name: str) -> Format:
+  """The format instance called ``name`` (for files and command lines); ValueError listing the names otherwise."""
+  for fmt in FORMATS:
+    if fmt.name == name:
+      return fmt
+  raise ValueError(f"unknown format {name!r}; expected one of {[f.name for f in FORMATS]}")

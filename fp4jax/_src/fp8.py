@@ -14,44 +14,18 @@ E5M2 max 57344, subnormal step 2^-16. Ties go to even.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
-from fp4jax._src.formats import floor_log2, pow2
+from fp4jax._src.formats import E4M3, E5M2, FP8Format, floor_log2, pow2
 from fp4jax._src.ieee import div_rn
-from fp4jax._src.rounding import rtn_e4m3
 
-
-@dataclasses.dataclass(frozen=True)
-class FP8Format:
-  """An OCP FP8 element format: ``name``, largest finite value, smallest normal exponent, mantissa bits."""
-
-  name: str
-  max: float
-  emin: int
-  mantissa_bits: int
-
-
-E4M3 = FP8Format("fp8_e4m3", 448.0, -6, 3)
-E5M2 = FP8Format("fp8_e5m2", 57344.0, -14, 2)
-FORMATS = {f.name: f for f in (E4M3, E5M2)}
+__all__ = ["E4M3", "E5M2", "FP8Format", "current_scale", "quantize_fp8", "rtn_e5m2"]
 
 
 def rtn_e5m2(x: jnp.ndarray) -> jnp.ndarray:
-  """Float32 ``x`` rounded to the E5M2 grid, nearest-even, saturated to ±57344. NaN stays NaN.
-
-  The grid quantum at ``|x|`` is ``2^(max(floor(log2|x|), -14) - 2)``; ``x / quantum`` is exact, so ``round`` (ties
-  to even) on it is the RNE rounding.
-  """
-  x = jnp.clip(x.astype(jnp.float32), -E5M2.max, E5M2.max)
-  q = pow2(jnp.maximum(floor_log2(x), E5M2.emin) - E5M2.mantissa_bits)
-  return jnp.clip(jnp.round(x / q) * q, -E5M2.max, E5M2.max)
-
-
-def _rtn(x: jnp.ndarray, fmt: FP8Format) -> jnp.ndarray:
-  return rtn_e4m3(x) if fmt is E4M3 else rtn_e5m2(x)
+  """Float32 ``x`` rounded to the E5M2 grid, nearest-even, saturated to ±57344 (``E5M2.round``). NaN stays NaN."""
+  return E5M2.round(x)
 
 
 def current_scale(x: jax.Array, fmt: FP8Format, *, pow2_scale: bool = False, amax=None) -> jnp.ndarray:
@@ -64,13 +38,18 @@ def current_scale(x: jax.Array, fmt: FP8Format, *, pow2_scale: bool = False, ama
   return jnp.where(jnp.isfinite(amax), s, jnp.float32(jnp.nan))
 
 
-def quantize_fp8(x: jax.Array, fmt: FP8Format | str, *, pow2_scale: bool = False,
+def quantize_fp8(x: jax.Array, fmt: FP8Format, *, pow2_scale: bool = False,
                  amax=None) -> tuple[jnp.ndarray, jnp.ndarray]:
   """``(v, inv_scale)``: float32 values ``v`` on the FP8 grid and the fp32 decode scale, ``x ≈ v · inv_scale``
-  (``amax``: see ``current_scale``)."""
-  fmt = FORMATS[fmt] if isinstance(fmt, str) else fmt
+  (``amax``: see ``current_scale``).
+
+  Raises:
+    TypeError: ``fmt`` not an ``FP8Format`` (``fp4jax.fp8.E4M3`` / ``E5M2``), or ``x`` not floating point.
+  """
+  if not isinstance(fmt, FP8Format):
+    raise TypeError(f"fmt must be an FP8Format such as fp4jax.fp8.E4M3 or fp4jax.fp8.E5M2, got {fmt!r}")
   if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
     raise TypeError(f"x must be a floating-point array, got dtype {jnp.asarray(x).dtype}")
   s = current_scale(x, fmt, pow2_scale=pow2_scale, amax=amax)
-  v = _rtn(x.astype(jnp.float32) * s, fmt)
+  v = fmt.round(x.astype(jnp.float32) * s)
   return v, div_rn(jnp.float32(1.0), s)

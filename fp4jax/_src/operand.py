@@ -40,10 +40,10 @@ import jax.numpy as jnp
 from fp4jax._src import bits as bits_lib
 from fp4jax._src import backends, estimators, fp8, hadamard as hadamard_lib
 from fp4jax._src.backends import Backend
-from fp4jax._src.formats import E2M1_MAX, FP4Format, e2m1_decode, floor_log2, pow2
+from fp4jax._src.formats import E2M1_MAX, E2M1ChannelFormat, FP4Format, FP8Format, e2m1_decode, floor_log2, pow2
 from fp4jax._src.ieee import div_rn
 from fp4jax._src.quantize import BlockLayout, check_quantize_args, decode_blocks, quantize_blocks, split_quantize_key
-from fp4jax._src.recipes import E2M1_CHANNEL, OperandSpec
+from fp4jax._src.recipes import OperandSpec
 from fp4jax._src.rounding import rtn_bf16, rtn_e2m1
 
 QUANTIZE_OP = "quantize_operand"
@@ -139,7 +139,7 @@ def _block_fp4(x: jax.Array, spec: OperandSpec, key, shard=None) -> tuple[Operan
   amax = None
   if spec.amax == "row":
     amax = row_amax(x, shard)[..., None]  # (..., rows, 1, 1): broadcasts over the row's blocks
-  elif shard and spec.fmt.name == "nvfp4":
+  elif shard and spec.fmt.has_tensor_scale:
     amax = shard.global_amax(x)
   codes, dec, global_scale, _ = quantize_blocks(xb, lay, spec.fmt, spec.rounding, bits, scale_bits, amax)
   values = lay.from_blocks(decode_blocks(codes, dec, jnp.float32(1.0))).astype(jnp.bfloat16)
@@ -247,12 +247,14 @@ def _quantize(x, spec: OperandSpec, key, shard=None) -> tuple[Operand, jax.Array
     op = Operand(x, jnp.float32(1.0))
   elif isinstance(spec.fmt, FP4Format):
     op, mask = _block_fp4(x, spec, key, shard)
-  elif spec.fmt == E2M1_CHANNEL:
+  elif isinstance(spec.fmt, E2M1ChannelFormat):
     op = _e2m1_channel(x, spec.scale_pow2, shard)
-  else:
+  elif isinstance(spec.fmt, FP8Format):
     amax = row_amax(x, shard) if spec.amax == "row" else shard.global_amax(x) if shard else None
     v, inv = fp8.quantize_fp8(x, spec.fmt, pow2_scale=spec.scale_pow2, amax=amax)
     op = Operand(v.astype(jnp.bfloat16), inv)  # FP8 grid values: exact in bf16
+  else:
+    raise TypeError(f"fp4jax.operand: no quantizer for the format {spec.fmt!r}")
   if residual is not None:
     op = Operand(op.dequantize() + residual.astype(jnp.float32), jnp.float32(1.0))
   return op, mask

@@ -40,19 +40,9 @@ import numpy as np
 from jax import lax
 
 from fp4jax._src import bits as bits_lib
-from fp4jax._src import eden, scaling
+from fp4jax._src import eden
 from fp4jax._src import hadamard as hadamard_lib
-from fp4jax._src.formats import (
-  E2M1_MAX,
-  E4M3_NAN_BITS,
-  E8M0_BIAS,
-  E8M0_NAN_BITS,
-  F32_INF_BITS,
-  FP4Format,
-  e2m1_decode,
-  floor_log2,
-  pow2,
-)
+from fp4jax._src.formats import F32_INF_BITS, FP4Format, e2m1_decode, floor_log2
 from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_short_rn, mul_unflushed
 from fp4jax._src.reductions import pairwise_sum
 from fp4jax._src.rounding import rtn_e2m1, sr_e2m1
@@ -198,7 +188,7 @@ class QTensor:
 
   def scale_values(self) -> jnp.ndarray:
     """Block scales as exact fp32 values (E8M0 decoded from its bits; NaN for the NaN pattern)."""
-    return _scale_values(self.scales, self.fmt)
+    return self.fmt.decode_scales(self.scales)
 
   def dequantize(self, dtype: Any = None, *, rotated: bool = False) -> jnp.ndarray:
     """Dequantized tensor, ``value(q) · scale_b · global_scale``; inverse Hadamard unless ``rotated=True``."""
@@ -207,21 +197,6 @@ class QTensor:
     dec = lay.scales_to_blocks(self.scale_values())
     y = lay.from_blocks(decode_blocks(codes, dec, self.global_scale))
     return _finish(y, self.hadamard, self.signs, self.axis, rotated, dtype or self.dtype)
-
-
-def _scale_values(scales: jnp.ndarray, fmt: FP4Format) -> jnp.ndarray:
-  if fmt.name == "mxfp4":
-    b = jax.lax.bitcast_convert_type(scales, jnp.uint8).astype(jnp.int32)
-    return jnp.where(b == E8M0_NAN_BITS, jnp.float32(jnp.nan), pow2(b - E8M0_BIAS))
-  return scales.astype(jnp.float32)
-
-
-def _encode_scales(dec: jnp.ndarray, fmt: FP4Format, exps: jnp.ndarray | None) -> jnp.ndarray:
-  if fmt.name == "mxfp4":
-    b = jnp.where(jnp.isnan(dec), E8M0_NAN_BITS, exps + E8M0_BIAS).astype(jnp.uint8)
-    return jax.lax.bitcast_convert_type(b, jnp.float8_e8m0fnu)
-  nan = jax.lax.bitcast_convert_type(jnp.uint8(E4M3_NAN_BITS), jnp.float8_e4m3fn)
-  return jnp.where(jnp.isnan(dec), nan, dec.astype(jnp.float8_e4m3fn))  # dec lies on the E4M3 grid: exact
 
 
 def decode_blocks(codes: jnp.ndarray, dec: jnp.ndarray, global_scale: jnp.ndarray) -> jnp.ndarray:
@@ -256,7 +231,8 @@ def _finish(y, hadamard: int, signs, axis: int, rotated: bool, dtype) -> jnp.nda
 def check_quantize_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_signs):
   """Validate ``quantize``'s arguments; returns (normalized axis, block shape, Hadamard size or 0)."""
   if not isinstance(fmt, FP4Format):
-    raise TypeError(f"fmt must be an FP4Format such as fp4jax.NVFP4 or fp4jax.MXFP4, got {fmt!r}")
+    raise TypeError(f"fmt must be an FP4Format such as fp4jax.NVFP4 or fp4jax.MXFP4 (a format object, not a name), "
+                    f"got {fmt!r}")
   if not jnp.issubdtype(x.dtype, jnp.floating):
     raise TypeError(f"x must be a floating-point array, got dtype {x.dtype}")
   if x.ndim == 0:
@@ -285,8 +261,8 @@ def check_quantize_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_
       if block[0] != fmt.block_size:
         raise ValueError(f"block_shape {block_shape} must match the format's block size {fmt.block_size}")
     elif len(block) == 2:
-      if fmt.name != "nvfp4" or block != (16, 16):
-        raise ValueError(f"block_shape {block_shape}: 2D blocks are (16, 16) with NVFP4 only")
+      if block not in fmt.tile_shapes:
+        raise ValueError(f"block_shape {block_shape}: {fmt!r} takes the 2D blocks {fmt.tile_shapes} (NVFP4: (16, 16))")
       if x.ndim < 2:
         raise ValueError(f"block_shape (16, 16) tiles a matrix: x must have ndim >= 2, got shape {x.shape}")
       if axis < x.ndim - 2:
@@ -294,7 +270,7 @@ def check_quantize_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_
     else:
       raise ValueError(f"block_shape must be (block,) or (16, 16), got {block_shape}")
   if rounding == "eden":
-    if fmt.name != "nvfp4" or fmt.scale_mode != "absmax" or len(block) != 1:
+    if not fmt.takes_eden or len(block) != 1:
       raise ValueError("rounding='eden' is MS-EDEN for NVFP4 1x16 blocks: use fp4jax.NVFP4 and no block_shape")
   if fmt.scale_mode == "four_over_six" and rounding != "rtn":
     raise ValueError(f"scale_mode 'four_over_six' chooses scales by RTN error; rounding must be 'rtn', got {rounding!r}")
@@ -329,8 +305,8 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
   ``amax`` is the tensor's max|x| (NaN if any element is non-finite); None computes it from ``xb``. A keep-dims
   ``amax`` per row (shape ``xb.shape[:-2] + (1, 1)``, 1D blocks) gives each row its own NVFP4 tensor scale, which is
   then returned per row too: each row quantized as if alone (``OperandSpec.amax="row"``).
-  ``tensor_scales``: NVFP4's ``(s_enc, s_dec)`` of that amax (``scaling.nvfp4_tensor_scales`` with the rule of
-  ``fmt`` and ``rounding``), when the caller computed them once for many calls (the kernels' tiles).
+  ``tensor_scales``: NVFP4's ``(s_enc, s_dec)`` of that amax (``fmt.tensor_scales(amax, rounding)``), when the
+  caller computed them once for many calls (the kernels' tiles).
   The block max is an integer max of the magnitude bits (XLA's CPU float max may drop NaN; NaN's bits exceed +Inf's
   on every backend), and a block is non-finite iff that max reaches +Inf's bits.
   """
@@ -342,31 +318,19 @@ def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, s
     amax = lax.bitcast_convert_type(jnp.max(amax_bits), jnp.float32)  # an integer max: no subnormal flushed
     amax = jnp.where(jnp.any(nonfinite), jnp.float32(jnp.nan), amax)
   round_codes = (lambda v: sr_e2m1(v, bits)) if rounding == "sr" else rtn_e2m1
-  exps = None
-  if fmt.name == "nvfp4":
-    rule = scaling.nvfp4_rule(fmt.scale_mode, rounding)
-    s_enc, s_dec = scaling.nvfp4_tensor_scales(amax, rule) if tensor_scales is None else tensor_scales
-    target = scaling.V_MAX_EDEN if rule == "eden" else E2M1_MAX
-    dec, enc = scaling.nvfp4_block_scales(amax_b, s_enc, s_dec, target)
-    scaled = mul_unflushed(xb, enc)
-    codes = round_codes(scaled)  # the roundings saturate at ±6
-    if rule == "four_over_six":
-      dec4, enc4 = scaling.nvfp4_block_scales(amax_b, s_enc, s_dec, 4.0)
-      codes4 = rtn_e2m1(mul_unflushed(xb, enc4))
-      err = lambda c, d: four_over_six_error(xb, decode_blocks(c, d, s_dec), amax_b, axes)
-      use4 = err(codes4, dec4) < err(codes, dec)
-      codes, dec = jnp.where(use4, codes4, codes), jnp.where(use4, dec4, dec)
-    elif rule == "eden":
-      dec = eden.corrected_scale(dec, eden.correction(scaled, codes, axes), scale_bits)
-    global_scale = s_dec
-  else:
-    sigma = _block_std(xb, lay) if fmt.scale_mode.startswith("quest") else None
-    exps = scaling.mx_exponents(amax_b, fmt.scale_mode, sigma)
-    pre = scaling.mx_element_prescale(fmt.scale_mode)
-    dec = pow2(exps)
-    # x · pre · 2^-e rounded once: pre = 1, or 3/4 = 3 · 2^-2
-    codes = round_codes(mul_pow2_rn(xb, -exps, 1) if pre == 1.0 else mul_pow2_rn(xb, jnp.int32(-2) - exps, 3))
-    global_scale = jnp.float32(1.0 / pre)
+  if tensor_scales is None:
+    tensor_scales = fmt.tensor_scales(amax, rounding)
+  sigma = _block_std(xb, lay) if fmt.needs_block_std else None
+  scaled, dec, exps, global_scale = fmt.scale_blocks(xb, amax_b, tensor_scales, rounding, sigma)
+  codes = round_codes(scaled)  # the roundings saturate at ±6
+  if fmt.scale_mode == "four_over_six":  # NVFP4 (Quartet II): the lower-error of block targets 6 and 4, by RTN
+    dec4, enc4 = fmt.block_scales(amax_b, tensor_scales, 4.0)
+    codes4 = rtn_e2m1(mul_unflushed(xb, enc4))
+    err = lambda c, d: four_over_six_error(xb, decode_blocks(c, d, global_scale), amax_b, axes)
+    use4 = err(codes4, dec4) < err(codes, dec)
+    codes, dec = jnp.where(use4, codes4, codes), jnp.where(use4, dec4, dec)
+  elif rounding == "eden":
+    dec = eden.corrected_scale(dec, eden.correction(scaled, codes, axes), scale_bits)
   dec = jnp.where(nonfinite, jnp.float32(jnp.nan), dec)
   return codes, dec, global_scale, exps
 
@@ -451,7 +415,7 @@ def _quantize_jit(x, *, fmt, axis, rounding, key, block_shape, hadamard, hadamar
   lay, codes, dec, global_scale, exps, signs, hadamard = _run(
       x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs
   )
-  scales = _encode_scales(lay.scales_from_blocks(dec), fmt, None if exps is None else lay.scales_from_blocks(exps))
+  scales = fmt.encode_scales(lay.scales_from_blocks(dec), None if exps is None else lay.scales_from_blocks(exps))
   return QTensor(
       codes=_pack(codes, lay),
       scales=scales,

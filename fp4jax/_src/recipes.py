@@ -19,10 +19,18 @@ import math
 from typing import Callable, Literal, get_args
 
 from fp4jax._src import hadamard as hadamard_lib
-from fp4jax._src.formats import MXFP4, NVFP4, FP4Format
+from fp4jax._src.formats import (
+  E2M1_CHANNEL,
+  E4M3,
+  E5M2,
+  MXFP4,
+  NVFP4,
+  E2M1ChannelFormat,
+  Format,
+  FP4Format,
+)
 
-FP8_FORMATS = ("fp8_e4m3", "fp8_e5m2")
-E2M1_CHANNEL = "e2m1_channel"
+FP8_FORMATS = (E4M3, E5M2)
 SIGNS = ("none", "te", "fixed", "random")
 ESTIMATORS = ("ste", "trust_mask", "dge")
 CLIPS = ("none", "occ")
@@ -36,23 +44,23 @@ class OperandSpec:
   """How one GEMM operand is quantized (always along that GEMM's contraction axis).
 
   Attributes:
-    fmt: ``None`` (not quantized: used at its input precision), an ``FP4Format`` (block-scaled NVFP4/MXFP4 via
-      ``fp4jax.quantize``), ``"fp8_e4m3"`` / ``"fp8_e5m2"`` (per-tensor current scaling, ``fp4jax.fp8``) or
-      ``"e2m1_channel"`` (E2M1 with one absmax scale per row along the contraction axis: per token for
-      activations, per output channel for weights; Microsoft FP4).
+    fmt: ``None`` (not quantized: used at its input precision) or a format object (``fp4jax.formats``): an
+      ``FP4Format`` (block-scaled ``NVFP4`` / ``MXFP4`` via ``fp4jax.quantize``), ``E4M3`` / ``E5M2`` (FP8 with
+      per-tensor current scaling, ``fp4jax.fp8``) or ``E2M1_CHANNEL`` (E2M1 with one absmax scale per row along the
+      contraction axis: per token for activations, per output channel for weights; Microsoft FP4).
     block_shape: ``None`` (1D blocks of the format) or ``(16, 16)`` (NVFP4 2D tiles).
-    rounding: ``"rtn"``, ``"sr"`` or ``"eden"`` (MS-EDEN); FP8 and ``e2m1_channel`` support ``"rtn"`` only.
+    rounding: ``"rtn"``, ``"sr"`` or ``"eden"`` (MS-EDEN); FP8 and ``E2M1_CHANNEL`` support ``"rtn"`` only.
     hadamard: blockwise Hadamard size along the contraction axis (0: none). Both operands of a GEMM must have the
       same size and sign mode: they are rotated with the same signs, so the rotation cancels in the product.
     signs: Hadamard signs: ``"none"``, ``"te"`` (Transformer Engine's fixed 16), ``"fixed"`` (one constant random
       vector for the whole run) or ``"random"`` (fresh per call, from the call's key).
-    scale_pow2: power-of-two scales for FP8 / ``e2m1_channel``.
+    scale_pow2: power-of-two scales for FP8 / ``E2M1_CHANNEL``.
     clip: ``"occ"``: clamp to the [1 - q, q] quantiles before quantizing and add the clamped-off residual back at
       high precision (Microsoft FP4's outlier clamping and compensation); forward operands only.
     clip_quantile: q for ``"occ"``.
     estimator: backward rule of a forward operand: ``"ste"`` (straight-through), ``"trust_mask"`` (Quartet/QuEST:
       gradient only where the scaled value was not clipped) or ``"dge"`` (Microsoft FP4's differentiable gradient
-      estimator, weights quantized with ``"e2m1_channel"``).
+      estimator, weights quantized with ``E2M1_CHANNEL``).
     dge_k, dge_cap: DGE's sharpness k and the cap on its derivative.
     source: for the backward operands W and X: ``"input"`` (quantize the layer input) or ``"forward"`` (re-quantize
       the forward-quantized tensor; with ``fmt=None`` and no Hadamard it is reused unchanged).
@@ -60,12 +68,12 @@ class OperandSpec:
       NVFP4's FP32 tensor scale and FP8's current scale from max|x| over the whole operand) or ``"row"`` (one FP32
       tensor scale per row along the contraction axis, from that row's max|x|: per token for X, so each token's
       quantization depends on that token only; the row is quantized exactly as the 1-row tensor would be).
-      MXFP4 and ``e2m1_channel`` take no tensor-wide statistic (block and per-row scales; OCC's quantiles are per
+      MXFP4 and ``E2M1_CHANNEL`` take no tensor-wide statistic (block and per-row scales; OCC's quantiles are per
       row too), so both values give the same bits there. ``"row"`` needs a quantized ``fmt`` and 1D blocks (a
       16x16 tile spans 16 rows).
   """
 
-  fmt: FP4Format | str | None = None
+  fmt: Format | None = None
   block_shape: tuple[int, int] | None = None
   rounding: str = "rtn"
   hadamard: int = 0
@@ -81,8 +89,9 @@ class OperandSpec:
 
   def __post_init__(self):
     fmt = self.fmt
-    if not (fmt is None or isinstance(fmt, FP4Format) or fmt in FP8_FORMATS + (E2M1_CHANNEL,)):
-      raise ValueError(f"OperandSpec.fmt must be None, an FP4Format, {FP8_FORMATS} or {E2M1_CHANNEL!r}, got {fmt!r}")
+    if not (fmt is None or isinstance(fmt, Format)):
+      raise TypeError(f"OperandSpec.fmt must be None or a format object: fp4jax.formats.NVFP4, MXFP4, E4M3, E5M2, "
+                      f"E2M1_CHANNEL (or a variant of one); got {fmt!r} of type {type(fmt).__name__}")
     if self.rounding not in ("rtn", "sr", "eden"):
       raise ValueError(f"OperandSpec.rounding must be 'rtn', 'sr' or 'eden', got {self.rounding!r}")
     if self.rounding != "rtn" and not isinstance(fmt, FP4Format):
@@ -103,8 +112,8 @@ class OperandSpec:
       raise ValueError(f"OperandSpec.estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
     if self.estimator == "trust_mask" and not isinstance(fmt, FP4Format):
       raise ValueError(f"estimator 'trust_mask' needs an FP4Format fmt (its block scales), got {fmt!r}")
-    if self.estimator == "dge" and fmt != E2M1_CHANNEL:
-      raise ValueError(f"estimator 'dge' is defined on {E2M1_CHANNEL!r} weights, got fmt={fmt!r}")
+    if self.estimator == "dge" and not isinstance(fmt, E2M1ChannelFormat):
+      raise ValueError(f"estimator 'dge' is defined on E2M1_CHANNEL weights, got fmt={fmt!r}")
     if self.source not in SOURCES:
       raise ValueError(f"OperandSpec.source must be one of {SOURCES}, got {self.source!r}")
     if self.amax not in get_args(AmaxScope):
@@ -244,7 +253,7 @@ def fp8() -> Recipe:
   E4M3 tensor reused (a per-tensor scale does not depend on the axis). wgrad: dYᵀ in E5M2, Xᵀ the forward E4M3
   tensor. Straight-through everywhere.
   """
-  e4m3, e5m2 = OperandSpec(fmt="fp8_e4m3"), OperandSpec(fmt="fp8_e5m2")
+  e4m3, e5m2 = OperandSpec(fmt=E4M3), OperandSpec(fmt=E5M2)
   return Recipe("fp8", e4m3, e4m3, e5m2, REUSE_FORWARD, e5m2, REUSE_FORWARD)
 
 
@@ -321,8 +330,8 @@ def ms_fp4(*, pow2_scale: bool = False, fp4_gradients: bool = False, clip_quanti
   """
   x = OperandSpec(fmt=E2M1_CHANNEL, scale_pow2=pow2_scale, clip="occ", clip_quantile=clip_quantile)
   w = OperandSpec(fmt=E2M1_CHANNEL, scale_pow2=pow2_scale, estimator="dge")
-  grad = OperandSpec(fmt=E2M1_CHANNEL, scale_pow2=pow2_scale) if fp4_gradients else OperandSpec(fmt="fp8_e5m2")
-  from_fwd = OperandSpec(fmt="fp8_e4m3", source="forward")
+  grad = OperandSpec(fmt=E2M1_CHANNEL, scale_pow2=pow2_scale) if fp4_gradients else OperandSpec(fmt=E5M2)
+  from_fwd = OperandSpec(fmt=E4M3, source="forward")
   return Recipe("ms_fp4", x, w, grad, from_fwd, grad, from_fwd)
 
 
@@ -374,7 +383,7 @@ def causal(recipe: str | Recipe) -> Recipe:
   scale (FP8: the current scale) of all tokens of the batch: in a causal LM, tokens after position p then change
   the logits at positions <= p, and one batch row changes the others. Nothing else in a recipe's forward mixes
   tokens: W holds no tokens, block scales, Hadamard chunks and MS-EDEN corrections lie along the features, random
-  bits hash element indices, and Microsoft FP4's OCC quantiles and ``e2m1_channel`` scales are per token already
+  bits hash element indices, and Microsoft FP4's OCC quantiles and ``E2M1_CHANNEL`` scales are per token already
   (there "row" changes no bits). The backward GEMMs are left as they are (they compute gradients, not outputs).
   A ``dot_general`` whose rhs holds tokens (e.g. attention's K or V quantized by an einsum layer) is not made
   causal by this: keep such products in high precision (as the experiments' model does; ``fp4jax.flax``'s rules

@@ -21,7 +21,7 @@ import jax.lax as lax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4jax._src.formats import E2M1_SIGN_BIT, E4M3_MAX, e4m3_step_exponent, pow2
+from fp4jax._src.elements import E2M1_SIGN_BIT, E4M3_MAX, e4m3_step_exponent, pow2
 
 # int32 constants, explicitly typed: under jax_enable_x64 a Python int next to another becomes int64 (jnp.where),
 # and int32-int64 bit operations crash XLA's CPU compiler.

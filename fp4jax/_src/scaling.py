@@ -37,7 +37,7 @@ import jax.lax as lax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4jax._src.formats import E2M1_MAX, E4M3_MAX, FLT_MAX, floor_log2
+from fp4jax._src.elements import E2M1_MAX, E4M3_MAX, FLT_MAX, floor_log2
 from fp4jax._src.ieee import div_rn, mul_short_rn, mul_unflushed, significand
 from fp4jax._src.rounding import rtn_e4m3
 

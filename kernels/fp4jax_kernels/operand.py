@@ -45,7 +45,7 @@ def refusal(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bo
   if spec.amax != "tensor":
     return f"amax={spec.amax!r} (the kernel takes one tensor scale per operand; per-row tensor scales run in XLA)"
   if not isinstance(spec.fmt, FP4Format):
-    return f"fmt={spec.fmt!r} (the kernel writes block-scaled FP4 only)"
+    return f"fmt={spec.fmt.name} (the kernel writes block-scaled FP4 only)"
   if jnp.dtype(dtype) not in KERNEL_DTYPES:
     return f"input dtype {jnp.dtype(dtype)} (the kernel reads float32 or bfloat16)"
   n, block = shape[-1], spec.fmt.block_size

@@ -145,8 +145,8 @@ def test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand(monkeypatc
   assert on_kernel((4, 8, 64), spec)
   assert not on_kernel((4, 8, 40), spec)  # not whole blocks
   assert not on_kernel((4, 8, 64), spec, jnp.float16)
-  assert not on_kernel((8, 64), OperandSpec(fmt="fp8_e4m3"))
-  assert not on_kernel((8, 64), OperandSpec(fmt="e2m1_channel"))
+  assert not on_kernel((8, 64), OperandSpec(fmt=fp4jax.formats.E4M3))
+  assert not on_kernel((8, 64), OperandSpec(fmt=fp4jax.formats.E2M1_CHANNEL))
   eden = OperandSpec(fmt=fp4jax.NVFP4, rounding="eden", hadamard=128, signs="random")
   assert on_kernel((8, 256), eden, fused=True)
   assert not on_kernel((8, 256), eden, fused=False)  # MS-EDEN needs the kernel's own rotation

@@ -33,15 +33,15 @@ def test_in_kernel_decoders_give_every_e2m1_value_and_exact_scaled_products():
     assert np.array_equal(np.signbit(got), np.arange(16) >= 8)  # code 8 is -0.0
   # NVFP4 operands are float16 value·scale: exact for every code and every finite E4M3 scale (0x7F is NaN)
   bits = jnp.arange(127, dtype=jnp.uint8)
-  scales = np.asarray(pallas_triton.scale_to_f32(bits, "nvfp4"), np.float64)
+  scales = np.asarray(fp4jax.NVFP4.decode_scale_bits(bits), np.float64)
   np.testing.assert_array_equal(scales, np.asarray(jax.lax.bitcast_convert_type(bits, jnp.float8_e4m3fn), np.float64))
   even, odd = pallas_triton.dequant_halves(jnp.tile(codes[None, :8] | (codes[None, 8:] << 4), (127, 1)),
-                                           bits[:, None], 16, "nvfp4")
+                                           bits[:, None], 16, fp4jax.NVFP4)
   assert even.dtype == jnp.float16
   np.testing.assert_array_equal(np.asarray(even, np.float64), E2M1_VALUES[None, :] * scales[:, None])
   np.testing.assert_array_equal(np.asarray(odd, np.float64), -E2M1_VALUES[None, :] * scales[:, None])
   assert np.isnan(np.asarray(pallas_triton.dequant_halves(codes[None, :8], jnp.full((1, 1), 0x7F, jnp.uint8), 16,
-                                                          "nvfp4")[0], np.float32)).all()
+                                                          fp4jax.NVFP4)[0], np.float32)).all()
 
 
 def test_word_decoder_gives_every_element_times_every_scale_exactly():

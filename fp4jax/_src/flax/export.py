@@ -27,9 +27,10 @@ import numpy as np
 from flax import nnx as flax_nnx
 from flax import traverse_util
 
+from fp4jax._src import formats
 from fp4jax._src.flax import linen, nnx, ops
 from fp4jax._src.flax import rules as rules_lib
-from fp4jax._src.formats import MXFP4, NVFP4, FP4Format
+from fp4jax._src.formats import FP4Format
 from fp4jax._src.quantize import QTensor, packed_nbytes, quantize
 
 ALL_KERNELS = r"(?:.*/)?kernel"  # select= of every kernel leaf
@@ -186,7 +187,9 @@ def _fmt_json(fmt: FP4Format) -> dict:
 
 
 def _fmt_from_json(d: dict) -> FP4Format:
-  base = NVFP4 if d["name"] == "nvfp4" else MXFP4
+  base = formats.get(d["name"])
+  if not isinstance(base, FP4Format):
+    raise ValueError(f"format {d['name']!r} in the export metadata is not a block-scaled FP4 format")
   return dataclasses.replace(base, block_size=d["block_size"], scale_mode=d["scale_mode"])
 
 

@@ -24,19 +24,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from fp4jax._src import scaling
-from fp4jax._src.formats import FP4Format
+from fp4jax._src.formats import FP4Format, NVFP4Format
 from fp4jax._src.quantize import BlockLayout, QTensor, decode_blocks, quantize_blocks
 from fp4jax_kernels.gemm.pallas_triton import dequant_halves
 from fp4jax_kernels.quantize import pallas_triton as quantize_kernel
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 from fp4jax_kernels.triton_compat import kernel_safe
-
-
-def operand_dtype(fmt_name: str):
-  """The dtype ``pallas_triton.dequant_halves`` decodes ``fmt_name`` operands to: float16 for NVFP4, bfloat16 for
-  MXFP4 (both exact)."""
-  return jnp.float16 if fmt_name == "nvfp4" else jnp.bfloat16
 
 
 def _kernel(*refs, fmt: FP4Format, hadamard: int, has_signs: bool, k: int, bk: int, bf16_input: bool,
@@ -57,10 +50,10 @@ def _kernel(*refs, fmt: FP4Format, hadamard: int, has_signs: bool, k: int, bk: i
     if hadamard:
       x = quantize_kernel.rotate_rows(x, hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
     codes, dec, _, _ = quantize(x.reshape(lay.blocked), amax_ref[0])
-    xv = decode(codes, dec, jnp.float32(1.0)).reshape(bm, bk).astype(operand_dtype(fmt.name))  # exact
+    xv = decode(codes, dec, jnp.float32(1.0)).reshape(bm, bk).astype(fmt.gemm_dtype)  # exact
     x_even, x_odd = (h.reshape(bm, bk // 2) for h in jnp.split(xv.reshape(bm, bk // 2, 2), 2, axis=-1))
     w_even, w_odd = dequant_halves(wc_ref[:, pl.ds(t * (bk // 2), bk // 2)],
-                                   ws_ref[:, pl.ds(t * (bk // block), bk // block)], block, fmt.name)
+                                   ws_ref[:, pl.ds(t * (bk // block), bk // block)], block, fmt)
     acc = acc + lax.dot_general(x_even, w_even, dims, preferred_element_type=jnp.float32)
     return acc + lax.dot_general(x_odd, w_odd, dims, preferred_element_type=jnp.float32)
 
@@ -73,7 +66,7 @@ def _check(x: jax.Array, w: QTensor, fmt: FP4Format, hadamard: int, tile):
     raise ValueError(f"x must be a 2D float32 or bfloat16 array, got {x.dtype}{list(x.shape)}")
   if not isinstance(w, QTensor) or len(w.shape) != 2 or w.axis != 1 or len(w.block_shape) != 1:
     raise ValueError("w must be a 2D QTensor quantized along its last axis (K) with 1D blocks")
-  if fmt.name != "nvfp4" or w.fmt != fmt:
+  if not isinstance(fmt, NVFP4Format) or w.fmt != fmt:
     raise ValueError(f"fmt must be an NVFP4 format equal to w's, got fmt={fmt} and w.fmt={w.fmt}")
   if w.shape[1] != x.shape[1] or (w.hadamard or 0) != hadamard:
     raise ValueError(f"x and w must share K and the Hadamard size: K {x.shape[1]}/{w.shape[1]}, hadamard "
@@ -109,7 +102,7 @@ def matmul(x: jax.Array, w: QTensor, *, fmt: FP4Format, hadamard: int = 0, signs
   if signs is not None:
     args.append(jnp.asarray(signs, jnp.float32))
     in_specs.append(pl.BlockSpec((hadamard,), lambda i, j: (0,)))
-  alpha = scaling.nvfp4_tensor_scales(amax, fmt.scale_mode)[1] * w.global_scale.astype(jnp.float32)
+  alpha = fmt.tensor_scales(amax, "rtn")[1] * w.global_scale.astype(jnp.float32)
   args += [w.codes, lax.bitcast_convert_type(w.scales, jnp.uint8), alpha.reshape(1)]
   in_specs += [pl.BlockSpec((bn, k // 2), lambda i, j: (j, 0)), pl.BlockSpec((bn, k // block), lambda i, j: (j, 0)),
                pl.BlockSpec((1,), lambda i, j: (0,))]

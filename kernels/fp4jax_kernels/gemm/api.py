@@ -23,7 +23,6 @@ from fp4jax._src.quantize import QTensor
 from fp4jax_kernels.gemm import gemv, pallas_triton
 from fp4jax_kernels.native import matmul as native
 
-KERNEL_BLOCKS = (("nvfp4", 16), ("mxfp4", 32))  # (format, block size) the GEMMs decode (and the hardware reads)
 
 
 def k_major(q: QTensor) -> QTensor:
@@ -40,16 +39,16 @@ def k_major(q: QTensor) -> QTensor:
 
 def operands(x, w: QTensor, auto: bool) -> tuple[QTensor, QTensor]:
   """(A (M, K), B (N, K)), both ``k_major``, for ``dq(A)·dq(B)ᵀ = dq(x)·dq(w)``; ``Unsupported`` for an array ``x``,
-  operands of two formats, a block size other than the format's own (``KERNEL_BLOCKS``), or (under ``auto``) K not
+  operands of two formats, a block size other than the format's ``native_block_size``, or (under ``auto``) K not
   a whole number of blocks."""
   if not isinstance(x, QTensor):
     raise backends.Unsupported("x is not quantized: the FP4 GEMM kernels multiply two FP4 operands (a weight-only "
                                "product is XLA's)")
   if x.fmt != w.fmt:
     raise backends.Unsupported(f"x is {x.fmt.name} and w {w.fmt.name}: the kernels take one format")
-  if (w.fmt.name, w.fmt.block_size) not in KERNEL_BLOCKS:
+  if w.fmt.block_size != w.fmt.native_block_size:  # the block size the GEMMs decode (and the hardware reads)
     raise backends.Unsupported(f"{w.fmt.name} with {w.fmt.block_size}-element blocks: the kernels take "
-                               f"{dict(KERNEL_BLOCKS)}")
+                               f"{w.fmt.native_block_size}-element blocks for {w.fmt.name}")
   k, block = w.shape[0], w.fmt.block_size
   if auto and k % block:
     raise backends.Unsupported(f"K={k} is not a whole number of {block}-element blocks")

@@ -30,6 +30,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from fp4jax._src.formats import NVFP4, NVFP4Format
 from fp4jax._src.quantize import QTensor
 from fp4jax_kernels.edge_blocks import store_in_bounds
 from fp4jax_kernels.gemm import pallas_triton
@@ -46,7 +47,7 @@ def supports(a: QTensor, b: QTensor) -> bool:
   """Whether ``matmul(a, b)`` applies: NVFP4 2D operands quantized along K with 1D blocks, at most ``MAX_ROWS`` rows of
   A, K a multiple of 32 (a 16-block is two words)."""
   return all(isinstance(q, QTensor) and len(q.shape) == 2 and q.axis == 1 and len(q.block_shape) == 1
-             and q.fmt.name == "nvfp4" for q in (a, b)) and a.shape[0] <= MAX_ROWS and a.shape[1] % 32 == 0
+             and isinstance(q.fmt, NVFP4Format) and q.fmt.block_size == 16 for q in (a, b)) and a.shape[0] <= MAX_ROWS and a.shape[1] % 32 == 0
 
 
 def vector_parts(a: QTensor, rows: int) -> jax.Array:
@@ -74,7 +75,7 @@ def _kernel(ap_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, m: int, k: int, 
   def body(t, accs):
     b = [p.astype(jnp.float32) for p in pallas_triton.e2m1_words_to_f16(
         pallas_triton.code_words(load_b(bc_ref, pl.ds(t * (bk // 2), bk // 2))))]
-    s = pallas_triton.scale_to_f32(load_b(bs_ref, pl.ds(t * blocks, blocks)), "nvfp4") * 2.0**_B_SCALE_EXP
+    s = NVFP4.decode_scale_bits(load_b(bs_ref, pl.ds(t * blocks, blocks))) * 2.0**_B_SCALE_EXP
     s = jnp.broadcast_to(s[:, :, None], (bn, blocks, 2)).reshape(bn, words)  # block c -> words 2c, 2c + 1
     out = []
     for r in range(m):

@@ -32,7 +32,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from fp4jax._src.formats import E4M3_NAN_BITS, E8M0_NAN_BITS
+from fp4jax._src.formats import NVFP4, FP4Format
 from fp4jax._src.quantize import QTensor
 from fp4jax_kernels.edge_blocks import store_in_bounds
 
@@ -93,7 +93,7 @@ def dequant_words(words: jax.Array, scales: jax.Array) -> list[jax.Array]:
   where subnormal. Words 2b and 2b + 1 hold block b.
   """
   r, w = words.shape
-  s = (scale_to_f32(scales, "nvfp4") * 2.0**WORD_SCALE_EXP).astype(jnp.float16)
+  s = (NVFP4.decode_scale_bits(scales) * 2.0**WORD_SCALE_EXP).astype(jnp.float16)
   s = jnp.broadcast_to(s[:, :, None], (r, w // 2, 2)).reshape(r, w)
   return [v * s for v in e2m1_words_to_f16(words)]
 
@@ -106,28 +106,15 @@ def code_words(codes: jax.Array) -> jax.Array:
   return jnp.sum(b << (8 * lax.broadcasted_iota(jnp.uint32, b.shape, 2)), axis=-1, dtype=jnp.uint32)
 
 
-def scale_to_f32(bits: jax.Array, fmt_name: str) -> jax.Array:
-  """fp32 value of uint8 block-scale bits: E4M3 (``float8_e4m3fn``) or E8M0 (``2^(b-127)``); NaN patterns -> NaN."""
-  b = bits.astype(jnp.int32)
-  if fmt_name == "mxfp4":
-    val = lax.bitcast_convert_type((jnp.maximum(b, 1) << 23).astype(jnp.uint32), jnp.float32)
-    val = jnp.where(b == 0, jnp.float32(2.0**-127), val)
-    return jnp.where(b == E8M0_NAN_BITS, jnp.float32(jnp.nan), val)
-  e, m = (b >> 3) & 15, b & 7
-  normal = lax.bitcast_convert_type((((e + 120) << 23) | (m << 20)).astype(jnp.uint32), jnp.float32)
-  val = jnp.where(e > 0, normal, m.astype(jnp.float32) * jnp.float32(2.0**-9))
-  return jnp.where(b == E4M3_NAN_BITS, jnp.float32(jnp.nan), val)
-
-
-def dequant_halves(codes: jax.Array, scales: jax.Array, block: int, fmt_name: str) -> tuple[jax.Array, jax.Array]:
+def dequant_halves(codes: jax.Array, scales: jax.Array, block: int, fmt: FP4Format) -> tuple[jax.Array, jax.Array]:
   """(r, bk/2) packed codes + (r, bk/block) scale bits -> the even and the odd elements, each (r, bk/2)
-  ``value · scale`` (exact) in float16 for NVFP4, bfloat16 for MXFP4."""
+  ``value · scale`` (exact) in ``fmt.gemm_dtype`` (float16 for NVFP4, bfloat16 for MXFP4)."""
   r, half = codes.shape
   groups = (r, half // (block // 2), block // 2)
-  s = scale_to_f32(scales, fmt_name).reshape(r, half // (block // 2), 1)
+  s = fmt.decode_scale_bits(scales).reshape(r, half // (block // 2), 1)
 
   def scaled(nibbles):
-    if fmt_name == "nvfp4":  # E4M3 scales are float16 values: one exact float16 multiply
+    if fmt.gemm_dtype == jnp.float16:  # E4M3 scales are float16 values: one exact float16 multiply
       return (e2m1_to_f16(nibbles).reshape(groups) * s.astype(jnp.float16)).reshape(r, half)
     v = e2m1_to_bf16(nibbles).astype(jnp.float32).reshape(groups)
     return (v * s).reshape(r, half).astype(jnp.bfloat16)
@@ -145,7 +132,7 @@ def joined(parts: list[jax.Array], n: int) -> list[jax.Array]:
   return parts
 
 
-def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, bk: int, block: int, fmt_name: str,
+def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, bk: int, block: int, fmt: FP4Format,
             dots: int):
   """One (bm, bn) tile of the output (or, split-K, of one K slice's fp32 partial: ``o_ref`` is (1, bm, bn)); each K
   chunk is ``dots`` tensor-core dots (see ``joined``)."""
@@ -154,7 +141,7 @@ def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, 
 
   def operands(c_ref, s_ref, t):
     c, s = c_ref[:, pl.ds(t * (bk // 2), bk // 2)], s_ref[:, pl.ds(t * (bk // block), bk // block)]
-    parts = dequant_words(code_words(c), s) if fmt_name == "nvfp4" else list(dequant_halves(c, s, block, fmt_name))
+    parts = dequant_words(code_words(c), s) if _words(fmt) else list(dequant_halves(c, s, block, fmt))
     return joined(parts, dots)
 
   def body(t, acc):
@@ -182,7 +169,7 @@ def _check(a: QTensor, b: QTensor, tile, split_k: int, dots: int):
     raise ValueError(f"K={a.shape[1]} must be a multiple of bk={bk}, itself a multiple of the block size")
   if split_k < 1 or a.shape[1] % (split_k * bk):
     raise ValueError(f"split_k={split_k} must be >= 1 and divide K={a.shape[1]} into whole multiples of bk={bk}")
-  parts = WORD_CODES if a.fmt.name == "nvfp4" else 2
+  parts = dot_parts(a.fmt)
   if dots not in (1, 2, 4, 8) or dots > parts or bk // dots < 16:
     raise ValueError(f"dots={dots} must be a power of two <= {parts} ({a.fmt.name}) with bk/dots >= 16 (bk={bk})")
 
@@ -206,11 +193,22 @@ def default_config(m: int, k: int) -> tuple[tuple[int, int, int], int, int]:
   return ((bm, 128, bk), 8, 3) if bm == 128 else ((bm, 64 if bm == 16 else 128, bk), 4, 4)
 
 
-def default_dots(fmt_name: str, bm: int, bk: int) -> int:
+def _words(fmt: FP4Format) -> bool:
+  """Whether ``fmt``'s operands decode as whole 8-code words (``dequant_words``): float16 GEMM operands (E4M3
+  scales) in 16-element blocks, i.e. NVFP4; other formats decode by halves (``dequant_halves``)."""
+  return fmt.gemm_dtype == jnp.float16 and fmt.block_size == 16
+
+
+def dot_parts(fmt: FP4Format) -> int:
+  """Decoded parts per K chunk, the most dots ``joined`` can split it into: ``WORD_CODES`` words, or two halves."""
+  return WORD_CODES if _words(fmt) else 2
+
+
+def default_dots(fmt: FP4Format, bm: int, bk: int) -> int:
   """Tensor-core dots per K chunk (``joined``; the tile sweep's choice): NVFP4 parts joined into one dot for skinny
   tiles (bm < 64) and into two for larger ones (each dot's K at least 16). MXFP4: its two halves, unjoined (PyPI's
   Triton 3.9 fails to compile the joined bfloat16 operands for sm_90)."""
-  if fmt_name != "nvfp4":
+  if not _words(fmt):
     return 2
   return 1 if bm < 64 or bk < 32 else 2
 
@@ -264,15 +262,15 @@ def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_war
   num_warps, num_stages = num_warps or default_warps, num_stages or default_stages
   split_k = default_split_k(m, n, k, tile) if split_k is None else split_k
   bm, bn, bk = tile
-  dots = dots or default_dots(a.fmt.name, bm, bk)
+  dots = dots or default_dots(a.fmt, bm, bk)
   _check(a, b, tile, split_k, dots)
   block, ks = a.fmt.block_size, k // split_k
   u8 = lambda s: lax.bitcast_convert_type(s, jnp.uint8)
-  unscale = 2.0**(2 * WORD_SCALE_EXP) if a.fmt.name == "nvfp4" else 1.0  # NVFP4 operands: value · scale · 2^-7
+  unscale = 2.0**(2 * WORD_SCALE_EXP) if _words(a.fmt) else 1.0  # NVFP4 operands: value · scale · 2^-7
   alpha = (a.global_scale * b.global_scale).reshape(1).astype(jnp.float32) * unscale
   split = split_k > 1
   out_shape = (split_k, m, n) if split else (m, n)
-  kernel = functools.partial(_kernel, out_shape=out_shape, k=ks, bk=bk, block=block, fmt_name=a.fmt.name,
+  kernel = functools.partial(_kernel, out_shape=out_shape, k=ks, bk=bk, block=block, fmt=a.fmt,
                              dots=dots)
   y = pl.pallas_call(
       kernel,

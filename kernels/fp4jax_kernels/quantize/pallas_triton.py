@@ -30,9 +30,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from fp4jax._src import bits as bits_lib
-from fp4jax._src import estimators, scaling
+from fp4jax._src import estimators
 from fp4jax._src import hadamard as hadamard_lib
-from fp4jax._src.formats import E4M3_NAN_BITS, E8M0_BIAS, E8M0_NAN_BITS, F32_INF_BITS
+from fp4jax._src.formats import F32_INF_BITS
 from fp4jax._src.quantize import (BlockLayout, QTensor, check_quantize_args, decode_blocks, hadamard_sign_vector,
                              quantize_blocks, split_quantize_key)
 from fp4jax._src.rounding import rtn_bf16
@@ -106,19 +106,6 @@ def load_rotated(x_ref, tile_index, full_shape, signs_ref, round_bf16: bool, tra
   if not transposed:
     return chunks.reshape(shape[0], shape[1] * d)
   return jnp.transpose(chunks, (1, 0, 2)).reshape(shape[1], shape[0] * d)
-
-
-def e4m3_bits(dec: jax.Array) -> jax.Array:
-  """uint8 float8_e4m3fn bit pattern of fp32 ``dec >= 0`` lying on the E4M3 grid (exact; NaN -> 0x7F).
-
-  Normal (dec >= 2^-6): ``(E + 7) << 3 | top 3 mantissa bits``; subnormal: ``dec · 2^9`` (0..7).
-  """
-  b = lax.bitcast_convert_type(dec, jnp.uint32)
-  exp = (b >> 23).astype(jnp.int32) - 127
-  normal = ((exp + 7) << 3) | ((b >> 20) & 7).astype(jnp.int32)
-  sub = (jnp.where(jnp.isnan(dec), 0.0, dec) * jnp.float32(512.0)).astype(jnp.int32)
-  out = jnp.where(dec >= jnp.float32(2.0**-6), normal, sub)
-  return jnp.where(jnp.isnan(dec), E4M3_NAN_BITS, out).astype(jnp.uint8)
 
 
 def pack_nibbles(codes: jax.Array) -> jax.Array:
@@ -216,11 +203,7 @@ def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs
     store_in_bounds(ref, value.reshape(ref.shape), out_index + (0,) * (len(full) - 2), full)
 
   if spec.packed:
-    if spec.fmt.name == "mxfp4":
-      sb = jnp.where(jnp.isnan(dec), E8M0_NAN_BITS, exps + E8M0_BIAS).astype(jnp.uint8)
-    else:
-      sb = e4m3_bits(dec)
-    store("scales", sb)
+    store("scales", spec.fmt.scale_bits(dec, exps))
     store("codes", pack_nibbles(codes.reshape(r, c)))
   if spec.dequantize:  # block_scaled_only: value·dec_b is exact in bf16, so the cast does not round
     tensor_scale = gscale if spec.dequantize == "with_tensor_scale" else jnp.float32(1.0)
@@ -401,7 +384,7 @@ def default_num_warps(spec: QuantizeSpec) -> int:
 
 
 def _check_shard(x, spec: QuantizeSpec, amax, logical_shape):
-  if amax is not None and spec.fmt.name != "nvfp4":
+  if amax is not None and not spec.fmt.has_tensor_scale:
     raise ValueError(f"amax is the NVFP4 tensor amax; {spec.fmt.name} has no tensor scale, pass amax=None")
   if len(logical_shape) != 2 or any(not 0 < n <= big for n, big in zip(x.shape, logical_shape)):
     raise ValueError(f"logical_shape {logical_shape} must be 2D and hold the shard x of shape {x.shape}")
@@ -560,7 +543,7 @@ def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key
   directions = (("rows", rows, rows_key, rows_signs), ("cols", cols, cols_key, cols_signs))
   for _, spec, _, _ in directions:
     _check(x, spec, tile)
-  nvfp4 = [d for d in directions if d[1].fmt.name == "nvfp4"]
+  nvfp4 = [d for d in directions if d[1].fmt.has_tensor_scale]
   amaxes = {}
   if nvfp4 and not any(spec.hadamard for _, spec, _, _ in nvfp4):
     # one max|x| serves both: XLA's reduction, which XLA can fold into the fusion that produces x
@@ -589,7 +572,7 @@ def _plan(x, spec: QuantizeSpec, key, signs, tile, num_warps: int, interpret: bo
       raise ValueError("staged: the pre-pass's output for a transposed or rotated spec, passed with the amax")
     route = "prepass"
   else:
-    route = effective_route(spec, route or default_route(spec), spec.fmt.name == "nvfp4" and amax is None)
+    route = effective_route(spec, route or default_route(spec), spec.fmt.has_tensor_scale and amax is None)
   tile = tuple(tile or default_tile(spec))
   _check(x, spec, tile)
   logical_shape = tuple(logical_shape or x.shape)
@@ -607,15 +590,14 @@ def _plan(x, spec: QuantizeSpec, key, signs, tile, num_warps: int, interpret: bo
     x_in, amax = (staged, amax) if staged is not None else stage_and_amax(x, spec, signs, interpret=interpret)
   else:
     x_in = x.T if pre_transposed else x
-  if spec.fmt.name != "nvfp4":
+  if not spec.fmt.has_tensor_scale:
     amax = jnp.float32(0.0)
   elif amax is None:
     amax = tensor_amax(x_in, dataclasses.replace(spec, along="rows") if pre_transposed else spec, signs,
                        interpret=interpret)
   amax = jnp.asarray(amax, jnp.float32)
-  if spec.fmt.name == "nvfp4":  # once here, not once per tile in the kernel
-    rule = scaling.nvfp4_rule(spec.fmt.scale_mode, spec.rounding)
-    tensor_scales = jnp.stack(scaling.nvfp4_tensor_scales(amax, rule))
+  if spec.fmt.has_tensor_scale:  # once here, not once per tile in the kernel
+    tensor_scales = jnp.stack(spec.fmt.tensor_scales(amax, spec.rounding))
   else:
     tensor_scales = jnp.ones((2,), jnp.float32)  # MXFP4 has no tensor scale: its block numerics ignore these
   origin = jnp.zeros((2,), jnp.int32) if origin is None else jnp.asarray(origin, jnp.int32).reshape(2)
@@ -683,11 +665,7 @@ def _plan(x, spec: QuantizeSpec, key, signs, tile, num_warps: int, interpret: bo
 def _finish(outs, *, spec: QuantizeSpec, names, tensor_scales, signs, shape, block, hadamard, dtype) -> Quantized:
   """The kernel's outputs (in ``names`` order) as ``Quantized``."""
   got = {name: out.reshape(out.shape[0], -1) for name, out in zip(names, outs)}
-  if spec.fmt.name == "nvfp4":
-    gscale = tensor_scales[1]
-  else:
-    gscale = jnp.float32(1.0 / scaling.mx_element_prescale(spec.fmt.scale_mode))
-  gscale = jnp.asarray(gscale, jnp.float32)
+  gscale = jnp.asarray(spec.fmt.tensor_decode_scale(tensor_scales), jnp.float32)
   qt = None
   if spec.packed:
     qt = QTensor(

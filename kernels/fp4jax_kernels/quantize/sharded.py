@@ -99,7 +99,7 @@ def quantize_sharded(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = N
 
   def per_shard(x_shard, key, signs):
     amax = staged = None
-    if spec.fmt.name == "nvfp4":
+    if spec.fmt.has_tensor_scale:
       amax_signs = signs if signs is not None else hadamard_sign_vector(
           hadamard, spec.hadamard_signs, split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)[0])
       if pallas_triton.prepass_stages(spec):
