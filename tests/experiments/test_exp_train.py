@@ -106,15 +106,13 @@ def test_final_evaluation_is_what_evaluate_gives_from_the_checkpoint(corpus, tmp
 
 def test_quantizer_backend_changes_nothing_but_the_implementation(corpus, tmp_path):
     """The fused Pallas quantizers (interpret mode here) train the same curve, bit for bit, as XLA's; the backend
-    is not part of the run's identity. Two steps of 4 x 64 tokens (the kernels run interpreted, slowly, on the CPU):
-    the second step's forward already runs on parameters updated by the kernels' gradients; one validation batch."""
-    config = _config(corpus, recipe="nvidia_nvfp4", batch_size=4, tokens=2 * 4 * 64, eval_batches=1)
+    is not part of the run's identity."""
+    config = _config(corpus, recipe="nvidia_nvfp4", tokens=3 * 8 * 64)
     curves = {}
     for backend in ("xla", "pallas"):
         train.train(config, tmp_path / backend, quiet=True, model_overrides={"quantizer_backend": backend})
         curves[backend] = _curve(tmp_path / backend)
-    assert curves["pallas"] == curves["xla"]
-    assert [(r["step"], r["kind"]) for r in curves["xla"]] == [(0, "val"), (1, "train"), (2, "train"), (2, "val")]
+    assert curves["pallas"] == curves["xla"] and len(curves["xla"]) >= 3
     with pytest.raises(ValueError, match="quantizer_backend must be one of"):
         train.Trainer(config, model_overrides={"quantizer_backend": "triton"})
 
