@@ -60,16 +60,6 @@ def jaxpr_equations():
   return _equations
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook, which reads the groups into the test ids
-def pytest_collection_modifyitems(items):
-  """The tests that read a ``script_json`` script's output form one ``xdist_group`` per module: under
-  ``pytest -n N --dist loadgroup`` (pyproject.toml) one worker runs that script and its tests while the others go on
-  with the rest, instead of waiting for its lock."""
-  for item in items:
-    if "script_json" in getattr(item, "fixturenames", ()):
-      item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-
-
 def _run_script(script: Path, xla_flags: str, timeout: float) -> str:
   env = {**os.environ, "XLA_FLAGS": xla_flags, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,

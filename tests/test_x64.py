@@ -46,8 +46,6 @@ def compute(dtype_name: str) -> dict:
 
 
 DTYPES = ("float32", "float64")
-# both dtypes' tests on one pytest-xdist worker (--dist loadgroup): the module's fixtures below are computed once
-pytestmark = pytest.mark.xdist_group("test_x64")
 
 
 @pytest.fixture(scope="module")

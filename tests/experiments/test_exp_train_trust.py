@@ -57,10 +57,6 @@ def _curve(folder):
     return [{k: v for k, v in r.items() if k not in TIMING} for r in train.read_metrics(folder)]
 
 
-# on one pytest-xdist worker (--dist loadgroup): the reference run below is trained once, not once per worker
-pytestmark = pytest.mark.xdist_group("test_exp_train_trust")
-
-
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory):
     """An uninterrupted run (checkpoints at steps 2, 4, 6) and a Trainer of its config (restore templates)."""
