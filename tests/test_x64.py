@@ -45,25 +45,42 @@ def compute(dtype_name: str) -> dict:
   return {k: np.asarray(v) for k, v in out.items()}
 
 
-@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
-def test_x64_gives_the_same_bits_as_x32(dtype_name, tmp_path):
-  path = tmp_path / "x64.npz"
+DTYPES = ("float32", "float64")
+
+
+@pytest.fixture(scope="module")
+def x64_results(tmp_path_factory):
+  """``{dtype_name: {name: array}}``: ``compute`` of each input dtype in one subprocess with x64 on (one interpreter
+  start and one JAX import for both dtypes)."""
+  folder = tmp_path_factory.mktemp("x64")
   script = textwrap.dedent(f"""
       import jax
       jax.config.update("jax_enable_x64", True)
       import numpy as np
       from tests.test_x64 import compute
-      np.savez({str(path)!r}, **compute({dtype_name!r}))
+      for dtype_name in {DTYPES!r}:
+        np.savez({str(folder)!r} + f"/{{dtype_name}}.npz", **compute(dtype_name))
   """)
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "kernels"),
                                                       os.environ.get("PYTHONPATH", "")]))
   run = subprocess.run([sys.executable, "-c", script], check=False, cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=1200)
   assert run.returncode == 0, f"x64 subprocess failed (rc {run.returncode}):\n{run.stderr[-3000:]}"
-  got = np.load(path)
+  return {name: dict(np.load(folder / f"{name}.npz")) for name in DTYPES}
+
+
+@pytest.fixture(scope="module")
+def x32_results():
+  """``compute("float32")`` in this process (x64 off), computed once for both dtypes' comparisons."""
+  return compute("float32")
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_x64_gives_the_same_bits_as_x32(dtype_name, x64_results, x32_results):
+  got = x64_results[dtype_name]
   # without x64 float64 is float32: the same computation as the x64 run on float32 inputs
-  expect = compute("float32")
-  assert sorted(got.files) == sorted(expect)
+  expect = x32_results
+  assert sorted(got) == sorted(expect)
   for name, value in expect.items():
     g = got[name]
     if dtype_name == "float64" and g.dtype == np.float64:

@@ -56,19 +56,33 @@ def test_gpu_flags_are_appended_once_and_a_users_choice_is_kept():
     assert empty["XLA_FLAGS"].split() == list(deterministic.GPU_XLA_FLAGS)
 
 
-def test_losses_and_trained_state_are_bit_identical_on_every_layout(corpus):
-    """Stochastic rounding with a random Hadamard (nvidia_nvfp4, same keys), 3 steps of 4 microbatches of 128 tokens:
-    one device against data=4 and data=2 with FSDP; two Megatron shards (--tensor-shards 2) on one device (jax.vmap)
-    against model=2 and data=2 x model=2 (shard_map). (Every other recipe is bit-identical too, on the CPU:
-    BENCHMARKS §9; each adds about a minute and a half here.)"""
-    records = _layout_check("--checks", "loss", "--recipes", "nvidia_nvfp4", "--meshes", "data=4", "data=2:fsdp",
-                            "model=2", "data=2,model=2", "--data", corpus, "--model-overrides", json.dumps(OVERRIDES),
-                            "--steps", "3", "--deterministic", "4")
-    assert [r["mesh"] for r in records] == ["data=4", "data=2 fsdp", "model=2", "data=2,model=2"], records
+def _check_bit_identical(corpus, meshes, described):  # noqa: F811
+    """Stochastic rounding with a random Hadamard (nvidia_nvfp4, same keys), 3 steps of 4 microbatches of 128 tokens
+    on each of ``meshes`` against one device (with ``--tensor-shards`` T on a model axis of T devices, against T
+    Megatron shards on one device, ``jax.vmap``): the same losses, gradient norms and trained state, bit for bit."""
+    records = _layout_check("--checks", "loss", "--recipes", "nvidia_nvfp4", "--meshes", *meshes, "--data", corpus,
+                            "--model-overrides", json.dumps(OVERRIDES), "--steps", "3", "--deterministic", "4")
+    assert [r["mesh"] for r in records] == described, records
     for r in records:
         assert r["bit_identical"] and r["state_identical"] and r["differing_params"] == [], r
         assert r["grad_norms"] == r["reference_grad_norms"], r
         assert r["losses"][-1] < r["losses"][0], r  # it trains
+
+
+def test_losses_and_trained_state_are_bit_identical_on_a_dp_fsdp_tp_mesh(corpus):  # noqa: F811
+    """The default tier's representative of the test below: one mesh with every kind of split at once, data=2 x
+    model=2 with FSDP (2 microbatches per data device, parameters sharded over data, two Megatron shards), against
+    the one-device run of the same two shards: one compile of each (of six for the four layouts below)."""
+    _check_bit_identical(corpus, ["data=2,model=2:fsdp"], ["data=2,model=2 fsdp"])
+
+
+@pytest.mark.slow
+def test_losses_and_trained_state_are_bit_identical_on_every_layout(corpus):  # noqa: F811
+    """One device against data=4 and data=2 with FSDP; two Megatron shards (--tensor-shards 2) on one device
+    (jax.vmap) against model=2 and data=2 x model=2 (shard_map). (Every other recipe is bit-identical too, on the
+    CPU: BENCHMARKS §9; each adds about a minute and a half here.)"""
+    _check_bit_identical(corpus, ["data=4", "data=2:fsdp", "model=2", "data=2,model=2"],
+                         ["data=4", "data=2 fsdp", "model=2", "data=2,model=2"])
 
 
 def test_pallas_quantizers_with_tensor_shards_are_refused_by_the_cli(capsys):
