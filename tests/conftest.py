@@ -32,6 +32,12 @@ def _checkout_import_roots() -> list[str]:
   return roots
 
 
+# One persistent XLA compilation cache for the test run, this process and its subprocesses: the many tests (and
+# ``python -m fp4jax_experiments.train`` subprocesses: a run, its kill, its resume) that compile the same program pay
+# for it once. Entries are keyed by the program, the flags and the JAX version, so a hit is the same executable.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"fp4jax-tests-xla-{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
 # This process and every subprocess of the tests (``python -m fp4jax_experiments.train``, scripts) import the checkout
 # under test, whether it is installed or not.
 _ROOTS = _checkout_import_roots()
@@ -41,6 +47,11 @@ os.environ["PYTHONPATH"] = os.pathsep.join([*_ROOTS, *filter(None, [os.environ.g
 # Registers the kernels' "pallas" implementations in fp4jax.backends, as the "fp4jax.backends" entry point does for
 # an installed fp4jax (a plain checkout has no such metadata).
 import fp4jax_kernels  # noqa: E402, F401
+import jax  # noqa: E402
+
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])  # if jax came in first
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 
 def _equations(jaxpr):

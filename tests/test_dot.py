@@ -205,7 +205,7 @@ def test_a_float32_operand_meets_bf16_values_as_three_bf16_gemms_on_accelerators
   ``bf16_parts``: every product exact, so the result is a float32 GEMM's up to the fp32 accumulation."""
   rng = np.random.default_rng(5)
   x = jnp.asarray(rng.standard_normal((1, 16, 256)), jnp.float32)  # not bf16-exact
-  w_op, _ = fp4jax.operand.quantize_operand(_normal(6, (1, 24, 256)), OperandSpec(fmt=fp4jax.formats.E2M1_CHANNEL), None)
+  w_op, _ = fp4jax._src.operand.quantize_operand(_normal(6, (1, 24, 256)), OperandSpec(fmt=fp4jax._src.formats.E2M1_CHANNEL), None)
   x_op = operand_lib.Operand(x, jnp.float32(1.0))
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   jaxpr = jax.make_jaxpr(operand_lib.matmul)(x_op, w_op)
