@@ -70,8 +70,8 @@ def default_attention() -> Attention:
 def anchor_config(size: str, **overrides) -> AnchorConfig:
   """The anchor of the experiments model's size ``size`` (a key of ``fp4jax_experiments.model.SIZES``)."""
   c = model_lib.model_config(size)
-  shape = dict(n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads, ffn_hidden=c.ffn_hidden,
-               vocab_size=c.vocab_size, rope_theta=c.rope_theta, norm_eps=c.norm_eps)
+  shape = {"n_layers": c.n_layers, "d_model": c.d_model, "n_heads": c.n_heads, "ffn_hidden": c.ffn_hidden,
+           "vocab_size": c.vocab_size, "rope_theta": c.rope_theta, "norm_eps": c.norm_eps}
   return AnchorConfig(**{**shape, **overrides})
 
 
@@ -81,7 +81,7 @@ def init_params(config: AnchorConfig, key: jax.Array) -> dict:
   shapes = {"q": (d, d), "k": (d, d), "v": (d, d), "o": (d, d), "gate": (d, h), "up": (d, h), "down": (h, d)}
   out_std = INIT_STD / math.sqrt(2 * n)
   keys = iter(jax.random.split(key, 2 + n * len(shapes)))
-  normal = lambda shape, std: std * jax.random.normal(next(keys), shape, jnp.float32)  # noqa: E731
+  normal = lambda shape, std: std * jax.random.normal(next(keys), shape, jnp.float32)
   layers = []
   for _ in range(n):
     layer = {name: normal(shape, out_std if name in ("o", "down") else INIT_STD) for name, shape in shapes.items()}
@@ -148,7 +148,7 @@ def make_optimizer(peak_lr: float, total_steps: int, weight_decay: float = 0.1) 
   steps from peak/100, then cosine to peak/10 (the experiments' schedule shape)."""
   warmup = min(math.ceil(0.1 * total_steps), total_steps - 1)
   schedule = optax.warmup_cosine_decay_schedule(peak_lr / 100, peak_lr, warmup, total_steps, peak_lr / 10)
-  mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+  mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
   return optax.chain(optax.clip_by_global_norm(1.0),
                      optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=weight_decay, mask=mask))
 

@@ -35,18 +35,19 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: the repository root makes ``benchmarks`` importable
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
+import jax
+from fp4jax_kernels.benchtools import header
 
-from benchmarks import anchor  # noqa: E402
-from benchmarks.linear_trees import commit  # noqa: E402
-from fp4jax_experiments import bench_scaling, data, step_profile, train  # noqa: E402
-from fp4jax_experiments import model as model_lib  # noqa: E402
-from fp4jax_kernels.benchtools import header  # noqa: E402
+from benchmarks import anchor
+from benchmarks.linear_trees import commit
+from fp4jax_experiments import bench_scaling, data, step_profile, train
+from fp4jax_experiments import model as model_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_RECIPES = "bf16,nvidia_nvfp4,quartet2,ms_fp4,quartet"
@@ -200,13 +201,13 @@ def profile(entry: Entry, folder: str, steps: int) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-  lines = [f"{'model':12s} {'recipe':13s} {'dev':>3s} {'tokens/s':>11s} {'ms/step':>8s} {'MFU':>6s} "
-           f"{'/anchor':>7s} {'weak eff':>8s} {'compile s':>9s}"]
+  lines = [(f"{'model':12s} {'recipe':13s} {'dev':>3s} {'tokens/s':>11s} {'ms/step':>8s} {'MFU':>6s} "
+           f"{'/anchor':>7s} {'weak eff':>8s} {'compile s':>9s}")]
   for r in rows:
     if "error" in r:
       lines.append(f"{r['model']:12s} {r['recipe']:13s} {r['devices']:3d} failed: {r['error'][:80]}")
       continue
-    fmt = lambda x, spec: "" if x is None else format(x, spec)  # noqa: E731
+    fmt = lambda x, spec: "" if x is None else format(x, spec)
     lines.append(f"{r['model']:12s} {r['recipe']:13s} {r['devices']:3d} {r['tokens_per_s']:11,.0f} "
                  f"{r['step_time_median_s'] * 1e3:8.2f} {r['mfu']:6.1%} {fmt(r['ratio_to_anchor'], '7.3f'):>7s} "
                  f"{fmt(r['scaling_efficiency'], '.1%'):>8s} {r['compile_s']:9.1f}")
@@ -275,7 +276,7 @@ def main(argv: list[str] | None = None) -> None:
   dev = jax.devices()[0]
   doc = {"benchmark": "train_throughput", "header": header(), "device_kind": dev.device_kind,
          "platform": dev.platform, "jax_version": jax.__version__, "commit": args.commit or commit(REPO),
-         "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+         "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
          "command": " ".join(["python", "benchmarks/train_throughput.py",
                               *(argv if argv is not None else sys.argv[1:])]),
          "matmul_size": args.matmul_size, "matmul_tflops": rate,
