@@ -25,7 +25,7 @@ def smoke_doc(tmp_path_factory):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
   proc = subprocess.run([sys.executable, "benchmarks/train_throughput.py", "--smoke", "--commit", "abc1234",
                          "--out", str(out), "--profile", str(folder / "profile")],
-                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(out.read_text()), proc.stdout
 
@@ -69,3 +69,16 @@ def test_bad_arguments_are_refused(capsys):
   with pytest.raises(SystemExit):
     train_throughput.main(["--steps", "0"])
   assert "--steps must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_report_renders_one_table_row_per_entry(smoke_doc):
+  from benchmarks import report
+
+  doc, _ = smoke_doc
+  lines = report.RENDER[doc["benchmark"]](doc)
+  rows = [line for line in lines if line.startswith(("| anchor", "| experiments"))]
+  assert [line.split(" | ")[:3] for line in rows] == [["| anchor", "bf16", "1"], ["| experiments", "bf16", "1"],
+                                                      ["| anchor", "bf16", "2"], ["| experiments", "bf16", "2"]]
+  assert "commit abc1234" in "\n".join(lines)
+  first = doc["rows"][0]
+  assert rows[0].split(" | ")[3] == f"{first['tokens_per_s']:,.0f}"
