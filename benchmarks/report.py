@@ -36,7 +36,8 @@ def _train_throughput(doc: dict) -> list[str]:
   title = (f"### Training throughput, {s['model']}, {s['per_device_batch']} x {s['seq_len']} tokens per device "
            "(experiments model and plain-JAX anchor, one run)")
   where = (f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`; MFU against the measured bf16 GEMM rate "
-           f"({doc['matmul_tflops']:.0f} TFLOP/s); anchor attention {s['anchor_attention']}")
+           f"({doc['matmul_tflops']:.0f} TFLOP/s); anchor attention {s['anchor_attention']}"
+           + ("" if doc.get("complete", True) else "; INCOMPLETE: the run stopped before its last device count"))
   out = [title, "", where, "",
          "| model | recipe | devices | tokens/s | ms/step | MFU | / anchor | weak scaling | compile s |",
          "|---|---|---|---|---|---|---|---|---|"]

@@ -20,7 +20,8 @@ seq_len / median step time, MFU = tokens/s · FLOPs per token / (n · R) (``benc
 ``scaling_efficiency`` = tokens/s(n) / (n · tokens/s(1)) of the same model and recipe. ``--profile DIR`` traces
 ``--profile-steps`` more steps of each entry with the JAX profiler and adds ``step_profile.summarize`` (top kernels
 by time) to it. An entry that fails (compile or run) is recorded with its ``error``, the others go on, and the
-command exits non-zero after writing the JSON.
+command exits non-zero after writing the JSON. The JSON is rewritten after each device count, with ``"complete":
+false`` until the last one.
 """
 
 from __future__ import annotations
@@ -250,6 +251,14 @@ def _smoke_setup(args: argparse.Namespace) -> None:
   args.warmup, args.steps, args.rounds, args.matmul_size, args.profile_steps = 1, 2, 1, 256, 1
 
 
+def _write(out: pathlib.Path, doc: dict) -> None:
+  """``doc`` as JSON at ``out``: written whole beside it, then renamed over the old document."""
+  out.parent.mkdir(parents=True, exist_ok=True)
+  partial = out.with_name(out.name + ".partial")
+  partial.write_text(json.dumps(doc, indent=1) + "\n")
+  partial.replace(out)
+
+
 def main(argv: list[str] | None = None) -> None:
   parser = _parser()
   args = parser.parse_args(argv)
@@ -269,11 +278,7 @@ def main(argv: list[str] | None = None) -> None:
   args.anchor_attention = args.anchor_attention or anchor.default_attention()
   rate = bench_scaling.matmul_tflops(args.matmul_size)
   print(f"bf16 {args.matmul_size}^3 GEMM: {rate:.1f} TFLOP/s", flush=True)
-  rows = []
-  for n in counts:
-    rows += run_device_count(n, args, args.experiments_overrides, rate)
-  add_ratios(rows)
-  dev = jax.devices()[0]
+  dev, rows = jax.devices()[0], []
   doc = {"benchmark": "train_throughput", "header": header(), "device_kind": dev.device_kind,
          "platform": dev.platform, "jax_version": jax.__version__, "commit": args.commit or commit(REPO),
          "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
@@ -286,10 +291,11 @@ def main(argv: list[str] | None = None) -> None:
                       "experiments_overrides": args.experiments_overrides},
          "rows": rows}
   out = pathlib.Path(args.out or (SMOKE_OUT if args.smoke else DEFAULT_OUT))
-  out.parent.mkdir(parents=True, exist_ok=True)
-  partial = out.with_name(out.name + ".partial")  # written whole, then renamed over the old document
-  partial.write_text(json.dumps(doc, indent=1) + "\n")
-  partial.replace(out)
+  for i, n in enumerate(counts):
+    rows += run_device_count(n, args, args.experiments_overrides, rate)
+    add_ratios(rows)
+    # written after every device count (a run cut short keeps what it measured), marked until the last
+    _write(out, {**doc, "complete": i == len(counts) - 1})
   print(_table(rows))
   failed = [r for r in rows if "error" in r]
   if failed:

@@ -11,7 +11,7 @@ import pytest
 from benchmarks import train_throughput
 
 REPO = train_throughput.REPO
-TOP_KEYS = {"benchmark", "header", "device_kind", "platform", "jax_version", "commit", "date", "command",
+TOP_KEYS = {"benchmark", "complete", "header", "device_kind", "platform", "jax_version", "commit", "date", "command",
             "matmul_size", "matmul_tflops", "settings", "rows"}
 ROW_KEYS = {"model", "recipe", "devices", "global_batch", "seq_len", "tokens_per_s", "step_time_median_s",
             "step_time_min_s", "step_time_rounds_s", "mfu", "compile_s", "flops_per_token", "loss", "ratio_to_anchor",
@@ -32,7 +32,7 @@ def smoke_doc(tmp_path_factory):
 
 def test_smoke_writes_every_entry_with_its_metadata(smoke_doc):
   doc, stdout = smoke_doc
-  assert TOP_KEYS <= set(doc) and doc["benchmark"] == "train_throughput"
+  assert TOP_KEYS <= set(doc) and doc["benchmark"] == "train_throughput" and doc["complete"] is True
   assert doc["commit"] == "abc1234" and doc["platform"] == "cpu" and "--smoke" in doc["command"]
   assert [(r["model"], r["recipe"], r["devices"]) for r in doc["rows"]] == [
     ("anchor", "bf16", 1), ("experiments", "bf16", 1), ("anchor", "bf16", 2), ("experiments", "bf16", 2)]
