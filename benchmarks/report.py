@@ -31,7 +31,29 @@ def _auto_threshold(doc: dict) -> list[str]:
   return out
 
 
-RENDER = {"linear_trees": _linear_trees, "auto_threshold": _auto_threshold}
+def _train_throughput(doc: dict) -> list[str]:
+  s = doc["settings"]
+  title = (f"### Training throughput, {s['model']}, {s['per_device_batch']} x {s['seq_len']} tokens per device "
+           "(experiments model and plain-JAX anchor, one run)")
+  where = (f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`; MFU against the measured bf16 GEMM rate "
+           f"({doc['matmul_tflops']:.0f} TFLOP/s); anchor attention {s['anchor_attention']}"
+           + ("" if doc.get("complete", True) else "; INCOMPLETE: the run stopped before its last device count"))
+  out = [title, "", where, "",
+         "| model | recipe | devices | tokens/s | ms/step | MFU | / anchor | weak scaling | compile s |",
+         "|---|---|---|---|---|---|---|---|---|"]
+  fmt = lambda x, spec: "" if x is None else format(x, spec)
+  for r in doc["rows"]:
+    head = f"| {r['model']} | {r['recipe']} | {r['devices']} |"
+    if "error" in r:
+      out.append(f"{head} failed: {r['error'][:100].replace('|', '/')} | | | | | |")
+      continue
+    eff = fmt(r["scaling_efficiency"], ".1%") if r["devices"] > 1 else ""
+    out.append(f"{head} {r['tokens_per_s']:,.0f} | {r['step_time_median_s'] * 1e3:.1f} | {r['mfu']:.1%} | "
+               f"{fmt(r['ratio_to_anchor'], '.2f')} | {eff} | {r['compile_s']:.0f} |")
+  return out
+
+
+RENDER = {"linear_trees": _linear_trees, "auto_threshold": _auto_threshold, "train_throughput": _train_throughput}
 
 
 def section() -> str:
