@@ -70,8 +70,15 @@ def default_attention() -> Attention:
 def anchor_config(size: str, **overrides) -> AnchorConfig:
   """The anchor of the experiments model's size ``size`` (a key of ``fp4jax_experiments.model.SIZES``)."""
   c = model_lib.model_config(size)
-  shape = {"n_layers": c.n_layers, "d_model": c.d_model, "n_heads": c.n_heads, "ffn_hidden": c.ffn_hidden,
-           "vocab_size": c.vocab_size, "rope_theta": c.rope_theta, "norm_eps": c.norm_eps}
+  shape = {
+    "n_layers": c.n_layers,
+    "d_model": c.d_model,
+    "n_heads": c.n_heads,
+    "ffn_hidden": c.ffn_hidden,
+    "vocab_size": c.vocab_size,
+    "rope_theta": c.rope_theta,
+    "norm_eps": c.norm_eps,
+  }
   return AnchorConfig(**{**shape, **overrides})
 
 
@@ -86,8 +93,12 @@ def init_params(config: AnchorConfig, key: jax.Array) -> dict:
   for _ in range(n):
     layer = {name: normal(shape, out_std if name in ("o", "down") else INIT_STD) for name, shape in shapes.items()}
     layers.append({**layer, "attn_norm": jnp.ones((d,), jnp.float32), "mlp_norm": jnp.ones((d,), jnp.float32)})
-  return {"embed": normal((v, d), INIT_STD), "layers": layers, "final_norm": jnp.ones((d,), jnp.float32),
-          "lm_head": normal((d, v), INIT_STD)}
+  return {
+    "embed": normal((v, d), INIT_STD),
+    "layers": layers,
+    "final_norm": jnp.ones((d,), jnp.float32),
+    "lm_head": normal((d, v), INIT_STD),
+  }
 
 
 def parameter_count(config: AnchorConfig) -> int:
@@ -128,8 +139,9 @@ def forward(params: dict, tokens: jax.Array, config: AnchorConfig) -> jax.Array:
   for p in params["layers"]:
     x = _rms_norm(h, p["attn_norm"], config.norm_eps)
     q, k, v = (_matmul(x, p[name], dt).reshape(heads) for name in ("q", "k", "v"))
-    y = jax.nn.dot_product_attention(_rope(q, cos, sin), _rope(k, cos, sin), v, is_causal=True,
-                                     implementation=config.attention)
+    y = jax.nn.dot_product_attention(
+      _rope(q, cos, sin), _rope(k, cos, sin), v, is_causal=True, implementation=config.attention
+    )
     h = h + _matmul(y.reshape(batch, seq, config.d_model), p["o"], dt)
     x = _rms_norm(h, p["mlp_norm"], config.norm_eps)
     h = h + _matmul(jax.nn.silu(_matmul(x, p["gate"], dt)) * _matmul(x, p["up"], dt), p["down"], dt)
@@ -149,8 +161,9 @@ def make_optimizer(peak_lr: float, total_steps: int, weight_decay: float = 0.1) 
   warmup = min(math.ceil(0.1 * total_steps), total_steps - 1)
   schedule = optax.warmup_cosine_decay_schedule(peak_lr / 100, peak_lr, warmup, total_steps, peak_lr / 10)
   mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
-  return optax.chain(optax.clip_by_global_norm(1.0),
-                     optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=weight_decay, mask=mask))
+  return optax.chain(
+    optax.clip_by_global_norm(1.0), optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=weight_decay, mask=mask)
+  )
 
 
 def data_mesh(n: int) -> Mesh:
@@ -187,10 +200,15 @@ class Trainer:
 
   def jitted_step(self):
     """The jitted train step (state donated; the loss replicated)."""
+
     def train_step(state, batch):
       loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch, self.config)
       updates, opt_state = self.optimizer.update(grads, state["opt_state"], state["params"])
       return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, loss
 
-    return jax.jit(train_step, donate_argnums=0, in_shardings=(self.state_sharding, self.batch_sharding),
-                   out_shardings=(self.state_sharding, NamedSharding(self.mesh, PartitionSpec())))
+    return jax.jit(
+      train_step,
+      donate_argnums=0,
+      in_shardings=(self.state_sharding, self.batch_sharding),
+      out_shardings=(self.state_sharding, NamedSharding(self.mesh, PartitionSpec())),
+    )

@@ -2,7 +2,8 @@
 
 Times jitted ``fake_quantize`` (bf16 in, bf16 out) and ``quantize`` (bf16 in, packed codes + scales out) on a
 16384x8192 bf16 tensor, against ``-x`` (one read, one write of the same bytes: the copy ceiling). Reports the median
-of ``--iters`` timings (each the mean of 10 back-to-back calls) after warm-up, effective bandwidth (bytes read + written) and the ratio to the copy.
+of ``--iters`` timings (each the mean of 10 back-to-back calls) after warm-up, effective bandwidth (bytes read +
+written) and the ratio to the copy.
 
     python benchmarks/bench_fake_quantize.py [--shape 16384 8192] [--iters 20]
 """
@@ -22,12 +23,12 @@ import fp4jax
 
 NV, MX = fp4jax.NVFP4, fp4jax.MXFP4
 CASES = {
-    "NVFP4 RTN 1x16": dict(fmt=NV),
-    "NVFP4 RHT16(TE signs) + SR": dict(fmt=NV, rounding="sr", hadamard=16, hadamard_signs="te"),
-    "NVFP4 MS-EDEN (RHT128)": dict(fmt=NV, rounding="eden"),
-    "NVFP4 4/6 RTN": dict(fmt=dataclasses.replace(NV, scale_mode="four_over_six")),
-    "NVFP4 16x16 RTN": dict(fmt=NV, block_shape=(16, 16)),
-    "MXFP4 RTN": dict(fmt=MX),
+  "NVFP4 RTN 1x16": dict(fmt=NV),
+  "NVFP4 RHT16(TE signs) + SR": dict(fmt=NV, rounding="sr", hadamard=16, hadamard_signs="te"),
+  "NVFP4 MS-EDEN (RHT128)": dict(fmt=NV, rounding="eden"),
+  "NVFP4 4/6 RTN": dict(fmt=dataclasses.replace(NV, scale_mode="four_over_six")),
+  "NVFP4 16x16 RTN": dict(fmt=NV, block_shape=(16, 16)),
+  "MXFP4 RTN": dict(fmt=MX),
 }
 
 
@@ -59,8 +60,8 @@ def main(argv=None):
   copy_t = timeit(copy, x, iters=a.iters)
   dev = jax.devices()[0]
   print(f"device={dev.device_kind} jax={jax.__version__} date={datetime.date.today()} shape={m}x{n} bf16")
-  print(f"| op | time (ms) | GB/s (read+write) | vs copy |")
-  print(f"|---|---|---|---|")
+  print("| op | time (ms) | GB/s (read+write) | vs copy |")
+  print("|---|---|---|---|")
   print(f"| copy (-x) | {copy_t * 1e3:.3f} | {nbytes / copy_t / 1e9:.0f} | 1.00 |")
   for name, kw in CASES.items():
     kw = dict(kw)

@@ -25,18 +25,20 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+from benchtools import header, time_ms
 
 import fp4jax
-from benchtools import header, time_ms
 
 DN = (((1,), (1,)), ((), ()))
 
 
 def fwd_bwd(dot):
   """jit of ``(x, w, dy, key) -> (y, dx, dw)`` for ``dot(x, w, key)``."""
+
   def run(x, w, dy, key):
     y, vjp = jax.vjp(lambda a, b: dot(a, b, key), x, w)
     return (y, *vjp(dy))
+
   return jax.jit(run)
 
 
@@ -107,8 +109,14 @@ def main():
           r["same_bits_pallas_xla"] = not diff
           r["differing_outputs"] = diff
   try:
-    rows.append({"name": "jax.nn.scaled_dot_general nvfp4", "recipe": None, "backend": "jax",
-                 "ms": timer(fwd_bwd(jax_nvfp4_dot), *operands)})
+    rows.append(
+      {
+        "name": "jax.nn.scaled_dot_general nvfp4",
+        "recipe": None,
+        "backend": "jax",
+        "ms": timer(fwd_bwd(jax_nvfp4_dot), *operands),
+      }
+    )
   except (NotImplementedError, jax.errors.JaxRuntimeError) as e:  # no lowering on this device
     rows.append({"name": "jax.nn.scaled_dot_general nvfp4", "unavailable": f"{type(e).__name__}: {str(e)[:200]}"})
   for r in rows:
@@ -125,8 +133,13 @@ def main():
     if r.get("differing_outputs"):
       same = f"no: {', '.join(r['differing_outputs'])}"
     print(f"| {r['name']} | {r['backend']} | {r['ms']:.3f} | {r['ratio_to_bf16']:.2f} | {same} |")
-  doc = {"header": header(), "shape": {"m": args.m, "k": args.k, "n": args.n}, "dtype": "bfloat16",
-         "timing": "benchtools.time_ms: median of repeats of back-to-back calls", "rows": rows}
+  doc = {
+    "header": header(),
+    "shape": {"m": args.m, "k": args.k, "n": args.n},
+    "dtype": "bfloat16",
+    "timing": "benchtools.time_ms: median of repeats of back-to-back calls",
+    "rows": rows,
+  }
   text = json.dumps(doc, indent=1)
   print(text)
   if args.json:

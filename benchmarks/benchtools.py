@@ -12,8 +12,10 @@ import jax.numpy as jnp
 
 def header() -> str:
   dev = jax.devices()[0]
-  return (f"device: {dev.device_kind} ({dev.platform}); jax {jax.__version__}; "
-          f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+  return (
+    f"device: {dev.device_kind} ({dev.platform}); jax {jax.__version__}; "
+    f"date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
+  )
 
 
 def time_ms(fn, *args, warmup: int = 3, repeats: int = 7, calls: int = 10) -> float:

@@ -32,45 +32,76 @@ import re
 
 import jax
 import jax.numpy as jnp
-
-import fp4jax
 from benchtools import header, time_ms
 from fp4jax_kernels.quantize import pallas_triton
 from fp4jax_kernels.quantize.spec import QuantizeSpec
 
+import fp4jax
+
 OPS = {  # name: (spec, tiles to try as (tile, num_warps))
-    "nvfp4_rtn_1x16": (QuantizeSpec(fp4jax.NVFP4), [((16, 256), 4), ((32, 256), 4), ((64, 256), 4), ((64, 256), 8),
-                                                    ((16, 512), 4), ((16, 256), 2)]),
-    "nvfp4_rht16_sr": (QuantizeSpec(fp4jax.NVFP4, rounding="sr", hadamard=16, hadamard_signs="te"),
-                       [((16, 256), 4), ((32, 256), 8)]),
-    "nvfp4_ms_eden_rht128": (QuantizeSpec(fp4jax.NVFP4, rounding="eden", hadamard=128, hadamard_signs="random"),
-                             [((16, 256), 4), ((32, 128), 4)]),
-    "mxfp4_rtn_1x32": (QuantizeSpec(fp4jax.MXFP4), [((16, 256), 4)]),
-    "nvfp4_rtn_cols": (QuantizeSpec(fp4jax.NVFP4, along="cols"), [((256, 32), 4), ((128, 64), 4), ((256, 64), 8)]),
-    # What fp4jax.dot_general(backend="pallas") runs: bf16 values out (the GEMM operand), wgrad operands transposed.
-    "nvfp4_rtn_values": (QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only"), [((16, 256), 4), ((32, 256), 4)]),
-    "nvfp4_rht16_sr_values_wgrad": (QuantizeSpec(fp4jax.NVFP4, rounding="sr", hadamard=16, hadamard_signs="te",
-                                                 along="rows_of_transpose", dequantize="block_scaled_only"),
-                                    [((256, 32), 4), ((256, 64), 8)]),
-    # ... and without the packed codes and scales, as fp4jax.operand asks for them (packed=False)
-    "nvfp4_rtn_values_only": (QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only", packed=False),
-                              [((16, 256), 4)]),
-    "nvfp4_rht16_sr_values_only_wgrad": (QuantizeSpec(fp4jax.NVFP4, rounding="sr", hadamard=16, hadamard_signs="te",
-                                                      along="rows_of_transpose", dequantize="block_scaled_only",
-                                                      packed=False), [((256, 32), 4)]),
+  "nvfp4_rtn_1x16": (
+    QuantizeSpec(fp4jax.NVFP4),
+    [((16, 256), 4), ((32, 256), 4), ((64, 256), 4), ((64, 256), 8), ((16, 512), 4), ((16, 256), 2)],
+  ),
+  "nvfp4_rht16_sr": (
+    QuantizeSpec(fp4jax.NVFP4, rounding="sr", hadamard=16, hadamard_signs="te"),
+    [((16, 256), 4), ((32, 256), 8)],
+  ),
+  "nvfp4_ms_eden_rht128": (
+    QuantizeSpec(fp4jax.NVFP4, rounding="eden", hadamard=128, hadamard_signs="random"),
+    [((16, 256), 4), ((32, 128), 4)],
+  ),
+  "mxfp4_rtn_1x32": (QuantizeSpec(fp4jax.MXFP4), [((16, 256), 4)]),
+  "nvfp4_rtn_cols": (QuantizeSpec(fp4jax.NVFP4, along="cols"), [((256, 32), 4), ((128, 64), 4), ((256, 64), 8)]),
+  # What fp4jax.dot_general(backend="pallas") runs: bf16 values out (the GEMM operand), wgrad operands transposed.
+  "nvfp4_rtn_values": (QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only"), [((16, 256), 4), ((32, 256), 4)]),
+  "nvfp4_rht16_sr_values_wgrad": (
+    QuantizeSpec(
+      fp4jax.NVFP4,
+      rounding="sr",
+      hadamard=16,
+      hadamard_signs="te",
+      along="rows_of_transpose",
+      dequantize="block_scaled_only",
+    ),
+    [((256, 32), 4), ((256, 64), 8)],
+  ),
+  # ... and without the packed codes and scales, as fp4jax.operand asks for them (packed=False)
+  "nvfp4_rtn_values_only": (QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only", packed=False), [((16, 256), 4)]),
+  "nvfp4_rht16_sr_values_only_wgrad": (
+    QuantizeSpec(
+      fp4jax.NVFP4,
+      rounding="sr",
+      hadamard=16,
+      hadamard_signs="te",
+      along="rows_of_transpose",
+      dequantize="block_scaled_only",
+      packed=False,
+    ),
+    [((256, 32), 4)],
+  ),
 }
 _VALUES = dict(dequantize="block_scaled_only", packed=False)
 _RHT16_TE = dict(hadamard=16, hadamard_signs="te")
 PAIRS = {  # name: (along the rows, transposed), as fp4jax.dot_general's kernels quantize these tensors
-    "nvidia_nvfp4 X": (QuantizeSpec(fp4jax.NVFP4, **_VALUES),
-                       QuantizeSpec(fp4jax.NVFP4, along="rows_of_transpose", **_RHT16_TE, **_VALUES)),
-    "nvidia_nvfp4 dY": (QuantizeSpec(fp4jax.NVFP4, rounding="sr", **_VALUES),
-                        QuantizeSpec(fp4jax.NVFP4, rounding="sr", along="rows_of_transpose", **_RHT16_TE, **_VALUES)),
-    "nvfp4_rtn X, dY": (QuantizeSpec(fp4jax.NVFP4, **_VALUES),
-                        QuantizeSpec(fp4jax.NVFP4, along="rows_of_transpose", **_VALUES)),
-    "quartet dY": (QuantizeSpec(fp4jax.MXFP4, rounding="sr", hadamard=32, hadamard_signs="random", **_VALUES),
-                   QuantizeSpec(fp4jax.MXFP4, rounding="sr", hadamard=32, hadamard_signs="random",
-                                along="rows_of_transpose", **_VALUES)),
+  "nvidia_nvfp4 X": (
+    QuantizeSpec(fp4jax.NVFP4, **_VALUES),
+    QuantizeSpec(fp4jax.NVFP4, along="rows_of_transpose", **_RHT16_TE, **_VALUES),
+  ),
+  "nvidia_nvfp4 dY": (
+    QuantizeSpec(fp4jax.NVFP4, rounding="sr", **_VALUES),
+    QuantizeSpec(fp4jax.NVFP4, rounding="sr", along="rows_of_transpose", **_RHT16_TE, **_VALUES),
+  ),
+  "nvfp4_rtn X, dY": (
+    QuantizeSpec(fp4jax.NVFP4, **_VALUES),
+    QuantizeSpec(fp4jax.NVFP4, along="rows_of_transpose", **_VALUES),
+  ),
+  "quartet dY": (
+    QuantizeSpec(fp4jax.MXFP4, rounding="sr", hadamard=32, hadamard_signs="random", **_VALUES),
+    QuantizeSpec(
+      fp4jax.MXFP4, rounding="sr", hadamard=32, hadamard_signs="random", along="rows_of_transpose", **_VALUES
+    ),
+  ),
 }
 PAIR_TILES = ((16, 256), (32, 128), (32, 256), (64, 64), (64, 128), (128, 64))  # tiles of x
 SWEEP_TILES = ((16, 256), (32, 256), (64, 256), (32, 512), (64, 512), (128, 256))  # (across, along)
@@ -102,8 +133,9 @@ def prepass_ms(spec: QuantizeSpec, x: jax.Array, interpret: bool) -> float:
 
 
 def kernel_fn(spec: QuantizeSpec, tile, num_warps: int, interpret: bool):
-  return jax.jit(lambda x, key: pallas_triton.quantize(x, spec, key, tile=tile, num_warps=num_warps,
-                                                       interpret=interpret))
+  return jax.jit(
+    lambda x, key: pallas_triton.quantize(x, spec, key, tile=tile, num_warps=num_warps, interpret=interpret)
+  )
 
 
 def sweep(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False) -> dict:
@@ -128,8 +160,9 @@ def sweep(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
         except Exception as e:  # noqa: BLE001  a config that fails to compile or run is reported, not fatal
           configs.append({**row, "failed": f"{type(e).__name__}: {str(e)[:200]}"})
           continue
-        configs.append({**row, "ms": ms, "frac_copy_bw": frac(ms),
-                        "kernel_only_frac_copy_bw": frac(ms - pre) if ms > pre else None})
+        configs.append(
+          {**row, "ms": ms, "frac_copy_bw": frac(ms), "kernel_only_frac_copy_bw": frac(ms - pre) if ms > pre else None}
+        )
         print(f"{name:24s} tile {tile} w{nw}: {ms:.3f} ms, {100 * frac(ms):.1f}% of copy BW", flush=True)
     timed = [c for c in configs if "ms" in c]
     best = min(timed, key=lambda c: c["ms"]) if timed else None
@@ -185,14 +218,22 @@ def pairs(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
   for name, (rows, cols) in PAIRS.items():
     need = pair_bytes(rows, cols, x.size)
     pct = lambda ms: 100 * (need / ms / 1e6) / copy_bw
-    two = jax.jit(lambda x, a, b: (pallas_triton.quantize(x, rows, a, interpret=interpret).dequantized,
-                                   pallas_triton.quantize(x, cols, b, interpret=interpret).dequantized))
+    two = jax.jit(
+      lambda x, a, b: (
+        pallas_triton.quantize(x, rows, a, interpret=interpret).dequantized,
+        pallas_triton.quantize(x, cols, b, interpret=interpret).dequantized,
+      )
+    )
     t_two = time_ms(two, x, k1, k2)
     print(f"{name:18s} {'two quantizes (defaults)':32s} {t_two:8.3f} {pct(t_two):9.1f}%", flush=True)
     for tile in PAIR_TILES:
       for nw in SWEEP_WARPS:
-        fn = jax.jit(lambda x, a, b, tile=tile, nw=nw: [q.dequantized for q in pallas_triton.quantize_pair(
-            x, rows, cols, a, b, tile=tile, num_warps=nw, interpret=interpret)])
+        fn = jax.jit(
+          lambda x, a, b, tile=tile, nw=nw: [
+            q.dequantized
+            for q in pallas_triton.quantize_pair(x, rows, cols, a, b, tile=tile, num_warps=nw, interpret=interpret)
+          ]
+        )
         label = f"pair {tile} w{nw}"
         try:
           ms = time_ms(fn, x, k1, k2)
@@ -203,9 +244,9 @@ def pairs(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
 
 
 PRODUCERS = {  # name: the elementwise op that produces x from two bf16 tensors (a SwiGLU-like product, a residual add)
-    "x = h * g": lambda h, g: h * g,
-    "x = h + g": lambda h, g: h + g,
-    "x = gelu(h)": lambda h, g: jax.nn.gelu(h),
+  "x = h * g": lambda h, g: h * g,
+  "x = h + g": lambda h, g: h + g,
+  "x = gelu(h)": lambda h, g: jax.nn.gelu(h),
 }
 IN_GRAPH_OPS = ("nvfp4_rtn_1x16", "nvfp4_rtn_values_only")
 IN_GRAPH_PAIRS = ("nvfp4_rtn X, dY", "nvidia_nvfp4 X")
@@ -225,18 +266,24 @@ def after_producer(h: jax.Array, copy_bw: float, interpret: bool = False) -> Non
   copy bandwidth by ``min_bytes``), the kernel alone (tensor amax given; single quantizes only) and the standalone
   quantize with its pre-pass. The ops: ``IN_GRAPH_OPS``, then the pairs of ``IN_GRAPH_PAIRS``."""
   g = jax.random.normal(jax.random.key(2), h.shape, jnp.float32).astype(h.dtype)
-  print(f"{'op':24s} {'producer':14s} {'producer':>9s} {'+ quantize':>11s} {'adds':>7s} {'% copy BW':>10s} "
-        f"{'kernel alone':>13s} {'standalone':>11s} amax folded into the producer")
+  print(
+    f"{'op':24s} {'producer':14s} {'producer':>9s} {'+ quantize':>11s} {'adds':>7s} {'% copy BW':>10s} "
+    f"{'kernel alone':>13s} {'standalone':>11s} amax folded into the producer"
+  )
   outs = lambda q: (q.dequantized,) if q.qtensor is None else (q.qtensor.codes, q.qtensor.scales)
   ops = {}  # name: (quantize(x, **kw) -> outputs, bytes, takes amax=)
   for name in IN_GRAPH_OPS:
     spec = OPS[name][0]
-    ops[name] = (lambda x, spec=spec, **kw: outs(pallas_triton.quantize(x, spec, interpret=interpret, **kw)),
-                 min_bytes(spec, h.size), True)
+    ops[name] = (
+      lambda x, spec=spec, **kw: outs(pallas_triton.quantize(x, spec, interpret=interpret, **kw)),
+      min_bytes(spec, h.size),
+      True,
+    )
   for name in IN_GRAPH_PAIRS:
     rows, cols = PAIRS[name]
-    pair = lambda x, rows=rows, cols=cols: [o for q in pallas_triton.quantize_pair(
-        x, rows, cols, interpret=interpret) for o in outs(q)]
+    pair = lambda x, rows=rows, cols=cols: [
+      o for q in pallas_triton.quantize_pair(x, rows, cols, interpret=interpret) for o in outs(q)
+    ]
     ops[f"pair: {name}"] = (pair, pair_bytes(rows, cols, h.size), False)
   for name, (quantize, need, takes_amax) in ops.items():
     for label, prod in PRODUCERS.items():
@@ -251,8 +298,11 @@ def after_producer(h: jax.Array, copy_bw: float, interpret: bool = False) -> Non
       t_alone = time_ms(jax.jit(quantize), x)
       added = t_both - t_prod
       pct = 100 * (need / added / 1e6) / copy_bw if added > 0 else float("nan")
-      print(f"{name:24s} {label:14s} {t_prod:9.3f} {t_both:11.3f} {added:7.3f} {pct:9.1f}% {t_kernel:>13s} "
-            f"{t_alone:11.3f} {amax_folded(f_both, h, g)}", flush=True)
+      print(
+        f"{name:24s} {label:14s} {t_prod:9.3f} {t_both:11.3f} {added:7.3f} {pct:9.1f}% {t_kernel:>13s} "
+        f"{t_alone:11.3f} {amax_folded(f_both, h, g)}",
+        flush=True,
+      )
 
 
 def main():
@@ -280,8 +330,15 @@ def main():
   if not args.sweep_tiles:
     table(x, key, copy_bw, args.interpret)
     return
-  doc = {"header": header(), "shape": [m, k], "dtype": "bfloat16", "copy_ms": copy_ms, "copy_GBps": copy_bw,
-         "bytes_rule": "read x once + codes + block scales + optional outputs (bf16 x)", "specs": sweep(x, key, copy_bw, args.interpret)}
+  doc = {
+    "header": header(),
+    "shape": [m, k],
+    "dtype": "bfloat16",
+    "copy_ms": copy_ms,
+    "copy_GBps": copy_bw,
+    "bytes_rule": "read x once + codes + block scales + optional outputs (bf16 x)",
+    "specs": sweep(x, key, copy_bw, args.interpret),
+  }
   text = json.dumps(doc, indent=1)
   print(text)
   if args.json:
@@ -289,9 +346,14 @@ def main():
       f.write(text + "\n")
   for name, r in doc["specs"].items():
     b = r["best"]
-    print(f"best {name:24s} " + ("none ran" if b is None else
-                                 f"tile {tuple(b['tile'])} w{b['num_warps']}: {b['ms']:.3f} ms, "
-                                 f"{100 * b['frac_copy_bw']:.1f}% of copy BW"))
+    print(
+      f"best {name:24s} "
+      + (
+        "none ran"
+        if b is None
+        else f"tile {tuple(b['tile'])} w{b['num_warps']}: {b['ms']:.3f} ms, {100 * b['frac_copy_bw']:.1f}% of copy BW"
+      )
+    )
 
 
 if __name__ == "__main__":

@@ -25,17 +25,17 @@ import re
 
 import jax
 import jax.numpy as jnp
+import kernels_quantize as bench  # benchmarks/ is on sys.path when this script runs
+from benchtools import header, time_ms
+from fp4jax_kernels import triton_ir
+from fp4jax_kernels.quantize import pallas_triton
+from fp4jax_kernels.quantize.spec import QuantizeSpec
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 import fp4jax
 from fp4jax._src import bits as bits_lib
-from fp4jax_kernels import triton_ir
-from benchtools import header, time_ms
-import kernels_quantize as bench  # benchmarks/ is on sys.path when this script runs
-from fp4jax_kernels.quantize import pallas_triton
-from fp4jax_kernels.quantize.spec import QuantizeSpec
 
 LAYOUT_OPS = ("tt.reshape", "tt.trans", "tt.split", "tt.join", "tt.broadcast", "tt.expand_dims", "tt.reduce")
 
@@ -54,10 +54,15 @@ def _stage(body, out_cols, out_dtype, tile, num_warps, transpose: bool = False):
       out_block, out_index, out_shape = (out_cols(bk), bm), (lambda i, j: (j, i)), (out_cols(k), m)
     else:
       out_block, out_index, out_shape = (bm, out_cols(bk)), (lambda i, j: (i, j)), (m, out_cols(k))
-    return pl.pallas_call(kernel, grid=(m // bm, k // bk), in_specs=[pl.BlockSpec(tile, lambda i, j: (i, j))],
-                          out_specs=pl.BlockSpec(out_block, out_index),
-                          out_shape=jax.ShapeDtypeStruct(out_shape, out_dtype),
-                          compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1))(x)
+    return pl.pallas_call(
+      kernel,
+      grid=(m // bm, k // bk),
+      in_specs=[pl.BlockSpec(tile, lambda i, j: (i, j))],
+      out_specs=pl.BlockSpec(out_block, out_index),
+      out_shape=jax.ShapeDtypeStruct(out_shape, out_dtype),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+    )(x)
+
   return jax.jit(run)
 
 
@@ -79,19 +84,19 @@ def _fwht16(x):
 
 
 STAGES = {  # name: (body, output columns from input columns, output dtype)
-    "copy": (lambda x: x, lambda k: k, jnp.bfloat16),
-    "block_amax": (_block_amax, lambda k: k // 16, jnp.float32),
-    "hash": (_hash, lambda k: k, jnp.uint8),
-    "fwht16": (_fwht16, lambda k: k, jnp.bfloat16),
+  "copy": (lambda x: x, lambda k: k, jnp.bfloat16),
+  "block_amax": (_block_amax, lambda k: k // 16, jnp.float32),
+  "hash": (_hash, lambda k: k, jnp.uint8),
+  "fwht16": (_fwht16, lambda k: k, jnp.bfloat16),
 }
 FULL = {  # the kernels themselves, tensor amax given (no pre-pass)
-    "nvfp4_rtn_1x16": QuantizeSpec(fp4jax.NVFP4),
-    "nvfp4_rtn_values": QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only"),
-    "nvfp4_rtn_values_only": QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only", packed=False),
-    "nvfp4_sr_1x16": QuantizeSpec(fp4jax.NVFP4, rounding="sr"),
-    "nvfp4_rht16_sr": QuantizeSpec(fp4jax.NVFP4, rounding="sr", hadamard=16, hadamard_signs="te"),
-    "nvfp4_ms_eden_rht128": QuantizeSpec(fp4jax.NVFP4, rounding="eden", hadamard=128, hadamard_signs="random"),
-    "nvfp4_rtn_cols": QuantizeSpec(fp4jax.NVFP4, along="cols"),
+  "nvfp4_rtn_1x16": QuantizeSpec(fp4jax.NVFP4),
+  "nvfp4_rtn_values": QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only"),
+  "nvfp4_rtn_values_only": QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only", packed=False),
+  "nvfp4_sr_1x16": QuantizeSpec(fp4jax.NVFP4, rounding="sr"),
+  "nvfp4_rht16_sr": QuantizeSpec(fp4jax.NVFP4, rounding="sr", hadamard=16, hadamard_signs="te"),
+  "nvfp4_ms_eden_rht128": QuantizeSpec(fp4jax.NVFP4, rounding="eden", hadamard=128, hadamard_signs="random"),
+  "nvfp4_rtn_cols": QuantizeSpec(fp4jax.NVFP4, along="cols"),
 }
 TILES = (((16, 256), 4), ((64, 256), 8))
 
@@ -163,10 +168,15 @@ def ptx_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None, num_warps: int 
   ops = triton_ir.ptx_opcodes(compiled)
   count = lambda prefix: sum(op.startswith(prefix) for op in ops)  # noqa: E731
   per_thread = tile[0] * tile[1] / (32 * num_warps)
-  return {"ptx_per_element": round(len(ops) / per_thread, 1),
-          "sass_per_element": round(sum(triton_ir.sass_histogram(compiled).values()) / per_thread, 1),
-          "bar": count("bar."), "st.shared": count("st.shared"), "ld.shared": count("ld.shared"),
-          "convert_layout": compiled.asm["ttgir"].count("ttg.convert_layout"), "shared_bytes": compiled.metadata.shared}
+  return {
+    "ptx_per_element": round(len(ops) / per_thread, 1),
+    "sass_per_element": round(sum(triton_ir.sass_histogram(compiled).values()) / per_thread, 1),
+    "bar": count("bar."),
+    "st.shared": count("st.shared"),
+    "ld.shared": count("ld.shared"),
+    "convert_layout": compiled.asm["ttgir"].count("ttg.convert_layout"),
+    "shared_bytes": compiled.metadata.shared,
+  }
 
 
 def main():

@@ -26,8 +26,15 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 def run_tree(root: pathlib.Path, python_path: str, extra: list[str]) -> dict:
   """The JSON document of one ``bench_linear.py`` run from ``root`` with ``PYTHONPATH=python_path``."""
   with tempfile.NamedTemporaryFile(suffix=".json") as out:
-    cmd = [sys.executable, str(root / "benchmarks" / "bench_linear.py"), "--backends", "auto", "--json", out.name,
-           *extra]
+    cmd = [
+      sys.executable,
+      str(root / "benchmarks" / "bench_linear.py"),
+      "--backends",
+      "auto",
+      "--json",
+      out.name,
+      *extra,
+    ]
     env = {**os.environ, "PYTHONPATH": python_path}
     subprocess.run(cmd, cwd=root, env=env, check=True, stdout=sys.stderr)
     return json.loads(pathlib.Path(out.name).read_text())
@@ -43,14 +50,17 @@ def main(argv=None):
   p.add_argument("--baseline", required=True, help="folder with the other commit's fp4jax/, kernels/, benchmarks/")
   p.add_argument("--baseline-commit", default="unknown", help="the commit the baseline folder holds")
   p.add_argument("--rounds", type=int, default=2)
-  p.add_argument("--commit", default=None,
-                 help="this tree's commit (default: git rev-parse; a copied tree's .git may be stale)")
+  p.add_argument(
+    "--commit", default=None, help="this tree's commit (default: git rev-parse; a copied tree's .git may be stale)"
+  )
   p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "linear_trees.json"))
   p.add_argument("bench_args", nargs="*", help="passed to bench_linear.py (after --)")
   args = p.parse_args(argv)
   base = pathlib.Path(args.baseline).resolve()
-  trees = {"this": (REPO, os.environ.get("PYTHONPATH", "")),
-           "baseline": (base, f"{base}{os.pathsep}{base / 'kernels'}")}
+  trees = {
+    "this": (REPO, os.environ.get("PYTHONPATH", "")),
+    "baseline": (base, f"{base}{os.pathsep}{base / 'kernels'}"),
+  }
   ms: dict[str, dict[str, list[float]]] = {"this": {}, "baseline": {}}
   header = None
   for _ in range(args.rounds):
@@ -63,13 +73,25 @@ def main(argv=None):
   rows = []
   for name in ms["this"]:
     this, other = statistics.median(ms["this"][name]), statistics.median(ms["baseline"].get(name, [float("nan")]))
-    rows.append({"name": name, "this_ms": this, "baseline_ms": other, "ratio": this / other,
-                 "this_rounds": ms["this"][name], "baseline_rounds": ms["baseline"].get(name, [])})
-  doc = {"benchmark": "linear_trees", "header": header, "commit": args.commit or commit(REPO),
-         "baseline_commit": args.baseline_commit,
-         "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-         "command": " ".join(["python", "benchmarks/linear_trees.py", *(argv if argv is not None else sys.argv[1:])]),
-         "rows": rows}
+    rows.append(
+      {
+        "name": name,
+        "this_ms": this,
+        "baseline_ms": other,
+        "ratio": this / other,
+        "this_rounds": ms["this"][name],
+        "baseline_rounds": ms["baseline"].get(name, []),
+      }
+    )
+  doc = {
+    "benchmark": "linear_trees",
+    "header": header,
+    "commit": args.commit or commit(REPO),
+    "baseline_commit": args.baseline_commit,
+    "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
+    "command": " ".join(["python", "benchmarks/linear_trees.py", *(argv if argv is not None else sys.argv[1:])]),
+    "rows": rows,
+  }
   pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
   pathlib.Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
   print("| linear fwd+bwd, default arguments | this ms | baseline ms | this / baseline |")

@@ -15,32 +15,51 @@ BEGIN, END = "<!-- current numbers: begin (benchmarks/report.py) -->", "<!-- cur
 
 
 def _linear_trees(doc: dict) -> list[str]:
-  out = [f"### Linear layer fwd+bwd, default arguments, this tree / {doc['baseline_commit']}",
-         "", f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`", "",
-         "| row | this ms | baseline ms | this / baseline |", "|---|---|---|---|"]
+  out = [
+    f"### Linear layer fwd+bwd, default arguments, this tree / {doc['baseline_commit']}",
+    "",
+    f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`",
+    "",
+    "| row | this ms | baseline ms | this / baseline |",
+    "|---|---|---|---|",
+  ]
   out += [f"| {r['name']} | {r['this_ms']:.3f} | {r['baseline_ms']:.3f} | {r['ratio']:.3f} |" for r in doc["rows"]]
   return out
 
 
 def _auto_threshold(doc: dict) -> list[str]:
   s = doc["shape"]
-  out = [f"### Quantizer backends at {s['m']}x{s['k']}x{s['n']} (ratio to bf16 in the same run)", "",
-         f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`; {doc.get('note', '')}", "",
-         "| row | ms | ratio to bf16 |", "|---|---|---|"]
+  out = [
+    f"### Quantizer backends at {s['m']}x{s['k']}x{s['n']} (ratio to bf16 in the same run)",
+    "",
+    f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`; {doc.get('note', '')}",
+    "",
+    "| row | ms | ratio to bf16 |",
+    "|---|---|---|",
+  ]
   out += [f"| {r['name']} | {r['ms']:.3f} | {r['ratio_to_bf16']:.2f} |" for r in doc["rows"] if "ms" in r]
   return out
 
 
 def _train_throughput(doc: dict) -> list[str]:
   s = doc["settings"]
-  title = (f"### Training throughput, {s['model']}, {s['per_device_batch']} x {s['seq_len']} tokens per device "
-           "(experiments model and plain-JAX anchor, one run)")
-  where = (f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`; MFU against the measured bf16 GEMM rate "
-           f"({doc['matmul_tflops']:.0f} TFLOP/s); anchor attention {s['anchor_attention']}"
-           + ("" if doc.get("complete", True) else "; INCOMPLETE: the run stopped before its last device count"))
-  out = [title, "", where, "",
-         "| model | recipe | devices | tokens/s | ms/step | MFU | / anchor | weak scaling | compile s |",
-         "|---|---|---|---|---|---|---|---|---|"]
+  title = (
+    f"### Training throughput, {s['model']}, {s['per_device_batch']} x {s['seq_len']} tokens per device "
+    "(experiments model and plain-JAX anchor, one run)"
+  )
+  where = (
+    f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`; MFU against the measured bf16 GEMM rate "
+    f"({doc['matmul_tflops']:.0f} TFLOP/s); anchor attention {s['anchor_attention']}"
+    + ("" if doc.get("complete", True) else "; INCOMPLETE: the run stopped before its last device count")
+  )
+  out = [
+    title,
+    "",
+    where,
+    "",
+    "| model | recipe | devices | tokens/s | ms/step | MFU | / anchor | weak scaling | compile s |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
   fmt = lambda x, spec: "" if x is None else format(x, spec)
   for r in doc["rows"]:
     head = f"| {r['model']} | {r['recipe']} | {r['devices']} |"
@@ -48,8 +67,10 @@ def _train_throughput(doc: dict) -> list[str]:
       out.append(f"{head} failed: {r['error'][:100].replace('|', '/')} | | | | | |")
       continue
     eff = fmt(r["scaling_efficiency"], ".1%") if r["devices"] > 1 else ""
-    out.append(f"{head} {r['tokens_per_s']:,.0f} | {r['step_time_median_s'] * 1e3:.1f} | {r['mfu']:.1%} | "
-               f"{fmt(r['ratio_to_anchor'], '.2f')} | {eff} | {r['compile_s']:.0f} |")
+    out.append(
+      f"{head} {r['tokens_per_s']:,.0f} | {r['step_time_median_s'] * 1e3:.1f} | {r['mfu']:.1%} | "
+      f"{fmt(r['ratio_to_anchor'], '.2f')} | {eff} | {r['compile_s']:.0f} |"
+    )
   return out
 
 
@@ -57,8 +78,13 @@ RENDER = {"linear_trees": _linear_trees, "auto_threshold": _auto_threshold, "tra
 
 
 def section() -> str:
-  lines = [BEGIN, "## Current numbers", "",
-           "Generated from `benchmarks/results/*.json` by `python benchmarks/report.py`.", ""]
+  lines = [
+    BEGIN,
+    "## Current numbers",
+    "",
+    "Generated from `benchmarks/results/*.json` by `python benchmarks/report.py`.",
+    "",
+  ]
   for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
     doc = json.loads(path.read_text())
     lines += RENDER[doc["benchmark"]](doc) + [""]

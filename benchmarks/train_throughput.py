@@ -95,33 +95,56 @@ def _compile(step, state, inputs) -> tuple[Callable, float]:
   return compiled, time.perf_counter() - start
 
 
-def anchor_entry(size: str, n: int, per_device_batch: int, seq_len: int, total_steps: int, spec: str,
-                 attention: anchor.Attention) -> Entry:
+def anchor_entry(
+  size: str, n: int, per_device_batch: int, seq_len: int, total_steps: int, spec: str, attention: anchor.Attention
+) -> Entry:
   """The anchor of ``size`` on the first ``n`` devices (data parallel), on ``spec``'s batches."""
   corpus = data.load_corpus(spec)
   if corpus.vocab_size != BYTE_VOCAB:
-    raise ValueError(f"--data {spec!r} has a vocabulary of {corpus.vocab_size}; the benchmark's models and FLOPs "
-                     f"count a byte vocabulary of {BYTE_VOCAB}")
+    raise ValueError(
+      f"--data {spec!r} has a vocabulary of {corpus.vocab_size}; the benchmark's models and FLOPs "
+      f"count a byte vocabulary of {BYTE_VOCAB}"
+    )
   config = anchor.anchor_config(size, attention=attention)
   trainer = anchor.Trainer(config, anchor.make_optimizer(model_lib.SIZES[size].lr, total_steps), anchor.data_mesh(n))
   stream = data.BatchStream(corpus.train, per_device_batch * n, seq_len, seed=0)
   state = trainer.init_state(jax.random.key(0))
   inputs = [(trainer.place(stream.batch(s)),) for s in range(PLACED_BATCHES)]
   compiled, seconds = _compile(trainer.jitted_step(), state, inputs)
-  return Entry("anchor", model_lib.BF16_RECIPE, n, per_device_batch * n, anchor.flops_per_token(config, seq_len),
-               seconds, compiled, state, inputs)
+  return Entry(
+    "anchor",
+    model_lib.BF16_RECIPE,
+    n,
+    per_device_batch * n,
+    anchor.flops_per_token(config, seq_len),
+    seconds,
+    compiled,
+    state,
+    inputs,
+  )
 
 
-def experiments_entry(recipe: str, size: str, n: int, per_device_batch: int, seq_len: int, total_steps: int,
-                      spec: str, overrides: dict) -> Entry:
+def experiments_entry(
+  recipe: str, size: str, n: int, per_device_batch: int, seq_len: int, total_steps: int, spec: str, overrides: dict
+) -> Entry:
   """``fp4jax_experiments.train.Trainer`` of ``size`` under ``recipe`` on ``bench_scaling``'s data mesh of n."""
   batch = per_device_batch * n
-  config = train.TrainConfig(model=size, recipe=recipe, data=spec, batch_size=batch, seq_len=seq_len,
-                             tokens=batch * seq_len * total_steps, log_every=1, ckpt_every=1)
+  config = train.TrainConfig(
+    model=size,
+    recipe=recipe,
+    data=spec,
+    batch_size=batch,
+    seq_len=seq_len,
+    tokens=batch * seq_len * total_steps,
+    log_every=1,
+    ckpt_every=1,
+  )
   trainer = train.Trainer(config, layout=bench_scaling.layout_for("data", n), model_overrides=overrides)
   if trainer.corpus.vocab_size != BYTE_VOCAB:
-    raise ValueError(f"--data {spec!r} has a vocabulary of {trainer.corpus.vocab_size}; the benchmark's FLOPs "
-                     f"count a byte vocabulary of {BYTE_VOCAB}")
+    raise ValueError(
+      f"--data {spec!r} has a vocabulary of {trainer.corpus.vocab_size}; the benchmark's FLOPs "
+      f"count a byte vocabulary of {BYTE_VOCAB}"
+    )
   state = trainer.init_state()
   inputs = [(trainer.place(trainer.stream.batch(s)), trainer.quant_key(s)) for s in range(PLACED_BATCHES)]
   compiled, seconds = _compile(trainer.train_step, state, inputs)
@@ -130,19 +153,30 @@ def experiments_entry(recipe: str, size: str, n: int, per_device_batch: int, seq
     state, metrics = compiled(state, tokens, key)
     return state, metrics["loss"]
 
-  return Entry("experiments", recipe, n, batch, bench_scaling.flops_per_token(size, seq_len), seconds, step, state,
-               inputs)
+  return Entry(
+    "experiments", recipe, n, batch, bench_scaling.flops_per_token(size, seq_len), seconds, step, state, inputs
+  )
 
 
 def _record(entry: Entry, seq_len: int, rate_tflops: float) -> dict:
   median = statistics.median(entry.step_seconds)
   tokens_per_s = entry.global_batch * seq_len / median
-  return {"model": entry.model, "recipe": entry.recipe, "devices": entry.devices, "global_batch": entry.global_batch,
-          "seq_len": seq_len, "tokens_per_s": tokens_per_s, "step_time_median_s": median,
-          "step_time_min_s": min(entry.step_seconds), "step_time_rounds_s": entry.step_seconds,
-          "mfu": tokens_per_s * entry.flops_per_token / (entry.devices * rate_tflops * 1e12),
-          "compile_s": entry.compile_s, "flops_per_token": entry.flops_per_token, "loss": entry.loss,
-          **({"profile": entry.profile} if entry.profile is not None else {})}
+  return {
+    "model": entry.model,
+    "recipe": entry.recipe,
+    "devices": entry.devices,
+    "global_batch": entry.global_batch,
+    "seq_len": seq_len,
+    "tokens_per_s": tokens_per_s,
+    "step_time_median_s": median,
+    "step_time_min_s": min(entry.step_seconds),
+    "step_time_rounds_s": entry.step_seconds,
+    "mfu": tokens_per_s * entry.flops_per_token / (entry.devices * rate_tflops * 1e12),
+    "compile_s": entry.compile_s,
+    "flops_per_token": entry.flops_per_token,
+    "loss": entry.loss,
+    **({"profile": entry.profile} if entry.profile is not None else {}),
+  }
 
 
 def _failure(model: str, recipe: str, n: int, error: BaseException) -> dict:
@@ -166,10 +200,23 @@ def add_ratios(rows: list[dict]) -> list[dict]:
 def run_device_count(n: int, args: argparse.Namespace, overrides: dict, rate: float) -> list[dict]:
   """Every entry on n devices: built and compiled, warmed up, timed in interleaved rounds, optionally profiled."""
   total = args.warmup + args.rounds * args.steps + (args.profile_steps if args.profile else 0)
-  builders = [("anchor", model_lib.BF16_RECIPE,
-               lambda: anchor_entry(args.model, n, args.batch, args.seq_len, total, args.data, args.anchor_attention))]
-  builders += [("experiments", recipe, lambda recipe=recipe: experiments_entry(
-      recipe, args.model, n, args.batch, args.seq_len, total, args.data, overrides)) for recipe in args.recipes]
+  builders = [
+    (
+      "anchor",
+      model_lib.BF16_RECIPE,
+      lambda: anchor_entry(args.model, n, args.batch, args.seq_len, total, args.data, args.anchor_attention),
+    )
+  ]
+  builders += [
+    (
+      "experiments",
+      recipe,
+      lambda recipe=recipe: experiments_entry(
+        recipe, args.model, n, args.batch, args.seq_len, total, args.data, overrides
+      ),
+    )
+    for recipe in args.recipes
+  ]
   entries, failed = [], []
   for model, recipe, build in builders:
     try:
@@ -202,24 +249,31 @@ def profile(entry: Entry, folder: str, steps: int) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-  lines = [(f"{'model':12s} {'recipe':13s} {'dev':>3s} {'tokens/s':>11s} {'ms/step':>8s} {'MFU':>6s} "
-           f"{'/anchor':>7s} {'weak eff':>8s} {'compile s':>9s}")]
+  lines = [
+    (
+      f"{'model':12s} {'recipe':13s} {'dev':>3s} {'tokens/s':>11s} {'ms/step':>8s} {'MFU':>6s} "
+      f"{'/anchor':>7s} {'weak eff':>8s} {'compile s':>9s}"
+    )
+  ]
   for r in rows:
     if "error" in r:
       lines.append(f"{r['model']:12s} {r['recipe']:13s} {r['devices']:3d} failed: {r['error'][:80]}")
       continue
     fmt = lambda x, spec: "" if x is None else format(x, spec)
-    lines.append(f"{r['model']:12s} {r['recipe']:13s} {r['devices']:3d} {r['tokens_per_s']:11,.0f} "
-                 f"{r['step_time_median_s'] * 1e3:8.2f} {r['mfu']:6.1%} {fmt(r['ratio_to_anchor'], '7.3f'):>7s} "
-                 f"{fmt(r['scaling_efficiency'], '.1%'):>8s} {r['compile_s']:9.1f}")
+    lines.append(
+      f"{r['model']:12s} {r['recipe']:13s} {r['devices']:3d} {r['tokens_per_s']:11,.0f} "
+      f"{r['step_time_median_s'] * 1e3:8.2f} {r['mfu']:6.1%} {fmt(r['ratio_to_anchor'], '7.3f'):>7s} "
+      f"{fmt(r['scaling_efficiency'], '.1%'):>8s} {r['compile_s']:9.1f}"
+    )
   return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--model", default="125M", choices=list(model_lib.SIZES))
-  p.add_argument("--recipes", default=None, help=f"comma-separated (default {DEFAULT_RECIPES}; --smoke: "
-                 f"{SMOKE_RECIPES})")
+  p.add_argument(
+    "--recipes", default=None, help=f"comma-separated (default {DEFAULT_RECIPES}; --smoke: {SMOKE_RECIPES})"
+  )
   p.add_argument("--devices", default="1,2", help="comma-separated device counts")
   p.add_argument("--batch", type=int, default=16, help="rows per device (global batch = devices x this)")
   p.add_argument("--seq-len", type=int, default=1024)
@@ -227,16 +281,27 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--steps", type=int, default=10, help="timed steps per entry per round")
   p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
   p.add_argument("--data", default="stdlib", help="a byte corpus (fp4jax_experiments.data.load_corpus)")
-  p.add_argument("--anchor-attention", default=None, choices=["cudnn", "xla"],
-                 help="the anchor's jax.nn.dot_product_attention implementation (default: cudnn on a GPU)")
-  p.add_argument("--experiments-overrides", default="{}", type=json.loads,
-                 help='JSON ModelConfig overrides of the experiments model, e.g. \'{"quantizer_backend": "auto"}\'')
+  p.add_argument(
+    "--anchor-attention",
+    default=None,
+    choices=["cudnn", "xla"],
+    help="the anchor's jax.nn.dot_product_attention implementation (default: cudnn on a GPU)",
+  )
+  p.add_argument(
+    "--experiments-overrides",
+    default="{}",
+    type=json.loads,
+    help='JSON ModelConfig overrides of the experiments model, e.g. \'{"quantizer_backend": "auto"}\'',
+  )
   p.add_argument("--matmul-size", type=int, default=8192, help="bf16 GEMM of this size³ sets the MFU divisor")
   p.add_argument("--profile", default=None, help="folder: trace each entry's --profile-steps more steps")
   p.add_argument("--profile-steps", type=int, default=3)
   p.add_argument("--commit", default=None, help="this tree's commit (default: git rev-parse)")
-  p.add_argument("--out", default=None, help=f"the JSON document (default {DEFAULT_OUT.relative_to(REPO)}; --smoke: "
-                 f"{SMOKE_OUT.relative_to(REPO)})")
+  p.add_argument(
+    "--out",
+    default=None,
+    help=f"the JSON document (default {DEFAULT_OUT.relative_to(REPO)}; --smoke: {SMOKE_OUT.relative_to(REPO)})",
+  )
   p.add_argument("--smoke", action="store_true", help="CPU check: 100K model, devices 1,2, batch 2 x 64, 2 steps")
   return p
 
@@ -279,17 +344,30 @@ def main(argv: list[str] | None = None) -> None:
   rate = bench_scaling.matmul_tflops(args.matmul_size)
   print(f"bf16 {args.matmul_size}^3 GEMM: {rate:.1f} TFLOP/s", flush=True)
   dev, rows = jax.devices()[0], []
-  doc = {"benchmark": "train_throughput", "header": header(), "device_kind": dev.device_kind,
-         "platform": dev.platform, "jax_version": jax.__version__, "commit": args.commit or commit(REPO),
-         "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
-         "command": " ".join(["python", "benchmarks/train_throughput.py",
-                              *(argv if argv is not None else sys.argv[1:])]),
-         "matmul_size": args.matmul_size, "matmul_tflops": rate,
-         "settings": {"model": args.model, "per_device_batch": args.batch, "seq_len": args.seq_len,
-                      "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds, "data": args.data,
-                      "anchor_attention": args.anchor_attention,
-                      "experiments_overrides": args.experiments_overrides},
-         "rows": rows}
+  doc = {
+    "benchmark": "train_throughput",
+    "header": header(),
+    "device_kind": dev.device_kind,
+    "platform": dev.platform,
+    "jax_version": jax.__version__,
+    "commit": args.commit or commit(REPO),
+    "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
+    "command": " ".join(["python", "benchmarks/train_throughput.py", *(argv if argv is not None else sys.argv[1:])]),
+    "matmul_size": args.matmul_size,
+    "matmul_tflops": rate,
+    "settings": {
+      "model": args.model,
+      "per_device_batch": args.batch,
+      "seq_len": args.seq_len,
+      "warmup": args.warmup,
+      "steps": args.steps,
+      "rounds": args.rounds,
+      "data": args.data,
+      "anchor_attention": args.anchor_attention,
+      "experiments_overrides": args.experiments_overrides,
+    },
+    "rows": rows,
+  }
   out = pathlib.Path(args.out or (SMOKE_OUT if args.smoke else DEFAULT_OUT))
   for i, n in enumerate(counts):
     rows += run_device_count(n, args, args.experiments_overrides, rate)
@@ -299,8 +377,9 @@ def main(argv: list[str] | None = None) -> None:
   print(_table(rows))
   failed = [r for r in rows if "error" in r]
   if failed:
-    raise SystemExit(f"{len(failed)} entries failed: " + "; ".join(f"{r['model']} {r['recipe']} on {r['devices']}"
-                                                                   for r in failed))
+    raise SystemExit(
+      f"{len(failed)} entries failed: " + "; ".join(f"{r['model']} {r['recipe']} on {r['devices']}" for r in failed)
+    )
 
 
 if __name__ == "__main__":

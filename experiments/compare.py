@@ -22,50 +22,58 @@ DEFAULT_RECIPES = ("bf16", "nvidia_nvfp4", "quartet2")
 
 
 def compare(base: train.TrainConfig, recipes, out: Path, cache_dir: str | None = None) -> list[dict]:
-    """Train ``base`` under each recipe in ``out/<recipe>``; return each run's summary."""
-    return [train.train(dataclasses.replace(base, recipe=recipe), out / recipe, cache_dir=cache_dir)
-            for recipe in recipes]
+  """Train ``base`` under each recipe in ``out/<recipe>``; return each run's summary."""
+  return [
+    train.train(dataclasses.replace(base, recipe=recipe), out / recipe, cache_dir=cache_dir) for recipe in recipes
+  ]
 
 
 def results_table(rows: list[dict]) -> str:
-    """Markdown table of final losses; gap = val loss − BF16's val loss."""
-    base = next((r["val_loss"] for r in rows if r["recipe"] == model_lib.BF16_RECIPE), None)
-    lines = ["| recipe | val loss | val bits/byte | gap to bf16 | tokens/s |", "|---|---|---|---|---|"]
-    for r in rows:
-        bpb = f"{r['val_bpb']:.4f}" if r["val_bpb"] is not None else "n/a"
-        gap = f"{r['val_loss'] - base:+.4f}" if base is not None else "n/a"
-        lines.append(f"| {r['recipe']} | {r['val_loss']:.4f} | {bpb} | {gap} | {r['tokens_per_s']:,.0f} |")
-    return "\n".join(lines) + "\n"
+  """Markdown table of final losses; gap = val loss − BF16's val loss."""
+  base = next((r["val_loss"] for r in rows if r["recipe"] == model_lib.BF16_RECIPE), None)
+  lines = ["| recipe | val loss | val bits/byte | gap to bf16 | tokens/s |", "|---|---|---|---|---|"]
+  for r in rows:
+    bpb = f"{r['val_bpb']:.4f}" if r["val_bpb"] is not None else "n/a"
+    gap = f"{r['val_loss'] - base:+.4f}" if base is not None else "n/a"
+    lines.append(f"| {r['recipe']} | {r['val_loss']:.4f} | {bpb} | {gap} | {r['tokens_per_s']:,.0f} |")
+  return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="fp4jax-compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES))
-    parser.add_argument("--model", default="1M", choices=list(model_lib.SIZES))
-    parser.add_argument("--tokens", type=train.parse_count, default=120_000)
-    parser.add_argument("--data", default="stdlib")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--eval-every", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("runs/compare"))
-    parser.add_argument("--cache-dir", default=None)
-    args = parser.parse_args(argv)
-    try:
-        base = train.TrainConfig(model=args.model, tokens=args.tokens, data=args.data, batch_size=args.batch_size,
-                                 seq_len=args.seq_len, eval_every=args.eval_every, ckpt_every=args.eval_every,
-                                 seed=args.seed)
-    except ValueError as err:
-        parser.error(str(err))
-    rows = compare(base, args.recipes, args.out, args.cache_dir)
-    curves = {r["recipe"]: train.read_metrics(args.out / r["recipe"]) for r in rows}
-    title = f"{args.model} model, {args.tokens:,} tokens of {args.data}"
-    plot = plots.loss_curves(curves, args.out / "loss_curves.png", title)
-    table = results_table(rows)
-    (args.out / "results.md").write_text(f"{title}\n\n{table}")
-    (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"\n{title}\n\n{table}\nplot: {plot}\ntable: {args.out / 'results.md'}")
+  parser = argparse.ArgumentParser(prog="fp4jax-compare", description=__doc__.split("\n\n")[0])
+  parser.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES))
+  parser.add_argument("--model", default="1M", choices=list(model_lib.SIZES))
+  parser.add_argument("--tokens", type=train.parse_count, default=120_000)
+  parser.add_argument("--data", default="stdlib")
+  parser.add_argument("--batch-size", type=int, default=16)
+  parser.add_argument("--seq-len", type=int, default=128)
+  parser.add_argument("--eval-every", type=int, default=20)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--out", type=Path, default=Path("runs/compare"))
+  parser.add_argument("--cache-dir", default=None)
+  args = parser.parse_args(argv)
+  try:
+    base = train.TrainConfig(
+      model=args.model,
+      tokens=args.tokens,
+      data=args.data,
+      batch_size=args.batch_size,
+      seq_len=args.seq_len,
+      eval_every=args.eval_every,
+      ckpt_every=args.eval_every,
+      seed=args.seed,
+    )
+  except ValueError as err:
+    parser.error(str(err))
+  rows = compare(base, args.recipes, args.out, args.cache_dir)
+  curves = {r["recipe"]: train.read_metrics(args.out / r["recipe"]) for r in rows}
+  title = f"{args.model} model, {args.tokens:,} tokens of {args.data}"
+  plot = plots.loss_curves(curves, args.out / "loss_curves.png", title)
+  table = results_table(rows)
+  (args.out / "results.md").write_text(f"{title}\n\n{table}")
+  (args.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+  print(f"\n{title}\n\n{table}\nplot: {plot}\ntable: {args.out / 'results.md'}")
 
 
 if __name__ == "__main__":
-    main()
+  main()

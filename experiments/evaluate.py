@@ -30,75 +30,86 @@ from fp4jax_experiments.model import BF16_RECIPE, size_rank
 
 
 def batch_losses(folder: Path, n_batches: int, cache_dir: str | None = None) -> dict:
-    """Validation loss of each of ``n_batches`` batches under the newest checkpoint of the run in ``folder``."""
-    config = train.TrainConfig(**json.loads((folder / "config.json").read_text()))
-    trainer = train.Trainer(config, cache_dir)
-    run = train.RunFolder(folder, config)
-    try:
-        state, step = run.restore(trainer.init_state())
-    finally:
-        run.close()
-    if step == 0:
-        raise ValueError(f"{folder}: no checkpoint to evaluate")
-    return train.evaluation_record(folder.name, config, step, trainer.batch_losses(state["params"], n_batches))
+  """Validation loss of each of ``n_batches`` batches under the newest checkpoint of the run in ``folder``."""
+  config = train.TrainConfig(**json.loads((folder / "config.json").read_text()))
+  trainer = train.Trainer(config, cache_dir)
+  run = train.RunFolder(folder, config)
+  try:
+    state, step = run.restore(trainer.init_state())
+  finally:
+    run.close()
+  if step == 0:
+    raise ValueError(f"{folder}: no checkpoint to evaluate")
+  return train.evaluation_record(folder.name, config, step, trainer.batch_losses(state["params"], n_batches))
 
 
 def gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
-    """Loss gap of every other record to the ``baseline`` recipe's record of the same model and tokens, paired over
-    batches (groups without a baseline run are left out)."""
-    base = {(r["model"], r["tokens"]): r for r in records if r["recipe"] == baseline}
-    rows = []
-    for r in records:
-        ref = base.get((r["model"], r["tokens"]))
-        if r["recipe"] == baseline or ref is None:
-            continue
-        if len(r["batch_losses"]) != len(ref["batch_losses"]):
-            raise ValueError(f"{r['name']} and {ref['name']} must be evaluated on the same validation batches, got "
-                             f"{len(r['batch_losses'])} and {len(ref['batch_losses'])} batches")
-        d = np.asarray(r["batch_losses"]) - np.asarray(ref["batch_losses"])
-        if d.size < 2:
-            raise ValueError(f"{r['name']}: need at least 2 paired batches for an error bar, got {d.size}")
-        rows.append({"model": r["model"], "tokens": r["tokens"], "recipe": r["recipe"],
-                     "loss": float(np.mean(r["batch_losses"])), "baseline_loss": float(np.mean(ref["batch_losses"])),
-                     "gap": float(d.mean()), "ci95": float(1.96 * d.std(ddof=1) / math.sqrt(d.size))})
-    return rows
+  """Loss gap of every other record to the ``baseline`` recipe's record of the same model and tokens, paired over
+  batches (groups without a baseline run are left out)."""
+  base = {(r["model"], r["tokens"]): r for r in records if r["recipe"] == baseline}
+  rows = []
+  for r in records:
+    ref = base.get((r["model"], r["tokens"]))
+    if r["recipe"] == baseline or ref is None:
+      continue
+    if len(r["batch_losses"]) != len(ref["batch_losses"]):
+      raise ValueError(
+        f"{r['name']} and {ref['name']} must be evaluated on the same validation batches, got "
+        f"{len(r['batch_losses'])} and {len(ref['batch_losses'])} batches"
+      )
+    d = np.asarray(r["batch_losses"]) - np.asarray(ref["batch_losses"])
+    if d.size < 2:
+      raise ValueError(f"{r['name']}: need at least 2 paired batches for an error bar, got {d.size}")
+    rows.append(
+      {
+        "model": r["model"],
+        "tokens": r["tokens"],
+        "recipe": r["recipe"],
+        "loss": float(np.mean(r["batch_losses"])),
+        "baseline_loss": float(np.mean(ref["batch_losses"])),
+        "gap": float(d.mean()),
+        "ci95": float(1.96 * d.std(ddof=1) / math.sqrt(d.size)),
+      }
+    )
+  return rows
 
 
 def gaps_markdown(records: Sequence[dict], baseline: str = BF16_RECIPE) -> str:
-    """The :func:`gaps` table, by model size, tokens, then gap, unfinished runs marked."""
-    names = {(r["model"], r["tokens"], r["recipe"]): r for r in records}
-    lines = [f"| model | tokens | recipe | val loss | gap to {baseline} (95% CI) | steps |",
-             "|---|---|---|---|---|---|"]
-    for row in sorted(gaps(records, baseline), key=lambda g: (size_rank(g["model"]), g["tokens"], g["gap"])):
-        r = names[(row["model"], row["tokens"], row["recipe"])]
-        done = f"{r['step']}" if r["step"] >= r["steps"] else f"{r['step']}/{r['steps']} (unfinished)"
-        lines.append(f"| {row['model']} | {row['tokens'] / 1e6:.1f}M | {row['recipe']} | {row['loss']:.4f} "
-                     f"| {row['gap']:+.4f} ± {row['ci95']:.4f} | {done} |")
-    return "\n".join(lines) + "\n"
+  """The :func:`gaps` table, by model size, tokens, then gap, unfinished runs marked."""
+  names = {(r["model"], r["tokens"], r["recipe"]): r for r in records}
+  lines = [f"| model | tokens | recipe | val loss | gap to {baseline} (95% CI) | steps |", "|---|---|---|---|---|---|"]
+  for row in sorted(gaps(records, baseline), key=lambda g: (size_rank(g["model"]), g["tokens"], g["gap"])):
+    r = names[(row["model"], row["tokens"], row["recipe"])]
+    done = f"{r['step']}" if r["step"] >= r["steps"] else f"{r['step']}/{r['steps']} (unfinished)"
+    lines.append(
+      f"| {row['model']} | {row['tokens'] / 1e6:.1f}M | {row['recipe']} | {row['loss']:.4f} "
+      f"| {row['gap']:+.4f} ± {row['ci95']:.4f} | {done} |"
+    )
+  return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="fp4jax-evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="*", type=Path, help="run folders (with config.json and checkpoints)")
-    parser.add_argument("--batches", type=int, default=32, help="validation batches per run (default 32)")
-    parser.add_argument("--cache-dir", default=None)
-    parser.add_argument("--out", type=Path, help="JSONL of per-batch losses")
-    parser.add_argument("--table", type=Path, help="print the gap table of a JSONL written by --out, and exit")
-    parser.add_argument("--baseline", default=BF16_RECIPE, help="the recipe gaps are taken to (default bf16)")
-    args = parser.parse_args(argv)
-    if args.table:
-        records = [json.loads(line) for line in args.table.read_text().splitlines() if line.strip()]
-        print(gaps_markdown(records, args.baseline), end="")
-        return
-    if not args.runs or args.out is None:
-        parser.error("give run folders and --out (or --table FILE)")
-    if args.batches < 2:
-        parser.error(f"--batches must be at least 2 (error bars), got {args.batches}")
-    records = [batch_losses(folder, args.batches, args.cache_dir) for folder in args.runs]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
+  parser = argparse.ArgumentParser(prog="fp4jax-evaluate", description=__doc__.split("\n\n")[0])
+  parser.add_argument("runs", nargs="*", type=Path, help="run folders (with config.json and checkpoints)")
+  parser.add_argument("--batches", type=int, default=32, help="validation batches per run (default 32)")
+  parser.add_argument("--cache-dir", default=None)
+  parser.add_argument("--out", type=Path, help="JSONL of per-batch losses")
+  parser.add_argument("--table", type=Path, help="print the gap table of a JSONL written by --out, and exit")
+  parser.add_argument("--baseline", default=BF16_RECIPE, help="the recipe gaps are taken to (default bf16)")
+  args = parser.parse_args(argv)
+  if args.table:
+    records = [json.loads(line) for line in args.table.read_text().splitlines() if line.strip()]
     print(gaps_markdown(records, args.baseline), end="")
+    return
+  if not args.runs or args.out is None:
+    parser.error("give run folders and --out (or --table FILE)")
+  if args.batches < 2:
+    parser.error(f"--batches must be at least 2 (error bars), got {args.batches}")
+  records = [batch_losses(folder, args.batches, args.cache_dir) for folder in args.runs]
+  args.out.parent.mkdir(parents=True, exist_ok=True)
+  args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
+  print(gaps_markdown(records, args.baseline), end="")
 
 
 if __name__ == "__main__":
-    main()
+  main()

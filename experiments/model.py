@@ -48,345 +48,362 @@ INIT_STD = 0.02
 
 @dataclasses.dataclass(frozen=True)
 class ModelSize:
-    """One row of the size table: shape, the Quartet learning rate, and the SwiGLU hidden-width multiple."""
+  """One row of the size table: shape, the Quartet learning rate, and the SwiGLU hidden-width multiple."""
 
-    n_layers: int
-    d_model: int
-    n_heads: int
-    lr: float
-    ffn_multiple: int = 256
+  n_layers: int
+  d_model: int
+  n_heads: int
+  lr: float
+  ffn_multiple: int = 256
 
 
 # Names count non-embedding parameters (the Quartet convention), except 125M / 350M: those are the GPT-2/GPT-3
 # benchmark shapes (12 x 768, 24 x 1024) named as in those papers, whose counts include a 50k-token embedding.
 # Every width and SwiGLU hidden size from 1M up is a multiple of 128, so quartet2's 128-point rotation applies.
 SIZES: dict[str, ModelSize] = {
-    "100K": ModelSize(n_layers=2, d_model=64, n_heads=1, lr=3e-3, ffn_multiple=64),  # smoke tests
-    "1M": ModelSize(n_layers=4, d_model=128, n_heads=2, lr=3e-3, ffn_multiple=64),
-    "3M": ModelSize(n_layers=4, d_model=256, n_heads=4, lr=2e-3, ffn_multiple=128),
-    "10M": ModelSize(n_layers=6, d_model=384, n_heads=6, lr=1.5e-3, ffn_multiple=128),
-    "30M": ModelSize(n_layers=6, d_model=640, n_heads=5, lr=1.2e-3),
-    "50M": ModelSize(n_layers=7, d_model=768, n_heads=6, lr=1.2e-3),
-    "100M": ModelSize(n_layers=8, d_model=1024, n_heads=8, lr=6e-4),
-    "125M": ModelSize(n_layers=12, d_model=768, n_heads=12, lr=6e-4),
-    "200M": ModelSize(n_layers=10, d_model=1280, n_heads=10, lr=3e-4),
-    "350M": ModelSize(n_layers=24, d_model=1024, n_heads=16, lr=3e-4),
+  "100K": ModelSize(n_layers=2, d_model=64, n_heads=1, lr=3e-3, ffn_multiple=64),  # smoke tests
+  "1M": ModelSize(n_layers=4, d_model=128, n_heads=2, lr=3e-3, ffn_multiple=64),
+  "3M": ModelSize(n_layers=4, d_model=256, n_heads=4, lr=2e-3, ffn_multiple=128),
+  "10M": ModelSize(n_layers=6, d_model=384, n_heads=6, lr=1.5e-3, ffn_multiple=128),
+  "30M": ModelSize(n_layers=6, d_model=640, n_heads=5, lr=1.2e-3),
+  "50M": ModelSize(n_layers=7, d_model=768, n_heads=6, lr=1.2e-3),
+  "100M": ModelSize(n_layers=8, d_model=1024, n_heads=8, lr=6e-4),
+  "125M": ModelSize(n_layers=12, d_model=768, n_heads=12, lr=6e-4),
+  "200M": ModelSize(n_layers=10, d_model=1280, n_heads=10, lr=3e-4),
+  "350M": ModelSize(n_layers=24, d_model=1024, n_heads=16, lr=3e-4),
 }
 
 
 def size_rank(name: str) -> int:
-    """Position of a model size in :data:`SIZES` (smallest first), for sorting tables; unknown names last."""
-    return list(SIZES).index(name) if name in SIZES else len(SIZES)
+  """Position of a model size in :data:`SIZES` (smallest first), for sorting tables; unknown names last."""
+  return list(SIZES).index(name) if name in SIZES else len(SIZES)
 
 
 def swiglu_hidden(d_model: int, multiple: int) -> int:
-    """SwiGLU hidden width m·ceil(8d/3/m) (Llama); 8d/3 keeps the 3-matrix MLP at the 2-matrix 4d MLP's size."""
-    return multiple * math.ceil(8 * d_model / 3 / multiple)
+  """SwiGLU hidden width m·ceil(8d/3/m) (Llama); 8d/3 keeps the 3-matrix MLP at the 2-matrix 4d MLP's size."""
+  return multiple * math.ceil(8 * d_model / 3 / multiple)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Shape, precision policy and recipe of a model. Build from the size table with :func:`model_config`."""
+  """Shape, precision policy and recipe of a model. Build from the size table with :func:`model_config`."""
 
-    n_layers: int
-    d_model: int
-    n_heads: int
-    ffn_hidden: int
-    vocab_size: int = 256
-    recipe: str = BF16_RECIPE
-    bf16_first: int = 0
-    bf16_last: int = 0
-    rope_theta: float = 1e4
-    norm_eps: float = 1e-6
-    dtype: Any = jnp.bfloat16
-    param_dtype: Any = jnp.float32
-    attention_impl: str | None = None  # jax.nn.dot_product_attention's `implementation`: None (XLA), "cudnn"
-    remat: bool = False  # recompute block activations in the backward pass (less memory, ~1/3 more compute)
-    scan_unroll: int = 1  # blocks per scan iteration (see the module docstring); how, not what, the model computes
-    # fp4jax.dot_general's quantizer backend for the projections: "xla", "pallas" (the fused kernels) or "auto"
-    # (the kernels on a GPU that runs them); every backend gives the same bits.
-    quantizer_backend: str = "xla"
-    # the projections run fp4jax.recipes.causal(recipe): per-token amax of X, a strictly causal forward
-    causal_amax: bool = False
+  n_layers: int
+  d_model: int
+  n_heads: int
+  ffn_hidden: int
+  vocab_size: int = 256
+  recipe: str = BF16_RECIPE
+  bf16_first: int = 0
+  bf16_last: int = 0
+  rope_theta: float = 1e4
+  norm_eps: float = 1e-6
+  dtype: Any = jnp.bfloat16
+  param_dtype: Any = jnp.float32
+  attention_impl: str | None = None  # jax.nn.dot_product_attention's `implementation`: None (XLA), "cudnn"
+  remat: bool = False  # recompute block activations in the backward pass (less memory, ~1/3 more compute)
+  scan_unroll: int = 1  # blocks per scan iteration (see the module docstring); how, not what, the model computes
+  # fp4jax.dot_general's quantizer backend for the projections: "xla", "pallas" (the fused kernels) or "auto"
+  # (the kernels on a GPU that runs them); every backend gives the same bits.
+  quantizer_backend: str = "xla"
+  # the projections run fp4jax.recipes.causal(recipe): per-token amax of X, a strictly causal forward
+  causal_amax: bool = False
 
-    def __post_init__(self):
-        for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size", "scan_unroll"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
-            raise ValueError(
-                f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even width (RoPE rotates pairs)"
-            )
-        if self.quantizer_backend not in QUANTIZER_BACKENDS:
-            raise ValueError(
-                f"quantizer_backend must be one of {QUANTIZER_BACKENDS}, got {self.quantizer_backend!r}")
-        if not isinstance(self.recipe, str) or not self.recipe:
-            raise ValueError(f"recipe must be a non-empty recipe name, got {self.recipe!r}")
-        if self.bf16_first < 0 or self.bf16_last < 0 or self.bf16_first + self.bf16_last > self.n_layers:
-            raise ValueError(
-                f"bf16_first={self.bf16_first} and bf16_last={self.bf16_last} must be >= 0 and sum to at most "
-                f"n_layers={self.n_layers}"
-            )
+  def __post_init__(self):
+    for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size", "scan_unroll"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+      raise ValueError(
+        f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even width (RoPE rotates pairs)"
+      )
+    if self.quantizer_backend not in QUANTIZER_BACKENDS:
+      raise ValueError(f"quantizer_backend must be one of {QUANTIZER_BACKENDS}, got {self.quantizer_backend!r}")
+    if not isinstance(self.recipe, str) or not self.recipe:
+      raise ValueError(f"recipe must be a non-empty recipe name, got {self.recipe!r}")
+    if self.bf16_first < 0 or self.bf16_last < 0 or self.bf16_first + self.bf16_last > self.n_layers:
+      raise ValueError(
+        f"bf16_first={self.bf16_first} and bf16_last={self.bf16_last} must be >= 0 and sum to at most "
+        f"n_layers={self.n_layers}"
+      )
 
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.n_heads
 
-    def layer_recipe(self, layer: int) -> str:
-        """The recipe of block ``layer``: BF16 for the first ``bf16_first`` and last ``bf16_last`` blocks."""
-        if layer < self.bf16_first or layer >= self.n_layers - self.bf16_last:
-            return BF16_RECIPE
-        return self.recipe
+  def layer_recipe(self, layer: int) -> str:
+    """The recipe of block ``layer``: BF16 for the first ``bf16_first`` and last ``bf16_last`` blocks."""
+    if layer < self.bf16_first or layer >= self.n_layers - self.bf16_last:
+      return BF16_RECIPE
+    return self.recipe
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerStack:
-    """A contiguous run of blocks under one recipe, scanned as one module: blocks start .. start + length - 1."""
+  """A contiguous run of blocks under one recipe, scanned as one module: blocks start .. start + length - 1."""
 
-    name: str
-    recipe: str
-    start: int
-    length: int
+  name: str
+  recipe: str
+  start: int
+  length: int
 
 
 STACK_NAMES = ("first_blocks", "blocks", "last_blocks")
 
 
 def layer_stacks(config: ModelConfig) -> tuple[LayerStack, ...]:
-    """The non-empty stacks of ``config``, in order: the first BF16 blocks, the recipe's blocks, the last BF16 blocks."""
-    middle = config.n_layers - config.bf16_first - config.bf16_last
-    runs = zip(STACK_NAMES, (BF16_RECIPE, config.recipe, BF16_RECIPE), (config.bf16_first, middle, config.bf16_last))
-    stacks, start = [], 0
-    for name, recipe, length in runs:
-        if length:
-            stacks.append(LayerStack(name, recipe, start, length))
-        start += length
-    return tuple(stacks)
+  """The non-empty stacks of ``config``, in order: the first BF16 blocks, the recipe's blocks, the last BF16 blocks."""
+  middle = config.n_layers - config.bf16_first - config.bf16_last
+  runs = zip(STACK_NAMES, (BF16_RECIPE, config.recipe, BF16_RECIPE), (config.bf16_first, middle, config.bf16_last))
+  stacks, start = [], 0
+  for name, recipe, length in runs:
+    if length:
+      stacks.append(LayerStack(name, recipe, start, length))
+    start += length
+  return tuple(stacks)
 
 
 def model_config(size: str, **overrides) -> ModelConfig:
-    """The :class:`ModelConfig` of a named size (a key of :data:`SIZES`), with any field overridden."""
-    if size not in SIZES:
-        raise ValueError(f"model size {size!r} is not one of {list(SIZES)}")
-    row = SIZES[size]
-    shape = dict(n_layers=row.n_layers, d_model=row.d_model, n_heads=row.n_heads,
-                 ffn_hidden=swiglu_hidden(row.d_model, row.ffn_multiple))
-    return ModelConfig(**{**shape, **overrides})
+  """The :class:`ModelConfig` of a named size (a key of :data:`SIZES`), with any field overridden."""
+  if size not in SIZES:
+    raise ValueError(f"model size {size!r} is not one of {list(SIZES)}")
+  row = SIZES[size]
+  shape = dict(
+    n_layers=row.n_layers,
+    d_model=row.d_model,
+    n_heads=row.n_heads,
+    ffn_hidden=swiglu_hidden(row.d_model, row.ffn_multiple),
+  )
+  return ModelConfig(**{**shape, **overrides})
 
 
 def parameter_count(config: ModelConfig) -> dict[str, int]:
-    """Analytic parameter counts: per block 4d² (attention) + 3dh (SwiGLU) + 2d (norms); plus final norm d.
+  """Analytic parameter counts: per block 4d² (attention) + 3dh (SwiGLU) + 2d (norms); plus final norm d.
 
-    ``non_embedding`` excludes the input embedding and the LM head (V·d each); ``total`` includes them.
-    """
-    d, h, v = config.d_model, config.ffn_hidden, config.vocab_size
-    non_embedding = config.n_layers * (4 * d * d + 3 * d * h + 2 * d) + d
-    return {"non_embedding": non_embedding, "total": non_embedding + 2 * v * d}
+  ``non_embedding`` excludes the input embedding and the LM head (V·d each); ``total`` includes them.
+  """
+  d, h, v = config.d_model, config.ffn_hidden, config.vocab_size
+  non_embedding = config.n_layers * (4 * d * d + 3 * d * h + 2 * d) + d
+  return {"non_embedding": non_embedding, "total": non_embedding + 2 * v * d}
 
 
 @dataclasses.dataclass(frozen=True)
 class TensorParallel:
-    """Megatron tensor parallelism written out, for a model run inside ``jax.shard_map`` (or ``jax.vmap``) over the
-    named axis ``axis`` of ``shards`` devices: each holds n_heads/shards heads and ffn_hidden/shards hidden units.
+  """Megatron tensor parallelism written out, for a model run inside ``jax.shard_map`` (or ``jax.vmap``) over the
+  named axis ``axis`` of ``shards`` devices: each holds n_heads/shards heads and ffn_hidden/shards hidden units.
 
-    Per block, with the (replicated) normed input x and shard s's column slices of q, k, v, gate, up and row slices
-    of o, down: ``Attn(x) = Σ_s o_s(attention of heads_s(x))``, ``SwiGLU(x) = Σ_s down_s(silu(gate_s(x)) ⊙ up_s(x))``.
-    The Σ_s is ``fp4jax.sharding.sum_from_shards`` (the pairwise tree over s, in fp32, rounded once to the
-    activation dtype), and x enters by ``copy_to_shards``, whose backward adds the shards' gradients the same way;
-    the FP4 dots run ``fp4jax.sharding.sharded`` recipes (outputs split for column-parallel, inputs for
-    row-parallel), so every quantized operand is the logical tensor's. Everything outside the blocks is replicated.
-    """
+  Per block, with the (replicated) normed input x and shard s's column slices of q, k, v, gate, up and row slices
+  of o, down: ``Attn(x) = Σ_s o_s(attention of heads_s(x))``, ``SwiGLU(x) = Σ_s down_s(silu(gate_s(x)) ⊙ up_s(x))``.
+  The Σ_s is ``fp4jax.sharding.sum_from_shards`` (the pairwise tree over s, in fp32, rounded once to the
+  activation dtype), and x enters by ``copy_to_shards``, whose backward adds the shards' gradients the same way;
+  the FP4 dots run ``fp4jax.sharding.sharded`` recipes (outputs split for column-parallel, inputs for
+  row-parallel), so every quantized operand is the logical tensor's. Everything outside the blocks is replicated.
+  """
 
-    axis: str
-    shards: int
+  axis: str
+  shards: int
 
-    def __post_init__(self):
-        if self.shards < 1:
-            raise ValueError(f"TensorParallel.shards must be >= 1, got {self.shards}")
+  def __post_init__(self):
+    if self.shards < 1:
+      raise ValueError(f"TensorParallel.shards must be >= 1, got {self.shards}")
 
-    def enter(self, x: jax.Array) -> jax.Array:
-        return fp4jax.sharding.copy_to_shards(x.astype(jnp.float32), self.axis).astype(x.dtype)
+  def enter(self, x: jax.Array) -> jax.Array:
+    return fp4jax.sharding.copy_to_shards(x.astype(jnp.float32), self.axis).astype(x.dtype)
 
-    def exit(self, x: jax.Array) -> jax.Array:
-        return fp4jax.sharding.sum_from_shards(x.astype(jnp.float32), self.axis).astype(x.dtype)
+  def exit(self, x: jax.Array) -> jax.Array:
+    return fp4jax.sharding.sum_from_shards(x.astype(jnp.float32), self.axis).astype(x.dtype)
 
 
-def projection_dot_cls(recipe: str, backend: str = "xla", tp: TensorParallel | None = None, split: str = "",
-                       causal: bool = False):
-    """The ``dot_general_cls`` for a projection under ``recipe``: None (flax's plain dot) for BF16, else fp4jax's
-    with quantizer ``backend``; ``causal``: ``fp4jax.recipes.causal(recipe)`` (per-token amax); with ``tp``, the
-    recipe marked ``fp4jax.sharding.sharded`` along ``split`` ("outputs" or "inputs") over ``tp.axis``."""
-    if recipe == BF16_RECIPE:
-        return None
-    base = fp4jax.recipes.causal(recipe) if causal else recipe
-    marked = base if tp is None else fp4jax.sharding.sharded(base, tp.axis, split)
-    return functools.partial(DotGeneral, recipe=marked, backend=backend)
+def projection_dot_cls(
+  recipe: str, backend: str = "xla", tp: TensorParallel | None = None, split: str = "", causal: bool = False
+):
+  """The ``dot_general_cls`` for a projection under ``recipe``: None (flax's plain dot) for BF16, else fp4jax's
+  with quantizer ``backend``; ``causal``: ``fp4jax.recipes.causal(recipe)`` (per-token amax); with ``tp``, the
+  recipe marked ``fp4jax.sharding.sharded`` along ``split`` ("outputs" or "inputs") over ``tp.axis``."""
+  if recipe == BF16_RECIPE:
+    return None
+  base = fp4jax.recipes.causal(recipe) if causal else recipe
+  marked = base if tp is None else fp4jax.sharding.sharded(base, tp.axis, split)
+  return functools.partial(DotGeneral, recipe=marked, backend=backend)
 
 
 def apply_rope(x: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding (rotate-half convention) on x of shape (batch, seq, heads, head_dim).
+  """Rotary position embedding (rotate-half convention) on x of shape (batch, seq, heads, head_dim).
 
-    With x = [x₁, x₂] split in halves and ω_i = θ^(−2i/head_dim), position t:
-      RoPE(x)_t = [x₁ cos(tω) − x₂ sin(tω),  x₂ cos(tω) + x₁ sin(tω)]       (computed in fp32, cast back).
-    """
-    seq, dim = x.shape[1], x.shape[3]
-    inv_freq = theta ** (-jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
-    angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-    cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+  With x = [x₁, x₂] split in halves and ω_i = θ^(−2i/head_dim), position t:
+    RoPE(x)_t = [x₁ cos(tω) − x₂ sin(tω),  x₂ cos(tω) + x₁ sin(tω)]       (computed in fp32, cast back).
+  """
+  seq, dim = x.shape[1], x.shape[3]
+  inv_freq = theta ** (-jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
+  angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+  cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _projection(config: ModelConfig, recipe: str, features: int, name: str, init_std: float = INIT_STD,
-                tp: TensorParallel | None = None, split: str = "") -> nn.Dense:
-    return nn.Dense(
-        features,
-        use_bias=False,
-        dtype=config.dtype,
-        param_dtype=config.param_dtype,
-        kernel_init=nn.initializers.normal(init_std),
-        dot_general_cls=projection_dot_cls(recipe, config.quantizer_backend, tp, split, config.causal_amax),
-        name=name,
-    )
+def _projection(
+  config: ModelConfig,
+  recipe: str,
+  features: int,
+  name: str,
+  init_std: float = INIT_STD,
+  tp: TensorParallel | None = None,
+  split: str = "",
+) -> nn.Dense:
+  return nn.Dense(
+    features,
+    use_bias=False,
+    dtype=config.dtype,
+    param_dtype=config.param_dtype,
+    kernel_init=nn.initializers.normal(init_std),
+    dot_general_cls=projection_dot_cls(recipe, config.quantizer_backend, tp, split, config.causal_amax),
+    name=name,
+  )
 
 
 def _norm(config: ModelConfig, name: str) -> nn.RMSNorm:
-    return nn.RMSNorm(epsilon=config.norm_eps, dtype=config.dtype, param_dtype=config.param_dtype, name=name)
+  return nn.RMSNorm(epsilon=config.norm_eps, dtype=config.dtype, param_dtype=config.param_dtype, name=name)
 
 
 class Attention(nn.Module):
-    """Causal multi-head self-attention with RoPE; q, k, v, o are the recipe's projections (with ``tp``: this
-    shard's heads, :class:`TensorParallel`)."""
+  """Causal multi-head self-attention with RoPE; q, k, v, o are the recipe's projections (with ``tp``: this
+  shard's heads, :class:`TensorParallel`)."""
 
-    config: ModelConfig
-    recipe: str
-    tp: TensorParallel | None = None
+  config: ModelConfig
+  recipe: str
+  tp: TensorParallel | None = None
 
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        cfg, tp = self.config, self.tp
-        shards = tp.shards if tp else 1
-        batch, seq, _ = x.shape
-        width = cfg.d_model // shards
-        heads = (batch, seq, cfg.n_heads // shards, cfg.head_dim)
-        x = tp.enter(x) if tp else x
-        q = _projection(cfg, self.recipe, width, "q", tp=tp, split="outputs")(x).reshape(heads)
-        k = _projection(cfg, self.recipe, width, "k", tp=tp, split="outputs")(x).reshape(heads)
-        v = _projection(cfg, self.recipe, width, "v", tp=tp, split="outputs")(x).reshape(heads)
-        q, k = apply_rope(q, cfg.rope_theta), apply_rope(k, cfg.rope_theta)
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=cfg.attention_impl)
-        out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-        out = _projection(cfg, self.recipe, cfg.d_model, "o", out_std, tp, "inputs")(y.reshape(batch, seq, width))
-        return tp.exit(out) if tp else out
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg, tp = self.config, self.tp
+    shards = tp.shards if tp else 1
+    batch, seq, _ = x.shape
+    width = cfg.d_model // shards
+    heads = (batch, seq, cfg.n_heads // shards, cfg.head_dim)
+    x = tp.enter(x) if tp else x
+    q = _projection(cfg, self.recipe, width, "q", tp=tp, split="outputs")(x).reshape(heads)
+    k = _projection(cfg, self.recipe, width, "k", tp=tp, split="outputs")(x).reshape(heads)
+    v = _projection(cfg, self.recipe, width, "v", tp=tp, split="outputs")(x).reshape(heads)
+    q, k = apply_rope(q, cfg.rope_theta), apply_rope(k, cfg.rope_theta)
+    y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=cfg.attention_impl)
+    out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
+    out = _projection(cfg, self.recipe, cfg.d_model, "o", out_std, tp, "inputs")(y.reshape(batch, seq, width))
+    return tp.exit(out) if tp else out
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) ⊙ up(x)); gate, up, down are the recipe's projections (with ``tp``: this shard's hidden
-    units, :class:`TensorParallel`)."""
+  """down(silu(gate(x)) ⊙ up(x)); gate, up, down are the recipe's projections (with ``tp``: this shard's hidden
+  units, :class:`TensorParallel`)."""
 
-    config: ModelConfig
-    recipe: str
-    tp: TensorParallel | None = None
+  config: ModelConfig
+  recipe: str
+  tp: TensorParallel | None = None
 
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        cfg, tp = self.config, self.tp
-        hidden = cfg.ffn_hidden // (tp.shards if tp else 1)
-        x = tp.enter(x) if tp else x
-        gate = _projection(cfg, self.recipe, hidden, "gate", tp=tp, split="outputs")(x)
-        up = _projection(cfg, self.recipe, hidden, "up", tp=tp, split="outputs")(x)
-        out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-        out = _projection(cfg, self.recipe, cfg.d_model, "down", out_std, tp, "inputs")(nn.silu(gate) * up)
-        return tp.exit(out) if tp else out
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg, tp = self.config, self.tp
+    hidden = cfg.ffn_hidden // (tp.shards if tp else 1)
+    x = tp.enter(x) if tp else x
+    gate = _projection(cfg, self.recipe, hidden, "gate", tp=tp, split="outputs")(x)
+    up = _projection(cfg, self.recipe, hidden, "up", tp=tp, split="outputs")(x)
+    out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
+    out = _projection(cfg, self.recipe, cfg.d_model, "down", out_std, tp, "inputs")(nn.silu(gate) * up)
+    return tp.exit(out) if tp else out
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: h + Attn(RMSNorm(h)), then h + SwiGLU(RMSNorm(h)).
+  """Pre-norm transformer block: h + Attn(RMSNorm(h)), then h + SwiGLU(RMSNorm(h)).
 
-    A scan body: carry h -> (new h, no per-layer output).
-    """
+  A scan body: carry h -> (new h, no per-layer output).
+  """
 
-    config: ModelConfig
-    recipe: str
-    tp: TensorParallel | None = None
+  config: ModelConfig
+  recipe: str
+  tp: TensorParallel | None = None
 
-    @nn.compact
-    def __call__(self, h: jax.Array, _=None) -> tuple[jax.Array, None]:
-        h = h + Attention(self.config, self.recipe, self.tp, name="attn")(_norm(self.config, "attn_norm")(h))
-        return h + SwiGLU(self.config, self.recipe, self.tp, name="mlp")(_norm(self.config, "mlp_norm")(h)), None
+  @nn.compact
+  def __call__(self, h: jax.Array, _=None) -> tuple[jax.Array, None]:
+    h = h + Attention(self.config, self.recipe, self.tp, name="attn")(_norm(self.config, "attn_norm")(h))
+    return h + SwiGLU(self.config, self.recipe, self.tp, name="mlp")(_norm(self.config, "mlp_norm")(h)), None
 
 
 def scanned_blocks(config: ModelConfig, stack: LayerStack, tp: TensorParallel | None = None) -> nn.Module:
-    """``stack.length`` blocks as one ``nn.scan``: parameters (and sown "intermediates") stacked on a leading layer
-    axis, the "params" and "quant" streams split per layer; each block under ``nn.remat`` if ``config.remat``;
-    ``config.scan_unroll`` blocks per loop iteration."""
-    block = nn.remat(Block, prevent_cse=False) if config.remat else Block  # scan already keeps remat's CSE apart
-    scan = nn.scan(block, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True, "quant": True},
-                   length=stack.length, unroll=min(config.scan_unroll, stack.length))
-    return scan(config, stack.recipe, tp, name=stack.name)
+  """``stack.length`` blocks as one ``nn.scan``: parameters (and sown "intermediates") stacked on a leading layer
+  axis, the "params" and "quant" streams split per layer; each block under ``nn.remat`` if ``config.remat``;
+  ``config.scan_unroll`` blocks per loop iteration."""
+  block = nn.remat(Block, prevent_cse=False) if config.remat else Block  # scan already keeps remat's CSE apart
+  scan = nn.scan(
+    block,
+    variable_axes={"params": 0, "intermediates": 0},
+    split_rngs={"params": True, "quant": True},
+    length=stack.length,
+    unroll=min(config.scan_unroll, stack.length),
+  )
+  return scan(config, stack.recipe, tp, name=stack.name)
 
 
 ONE_HOT_MAX_VOCAB = 4096  # up to this vocabulary the embedding is a one-hot GEMM (see TokenEmbedding)
 
 
 class TokenEmbedding(nn.Module):
-    """tokens int (batch, seq) → rows of the table E (vocab, d) in ``dtype``; the parameter is flax's nn.Embed's
-    ("embedding", N(0, 0.02²)).
+  """tokens int (batch, seq) → rows of the table E (vocab, d) in ``dtype``; the parameter is flax's nn.Embed's
+  ("embedding", N(0, 0.02²)).
 
-    Vocabularies up to ONE_HOT_MAX_VOCAB: h = onehot(tokens) · E, exact (one nonzero product per output), so the
-    gradient dE = onehot(tokens)ᵀ · dh is a GEMM accumulating in fp32, rounded once to ``dtype``. A gather's
-    gradient is a scatter-add, which serializes on a GPU when a small vocabulary makes every row collide. Larger
-    vocabularies gather (one-hot would cost 2·V·d FLOPs per token).
-    """
+  Vocabularies up to ONE_HOT_MAX_VOCAB: h = onehot(tokens) · E, exact (one nonzero product per output), so the
+  gradient dE = onehot(tokens)ᵀ · dh is a GEMM accumulating in fp32, rounded once to ``dtype``. A gather's
+  gradient is a scatter-add, which serializes on a GPU when a small vocabulary makes every row collide. Larger
+  vocabularies gather (one-hot would cost 2·V·d FLOPs per token).
+  """
 
-    config: ModelConfig
+  config: ModelConfig
 
-    @nn.compact
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        cfg = self.config
-        table = self.param("embedding", nn.initializers.normal(INIT_STD), (cfg.vocab_size, cfg.d_model),
-                           cfg.param_dtype).astype(cfg.dtype)
-        if cfg.vocab_size > ONE_HOT_MAX_VOCAB:
-            return jnp.take(table, tokens, axis=0)
-        one_hot = jax.nn.one_hot(tokens, cfg.vocab_size, dtype=cfg.dtype)
-        return jnp.dot(one_hot, table, preferred_element_type=jnp.float32).astype(cfg.dtype)
+  @nn.compact
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    cfg = self.config
+    table = self.param(
+      "embedding", nn.initializers.normal(INIT_STD), (cfg.vocab_size, cfg.d_model), cfg.param_dtype
+    ).astype(cfg.dtype)
+    if cfg.vocab_size > ONE_HOT_MAX_VOCAB:
+      return jnp.take(table, tokens, axis=0)
+    one_hot = jax.nn.one_hot(tokens, cfg.vocab_size, dtype=cfg.dtype)
+    return jnp.dot(one_hot, table, preferred_element_type=jnp.float32).astype(cfg.dtype)
 
 
 class Llama(nn.Module):
-    """tokens int (batch, seq) → next-token logits fp32 (batch, seq, vocab).
+  """tokens int (batch, seq) → next-token logits fp32 (batch, seq, vocab).
 
-    Random recipes draw from the RNG stream "quant": ``model.apply(params, tokens, rngs={"quant": key})``. With
-    ``tp`` the blocks are one shard's (:class:`TensorParallel`), taking their parameters' shard slices.
-    """
+  Random recipes draw from the RNG stream "quant": ``model.apply(params, tokens, rngs={"quant": key})``. With
+  ``tp`` the blocks are one shard's (:class:`TensorParallel`), taking their parameters' shard slices.
+  """
 
-    config: ModelConfig
-    tp: TensorParallel | None = None
+  config: ModelConfig
+  tp: TensorParallel | None = None
 
-    @nn.compact
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        cfg = self.config
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must have shape (batch, seq), got {tokens.shape}")
-        h = TokenEmbedding(cfg, name="embed")(tokens)
-        for stack in layer_stacks(cfg):
-            h, _ = scanned_blocks(cfg, stack, self.tp)(h)
-        h = _norm(cfg, "final_norm")(h)
-        logits = nn.Dense(
-            cfg.vocab_size,
-            use_bias=False,
-            dtype=cfg.dtype,
-            param_dtype=cfg.param_dtype,
-            kernel_init=nn.initializers.normal(INIT_STD),
-            name="lm_head",
-        )(h)
-        return logits.astype(jnp.float32)
+  @nn.compact
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    cfg = self.config
+    if tokens.ndim != 2:
+      raise ValueError(f"tokens must have shape (batch, seq), got {tokens.shape}")
+    h = TokenEmbedding(cfg, name="embed")(tokens)
+    for stack in layer_stacks(cfg):
+      h, _ = scanned_blocks(cfg, stack, self.tp)(h)
+    h = _norm(cfg, "final_norm")(h)
+    logits = nn.Dense(
+      cfg.vocab_size,
+      use_bias=False,
+      dtype=cfg.dtype,
+      param_dtype=cfg.param_dtype,
+      kernel_init=nn.initializers.normal(INIT_STD),
+      name="lm_head",
+    )(h)
+    return logits.astype(jnp.float32)
 
 
 def init_params(config: ModelConfig, key: jax.Array, seq_len: int = 8):
-    """Fresh fp32 parameters for ``config`` from ``key``.
+  """Fresh fp32 parameters for ``config`` from ``key``.
 
-    Parameters do not depend on the recipe (the FP4 dots have none, and their "quant" draws are a separate RNG
-    stream), so they are initialized through the BF16 model: no quantizer is traced or run (seconds, not tens of).
-    """
-    tokens = jnp.zeros((1, seq_len), jnp.int32)
-    return Llama(dataclasses.replace(config, recipe=BF16_RECIPE)).init({"params": key}, tokens)["params"]
+  Parameters do not depend on the recipe (the FP4 dots have none, and their "quant" draws are a separate RNG
+  stream), so they are initialized through the BF16 model: no quantizer is traced or run (seconds, not tens of).
+  """
+  tokens = jnp.zeros((1, seq_len), jnp.int32)
+  return Llama(dataclasses.replace(config, recipe=BF16_RECIPE)).init({"params": key}, tokens)["params"]

@@ -16,102 +16,104 @@ import numpy as np  # noqa: E402
 
 
 def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120, bbox_inches="tight")
+  plt.close(fig)
+  return path
 
 
 def loss_curves(curves: Mapping[str, Sequence[dict]], path: str | Path, title: str = "") -> Path:
-    """Train (thin) and validation (markers) loss against tokens; ``curves`` maps a label to metrics records."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    lows, finals = [], []
-    for i, (label, records) in enumerate(curves.items()):
-        train = [(r["tokens"], r["loss"]) for r in records if r["kind"] == "train"]
-        val = [(r["tokens"], r["val_loss"]) for r in records if r["kind"] == "val"]
-        if train:
-            ax.plot(*zip(*train), color=f"C{i}", alpha=0.45, lw=1)
-        if val:
-            ax.plot(*zip(*val), "o-", color=f"C{i}", ms=3, label=f"{label} (val {val[-1][1]:.4f})")
-            finals.append(val[-1][1])
-        lows += [loss for _, loss in train + val]
-    if finals:  # show the late phase, where recipes differ, rather than the initial drop
-        ax.set_ylim(min(lows) - 0.05, max(finals) + 1.0)
-    ax.set(xlabel="tokens", ylabel="loss (nats/token)", title=title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return _save(fig, path)
+  """Train (thin) and validation (markers) loss against tokens; ``curves`` maps a label to metrics records."""
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  lows, finals = [], []
+  for i, (label, records) in enumerate(curves.items()):
+    train = [(r["tokens"], r["loss"]) for r in records if r["kind"] == "train"]
+    val = [(r["tokens"], r["val_loss"]) for r in records if r["kind"] == "val"]
+    if train:
+      ax.plot(*zip(*train), color=f"C{i}", alpha=0.45, lw=1)
+    if val:
+      ax.plot(*zip(*val), "o-", color=f"C{i}", ms=3, label=f"{label} (val {val[-1][1]:.4f})")
+      finals.append(val[-1][1])
+    lows += [loss for _, loss in train + val]
+  if finals:  # show the late phase, where recipes differ, rather than the initial drop
+    ax.set_ylim(min(lows) - 0.05, max(finals) + 1.0)
+  ax.set(xlabel="tokens", ylabel="loss (nats/token)", title=title)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  return _save(fig, path)
 
 
 def val_curves_by_size(results: Sequence[dict], path: str | Path, title: str = "") -> Path:
-    """Validation loss against tokens (sweep result records): one panel per (model size, D/N), sizes in rows and
-    token budgets in columns, one line per recipe with a color per recipe; the y-range shows the late phase."""
-    sizes = sorted({r["model"] for r in results}, key=lambda m: min(r["non_embedding_params"] for r in results
-                                                                    if r["model"] == m))
-    recipes = sorted({r["recipe"] for r in results}, key=lambda x: (x != "bf16", x))
-    budgets = {size: sorted({r["tokens"] for r in results if r["model"] == size}) for size in sizes}
-    cols = max(len(b) for b in budgets.values())
-    fig, axes = plt.subplots(len(sizes), cols, figsize=(4.2 * cols, 3.4 * len(sizes)), squeeze=False)
-    for row, size in zip(axes, sizes):
-        for ax in row[len(budgets[size]):]:
-            ax.axis("off")
-        for ax, tokens_budget in zip(row, budgets[size]):
-            finals, lows = [], []
-            for i, recipe in enumerate(recipes):
-                for r in (r for r in results if r["model"] == size and r["recipe"] == recipe
-                          and r["tokens"] == tokens_budget):
-                    tokens, loss = zip(*r["val_curve"][1:])  # from the first evaluation after step 0
-                    ax.plot(tokens, loss, "o-", ms=2, lw=1, color=f"C{i}", label=f"{recipe} ({loss[-1]:.3f})")
-                    finals.append(loss[-1])
-                    lows.append(min(loss))
-            ratio = next(r["tokens"] / r["non_embedding_params"] for r in results
-                         if r["model"] == size and r["tokens"] == tokens_budget)
-            if finals:
-                ax.set_ylim(min(lows) - 0.02, max(finals) + 0.6)
-            ax.set(title=f"{size}, D/N = {ratio:.0f} {title}".strip(), xlabel="tokens", ylabel="validation loss")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _save(fig, path)
+  """Validation loss against tokens (sweep result records): one panel per (model size, D/N), sizes in rows and
+  token budgets in columns, one line per recipe with a color per recipe; the y-range shows the late phase."""
+  sizes = sorted(
+    {r["model"] for r in results}, key=lambda m: min(r["non_embedding_params"] for r in results if r["model"] == m)
+  )
+  recipes = sorted({r["recipe"] for r in results}, key=lambda x: (x != "bf16", x))
+  budgets = {size: sorted({r["tokens"] for r in results if r["model"] == size}) for size in sizes}
+  cols = max(len(b) for b in budgets.values())
+  fig, axes = plt.subplots(len(sizes), cols, figsize=(4.2 * cols, 3.4 * len(sizes)), squeeze=False)
+  for row, size in zip(axes, sizes):
+    for ax in row[len(budgets[size]) :]:
+      ax.axis("off")
+    for ax, tokens_budget in zip(row, budgets[size]):
+      finals, lows = [], []
+      for i, recipe in enumerate(recipes):
+        for r in (r for r in results if r["model"] == size and r["recipe"] == recipe and r["tokens"] == tokens_budget):
+          tokens, loss = zip(*r["val_curve"][1:])  # from the first evaluation after step 0
+          ax.plot(tokens, loss, "o-", ms=2, lw=1, color=f"C{i}", label=f"{recipe} ({loss[-1]:.3f})")
+          finals.append(loss[-1])
+          lows.append(min(loss))
+      ratio = next(
+        r["tokens"] / r["non_embedding_params"] for r in results if r["model"] == size and r["tokens"] == tokens_budget
+      )
+      if finals:
+        ax.set_ylim(min(lows) - 0.02, max(finals) + 0.6)
+      ax.set(title=f"{size}, D/N = {ratio:.0f} {title}".strip(), xlabel="tokens", ylabel="validation loss")
+      ax.grid(alpha=0.3)
+      ax.legend(fontsize=7)
+  fig.tight_layout()
+  return _save(fig, path)
 
 
-def loss_vs_compute(results: Sequence[dict], law=None, efficiencies: Mapping | None = None,
-                    path: str | Path = "loss_vs_compute.png") -> Path:
-    """Final validation loss against C = 6ND per recipe; with ``law``, the fitted curve of each (recipe, D/N)."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    recipes = sorted({r["recipe"] for r in results}, key=lambda x: (x != "bf16", x))
-    for i, recipe in enumerate(recipes):
-        rows = [r for r in results if r["recipe"] == recipe]
-        n = np.array([r["non_embedding_params"] for r in rows], float)
-        d = np.array([r["tokens"] for r in rows], float)
-        ax.scatter(6 * n * d, [r["val_loss"] for r in rows], color=f"C{i}", label=recipe, s=18)
-        eff = (1.0, 1.0) if recipe == "bf16" else (efficiencies or {}).get(recipe)
-        if law is None or eff is None:
-            continue
-        eff = eff if isinstance(eff, tuple) else (eff["eff_N"], eff["eff_D"])
-        for ratio in sorted({round(x, 6) for x in d / n}):
-            ns = np.geomspace(n.min() / 1.5, n.max() * 1.5, 50)
-            ax.plot(6 * ns * ns * ratio, law(ns, ns * ratio, *eff), color=f"C{i}", lw=0.8, alpha=0.7)
-    ax.set(xscale="log", xlabel="compute 6ND (FLOPs)", ylabel="final validation loss")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend()
-    return _save(fig, path)
+def loss_vs_compute(
+  results: Sequence[dict], law=None, efficiencies: Mapping | None = None, path: str | Path = "loss_vs_compute.png"
+) -> Path:
+  """Final validation loss against C = 6ND per recipe; with ``law``, the fitted curve of each (recipe, D/N)."""
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  recipes = sorted({r["recipe"] for r in results}, key=lambda x: (x != "bf16", x))
+  for i, recipe in enumerate(recipes):
+    rows = [r for r in results if r["recipe"] == recipe]
+    n = np.array([r["non_embedding_params"] for r in rows], float)
+    d = np.array([r["tokens"] for r in rows], float)
+    ax.scatter(6 * n * d, [r["val_loss"] for r in rows], color=f"C{i}", label=recipe, s=18)
+    eff = (1.0, 1.0) if recipe == "bf16" else (efficiencies or {}).get(recipe)
+    if law is None or eff is None:
+      continue
+    eff = eff if isinstance(eff, tuple) else (eff["eff_N"], eff["eff_D"])
+    for ratio in sorted({round(x, 6) for x in d / n}):
+      ns = np.geomspace(n.min() / 1.5, n.max() * 1.5, 50)
+      ax.plot(6 * ns * ns * ratio, law(ns, ns * ratio, *eff), color=f"C{i}", lw=0.8, alpha=0.7)
+  ax.set(xscale="log", xlabel="compute 6ND (FLOPs)", ylabel="final validation loss")
+  ax.grid(alpha=0.3, which="both")
+  ax.legend()
+  return _save(fig, path)
 
 
 def efficiency_bars(efficiencies: Mapping[str, Mapping], path: str | Path) -> Path:
-    """eff_N, eff_D and the tied eff per recipe with their bootstrap 95% intervals as error bars."""
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names = list(efficiencies)
-    x = np.arange(len(names))
-    for offset, key in ((-0.27, "eff_N"), (0.0, "eff_D"), (0.27, "eff")):
-        values = np.array([efficiencies[r][key] for r in names])
-        ci = np.array([efficiencies[r][f"{key}_ci"] for r in names]).reshape(-1, 2)
-        yerr = np.abs(np.stack([values - ci[:, 0], ci[:, 1] - values])) if len(names) else None
-        ax.bar(x + offset, values, 0.27, yerr=yerr, capsize=3, label="eff (tied)" if key == "eff" else key)
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(x, names, rotation=20)
-    # log scale, clipped: an efficiency the grid does not identify has an interval over many decades
-    ax.set(ylabel="efficiency (BF16 = 1)", yscale="log", ylim=(1e-2, 1e2))
-    ax.legend()
-    return _save(fig, path)
+  """eff_N, eff_D and the tied eff per recipe with their bootstrap 95% intervals as error bars."""
+  fig, ax = plt.subplots(figsize=(7, 4))
+  names = list(efficiencies)
+  x = np.arange(len(names))
+  for offset, key in ((-0.27, "eff_N"), (0.0, "eff_D"), (0.27, "eff")):
+    values = np.array([efficiencies[r][key] for r in names])
+    ci = np.array([efficiencies[r][f"{key}_ci"] for r in names]).reshape(-1, 2)
+    yerr = np.abs(np.stack([values - ci[:, 0], ci[:, 1] - values])) if len(names) else None
+    ax.bar(x + offset, values, 0.27, yerr=yerr, capsize=3, label="eff (tied)" if key == "eff" else key)
+  ax.axhline(1.0, color="k", lw=0.8)
+  ax.set_xticks(x, names, rotation=20)
+  # log scale, clipped: an efficiency the grid does not identify has an interval over many decades
+  ax.set(ylabel="efficiency (BF16 = 1)", yscale="log", ylim=(1e-2, 1e2))
+  ax.legend()
+  return _save(fig, path)

@@ -20,12 +20,12 @@ import fp4jax
 from fp4jax._src import hadamard, metrics
 
 PUBLISHED = {  # relative MSE ×1e-3 and misalignment as published (Quartet II)
-    "RTN": (9.0, 0.0079),
-    "SR": (23.5, 0.0),
-    "MS-EDEN (per-16)": (9.4, 0.0006),
-    "4/6": (7.6, None),
-    "16x16 2D": (12.4, None),
-    "MXFP4 OCP RTN (no RHT)": (13.3, None),
+  "RTN": (9.0, 0.0079),
+  "SR": (23.5, 0.0),
+  "MS-EDEN (per-16)": (9.4, 0.0006),
+  "4/6": (7.6, None),
+  "16x16 2D": (12.4, None),
+  "MXFP4 OCP RTN (no RHT)": (13.3, None),
 }
 
 
@@ -38,15 +38,15 @@ def _inputs(key, rows):
 
 def _quantizers():
   nv, four_six = fp4jax.NVFP4, dataclasses.replace(fp4jax.NVFP4, scale_mode="four_over_six")
-  rot = lambda f: (lambda x, k: hadamard.inverse_hadamard(f(hadamard.hadamard(x, 128, signs=s(k)), k), 128, signs=s(k)))
+  rot = lambda f: lambda x, k: hadamard.inverse_hadamard(f(hadamard.hadamard(x, 128, signs=s(k)), k), 128, signs=s(k))
   s = lambda k: hadamard.random_signs(jax.random.fold_in(k, 1), 128)
   return {
-      "RTN": rot(lambda x, k: fp4jax.fake_quantize(x, nv, hadamard=None)),
-      "SR": rot(lambda x, k: fp4jax.fake_quantize(x, nv, rounding="sr", key=k, hadamard=None)),
-      "MS-EDEN (per-16)": lambda x, k: fp4jax.fake_quantize(x, nv, rounding="eden", key=k),
-      "4/6": rot(lambda x, k: fp4jax.fake_quantize(x, four_six, hadamard=None)),
-      "16x16 2D": rot(lambda x, k: fp4jax.fake_quantize(x, nv, block_shape=(16, 16), hadamard=None)),
-      "MXFP4 OCP RTN (no RHT)": None,
+    "RTN": rot(lambda x, k: fp4jax.fake_quantize(x, nv, hadamard=None)),
+    "SR": rot(lambda x, k: fp4jax.fake_quantize(x, nv, rounding="sr", key=k, hadamard=None)),
+    "MS-EDEN (per-16)": lambda x, k: fp4jax.fake_quantize(x, nv, rounding="eden", key=k),
+    "4/6": rot(lambda x, k: fp4jax.fake_quantize(x, four_six, hadamard=None)),
+    "16x16 2D": rot(lambda x, k: fp4jax.fake_quantize(x, nv, block_shape=(16, 16), hadamard=None)),
+    "MXFP4 OCP RTN (no RHT)": None,
   }
 
 
@@ -69,8 +69,9 @@ def _pair(x, q):
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(prog="fp4jax-quant-error-table", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    prog="fp4jax-quant-error-table", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("--rows", type=int, default=8192)
   p.add_argument("--keys", type=int, default=16)
   a = p.parse_args(argv)
@@ -81,7 +82,10 @@ def main(argv=None):
   for name, (m, ms, mis, miss) in res.items():
     pub_m, pub_mis = PUBLISHED[name]
     pm = "—" if pub_mis is None else f"{pub_mis:.4f}"
-    print(f"| {name} | {m * 1e3:.2f} ± {ms * 1e3:.2f} | {pub_m:.1f} | {-0.5 * np.log2(m):.2f} | {mis:+.5f} ± {miss:.5f} | {pm} |")
+    print(
+      f"| {name} | {m * 1e3:.2f} ± {ms * 1e3:.2f} | {pub_m:.1f} | {-0.5 * np.log2(m):.2f} "
+      f"| {mis:+.5f} ± {miss:.5f} | {pm} |"
+    )
 
 
 if __name__ == "__main__":

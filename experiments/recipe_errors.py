@@ -33,9 +33,9 @@ def init(key, tokens: int, d: int, hidden: int):
   row_scale = jnp.exp(jax.random.uniform(ks, (tokens, 1), minval=np.log(0.25), maxval=np.log(4.0)))
   x = jax.random.normal(kx, (tokens, d)) * row_scale
   params = {
-      "gate": jax.random.normal(kg, (hidden, d)) / np.sqrt(d),
-      "up": jax.random.normal(ku, (hidden, d)) / np.sqrt(d),
-      "down": jax.random.normal(kd, (d, hidden)) / np.sqrt(hidden),
+    "gate": jax.random.normal(kg, (hidden, d)) / np.sqrt(d),
+    "up": jax.random.normal(ku, (hidden, d)) / np.sqrt(d),
+    "down": jax.random.normal(kd, (d, hidden)) / np.sqrt(hidden),
   }
   return params, x, jax.random.normal(kt, (tokens, d))
 

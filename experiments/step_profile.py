@@ -22,60 +22,66 @@ TRACE_NAME = "perfetto_trace.json.gz"
 
 
 def find_trace(folder: str | Path) -> Path:
-    """The newest ``perfetto_trace.json.gz`` under ``folder`` (jax.profiler writes plugins/profile/<time>/)."""
-    traces = sorted(Path(folder).rglob(TRACE_NAME), key=lambda p: p.stat().st_mtime)
-    if not traces:
-        raise FileNotFoundError(f"no {TRACE_NAME} under {folder} (trace with create_perfetto_trace=True)")
-    return traces[-1]
+  """The newest ``perfetto_trace.json.gz`` under ``folder`` (jax.profiler writes plugins/profile/<time>/)."""
+  traces = sorted(Path(folder).rglob(TRACE_NAME), key=lambda p: p.stat().st_mtime)
+  if not traces:
+    raise FileNotFoundError(f"no {TRACE_NAME} under {folder} (trace with create_perfetto_trace=True)")
+  return traces[-1]
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for start, stop in sorted(intervals):
-        if stop > end:
-            total += stop - max(start, end)
-            end = stop
-    return total
+  total, end = 0.0, float("-inf")
+  for start, stop in sorted(intervals):
+    if stop > end:
+      total += stop - max(start, end)
+      end = stop
+  return total
 
 
 def summarize(trace: str | Path, steps: int, top: int = 15) -> dict:
-    """{device name: {"span_ms", "busy_ms", "busy_fraction", "kernels_per_step", "busy_ms_per_step",
-    "top": [[kernel, total ms, calls], ...], "threads": {thread name: [total ms, events]}}} over the devices that ran
-    kernels in ``trace``."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    with gzip.open(trace, "rt") as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
-    names = {e["pid"]: e["args"]["name"] for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name" and "pid" in e}
-    threads = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
-               if e.get("ph") == "M" and e.get("name") == "thread_name" and "pid" in e}
-    devices = {pid for pid, name in names.items() if name.startswith("/device:")}
-    per_thread = collections.defaultdict(list)
-    for e in events:
-        if e.get("ph") == "X" and e.get("pid") in devices and e.get("dur") is not None:
-            per_thread[e["pid"], e.get("tid")].append(e)
-    summary = {}
-    for pid in sorted(devices, key=names.get):
-        mine = {key: evs for key, evs in per_thread.items() if key[0] == pid}
-        streams = [key for key in mine if threads.get(key, "").startswith("Stream")]
-        evs = [e for key in (streams or list(mine)) for e in mine[key]]
-        if not evs:
-            continue
-        intervals = [(e["ts"], e["ts"] + e["dur"]) for e in evs]
-        span = max(stop for _, stop in intervals) - min(start for start, _ in intervals)
-        busy = _union_length(intervals)
-        by_name = collections.defaultdict(lambda: [0.0, 0])
-        for e in evs:
-            by_name[e["name"]][0] += e["dur"]
-            by_name[e["name"]][1] += 1
-        ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
-        summary[names[pid]] = {
-            "span_ms": span / 1e3, "busy_ms": busy / 1e3, "busy_fraction": busy / span if span else 0.0,
-            "kernels_per_step": len(evs) / steps, "busy_ms_per_step": busy / 1e3 / steps,
-            "top": [[name, total / 1e3, calls] for name, (total, calls) in ranked],
-            "threads": {threads.get(key, str(key[1])): [sum(e["dur"] for e in t) / 1e3, len(t)]
-                        for key, t in mine.items()},
-        }
-    return summary
+  """{device name: {"span_ms", "busy_ms", "busy_fraction", "kernels_per_step", "busy_ms_per_step",
+  "top": [[kernel, total ms, calls], ...], "threads": {thread name: [total ms, events]}}} over the devices that ran
+  kernels in ``trace``."""
+  if steps < 1:
+    raise ValueError(f"steps must be >= 1, got {steps}")
+  with gzip.open(trace, "rt") as f:
+    data = json.load(f)
+  events = data["traceEvents"] if isinstance(data, dict) else data
+  names = {
+    e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name" and "pid" in e
+  }
+  threads = {
+    (e["pid"], e.get("tid")): e["args"]["name"]
+    for e in events
+    if e.get("ph") == "M" and e.get("name") == "thread_name" and "pid" in e
+  }
+  devices = {pid for pid, name in names.items() if name.startswith("/device:")}
+  per_thread = collections.defaultdict(list)
+  for e in events:
+    if e.get("ph") == "X" and e.get("pid") in devices and e.get("dur") is not None:
+      per_thread[e["pid"], e.get("tid")].append(e)
+  summary = {}
+  for pid in sorted(devices, key=names.get):
+    mine = {key: evs for key, evs in per_thread.items() if key[0] == pid}
+    streams = [key for key in mine if threads.get(key, "").startswith("Stream")]
+    evs = [e for key in (streams or list(mine)) for e in mine[key]]
+    if not evs:
+      continue
+    intervals = [(e["ts"], e["ts"] + e["dur"]) for e in evs]
+    span = max(stop for _, stop in intervals) - min(start for start, _ in intervals)
+    busy = _union_length(intervals)
+    by_name = collections.defaultdict(lambda: [0.0, 0])
+    for e in evs:
+      by_name[e["name"]][0] += e["dur"]
+      by_name[e["name"]][1] += 1
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    summary[names[pid]] = {
+      "span_ms": span / 1e3,
+      "busy_ms": busy / 1e3,
+      "busy_fraction": busy / span if span else 0.0,
+      "kernels_per_step": len(evs) / steps,
+      "busy_ms_per_step": busy / 1e3 / steps,
+      "top": [[name, total / 1e3, calls] for name, (total, calls) in ranked],
+      "threads": {threads.get(key, str(key[1])): [sum(e["dur"] for e in t) / 1e3, len(t)] for key, t in mine.items()},
+    }
+  return summary

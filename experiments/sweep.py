@@ -43,192 +43,229 @@ COMPILE_CACHE = ".jax-cache"  # in the sweep folder; a dot name, so `evaluate OU
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    name: str
-    config: train.TrainConfig
+  name: str
+  config: train.TrainConfig
 
 
 def plan(base: train.TrainConfig, sizes: Sequence[str], ratios: Sequence[float], recipes: Sequence[str]) -> list[Run]:
-    """Every (size, ratio, recipe) as a :class:`Run`, tokens = ratio · N rounded down to whole steps."""
-    runs = []
-    for size in sizes:
-        n = model_lib.parameter_count(model_lib.model_config(size))["non_embedding"]
-        for ratio in ratios:
-            if ratio <= 0:
-                raise ValueError(f"ratios: {ratio} must be positive")
-            tokens = int(ratio * n) // base.tokens_per_step * base.tokens_per_step
-            for recipe in recipes:
-                config = dataclasses.replace(base, model=size, recipe=recipe, tokens=tokens)
-                runs.append(Run(f"{size}-r{ratio:g}-{recipe}", config))
-    return runs
+  """Every (size, ratio, recipe) as a :class:`Run`, tokens = ratio · N rounded down to whole steps."""
+  runs = []
+  for size in sizes:
+    n = model_lib.parameter_count(model_lib.model_config(size))["non_embedding"]
+    for ratio in ratios:
+      if ratio <= 0:
+        raise ValueError(f"ratios: {ratio} must be positive")
+      tokens = int(ratio * n) // base.tokens_per_step * base.tokens_per_step
+      for recipe in recipes:
+        config = dataclasses.replace(base, model=size, recipe=recipe, tokens=tokens)
+        runs.append(Run(f"{size}-r{ratio:g}-{recipe}", config))
+  return runs
 
 
 def run_state(folder: Path) -> str:
-    """"finished" or "diverged" (summary.json's status), "partial" (a started run: resumes, interrupted ones
-    included), or "new"."""
-    if (folder / "summary.json").exists():
-        status = json.loads((folder / "summary.json").read_text()).get("status", "finished")
-        if status in ("finished", "diverged"):
-            return status
-    return "partial" if (folder / "config.json").exists() else "new"
+  """ "finished" or "diverged" (summary.json's status), "partial" (a started run: resumes, interrupted ones
+  included), or "new"."""
+  if (folder / "summary.json").exists():
+    status = json.loads((folder / "summary.json").read_text()).get("status", "finished")
+    if status in ("finished", "diverged"):
+      return status
+  return "partial" if (folder / "config.json").exists() else "new"
 
 
-def train_command(run: Run, folder: Path, minutes: float, cache_dir: str | None, mesh: str | None = None,
-                  execution: dict | None = None, final_eval_batches: int = 0) -> list[str]:
-    """The ``fp4jax_experiments.train`` command of ``run``; ``execution``: its model_overrides (remat, scan_unroll,
-    ...); ``final_eval_batches``: per-batch validation losses written when it finishes (``train.FINAL_EVAL``)."""
-    command = [sys.executable, "-m", "fp4jax_experiments.train", *train.config_to_args(run.config),
-               *(train.execution_to_args(execution) if execution else []),
-               *(["--final-eval-batches", str(final_eval_batches)] if final_eval_batches else []),
-               "--out", str(folder), "--max-minutes", f"{minutes:.2f}"]
-    return command + (["--cache-dir", cache_dir] if cache_dir else []) + (["--mesh", mesh] if mesh else [])
+def train_command(
+  run: Run,
+  folder: Path,
+  minutes: float,
+  cache_dir: str | None,
+  mesh: str | None = None,
+  execution: dict | None = None,
+  final_eval_batches: int = 0,
+) -> list[str]:
+  """The ``fp4jax_experiments.train`` command of ``run``; ``execution``: its model_overrides (remat, scan_unroll,
+  ...); ``final_eval_batches``: per-batch validation losses written when it finishes (``train.FINAL_EVAL``)."""
+  command = [
+    sys.executable,
+    "-m",
+    "fp4jax_experiments.train",
+    *train.config_to_args(run.config),
+    *(train.execution_to_args(execution) if execution else []),
+    *(["--final-eval-batches", str(final_eval_batches)] if final_eval_batches else []),
+    "--out",
+    str(folder),
+    "--max-minutes",
+    f"{minutes:.2f}",
+  ]
+  return command + (["--cache-dir", cache_dir] if cache_dir else []) + (["--mesh", mesh] if mesh else [])
 
 
 def device_groups(devices: Sequence[str], gpus_per_run: int) -> list[str]:
-    """GPU ids in groups of ``gpus_per_run`` (each group one ``CUDA_VISIBLE_DEVICES`` value, e.g. "0,1")."""
-    if gpus_per_run < 1 or len(devices) % gpus_per_run:
-        raise ValueError(f"gpus_per_run={gpus_per_run} must be >= 1 and divide the {len(devices)} devices")
-    return [",".join(devices[i:i + gpus_per_run]) for i in range(0, len(devices), gpus_per_run)]
+  """GPU ids in groups of ``gpus_per_run`` (each group one ``CUDA_VISIBLE_DEVICES`` value, e.g. "0,1")."""
+  if gpus_per_run < 1 or len(devices) % gpus_per_run:
+    raise ValueError(f"gpus_per_run={gpus_per_run} must be >= 1 and divide the {len(devices)} devices")
+  return [",".join(devices[i : i + gpus_per_run]) for i in range(0, len(devices), gpus_per_run)]
 
 
 def training_compute(run: Run) -> float:
-    """N·D of a run (non-embedding parameters times tokens), the order in which runs are launched."""
-    return model_lib.parameter_count(model_lib.model_config(run.config.model))["non_embedding"] * run.config.tokens
+  """N·D of a run (non-embedding parameters times tokens), the order in which runs are launched."""
+  return model_lib.parameter_count(model_lib.model_config(run.config.model))["non_embedding"] * run.config.tokens
 
 
 def slot_environment(device: str | None, runs_per_device: int, compile_cache: Path | None = None) -> dict[str, str]:
-    """The environment of a training process on ``device``: its GPU, its share of the GPU's memory, and JAX's
-    persistent compilation cache (``compile_cache``, unless the caller's environment names one): a resumed piece
-    and a rerun reuse the compiled train step instead of compiling it again."""
-    env = dict(os.environ)
-    if compile_cache is not None:
-        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(compile_cache))
-    if device is None:
-        return env
-    env["CUDA_VISIBLE_DEVICES"] = device
-    if runs_per_device > 1:
-        env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / runs_per_device:.2f}")
+  """The environment of a training process on ``device``: its GPU, its share of the GPU's memory, and JAX's
+  persistent compilation cache (``compile_cache``, unless the caller's environment names one): a resumed piece
+  and a rerun reuse the compiled train step instead of compiling it again."""
+  env = dict(os.environ)
+  if compile_cache is not None:
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(compile_cache))
+  if device is None:
     return env
+  env["CUDA_VISIBLE_DEVICES"] = device
+  if runs_per_device > 1:
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / runs_per_device:.2f}")
+  return env
 
 
 def execute(
-    runs: Sequence[Run],
-    out: Path,
-    max_minutes: float,
-    devices: Sequence[str] = (),
-    cache_dir: str | None = None,
-    command: Callable[[Run, Path, float, str | None], list[str]] = train_command,
-    runs_per_device: int = 1,
+  runs: Sequence[Run],
+  out: Path,
+  max_minutes: float,
+  devices: Sequence[str] = (),
+  cache_dir: str | None = None,
+  command: Callable[[Run, Path, float, str | None], list[str]] = train_command,
+  runs_per_device: int = 1,
 ) -> dict[str, str]:
-    """Launch the unfinished runs (partial ones first, then by decreasing N·D) on free device slots until the budget
-    is nearly spent.
+  """Launch the unfinished runs (partial ones first, then by decreasing N·D) on free device slots until the budget
+  is nearly spent.
 
-    Returns {run name: state after this piece}.
-    """
-    if runs_per_device < 1:
-        raise ValueError(f"runs_per_device must be at least 1, got {runs_per_device}")
-    deadline = time.monotonic() + 60 * max_minutes
-    pending = sorted((r for r in runs if run_state(out / r.name) not in ("finished", "diverged")),
-                     key=lambda r: (run_state(out / r.name) != "partial", -training_compute(r)))
-    slots = [(d, i) for i in range(runs_per_device) for d in (list(devices) or [None])]  # each GPU once first
-    running: dict[tuple[str | None, int], tuple[Run, subprocess.Popen]] = {}
-    while pending or running:
-        for slot, (run, proc) in list(running.items()):
-            if proc.poll() is not None:
-                del running[slot]
-                if proc.returncode:
-                    print(f"{run.name}: exit status {proc.returncode}, see {out / run.name / 'train.log'}",
-                          file=sys.stderr)
-        minutes_left = (deadline - time.monotonic()) / 60
-        if minutes_left < STARTUP_MINUTES:
-            pending = []
-        for slot in [s for s in slots if s not in running]:
-            if not pending:
-                break
-            run = pending.pop(0)
-            folder = out / run.name
-            folder.mkdir(parents=True, exist_ok=True)
-            device = slot[0]
-            with open(folder / "train.log", "a") as log:
-                proc = subprocess.Popen(command(run, folder, minutes_left - 0.5, cache_dir),
-                                        env=slot_environment(device, runs_per_device, out / COMPILE_CACHE),
-                                        stdout=log, stderr=subprocess.STDOUT)
-            running[slot] = (run, proc)
-            print(f"started {run.name} on {'device ' + device if device else 'the default device'} "
-                  f"({minutes_left:.1f} min left)", file=sys.stderr)
-        time.sleep(POLL_SECONDS if running else 0)
-    return {run.name: run_state(out / run.name) for run in runs}
+  Returns {run name: state after this piece}.
+  """
+  if runs_per_device < 1:
+    raise ValueError(f"runs_per_device must be at least 1, got {runs_per_device}")
+  deadline = time.monotonic() + 60 * max_minutes
+  pending = sorted(
+    (r for r in runs if run_state(out / r.name) not in ("finished", "diverged")),
+    key=lambda r: (run_state(out / r.name) != "partial", -training_compute(r)),
+  )
+  slots = [(d, i) for i in range(runs_per_device) for d in (list(devices) or [None])]  # each GPU once first
+  running: dict[tuple[str | None, int], tuple[Run, subprocess.Popen]] = {}
+  while pending or running:
+    for slot, (run, proc) in list(running.items()):
+      if proc.poll() is not None:
+        del running[slot]
+        if proc.returncode:
+          print(f"{run.name}: exit status {proc.returncode}, see {out / run.name / 'train.log'}", file=sys.stderr)
+    minutes_left = (deadline - time.monotonic()) / 60
+    if minutes_left < STARTUP_MINUTES:
+      pending = []
+    for slot in [s for s in slots if s not in running]:
+      if not pending:
+        break
+      run = pending.pop(0)
+      folder = out / run.name
+      folder.mkdir(parents=True, exist_ok=True)
+      device = slot[0]
+      with open(folder / "train.log", "a") as log:
+        proc = subprocess.Popen(
+          command(run, folder, minutes_left - 0.5, cache_dir),
+          env=slot_environment(device, runs_per_device, out / COMPILE_CACHE),
+          stdout=log,
+          stderr=subprocess.STDOUT,
+        )
+      running[slot] = (run, proc)
+      print(
+        f"started {run.name} on {'device ' + device if device else 'the default device'} ({minutes_left:.1f} min left)",
+        file=sys.stderr,
+      )
+    time.sleep(POLL_SECONDS if running else 0)
+  return {run.name: run_state(out / run.name) for run in runs}
 
 
 def collect(out: Path, runs: Sequence[Run]) -> list[dict]:
-    """Summary and validation curve [[tokens, val_loss], ...] of every finished run."""
-    results = []
-    for run in runs:
-        folder = out / run.name
-        if run_state(folder) == "finished":
-            summary = json.loads((folder / "summary.json").read_text())
-            curve = [[r["tokens"], r["val_loss"]] for r in train.read_metrics(folder, "val")]
-            results.append({"name": run.name, **summary, "val_curve": curve})
-    return results
+  """Summary and validation curve [[tokens, val_loss], ...] of every finished run."""
+  results = []
+  for run in runs:
+    folder = out / run.name
+    if run_state(folder) == "finished":
+      summary = json.loads((folder / "summary.json").read_text())
+      curve = [[r["tokens"], r["val_loss"]] for r in train.read_metrics(folder, "val")]
+      results.append({"name": run.name, **summary, "val_curve": curve})
+  return results
 
 
 def collect_evaluations(out: Path, runs: Sequence[Run]) -> list[dict]:
-    """The ``train.FINAL_EVAL`` records (per-batch validation losses) of the runs that wrote one."""
-    paths = [out / run.name / train.FINAL_EVAL for run in runs]
-    return [json.loads(path.read_text()) for path in paths if path.exists()]
+  """The ``train.FINAL_EVAL`` records (per-batch validation losses) of the runs that wrote one."""
+  paths = [out / run.name / train.FINAL_EVAL for run in runs]
+  return [json.loads(path.read_text()) for path in paths if path.exists()]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="fp4jax-sweep", description=__doc__.split("\n\n")[0])
-    train.add_config_arguments(parser)
-    train.add_execution_arguments(parser)
-    parser.add_argument("--out", type=Path, required=True, help="sweep folder; one subfolder per run")
-    parser.add_argument("--sizes", nargs="+", required=True, choices=list(model_lib.SIZES))
-    parser.add_argument("--ratios", nargs="+", type=float, required=True, help="tokens per parameter, e.g. 25 100")
-    parser.add_argument("--recipes", nargs="+", required=True)
-    parser.add_argument("--max-minutes", type=float, default=9.0, help="budget of this piece (default 9)")
-    parser.add_argument("--devices", default="", help="comma-separated GPU ids, one run per GPU at once")
-    parser.add_argument("--runs-per-device", type=int, default=1, help="training processes per GPU at once")
-    parser.add_argument("--gpus-per-run", type=int, default=1,
-                        help="data-parallel runs over groups of this many of --devices (--mesh data=N)")
-    parser.add_argument("--cache-dir", default=None)
-    parser.add_argument("--results", type=Path, default=None, help="write finished runs' summaries here (JSONL)")
-    parser.add_argument("--final-eval-batches", type=int, default=0,
-                        help="each run evaluates this many validation batches as it finishes (fp4jax-evaluate)")
-    parser.add_argument("--eval-results", type=Path, default=None,
-                        help="write those per-batch losses here (JSONL; `fp4jax-evaluate --table` reads it)")
-    args = parser.parse_args(argv)
+  parser = argparse.ArgumentParser(prog="fp4jax-sweep", description=__doc__.split("\n\n")[0])
+  train.add_config_arguments(parser)
+  train.add_execution_arguments(parser)
+  parser.add_argument("--out", type=Path, required=True, help="sweep folder; one subfolder per run")
+  parser.add_argument("--sizes", nargs="+", required=True, choices=list(model_lib.SIZES))
+  parser.add_argument("--ratios", nargs="+", type=float, required=True, help="tokens per parameter, e.g. 25 100")
+  parser.add_argument("--recipes", nargs="+", required=True)
+  parser.add_argument("--max-minutes", type=float, default=9.0, help="budget of this piece (default 9)")
+  parser.add_argument("--devices", default="", help="comma-separated GPU ids, one run per GPU at once")
+  parser.add_argument("--runs-per-device", type=int, default=1, help="training processes per GPU at once")
+  parser.add_argument(
+    "--gpus-per-run",
+    type=int,
+    default=1,
+    help="data-parallel runs over groups of this many of --devices (--mesh data=N)",
+  )
+  parser.add_argument("--cache-dir", default=None)
+  parser.add_argument("--results", type=Path, default=None, help="write finished runs' summaries here (JSONL)")
+  parser.add_argument(
+    "--final-eval-batches",
+    type=int,
+    default=0,
+    help="each run evaluates this many validation batches as it finishes (fp4jax-evaluate)",
+  )
+  parser.add_argument(
+    "--eval-results",
+    type=Path,
+    default=None,
+    help="write those per-batch losses here (JSONL; `fp4jax-evaluate --table` reads it)",
+  )
+  args = parser.parse_args(argv)
+  try:
+    base = train.config_from_args(args)
+    runs = plan(base, args.sizes, args.ratios, args.recipes)
+  except ValueError as err:
+    parser.error(str(err))
+  devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+  if args.final_eval_batches < 0:
+    parser.error(f"--final-eval-batches must be >= 0, got {args.final_eval_batches}")
+  command = functools.partial(
+    train_command, execution=train.execution_overrides(args), final_eval_batches=args.final_eval_batches
+  )
+  if args.gpus_per_run > 1:
     try:
-        base = train.config_from_args(args)
-        runs = plan(base, args.sizes, args.ratios, args.recipes)
+      devices = device_groups(devices, args.gpus_per_run)
     except ValueError as err:
-        parser.error(str(err))
-    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
-    if args.final_eval_batches < 0:
-        parser.error(f"--final-eval-batches must be >= 0, got {args.final_eval_batches}")
-    command = functools.partial(train_command, execution=train.execution_overrides(args),
-                                final_eval_batches=args.final_eval_batches)
-    if args.gpus_per_run > 1:
-        try:
-            devices = device_groups(devices, args.gpus_per_run)
-        except ValueError as err:
-            parser.error(str(err))
-        command = functools.partial(command, mesh=f"data={args.gpus_per_run}")
-    states = execute(runs, args.out, args.max_minutes, devices, args.cache_dir, command=command,
-                     runs_per_device=args.runs_per_device)
-    counts = {state: sum(s == state for s in states.values()) for state in ("finished", "partial", "new")}
-    print(f"sweep {args.out}: {counts['finished']}/{len(runs)} finished, {counts['partial']} partial, "
-          f"{counts['new']} not started" + ("" if counts["finished"] == len(runs) else "; rerun to continue"))
-    if args.results:
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        results = collect(args.out, runs)
-        args.results.write_text("".join(json.dumps(r) + "\n" for r in results))
-        print(f"wrote {len(results)} results to {args.results}")
-    if args.eval_results:
-        args.eval_results.parent.mkdir(parents=True, exist_ok=True)
-        records = collect_evaluations(args.out, runs)
-        args.eval_results.write_text("".join(json.dumps(r) + "\n" for r in records))
-        print(f"wrote {len(records)} evaluations to {args.eval_results}")
+      parser.error(str(err))
+    command = functools.partial(command, mesh=f"data={args.gpus_per_run}")
+  states = execute(
+    runs, args.out, args.max_minutes, devices, args.cache_dir, command=command, runs_per_device=args.runs_per_device
+  )
+  counts = {state: sum(s == state for s in states.values()) for state in ("finished", "partial", "new")}
+  print(
+    f"sweep {args.out}: {counts['finished']}/{len(runs)} finished, {counts['partial']} partial, "
+    f"{counts['new']} not started" + ("" if counts["finished"] == len(runs) else "; rerun to continue")
+  )
+  if args.results:
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    results = collect(args.out, runs)
+    args.results.write_text("".join(json.dumps(r) + "\n" for r in results))
+    print(f"wrote {len(results)} results to {args.results}")
+  if args.eval_results:
+    args.eval_results.parent.mkdir(parents=True, exist_ok=True)
+    records = collect_evaluations(args.out, runs)
+    args.eval_results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    print(f"wrote {len(records)} evaluations to {args.eval_results}")
 
 
 if __name__ == "__main__":
-    main()
+  main()

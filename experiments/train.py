@@ -67,248 +67,268 @@ FINAL_EVAL = "final_eval.json"  # per-batch validation losses of a finished run 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Everything that determines a run's loss curve (saved as config.json; a resume must match it)."""
+  """Everything that determines a run's loss curve (saved as config.json; a resume must match it)."""
 
-    model: str = "1M"
-    recipe: str = model_lib.BF16_RECIPE
-    tokens: int = 1_000_000
-    data: str = "stdlib"
-    batch_size: int = 16
-    seq_len: int = 128
-    lr: float | None = None  # None: the size table's learning rate
-    warmup_frac: float = 0.1
-    weight_decay: float = 0.1
-    clip_norm: float = 1.0
-    seed: int = 0
-    bf16_first: int = 0
-    bf16_last: int = 0
-    dtype: str = "bfloat16"
-    attention_impl: str | None = None
-    token_dtype: str | None = None
-    log_every: int = 10
-    eval_every: int = 100
-    eval_batches: int = 4
-    ckpt_every: int = 100
-    quant_error_every: int = 0  # 0: never
-    grad_comm_dtype: str = "float32"  # data-parallel gradient all-reduce dtype (sharding.GRAD_COMM_DTYPES)
-    deterministic: int = 0  # R > 0: R fixed microbatches, sums in a fixed order (experiments.deterministic)
-    tensor_shards: int = 1  # with deterministic: the blocks as T Megatron shards (experiments.deterministic)
-    causal_amax: bool = False  # fp4jax.recipes.causal(recipe): per-token amax of X, a strictly causal forward
+  model: str = "1M"
+  recipe: str = model_lib.BF16_RECIPE
+  tokens: int = 1_000_000
+  data: str = "stdlib"
+  batch_size: int = 16
+  seq_len: int = 128
+  lr: float | None = None  # None: the size table's learning rate
+  warmup_frac: float = 0.1
+  weight_decay: float = 0.1
+  clip_norm: float = 1.0
+  seed: int = 0
+  bf16_first: int = 0
+  bf16_last: int = 0
+  dtype: str = "bfloat16"
+  attention_impl: str | None = None
+  token_dtype: str | None = None
+  log_every: int = 10
+  eval_every: int = 100
+  eval_batches: int = 4
+  ckpt_every: int = 100
+  quant_error_every: int = 0  # 0: never
+  grad_comm_dtype: str = "float32"  # data-parallel gradient all-reduce dtype (sharding.GRAD_COMM_DTYPES)
+  deterministic: int = 0  # R > 0: R fixed microbatches, sums in a fixed order (experiments.deterministic)
+  tensor_shards: int = 1  # with deterministic: the blocks as T Megatron shards (experiments.deterministic)
+  causal_amax: bool = False  # fp4jax.recipes.causal(recipe): per-token amax of X, a strictly causal forward
 
-    def __post_init__(self):
-        for name in ("tokens", "batch_size", "seq_len", "log_every", "eval_every", "eval_batches", "ckpt_every"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.quant_error_every < 0:
-            raise ValueError(f"quant_error_every={self.quant_error_every} must be >= 0 (0 turns it off)")
-        if self.ckpt_every % self.log_every:
-            raise ValueError(f"ckpt_every={self.ckpt_every} must be a multiple of log_every={self.log_every} "
-                             "(a checkpoint must not split a logging window, or a resumed curve would differ)")
-        if self.tokens < self.tokens_per_step:
-            raise ValueError(f"tokens={self.tokens} is less than one step of batch_size·seq_len={self.tokens_per_step}")
-        if self.lr is not None and not 0 < self.lr < math.inf:
-            raise ValueError(f"lr={self.lr} must be positive and finite")
-        if not 0 <= self.warmup_frac < 1:
-            raise ValueError(f"warmup_frac={self.warmup_frac} must be in [0, 1)")
-        if not 0 <= self.weight_decay < math.inf:
-            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0 and finite")
-        if not 0 < self.clip_norm < math.inf:
-            raise ValueError(f"clip_norm={self.clip_norm} must be positive and finite")
-        if self.dtype not in ("bfloat16", "float32"):
-            raise ValueError(f"dtype={self.dtype!r} must be 'bfloat16' or 'float32'")
-        if self.grad_comm_dtype not in sharding.GRAD_COMM_DTYPES:
-            raise ValueError(f"grad_comm_dtype={self.grad_comm_dtype!r} must be one of {sharding.GRAD_COMM_DTYPES}")
-        if self.deterministic < 0:
-            raise ValueError(f"deterministic={self.deterministic} must be >= 0 (0 turns it off)")
-        if self.tensor_shards != 1 and not self.deterministic:
-            raise ValueError(f"tensor_shards={self.tensor_shards} needs deterministic > 0 (without it, tensor "
-                             "parallelism is --mesh model=N under XLA's partitioner)")
-        if self.deterministic:
-            deterministic.check(self.deterministic, self.batch_size, None, self.grad_comm_dtype, self.tensor_shards)
+  def __post_init__(self):
+    for name in ("tokens", "batch_size", "seq_len", "log_every", "eval_every", "eval_batches", "ckpt_every"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    if self.quant_error_every < 0:
+      raise ValueError(f"quant_error_every={self.quant_error_every} must be >= 0 (0 turns it off)")
+    if self.ckpt_every % self.log_every:
+      raise ValueError(
+        f"ckpt_every={self.ckpt_every} must be a multiple of log_every={self.log_every} "
+        "(a checkpoint must not split a logging window, or a resumed curve would differ)"
+      )
+    if self.tokens < self.tokens_per_step:
+      raise ValueError(f"tokens={self.tokens} is less than one step of batch_size·seq_len={self.tokens_per_step}")
+    if self.lr is not None and not 0 < self.lr < math.inf:
+      raise ValueError(f"lr={self.lr} must be positive and finite")
+    if not 0 <= self.warmup_frac < 1:
+      raise ValueError(f"warmup_frac={self.warmup_frac} must be in [0, 1)")
+    if not 0 <= self.weight_decay < math.inf:
+      raise ValueError(f"weight_decay={self.weight_decay} must be >= 0 and finite")
+    if not 0 < self.clip_norm < math.inf:
+      raise ValueError(f"clip_norm={self.clip_norm} must be positive and finite")
+    if self.dtype not in ("bfloat16", "float32"):
+      raise ValueError(f"dtype={self.dtype!r} must be 'bfloat16' or 'float32'")
+    if self.grad_comm_dtype not in sharding.GRAD_COMM_DTYPES:
+      raise ValueError(f"grad_comm_dtype={self.grad_comm_dtype!r} must be one of {sharding.GRAD_COMM_DTYPES}")
+    if self.deterministic < 0:
+      raise ValueError(f"deterministic={self.deterministic} must be >= 0 (0 turns it off)")
+    if self.tensor_shards != 1 and not self.deterministic:
+      raise ValueError(
+        f"tensor_shards={self.tensor_shards} needs deterministic > 0 (without it, tensor "
+        "parallelism is --mesh model=N under XLA's partitioner)"
+      )
+    if self.deterministic:
+      deterministic.check(self.deterministic, self.batch_size, None, self.grad_comm_dtype, self.tensor_shards)
 
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.seq_len
+  @property
+  def tokens_per_step(self) -> int:
+    return self.batch_size * self.seq_len
 
-    @property
-    def steps(self) -> int:
-        return self.tokens // self.tokens_per_step
+  @property
+  def steps(self) -> int:
+    return self.tokens // self.tokens_per_step
 
-    @property
-    def peak_lr(self) -> float:
-        return self.lr if self.lr is not None else model_lib.SIZES[self.model].lr
+  @property
+  def peak_lr(self) -> float:
+    return self.lr if self.lr is not None else model_lib.SIZES[self.model].lr
 
 
 def parse_count(text: str) -> int:
-    """'200M' → 200_000_000; accepts k/M/B/T suffixes, plain integers and floats like '2e6'."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kKmMbBtT]?)\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count like 200M, 1.5B, 100k or 2e6")
-    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[match.group(2).lower()]
-    return int(round(float(match.group(1)) * scale))
+  """'200M' → 200_000_000; accepts k/M/B/T suffixes, plain integers and floats like '2e6'."""
+  match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kKmMbBtT]?)\s*", text)
+  if not match:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a count like 200M, 1.5B, 100k or 2e6")
+  scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[match.group(2).lower()]
+  return int(round(float(match.group(1)) * scale))
 
 
-FLOAT_RANGES = {"positive": (lambda x: x > 0, "a positive finite number"),
-                "non_negative": (lambda x: x >= 0, "a finite number >= 0"),
-                "fraction": (lambda x: 0 <= x < 1, "a number in [0, 1)")}
+FLOAT_RANGES = {
+  "positive": (lambda x: x > 0, "a positive finite number"),
+  "non_negative": (lambda x: x >= 0, "a finite number >= 0"),
+  "fraction": (lambda x: 0 <= x < 1, "a number in [0, 1)"),
+}
 
 
 def finite_float(kind: Literal["positive", "non_negative", "fraction"]):
-    """An argparse ``type``: a float that is finite and ``kind`` (argparse names the flag in its error)."""
-    accepts, expected = FLOAT_RANGES[kind]
+  """An argparse ``type``: a float that is finite and ``kind`` (argparse names the flag in its error)."""
+  accepts, expected = FLOAT_RANGES[kind]
 
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and accepts(value)):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {expected}")
-        return value
+  def parse(text: str) -> float:
+    try:
+      value = float(text)
+    except ValueError:
+      value = math.nan
+    if not (math.isfinite(value) and accepts(value)):
+      raise argparse.ArgumentTypeError(f"{text!r} is not {expected}")
+    return value
 
-    parse.__name__ = kind  # argparse's message for other errors
-    return parse
+  parse.__name__ = kind  # argparse's message for other errors
+  return parse
 
 
 def next_token_loss(logits: jax.Array, tokens: jax.Array, total_rows: int | None = None) -> jax.Array:
-    """Mean cross-entropy (nats) of logits (B, T, V) for targets tokens (B, T).
+  """Mean cross-entropy (nats) of logits (B, T, V) for targets tokens (B, T).
 
-    ``total_rows``: these rows are a shard of a batch of ``total_rows`` rows; returns their share of that batch's
-    mean, Σ ce / (total_rows·T), whose gradient per token is the global mean's, f32(1/(total_rows·T)).
-    """
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens)
-    return ce.mean() if total_rows is None else ce.sum() / (total_rows * tokens.shape[1])
+  ``total_rows``: these rows are a shard of a batch of ``total_rows`` rows; returns their share of that batch's
+  mean, Σ ce / (total_rows·T), whose gradient per token is the global mean's, f32(1/(total_rows·T)).
+  """
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens)
+  return ce.mean() if total_rows is None else ce.sum() / (total_rows * tokens.shape[1])
 
 
 class Trainer:
-    """Model, optimizer, data and the jitted steps of one run.
+  """Model, optimizer, data and the jitted steps of one run.
 
-    ``layout`` (``experiments.sharding.Layout``): shard parameters, optimizer state and batches over a device mesh
-    (None: one device). ``model_overrides``: ModelConfig fields replacing the size table's (tests).
-    """
+  ``layout`` (``experiments.sharding.Layout``): shard parameters, optimizer state and batches over a device mesh
+  (None: one device). ``model_overrides``: ModelConfig fields replacing the size table's (tests).
+  """
 
-    def __init__(self, config: TrainConfig, cache_dir: str | None = None,
-                 layout: sharding.Layout | None = None, model_overrides: dict | None = None):
-        self.config = config
-        self.corpus = data.load_corpus(config.data, cache_dir, config.token_dtype)
-        self.model_config = model_lib.model_config(
-            config.model,
-            vocab_size=self.corpus.vocab_size,
-            recipe=config.recipe,
-            bf16_first=config.bf16_first,
-            bf16_last=config.bf16_last,
-            dtype=jnp.dtype(config.dtype),
-            attention_impl=config.attention_impl,
-            causal_amax=config.causal_amax,
-            **(model_overrides or {}),
-        )
-        model_lib.projection_dot_cls(config.recipe)  # fail now, not after the data and compile, if fp4jax lacks it
-        self.model = model_lib.Llama(self.model_config)
-        self.schedule = optimizer.lr_schedule(config.peak_lr, config.steps, config.warmup_frac)
-        self.optimizer = optimizer.adamw(
-            self.schedule,
-            weight_decay=config.weight_decay,
-            clip_norm=config.clip_norm,
-        )
-        self.stream = data.BatchStream(self.corpus.train, config.batch_size, config.seq_len, config.seed)
-        self.eval_set = data.eval_batches(self.corpus.val, config.batch_size, config.seq_len, config.eval_batches)
-        self.key = jax.random.key(config.seed)
-        sharding.check_grad_comm(config.grad_comm_dtype, layout)
-        if config.deterministic and layout is None:  # its steps run under shard_map on a 1x1 mesh: so do the inputs
-            layout = sharding.Layout()  # (else the second step, fed the first's mesh-placed state, compiles again)
-        self.layout = layout
-        self.value_and_grad = jax.value_and_grad(self._loss)
-        self.eval_fn = self._loss
-        if config.deterministic:
-            self._deterministic_steps(layout or sharding.Layout())
-        if layout is None:
-            self.train_step = jax.jit(self._train_step, donate_argnums=0)
-            self.eval_loss = jax.jit(self.eval_fn)
-            return
-        if not config.deterministic:
-            sharding.check_layout(layout, self.model_config, config.batch_size, config.seq_len)
-        self.mesh = sharding.make_mesh(layout)
-        if config.grad_comm_dtype != "float32":
-            loss_share = functools.partial(self._loss, model=sharding.token_sharded_model(self.model))
-            self.value_and_grad = sharding.data_parallel_value_and_grad(loss_share, self.mesh, config.grad_comm_dtype)
-        self.state_sharding = sharding.state_shardings(jax.eval_shape(self._init_state), self.mesh, layout)
-        self.batch_sharding = sharding.batch_sharding(self.mesh)
-        rep = sharding.replicated(self.mesh)
-        self.train_step = jax.jit(self._train_step, donate_argnums=0, out_shardings=(self.state_sharding, rep),
-                                  in_shardings=(self.state_sharding, self.batch_sharding, rep))
-        self.eval_loss = jax.jit(self.eval_fn, out_shardings=rep,
-                                 in_shardings=(self.state_sharding["params"], self.batch_sharding, rep))
+  def __init__(
+    self,
+    config: TrainConfig,
+    cache_dir: str | None = None,
+    layout: sharding.Layout | None = None,
+    model_overrides: dict | None = None,
+  ):
+    self.config = config
+    self.corpus = data.load_corpus(config.data, cache_dir, config.token_dtype)
+    self.model_config = model_lib.model_config(
+      config.model,
+      vocab_size=self.corpus.vocab_size,
+      recipe=config.recipe,
+      bf16_first=config.bf16_first,
+      bf16_last=config.bf16_last,
+      dtype=jnp.dtype(config.dtype),
+      attention_impl=config.attention_impl,
+      causal_amax=config.causal_amax,
+      **(model_overrides or {}),
+    )
+    model_lib.projection_dot_cls(config.recipe)  # fail now, not after the data and compile, if fp4jax lacks it
+    self.model = model_lib.Llama(self.model_config)
+    self.schedule = optimizer.lr_schedule(config.peak_lr, config.steps, config.warmup_frac)
+    self.optimizer = optimizer.adamw(
+      self.schedule,
+      weight_decay=config.weight_decay,
+      clip_norm=config.clip_norm,
+    )
+    self.stream = data.BatchStream(self.corpus.train, config.batch_size, config.seq_len, config.seed)
+    self.eval_set = data.eval_batches(self.corpus.val, config.batch_size, config.seq_len, config.eval_batches)
+    self.key = jax.random.key(config.seed)
+    sharding.check_grad_comm(config.grad_comm_dtype, layout)
+    if config.deterministic and layout is None:  # its steps run under shard_map on a 1x1 mesh: so do the inputs
+      layout = sharding.Layout()  # (else the second step, fed the first's mesh-placed state, compiles again)
+    self.layout = layout
+    self.value_and_grad = jax.value_and_grad(self._loss)
+    self.eval_fn = self._loss
+    if config.deterministic:
+      self._deterministic_steps(layout or sharding.Layout())
+    if layout is None:
+      self.train_step = jax.jit(self._train_step, donate_argnums=0)
+      self.eval_loss = jax.jit(self.eval_fn)
+      return
+    if not config.deterministic:
+      sharding.check_layout(layout, self.model_config, config.batch_size, config.seq_len)
+    self.mesh = sharding.make_mesh(layout)
+    if config.grad_comm_dtype != "float32":
+      loss_share = functools.partial(self._loss, model=sharding.token_sharded_model(self.model))
+      self.value_and_grad = sharding.data_parallel_value_and_grad(loss_share, self.mesh, config.grad_comm_dtype)
+    self.state_sharding = sharding.state_shardings(jax.eval_shape(self._init_state), self.mesh, layout)
+    self.batch_sharding = sharding.batch_sharding(self.mesh)
+    rep = sharding.replicated(self.mesh)
+    self.train_step = jax.jit(
+      self._train_step,
+      donate_argnums=0,
+      out_shardings=(self.state_sharding, rep),
+      in_shardings=(self.state_sharding, self.batch_sharding, rep),
+    )
+    self.eval_loss = jax.jit(
+      self.eval_fn, out_shardings=rep, in_shardings=(self.state_sharding["params"], self.batch_sharding, rep)
+    )
 
-    def _deterministic_steps(self, layout: sharding.Layout) -> None:
-        """``--deterministic R`` (``experiments.deterministic``): the loss and gradients of R microbatches summed in
-        a fixed order; with ``--tensor-shards T`` > 1, of the model written out as T Megatron shards."""
-        config, shards = self.config, self.config.tensor_shards
-        deterministic.check(config.deterministic, config.batch_size, layout, config.grad_comm_dtype, shards)
-        sharding.check_layout(dataclasses.replace(layout, model=shards), self.model_config, config.batch_size,
-                              config.seq_len, microbatches=config.deterministic)
-        mesh = sharding.make_mesh(layout)
-        loss, value_and_grad, specs = self._loss, self.value_and_grad, P()
-        if shards > 1:
-            tp = model_lib.Llama(self.model_config, model_lib.TensorParallel(sharding.MODEL, shards))
-            specs = deterministic.param_specs(jax.eval_shape(self._init_state)["params"], shards)
-            loss = functools.partial(self._loss, model=tp)
-            value_and_grad = deterministic.over_model_shards(jax.value_and_grad(loss), specs,
-                                                             (P(), specs), shards, mesh)
-            loss = deterministic.over_model_shards(loss, specs, P(), shards, mesh)
-        self.value_and_grad = deterministic.microbatched(value_and_grad, mesh, config.deterministic, specs,
-                                                         (P(), specs))
-        self.eval_fn = deterministic.microbatched(loss, mesh, config.deterministic, specs)
+  def _deterministic_steps(self, layout: sharding.Layout) -> None:
+    """``--deterministic R`` (``experiments.deterministic``): the loss and gradients of R microbatches summed in
+    a fixed order; with ``--tensor-shards T`` > 1, of the model written out as T Megatron shards."""
+    config, shards = self.config, self.config.tensor_shards
+    deterministic.check(config.deterministic, config.batch_size, layout, config.grad_comm_dtype, shards)
+    sharding.check_layout(
+      dataclasses.replace(layout, model=shards),
+      self.model_config,
+      config.batch_size,
+      config.seq_len,
+      microbatches=config.deterministic,
+    )
+    mesh = sharding.make_mesh(layout)
+    loss, value_and_grad, specs = self._loss, self.value_and_grad, P()
+    if shards > 1:
+      tp = model_lib.Llama(self.model_config, model_lib.TensorParallel(sharding.MODEL, shards))
+      specs = deterministic.param_specs(jax.eval_shape(self._init_state)["params"], shards)
+      loss = functools.partial(self._loss, model=tp)
+      value_and_grad = deterministic.over_model_shards(jax.value_and_grad(loss), specs, (P(), specs), shards, mesh)
+      loss = deterministic.over_model_shards(loss, specs, P(), shards, mesh)
+    self.value_and_grad = deterministic.microbatched(value_and_grad, mesh, config.deterministic, specs, (P(), specs))
+    self.eval_fn = deterministic.microbatched(loss, mesh, config.deterministic, specs)
 
-    def _init_state(self) -> dict:
-        params = model_lib.init_params(self.model_config, self.key, self.config.seq_len)
-        return {"params": params, "opt_state": self.optimizer.init(params)}
+  def _init_state(self) -> dict:
+    params = model_lib.init_params(self.model_config, self.key, self.config.seq_len)
+    return {"params": params, "opt_state": self.optimizer.init(params)}
 
-    def init_state(self) -> dict:
-        state = self._init_state()
-        return state if self.layout is None else sharding.place(state, self.state_sharding)
+  def init_state(self) -> dict:
+    state = self._init_state()
+    return state if self.layout is None else sharding.place(state, self.state_sharding)
 
-    def place(self, batch: np.ndarray):
-        """A host batch as the train/eval steps' input: as is on one device, a global sharded array on a mesh."""
-        return batch if self.layout is None else sharding.place(batch, self.batch_sharding)
+  def place(self, batch: np.ndarray):
+    """A host batch as the train/eval steps' input: as is on one device, a global sharded array on a mesh."""
+    return batch if self.layout is None else sharding.place(batch, self.batch_sharding)
 
-    def quant_key(self, step: int) -> jax.Array:
-        key = jax.random.fold_in(jax.random.fold_in(self.key, QUANT_KEY_SALT), step)
-        return key if self.layout is None else sharding.place(key, sharding.replicated(self.mesh))
+  def quant_key(self, step: int) -> jax.Array:
+    key = jax.random.fold_in(jax.random.fold_in(self.key, QUANT_KEY_SALT), step)
+    return key if self.layout is None else sharding.place(key, sharding.replicated(self.mesh))
 
-    def _loss(self, params, batch, key, total_rows=None, model=None):
-        """Mean loss of ``batch`` (``next_token_loss``; with ``total_rows``, its share of a larger batch's mean)
-        under ``model`` (default ``self.model``)."""
-        logits = (self.model if model is None else model).apply({"params": params}, batch[:, :-1], rngs={"quant": key})
-        return next_token_loss(logits, batch[:, 1:], total_rows)
+  def _loss(self, params, batch, key, total_rows=None, model=None):
+    """Mean loss of ``batch`` (``next_token_loss``; with ``total_rows``, its share of a larger batch's mean)
+    under ``model`` (default ``self.model``)."""
+    logits = (self.model if model is None else model).apply({"params": params}, batch[:, :-1], rngs={"quant": key})
+    return next_token_loss(logits, batch[:, 1:], total_rows)
 
-    def _train_step(self, state, batch, key):
-        loss, grads = self.value_and_grad(state["params"], batch, key)
-        updates, opt_state = self.optimizer.update(grads, state["opt_state"], state["params"])
-        new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
-        return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+  def _train_step(self, state, batch, key):
+    loss, grads = self.value_and_grad(state["params"], batch, key)
+    updates, opt_state = self.optimizer.update(grads, state["opt_state"], state["params"])
+    new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
+    return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
-    def _eval_key(self) -> jax.Array:
-        key = jax.random.fold_in(self.key, EVAL_KEY_SALT)
-        return key if self.layout is None else sharding.place(key, sharding.replicated(self.mesh))
+  def _eval_key(self) -> jax.Array:
+    key = jax.random.fold_in(self.key, EVAL_KEY_SALT)
+    return key if self.layout is None else sharding.place(key, sharding.replicated(self.mesh))
 
-    def _losses_of(self, params, batches) -> list[float]:
-        key = self._eval_key()
-        return [float(self.eval_loss(params, self.place(batch), key)) for batch in batches]
+  def _losses_of(self, params, batches) -> list[float]:
+    key = self._eval_key()
+    return [float(self.eval_loss(params, self.place(batch), key)) for batch in batches]
 
-    def validation_loss(self, params) -> float:
-        """Mean loss over the fixed validation set, with a fixed "quant" key."""
-        return float(np.mean(self._losses_of(params, self.eval_set)))
+  def validation_loss(self, params) -> float:
+    """Mean loss over the fixed validation set, with a fixed "quant" key."""
+    return float(np.mean(self._losses_of(params, self.eval_set)))
 
-    def batch_losses(self, params, n_batches: int) -> list[float]:
-        """The loss of each of ``n_batches`` fixed validation batches (``data.eval_batches``: evenly spaced windows of
-        the validation split), with the fixed evaluation key: the per-batch losses that ``experiments.evaluate``
-        pairs between recipes."""
-        return self._losses_of(params, data.eval_batches(self.corpus.val, self.config.batch_size,
-                                                         self.config.seq_len, n_batches))
+  def batch_losses(self, params, n_batches: int) -> list[float]:
+    """The loss of each of ``n_batches`` fixed validation batches (``data.eval_batches``: evenly spaced windows of
+    the validation split), with the fixed evaluation key: the per-batch losses that ``experiments.evaluate``
+    pairs between recipes."""
+    return self._losses_of(
+      params, data.eval_batches(self.corpus.val, self.config.batch_size, self.config.seq_len, n_batches)
+    )
 
-    def bits_per_byte(self, loss: float) -> float | None:
-        bpt = self.corpus.bytes_per_token
-        return None if bpt is None else loss / math.log(2) / bpt
+  def bits_per_byte(self, loss: float) -> float | None:
+    bpt = self.corpus.bytes_per_token
+    return None if bpt is None else loss / math.log(2) / bpt
 
 
 MANIFEST = "MANIFEST.sha256.json"  # in each checkpoint step folder, written once the checkpoint is complete
@@ -316,576 +336,695 @@ REJECTED = "ckpt-rejected"  # checkpoints that did not restore are moved here (n
 
 
 class CheckpointError(ValueError):
-    """A checkpoint (or the run file it vouches for) failed verification: the message names the file."""
+  """A checkpoint (or the run file it vouches for) failed verification: the message names the file."""
 
 
 class IncompleteCheckpointError(CheckpointError):
-    """A checkpoint without its manifest: the run stopped before it was completely written."""
+  """A checkpoint without its manifest: the run stopped before it was completely written."""
 
 
 def _sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+  return hashlib.sha256(data).hexdigest()
 
 
 def _checksums(folder: Path) -> dict[str, str]:
-    """sha256 of every file under ``folder`` (paths relative to it, ``/``-separated), the manifest left out."""
-    return {p.relative_to(folder).as_posix(): data.sha256_file(p) for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != MANIFEST}
+  """sha256 of every file under ``folder`` (paths relative to it, ``/``-separated), the manifest left out."""
+  return {
+    p.relative_to(folder).as_posix(): data.sha256_file(p)
+    for p in sorted(folder.rglob("*"))
+    if p.is_file() and p.name != MANIFEST
+  }
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a synced temporary file and an atomic rename."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+  """Write ``text`` to ``path`` through a synced temporary file and an atomic rename."""
+  tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+  with open(tmp, "w") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
 
 
 def _all_finite(tree) -> jax.Array:
-    leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
-    return jnp.stack(leaves).all()
+  leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jnp.stack(leaves).all()
 
 
 _ALL_FINITE = jax.jit(_all_finite)
 
 
 def _window_record(window: list) -> list[dict]:
-    """The per-step metrics of an unfinished logging window as JSON (value and dtype: restored bit for bit)."""
-    return [{k: [float(v), str(np.asarray(v).dtype)] for k, v in m.items()} for m in jax.device_get(window)]
+  """The per-step metrics of an unfinished logging window as JSON (value and dtype: restored bit for bit)."""
+  return [{k: [float(v), str(np.asarray(v).dtype)] for k, v in m.items()} for m in jax.device_get(window)]
 
 
 def _window_from_record(record: list[dict]) -> list[dict]:
-    return [{k: np.dtype(dtype).type(v) for k, (v, dtype) in m.items()} for m in record]
+  return [{k: np.dtype(dtype).type(v) for k, (v, dtype) in m.items()} for m in record]
 
 
 class RunFolder:
-    """config.json, metrics.jsonl, summary.json and the orbax checkpoints of one run.
+  """config.json, metrics.jsonl, summary.json and the orbax checkpoints of one run.
 
-    Each checkpoint step folder gets a ``MANIFEST.sha256.json`` once orbax has finished writing it: the sha256 of
-    every file in it, of config.json, of metrics.jsonl as it was then (its first ``metrics_bytes`` bytes: the records
-    up to that step), the unfinished logging window's per-step metrics, and a sha256 of all that. A restore takes
-    the newest checkpoint that verifies and moves the others aside to ``ckpt-rejected/`` (saying so); orbax keeps
-    the newest 3, so at least 2 verified ones exist once 3 were written.
-    """
+  Each checkpoint step folder gets a ``MANIFEST.sha256.json`` once orbax has finished writing it: the sha256 of
+  every file in it, of config.json, of metrics.jsonl as it was then (its first ``metrics_bytes`` bytes: the records
+  up to that step), the unfinished logging window's per-step metrics, and a sha256 of all that. A restore takes
+  the newest checkpoint that verifies and moves the others aside to ``ckpt-rejected/`` (saying so); orbax keeps
+  the newest 3, so at least 2 verified ones exist once 3 were written.
+  """
 
-    def __init__(self, path: str | Path, config: TrainConfig, quiet: bool = True):
-        self.path = Path(path).resolve()
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.primary = jax.process_index() == 0  # with several processes, process 0 writes config and metrics
-        self.quiet = quiet
-        self.config_file = self.path / "config.json"
-        self.metrics = self.path / "metrics.jsonl"
-        self.summary = self.path / "summary.json"
-        self.checkpoints = ocp.CheckpointManager(
-            self.path / "ckpt", options=ocp.CheckpointManagerOptions(max_to_keep=3, create=True)
+  def __init__(self, path: str | Path, config: TrainConfig, quiet: bool = True):
+    self.path = Path(path).resolve()
+    self.path.mkdir(parents=True, exist_ok=True)
+    self.primary = jax.process_index() == 0  # with several processes, process 0 writes config and metrics
+    self.quiet = quiet
+    self.config_file = self.path / "config.json"
+    self.metrics = self.path / "metrics.jsonl"
+    self.summary = self.path / "summary.json"
+    self.checkpoints = ocp.CheckpointManager(
+      self.path / "ckpt", options=ocp.CheckpointManagerOptions(max_to_keep=3, create=True)
+    )
+    self.window: list[dict] = []  # the restored checkpoint's unfinished logging window
+    self._pending: dict | None = None  # the manifest of the checkpoint being written
+    mine = dataclasses.asdict(config)
+    if self.config_file.exists():
+      theirs = {**dataclasses.asdict(TrainConfig()), **self._read_config()}  # new fields take their default
+      if theirs != mine:
+        diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        raise ValueError(
+          f"out={str(self.path)!r} holds a run with a different config (fields {diff}); "
+          "use another --out or the same arguments to resume"
         )
-        self.window: list[dict] = []  # the restored checkpoint's unfinished logging window
-        self._pending: dict | None = None  # the manifest of the checkpoint being written
-        mine = dataclasses.asdict(config)
-        if self.config_file.exists():
-            theirs = {**dataclasses.asdict(TrainConfig()), **self._read_config()}  # new fields take their default
-            if theirs != mine:
-                diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
-                raise ValueError(f"out={str(self.path)!r} holds a run with a different config (fields {diff}); "
-                                 "use another --out or the same arguments to resume")
-        elif self.primary:
-            _write_atomic(self.config_file, json.dumps(mine, indent=1) + "\n")
+    elif self.primary:
+      _write_atomic(self.config_file, json.dumps(mine, indent=1) + "\n")
 
-    def step_dir(self, step: int) -> Path:
-        return self.path / "ckpt" / str(step)
+  def step_dir(self, step: int) -> Path:
+    return self.path / "ckpt" / str(step)
 
-    def _read_config(self) -> dict:
-        raw = self.config_file.read_bytes()
-        for step in sorted(self.checkpoints.all_steps(), reverse=True):
-            try:
-                recorded = self._manifest(step)["config_sha256"]
-            except CheckpointError:
-                continue
-            if _sha256_bytes(raw) != recorded:
-                raise CheckpointError(f"{self.config_file}: sha256 {_sha256_bytes(raw)} is not the {recorded} "
-                                      f"recorded with checkpoint {step} ({self.step_dir(step) / MANIFEST}): the file "
-                                      "was corrupted or edited")
-            break
-        try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise CheckpointError(f"{self.config_file} is not valid JSON ({err}): corrupted; expected the run's "
-                                  "TrainConfig") from None
+  def _read_config(self) -> dict:
+    raw = self.config_file.read_bytes()
+    for step in sorted(self.checkpoints.all_steps(), reverse=True):
+      try:
+        recorded = self._manifest(step)["config_sha256"]
+      except CheckpointError:
+        continue
+      if _sha256_bytes(raw) != recorded:
+        raise CheckpointError(
+          f"{self.config_file}: sha256 {_sha256_bytes(raw)} is not the {recorded} "
+          f"recorded with checkpoint {step} ({self.step_dir(step) / MANIFEST}): the file "
+          "was corrupted or edited"
+        )
+      break
+    try:
+      return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+      raise CheckpointError(
+        f"{self.config_file} is not valid JSON ({err}): corrupted; expected the run's TrainConfig"
+      ) from None
 
-    def _manifest(self, step: int) -> dict:
-        """The verified body of checkpoint ``step``'s manifest."""
-        path = self.step_dir(step) / MANIFEST
-        if not path.exists():
-            raise IncompleteCheckpointError(f"{path} is missing: the checkpoint was not completed (the run "
-                                            "stopped while writing it)")
-        try:
-            manifest = json.loads(path.read_bytes())
-            body, digest = manifest["body"], manifest["sha256"]
-        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
-            raise CheckpointError(f"{path} is not a valid manifest ({err!r}): corrupted") from None
-        if _sha256_bytes(json.dumps(body, sort_keys=True).encode()) != digest:
-            raise CheckpointError(f"{path}: its contents do not match its sha256: corrupted")
-        return body
+  def _manifest(self, step: int) -> dict:
+    """The verified body of checkpoint ``step``'s manifest."""
+    path = self.step_dir(step) / MANIFEST
+    if not path.exists():
+      raise IncompleteCheckpointError(
+        f"{path} is missing: the checkpoint was not completed (the run stopped while writing it)"
+      )
+    try:
+      manifest = json.loads(path.read_bytes())
+      body, digest = manifest["body"], manifest["sha256"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+      raise CheckpointError(f"{path} is not a valid manifest ({err!r}): corrupted") from None
+    if _sha256_bytes(json.dumps(body, sort_keys=True).encode()) != digest:
+      raise CheckpointError(f"{path}: its contents do not match its sha256: corrupted")
+    return body
 
-    def _verified_metrics(self, step: int, body: dict) -> bytes:
-        """The metrics.jsonl records of the steps up to ``step``, checked against the manifest."""
-        if not self.primary:
-            return b""
-        raw = self.metrics.read_bytes() if self.metrics.exists() else b""
-        kept = raw[:body["metrics_bytes"]]
-        if _sha256_bytes(kept) != body["metrics_sha256"]:
-            raise CheckpointError(f"{self.metrics}: its first {body['metrics_bytes']} bytes (the records up to step "
-                                  f"{step}) do not match the sha256 recorded with checkpoint {step}: truncated or "
-                                  "corrupted")
-        tail = raw[body["metrics_bytes"]:]
-        if tail and not tail.endswith(b"\n"):
-            self._say(f"warning: {self.metrics}: dropped a cut-off last line (the run stopped while writing it)")
-        return kept
+  def _verified_metrics(self, step: int, body: dict) -> bytes:
+    """The metrics.jsonl records of the steps up to ``step``, checked against the manifest."""
+    if not self.primary:
+      return b""
+    raw = self.metrics.read_bytes() if self.metrics.exists() else b""
+    kept = raw[: body["metrics_bytes"]]
+    if _sha256_bytes(kept) != body["metrics_sha256"]:
+      raise CheckpointError(
+        f"{self.metrics}: its first {body['metrics_bytes']} bytes (the records up to step "
+        f"{step}) do not match the sha256 recorded with checkpoint {step}: truncated or "
+        "corrupted"
+      )
+    tail = raw[body["metrics_bytes"] :]
+    if tail and not tail.endswith(b"\n"):
+      self._say(f"warning: {self.metrics}: dropped a cut-off last line (the run stopped while writing it)")
+    return kept
 
-    def _verify(self, step: int) -> dict:
-        body = self._manifest(step)
-        folder = self.step_dir(step)
-        actual = _checksums(folder)
-        for name in sorted(body["files"].keys() | actual.keys()):
-            if name not in actual:
-                raise CheckpointError(f"{folder / name} is missing (listed in {folder / MANIFEST})")
-            if name not in body["files"]:
-                raise CheckpointError(f"{folder / name} is not listed in {folder / MANIFEST}")
-            if actual[name] != body["files"][name]:
-                raise CheckpointError(f"{folder / name}: sha256 {actual[name]} does not match the manifest's "
-                                      f"{body['files'][name]}: corrupted")
-        return body
+  def _verify(self, step: int) -> dict:
+    body = self._manifest(step)
+    folder = self.step_dir(step)
+    actual = _checksums(folder)
+    for name in sorted(body["files"].keys() | actual.keys()):
+      if name not in actual:
+        raise CheckpointError(f"{folder / name} is missing (listed in {folder / MANIFEST})")
+      if name not in body["files"]:
+        raise CheckpointError(f"{folder / name} is not listed in {folder / MANIFEST}")
+      if actual[name] != body["files"][name]:
+        raise CheckpointError(
+          f"{folder / name}: sha256 {actual[name]} does not match the manifest's {body['files'][name]}: corrupted"
+        )
+    return body
 
-    def _reject(self, step: int) -> Path:
-        target = self.path / REJECTED / str(step)
-        for i in range(1, 1_000_000):
-            if not target.exists():
-                break
-            target = self.path / REJECTED / f"{step}.{i}"
-        if self.primary:
-            target.parent.mkdir(exist_ok=True)
-            os.replace(self.step_dir(step), target)
-        self.checkpoints.reload()
-        return target
+  def _reject(self, step: int) -> Path:
+    target = self.path / REJECTED / str(step)
+    for i in range(1, 1_000_000):
+      if not target.exists():
+        break
+      target = self.path / REJECTED / f"{step}.{i}"
+    if self.primary:
+      target.parent.mkdir(exist_ok=True)
+      os.replace(self.step_dir(step), target)
+    self.checkpoints.reload()
+    return target
 
-    def _say(self, message: str) -> None:
-        if self.primary:
-            print(message, file=sys.stderr, flush=True)
+  def _say(self, message: str) -> None:
+    if self.primary:
+      print(message, file=sys.stderr, flush=True)
 
-    def restore(self, template: dict) -> tuple[dict, int]:
-        """The newest checkpoint that verifies (state, step), and the metrics truncated to it; (template, 0) if none.
+  def restore(self, template: dict) -> tuple[dict, int]:
+    """The newest checkpoint that verifies (state, step), and the metrics truncated to it; (template, 0) if none.
 
-        Checkpoints that do not verify are moved to ``ckpt-rejected/``, each with a message naming the file.
+    Checkpoints that do not verify are moved to ``ckpt-rejected/``, each with a message naming the file.
 
-        Raises:
-            CheckpointError: checkpoints exist, with manifests, but none verifies (the messages name the files).
-        """
-        failures = []
-        for step in sorted(self.checkpoints.all_steps(), reverse=True):
-            try:
-                body = self._verify(step)
-                kept = self._verified_metrics(step, body)
-                if body["config_sha256"] != _sha256_bytes(self.config_file.read_bytes()):
-                    raise CheckpointError(f"{self.config_file} is not the config.json of checkpoint {step}")
-            except CheckpointError as err:
-                failures.append((step, err))
-                target = self._reject(step)
-                self._say(f"checkpoint {step} does not restore: {err}; moved it to {target}"
-                          + (", falling back to the previous one" if self.checkpoints.all_steps() else ""))
-                continue
-            state = self.checkpoints.restore(step, args=ocp.args.StandardRestore(template))
-            if not bool(_ALL_FINITE(state)):
-                raise CheckpointError(f"checkpoint {step} ({self.step_dir(step)}) holds non-finite values")
-            if self.primary:
-                _write_atomic(self.metrics, kept.decode())
-            self.window = _window_from_record(body["window"])
-            if not self.quiet:
-                self._say(f"resuming from step {step} (checkpoint {self.step_dir(step)})")
-            return state, step
-        if any(not isinstance(err, IncompleteCheckpointError) for _, err in failures):
-            raise CheckpointError("no checkpoint of " + str(self.path) + " restores:\n"
-                                  + "\n".join(f"  step {s}: {e}" for s, e in failures))
-        if self.primary and self.metrics.exists():
-            if failures:
-                os.replace(self.metrics, self.path / REJECTED / f"metrics.{os.getpid()}.jsonl")
-                self._say("no complete checkpoint: starting from step 0 "
-                          f"(the old metrics are in {self.path / REJECTED})")
-            else:
-                self.metrics.unlink()
-        return template, 0
+    Raises:
+        CheckpointError: checkpoints exist, with manifests, but none verifies (the messages name the files).
+    """
+    failures = []
+    for step in sorted(self.checkpoints.all_steps(), reverse=True):
+      try:
+        body = self._verify(step)
+        kept = self._verified_metrics(step, body)
+        if body["config_sha256"] != _sha256_bytes(self.config_file.read_bytes()):
+          raise CheckpointError(f"{self.config_file} is not the config.json of checkpoint {step}")
+      except CheckpointError as err:
+        failures.append((step, err))
+        target = self._reject(step)
+        self._say(
+          f"checkpoint {step} does not restore: {err}; moved it to {target}"
+          + (", falling back to the previous one" if self.checkpoints.all_steps() else "")
+        )
+        continue
+      state = self.checkpoints.restore(step, args=ocp.args.StandardRestore(template))
+      if not bool(_ALL_FINITE(state)):
+        raise CheckpointError(f"checkpoint {step} ({self.step_dir(step)}) holds non-finite values")
+      if self.primary:
+        _write_atomic(self.metrics, kept.decode())
+      self.window = _window_from_record(body["window"])
+      if not self.quiet:
+        self._say(f"resuming from step {step} (checkpoint {self.step_dir(step)})")
+      return state, step
+    if any(not isinstance(err, IncompleteCheckpointError) for _, err in failures):
+      raise CheckpointError(
+        "no checkpoint of " + str(self.path) + " restores:\n" + "\n".join(f"  step {s}: {e}" for s, e in failures)
+      )
+    if self.primary and self.metrics.exists():
+      if failures:
+        os.replace(self.metrics, self.path / REJECTED / f"metrics.{os.getpid()}.jsonl")
+        self._say(f"no complete checkpoint: starting from step 0 (the old metrics are in {self.path / REJECTED})")
+      else:
+        self.metrics.unlink()
+    return template, 0
 
-    def save(self, step: int, state: dict, window: list) -> None:
-        """Checkpoint ``state`` at ``step`` (asynchronously; its manifest follows once written: :meth:`poll`).
+  def save(self, step: int, state: dict, window: list) -> None:
+    """Checkpoint ``state`` at ``step`` (asynchronously; its manifest follows once written: :meth:`poll`).
 
-        ``window``: the per-step metrics of the unfinished logging window (empty at a logging boundary)."""
-        self._finish_pending(wait=True)
-        raw = self.metrics.read_bytes() if self.primary and self.metrics.exists() else b""
-        self._pending = {"step": step, "config_sha256": _sha256_bytes(self.config_file.read_bytes()),
-                         "metrics_bytes": len(raw), "metrics_sha256": _sha256_bytes(raw),
-                         "window": _window_record(window)}
-        self.checkpoints.save(step, args=ocp.args.StandardSave(state))
+    ``window``: the per-step metrics of the unfinished logging window (empty at a logging boundary)."""
+    self._finish_pending(wait=True)
+    raw = self.metrics.read_bytes() if self.primary and self.metrics.exists() else b""
+    self._pending = {
+      "step": step,
+      "config_sha256": _sha256_bytes(self.config_file.read_bytes()),
+      "metrics_bytes": len(raw),
+      "metrics_sha256": _sha256_bytes(raw),
+      "window": _window_record(window),
+    }
+    self.checkpoints.save(step, args=ocp.args.StandardSave(state))
 
-    def poll(self) -> None:
-        """Write the manifest of the checkpoint being saved if orbax has finished it."""
-        self._finish_pending(wait=False)
+  def poll(self) -> None:
+    """Write the manifest of the checkpoint being saved if orbax has finished it."""
+    self._finish_pending(wait=False)
 
-    def _finish_pending(self, wait: bool) -> None:
-        if self._pending is None or (not wait and self.checkpoints.is_saving_in_progress()):
-            return
-        self.checkpoints.wait_until_finished()
-        body = {**self._pending, "files": _checksums(self.step_dir(self._pending["step"]))}
-        self._pending = None
-        if self.primary:
-            manifest = {"body": body, "sha256": _sha256_bytes(json.dumps(body, sort_keys=True).encode())}
-            _write_atomic(self.step_dir(body["step"]) / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+  def _finish_pending(self, wait: bool) -> None:
+    if self._pending is None or (not wait and self.checkpoints.is_saving_in_progress()):
+      return
+    self.checkpoints.wait_until_finished()
+    body = {**self._pending, "files": _checksums(self.step_dir(self._pending["step"]))}
+    self._pending = None
+    if self.primary:
+      manifest = {"body": body, "sha256": _sha256_bytes(json.dumps(body, sort_keys=True).encode())}
+      _write_atomic(self.step_dir(body["step"]) / MANIFEST, json.dumps(manifest, indent=1) + "\n")
 
-    def log(self, record: dict) -> None:
-        if not self.primary:
-            return
-        with open(self.metrics, "a") as f:
-            f.write(json.dumps(record) + "\n")
+  def log(self, record: dict) -> None:
+    if not self.primary:
+      return
+    with open(self.metrics, "a") as f:
+      f.write(json.dumps(record) + "\n")
 
-    def close(self) -> None:
-        self._finish_pending(wait=True)
-        self.checkpoints.close()
+  def close(self) -> None:
+    self._finish_pending(wait=True)
+    self.checkpoints.close()
 
 
 def evaluation_record(name: str, config: TrainConfig, step: int, batch_losses: list[float]) -> dict:
-    """The per-batch validation losses of run ``name`` at ``step``, as ``experiments.evaluate`` pairs them."""
-    return {"name": name, "model": config.model, "recipe": config.recipe, "tokens": config.tokens,
-            "step": step, "steps": config.steps, "batch_losses": batch_losses}
+  """The per-batch validation losses of run ``name`` at ``step``, as ``experiments.evaluate`` pairs them."""
+  return {
+    "name": name,
+    "model": config.model,
+    "recipe": config.recipe,
+    "tokens": config.tokens,
+    "step": step,
+    "steps": config.steps,
+    "batch_losses": batch_losses,
+  }
 
 
 def read_metrics(path: str | Path, kind: str | None = None) -> list[dict]:
-    """Records of a run folder's metrics.jsonl (all, or only those of ``kind``)."""
-    lines = (Path(path) / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if kind is None or r["kind"] == kind]
+  """Records of a run folder's metrics.jsonl (all, or only those of ``kind``)."""
+  lines = (Path(path) / "metrics.jsonl").read_text().splitlines()
+  return [r for r in map(json.loads, lines) if kind is None or r["kind"] == kind]
 
 
 def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+  seconds = int(seconds)
+  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 class StopSignals:
-    """SIGINT / SIGTERM set ``received`` (the training loop then checkpoints and stops); a second signal of the same
-    kind acts as it normally does. A context manager: the previous handlers come back on exit (main thread only;
-    elsewhere signals are left alone)."""
+  """SIGINT / SIGTERM set ``received`` (the training loop then checkpoints and stops); a second signal of the same
+  kind acts as it normally does. A context manager: the previous handlers come back on exit (main thread only;
+  elsewhere signals are left alone)."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+  SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self):
-        self.received: int | None = None
-        self._previous: dict = {}
+  def __init__(self):
+    self.received: int | None = None
+    self._previous: dict = {}
 
-    def _handle(self, signum, frame):
-        self.received = signum
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+  def _handle(self, signum, frame):
+    self.received = signum
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
 
-    def __enter__(self) -> Self:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
-        return self
+  def __enter__(self) -> Self:
+    if threading.current_thread() is threading.main_thread():
+      self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+    return self
 
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+  def __exit__(self, *exc) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
 
 
 def _first_non_finite(window: list[dict]) -> int | None:
-    """Index of the first step of ``window`` (fetched metrics) whose loss or gradient norm is not finite."""
-    return next((i for i, m in enumerate(window) if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"]))),
-                None)
+  """Index of the first step of ``window`` (fetched metrics) whose loss or gradient norm is not finite."""
+  return next((i for i, m in enumerate(window) if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"]))), None)
 
 
 def train(
-    config: TrainConfig,
-    out: str | Path,
-    cache_dir: str | None = None,
-    max_minutes: float | None = None,
-    stop_at_step: int | None = None,
-    quiet: bool = False,
-    layout: sharding.Layout | None = None,
-    model_overrides: dict | None = None,
-    final_eval_batches: int = 0,
+  config: TrainConfig,
+  out: str | Path,
+  cache_dir: str | None = None,
+  max_minutes: float | None = None,
+  stop_at_step: int | None = None,
+  quiet: bool = False,
+  layout: sharding.Layout | None = None,
+  model_overrides: dict | None = None,
+  final_eval_batches: int = 0,
 ) -> dict:
-    """Train (or resume) the run in ``out``; return its summary ({"status": "finished" | "paused" | "interrupted" |
-    "diverged", ...}).
+  """Train (or resume) the run in ``out``; return its summary ({"status": "finished" | "paused" | "interrupted" |
+  "diverged", ...}).
 
-    ``max_minutes`` and ``stop_at_step`` pause at the first logging boundary where the time budget would run out /
-    the step is reached; rerunning resumes. SIGINT / SIGTERM checkpoint the current step and stop ("interrupted";
-    rerunning resumes, the same curve bit for bit). A non-finite loss or gradient norm (checked at each logging
-    boundary) or state (checked before each checkpoint) stops the run ("diverged") without checkpointing it: the
-    newest checkpoint stays the last finite one. ``model_overrides``: ModelConfig fields that change how, not what,
-    the model computes (e.g. ``{"remat": True}``); like the layout they are not part of config.json.
-    ``final_eval_batches``: when the run finishes, write the loss of each of that many validation batches to
-    ``out/final_eval.json`` (:data:`FINAL_EVAL`, the record ``experiments.evaluate`` writes), while the weights
-    are still on the device.
+  ``max_minutes`` and ``stop_at_step`` pause at the first logging boundary where the time budget would run out /
+  the step is reached; rerunning resumes. SIGINT / SIGTERM checkpoint the current step and stop ("interrupted";
+  rerunning resumes, the same curve bit for bit). A non-finite loss or gradient norm (checked at each logging
+  boundary) or state (checked before each checkpoint) stops the run ("diverged") without checkpointing it: the
+  newest checkpoint stays the last finite one. ``model_overrides``: ModelConfig fields that change how, not what,
+  the model computes (e.g. ``{"remat": True}``); like the layout they are not part of config.json.
+  ``final_eval_batches``: when the run finishes, write the loss of each of that many validation batches to
+  ``out/final_eval.json`` (:data:`FINAL_EVAL`, the record ``experiments.evaluate`` writes), while the weights
+  are still on the device.
 
-    Raises:
-        CheckpointError: the run folder's checkpoints exist but none verifies, or config.json was corrupted.
-    """
-    if final_eval_batches < 0:
-        raise ValueError(f"final_eval_batches must be >= 0, got {final_eval_batches}")
-    with StopSignals() as signals:
-        return _train(config, out, cache_dir, max_minutes, stop_at_step, quiet, layout, model_overrides,
-                      final_eval_batches, signals)
+  Raises:
+      CheckpointError: the run folder's checkpoints exist but none verifies, or config.json was corrupted.
+  """
+  if final_eval_batches < 0:
+    raise ValueError(f"final_eval_batches must be >= 0, got {final_eval_batches}")
+  with StopSignals() as signals:
+    return _train(
+      config, out, cache_dir, max_minutes, stop_at_step, quiet, layout, model_overrides, final_eval_batches, signals
+    )
 
 
-def _train(config, out, cache_dir, max_minutes, stop_at_step, quiet, layout, model_overrides, final_eval_batches,
-           signals: StopSignals) -> dict:
-    started = time.perf_counter()
-    trainer = Trainer(config, cache_dir, layout, model_overrides)
-    folder = RunFolder(out, config, quiet=quiet)
-    state, step = folder.restore(trainer.init_state())
+def _train(
+  config,
+  out,
+  cache_dir,
+  max_minutes,
+  stop_at_step,
+  quiet,
+  layout,
+  model_overrides,
+  final_eval_batches,
+  signals: StopSignals,
+) -> dict:
+  started = time.perf_counter()
+  trainer = Trainer(config, cache_dir, layout, model_overrides)
+  folder = RunFolder(out, config, quiet=quiet)
+  state, step = folder.restore(trainer.init_state())
+  if folder.primary:
+    folder.summary.unlink(missing_ok=True)  # of an earlier piece; rewritten when this one ends
+  counts = model_lib.parameter_count(trainer.model_config)
+
+  def emit(record):
+    folder.log({"step": step, "tokens": step * config.tokens_per_step, **record})
+
+  def log_validation():
+    loss = trainer.validation_loss(state["params"])
+    emit({"kind": "val", "val_loss": loss, "val_bpb": trainer.bits_per_byte(loss)})
+    return loss
+
+  def diverged(at: int, what: str) -> str:
+    last_ckpt = folder.checkpoints.latest_step()
+    kept = f"checkpoint {last_ckpt} ({folder.step_dir(last_ckpt)})" if last_ckpt is not None else "no checkpoint"
+    print(
+      f"diverged at step {at}: {what}; not checkpointed, the last finite state is {kept}", file=sys.stderr, flush=True
+    )
+    return "diverged"
+
+  if step == 0:
+    log_validation()
+  resumed_from, window_losses, window_start, next_window_s = step, list(folder.window), time.perf_counter(), 0.0
+  run_start, status, last, timed_steps = time.perf_counter(), "finished", {}, 0
+  while step < config.steps and signals.received is None:
+    batch = trainer.place(trainer.stream.batch(step))
+    state, out_metrics = trainer.train_step(state, batch, trainer.quant_key(step))
+    window_losses.append(out_metrics)
+    step += 1
+    if step == resumed_from + 1 and step % config.log_every and step < config.steps:
+      # The first step after a (re)start compiles: time the steps after it, or its compile time would pass
+      # for the step time (the tokens/s logged and the pause estimate of the next window).
+      jax.block_until_ready(out_metrics)
+      window_start = time.perf_counter()
+    else:
+      timed_steps += 1
+    boundary = step % config.log_every == 0 or step == config.steps
+    if boundary:
+      fetched = jax.device_get(window_losses)
+      now = time.perf_counter()
+      step_time = (now - window_start) / max(timed_steps, 1)
+      next_window_s = step_time * config.log_every
+      last = {
+        "loss": float(np.mean([m["loss"] for m in fetched])),
+        "grad_norm": float(fetched[-1]["grad_norm"]),
+        "lr": float(trainer.schedule(step - 1)),
+        "step_time_s": step_time,
+        "tokens_per_s": config.tokens_per_step / step_time,
+      }
+      emit({"kind": "train", **last})
+      window_losses, window_start, timed_steps = [], now, 0
+      if (bad := _first_non_finite(fetched)) is not None:
+        at = step - len(fetched) + 1 + bad
+        status = diverged(at, f"loss {fetched[bad]['loss']}, gradient norm {fetched[bad]['grad_norm']}")
+        break
+      folder.poll()
+    if step % config.eval_every == 0 or step == config.steps:
+      last["val_loss"] = log_validation()
+    if config.quant_error_every and step % config.quant_error_every == 0:
+      errors = diagnostics.projection_quant_errors(
+        trainer.model, state["params"], trainer.eval_set[0][:, :-1], trainer.quant_key(step)
+      )
+      if errors:
+        emit({"kind": "quant_error", "relative_mse": errors})
+    out_of_time = max_minutes is not None and (time.perf_counter() - started + 1.5 * next_window_s > 60 * max_minutes)
+    pause = boundary and step < config.steps and (out_of_time or (stop_at_step is not None and step >= stop_at_step))
+    stop = signals.received is not None
+    if step % config.ckpt_every == 0 or step == config.steps or pause or stop:
+      if not bool(_ALL_FINITE(state)):
+        status = diverged(step, "the parameters or optimizer state after it are not finite")
+        break
+      folder.save(step, state, window_losses)
+    if boundary and not quiet:
+      done = step - resumed_from
+      eta = (time.perf_counter() - run_start) / done * (config.steps - step)
+      print(
+        f"\r{config.recipe} {config.model} | step {step}/{config.steps} | "
+        f"{step * config.tokens_per_step:,} tok | loss {last['loss']:.4f} | "
+        f"{last['tokens_per_s']:,.0f} tok/s | ETA {_duration(eta)}   ",
+        end="" if sys.stderr.isatty() else "\n",
+        file=sys.stderr,
+        flush=True,
+      )
+    if pause:
+      status = "paused"
+      break
+    if stop:
+      status = "interrupted"
+      print(
+        f"\n{signal.Signals(signals.received).name}: wrote the checkpoint of step {step} "
+        f"({folder.step_dir(step)}); rerun the same command to resume",
+        file=sys.stderr,
+        flush=True,
+      )
+  if signals.received is not None and status == "finished" and step < config.steps:
+    status = "interrupted"  # before the first step: nothing new to checkpoint
+    print(
+      f"\n{signal.Signals(signals.received).name} before the first step: nothing to checkpoint; rerun the "
+      "same command to resume",
+      file=sys.stderr,
+      flush=True,
+    )
+  folder.close()
+  if not quiet and sys.stderr.isatty():
+    print(file=sys.stderr)
+  train_records = read_metrics(folder.path, "train")
+  val_records = read_metrics(folder.path, "val")
+  summary = {
+    "status": status,
+    "step": step,
+    "steps": config.steps,
+    "tokens": step * config.tokens_per_step,
+    "model": config.model,
+    "recipe": config.recipe,
+    "bf16_first": config.bf16_first,
+    "bf16_last": config.bf16_last,
+    "params": counts["total"],
+    "non_embedding_params": counts["non_embedding"],
+    "train_loss": train_records[-1]["loss"] if train_records else None,
+    "val_loss": val_records[-1]["val_loss"],
+    "val_bpb": val_records[-1]["val_bpb"],
+    "tokens_per_s": float(np.median([r["tokens_per_s"] for r in train_records])) if train_records else None,
+    "wall_s": time.perf_counter() - started,
+    "mesh": "1 device" if layout is None else layout.describe(),  # of the last piece (a run may resume elsewhere)
+  }
+  if status == "interrupted":
+    summary["signal"] = signal.Signals(signals.received).name
+  if status == "finished" and final_eval_batches:
+    record = evaluation_record(
+      folder.path.name, config, step, trainer.batch_losses(state["params"], final_eval_batches)
+    )
     if folder.primary:
-        folder.summary.unlink(missing_ok=True)  # of an earlier piece; rewritten when this one ends
-    counts = model_lib.parameter_count(trainer.model_config)
-
-    def emit(record):
-        folder.log({"step": step, "tokens": step * config.tokens_per_step, **record})
-
-    def log_validation():
-        loss = trainer.validation_loss(state["params"])
-        emit({"kind": "val", "val_loss": loss, "val_bpb": trainer.bits_per_byte(loss)})
-        return loss
-
-    def diverged(at: int, what: str) -> str:
-        last_ckpt = folder.checkpoints.latest_step()
-        kept = f"checkpoint {last_ckpt} ({folder.step_dir(last_ckpt)})" if last_ckpt is not None else "no checkpoint"
-        print(f"diverged at step {at}: {what}; not checkpointed, the last finite state is {kept}", file=sys.stderr,
-              flush=True)
-        return "diverged"
-
-    if step == 0:
-        log_validation()
-    resumed_from, window_losses, window_start, next_window_s = step, list(folder.window), time.perf_counter(), 0.0
-    run_start, status, last, timed_steps = time.perf_counter(), "finished", {}, 0
-    while step < config.steps and signals.received is None:
-        batch = trainer.place(trainer.stream.batch(step))
-        state, out_metrics = trainer.train_step(state, batch, trainer.quant_key(step))
-        window_losses.append(out_metrics)
-        step += 1
-        if step == resumed_from + 1 and step % config.log_every and step < config.steps:
-            # The first step after a (re)start compiles: time the steps after it, or its compile time would pass
-            # for the step time (the tokens/s logged and the pause estimate of the next window).
-            jax.block_until_ready(out_metrics)
-            window_start = time.perf_counter()
-        else:
-            timed_steps += 1
-        boundary = step % config.log_every == 0 or step == config.steps
-        if boundary:
-            fetched = jax.device_get(window_losses)
-            now = time.perf_counter()
-            step_time = (now - window_start) / max(timed_steps, 1)
-            next_window_s = step_time * config.log_every
-            last = {"loss": float(np.mean([m["loss"] for m in fetched])),
-                    "grad_norm": float(fetched[-1]["grad_norm"]),
-                    "lr": float(trainer.schedule(step - 1)),
-                    "step_time_s": step_time, "tokens_per_s": config.tokens_per_step / step_time}
-            emit({"kind": "train", **last})
-            window_losses, window_start, timed_steps = [], now, 0
-            if (bad := _first_non_finite(fetched)) is not None:
-                at = step - len(fetched) + 1 + bad
-                status = diverged(at, f"loss {fetched[bad]['loss']}, gradient norm {fetched[bad]['grad_norm']}")
-                break
-            folder.poll()
-        if step % config.eval_every == 0 or step == config.steps:
-            last["val_loss"] = log_validation()
-        if config.quant_error_every and step % config.quant_error_every == 0:
-            errors = diagnostics.projection_quant_errors(
-                trainer.model, state["params"], trainer.eval_set[0][:, :-1], trainer.quant_key(step))
-            if errors:
-                emit({"kind": "quant_error", "relative_mse": errors})
-        out_of_time = max_minutes is not None and (
-            time.perf_counter() - started + 1.5 * next_window_s > 60 * max_minutes)
-        pause = boundary and step < config.steps and (out_of_time or (stop_at_step is not None and step >= stop_at_step))
-        stop = signals.received is not None
-        if step % config.ckpt_every == 0 or step == config.steps or pause or stop:
-            if not bool(_ALL_FINITE(state)):
-                status = diverged(step, "the parameters or optimizer state after it are not finite")
-                break
-            folder.save(step, state, window_losses)
-        if boundary and not quiet:
-            done = step - resumed_from
-            eta = (time.perf_counter() - run_start) / done * (config.steps - step)
-            print(f"\r{config.recipe} {config.model} | step {step}/{config.steps} | "
-                  f"{step * config.tokens_per_step:,} tok | loss {last['loss']:.4f} | "
-                  f"{last['tokens_per_s']:,.0f} tok/s | ETA {_duration(eta)}   ",
-                  end="" if sys.stderr.isatty() else "\n", file=sys.stderr, flush=True)
-        if pause:
-            status = "paused"
-            break
-        if stop:
-            status = "interrupted"
-            print(f"\n{signal.Signals(signals.received).name}: wrote the checkpoint of step {step} "
-                  f"({folder.step_dir(step)}); rerun the same command to resume", file=sys.stderr, flush=True)
-    if signals.received is not None and status == "finished" and step < config.steps:
-        status = "interrupted"  # before the first step: nothing new to checkpoint
-        print(f"\n{signal.Signals(signals.received).name} before the first step: nothing to checkpoint; rerun the "
-              "same command to resume", file=sys.stderr, flush=True)
-    folder.close()
-    if not quiet and sys.stderr.isatty():
-        print(file=sys.stderr)
-    train_records = read_metrics(folder.path, "train")
-    val_records = read_metrics(folder.path, "val")
-    summary = {
-        "status": status, "step": step, "steps": config.steps, "tokens": step * config.tokens_per_step,
-        "model": config.model, "recipe": config.recipe, "bf16_first": config.bf16_first, "bf16_last": config.bf16_last,
-        "params": counts["total"], "non_embedding_params": counts["non_embedding"],
-        "train_loss": train_records[-1]["loss"] if train_records else None,
-        "val_loss": val_records[-1]["val_loss"], "val_bpb": val_records[-1]["val_bpb"],
-        "tokens_per_s": float(np.median([r["tokens_per_s"] for r in train_records])) if train_records else None,
-        "wall_s": time.perf_counter() - started,
-        "mesh": "1 device" if layout is None else layout.describe(),  # of the last piece (a run may resume elsewhere)
-    }
-    if status == "interrupted":
-        summary["signal"] = signal.Signals(signals.received).name
-    if status == "finished" and final_eval_batches:
-        record = evaluation_record(folder.path.name, config, step,
-                                   trainer.batch_losses(state["params"], final_eval_batches))
-        if folder.primary:
-            (folder.path / FINAL_EVAL).write_text(json.dumps(record) + "\n")
-    if status != "paused" and folder.primary:
-        _write_atomic(folder.summary, json.dumps(summary, indent=1) + "\n")
-    if not quiet:
-        print(f"{status}: recipe={config.recipe} model={config.model} step={step}/{config.steps} "
-              f"tokens={summary['tokens']:,} val_loss={summary['val_loss']:.4f} "
-              + (f"val_bpb={summary['val_bpb']:.4f} " if summary["val_bpb"] is not None else "")
-              + f"tok/s={summary['tokens_per_s'] or 0:,.0f} wall={_duration(summary['wall_s'])} out={folder.path}")
-    return summary
+      (folder.path / FINAL_EVAL).write_text(json.dumps(record) + "\n")
+  if status != "paused" and folder.primary:
+    _write_atomic(folder.summary, json.dumps(summary, indent=1) + "\n")
+  if not quiet:
+    print(
+      f"{status}: recipe={config.recipe} model={config.model} step={step}/{config.steps} "
+      f"tokens={summary['tokens']:,} val_loss={summary['val_loss']:.4f} "
+      + (f"val_bpb={summary['val_bpb']:.4f} " if summary["val_bpb"] is not None else "")
+      + f"tok/s={summary['tokens_per_s'] or 0:,.0f} wall={_duration(summary['wall_s'])} out={folder.path}"
+    )
+  return summary
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """One ``--flag`` per TrainConfig field (shared with the sweep and compare commands)."""
-    defaults = TrainConfig()
-    parser.add_argument("--model", default=defaults.model, choices=list(model_lib.SIZES))
-    parser.add_argument("--recipe", default=defaults.recipe, help="bf16, or an fp4jax recipe name (e.g. quartet2)")
-    parser.add_argument("--tokens", type=parse_count, default=defaults.tokens, help="training tokens, e.g. 200M")
-    parser.add_argument("--data", default=defaults.data, help="stdlib | linux | corpus folder | train .bin[.xz]")
-    for name in ("batch_size", "seq_len", "seed", "bf16_first", "bf16_last", "log_every", "eval_every",
-                 "eval_batches", "ckpt_every", "quant_error_every"):
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
-    for name, kind in (("lr", "positive"), ("warmup_frac", "fraction"), ("weight_decay", "non_negative"),
-                       ("clip_norm", "positive")):
-        parser.add_argument("--" + name.replace("_", "-"), type=finite_float(kind), default=getattr(defaults, name))
-    parser.add_argument("--dtype", default=defaults.dtype, choices=["bfloat16", "float32"])
-    parser.add_argument("--attention-impl", default=None, choices=["xla", "cudnn"])
-    parser.add_argument("--token-dtype", default=None, choices=["uint8", "uint16", "uint32"])
-    parser.add_argument("--grad-comm-dtype", default=defaults.grad_comm_dtype, choices=list(sharding.GRAD_COMM_DTYPES),
-                        help="dtype of the data-parallel gradient all-reduce (bfloat16 / float8_e4m3fn: --mesh data=N)")
-    parser.add_argument("--deterministic", type=int, default=defaults.deterministic, metavar="R",
-                        help="R fixed microbatches (a power of two) summed in a fixed order: the same loss curve bit "
-                        "for bit on one device and on any --mesh data=D (D | R), with or without --fsdp")
-    parser.add_argument("--tensor-shards", type=int, default=defaults.tensor_shards, metavar="T",
-                        help="with --deterministic: the blocks as T Megatron tensor-parallel shards (a power of two), "
-                        "the same bits on --mesh model=T or data=D,model=T as on one device or --mesh data=D")
-    parser.add_argument("--causal-amax", action="store_true",
-                        help="fp4jax.recipes.causal(recipe): amax of the projections' inputs per token, not per "
-                        "tensor, so no token's quantization depends on later tokens or other batch rows")
+  """One ``--flag`` per TrainConfig field (shared with the sweep and compare commands)."""
+  defaults = TrainConfig()
+  parser.add_argument("--model", default=defaults.model, choices=list(model_lib.SIZES))
+  parser.add_argument("--recipe", default=defaults.recipe, help="bf16, or an fp4jax recipe name (e.g. quartet2)")
+  parser.add_argument("--tokens", type=parse_count, default=defaults.tokens, help="training tokens, e.g. 200M")
+  parser.add_argument("--data", default=defaults.data, help="stdlib | linux | corpus folder | train .bin[.xz]")
+  for name in (
+    "batch_size",
+    "seq_len",
+    "seed",
+    "bf16_first",
+    "bf16_last",
+    "log_every",
+    "eval_every",
+    "eval_batches",
+    "ckpt_every",
+    "quant_error_every",
+  ):
+    parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+  for name, kind in (
+    ("lr", "positive"),
+    ("warmup_frac", "fraction"),
+    ("weight_decay", "non_negative"),
+    ("clip_norm", "positive"),
+  ):
+    parser.add_argument("--" + name.replace("_", "-"), type=finite_float(kind), default=getattr(defaults, name))
+  parser.add_argument("--dtype", default=defaults.dtype, choices=["bfloat16", "float32"])
+  parser.add_argument("--attention-impl", default=None, choices=["xla", "cudnn"])
+  parser.add_argument("--token-dtype", default=None, choices=["uint8", "uint16", "uint32"])
+  parser.add_argument(
+    "--grad-comm-dtype",
+    default=defaults.grad_comm_dtype,
+    choices=list(sharding.GRAD_COMM_DTYPES),
+    help="dtype of the data-parallel gradient all-reduce (bfloat16 / float8_e4m3fn: --mesh data=N)",
+  )
+  parser.add_argument(
+    "--deterministic",
+    type=int,
+    default=defaults.deterministic,
+    metavar="R",
+    help="R fixed microbatches (a power of two) summed in a fixed order: the same loss curve bit "
+    "for bit on one device and on any --mesh data=D (D | R), with or without --fsdp",
+  )
+  parser.add_argument(
+    "--tensor-shards",
+    type=int,
+    default=defaults.tensor_shards,
+    metavar="T",
+    help="with --deterministic: the blocks as T Megatron tensor-parallel shards (a power of two), "
+    "the same bits on --mesh model=T or data=D,model=T as on one device or --mesh data=D",
+  )
+  parser.add_argument(
+    "--causal-amax",
+    action="store_true",
+    help="fp4jax.recipes.causal(recipe): amax of the projections' inputs per token, not per "
+    "tensor, so no token's quantization depends on later tokens or other batch rows",
+  )
 
 
 def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of how (not what) a run computes: ModelConfig fields outside config.json (see :func:`train`)."""
-    parser.add_argument("--remat", action="store_true", help="recompute block activations in the backward pass")
-    parser.add_argument("--scan-unroll", type=int, default=1,
-                        help="blocks per scan iteration; >= the layer count: no device loop (faster steps, longer "
-                             "compiles)")
-    parser.add_argument("--quantizer-backend", default="auto", choices=list(model_lib.QUANTIZER_BACKENDS),
-                        help="the FP4 quantizers: auto (the fused kernels on a GPU that runs them, XLA on a CPU or "
-                             "a --mesh without --deterministic), xla, or pallas (same bits; one device, or a mesh "
-                             "with --deterministic)")
+  """The flags of how (not what) a run computes: ModelConfig fields outside config.json (see :func:`train`)."""
+  parser.add_argument("--remat", action="store_true", help="recompute block activations in the backward pass")
+  parser.add_argument(
+    "--scan-unroll",
+    type=int,
+    default=1,
+    help="blocks per scan iteration; >= the layer count: no device loop (faster steps, longer compiles)",
+  )
+  parser.add_argument(
+    "--quantizer-backend",
+    default="auto",
+    choices=list(model_lib.QUANTIZER_BACKENDS),
+    help="the FP4 quantizers: auto (the fused kernels on a GPU that runs them, XLA on a CPU or "
+    "a --mesh without --deterministic), xla, or pallas (same bits; one device, or a mesh "
+    "with --deterministic)",
+  )
 
 
 def execution_overrides(args: argparse.Namespace) -> dict:
-    """The ``model_overrides`` of :func:`add_execution_arguments`' flags."""
-    return {"remat": args.remat, "scan_unroll": args.scan_unroll, "quantizer_backend": args.quantizer_backend}
+  """The ``model_overrides`` of :func:`add_execution_arguments`' flags."""
+  return {"remat": args.remat, "scan_unroll": args.scan_unroll, "quantizer_backend": args.quantizer_backend}
 
 
 def execution_to_args(overrides: dict) -> list[str]:
-    """The flags that :func:`execution_overrides` turns back into ``overrides``."""
-    return ((["--remat"] if overrides.get("remat") else [])
-            + ["--scan-unroll", str(overrides.get("scan_unroll", 1)),
-               "--quantizer-backend", overrides.get("quantizer_backend", "auto")])
+  """The flags that :func:`execution_overrides` turns back into ``overrides``."""
+  return (["--remat"] if overrides.get("remat") else []) + [
+    "--scan-unroll",
+    str(overrides.get("scan_unroll", 1)),
+    "--quantizer-backend",
+    overrides.get("quantizer_backend", "auto"),
+  ]
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+  return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
 
 
 def config_to_args(config: TrainConfig) -> list[str]:
-    """The command-line flags that :func:`config_from_args` turns back into ``config``."""
-    flags = []
-    for field in dataclasses.fields(TrainConfig):
-        value = getattr(config, field.name)
-        if isinstance(value, bool):
-            flags += ["--" + field.name.replace("_", "-")] if value else []
-        elif value is not None:
-            flags += ["--" + field.name.replace("_", "-"), repr(value) if isinstance(value, float) else str(value)]
-    return flags
+  """The command-line flags that :func:`config_from_args` turns back into ``config``."""
+  flags = []
+  for field in dataclasses.fields(TrainConfig):
+    value = getattr(config, field.name)
+    if isinstance(value, bool):
+      flags += ["--" + field.name.replace("_", "-")] if value else []
+    elif value is not None:
+      flags += ["--" + field.name.replace("_", "-"), repr(value) if isinstance(value, float) else str(value)]
+  return flags
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="fp4jax-train", description=__doc__.split("\n\n")[0])
-    add_config_arguments(parser)
-    parser.add_argument("--out", default=None, help="run folder (default runs/<model>-<recipe>-<tokens>)")
-    parser.add_argument("--cache-dir", default=None, help="corpus cache (default $FP4JAX_CACHE or ~/.cache/fp4jax)")
-    parser.add_argument("--max-minutes", type=finite_float("positive"), default=None,
-                        help="pause (checkpoint and exit) before this")
-    parser.add_argument("--mesh", default=None, help="device mesh, e.g. data=4 or data=2,model=2 (default: 1 device)")
-    parser.add_argument("--fsdp", action="store_true", help="shard parameters and optimizer state over the data axis")
-    add_execution_arguments(parser)
-    parser.add_argument("--final-eval-batches", type=int, default=0,
-                        help="when finished, write this many validation batches' losses to OUT/final_eval.json")
-    parser.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize")
-    parser.add_argument("--coordinator", default=None, help="with --distributed: process 0's host:port")
-    parser.add_argument("--num-processes", type=int, default=None, help="with --distributed: number of processes")
-    parser.add_argument("--process-id", type=int, default=None, help="with --distributed: this process's index")
-    args = parser.parse_args(argv)
+  parser = argparse.ArgumentParser(prog="fp4jax-train", description=__doc__.split("\n\n")[0])
+  add_config_arguments(parser)
+  parser.add_argument("--out", default=None, help="run folder (default runs/<model>-<recipe>-<tokens>)")
+  parser.add_argument("--cache-dir", default=None, help="corpus cache (default $FP4JAX_CACHE or ~/.cache/fp4jax)")
+  parser.add_argument(
+    "--max-minutes", type=finite_float("positive"), default=None, help="pause (checkpoint and exit) before this"
+  )
+  parser.add_argument("--mesh", default=None, help="device mesh, e.g. data=4 or data=2,model=2 (default: 1 device)")
+  parser.add_argument("--fsdp", action="store_true", help="shard parameters and optimizer state over the data axis")
+  add_execution_arguments(parser)
+  parser.add_argument(
+    "--final-eval-batches",
+    type=int,
+    default=0,
+    help="when finished, write this many validation batches' losses to OUT/final_eval.json",
+  )
+  parser.add_argument("--distributed", action="store_true", help="multi-host: call jax.distributed.initialize")
+  parser.add_argument("--coordinator", default=None, help="with --distributed: process 0's host:port")
+  parser.add_argument("--num-processes", type=int, default=None, help="with --distributed: number of processes")
+  parser.add_argument("--process-id", type=int, default=None, help="with --distributed: this process's index")
+  args = parser.parse_args(argv)
+  try:
+    config = config_from_args(args)
+  except ValueError as err:
+    parser.error(str(err))
+  out = args.out or f"runs/{config.model}-{config.recipe}-{config.tokens}"
+  if config.deterministic:
+    deterministic.set_gpu_flags()
+  layout = None
+  if args.distributed:
+    sharding.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+  if args.mesh is not None:
     try:
-        config = config_from_args(args)
+      layout = sharding.parse_mesh(args.mesh, fsdp=args.fsdp)
     except ValueError as err:
-        parser.error(str(err))
-    out = args.out or f"runs/{config.model}-{config.recipe}-{config.tokens}"
-    if config.deterministic:
-        deterministic.set_gpu_flags()
-    layout = None
-    if args.distributed:
-        sharding.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
-    if args.mesh is not None:
-        try:
-            layout = sharding.parse_mesh(args.mesh, fsdp=args.fsdp)
-        except ValueError as err:
-            parser.error(str(err))
-    elif args.fsdp:
-        parser.error("--fsdp needs --mesh data=N")
-    try:
-        sharding.check_grad_comm(config.grad_comm_dtype, layout)
-    except ValueError as err:
-        parser.error(str(err))
-    if layout is not None and args.quantizer_backend != "xla" and not config.deterministic:
-        if args.quantizer_backend != "auto":
-            parser.error(f"--quantizer-backend {args.quantizer_backend} trains on one device; with --mesh the "
-                         "quantizers are XLA's (as auto picks), unless --deterministic R (each device then "
-                         "quantizes whole microbatches)")
-        args.quantizer_backend = "xla"
-    if args.quantizer_backend == "pallas" and config.tensor_shards > 1:
-        parser.error("--quantizer-backend pallas: with --tensor-shards the operands split over the shards are "
-                     "quantized by XLA (cross-shard amax); use auto (the kernels for the others)")
-    summary = train(config, out, cache_dir=args.cache_dir, max_minutes=args.max_minutes, layout=layout,
-                    model_overrides=execution_overrides(args), final_eval_batches=args.final_eval_batches)
-    sys.exit(exit_code(summary))
+      parser.error(str(err))
+  elif args.fsdp:
+    parser.error("--fsdp needs --mesh data=N")
+  try:
+    sharding.check_grad_comm(config.grad_comm_dtype, layout)
+  except ValueError as err:
+    parser.error(str(err))
+  if layout is not None and args.quantizer_backend != "xla" and not config.deterministic:
+    if args.quantizer_backend != "auto":
+      parser.error(
+        f"--quantizer-backend {args.quantizer_backend} trains on one device; with --mesh the "
+        "quantizers are XLA's (as auto picks), unless --deterministic R (each device then "
+        "quantizes whole microbatches)"
+      )
+    args.quantizer_backend = "xla"
+  if args.quantizer_backend == "pallas" and config.tensor_shards > 1:
+    parser.error(
+      "--quantizer-backend pallas: with --tensor-shards the operands split over the shards are "
+      "quantized by XLA (cross-shard amax); use auto (the kernels for the others)"
+    )
+  summary = train(
+    config,
+    out,
+    cache_dir=args.cache_dir,
+    max_minutes=args.max_minutes,
+    layout=layout,
+    model_overrides=execution_overrides(args),
+    final_eval_batches=args.final_eval_batches,
+  )
+  sys.exit(exit_code(summary))
 
 
 def exit_code(summary: dict) -> int:
-    """0 for a finished or paused run, 1 for a diverged one, 128 + the signal's number for an interrupted one."""
-    if summary["status"] == "interrupted":
-        return 128 + signal.Signals[summary["signal"]].value
-    return 1 if summary["status"] == "diverged" else 0
+  """0 for a finished or paused run, 1 for a diverged one, 128 + the signal's number for an interrupted one."""
+  if summary["status"] == "interrupted":
+    return 128 + signal.Signals[summary["signal"]].value
+  return 1 if summary["status"] == "diverged" else 0
 
 
 if __name__ == "__main__":
-    main()
+  main()

@@ -50,8 +50,9 @@ import fp4jax_kernels  # noqa: E402, F401
 import jax  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])  # if jax came in first
-jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+jax.config.update(
+  "jax_persistent_cache_min_compile_time_secs", float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"])
+)
 
 
 def _equations(jaxpr):
@@ -73,8 +74,9 @@ def jaxpr_equations():
 
 def _run_script(script: Path, xla_flags: str, timeout: float) -> str:
   env = {**os.environ, "XLA_FLAGS": xla_flags, "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=timeout)
+  proc = subprocess.run(
+    [sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc.stdout.strip().splitlines()[-1]
 

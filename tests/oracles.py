@@ -354,8 +354,13 @@ def ms_eden(x, scale_bits):
     num, den = pairwise_sum32(v * v), pairwise_sum32(v * fl(q))
     c = np.where(den > 0, num / np.where(den > 0, den, F32(1.0)), F32(1.0)).astype(F32)
   target = fl(dec[..., 0] * c)
-  new = np.array([sr_e4m3_value(float(t), int(b)) if d > 0 else 0.0
-                  for t, b, d in zip(target.ravel(), np.asarray(scale_bits).ravel(), dec[..., 0].ravel())], F32)
+  new = np.array(
+    [
+      sr_e4m3_value(float(t), int(b)) if d > 0 else 0.0
+      for t, b, d in zip(target.ravel(), np.asarray(scale_bits).ravel(), dec[..., 0].ravel())
+    ],
+    F32,
+  )
   new = new.reshape(dec.shape[:-1])
   deq = fl(fl(fl(q) * new[..., None]) * s_dec)
   return new, s_dec, deq.reshape(x.shape)

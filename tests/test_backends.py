@@ -52,9 +52,22 @@ def test_every_public_entry_defaults_to_auto():
   found = {}
   for module in (fp4jax._src.dot, operand, qlinen, qnnx, quantize_api, fp4jax._src.matmul, fq_packed):
     found.update({f"{module.__name__}.{n}": d for n, d in _backend_defaults(module).items()})
-  entries = ("dot.dot_general", "dot.einsum", "flax.linen.Dense", "flax.linen.DenseGeneral", "flax.linen.Einsum",
-             "flax.linen.DotGeneral", "flax.linen.quantize", "flax.nnx.Linear", "flax.nnx.Einsum", "flax.nnx.quantize",
-             "operand.rotate_and_quantize", "matmul.packed_matmul", "flax.packed.apply", "flax.packed.apply_nnx")
+  entries = (
+    "dot.dot_general",
+    "dot.einsum",
+    "flax.linen.Dense",
+    "flax.linen.DenseGeneral",
+    "flax.linen.Einsum",
+    "flax.linen.DotGeneral",
+    "flax.linen.quantize",
+    "flax.nnx.Linear",
+    "flax.nnx.Einsum",
+    "flax.nnx.quantize",
+    "operand.rotate_and_quantize",
+    "matmul.packed_matmul",
+    "flax.packed.apply",
+    "flax.packed.apply_nnx",
+  )
   for name in (f"fp4jax._src.{e}" for e in entries):
     assert name in found, name
   assert {n: d for n, d in found.items() if d != "auto"} == {}
@@ -115,6 +128,7 @@ def _impl(name, calls, error=None):
     if error is not None:
       raise error
     return x * scale
+
   return impl
 
 
@@ -183,13 +197,21 @@ def _imported_modules(path: Path) -> set[str]:
 
 def test_the_core_never_imports_the_kernels_and_the_kernels_only_the_numerics():
   core = {p: _imported_modules(p) for p in (REPO / "fp4jax").rglob("*.py")}
-  assert {str(p): sorted(m for m in names if m.startswith("fp4jax_kernels"))
-          for p, names in core.items() if any(m.startswith("fp4jax_kernels") for m in names)} == {}
+  assert {
+    str(p): sorted(m for m in names if m.startswith("fp4jax_kernels"))
+    for p, names in core.items()
+    if any(m.startswith("fp4jax_kernels") for m in names)
+  } == {}
   above = ("fp4jax", "fp4jax._src.dot", "fp4jax.dot_general", "fp4jax.einsum", "fp4jax.flax", "fp4jax._src.flax")
   # the library's kernel modules; the developer tools (bench.py, profile.py) time whole layers through dot_general
-  kernels = {p: _imported_modules(p) for p in (REPO / "kernels" / "fp4jax_kernels").rglob("*.py")
-             if p.name not in ("bench.py", "profile.py")}
+  kernels = {
+    p: _imported_modules(p)
+    for p in (REPO / "kernels" / "fp4jax_kernels").rglob("*.py")
+    if p.name not in ("bench.py", "profile.py")
+  }
   assert len(kernels) > 10
-  bad = {str(p): sorted(m for m in names if m in above or m.startswith(("fp4jax.flax.", "fp4jax._src.flax.")))
-         for p, names in kernels.items()}
+  bad = {
+    str(p): sorted(m for m in names if m in above or m.startswith(("fp4jax.flax.", "fp4jax._src.flax.")))
+    for p, names in kernels.items()
+  }
   assert {p: m for p, m in bad.items() if m} == {}

@@ -87,8 +87,9 @@ def test_nvfp4_row_amax_is_each_row_quantized_alone_numpy_oracle():
   assert not np.array_equal(_bits(tensor), _bits(want))
 
 
-@pytest.mark.parametrize("fmt", [fp4jax.NVFP4, dataclasses.replace(fp4jax.NVFP4, scale_mode="four_over_six")],
-                         ids=["absmax", "four_over_six"])
+@pytest.mark.parametrize(
+  "fmt", [fp4jax.NVFP4, dataclasses.replace(fp4jax.NVFP4, scale_mode="four_over_six")], ids=["absmax", "four_over_six"]
+)
 @pytest.mark.parametrize("shape", [(6, 64), (2, 3, 40)], ids=["2d", "batched_ragged"])
 def test_nvfp4_row_amax_matches_quantize_of_each_row(fmt, shape):
   """Leading dims and a last axis of partial blocks (40 = 2.5 blocks) broadcast the same way."""
@@ -126,10 +127,14 @@ def test_fp8_row_amax_numpy_oracle():
   assert not np.array_equal(_bits(tensor), _bits(_fp8_e4m3_rows(x)))
 
 
-@pytest.mark.parametrize("spec", [
+@pytest.mark.parametrize(
+  "spec",
+  [
     OperandSpec(fmt=dataclasses.replace(fp4jax.MXFP4, scale_mode="quest"), estimator="trust_mask"),
     OperandSpec(fmt=recipes.E2M1_CHANNEL, clip="occ"),
-], ids=["mxfp4_quest", "e2m1_channel_occ"])
+  ],
+  ids=["mxfp4_quest", "e2m1_channel_occ"],
+)
 def test_row_amax_changes_no_bits_where_nothing_is_tensor_wide(spec):
   """MXFP4 (block scales only) and per-channel E2M1 with OCC (per-row scales and quantiles) are per row already;
   a row's result does not depend on the other rows either way."""
@@ -152,8 +157,9 @@ def test_kernels_refuse_row_amax_and_auto_falls_back_to_xla():
   with pytest.raises(backends.Unsupported, match="amax='row'"):
     operand.quantize_operand(x, spec, None, backend="pallas")
   # "auto" on a GPU that runs the kernels tries them first: the refusal falls through to XLA's bits
-  got, _ = backends.run(operand.QUANTIZE_OP, "auto", *args, fused_hadamard=True, transposed=False, auto=True,
-                        order=("pallas", "xla"))
+  got, _ = backends.run(
+    operand.QUANTIZE_OP, "auto", *args, fused_hadamard=True, transposed=False, auto=True, order=("pallas", "xla")
+  )
   np.testing.assert_array_equal(_bits(got.dequantize()), _bits(_row_operand(x, spec).dequantize()))
 
 
@@ -242,8 +248,9 @@ def test_flax_layers_take_the_causal_recipe():
 
   def linen(recipe, xs):
     layer = ql.Dense(32, use_bias=False, recipe=recipe)
-    return np.asarray(layer.apply({"params": {"kernel": jnp.asarray(w)}}, jnp.asarray(xs),
-                                  rngs={"quant": jax.random.key(0)}))
+    return np.asarray(
+      layer.apply({"params": {"kernel": jnp.asarray(w)}}, jnp.asarray(xs), rngs={"quant": jax.random.key(0)})
+    )
 
   def nnx_linear(recipe, xs):
     layer = qn.Linear(64, 32, use_bias=False, recipe=recipe, rngs=nnx.Rngs(0, quant=1))

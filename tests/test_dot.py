@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax._src import operand as operand_lib, recipes
+from fp4jax._src import operand as operand_lib
+from fp4jax._src import recipes
 from fp4jax._src.recipes import OperandSpec, Recipe
 
 DN = (((1,), (1,)), ((), ()))
@@ -27,9 +28,11 @@ def _normal(seed, shape, dtype=jnp.float32):
 
 def _value_and_grads(fn, a, b, dy):
   """Jitted ``(y, da, db)`` of ``fn(a, b)`` for the cotangent ``dy`` (one compilation per test)."""
+
   def run(a, b, dy):
     y, vjp = jax.vjp(fn, a, b)
     return (y, *vjp(dy.astype(y.dtype)))
+
   return jax.jit(run)(a, b, dy)
 
 
@@ -38,11 +41,11 @@ def _out_shape(fn, a, b):
 
 
 CASES = [  # (lhs shape, rhs shape, dimension_numbers)
-    ((32, 64), (48, 64), DN),
-    ((4, 8, 32), (4, 16, 32), (((2,), (2,)), ((0,), (0,)))),  # batch dim
-    ((8, 4, 16), (4, 16, 24), (((1, 2), (0, 1)), ((), ()))),  # two contracting dims, rhs contracting first
-    ((16, 3, 32), (32, 5, 3), (((-1, 1), (0, 2)), ((), ()))),  # negative dims, interleaved
-    ((2, 16, 3, 32), (3, 2, 32, 8), (((3,), (2,)), ((0, 2), (1, 0)))),  # two batch dims in another order
+  ((32, 64), (48, 64), DN),
+  ((4, 8, 32), (4, 16, 32), (((2,), (2,)), ((0,), (0,)))),  # batch dim
+  ((8, 4, 16), (4, 16, 24), (((1, 2), (0, 1)), ((), ()))),  # two contracting dims, rhs contracting first
+  ((16, 3, 32), (32, 5, 3), (((-1, 1), (0, 2)), ((), ()))),  # negative dims, interleaved
+  ((2, 16, 3, 32), (3, 2, 32, 8), (((3,), (2,)), ((0, 2), (1, 0)))),  # two batch dims in another order
 ]
 
 
@@ -63,9 +66,9 @@ def test_bf16_recipe_is_lax_dot_general_bit_for_bit(lhs_shape, rhs_shape, dn):
   y, *g = _value_and_grads(ours, a, b, dy)
   assert y.dtype == y_ref.dtype == jnp.float32
   np.testing.assert_array_equal(y, y_ref)
-  for g, g_ref in zip(g, g_ref):
-    assert g.dtype == jnp.bfloat16
-    np.testing.assert_array_equal(g, g_ref)
+  for gi, gi_ref in zip(g, g_ref):
+    assert gi.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(gi, gi_ref)
 
 
 @pytest.mark.parametrize("lhs_shape, rhs_shape, dn", CASES)
@@ -78,8 +81,8 @@ def test_canonicalization_through_the_custom_vjp(lhs_shape, rhs_shape, dn):
   y_ref, *g_ref = _value_and_grads(ref, a, b, dy)
   y, *g = _value_and_grads(lambda a, b: fp4jax.dot_general(a, b, dn, recipe=ROTATE_ONLY), a, b, dy)
   np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-4)
-  for g, g_ref in zip(g, g_ref):
-    np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-4)
+  for gi, gi_ref in zip(g, g_ref):
+    np.testing.assert_allclose(gi, gi_ref, rtol=1e-5, atol=1e-4)
 
 
 def _fq(x, axis, **kw):
@@ -130,6 +133,7 @@ def _stacked_loss(name, key):
 
   Weights f32, activations bf16, outputs requested in f32 (``preferred_element_type``) and carried in bf16.
   """
+
   def layer(h, wk):
     w, k = wk
     dot = lambda h, w: fp4jax.dot_general(h, w, DN, recipe=name, key=k, preferred_element_type=jnp.float32)
@@ -205,7 +209,9 @@ def test_a_float32_operand_meets_bf16_values_as_three_bf16_gemms_on_accelerators
   ``bf16_parts``: every product exact, so the result is a float32 GEMM's up to the fp32 accumulation."""
   rng = np.random.default_rng(5)
   x = jnp.asarray(rng.standard_normal((1, 16, 256)), jnp.float32)  # not bf16-exact
-  w_op, _ = fp4jax._src.operand.quantize_operand(_normal(6, (1, 24, 256)), OperandSpec(fmt=fp4jax._src.formats.E2M1_CHANNEL), None)
+  w_op, _ = fp4jax._src.operand.quantize_operand(
+    _normal(6, (1, 24, 256)), OperandSpec(fmt=fp4jax._src.formats.E2M1_CHANNEL), None
+  )
   x_op = operand_lib.Operand(x, jnp.float32(1.0))
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   jaxpr = jax.make_jaxpr(operand_lib.matmul)(x_op, w_op)
@@ -241,14 +247,14 @@ def test_bad_arguments():
 
 
 @pytest.mark.parametrize(
-    "spec, a_shape, b_shape",
-    [
-        ("bsk,nk->bsn", (2, 16, 32), (24, 32)),
-        ("bsk,nk->nbs", (2, 16, 32), (24, 32)),
-        ("bik,bjk->bij", (3, 16, 32), (3, 8, 32)),
-        ("ik,jk", (16, 32), (8, 32)),  # implicit output: "ij"
-        ("ikz,jk->ij", (16, 32, 3), (8, 32)),  # z summed out of a first
-    ],
+  "spec, a_shape, b_shape",
+  [
+    ("bsk,nk->bsn", (2, 16, 32), (24, 32)),
+    ("bsk,nk->nbs", (2, 16, 32), (24, 32)),
+    ("bik,bjk->bij", (3, 16, 32), (3, 8, 32)),
+    ("ik,jk", (16, 32), (8, 32)),  # implicit output: "ij"
+    ("ikz,jk->ij", (16, 32, 3), (8, 32)),  # z summed out of a first
+  ],
 )
 def test_einsum_matches_jnp_einsum(spec, a_shape, b_shape):
   a, b = _normal(1, a_shape), _normal(2, b_shape)
@@ -257,8 +263,8 @@ def test_einsum_matches_jnp_einsum(spec, a_shape, b_shape):
   y, *g = _value_and_grads(lambda a, b: fp4jax.einsum(spec, a, b, recipe=ROTATE_ONLY), a, b, dy)
   y_ref, *g_ref = _value_and_grads(ref, a, b, dy)
   np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-4)
-  for g, g_ref in zip(g, g_ref):
-    np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-4)
+  for gi, gi_ref in zip(g, g_ref):
+    np.testing.assert_allclose(gi, gi_ref, rtol=1e-5, atol=1e-4)
 
 
 def test_einsum_quantizes_like_dot_general():
@@ -282,7 +288,9 @@ def test_gradient_alignment_metrics():
     return jnp.mean(jnp.square(fp4jax.dot_general(x, w, DN, recipe=recipe, key=key) - t))
 
   exact = fp4jax.metrics.gradient_alignment(loss, (x, w), t, recipe="bf16")
-  assert float(exact["cosine"]) == pytest.approx(1.0, abs=1e-6) and float(exact["misalignment"]) == pytest.approx(0.0, abs=1e-6)
+  assert float(exact["cosine"]) == pytest.approx(1.0, abs=1e-6) and float(exact["misalignment"]) == pytest.approx(
+    0.0, abs=1e-6
+  )
   rtn = jax.jit(lambda p, t: fp4jax.metrics.gradient_alignment(loss, p, t, recipe="nvfp4_rtn"))((x, w), t)
   assert 0.9 < float(rtn["cosine"]) < 1.0 and abs(float(rtn["misalignment"])) < 0.1
 

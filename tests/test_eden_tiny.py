@@ -67,7 +67,7 @@ def test_rotation_is_ieee_with_subnormals_on_every_backend(d, inverse):
   got = jax.jit(lambda a, s: f(a, d, signs=s))(x, signs)
   _assert_same_floats(got, ref.hadamard_ieee(x, d, signs, inverse), f"d={d} inverse={inverse}")
   got = np.asarray(got)
-  assert np.all(np.isnan(got[7, d:2 * d])) and np.count_nonzero(got[0]) > d
+  assert np.all(np.isnan(got[7, d : 2 * d])) and np.count_nonzero(got[0]) > d
   assert np.sum((got[9, :d] != 0) & (np.abs(got[9, :d]) < 2.0**-126)) >= d // 4  # the cancelled outputs
 
 

@@ -37,7 +37,9 @@ def test_dge_is_the_derivative_of_the_smooth_quantizer():
   numeric = (_smooth_step(x + h, 5) - _smooth_step(x - h, 5)) / (2 * h)
   got = np.asarray(estimators.dge_derivative(jnp.asarray(x, jnp.float32), k=5.0, cap=1e9))
   np.testing.assert_allclose(got, numeric, rtol=1e-3)
-  np.testing.assert_array_equal(estimators.dge_derivative(-jnp.asarray(x, jnp.float32)), estimators.dge_derivative(jnp.asarray(x, jnp.float32)))
+  np.testing.assert_array_equal(
+    estimators.dge_derivative(-jnp.asarray(x, jnp.float32)), estimators.dge_derivative(jnp.asarray(x, jnp.float32))
+  )
 
 
 def test_dge_cap_and_grid_points():
@@ -54,8 +56,9 @@ def test_dge_cap_and_grid_points():
 def test_dge_for_other_sharpness_and_caps_matches_the_numpy_oracle(k, cap):
   """Any k > 1 is accepted (Eq. 8 of arXiv 2501.17116): values inside, at the ends and past 6 of every interval."""
   x = np.concatenate([np.linspace(-7.0, 7.0, 561), [0.0, 0.5, 2.0, 4.0, 6.0, 1.9, 3.9]]).astype(np.float32)
-  np.testing.assert_allclose(estimators.dge_derivative(jnp.asarray(x), k=k, cap=cap),
-                             oracles.dge_derivative(x, k=k, cap=cap), rtol=2e-6)
+  np.testing.assert_allclose(
+    estimators.dge_derivative(jnp.asarray(x), k=k, cap=cap), oracles.dge_derivative(x, k=k, cap=cap), rtol=2e-6
+  )
 
 
 def test_dge_is_differentiable_with_zero_slope_where_it_is_capped():
@@ -67,12 +70,13 @@ def test_dge_is_differentiable_with_zero_slope_where_it_is_capped():
   x = 2.2  # interval [2, 3], delta 1: t = 1 - 2u with u = 0.2, so t = 0.6 and dt/dx = -2
   expect = (1 / 5) * (1 / 5 - 1) * 0.6 ** (1 / 5 - 2) * -2.0
   assert float(jax.grad(lambda v: estimators.dge_derivative(v, k=5.0, cap=3.0))(jnp.float32(x))) == pytest.approx(
-      expect, rel=1e-5)
+    expect, rel=1e-5
+  )
 
 
 def _numpy_rank(x, rank):
   """Value at ``rank`` of each row sorted ascending (NumPy), keepdims; zeros returned as +0."""
-  return np.sort(np.asarray(x, np.float64), axis=-1)[..., rank:rank + 1] + 0.0
+  return np.sort(np.asarray(x, np.float64), axis=-1)[..., rank : rank + 1] + 0.0
 
 
 def test_occ_defaults_clamp_the_last_axis_to_the_0_99_quantiles():
@@ -146,8 +150,9 @@ def test_occ_bounds_are_the_sorted_rows_order_statistics(dtype, n):
     np.testing.assert_array_equal(np.asarray(hi, np.float32), np.asarray(_sorted_rank(x, ranks[1], -1), np.float32))
   lo, hi = estimators.occ_bounds(x.T, 0.99, axis=0)  # along a leading axis
   assert lo.shape == (1, 6)
-  np.testing.assert_array_equal(np.asarray(hi, np.float32),
-                                np.asarray(_sorted_rank(x.T, min(int(0.99 * n), n - 1), 0), np.float32))
+  np.testing.assert_array_equal(
+    np.asarray(hi, np.float32), np.asarray(_sorted_rank(x.T, min(int(0.99 * n), n - 1), 0), np.float32)
+  )
 
 
 @pytest.mark.parametrize("radix_bits", [1, 2, 4, 8])
@@ -188,15 +193,17 @@ def test_fp8_current_scaling(name, grid_max):
   v, x = np.asarray(v), np.asarray(x)
   assert np.max(np.abs(v)) == grid_max  # amax maps to the largest finite value
   # Every value is on the FP8 grid: exactly representable in the ml_dtypes type.
-  np.testing.assert_array_equal(v.astype(jnp.dtype(f"float8_{name[4:]}{'fn' if name == 'fp8_e4m3' else ''}")).astype(np.float32), v)
+  np.testing.assert_array_equal(
+    v.astype(jnp.dtype(f"float8_{name[4:]}{'fn' if name == 'fp8_e4m3' else ''}")).astype(np.float32), v
+  )
   rel = np.abs(v * float(inv) - x) / np.abs(x)
   step = 2.0 ** -(4 if name == "fp8_e4m3" else 3)  # half a mantissa ulp, normal range
   assert np.max(rel[np.abs(x) > 0.1]) <= step * (1 + 1e-6)
 
 
 def test_fp8_rounding_ties_to_even_and_specials():
-  e5m2 = fp8.rtn_e5m2(jnp.asarray([1.125, 1.375, 1.0625, 60000.0, -1e9, 2.0 ** -17, 3 * 2.0 ** -17, jnp.nan]))
-  np.testing.assert_array_equal(e5m2[:7], [1.0, 1.5, 1.0, 57344.0, -57344.0, 0.0, 2.0 ** -15])
+  e5m2 = fp8.rtn_e5m2(jnp.asarray([1.125, 1.375, 1.0625, 60000.0, -1e9, 2.0**-17, 3 * 2.0**-17, jnp.nan]))
+  np.testing.assert_array_equal(e5m2[:7], [1.0, 1.5, 1.0, 57344.0, -57344.0, 0.0, 2.0**-15])
   assert np.isnan(e5m2[7])
   v, inv = fp8.quantize_fp8(jnp.asarray([1.0, jnp.inf]), fp8.E4M3)
   assert np.all(np.isnan(np.asarray(v) * float(inv)))  # a non-finite amax gives NaN, never a finite number
@@ -230,14 +237,14 @@ def test_swapping_a_per_row_scaled_operand_dequantizes_it():
 
 
 @pytest.mark.parametrize(
-    "spec",
-    [
-        OperandSpec(fmt=NVFP4, rounding="sr"),
-        OperandSpec(fmt=NVFP4, rounding="eden"),
-        OperandSpec(fmt=NVFP4, block_shape=(16, 16)),
-        OperandSpec(fmt=dataclasses.replace(NVFP4, scale_mode="four_over_six")),
-        OperandSpec(fmt=dataclasses.replace(MXFP4, scale_mode="floor_headroom"), rounding="sr"),
-    ],
+  "spec",
+  [
+    OperandSpec(fmt=NVFP4, rounding="sr"),
+    OperandSpec(fmt=NVFP4, rounding="eden"),
+    OperandSpec(fmt=NVFP4, block_shape=(16, 16)),
+    OperandSpec(fmt=dataclasses.replace(NVFP4, scale_mode="four_over_six")),
+    OperandSpec(fmt=dataclasses.replace(MXFP4, scale_mode="floor_headroom"), rounding="sr"),
+  ],
 )
 def test_block_operand_is_quantize_unpacked(spec):
   """The GEMM operand holds exactly quantize()'s codes and scales: values = value(q)·dec_b, scale = tensor scale."""

@@ -30,14 +30,17 @@ def test_a_format_cannot_be_relabelled():
     formats.get("fp16")
 
 
-@pytest.mark.parametrize("make, error, match", [
+@pytest.mark.parametrize(
+  "make, error, match",
+  [
     (lambda: formats.NVFP4Format(block_size=15), ValueError, "NVFP4Format.block_size"),
     (lambda: formats.MXFP4Format(block_size=32.0), TypeError, "MXFP4Format.block_size"),
     (lambda: formats.MXFP4Format(scale_mode="absmax"), ValueError, "MXFP4Format.scale_mode"),
     (lambda: dataclasses.replace(fp4jax.NVFP4, scale_mode="floor"), ValueError, "NVFP4Format.scale_mode"),
     (lambda: formats.FP8Format(exponent_bits=4, mantissa_bits=4, max=448.0), ValueError, "must be 7"),
     (lambda: formats.FP8Format(exponent_bits=4, mantissa_bits=3, max=float("inf")), ValueError, "FP8Format.max"),
-])
+  ],
+)
 def test_constructors_validate_and_name_the_field(make, error, match):
   with pytest.raises(error, match=match):
     make()
@@ -45,8 +48,11 @@ def test_constructors_validate_and_name_the_field(make, error, match):
 
 @pytest.mark.parametrize("name", ["fp8_e4m3", "e2m1_channel", "nvfp4"])
 def test_operand_spec_takes_format_objects_only(name):
-  with pytest.raises(TypeError, match=r"OperandSpec\.fmt must be None or a format object: fp4jax\.formats\.NVFP4, "
-                                      r"MXFP4, E4M3, E5M2, E2M1_CHANNEL.*" + name):
+  with pytest.raises(
+    TypeError,
+    match=r"OperandSpec\.fmt must be None or a format object: fp4jax\.formats\.NVFP4, "
+    r"MXFP4, E4M3, E5M2, E2M1_CHANNEL.*" + name,
+  ):
     OperandSpec(fmt=name)
   with pytest.raises(TypeError, match="fmt must be an FP8Format"):
     fp4jax.fp8.quantize_fp8(jnp.ones(4), name)
@@ -56,7 +62,8 @@ def test_fp8_formats_derive_their_grid_from_the_fields():
   e4m3, e5m2 = formats.E4M3, formats.E5M2
   assert (e4m3.name, e4m3.emin, e5m2.name, e5m2.emin) == ("fp8_e4m3", -6, "fp8_e5m2", -14)
   x = np.random.default_rng(0).standard_normal(4096).astype(np.float32) * np.float32(2.0) ** np.arange(-12, 4)[
-      np.arange(4096) % 16].astype(np.float32)
+    np.arange(4096) % 16
+  ].astype(np.float32)
   np.testing.assert_array_equal(np.asarray(e4m3.round(jnp.asarray(x))), oracles.rne_e4m3(x).astype(np.float32))
   np.testing.assert_array_equal(np.asarray(e5m2.round(jnp.asarray(x))), oracles.rne_e5m2(x).astype(np.float32))
 
@@ -99,8 +106,13 @@ def scan(root: pathlib.Path) -> list[str]:
   """``_name_tests`` of every Python file of ``SCANNED`` under ``root`` but the format classes' module
   (``fp4jax/formats.py``, or ``fp4jax/_src/formats.py``)."""
   exempt = {root / "fp4jax" / "formats.py", root / "fp4jax" / "_src" / "formats.py"}
-  return [hit for d in SCANNED for path in sorted((root / d).rglob("*.py"))
-          if path not in exempt for hit in _name_tests(path, root)]
+  return [
+    hit
+    for d in SCANNED
+    for path in sorted((root / d).rglob("*.py"))
+    if path not in exempt
+    for hit in _name_tests(path, root)
+  ]
 
 
 def test_no_code_outside_the_format_classes_tests_a_format_name():
@@ -111,7 +123,8 @@ def test_no_code_outside_the_format_classes_tests_a_format_name():
 def test_the_scan_finds_name_tests(tmp_path):
   (tmp_path / "kernels").mkdir()
   (tmp_path / "kernels" / "bad.py").write_text(
-      'def f(spec, fmt_name):\n  a = spec.fmt.name == "x"\n  b = fmt_name != y\n  return g("mxfp4")\n')
+    'def f(spec, fmt_name):\n  a = spec.fmt.name == "x"\n  b = fmt_name != y\n  return g("mxfp4")\n'
+  )
   (tmp_path / "fp4jax").mkdir()
   (tmp_path / "fp4jax" / "formats.py").write_text('NAME = "nvfp4"\n')  # the format classes may name themselves
   hits = scan(tmp_path)

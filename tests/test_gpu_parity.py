@@ -18,16 +18,16 @@ pytestmark = pytest.mark.skipif(not GPU, reason="needs a GPU")
 
 NV, MX = fp4jax.NVFP4, fp4jax.MXFP4
 CASES = {
-    "nvfp4_rtn": dict(fmt=NV),
-    "nvfp4_2d": dict(fmt=NV, block_shape=(16, 16)),
-    "nvfp4_4over6": dict(fmt=dataclasses.replace(NV, scale_mode="four_over_six")),
-    "nvfp4_sr": dict(fmt=NV, rounding="sr"),
-    "nvfp4_rht16_te_sr": dict(fmt=NV, rounding="sr", hadamard=16, hadamard_signs="te"),
-    "nvfp4_eden": dict(fmt=NV, rounding="eden"),
-    "mxfp4_floor": dict(fmt=MX),
-    "mxfp4_rceil": dict(fmt=dataclasses.replace(MX, scale_mode="rceil")),
-    "mxfp4_headroom_sr": dict(fmt=dataclasses.replace(MX, scale_mode="floor_headroom"), rounding="sr"),
-    "mxfp4_quest_h32": dict(fmt=dataclasses.replace(MX, scale_mode="quest"), hadamard=32, hadamard_signs="none"),
+  "nvfp4_rtn": dict(fmt=NV),
+  "nvfp4_2d": dict(fmt=NV, block_shape=(16, 16)),
+  "nvfp4_4over6": dict(fmt=dataclasses.replace(NV, scale_mode="four_over_six")),
+  "nvfp4_sr": dict(fmt=NV, rounding="sr"),
+  "nvfp4_rht16_te_sr": dict(fmt=NV, rounding="sr", hadamard=16, hadamard_signs="te"),
+  "nvfp4_eden": dict(fmt=NV, rounding="eden"),
+  "mxfp4_floor": dict(fmt=MX),
+  "mxfp4_rceil": dict(fmt=dataclasses.replace(MX, scale_mode="rceil")),
+  "mxfp4_headroom_sr": dict(fmt=dataclasses.replace(MX, scale_mode="floor_headroom"), rounding="sr"),
+  "mxfp4_quest_h32": dict(fmt=dataclasses.replace(MX, scale_mode="quest"), hadamard=32, hadamard_signs="none"),
 }
 
 
@@ -36,8 +36,10 @@ def parity_configs():
   """Every format x scale mode x rounding x axis as (name, fmt, kwargs); four-over-six is RTN only, MS-EDEN is
   NVFP4 absmax 1x16 only (with its 128-point Hadamard)."""
   out = []
-  for fmt_name, modes in (("nvfp4", ("absmax", "four_over_six")),
-                          ("mxfp4", ("floor", "rceil", "quest", "quest_nearest", "floor_headroom"))):
+  for fmt_name, modes in (
+    ("nvfp4", ("absmax", "four_over_six")),
+    ("mxfp4", ("floor", "rceil", "quest", "quest_nearest", "floor_headroom")),
+  ):
     base = NV if fmt_name == "nvfp4" else MX
     for mode in modes:
       roundings = ("rtn",) if mode == "four_over_six" else ("rtn", "sr")
@@ -64,8 +66,10 @@ def parity_inputs(seed: int, dtype) -> dict:
   ext[112, 7] = -np.inf
   tiny_tensor = rng.standard_t(3, (128, 256)) * 1e-37
   with np.errstate(over="ignore"):
-    return {name: np.asarray(a.astype(np.float32)).astype(dtype)
-            for name, a in (("heavy", heavy), ("extreme", ext), ("tiny", tiny_tensor))}
+    return {
+      name: np.asarray(a.astype(np.float32)).astype(dtype)
+      for name, a in (("heavy", heavy), ("extreme", ext), ("tiny", tiny_tensor))
+    }
 
 
 def _nan_canonical(y: np.ndarray) -> np.ndarray:
@@ -80,9 +84,12 @@ def parity_outputs(device, x, fmt, kw, key) -> dict:
   xd, kd = jax.device_put(x, device), jax.device_put(key, device)
   q = jax.jit(f)(xd, kd)
   y = np.asarray(jax.jit(g)(xd, kd))
-  return {"codes": np.asarray(q.codes), "scales": np.asarray(q.scales).view(np.uint8),
-          "global_scale": _nan_canonical(np.asarray(q.global_scale, np.float32).reshape(1)),
-          "deq": _nan_canonical(y)}
+  return {
+    "codes": np.asarray(q.codes),
+    "scales": np.asarray(q.scales).view(np.uint8),
+    "global_scale": _nan_canonical(np.asarray(q.global_scale, np.float32).reshape(1)),
+    "deq": _nan_canonical(y),
+  }
 
 
 def assert_parity(dev_a, dev_b, seed: int, dtype, configs=None):
@@ -92,8 +99,11 @@ def assert_parity(dev_a, dev_b, seed: int, dtype, configs=None):
   for name, fmt, kw in configs or parity_configs():
     for data, x in parity_inputs(seed, dtype).items():
       a, b = parity_outputs(dev_a, x, fmt, kw, key), parity_outputs(dev_b, x, fmt, kw, key)
-      differing += [f"{name} {data} {np.dtype(dtype)} {field}: {np.sum(a[field] != b[field])} of {a[field].size}"
-                    for field in a if not np.array_equal(a[field], b[field])]
+      differing += [
+        f"{name} {data} {np.dtype(dtype)} {field}: {np.sum(a[field] != b[field])} of {a[field].size}"
+        for field in a
+        if not np.array_equal(a[field], b[field])
+      ]
   assert not differing, "\n".join(differing)  # every difference, not only the first
 
 
@@ -170,7 +180,8 @@ def test_jitted_gpu_fake_quantize_lies_on_the_grid(name):
 
 
 def test_bf16_parts_add_up_exactly_under_jit_on_the_gpu():
-  """The three bf16 parts of a float32 operand (``fp4jax._src.operand.matmul``'s split) survive XLA's convert folding."""
+  """The three bf16 parts of a float32 operand (``fp4jax._src.operand.matmul``'s split) survive XLA's convert
+  folding."""
   rng = np.random.default_rng(0)
   x = (rng.standard_normal(1 << 16) * np.exp2(rng.integers(-60, 60, 1 << 16))).astype(np.float32)
   parts = jax.jit(fp4jax._src.operand.bf16_parts)(jax.device_put(x, GPU[0]))

@@ -61,8 +61,9 @@ def test_inverse_runs_along_the_last_axis_by_default():
   rng = np.random.RandomState(4)
   g = rng.randint(-8, 9, (2, 3, 64)).astype(np.float32)
   s = rng.choice([-1.0, 1.0], 16).astype(np.float32)
-  np.testing.assert_allclose(np.asarray(H.inverse_hadamard(g, 16, signs=s)), oracles.inverse_rotate_last(g, 16, s),
-                             rtol=0, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(H.inverse_hadamard(g, 16, signs=s)), oracles.inverse_rotate_last(g, 16, s), rtol=0, atol=1e-6
+  )
 
 
 def test_te_signs_mask():
@@ -86,12 +87,12 @@ def test_grad_and_vmap():
 
 
 @pytest.mark.parametrize(
-    "call,match",
-    [
-        (lambda: H.hadamard(jnp.ones((4, 48)), 32), "must divide"),
-        (lambda: H.hadamard(jnp.ones((4, 48)), 24), "Hadamard size"),
-        (lambda: H.hadamard(jnp.ones((4, 32)), 32, signs=jnp.ones(16)), "signs"),
-    ],
+  "call,match",
+  [
+    (lambda: H.hadamard(jnp.ones((4, 48)), 32), "must divide"),
+    (lambda: H.hadamard(jnp.ones((4, 48)), 24), "Hadamard size"),
+    (lambda: H.hadamard(jnp.ones((4, 32)), 32, signs=jnp.ones(16)), "signs"),
+  ],
 )
 def test_errors(call, match):
   with pytest.raises(ValueError, match=match):

@@ -43,8 +43,9 @@ def test_correction_recovers_from_guesses_two_off():
   n = np.where(ma < mb, ma << 24, ma << 23)
   floor_q, rem = n // mb, n % mb
   for off in (-2, -1, 0, 1, 2):
-    q, r = floor_significand_quotient(jnp.asarray(ma, jnp.uint32), jnp.asarray(mb, jnp.uint32),
-                                      jnp.asarray(floor_q.astype(np.int64) + off, jnp.uint32))
+    q, r = floor_significand_quotient(
+      jnp.asarray(ma, jnp.uint32), jnp.asarray(mb, jnp.uint32), jnp.asarray(floor_q.astype(np.int64) + off, jnp.uint32)
+    )
     np.testing.assert_array_equal(np.asarray(q), floor_q.astype(np.uint32))
     np.testing.assert_array_equal(np.asarray(r), rem.astype(np.int32))
 
@@ -102,8 +103,7 @@ def test_round_pack_of_short_integers_is_exact_and_ties_go_to_even():
   below the subnormal grid round to nearest, ties to the even neighbour (NumPy's float64 -> float32 cast)."""
   from fp4jax._src.ieee import round_pack
 
-  p = np.array([1, 2, 3, 5, 7, 255, (1 << 23) - 1, 1 << 23, (1 << 24) + 1, (1 << 30) + 3, 12345, 3, 5, 7, 6],
-               np.uint32)
+  p = np.array([1, 2, 3, 5, 7, 255, (1 << 23) - 1, 1 << 23, (1 << 24) + 1, (1 << 30) + 3, 12345, 3, 5, 7, 6], np.uint32)
   lsb = np.array([0, -3, 7, -140, 100, -20, -149, -160, -170, -180, -160, -150, -150, -151, -151], np.int32)
   sign = (np.arange(p.size) % 2).astype(np.uint32)
   expect = (np.where(sign == 1, -1.0, 1.0) * p.astype(np.float64) * np.exp2(lsb.astype(np.float64))).astype(np.float32)
@@ -125,7 +125,7 @@ def test_mul_unflushed_counts_subnormal_factors_at_their_value():
   n = 50_000
   x = _f32_with_subnormals(rng, n, -149, 20)
   y = _f32_with_subnormals(rng, n, -20, 127)
-  x[:4], y[:4] = [1e-45, -1e-45, -3e-39, 5e-39], [2.0**127, 2.0**126, -2.0**100, -3.0 * 2.0**110]
+  x[:4], y[:4] = [1e-45, -1e-45, -3e-39, 5e-39], [2.0**127, 2.0**126, -(2.0**100), -3.0 * 2.0**110]
   expect = (x.astype(np.float64) * y).astype(np.float32)
   normal = np.isfinite(expect) & (np.abs(expect) >= np.finfo(np.float32).tiny)
   assert np.sum(normal & (np.abs(x) < np.finfo(np.float32).tiny) & (x < 0)) > 1000  # negative subnormal x covered
@@ -152,7 +152,10 @@ def test_correction_of_exact_significand_quotients_from_guesses_two_off():
   n = np.where(ma < mb, ma << 24, ma << 23)
   assert np.all(n % mb == 0)
   for off in (-2, -1, 0, 1, 2):
-    q, r = floor_significand_quotient(jnp.asarray(ma, jnp.uint32), jnp.asarray(mb, jnp.uint32),
-                                      jnp.asarray((n // mb).astype(np.int64) + off, jnp.uint32))
+    q, r = floor_significand_quotient(
+      jnp.asarray(ma, jnp.uint32),
+      jnp.asarray(mb, jnp.uint32),
+      jnp.asarray((n // mb).astype(np.int64) + off, jnp.uint32),
+    )
     np.testing.assert_array_equal(np.asarray(q), (n // mb).astype(np.uint32))
     np.testing.assert_array_equal(np.asarray(r), np.zeros(mb.size, np.int32))

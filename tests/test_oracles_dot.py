@@ -40,6 +40,7 @@ def _library(recipe, x, w, dy):
   def run(x, w, dy):
     y, vjp = jax.vjp(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=recipe), x, w)
     return (y, *vjp(dy))
+
   return [np.asarray(t, np.float64) for t in jax.jit(run)(x, w, dy)]
 
 
@@ -82,8 +83,9 @@ def test_quartet_trust_mask_drops_gradient_and_the_estimators_matter():
 def test_dge_derivative_matches_the_paper():
   """MS-AMP's reference value f'(±6) = 1/k = 0.2, the cap at interval midpoints, and interior points by hand."""
   from fp4jax._src import estimators
+
   pts = np.array([6.0, -6.0, 0.25, 2.5, 5.0, 0.0, 1.0, 0.3, -3.2, 4.5, 7.0, 1.9], np.float32)
-  hand = {0.3: 0.2 * 0.2 ** -0.8, -3.2: 0.2 * 0.6 ** -0.8, 4.5: 0.2 * 0.5 ** -0.8, 1.9: 0.2 * 0.6 ** -0.8}
+  hand = {0.3: 0.2 * 0.2**-0.8, -3.2: 0.2 * 0.6**-0.8, 4.5: 0.2 * 0.5**-0.8, 1.9: 0.2 * 0.6**-0.8}
   want = oracles.dge_derivative(pts)
   np.testing.assert_allclose(want[:5], [0.2, 0.2, 3.0, 3.0, 3.0])
   for p, v in hand.items():

@@ -22,8 +22,9 @@ NVFP4_46 = dataclasses.replace(fp4jax.NVFP4, scale_mode="four_over_six")
 
 def _quantized(x, fmt, **kw):
   q = fp4jax.quantize(jnp.asarray(x), fmt, hadamard=0, **kw)
-  return np.asarray(q.scales.astype(jnp.float32)), np.asarray(fp4jax.fake_quantize(jnp.asarray(x), fmt, hadamard=0,
-                                                                                    dtype=jnp.float32, **kw))
+  return np.asarray(q.scales.astype(jnp.float32)), np.asarray(
+    fp4jax.fake_quantize(jnp.asarray(x), fmt, hadamard=0, dtype=jnp.float32, **kw)
+  )
 
 
 def _oracle_dequantized(vals, s_dec):
@@ -41,7 +42,7 @@ def test_four_over_six_picks_each_candidate_and_keeps_6_on_ties():
   blocks = [[1536.0], [12.0, 9.0], [12.0, 1.0], [12.0, 6.0], [12.0, 0.5], [-12.0, -9.0, 3.0], [12.0, -6.0, 0.5]]
   x = np.zeros((1, 16 * len(blocks)), F32)
   for i, b in enumerate(blocks):
-    x[0, 16 * i: 16 * i + len(b)] = b
+    x[0, 16 * i : 16 * i + len(b)] = b
   scales, deq = _quantized(x, NVFP4_46)
   np.testing.assert_array_equal(scales[0, 1:], [3.0, 2.0, 2.0, 2.0, 3.0, 2.0])  # by hand, see the docstring
   vals, s_dec, dec = oracles.nvfp4(x, four_over_six=True)
@@ -203,7 +204,7 @@ def test_nvfp4_16x16_tiles_around_every_e4m3_midpoint(tensor_amax):
       i, j = rng.integers(0, 16, 2)
       tile = (rng.random((16, 16)).astype(F32) * F32(0.9)) * amaxes[r, c]
       tile[i, j] = amaxes[r, c] * (1 if (r + c) % 2 else -1)
-      w[16 * r: 16 * r + 16, 16 * c: 16 * c + 16] = tile
+      w[16 * r : 16 * r + 16, 16 * c : 16 * c + 16] = tile
   w[-1, 0] = tensor_amax
   scales, deq = _quantized(w, fp4jax.NVFP4, block_shape=(16, 16))
   vals, s_dec, dec = oracles.nvfp4(w, tiles=True)
@@ -223,6 +224,7 @@ def test_nvfp4_16x16_tiles_on_random_data():
 # ------------------------------------------------------------------------------------------------ scaling law
 def test_scaling_law_at_hand_computed_points():
   from fp4jax_experiments import scaling_law as sl
+
   law = sl.LossLaw(A=1.0, alpha=1.0, B=4.0, beta=0.5, E=1.0, gamma=2.0)
   # (1/2 + 4/sqrt(16))^2 + 1 = 1.5^2 + 1 = 3.25; with eff_N = 0.5 at N = 4 and eff_D = 4 at D = 4: the same point
   assert float(law(2.0, 16.0)) == pytest.approx(3.25, rel=1e-6)
@@ -234,6 +236,7 @@ def test_scaling_law_at_hand_computed_points():
 
 def test_published_quartet_law_at_a_point_by_the_formula():
   from fp4jax_experiments import scaling_law as sl
+
   p = {"A": 1.274e5, "alpha": 0.5785, "B": 4.658e5, "beta": 0.5389, "E": 1.3408, "gamma": 0.2764}  # REFERENCE §4
   n, d, eff_n, eff_d = 100e6, 100e6 * 100, 0.658, 0.822
   want = (p["A"] / (n * eff_n) ** p["alpha"] + p["B"] / (d * eff_d) ** p["beta"]) ** p["gamma"] + p["E"]
@@ -250,13 +253,15 @@ def test_ms_eden_scales_and_values_equal_the_oracle(seed):
   import jax
 
   from fp4jax._src import bits as bits_lib
+
   rng = np.random.default_rng(seed)
   x = (rng.standard_normal((32, 256)) * np.exp2(rng.integers(-5, 6, (32, 1)))).astype(F32)
   x[3, 16:32] = 0.0  # an all-zero block: c = 1, scale 0
   key = jax.random.key(seed)
   q = fp4jax.quantize(jnp.asarray(x), fp4jax.NVFP4, rounding="eden", key=key, hadamard=0)
-  deq = np.asarray(fp4jax.fake_quantize(jnp.asarray(x), fp4jax.NVFP4, rounding="eden", key=key, hadamard=0,
-                                        dtype=jnp.float32))
+  deq = np.asarray(
+    fp4jax.fake_quantize(jnp.asarray(x), fp4jax.NVFP4, rounding="eden", key=key, hadamard=0, dtype=jnp.float32)
+  )
   scale_bits = np.asarray(bits_lib.random_bits(jax.random.split(key, 3)[2], (32, 16)))
   dec, s_dec, want = oracles.ms_eden(x, scale_bits)
   np.testing.assert_array_equal(np.asarray(q.scales.astype(jnp.float32)), dec)
@@ -288,6 +293,7 @@ def _mx_exponent_oracle(a, mode, sigma):
 @pytest.mark.parametrize("mode", ["floor", "floor_headroom", "rceil", "quest", "quest_nearest"])
 def test_mx_exponents_equal_the_oracle_at_their_boundaries(mode):
   from fp4jax._src import scaling
+
   rng = np.random.default_rng(5)
   k = rng.integers(-40, 40, 64).astype(np.float64)
   edges = np.concatenate([np.exp2(k), 1.5 * np.exp2(k), np.sqrt(2.0) * np.exp2(k)]).astype(F32)

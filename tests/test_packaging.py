@@ -43,9 +43,12 @@ def _tree_packages() -> set[str]:
 
 def _modules_with_a_command_line() -> set[str]:
   """The modules of experiments/ that run as ``python -m``: an ``if __name__ == "__main__":`` block."""
+
   def runs_as_main(path: Path) -> bool:
-    return any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
-               for node in ast.parse(path.read_text()).body)
+    return any(
+      isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) for node in ast.parse(path.read_text()).body
+    )
+
   return {path.stem for path in (REPO / "experiments").glob("*.py") if runs_as_main(path)}
 
 
@@ -64,8 +67,10 @@ def test_package_list_is_every_package_folder_of_the_tree():
 
 
 def test_every_command_line_module_has_its_console_script():
-  expected = {f"fp4jax-{module.replace('_', '-')}": f"fp4jax_experiments.{module}:main"
-              for module in _modules_with_a_command_line()}
+  expected = {
+    f"fp4jax-{module.replace('_', '-')}": f"fp4jax_experiments.{module}:main"
+    for module in _modules_with_a_command_line()
+  }
   assert {"fp4jax-train", "fp4jax-sweep", "fp4jax-evaluate"} <= expected.keys()
   assert SCRIPTS == expected
 
@@ -93,8 +98,9 @@ bench_scaling.main(["--smoke"])
 
 def test_bench_scaling_smoke_gets_two_host_devices_as_a_console_script():
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([sys.executable, "-c", SMOKE], env=env, capture_output=True, text=True, timeout=120,
-                        check=False)
+  proc = subprocess.run(
+    [sys.executable, "-c", SMOKE], env=env, capture_output=True, text=True, timeout=120, check=False
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
   assert [(r["devices"], r["visible"]) for r in records] == [(1, 2), (2, 2)] * 2
@@ -116,12 +122,32 @@ def test_wheel_holds_only_fp4jax_names_and_the_console_scripts(tmp_path):
     shutil.copytree(REPO / folder, src / folder, ignore=ignore)
   for name in ("pyproject.toml", "README.md"):
     shutil.copy(REPO / name, src / name)
-  subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-                  "-w", str(tmp_path / "whl"), str(src)], check=True, capture_output=True, timeout=120)
+  subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "pip",
+      "wheel",
+      "-q",
+      "--no-deps",
+      "--no-build-isolation",
+      "--no-index",
+      "-w",
+      str(tmp_path / "whl"),
+      str(src),
+    ],
+    check=True,
+    capture_output=True,
+    timeout=120,
+  )
   [wheel] = (tmp_path / "whl").glob("*.whl")
   names = zipfile.ZipFile(wheel).namelist()
-  assert {n.split("/")[0] for n in names} == {"fp4jax", "fp4jax_kernels", "fp4jax_experiments",
-                                              f"fp4jax-{CONFIG['project']['version']}.dist-info"}
+  assert {n.split("/")[0] for n in names} == {
+    "fp4jax",
+    "fp4jax_kernels",
+    "fp4jax_experiments",
+    f"fp4jax-{CONFIG['project']['version']}.dist-info",
+  }
   assert "fp4jax_experiments/train.py" in names and "fp4jax_kernels/gemm/__init__.py" in names
   [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
   text = zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -9,10 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import fp4jax
 from flax import nnx
 
+import fp4jax
 from fp4jax import flax as fq
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])

@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import fp4jax
@@ -19,7 +20,7 @@ SHAPE = (4, 64)
 
 # Magnitudes below 1e-30 are left out: their dequantized values are float32 subnormals, which XLA flushes to zero.
 finite = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False, width=32, allow_subnormal=False).filter(
-    lambda v: v == 0 or abs(v) > 1e-30
+  lambda v: v == 0 or abs(v) > 1e-30
 )
 tensors = hnp.arrays(np.float32, SHAPE, elements=finite)
 settings.register_profile("fp4jax", max_examples=40, deadline=None)

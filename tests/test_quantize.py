@@ -112,7 +112,9 @@ def test_mxfp4_floor_headroom_never_clips_and_decodes_with_4_3():
   assert v.max() < 6 and np.all(v.max(-1) >= 3)
 
 
-@pytest.mark.parametrize("fmt,axis,shape", [(NV, -1, (5, 37)), (NV, 0, (37, 5)), (MX, 1, (2, 70, 3)), (NV, -2, (3, 20, 9))])
+@pytest.mark.parametrize(
+  "fmt,axis,shape", [(NV, -1, (5, 37)), (NV, 0, (37, 5)), (MX, 1, (2, 70, 3)), (NV, -2, (3, 20, 9))]
+)
 def test_ragged_lengths_are_zero_padded_and_cropped(fmt, axis, shape):
   x = np.random.RandomState(3).randn(*shape).astype(np.float32)
   q = fp4jax.quantize(x, fmt, axis=axis)
@@ -142,7 +144,9 @@ def test_qtensor_is_a_pytree_and_jits():
   leaves, tree = jax.tree_util.tree_flatten(q)
   q2 = jax.tree_util.tree_unflatten(tree, leaves)
   assert q2.dtype == jnp.bfloat16 and q2.dequantize().dtype == jnp.bfloat16
-  np.testing.assert_array_equal(np.asarray(jax.jit(lambda t: t.dequantize(jnp.float32))(q2)), np.asarray(q.dequantize(jnp.float32)))
+  np.testing.assert_array_equal(
+    np.asarray(jax.jit(lambda t: t.dequantize(jnp.float32))(q2)), np.asarray(q.dequantize(jnp.float32))
+  )
   assert packed_nbytes(q) == 16 * 32 + 16 * 4 + 4
 
 
@@ -162,16 +166,16 @@ def test_2d_blocks_quantize_w_and_wt_identically(fmt_mode):
 
 
 @pytest.mark.parametrize(
-    "kwargs",
-    [
-        dict(rounding="rtn"),
-        dict(rounding="sr", key=KEY),
-        dict(rounding="eden", key=KEY),
-        dict(rounding="rtn", hadamard=16, hadamard_signs="te"),
-        dict(rounding="sr", hadamard=32, key=KEY, fmt=MX),
-        dict(rounding="rtn", fmt=dataclasses.replace(MX, scale_mode="quest"), hadamard=32, hadamard_signs="none"),
-        dict(rounding="rtn", fmt=dataclasses.replace(NV, scale_mode="four_over_six")),
-    ],
+  "kwargs",
+  [
+    dict(rounding="rtn"),
+    dict(rounding="sr", key=KEY),
+    dict(rounding="eden", key=KEY),
+    dict(rounding="rtn", hadamard=16, hadamard_signs="te"),
+    dict(rounding="sr", hadamard=32, key=KEY, fmt=MX),
+    dict(rounding="rtn", fmt=dataclasses.replace(MX, scale_mode="quest"), hadamard=32, hadamard_signs="none"),
+    dict(rounding="rtn", fmt=dataclasses.replace(NV, scale_mode="four_over_six")),
+  ],
 )
 def test_dequantize_equals_fake_quantize_and_same_key_same_bits(kwargs):
   fmt = kwargs.pop("fmt", NV)
@@ -183,7 +187,7 @@ def test_dequantize_equals_fake_quantize_and_same_key_same_bits(kwargs):
   assert np.asarray(q.dequantize()).dtype == np.float32
   if q.hadamard:
     np.testing.assert_array_equal(
-        np.asarray(q.dequantize(rotated=True)), np.asarray(fp4jax.fake_quantize(x, fmt, rotated=True, **kwargs))
+      np.asarray(q.dequantize(rotated=True)), np.asarray(fp4jax.fake_quantize(x, fmt, rotated=True, **kwargs))
     )
 
 
@@ -212,8 +216,12 @@ def test_nan_and_inf_never_become_finite(fmt, dtype, hadamard_size):
   for bad in (np.nan, np.inf, -np.inf):
     xb = x.copy()
     xb[1, 5] = bad
-    y = np.asarray(fp4jax.fake_quantize(jnp.asarray(xb, dtype), fmt, hadamard=hadamard_size, hadamard_signs="te"
-                                        if hadamard_size else "random"), np.float32)
+    y = np.asarray(
+      fp4jax.fake_quantize(
+        jnp.asarray(xb, dtype), fmt, hadamard=hadamard_size, hadamard_signs="te" if hadamard_size else "random"
+      ),
+      np.float32,
+    )
     assert np.isnan(y[1, 5])
     if fmt is MX:  # per-block scale: only the poisoned block is NaN
       assert np.all(np.isnan(y[1, :32])) and np.all(np.isfinite(y[1, 32:])) and np.all(np.isfinite(y[0]))
@@ -222,21 +230,24 @@ def test_nan_and_inf_never_become_finite(fmt, dtype, hadamard_size):
 
 
 @pytest.mark.parametrize(
-    "call,match",
-    [
-        (lambda: fp4jax.quantize(jnp.arange(32), NV), "x must be a floating-point"),
-        (lambda: fp4jax.quantize(jnp.ones((4, 32)), NV, axis=2), "axis"),
-        (lambda: fp4jax.quantize(jnp.ones((4, 32)), NV, rounding="sr"), "key"),
-        (lambda: fp4jax.quantize(jnp.ones((4, 32)), NV, rounding="eden"), "key"),
-        (lambda: fp4jax.quantize(jnp.ones((4, 32)), NV, hadamard=16), "key"),
-        (lambda: fp4jax.quantize(jnp.ones((32,)), NV, block_shape=(16, 16)), "block_shape"),
-        (lambda: fp4jax.quantize(jnp.ones((4, 32)), MX, block_shape=(16, 16)), "block_shape"),
-        (lambda: fp4jax.quantize(jnp.ones((4, 32)), NV, rounding="nearest"), "rounding"),
-        (lambda: fp4jax.quantize(jnp.ones((4, 40)), NV, hadamard=16, hadamard_signs="none"), "Hadamard size 16 must divide"),
-        (lambda: fp4jax.quantize(jnp.ones((4, 32)), "nvfp4"), "fmt"),
-        (lambda: fp4jax.quantize(jnp.ones((4, 32)), MX, rounding="eden", key=KEY), "eden"),
-        (lambda: dataclasses.replace(NV, scale_mode="floor"), "scale_mode"),
-    ],
+  "call,match",
+  [
+    (lambda: fp4jax.quantize(jnp.arange(32), NV), "x must be a floating-point"),
+    (lambda: fp4jax.quantize(jnp.ones((4, 32)), NV, axis=2), "axis"),
+    (lambda: fp4jax.quantize(jnp.ones((4, 32)), NV, rounding="sr"), "key"),
+    (lambda: fp4jax.quantize(jnp.ones((4, 32)), NV, rounding="eden"), "key"),
+    (lambda: fp4jax.quantize(jnp.ones((4, 32)), NV, hadamard=16), "key"),
+    (lambda: fp4jax.quantize(jnp.ones((32,)), NV, block_shape=(16, 16)), "block_shape"),
+    (lambda: fp4jax.quantize(jnp.ones((4, 32)), MX, block_shape=(16, 16)), "block_shape"),
+    (lambda: fp4jax.quantize(jnp.ones((4, 32)), NV, rounding="nearest"), "rounding"),
+    (
+      lambda: fp4jax.quantize(jnp.ones((4, 40)), NV, hadamard=16, hadamard_signs="none"),
+      "Hadamard size 16 must divide",
+    ),
+    (lambda: fp4jax.quantize(jnp.ones((4, 32)), "nvfp4"), "fmt"),
+    (lambda: fp4jax.quantize(jnp.ones((4, 32)), MX, rounding="eden", key=KEY), "eden"),
+    (lambda: dataclasses.replace(NV, scale_mode="floor"), "scale_mode"),
+  ],
 )
 def test_bad_arguments_raise_clear_errors(call, match):
   with pytest.raises((ValueError, TypeError), match=match):
@@ -251,7 +262,9 @@ def test_quest_scales_reproduce_published_relative_mse():
     assert abs(float(metrics.relative_mse(x, y)) / expect - 1) < 0.08, (mode, float(metrics.relative_mse(x, y)))
 
 
-@pytest.mark.parametrize("shape,axis,block", [((3, 70), 1, (32,)), ((37, 5), 0, (16,)), ((20, 40), 1, (16, 16)), ((40, 20), 0, (16, 16))])
+@pytest.mark.parametrize(
+  "shape,axis,block", [((3, 70), 1, (32,)), ((37, 5), 0, (16,)), ((20, 40), 1, (16, 16)), ((40, 20), 0, (16, 16))]
+)
 def test_valid_counts_match_padding(shape, axis, block):
   from fp4jax._src.quantize import BlockLayout
 

@@ -20,7 +20,9 @@ def test_pairwise_sum_follows_the_halving_order_bit_for_bit():
   got = np.asarray(jax.jit(lambda v: pairwise_sum(v, (-1,)))(x))
   np.testing.assert_array_equal(got, _halving_numpy(x))
   moved = np.moveaxis(x, 0, -1)
-  np.testing.assert_array_equal(np.asarray(pairwise_sum(jnp.asarray(x), (0,))), np.moveaxis(_halving_numpy(moved), -1, 0))
+  np.testing.assert_array_equal(
+    np.asarray(pairwise_sum(jnp.asarray(x), (0,))), np.moveaxis(_halving_numpy(moved), -1, 0)
+  )
 
 
 def test_pairwise_sum_over_two_axes_and_bad_length():
@@ -37,7 +39,7 @@ def test_leading_pairwise_sum_is_the_same_tree_on_the_leading_axis():
   got = np.asarray(jax.jit(leading_pairwise_sum)(x))
   np.testing.assert_array_equal(got, _halving_numpy(np.moveaxis(x, 0, -1))[..., 0])
   # 4 holders of 4 consecutive leaves each: their partial trees, then the tree over the partials, are the same sum
-  partials = np.stack([np.asarray(leading_pairwise_sum(x[4 * i:4 * i + 4])) for i in range(4)])
+  partials = np.stack([np.asarray(leading_pairwise_sum(x[4 * i : 4 * i + 4])) for i in range(4)])
   np.testing.assert_array_equal(np.asarray(leading_pairwise_sum(partials)), got)
   np.testing.assert_array_equal(np.asarray(leading_pairwise_sum(x[:1])), x[0])
   with pytest.raises(ValueError, match="power-of-two leading length"):

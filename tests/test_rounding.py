@@ -54,7 +54,9 @@ def test_sr_e2m1_threshold_is_exact_in_both_ranges():
   np.testing.assert_array_equal(np.asarray(formats.e2m1_decode(rounding.sr_e2m1(x, b))), [3.0, 2.0, 0.5, 0.0])
 
 
-@pytest.mark.parametrize("x,code", [(0.25, 0), (0.75, 2), (1.25, 2), (1.75, 4), (2.5, 4), (3.5, 6), (5.0, 6), (-5.0, 14)])
+@pytest.mark.parametrize(
+  "x,code", [(0.25, 0), (0.75, 2), (1.25, 2), (1.75, 4), (2.5, 4), (3.5, 6), (5.0, 6), (-5.0, 14)]
+)
 def test_rtn_e2m1_ties_go_to_even_code(x, code):
   assert int(rounding.rtn_e2m1(jnp.float32(x))) == code
 
@@ -150,9 +152,11 @@ def test_rtn_bf16_matches_ml_dtypes():
   rng = np.random.RandomState(4)
   x = (rng.randn(20000) * np.exp2(rng.uniform(-100, 100, 20000))).astype(np.float32)
   b = x.astype(ml_dtypes.bfloat16).astype(np.float32)
-  mids = ((b.astype(np.float64) + np.nextafter(b, np.float32(np.inf)).astype(ml_dtypes.bfloat16).astype(np.float64)) / 2)
+  mids = (b.astype(np.float64) + np.nextafter(b, np.float32(np.inf)).astype(ml_dtypes.bfloat16).astype(np.float64)) / 2
   xs = np.concatenate([x, mids.astype(np.float32), [np.inf, -np.inf, 3.3895314e38]]).astype(np.float32)
-  np.testing.assert_array_equal(np.asarray(rounding.rtn_bf16(jnp.asarray(xs))), xs.astype(ml_dtypes.bfloat16).astype(np.float32))
+  np.testing.assert_array_equal(
+    np.asarray(rounding.rtn_bf16(jnp.asarray(xs))), xs.astype(ml_dtypes.bfloat16).astype(np.float32)
+  )
   assert np.isnan(np.asarray(rounding.rtn_bf16(jnp.float32(np.nan))))
 
 

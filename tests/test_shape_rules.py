@@ -56,8 +56,9 @@ def test_ragged_hadamard_chunks_cancel_in_every_gemm(source):
   plain products (the padded rotation is orthogonal and cancels; from-forward operands go back through the inverse
   rotation and are cropped to K)."""
   r = Recipe("rot", ROTATE_ONLY, ROTATE_ONLY, ROTATE_ONLY, source, ROTATE_ONLY, source)
-  x, w, dy = (np.random.default_rng(i).standard_normal(s).astype(np.float32)
-              for i, s in enumerate([(24, 20), (40, 20), (24, 40)]))
+  x, w, dy = (
+    np.random.default_rng(i).standard_normal(s).astype(np.float32) for i, s in enumerate([(24, 20), (40, 20), (24, 40)])
+  )
   y, dx, dw = _grads(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=r), x, w, dy)
   x64, w64, dy64 = (np.asarray(a, np.float64) for a in (x, w, dy))
   for got, want in ((y, x64 @ w64.T), (dx, dy64 @ w64), (dw, dy64.T @ x64)):
@@ -103,8 +104,10 @@ def test_ragged_tokens_and_outputs_keep_the_backward_unbiased():
     assert np.all(sem > 0)  # the backward is quantized: the samples differ
 
 
-@pytest.mark.parametrize("name, call", [(n, "dot_general") for n in recipes.names() if not recipes.get(n).is_identity]
-                         + [("quartet2", "einsum")])
+@pytest.mark.parametrize(
+  "name, call",
+  [(n, "dot_general") for n in recipes.names() if not recipes.get(n).is_identity] + [("quartet2", "einsum")],
+)
 def test_ragged_shapes_train_with_every_recipe(name, call):
   """M, N, K = 3, 5, 7 (batched): forward and both gradients finite and of the input shapes."""
   x, w = jax.random.normal(jax.random.key(1), (2, 3, 7)), jax.random.normal(jax.random.key(2), (2, 5, 7))
@@ -128,11 +131,13 @@ def test_empty_operands_fail_in_the_forward_naming_the_argument(name):
 
 # The rules each recipe's paper choices imply (read off the recipes: blocks and Hadamard sizes per GEMM, 16x16 tiles).
 EXPECTED_RULES = {
-    "nvfp4_rtn": {("fwd", "inputs", 16), ("dgrad", "outputs", 16), ("wgrad", "tokens", 16)},
-    "nvidia_nvfp4": {("fwd", "inputs", 16), ("dgrad", "outputs", 16), ("wgrad", "tokens", 16), ("fwd", "outputs", 16)},
-    "quartet": {("fwd", "inputs", 32), ("dgrad", "outputs", 32), ("wgrad", "tokens", 32)},
-    "quartet2": {("fwd", "inputs", 16), ("dgrad", "outputs", 128), ("wgrad", "tokens", 128)},
-    "fp8": set(), "ms_fp4": set(), "bf16": set(),
+  "nvfp4_rtn": {("fwd", "inputs", 16), ("dgrad", "outputs", 16), ("wgrad", "tokens", 16)},
+  "nvidia_nvfp4": {("fwd", "inputs", 16), ("dgrad", "outputs", 16), ("wgrad", "tokens", 16), ("fwd", "outputs", 16)},
+  "quartet": {("fwd", "inputs", 32), ("dgrad", "outputs", 32), ("wgrad", "tokens", 32)},
+  "quartet2": {("fwd", "inputs", 16), ("dgrad", "outputs", 128), ("wgrad", "tokens", 128)},
+  "fp8": set(),
+  "ms_fp4": set(),
+  "bf16": set(),
 }
 
 
@@ -155,8 +160,10 @@ def _sharded_call(recipe, split, size, call):
 
 
 _RULE_CASES = [(n, r) for n in recipes.names() for r in sorted(EXPECTED_RULES[n])]
-_LABELS = {"dot_general": {"tokens": "lhs dims (0,)", "outputs": "rhs dims (0,)", "inputs": "lhs dims (1,)"},
-           "einsum": {"tokens": "a's 'm'", "outputs": "b's 'n'", "inputs": "a's 'k'"}}
+_LABELS = {
+  "dot_general": {"tokens": "lhs dims (0,)", "outputs": "rhs dims (0,)", "inputs": "lhs dims (1,)"},
+  "einsum": {"tokens": "a's 'm'", "outputs": "b's 'n'", "inputs": "a's 'k'"},
+}
 
 
 @pytest.mark.parametrize("name, rule", _RULE_CASES)
@@ -168,8 +175,10 @@ def test_sharded_shape_rules_fail_when_the_forward_is_traced(name, rule, call):
   f, _, x, w = _sharded_call(name, dim, multiple // 2, call)
   label = _LABELS[call][dim]
   first = next(r for r in recipes.get(name).shape_rules if r.dim == dim and multiple // 2 % r.multiple)
-  match = re.escape(f"fp4jax.{call}(recipe={name!r}): {dim} ({label}) = {multiple // 2} on each device of 'd' must be "
-                    f"a multiple of {first.multiple} for {name}'s {first.gemm} GEMM")
+  match = re.escape(
+    f"fp4jax.{call}(recipe={name!r}): {dim} ({label}) = {multiple // 2} on each device of 'd' must be "
+    f"a multiple of {first.multiple} for {name}'s {first.gemm} GEMM"
+  )
   with pytest.raises(ValueError, match=match):
     jax.eval_shape(f, x, w)  # the forward alone
   _, grads, x, w = _sharded_call(name, dim, 2 * multiple, call)

@@ -1,6 +1,7 @@
 """``fp4jax.sharding.sharded`` recipes: one ``dot_general`` under ``shard_map`` with the tokens split over "data"
 (or the outputs or inputs over "model") quantizes every operand (forward, dgrad, wgrad) bit for bit as one device
-does on the logical tensors; only the sums over the split axis become per-device partial sums. Plus the logical-index hook of ``fp4jax.bits`` and ``ordered_psum`` (in process; ``jax.vmap``
+does on the logical tensors; only the sums over the split axis become per-device partial sums. Plus the
+logical-index hook of ``fp4jax.bits`` and ``ordered_psum`` (in process; ``jax.vmap``
 binds the axis name).
 
 The sharded runs need 4 devices, requested before jax is imported: one subprocess (this file run as a script, CPU)
@@ -34,6 +35,7 @@ def _inputs(m=M, k=K, n=N):
   """Canonical X (1, m, k) bf16, W (1, n, k) f32, dY (1, m, n) bf16; rows and features ramp in magnitude so shard
   amaxes differ whichever axis is split."""
   import jax.numpy as jnp  # noqa: PLC0415
+
   ks = jax.random.split(jax.random.key(0), 4)
   ramp = jnp.linspace(0.25, 4.0, m)[None, :, None]
   x = jax.random.normal(ks[0], (1, m, k)) * jnp.exp(jax.random.normal(ks[1], (1, 1, k))) * ramp
@@ -78,8 +80,15 @@ def compute() -> dict:
     def local(x, w, dy, key):
       y, dx, dw, ops = gemms(recipe, x, w, dy, key)
       return y, dx, lax.psum(dw, "data"), jax.tree.map(lambda a: a[None], ops)  # operands stacked per device
-    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(None, "data"), P(), P(None, "data"), P()),
-                                 out_specs=(P(None, "data"), P(None, "data"), P(), P("data"))))
+
+    return jax.jit(
+      jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(P(None, "data"), P(), P(None, "data"), P()),
+        out_specs=(P(None, "data"), P(None, "data"), P(), P("data")),
+      )
+    )
 
   x, w, dy = _inputs()
   key = jax.random.key(7)
@@ -89,6 +98,7 @@ def compute() -> dict:
   def compare(got_ops, ref_ops, dims=token_dims):
     """Per operand: values and scale of every device equal the one-device operand (slices concatenated along the
     operand's split dim in ``dims``; per-row scales too, when the split cuts the rows)."""
+
     def equal(got, ref, split_dim):  # got: one slice per device
       if split_dim is None:
         return all(np.array_equal(_bits(g), _bits(ref)) for g in got)
@@ -110,11 +120,11 @@ def compute() -> dict:
     bound = 2 * (M + SHARDS) * 2.0**-24 * terms
     dw_err = np.abs(np.asarray(got[2], np.float64) - np.asarray(ref[2], np.float64))
     out["recipes"][name] = {
-        "operands": compare(got[3], ref[3]),
-        "y": bool(np.array_equal(_bits(got[0]), _bits(ref[0]))),
-        "dx": bool(np.array_equal(_bits(got[1]), _bits(ref[1]))),
-        "dw_within_reorder_bound": bool(np.all(dw_err <= bound)),
-        "dw_bit_identical": bool(np.array_equal(got[2], ref[2])),
+      "operands": compare(got[3], ref[3]),
+      "y": bool(np.array_equal(_bits(got[0]), _bits(ref[0]))),
+      "dx": bool(np.array_equal(_bits(got[1]), _bits(ref[1]))),
+      "dw_within_reorder_bound": bool(np.all(dw_err <= bound)),
+      "dw_bit_identical": bool(np.array_equal(got[2], ref[2])),
     }
     if name == "nvfp4_rtn":  # negative control: the plain recipe quantizes each shard on its own
       plain = jax.device_get(sharded(fp4jax.recipes.get(name))(x, w, dy, key))
@@ -126,15 +136,19 @@ def compute() -> dict:
   # one-device operands, bit for bit (the caller adds them, e.g. fp4jax.sharding.sum_from_shards).
   fmesh = jax.make_mesh((2,), ("model",), axis_types=(jax.sharding.AxisType.Auto,))
   fx, fw, fdy = _inputs(m=128, k=256, n=256)  # 128 local features: quartet2's 128-point Hadamard fits
-  split_specs = {"outputs": (P(), P(None, "model"), P(None, None, "model")),
-                 "inputs": (P(None, None, "model"), P(None, None, "model"), P())}
+  split_specs = {
+    "outputs": (P(), P(None, "model"), P(None, None, "model")),
+    "inputs": (P(None, None, "model"), P(None, None, "model"), P()),
+  }
   out["splits"] = {}
   for split, specs in split_specs.items():
     dims = fp4jax.sharding.SPLIT_DIMS[split]
+
     def split_run(recipe, specs=specs):
       local = lambda x, w, dy, key: jax.tree.map(lambda a: a[None], gemms(recipe, x, w, dy, key))  # noqa: E731
-      return jax.device_get(jax.jit(jax.shard_map(local, mesh=fmesh, in_specs=(*specs, P()),
-                                                  out_specs=P("model")))(fx, fw, fdy, key))
+      return jax.device_get(
+        jax.jit(jax.shard_map(local, mesh=fmesh, in_specs=(*specs, P()), out_specs=P("model")))(fx, fw, fdy, key)
+      )
 
     for name in FEATURE_RECIPES:
       got = split_run(fp4jax.sharding.sharded(name, "model", split))
@@ -142,19 +156,37 @@ def compute() -> dict:
       if name == "nvfp4_rtn":  # negative control: the unmarked recipe takes each shard's own NVFP4 amax
         out["splits"][f"{split}/plain"] = compare(split_run(fp4jax.recipes.get(name))[3], ref[3], dims)
       whole_dims = {"outputs": {"y": 2, "dw": 1}, "inputs": {"dx": 2, "dw": 2}}[split]
-      summed, (a, sa), (b, sb), dtype = (("dx", ref[3][2], ref[3][3], fdy.dtype) if split == "outputs" else
-                                         ("y", ref[3][0], ref[3][1], jnp.float32))
-      chunks = [dot.matmul(fp4jax._src.operand.Operand(a[..., c * 128:(c + 1) * 128], sa),
-                           fp4jax._src.operand.Operand(b[..., c * 128:(c + 1) * 128], sb)).astype(dtype) for c in range(2)]
+      summed, (a, sa), (b, sb), dtype = (
+        ("dx", ref[3][2], ref[3][3], fdy.dtype) if split == "outputs" else ("y", ref[3][0], ref[3][1], jnp.float32)
+      )
+      chunks = [
+        dot.matmul(
+          fp4jax._src.operand.Operand(a[..., c * 128 : (c + 1) * 128], sa),
+          fp4jax._src.operand.Operand(b[..., c * 128 : (c + 1) * 128], sb),
+        ).astype(dtype)
+        for c in range(2)
+      ]
       results = dict(zip(("y", "dx", "dw"), range(3)))
       # Quartet's dX partials pass its trust mask and inverse Hadamard (dot._to_input): not a plain chunk GEMM.
       emulated = not (split == "outputs" and name == "quartet")
       out["splits"][f"{split}/{name}"] = {
-          "operands": compare(got[3], ref[3], dims),
-          **{f"{r}_slices": bool(np.array_equal(_bits(np.concatenate(list(got[results[r]]), axis=d)),
-                                                _bits(ref[results[r]]))) for r, d in whole_dims.items()},
-          **({f"{summed}_partials": all(np.array_equal(_bits(got[results[summed]][c]), _bits(chunk))
-                                        for c, chunk in enumerate(jax.device_get(chunks)))} if emulated else {}),
+        "operands": compare(got[3], ref[3], dims),
+        **{
+          f"{r}_slices": bool(
+            np.array_equal(_bits(np.concatenate(list(got[results[r]]), axis=d)), _bits(ref[results[r]]))
+          )
+          for r, d in whole_dims.items()
+        },
+        **(
+          {
+            f"{summed}_partials": all(
+              np.array_equal(_bits(got[results[summed]][c]), _bits(chunk))
+              for c, chunk in enumerate(jax.device_get(chunks))
+            )
+          }
+          if emulated
+          else {}
+        ),
       }
 
   # The public dot_general on a 3D lhs (batch, seq, K), the batch split over "data": y and dx as one device.
@@ -168,10 +200,13 @@ def compute() -> dict:
   ref = jax.jit(lambda *a: vjp("nvidia_nvfp4", *a))(lhs, rhs, cot, key)
   recipe = fp4jax.sharding.token_sharded("nvidia_nvfp4", "data")
   local = lambda a, b, c, k: vjp(recipe, a, lax.pcast(b, "data", to="varying"), c, k)[:2]  # noqa: E731
-  got = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P("data"), P(), P("data"), P()),
-                              out_specs=(P("data"), P("data"))))(lhs, rhs, cot, key)
-  out["public_dot_general"] = {"y": bool(np.array_equal(_bits(got[0]), _bits(ref[0]))),
-                               "dx": bool(np.array_equal(_bits(got[1]), _bits(ref[1])))}
+  got = jax.jit(
+    jax.shard_map(local, mesh=mesh, in_specs=(P("data"), P(), P("data"), P()), out_specs=(P("data"), P("data")))
+  )(lhs, rhs, cot, key)
+  out["public_dot_general"] = {
+    "y": bool(np.array_equal(_bits(got[0]), _bits(ref[0]))),
+    "dx": bool(np.array_equal(_bits(got[1]), _bits(ref[1]))),
+  }
 
   # NaN in one shard of X: the forward X operand's tensor scale is NaN on every device, as on one device.
   bad = x.at[0, M - 3, 5].set(jnp.nan)
@@ -257,12 +292,15 @@ def test_index_grid_of_a_slice_is_the_logical_grid_sliced():
   np.testing.assert_array_equal(np.asarray(bits.index_grid((3, 4))), np.arange(12).reshape(3, 4))
 
 
-@pytest.mark.parametrize("kwargs, match", [
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
     (dict(origin=(0, 0)), "both origin and logical_shape"),
     (dict(origin=(0, 0), logical_shape=(2, 3)), "must have the rank of shape .* and hold it"),
     (dict(origin=(0,), logical_shape=(8, 8)), "one entry per dim"),
     (dict(origin=(0, 0), logical_shape=(2**17, 2**16)), "at most 2\\*\\*32"),
-])
+  ],
+)
 def test_index_grid_arguments_are_checked(kwargs, match):
   with pytest.raises(ValueError, match=match):
     bits.index_grid((4, 4), **kwargs)

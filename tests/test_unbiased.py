@@ -34,8 +34,11 @@ BACKWARD = ("dgrad_lhs", "dgrad_rhs", "wgrad_lhs", "wgrad_rhs")
 
 def _target_recipe(recipe: recipes.Recipe) -> recipes.Recipe:
   """The recipe with every stochastic backward operand unquantized (its expectation under an unbiased estimator)."""
-  unq = {f: dataclasses.replace(getattr(recipe, f), fmt=None, rounding="rtn", block_shape=None)
-         for f in BACKWARD if getattr(recipe, f).rounding != "rtn"}
+  unq = {
+    f: dataclasses.replace(getattr(recipe, f), fmt=None, rounding="rtn", block_shape=None)
+    for f in BACKWARD
+    if getattr(recipe, f).rounding != "rtn"
+  }
   return dataclasses.replace(recipe, name=recipe.name + "_target", **unq)
 
 
@@ -43,6 +46,7 @@ def _grads(recipe, x, w, dy, keys):
   def one(k):
     _, vjp = jax.vjp(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=recipe, key=k), x, w)
     return vjp(dy)
+
   return [np.asarray(g, np.float64) for g in jax.jit(jax.vmap(one))(keys)]
 
 
@@ -78,8 +82,8 @@ def _check_unbiased(samples, target):
 
 
 @pytest.mark.parametrize(
-    "name, shape",
-    [("quartet", (32, 64, 64)), ("quartet2", (128, 64, 128))],  # backward Hadamards (32, 128) must divide M and N
+  "name, shape",
+  [("quartet", (32, 64, 64)), ("quartet2", (128, 64, 128))],  # backward Hadamards (32, 128) must divide M and N
 )
 def test_backward_unbiased(name, shape):
   recipe = recipes.get(name)
@@ -124,8 +128,13 @@ def test_rtn_backward_bias_floor():
   """Deterministic RTN backward (nvfp4_rtn): its gradient differs from the exact gradient of the quantized forward
   (dY·Q(W), dYᵀ·Q(X)) by a fixed error that no averaging removes."""
   recipe = recipes.get("nvfp4_rtn")
-  exact = dataclasses.replace(recipe, dgrad_lhs=recipes.HIGH_PRECISION, dgrad_rhs=recipes.REUSE_FORWARD,
-                              wgrad_lhs=recipes.HIGH_PRECISION, wgrad_rhs=recipes.REUSE_FORWARD)
+  exact = dataclasses.replace(
+    recipe,
+    dgrad_lhs=recipes.HIGH_PRECISION,
+    dgrad_rhs=recipes.REUSE_FORWARD,
+    wgrad_lhs=recipes.HIGH_PRECISION,
+    wgrad_rhs=recipes.REUSE_FORWARD,
+  )
   x, w, dy, keys = _data(3, 32, 64, 48)
   samples = _grads(recipe, x, w, dy, keys[:4])
   targets = _grads(exact, x, w, dy, keys[:1])
@@ -139,8 +148,13 @@ def test_random_rotation_does_not_remove_rtn_bias():
   converges to a biased value (RTN shrinks values), unlike MS-EDEN in ``test_backward_unbiased``."""
   q2 = recipes.get("quartet2")
   rtn = OperandSpec(fmt=fp4jax.NVFP4, hadamard=128, signs="random")
-  recipe = dataclasses.replace(q2, dgrad_lhs=rtn, dgrad_rhs=dataclasses.replace(rtn, source="forward"),
-                               wgrad_lhs=rtn, wgrad_rhs=dataclasses.replace(rtn, source="forward"))
+  recipe = dataclasses.replace(
+    q2,
+    dgrad_lhs=rtn,
+    dgrad_rhs=dataclasses.replace(rtn, source="forward"),
+    wgrad_lhs=rtn,
+    wgrad_rhs=dataclasses.replace(rtn, source="forward"),
+  )
   target = dataclasses.replace(recipe, **{f: dataclasses.replace(getattr(recipe, f), fmt=None) for f in BACKWARD})
   x, w, dy, keys = _data(4, 128, 64, 128)
   samples = _grads(recipe, x, w, dy, keys)

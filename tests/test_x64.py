@@ -34,8 +34,9 @@ def compute(dtype_name: str) -> dict:
     for rounding in ("rtn", "sr"):
       out[f"fq_{fmt.name}_{rounding}"] = fp4jax.fake_quantize(x, fmt, rounding=rounding, key=key)
     q = fp4jax.quantize(x, fmt, rounding="sr", key=key)
-    out[f"q_{fmt.name}"] = jnp.concatenate([q.codes.ravel().astype(jnp.float32),
-                                            q.scale_values().ravel(), q.global_scale.ravel()])
+    out[f"q_{fmt.name}"] = jnp.concatenate(
+      [q.codes.ravel().astype(jnp.float32), q.scale_values().ravel(), q.global_scale.ravel()]
+    )
   for recipe in RECIPES:
     f = lambda a, b, recipe=recipe: fp4jax.dot_general(a, b, DN, recipe=recipe, key=key)
     out[f"dot_{recipe}"] = f(x, w)
@@ -61,10 +62,12 @@ def x64_results(tmp_path_factory):
       for dtype_name in {DTYPES!r}:
         np.savez({str(folder)!r} + f"/{{dtype_name}}.npz", **compute(dtype_name))
   """)
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "kernels"),
-                                                      os.environ.get("PYTHONPATH", "")]))
-  run = subprocess.run([sys.executable, "-c", script], check=False, cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=1200)
+  env = dict(
+    os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "kernels"), os.environ.get("PYTHONPATH", "")])
+  )
+  run = subprocess.run(
+    [sys.executable, "-c", script], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200
+  )
   assert run.returncode == 0, f"x64 subprocess failed (rc {run.returncode}):\n{run.stderr[-3000:]}"
   return {name: dict(np.load(folder / f"{name}.npz")) for name in DTYPES}
 

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import argparse
 import ast
-import copy
 import concurrent.futures
+import copy
 import difflib
 import hashlib
 import json
@@ -54,108 +54,180 @@ CACHE = Path(tempfile.gettempdir()) / "fp4jax_mutation_jax_cache"
 # module -> pytest arguments of the fast, targeted tests that must kill its mutants (smallest modules first)
 _Q, _N, _D = "tests/test_quantize.py", "tests/test_oracles_numerics.py", "tests/test_oracles_dot.py"
 TARGETS = {
-    "eden": [f"{_N}::test_ms_eden_scales_and_values_equal_the_oracle",
-             f"{_Q}::test_ms_eden_blocks_whose_scale_underflows_dequantize_to_zero_not_nan"],
-    "bits": ["tests/test_bits.py", "tests/test_oracles_bits.py"],
-    "scaling": [_N, f"{_Q}::test_mxfp4_matches_reference", f"{_Q}::test_nvfp4_zero_outlier_and_underflow",
-                f"{_Q}::test_mxfp4_floor_headroom_never_clips_and_decodes_with_4_3", _D],
-    "rounding": ["tests/test_rounding.py", _N, "-k", "sr or rtn or e2m1 or e4m3 or bf16 or nvfp4"],
-    "ieee": ["tests/test_ieee.py"],
-    "formats": ["tests/test_rounding.py", _N, f"{_Q}::test_mxfp4_matches_reference"],
-    "hadamard": ["tests/test_hadamard.py", _D],
-    "estimators": ["tests/test_estimators.py", _D],
-    "dot": [_D, "tests/test_dot.py", "tests/test_shape_rules.py::test_ragged_hadamard_chunks_cancel_in_every_gemm",
-            "tests/test_shape_rules.py::test_ragged_rht_gemms_match_numpy_nvfp4_oracle",
-            "tests/test_shape_rules.py::test_sharded_shape_rules_fail_when_the_forward_is_traced"
-            "[dot_general-nvfp4_rtn-rule0]"],
+  "eden": [
+    f"{_N}::test_ms_eden_scales_and_values_equal_the_oracle",
+    f"{_Q}::test_ms_eden_blocks_whose_scale_underflows_dequantize_to_zero_not_nan",
+  ],
+  "bits": ["tests/test_bits.py", "tests/test_oracles_bits.py"],
+  "scaling": [
+    _N,
+    f"{_Q}::test_mxfp4_matches_reference",
+    f"{_Q}::test_nvfp4_zero_outlier_and_underflow",
+    f"{_Q}::test_mxfp4_floor_headroom_never_clips_and_decodes_with_4_3",
+    _D,
+  ],
+  "rounding": ["tests/test_rounding.py", _N, "-k", "sr or rtn or e2m1 or e4m3 or bf16 or nvfp4"],
+  "ieee": ["tests/test_ieee.py"],
+  "formats": ["tests/test_rounding.py", _N, f"{_Q}::test_mxfp4_matches_reference"],
+  "hadamard": ["tests/test_hadamard.py", _D],
+  "estimators": ["tests/test_estimators.py", _D],
+  "dot": [
+    _D,
+    "tests/test_dot.py",
+    "tests/test_shape_rules.py::test_ragged_hadamard_chunks_cancel_in_every_gemm",
+    "tests/test_shape_rules.py::test_ragged_rht_gemms_match_numpy_nvfp4_oracle",
+    "tests/test_shape_rules.py::test_sharded_shape_rules_fail_when_the_forward_is_traced[dot_general-nvfp4_rtn-rule0]",
+  ],
 }
 
 # mutant id -> (digest of the scope it was proved for, why it cannot change any result); "no test builds that input"
 # is no reason
 EQUIVALENT = {
-    # ieee.py
-    "ieee:significand:51.0": ("14ab31d2f26b98fa",
-        "significand: shift clip 23 -> 24 only reaches x = 0 (clz(0) = 32); m << 24 is still 0 and the lsb "
-        "of a zero is unspecified and unused (round_pack returns 0 for p = 0, div_rn masks ma = 0)"),
-    "ieee:_special:102.0": ("f6209e39bb5abd8e",
-        "_special: a subnormal becomes +-(1 + 2^-23) instead of +-1; it only meets 0, Inf or NaN (else "
-        "the exact path is selected), and 0, Inf, NaN times or over either give the same value and sign"),
-    "ieee:round_pack:304.0": ("f7f52b2145596a39",
-        "round_pack: -sh <= 23 for every p >= 1 (t >= h + lsb - 23, h >= 0), so clip(-sh, 0, 32) equals "
-        "clip(-sh, 0, 31); p = 0 returns 0"),
-    "ieee:round_pack:247.0": ("f7f52b2145596a39",
-        "round_pack: shc = clip(sh, 1, 32) differs only for sh >= 32, where the result is 0 by the "
-        "sh > 31 branch"),
-    "ieee:div_rn:42.0": ("844713ce44cb8086",
-        "div_rn: 2R = mb is impossible: it means (2Q + 1)·mb = ma·2^(s+1), so 2^(s+1) >= 2^24 divides "
-        "0 < mb < 2^24 (a quotient of 24-bit significands is never a tie), so > equals >="),
-    "ieee:div_rn:200.0": ("844713ce44cb8086",
-        "div_rn sticky 3R != ...: guard (2R >= mb) gives 3R > mb (always !=, as 2R != mb); no guard "
-        "compares with 0, and 3R = 0 iff 2R = 0"),
-    "ieee:div_rn:230.0": ("844713ce44cb8086",
-        "div_rn: mb is 0 or >= 2^23 (significand normalizes), so mb > 1 iff mb > 0"),
-    "ieee:div_rn:317.0": ("844713ce44cb8086",
-        "div_rn: ma is 0 or >= 2^23 (significand normalizes), so ma > 1 iff ma > 0"),
-    "ieee:floor_significand_quotient:45.0": ("fa65d311baa4d867",
-        "floor_significand_quotient: a guess within 2 of Q (the contract) leaves r >= 0 after two "
-        "decrement steps, so a third never fires"),
-    "ieee:floor_significand_quotient:52.0": ("fa65d311baa4d867",
-        "floor_significand_quotient: a guess within 2 of Q leaves r < mb after two increment steps, so a "
-        "third never fires"),
-    "ieee:floor_significand_quotient:47.0": ("fa65d311baa4d867",
-        "floor_significand_quotient: r <= 0 instead of r < 0 moves R = 0 to (Q-1, mb), which an increment "
-        "step (at most one of the two used: the guess was >= Q) moves back; checked for guesses Q-2..Q+2"),
-    "ieee:floor_significand_quotient:90.0": ("fa65d311baa4d867",
-        "floor_significand_quotient: r < 1 is r <= 0 on int32 (same as ieee:679.0)"),
-    # hadamard.py
-    "hadamard:hadamard_matrix:44.0": ("0cfecf2e366301ef",
-        "hadamard_matrix: the Sylvester matrix is square, h.shape[1] == h.shape[0]"),
-    "hadamard:hadamard:46.0": ("53bba502128d36e8",
-        "hadamard: x / s equals x * s exactly for the documented signs s = +-1 (IEEE, NaN, Inf, +-0 "
-        "included)"),
-    "hadamard:inverse_hadamard:50.0": ("20f5bc540d5a3554",
-        "inverse_hadamard: x / s equals x * s exactly for s = +-1 (as hadamard:349.0)"),
-    "hadamard:rotated:37.0": ("7be602d266ca6aca",
-        "rotated: log2(d) // 2 adds an optimization_barrier for d = 16, 64, 256 (keeps 32, 128); a "
-        "barrier changes no value, it only stops XLA merging y * 2^-k with a later constant, which is "
-        "exact while y * 2^-k is normal (XLA CPU flushes subnormals either way)"),
-    "hadamard:rotated:61.0": ("7be602d266ca6aca",
-        "rotated: log2(d) % 3 adds a barrier for d = 16, 256 and keeps 32, 128 (as hadamard:375.0)"),
-    # dot.py
-    "dot:_Canonical:51.0": ("2f1522065e0ab943",
-        "_Canonical is never mutated, hashed or compared: frozen=False changes neither value nor use"),
-    "dot:_Static:44.0": ("19ec89e801a3fd6b",
-        "_Static (custom_vjp nondiff argument) is never mutated; custom_vjp keeps it without hashing it "
-                 "(require_static_args_hashable=False), so frozen=False changes nothing"),
-    "dot:<module>:56.0": ("00e9ea9b3e9751ca",
-        "the backward signs id 8 -> 9 renames one random stream to another unused fold_in id: every stream "
-                 "stays distinct (tests/test_dot.py checks that) and no specification fixes the id values; a test "
-                 "that kills this would hard-code the implementation's constants"),
-    # estimators.py
-    "estimators:dge_derivative:48.0": ("e1a6512534d5900c",
-        "dge_derivative: a <= 2 instead of a < 2 picks 2/delta = 4 at a = 2 only, where lo = 2 and "
-        "u = 0, so t = |0 - 1| = 1 whatever delta"),
-    "estimators:dge_derivative:53.0": ("e1a6512534d5900c",
-        "dge_derivative: at a = 2 both lo formulas give 2 (floor(4) * 0.5 = 2 + floor(0))"),
-    "estimators:dge_derivative:92.0": ("e1a6512534d5900c",
-        "dge_derivative: a <= 4 picks 2/delta = 2 at a = 4 only, where lo = 4 and u = 0: t = 1"),
-    "estimators:dge_derivative:104.0": ("e1a6512534d5900c",
-        "dge_derivative: at a = 4 both lo formulas give 4 (2 + floor(2) = 4)"),
-    "estimators:dge_derivative:63.0": ("e1a6512534d5900c",
-        "dge_derivative: the placeholder where t = 0 (1.0 or 2.0) is a constant in the branch the "
-        "outer where discards: same value, and zero gradient either way"),
-    "estimators:select_ranks:40.0": ("ef31f2aff58d0f02",
-        "select_ranks: start = (keys & 0) - 0 equals (keys & 0) + 0 (both zero)"),
-    "estimators:select_ranks:252.0": ("ef31f2aff58d0f02",
-        "select_ranks: start = first key & 1 offsets the search by 0 or 1; the MSD search then finds "
-        "1 + D = the same key (max K with #{key < K} <= rank), except that key 0xFF..F (NaN) wraps "
-        "to 0, which decodes to a NaN with the sign bit set: equal values, only a NaN's sign differs "
-        "(checked on 2,000 rows of float32/bfloat16/float16 with NaN, +-Inf, +-0, ties)"),
+  # ieee.py
+  "ieee:significand:51.0": (
+    "14ab31d2f26b98fa",
+    "significand: shift clip 23 -> 24 only reaches x = 0 (clz(0) = 32); m << 24 is still 0 and the lsb "
+    "of a zero is unspecified and unused (round_pack returns 0 for p = 0, div_rn masks ma = 0)",
+  ),
+  "ieee:_special:102.0": (
+    "f6209e39bb5abd8e",
+    "_special: a subnormal becomes +-(1 + 2^-23) instead of +-1; it only meets 0, Inf or NaN (else "
+    "the exact path is selected), and 0, Inf, NaN times or over either give the same value and sign",
+  ),
+  "ieee:round_pack:304.0": (
+    "f7f52b2145596a39",
+    "round_pack: -sh <= 23 for every p >= 1 (t >= h + lsb - 23, h >= 0), so clip(-sh, 0, 32) equals "
+    "clip(-sh, 0, 31); p = 0 returns 0",
+  ),
+  "ieee:round_pack:247.0": (
+    "f7f52b2145596a39",
+    "round_pack: shc = clip(sh, 1, 32) differs only for sh >= 32, where the result is 0 by the sh > 31 branch",
+  ),
+  "ieee:div_rn:42.0": (
+    "844713ce44cb8086",
+    "div_rn: 2R = mb is impossible: it means (2Q + 1)·mb = ma·2^(s+1), so 2^(s+1) >= 2^24 divides "
+    "0 < mb < 2^24 (a quotient of 24-bit significands is never a tie), so > equals >=",
+  ),
+  "ieee:div_rn:200.0": (
+    "844713ce44cb8086",
+    "div_rn sticky 3R != ...: guard (2R >= mb) gives 3R > mb (always !=, as 2R != mb); no guard "
+    "compares with 0, and 3R = 0 iff 2R = 0",
+  ),
+  "ieee:div_rn:230.0": (
+    "844713ce44cb8086",
+    "div_rn: mb is 0 or >= 2^23 (significand normalizes), so mb > 1 iff mb > 0",
+  ),
+  "ieee:div_rn:317.0": (
+    "844713ce44cb8086",
+    "div_rn: ma is 0 or >= 2^23 (significand normalizes), so ma > 1 iff ma > 0",
+  ),
+  "ieee:floor_significand_quotient:45.0": (
+    "fa65d311baa4d867",
+    "floor_significand_quotient: a guess within 2 of Q (the contract) leaves r >= 0 after two "
+    "decrement steps, so a third never fires",
+  ),
+  "ieee:floor_significand_quotient:52.0": (
+    "fa65d311baa4d867",
+    "floor_significand_quotient: a guess within 2 of Q leaves r < mb after two increment steps, so a third never fires",
+  ),
+  "ieee:floor_significand_quotient:47.0": (
+    "fa65d311baa4d867",
+    "floor_significand_quotient: r <= 0 instead of r < 0 moves R = 0 to (Q-1, mb), which an increment "
+    "step (at most one of the two used: the guess was >= Q) moves back; checked for guesses Q-2..Q+2",
+  ),
+  "ieee:floor_significand_quotient:90.0": (
+    "fa65d311baa4d867",
+    "floor_significand_quotient: r < 1 is r <= 0 on int32 (same as ieee:679.0)",
+  ),
+  # hadamard.py
+  "hadamard:hadamard_matrix:44.0": (
+    "0cfecf2e366301ef",
+    "hadamard_matrix: the Sylvester matrix is square, h.shape[1] == h.shape[0]",
+  ),
+  "hadamard:hadamard:46.0": (
+    "53bba502128d36e8",
+    "hadamard: x / s equals x * s exactly for the documented signs s = +-1 (IEEE, NaN, Inf, +-0 included)",
+  ),
+  "hadamard:inverse_hadamard:50.0": (
+    "20f5bc540d5a3554",
+    "inverse_hadamard: x / s equals x * s exactly for s = +-1 (as hadamard:349.0)",
+  ),
+  "hadamard:rotated:37.0": (
+    "7be602d266ca6aca",
+    "rotated: log2(d) // 2 adds an optimization_barrier for d = 16, 64, 256 (keeps 32, 128); a "
+    "barrier changes no value, it only stops XLA merging y * 2^-k with a later constant, which is "
+    "exact while y * 2^-k is normal (XLA CPU flushes subnormals either way)",
+  ),
+  "hadamard:rotated:61.0": (
+    "7be602d266ca6aca",
+    "rotated: log2(d) % 3 adds a barrier for d = 16, 256 and keeps 32, 128 (as hadamard:375.0)",
+  ),
+  # dot.py
+  "dot:_Canonical:51.0": (
+    "2f1522065e0ab943",
+    "_Canonical is never mutated, hashed or compared: frozen=False changes neither value nor use",
+  ),
+  "dot:_Static:44.0": (
+    "19ec89e801a3fd6b",
+    "_Static (custom_vjp nondiff argument) is never mutated; custom_vjp keeps it without hashing it "
+    "(require_static_args_hashable=False), so frozen=False changes nothing",
+  ),
+  "dot:<module>:56.0": (
+    "00e9ea9b3e9751ca",
+    "the backward signs id 8 -> 9 renames one random stream to another unused fold_in id: every stream "
+    "stays distinct (tests/test_dot.py checks that) and no specification fixes the id values; a test "
+    "that kills this would hard-code the implementation's constants",
+  ),
+  # estimators.py
+  "estimators:dge_derivative:48.0": (
+    "e1a6512534d5900c",
+    "dge_derivative: a <= 2 instead of a < 2 picks 2/delta = 4 at a = 2 only, where lo = 2 and "
+    "u = 0, so t = |0 - 1| = 1 whatever delta",
+  ),
+  "estimators:dge_derivative:53.0": (
+    "e1a6512534d5900c",
+    "dge_derivative: at a = 2 both lo formulas give 2 (floor(4) * 0.5 = 2 + floor(0))",
+  ),
+  "estimators:dge_derivative:92.0": (
+    "e1a6512534d5900c",
+    "dge_derivative: a <= 4 picks 2/delta = 2 at a = 4 only, where lo = 4 and u = 0: t = 1",
+  ),
+  "estimators:dge_derivative:104.0": (
+    "e1a6512534d5900c",
+    "dge_derivative: at a = 4 both lo formulas give 4 (2 + floor(2) = 4)",
+  ),
+  "estimators:dge_derivative:63.0": (
+    "e1a6512534d5900c",
+    "dge_derivative: the placeholder where t = 0 (1.0 or 2.0) is a constant in the branch the "
+    "outer where discards: same value, and zero gradient either way",
+  ),
+  "estimators:select_ranks:40.0": (
+    "ef31f2aff58d0f02",
+    "select_ranks: start = (keys & 0) - 0 equals (keys & 0) + 0 (both zero)",
+  ),
+  "estimators:select_ranks:252.0": (
+    "ef31f2aff58d0f02",
+    "select_ranks: start = first key & 1 offsets the search by 0 or 1; the MSD search then finds "
+    "1 + D = the same key (max K with #{key < K} <= rank), except that key 0xFF..F (NaN) wraps "
+    "to 0, which decodes to a NaN with the sign bit set: equal values, only a NaN's sign differs "
+    "(checked on 2,000 rows of float32/bfloat16/float16 with NaN, +-Inf, +-0, ties)",
+  ),
 }
 
-_BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
-           ast.RShift: ast.LShift, ast.LShift: ast.RShift, ast.BitAnd: ast.BitOr, ast.BitOr: ast.BitAnd,
-           ast.BitXor: ast.BitOr, ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv}
+_BINOPS = {
+  ast.Add: ast.Sub,
+  ast.Sub: ast.Add,
+  ast.Mult: ast.Div,
+  ast.Div: ast.Mult,
+  ast.FloorDiv: ast.Div,
+  ast.RShift: ast.LShift,
+  ast.LShift: ast.RShift,
+  ast.BitAnd: ast.BitOr,
+  ast.BitOr: ast.BitAnd,
+  ast.BitXor: ast.BitOr,
+  ast.Pow: ast.Mult,
+  ast.Mod: ast.FloorDiv,
+}
 _CMPOPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq}
 
 
@@ -186,6 +258,7 @@ def _skipped_nodes(tree: ast.AST) -> set[int]:
 
 def _mutations(node: ast.AST):
   """(description, apply) pairs for one node; ``apply(node)`` mutates it in place."""
+
   def setter(attr, value):
     return lambda n: setattr(n, attr, value)
 
@@ -199,6 +272,7 @@ def _mutations(node: ast.AST):
 
         def apply(n, i=i, new=new):
           n.ops[i] = new()
+
         yield f"{type(op).__name__} -> {new.__name__}", apply
   elif isinstance(node, ast.BoolOp):
     new = ast.Or if isinstance(node.op, ast.And) else ast.And
@@ -242,8 +316,12 @@ class _Normalize(ast.NodeTransformer):
   def _strip(self, node):
     self.generic_visit(node)
     body = node.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-        and isinstance(body[0].value.value, str):
+    if (
+      body
+      and isinstance(body[0], ast.Expr)
+      and isinstance(getattr(body[0], "value", None), ast.Constant)
+      and isinstance(body[0].value.value, str)
+    ):
       node.body = body[1:] or [ast.Pass()]
     return node
 
@@ -286,8 +364,9 @@ def enumerate_mutants(module: str, src: str | None = None) -> list[dict]:
       if id(node) in skip:
         continue
       for k, (desc, _) in enumerate(_mutations(node)):
-        out.append({"id": f"{module}:{scope}:{idx}.{k}", "line": getattr(node, "lineno", 0), "desc": desc,
-                    "source": digest})
+        out.append(
+          {"id": f"{module}:{scope}:{idx}.{k}", "line": getattr(node, "lineno", 0), "desc": desc, "source": digest}
+        )
   return out
 
 
@@ -318,22 +397,45 @@ def _workspace(root: Path) -> Path:
   for name in ("fp4jax", "kernels", "experiments", "tests"):
     shutil.copytree(REPO / name, ws / name, ignore=ignore)
   shutil.copy(REPO / "pyproject.toml", ws / "pyproject.toml")
-  probe = subprocess.run([sys.executable, "-c", "import fp4jax; print(fp4jax.__file__)"], cwd=ws, env=_env(ws),
-                         capture_output=True, text=True, check=True)
+  probe = subprocess.run(
+    [sys.executable, "-c", "import fp4jax; print(fp4jax.__file__)"],
+    cwd=ws,
+    env=_env(ws),
+    capture_output=True,
+    text=True,
+    check=True,
+  )
   if not probe.stdout.strip().startswith(str(ws)):
     sys.exit(f"the workspace copy is not the fp4jax the tests import: {probe.stdout.strip()}")
   return ws
 
 
 def _env(ws: Path) -> dict:
-  return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ws), str(ws / "kernels")]), "JAX_PLATFORMS": "cpu",
-          "JAX_COMPILATION_CACHE_DIR": str(CACHE), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-          "PYTHONDONTWRITEBYTECODE": "1"}
+  return {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join([str(ws), str(ws / "kernels")]),
+    "JAX_PLATFORMS": "cpu",
+    "JAX_COMPILATION_CACHE_DIR": str(CACHE),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "PYTHONDONTWRITEBYTECODE": "1",
+  }
 
 
 def _pytest(tests: list[str], ws: Path, timeout: float) -> tuple[str, float]:
-  cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
-         "-o", "addopts=", *tests]
+  cmd = [
+    sys.executable,
+    "-m",
+    "pytest",
+    "-x",
+    "-q",
+    "-p",
+    "no:randomly",
+    "-p",
+    "no:cacheprovider",
+    "-o",
+    "addopts=",
+    *tests,
+  ]
   t0 = time.time()
   try:
     proc = subprocess.run(cmd, check=False, cwd=ws, env=_env(ws), capture_output=True, text=True, timeout=timeout)
@@ -377,8 +479,9 @@ def _baseline(module: str, results: dict, ws: Path, lock: threading.Lock) -> flo
   return results[key]["seconds"]
 
 
-def run(modules: list[str], limit: int | None, budget_s: float | None, rerun_survivors: bool = False,
-        jobs: int = 1) -> None:
+def run(
+  modules: list[str], limit: int | None, budget_s: float | None, rerun_survivors: bool = False, jobs: int = 1
+) -> None:
   """Runs the mutants of ``modules`` not yet in the results, ``jobs`` at a time (one workspace copy per job).
 
   A mutant's timeout is ``5 x`` its module's baseline plus 120 s, generous because ``jobs`` processes share the
@@ -397,8 +500,11 @@ def run(modules: list[str], limit: int | None, budget_s: float | None, rerun_sur
       ws = workspaces.get()
       timeout = 5 * _baseline(module, results, ws, lock) + 120
       workspaces.put(ws)
-      todo += [(m, timeout) for m in enumerate_mutants(module) if status_of(m) is None
-               or (rerun_survivors and status_of(m) == "survived" and equivalent(m) is None)][:limit]
+      todo += [
+        (m, timeout)
+        for m in enumerate_mutants(module)
+        if status_of(m) is None or (rerun_survivors and status_of(m) == "survived" and equivalent(m) is None)
+      ][:limit]
 
     def one(item):
       m, timeout = item
@@ -438,13 +544,17 @@ def report(show_survivors: bool = True) -> None:
     t = sum(r["status"] == "timeout" for r in rs)
     eq = [r for r in rs if r["status"] == "survived" and equivalent(r)]
     n = len(rs) - len(eq)
-    print(f"{module:<11} {k}/{n} killed ({100 * k / max(n, 1):.1f}%; {t} of them by a timeout), {len(eq)} equivalent "
-          f"(listed, not counted), {len(rs)}/{len(mutants)} mutants run")
+    print(
+      f"{module:<11} {k}/{n} killed ({100 * k / max(n, 1):.1f}%; {t} of them by a timeout), {len(eq)} equivalent "
+      f"(listed, not counted), {len(rs)}/{len(mutants)} mutants run"
+    )
     current = {m["id"]: m["source"] for m in mutants}
     stale = [i for i, (digest, _) in EQUIVALENT.items() if i.split(":")[0] == module and current.get(i) != digest]
     if stale:
-      print(f"    {len(stale)} EQUIVALENT entries are stale (their scope changed since the proof): {', '.join(stale)}; "
-            "their mutants count as survivors until re-checked")
+      print(
+        f"    {len(stale)} EQUIVALENT entries are stale (their scope changed since the proof): {', '.join(stale)}; "
+        "their mutants count as survivors until re-checked"
+      )
     for r in rs:
       if r["status"] != "survived" and equivalent(r):
         print(f"    LISTED EQUIVALENT BUT {r['status'].upper()}: {r['id']} (the proof in EQUIVALENT is wrong)")

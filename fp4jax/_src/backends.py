@@ -21,7 +21,8 @@ needs a backend with nothing registered for the op, through the ``"fp4jax.backen
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Any, Callable, Literal, Sequence, get_args
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, get_args
 
 import jax
 
@@ -129,8 +130,10 @@ def run(op: str, backend: Backend, *args, order: Sequence[str] | None = None, **
     impl = impls.get(name)
     if impl is None:
       if backend != "auto":
-        raise ValueError(f"backend={backend!r}: {op} has no {name!r} implementation (registered: {registered(op)}); "
-                         f"the kernels register theirs when fp4jax_kernels is imported")
+        raise ValueError(
+          f"backend={backend!r}: {op} has no {name!r} implementation (registered: {registered(op)}); "
+          f"the kernels register theirs when fp4jax_kernels is imported"
+        )
       continue
     try:
       return impl(*args, **kwargs)

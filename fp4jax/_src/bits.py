@@ -70,8 +70,9 @@ def index_grid(shape: tuple[int, ...], origin=None, logical_shape: tuple[int, ..
   return idx
 
 
-def random_bits(key: jax.Array, shape: tuple[int, ...], origin=None,
-                logical_shape: tuple[int, ...] | None = None) -> jnp.ndarray:
+def random_bits(
+  key: jax.Array, shape: tuple[int, ...], origin=None, logical_shape: tuple[int, ...] | None = None
+) -> jnp.ndarray:
   """uint32 bits for a tensor of ``shape``: ``hash_bits(seed_from_key(key), row-major index)``; with ``origin`` and
   ``logical_shape`` the index is the element's in the logical tensor (``index_grid``)."""
   return hash_bits(seed_from_key(key), index_grid(shape, origin, logical_shape))

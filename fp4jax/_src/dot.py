@@ -39,10 +39,20 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fp4jax._src import backends as backends_lib, estimators, recipes as recipes_lib, sharding as sharding_lib
+from fp4jax._src import backends as backends_lib
+from fp4jax._src import estimators
+from fp4jax._src import recipes as recipes_lib
+from fp4jax._src import sharding as sharding_lib
 from fp4jax._src.backends import Backend
-from fp4jax._src.operand import (Operand, channel_scale, inverse_rotate, matmul, rotate_and_quantize,
-                            rotate_and_quantize_both, signs_for)
+from fp4jax._src.operand import (
+  Operand,
+  channel_scale,
+  inverse_rotate,
+  matmul,
+  rotate_and_quantize,
+  rotate_and_quantize_both,
+  signs_for,
+)
 from fp4jax._src.recipes import Recipe
 
 _KEY_IDS = {"fwd_lhs": 1, "fwd_rhs": 2, "dgrad_lhs": 3, "dgrad_rhs": 4, "wgrad_lhs": 5, "wgrad_rhs": 6}
@@ -70,7 +80,8 @@ def _canonicalize(lhs_shape, rhs_shape, dimension_numbers) -> _Canonical:
     (lc, rc), (lb, rb) = dimension_numbers
   except (TypeError, ValueError):
     raise ValueError(
-        f"dimension_numbers must be ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)), got {dimension_numbers!r}"
+      "dimension_numbers must be ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)), "
+      f"got {dimension_numbers!r}"
     ) from None
   norm = lambda dims, nd, what: tuple(_axis(d, nd, what) for d in dims)
   lc, lb = norm(lc, len(lhs_shape), "lhs"), norm(lb, len(lhs_shape), "lhs")
@@ -94,8 +105,9 @@ def _canonicalize(lhs_shape, rhs_shape, dimension_numbers) -> _Canonical:
 
 def _dim_label(dim: str, side: str, dims: tuple[int, ...], labels) -> str:
   """The user's name of canonical dim ``dim`` (M, N or K): its lhs/rhs dims, or einsum letters when ``labels``."""
-  where = (f"{'ab'[side == 'rhs']}'s {''.join(labels[side == 'rhs'][d] for d in dims)!r}" if labels
-           else f"{side} dims {dims}")
+  where = (
+    f"{'ab'[side == 'rhs']}'s {''.join(labels[side == 'rhs'][d] for d in dims)!r}" if labels else f"{side} dims {dims}"
+  )
   return f"{dim} ({where})"
 
 
@@ -105,8 +117,10 @@ def _check_shapes(recipe: Recipe, lhs, rhs, canon: _Canonical, fn: str, labels) 
   backward, would straddle two devices)."""
   for name, a in zip(("a", "b") if labels else ("lhs", "rhs"), (lhs, rhs)):
     if a.size == 0:
-      raise ValueError(f"{fn}(recipe={recipe.name!r}): {name} of shape {a.shape} is empty; quantizing needs at least "
-                       "one element (its amax and block scales)")
+      raise ValueError(
+        f"{fn}(recipe={recipe.name!r}): {name} of shape {a.shape} is empty; quantizing needs at least "
+        "one element (its amax and block scales)"
+      )
   if not isinstance(recipe, sharding_lib.ShardedRecipe):
     return  # on one device a ragged dim is zero-padded (blocks: fp4jax.quantize; Hadamard chunks: _pad_chunks)
   sizes = dict(zip(recipes_lib.DIMS, (canon.bmk[1], canon.bnk[1], canon.bmk[2])))
@@ -114,9 +128,10 @@ def _check_shapes(recipe: Recipe, lhs, rhs, canon: _Canonical, fn: str, labels) 
     n = sizes[rule.dim]
     if rule.dim == recipe.split and n % rule.multiple:
       raise ValueError(
-          f"{fn}(recipe={recipe.name!r}): {_dim_label(rule.dim, *canon.dims[rule.dim], labels)} = {n} on each "
-          f"device of {recipe.shard_axis!r} must be a multiple of {rule.multiple} for {rule.describe(recipe.name)}: "
-          "a unit would straddle two devices; use fewer shards or a larger dim")
+        f"{fn}(recipe={recipe.name!r}): {_dim_label(rule.dim, *canon.dims[rule.dim], labels)} = {n} on each "
+        f"device of {recipe.shard_axis!r} must be a multiple of {rule.multiple} for {rule.describe(recipe.name)}: "
+        "a unit would straddle two devices; use fewer shards or a larger dim"
+      )
 
 
 def _axis(d: int, ndim: int, what: str) -> int:
@@ -182,8 +197,12 @@ def _quantize_both(static: _Static, x, key, rows: str, cols: str, signs_rows, si
   ragged = (spec_r.hadamard and x.shape[-1] % spec_r.hadamard) or (spec_c.hadamard and x.shape[-2] % spec_c.hadamard)
   if ragged or any(sharding_lib.operand_shard(r, name) for name in (rows, cols)):
     return None
-  return rotate_and_quantize_both(x, (spec_r, _fold(key, _KEY_IDS[rows]), signs_rows),
-                                  (spec_c, _fold(key, _KEY_IDS[cols]), signs_cols), backend=static.backend)
+  return rotate_and_quantize_both(
+    x,
+    (spec_r, _fold(key, _KEY_IDS[rows]), signs_rows),
+    (spec_c, _fold(key, _KEY_IDS[cols]), signs_cols),
+    backend=static.backend,
+  )
 
 
 def _forward_source(spec, raw, forward: Operand):
@@ -225,20 +244,21 @@ def _qdot_fwd(static: _Static, x, w, key, for_backward: bool = True):
     x_both = _quantize_both(static, x, key, "fwd_lhs", "wgrad_rhs", signs, signs_for(r.wgrad_lhs, bwd_key))
   if for_backward and r.dgrad_rhs.source == "input" and r.fwd_rhs.estimator != "dge":  # DGE's backward reads W
     w_both = _quantize_both(static, w, key, "fwd_rhs", "dgrad_rhs", signs, signs_for(r.dgrad_lhs, bwd_key))
-  (xq, mask_x), (wq, mask_w) = _quantize_gemm(static, "fwd", x if x_both is None else x_both[0][0],
-                                              w if w_both is None else w_both[0][0], key, signs)
+  (xq, mask_x), (wq, mask_w) = _quantize_gemm(
+    static, "fwd", x if x_both is None else x_both[0][0], w if w_both is None else w_both[0][0], key, signs
+  )
   mask_x = mask_x if x_both is None else x_both[0][1]
   mask_w = mask_w if w_both is None else w_both[0][1]
   y = matmul(xq, wq, static.precision).astype(static.out_dtype)
   res = (
-      (x if x_both is None else x_both[1][0]) if keep_x else None,  # X, or its weight-gradient operand
-      (w if w_both is None else w_both[1][0]) if keep_w else None,  # W, or its data-gradient operand
-      None if keep_x else xq,
-      wq if r.dgrad_rhs.source == "forward" else None,
-      mask_x,
-      mask_w,
-      signs,
-      key,
+    (x if x_both is None else x_both[1][0]) if keep_x else None,  # X, or its weight-gradient operand
+    (w if w_both is None else w_both[1][0]) if keep_w else None,  # W, or its data-gradient operand
+    None if keep_x else xq,
+    wq if r.dgrad_rhs.source == "forward" else None,
+    mask_x,
+    mask_w,
+    signs,
+    key,
   )
   return y, res
 
@@ -252,14 +272,14 @@ def _qdot_bwd(static: _Static, res, dy):
   dy_dgrad, dy_wgrad = (dy, dy) if both is None else (both[0][0], both[1][0])
   # dgrad: dX (B, M, K) = dY (B, M, N) . W (B, N, K), contraction over N.
   (a, _), (b, _) = _quantize_gemm(
-      static, "dgrad", dy_dgrad, _forward_source(r.dgrad_rhs, w, wq), key, dgrad_signs, (False, True)
+    static, "dgrad", dy_dgrad, _forward_source(r.dgrad_rhs, w, wq), key, dgrad_signs, (False, True)
   )
   dx = matmul(a, b, static.precision)
   if r.dgrad_rhs.source == "forward":
     dx = _to_input(dx, r.fwd_lhs, mask_x, fwd_signs, static.k)
   # wgrad: dW (B, N, K) = dYᵀ (B, N, M) . X (B, M, K), contraction over M.
   (a, _), (b, _) = _quantize_gemm(
-      static, "wgrad", dy_wgrad, _forward_source(r.wgrad_rhs, x, xq), key, wgrad_signs, (True, True)
+    static, "wgrad", dy_wgrad, _forward_source(r.wgrad_rhs, x, xq), key, wgrad_signs, (True, True)
   )
   dw = matmul(a, b, static.precision)
   if r.wgrad_rhs.source == "forward":
@@ -276,15 +296,15 @@ _qdot.defvjp(_qdot_fwd, _qdot_bwd)
 
 # ------------------------------------------------------------------------------------------------ public API
 def dot_general(
-    lhs: jax.Array,
-    rhs: jax.Array,
-    dimension_numbers,
-    *,
-    recipe: str | Recipe,
-    key: jax.Array | None = None,
-    precision=None,
-    preferred_element_type=None,
-    backend: Backend = "auto",
+  lhs: jax.Array,
+  rhs: jax.Array,
+  dimension_numbers,
+  *,
+  recipe: str | Recipe,
+  key: jax.Array | None = None,
+  precision=None,
+  preferred_element_type=None,
+  backend: Backend = "auto",
 ) -> jax.Array:
   """``jax.lax.dot_general`` whose forward and backward GEMMs are quantized by ``recipe``.
 
@@ -313,8 +333,18 @@ def dot_general(
   return _dot_general(lhs, rhs, dimension_numbers, recipe, key, precision, preferred_element_type, backend)
 
 
-def _dot_general(lhs, rhs, dimension_numbers, recipe, key, precision, preferred_element_type, backend,
-                 fn: str = "fp4jax.dot_general", labels: tuple[str, str] | None = None) -> jax.Array:
+def _dot_general(
+  lhs,
+  rhs,
+  dimension_numbers,
+  recipe,
+  key,
+  precision,
+  preferred_element_type,
+  backend,
+  fn: str = "fp4jax.dot_general",
+  labels: tuple[str, str] | None = None,
+) -> jax.Array:
   """``dot_general``; errors name ``fn`` and the user's dims (einsum letters where ``labels`` are given)."""
   recipe = recipes_lib.get(recipe)
   backend = backends_lib.check(backend, fn)
@@ -325,12 +355,12 @@ def _dot_general(lhs, rhs, dimension_numbers, recipe, key, precision, preferred_
   canon = _canonicalize(lhs.shape, rhs.shape, dimension_numbers)
   if recipe.is_identity:
     return jax.lax.dot_general(
-        lhs, rhs, canon.dimension_numbers, precision=precision, preferred_element_type=preferred_element_type
+      lhs, rhs, canon.dimension_numbers, precision=precision, preferred_element_type=preferred_element_type
     )
   if recipe.is_random and key is None:
     raise ValueError(
-        f"recipe {recipe.name!r} is random (stochastic rounding, MS-EDEN or random Hadamard signs): "
-        "pass key=jax.random.key(...)"
+      f"recipe {recipe.name!r} is random (stochastic rounding, MS-EDEN or random Hadamard signs): "
+      "pass key=jax.random.key(...)"
     )
   _check_shapes(recipe, lhs, rhs, canon, fn, labels)
   out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
@@ -341,15 +371,15 @@ def _dot_general(lhs, rhs, dimension_numbers, recipe, key, precision, preferred_
 
 
 def einsum(
-    spec: str,
-    a: jax.Array,
-    b: jax.Array,
-    *,
-    recipe: str | Recipe,
-    key: jax.Array | None = None,
-    precision=None,
-    preferred_element_type=None,
-    backend: Backend = "auto",
+  spec: str,
+  a: jax.Array,
+  b: jax.Array,
+  *,
+  recipe: str | Recipe,
+  key: jax.Array | None = None,
+  precision=None,
+  preferred_element_type=None,
+  backend: Backend = "auto",
 ) -> jax.Array:
   """Two-operand ``jnp.einsum`` lowered to ``fp4jax.dot_general`` (``b`` is the weight-like operand).
 
@@ -364,8 +394,8 @@ def einsum(
   batch = [c for c in in_a if c in in_b and c in out]
   contract = [c for c in in_a if c in in_b and c not in out]
   dn = (
-      (tuple(in_a.index(c) for c in contract), tuple(in_b.index(c) for c in contract)),
-      (tuple(in_a.index(c) for c in batch), tuple(in_b.index(c) for c in batch)),
+    (tuple(in_a.index(c) for c in contract), tuple(in_b.index(c) for c in contract)),
+    (tuple(in_a.index(c) for c in batch), tuple(in_b.index(c) for c in batch)),
   )
   y = _dot_general(a, b, dn, recipe, key, precision, preferred_element_type, backend, "fp4jax.einsum", (in_a, in_b))
   labels = batch + [c for c in in_a if c not in in_b] + [c for c in in_b if c not in in_a]

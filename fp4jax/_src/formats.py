@@ -265,8 +265,9 @@ class FP8Format(Format):
       if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"FP8Format.{field} must be a positive int, got {v!r}")
     if self.exponent_bits + self.mantissa_bits != 7:
-      raise ValueError(f"FP8Format: exponent_bits + mantissa_bits must be 7, got {self.exponent_bits} + "
-                       f"{self.mantissa_bits}")
+      raise ValueError(
+        f"FP8Format: exponent_bits + mantissa_bits must be 7, got {self.exponent_bits} + {self.mantissa_bits}"
+      )
     if not 0 < self.max < 2.0 ** (2 ** (self.exponent_bits - 1) + 1):
       raise ValueError(f"FP8Format.max must be a positive finite value of the format, got {self.max!r}")
 

@@ -38,8 +38,9 @@ def current_scale(x: jax.Array, fmt: FP8Format, *, pow2_scale: bool = False, ama
   return jnp.where(jnp.isfinite(amax), s, jnp.float32(jnp.nan))
 
 
-def quantize_fp8(x: jax.Array, fmt: FP8Format, *, pow2_scale: bool = False,
-                 amax=None) -> tuple[jnp.ndarray, jnp.ndarray]:
+def quantize_fp8(
+  x: jax.Array, fmt: FP8Format, *, pow2_scale: bool = False, amax=None
+) -> tuple[jnp.ndarray, jnp.ndarray]:
   """``(v, inv_scale)``: float32 values ``v`` on the FP8 grid and the fp32 decode scale, ``x ≈ v · inv_scale``
   (``amax``: see ``current_scale``).
 

@@ -133,7 +133,9 @@ def rotated(x: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.n
   return rtn_bf16(y) if x.dtype == jnp.bfloat16 else y
 
 
-def inverse_hadamard(y: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.ndarray | None = None) -> jnp.ndarray:
+def inverse_hadamard(
+  y: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.ndarray | None = None
+) -> jnp.ndarray:
   """Inverse (= transpose) of ``hadamard``: ``x_chunk = (y_chunk · H_d / sqrt(d)) ⊙ signs``; float32 result."""
   check_size(d)
   chunks, moved_shape, axis = _chunked(y.astype(jnp.float32), d, axis)
@@ -158,8 +160,12 @@ def _transform(chunks: jnp.ndarray, signs: jnp.ndarray, d: int, inverse: bool) -
   """The module docstring's IEEE transform of the last axis: ``(x ⊙ s) · H_d / sqrt(d)`` or, ``inverse``,
   ``(x · H_d / sqrt(d)) ⊙ s``: by exact ``2^k`` scaling on the CPU, whose XLA flushes subnormals, and directly in
   float32 elsewhere (a GPU computes IEEE float32 with subnormals natively)."""
-  return lax.platform_dependent(chunks, signs, cpu=functools.partial(_scaled, d=d, inverse=inverse),
-                                default=functools.partial(_direct, d=d, inverse=inverse))
+  return lax.platform_dependent(
+    chunks,
+    signs,
+    cpu=functools.partial(_scaled, d=d, inverse=inverse),
+    default=functools.partial(_direct, d=d, inverse=inverse),
+  )
 
 
 def _scaled(chunks: jnp.ndarray, signs: jnp.ndarray, *, d: int, inverse: bool) -> jnp.ndarray:

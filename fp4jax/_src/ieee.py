@@ -56,10 +56,12 @@ def _finite(x: jnp.ndarray) -> jnp.ndarray:
 def _special(a: jnp.ndarray, b: jnp.ndarray, op) -> jnp.ndarray:
   """``op(a, b)`` by the backend where an operand is zero, Inf or NaN: a subnormal other operand is replaced by
   ±1 first (same sign, so the same zero / Inf / NaN result) so that a flushing backend cannot turn 0·Inf into NaN."""
+
   def unflushed(x):
     bits = lax.bitcast_convert_type(x, jnp.uint32)
     sub = ((bits & _INF) == 0) & ((bits & _MANT) != 0)
     return jnp.where(sub, lax.bitcast_convert_type((bits & jnp.uint32(0x80000000)) | _ONE, jnp.float32), x)
+
   return op(unflushed(a), unflushed(b))
 
 
@@ -225,4 +227,3 @@ def floor_significand_quotient(ma: jnp.ndarray, mb: jnp.ndarray, q: jnp.ndarray)
     over = r >= bi
     q, r = jnp.where(over, q + _U1, q), jnp.where(over, r - bi, r)
   return q, r
-

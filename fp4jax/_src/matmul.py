@@ -71,28 +71,42 @@ def packed_matmul(x: jax.Array | QTensor, w: QTensor, *, out_dtype=None, backend
 def _check(x, w) -> None:
   """Trace-time checks of ``packed_matmul``'s operands (errors name the argument and the expected layout)."""
   if not isinstance(w, QTensor):
-    raise TypeError(f"fp4jax.packed_matmul: w must be a QTensor (fp4jax.flax.pack / fp4jax.quantize of a (K, N) "
-                    f"weight), got {type(w).__name__}")
+    raise TypeError(
+      f"fp4jax.packed_matmul: w must be a QTensor (fp4jax.flax.pack / fp4jax.quantize of a (K, N) "
+      f"weight), got {type(w).__name__}"
+    )
   if len(w.shape) != 2 or w.axis != 0:
-    raise ValueError(f"fp4jax.packed_matmul: w must be a 2-D (K, N) QTensor quantized along axis 0 (K), got shape "
-                     f"{w.shape} quantized along axis {w.axis}")
+    raise ValueError(
+      f"fp4jax.packed_matmul: w must be a 2-D (K, N) QTensor quantized along axis 0 (K), got shape "
+      f"{w.shape} quantized along axis {w.axis}"
+    )
   k = w.shape[0]
   if isinstance(x, QTensor):
     if len(x.shape) < 1 or x.axis != len(x.shape) - 1:
-      raise ValueError(f"fp4jax.packed_matmul: a QTensor x must be quantized along its last axis (K), got shape "
-                       f"{x.shape} quantized along axis {x.axis}")
+      raise ValueError(
+        f"fp4jax.packed_matmul: a QTensor x must be quantized along its last axis (K), got shape "
+        f"{x.shape} quantized along axis {x.axis}"
+      )
     if x.hadamard != w.hadamard:
-      raise ValueError(f"fp4jax.packed_matmul: x and w must share the Hadamard domain, got hadamard={x.hadamard} "
-                       f"for x and {w.hadamard} for w")
+      raise ValueError(
+        f"fp4jax.packed_matmul: x and w must share the Hadamard domain, got hadamard={x.hadamard} "
+        f"for x and {w.hadamard} for w"
+      )
     if x.hadamard and _differ(x.signs, w.signs):
-      raise ValueError("fp4jax.packed_matmul: x and w were rotated with different Hadamard sign vectors (quantize x "
-                       "with w's hadamard_signs)")
+      raise ValueError(
+        "fp4jax.packed_matmul: x and w were rotated with different Hadamard sign vectors (quantize x "
+        "with w's hadamard_signs)"
+      )
   elif not (hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) and jnp.ndim(x) >= 1):
-    raise TypeError(f"fp4jax.packed_matmul: x must be a floating-point array [..., K] or a QTensor, got "
-                    f"{getattr(x, 'dtype', type(x).__name__)} of shape {jnp.shape(x)}")
+    raise TypeError(
+      f"fp4jax.packed_matmul: x must be a floating-point array [..., K] or a QTensor, got "
+      f"{getattr(x, 'dtype', type(x).__name__)} of shape {jnp.shape(x)}"
+    )
   if x.shape[-1] != k:
-    raise ValueError(f"fp4jax.packed_matmul: x's last axis ({x.shape[-1]}, shape {tuple(x.shape)}) must be w's K "
-                     f"({k}, w of shape {w.shape})")
+    raise ValueError(
+      f"fp4jax.packed_matmul: x's last axis ({x.shape[-1]}, shape {tuple(x.shape)}) must be w's K "
+      f"({k}, w of shape {w.shape})"
+    )
 
 
 def _differ(a, b) -> bool:
@@ -108,17 +122,31 @@ def _fold(x):
     return x.reshape(-1, x.shape[-1])
   rows = int(np.prod(x.shape[:-1], dtype=np.int64))
   if len(x.block_shape) == 2 and len(x.shape) > 2 and x.shape[-2] % x.block_shape[0]:  # tiles must fold whole
-    raise ValueError(f"fp4jax.packed_matmul: a QTensor x with {x.block_shape} tiles and leading dims needs "
-                       f"shape[-2] a multiple of {x.block_shape[0]}, got shape {x.shape}")
+    raise ValueError(
+      f"fp4jax.packed_matmul: a QTensor x with {x.block_shape} tiles and leading dims needs "
+      f"shape[-2] a multiple of {x.block_shape[0]}, got shape {x.shape}"
+    )
   codes = x.codes.reshape(-1, x.codes.shape[-1])
   scales = x.scales.reshape(-1, x.scales.shape[-1])
-  return QTensor(codes=codes, scales=scales, global_scale=x.global_scale, signs=x.signs, shape=(rows, x.shape[-1]),
-                 axis=1, fmt=x.fmt, block_shape=x.block_shape, hadamard=x.hadamard, dtype=x.dtype)
+  return QTensor(
+    codes=codes,
+    scales=scales,
+    global_scale=x.global_scale,
+    signs=x.signs,
+    shape=(rows, x.shape[-1]),
+    axis=1,
+    fmt=x.fmt,
+    block_shape=x.block_shape,
+    hadamard=x.hadamard,
+    dtype=x.dtype,
+  )
 
 
 def _is_zero(tangent) -> bool:
-  return all(isinstance(t, jax.custom_derivatives.SymbolicZero) for t in jax.tree.leaves(
-      tangent, is_leaf=lambda t: isinstance(t, jax.custom_derivatives.SymbolicZero)))
+  return all(
+    isinstance(t, jax.custom_derivatives.SymbolicZero)
+    for t in jax.tree.leaves(tangent, is_leaf=lambda t: isinstance(t, jax.custom_derivatives.SymbolicZero))
+  )
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
@@ -131,9 +159,11 @@ def _packed_matmul_jvp(out_dtype, backend, primals, tangents):
   x, w = primals
   tx, tw = tangents
   if not _is_zero(tw) or (isinstance(x, QTensor) and not _is_zero(tx)):
-    raise ValueError("fp4jax.packed_matmul is inference only: it has no derivative with respect to a packed QTensor "
-                     "operand (integer codes). Train the high-precision weights (fp4jax.flax layers) and pack them "
-                     "for inference; differentiate only with respect to an array x")
+    raise ValueError(
+      "fp4jax.packed_matmul is inference only: it has no derivative with respect to a packed QTensor "
+      "operand (integer codes). Train the high-precision weights (fp4jax.flax layers) and pack them "
+      "for inference; differentiate only with respect to an array x"
+    )
   y = _packed_matmul(x, w, out_dtype, backend)
   if _is_zero(tx):
     return y, jnp.zeros_like(y)

@@ -53,7 +53,8 @@ def tree_cosine(a, b) -> jax.Array:
 
 
 def tree_misalignment(exact, approx) -> jax.Array:
-  """1 − ⟨g, ĝ⟩ / ⟨g, g⟩ over pytrees: the relative shrinkage of ``approx`` along ``exact`` (0 if unbiased on average)."""
+  """1 − ⟨g, ĝ⟩ / ⟨g, g⟩ over pytrees: the relative shrinkage of ``approx`` along ``exact`` (0 if unbiased on
+  average)."""
   return 1.0 - _tree_dot(exact, approx) / _tree_dot(exact, exact)
 
 

@@ -37,8 +37,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fp4jax._src import backends, estimators, fp8
 from fp4jax._src import bits as bits_lib
-from fp4jax._src import backends, estimators, fp8, hadamard as hadamard_lib
+from fp4jax._src import hadamard as hadamard_lib
 from fp4jax._src.backends import Backend
 from fp4jax._src.formats import E2M1_MAX, E2M1ChannelFormat, FP4Format, FP8Format, e2m1_decode, floor_log2, pow2
 from fp4jax._src.ieee import div_rn
@@ -60,7 +61,7 @@ class Operand(NamedTuple):
   def dequantize(self) -> jax.Array:
     return self.values.astype(jnp.float32) * self.scale
 
-  def swap_last(self) -> "Operand":
+  def swap_last(self) -> Operand:
     """The operand with its last two axes swapped; per-row scales would then lie along the contraction axis, so
     such an operand is dequantized first (float32, exact)."""
     if jnp.ndim(self.scale):
@@ -83,8 +84,8 @@ def rotate(x: jax.Array, d: int, signs: jax.Array | None) -> jax.Array:
   """Blockwise randomized Hadamard of the last axis (float32; bf16 inputs rounded once to bf16, as TE)."""
   if x.shape[-1] % d:
     raise ValueError(
-        f"Hadamard size {d} must divide the contraction length {x.shape[-1]} of this GEMM operand (shape {x.shape}); "
-        "pad the dimension or use a recipe variant with a smaller Hadamard size"
+      f"Hadamard size {d} must divide the contraction length {x.shape[-1]} of this GEMM operand (shape {x.shape}); "
+      "pad the dimension or use a recipe variant with a smaller Hadamard size"
     )
   return hadamard_lib.rotated(x, d, signs=signs)
 
@@ -153,8 +154,11 @@ def _block_fp4(x: jax.Array, spec: OperandSpec, key, shard=None) -> tuple[Operan
 
 
 def rotate_and_quantize_both(
-    x: jax.Array, rows: tuple[OperandSpec, jax.Array | None, jax.Array | None],
-    cols: tuple[OperandSpec, jax.Array | None, jax.Array | None], *, backend: Backend = "auto",
+  x: jax.Array,
+  rows: tuple[OperandSpec, jax.Array | None, jax.Array | None],
+  cols: tuple[OperandSpec, jax.Array | None, jax.Array | None],
+  *,
+  backend: Backend = "auto",
 ) -> tuple[tuple[Operand, jax.Array | None], tuple[Operand, jax.Array | None]] | None:
   """``(rotate_and_quantize(x, *rows), rotate_and_quantize(x, *cols, transposed=True))``, each ``(spec, key,
   signs)``, by one implementation of ``PAIR_OP`` for both: one tensor quantized for two GEMMs (X for the forward and
@@ -179,7 +183,7 @@ def _resolve(backend: Backend, spec: OperandSpec, where: str) -> Backend:
 
 
 def quantize_operand(
-    x: jax.Array, spec: OperandSpec, key: jax.Array | None, *, backend: Backend = "auto", shard=None
+  x: jax.Array, spec: OperandSpec, key: jax.Array | None, *, backend: Backend = "auto", shard=None
 ) -> tuple[Operand, jax.Array | None]:
   """Quantize ``x`` along its last axis (already rotated if the GEMM has a Hadamard) as ``spec`` says.
 
@@ -191,13 +195,20 @@ def quantize_operand(
   backend = _resolve(backend, spec, "fp4jax.operand.quantize_operand")
   if shard is not None:
     return _sharded_quantize(x, spec, key, backend, shard)
-  return backends.run(QUANTIZE_OP, backend, x, spec, key, None, fused_hadamard=False, transposed=False,
-                      auto=backend == "auto")
+  return backends.run(
+    QUANTIZE_OP, backend, x, spec, key, None, fused_hadamard=False, transposed=False, auto=backend == "auto"
+  )
 
 
 def rotate_and_quantize(
-    x: jax.Array, spec: OperandSpec, key: jax.Array | None, signs: jax.Array | None, *, backend: Backend = "auto",
-    transposed: bool = False, shard=None,
+  x: jax.Array,
+  spec: OperandSpec,
+  key: jax.Array | None,
+  signs: jax.Array | None,
+  *,
+  backend: Backend = "auto",
+  transposed: bool = False,
+  shard=None,
 ) -> tuple[Operand, jax.Array | None]:
   """``quantize_operand(rotate(xt, spec.hadamard, signs), spec, key)`` with ``xt = swapaxes(x, -1, -2)`` when
   ``transposed`` (a backward GEMM's Wᵀ, dYᵀ or Xᵀ), else ``x``; no rotation when ``spec.hadamard`` is 0.
@@ -213,12 +224,14 @@ def rotate_and_quantize(
     shard.check(shape, spec, "fp4jax.operand.rotate_and_quantize")
     x = jnp.swapaxes(x, -1, -2) if transposed else x
     return _sharded_quantize(rotate(x, spec.hadamard, signs) if spec.hadamard else x, spec, key, backend, shard)
-  return backends.run(QUANTIZE_OP, backend, x, spec, key, signs, fused_hadamard=True, transposed=transposed,
-                      auto=backend == "auto")
+  return backends.run(
+    QUANTIZE_OP, backend, x, spec, key, signs, fused_hadamard=True, transposed=transposed, auto=backend == "auto"
+  )
 
 
-def _xla_quantize_operand(x: jax.Array, spec: OperandSpec, key, signs, *, fused_hadamard: bool, transposed: bool,
-                          auto: bool) -> tuple[Operand, jax.Array | None]:
+def _xla_quantize_operand(
+  x: jax.Array, spec: OperandSpec, key, signs, *, fused_hadamard: bool, transposed: bool, auto: bool
+) -> tuple[Operand, jax.Array | None]:
   """``QUANTIZE_OP``'s XLA implementation: transpose (``transposed``), rotate (``fused_hadamard`` and
   ``spec.hadamard``), then ``_quantize``; it takes every case."""
   del auto
@@ -309,8 +322,9 @@ def matmul(a: Operand, b: Operand, precision=None) -> jax.Array:
 
 def _dot(a: jax.Array, b: jax.Array, precision) -> jax.Array:
   """(B, R, C) x (B, S, C) -> (B, R, S), fp32 accumulation and result."""
-  return jax.lax.dot_general(a, b, (((2,), (2,)), ((0,), (0,))), precision=precision,
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+    a, b, (((2,), (2,)), ((0,), (0,))), precision=precision, preferred_element_type=jnp.float32
+  )
 
 
 backends.register(QUANTIZE_OP, "xla", _xla_quantize_operand)

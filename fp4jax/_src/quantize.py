@@ -147,9 +147,9 @@ class BlockLayout:
 
 # ------------------------------------------------------------------------------------------------ QTensor
 @functools.partial(
-    jax.tree_util.register_dataclass,
-    data_fields=["codes", "scales", "global_scale", "signs"],
-    meta_fields=["shape", "axis", "fmt", "block_shape", "hadamard", "dtype"],
+  jax.tree_util.register_dataclass,
+  data_fields=["codes", "scales", "global_scale", "signs"],
+  meta_fields=["shape", "axis", "fmt", "block_shape", "hadamard", "dtype"],
 )
 @dataclasses.dataclass(frozen=True)
 class QTensor:
@@ -231,8 +231,9 @@ def _finish(y, hadamard: int, signs, axis: int, rotated: bool, dtype) -> jnp.nda
 def check_quantize_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_signs):
   """Validate ``quantize``'s arguments; returns (normalized axis, block shape, Hadamard size or 0)."""
   if not isinstance(fmt, FP4Format):
-    raise TypeError(f"fmt must be an FP4Format such as fp4jax.NVFP4 or fp4jax.MXFP4 (a format object, not a name), "
-                    f"got {fmt!r}")
+    raise TypeError(
+      f"fmt must be an FP4Format such as fp4jax.NVFP4 or fp4jax.MXFP4 (a format object, not a name), got {fmt!r}"
+    )
   if not jnp.issubdtype(x.dtype, jnp.floating):
     raise TypeError(f"x must be a floating-point array, got dtype {x.dtype}")
   if x.ndim == 0:
@@ -273,7 +274,9 @@ def check_quantize_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_
     if not fmt.takes_eden or len(block) != 1:
       raise ValueError("rounding='eden' is MS-EDEN for NVFP4 1x16 blocks: use fp4jax.NVFP4 and no block_shape")
   if fmt.scale_mode == "four_over_six" and rounding != "rtn":
-    raise ValueError(f"scale_mode 'four_over_six' chooses scales by RTN error; rounding must be 'rtn', got {rounding!r}")
+    raise ValueError(
+      f"scale_mode 'four_over_six' chooses scales by RTN error; rounding must be 'rtn', got {rounding!r}"
+    )
   return axis, block, hadamard
 
 
@@ -297,8 +300,9 @@ def hadamard_sign_vector(hadamard, hadamard_signs, key):
   return hadamard_lib.random_signs(key, hadamard)
 
 
-def quantize_blocks(xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, scale_bits, amax=None,
-                    tensor_scales=None):
+def quantize_blocks(
+  xb, lay: BlockLayout, fmt: FP4Format, rounding: str, bits, scale_bits, amax=None, tensor_scales=None
+):
   """The block numerics of ``quantize``, shared with the Pallas kernels (which call it on one tile).
 
   Blocked fp32 ``xb`` -> (codes, fp32 block scales (keep-dims), tensor decode scale, E8M0 exponents or None).
@@ -353,9 +357,7 @@ def _run(x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs):
   xf = hadamard_lib.rotated(x, hadamard, axis=axis, signs=signs) if hadamard else x.astype(jnp.float32)
   lay = BlockLayout(x.shape, axis, block)
   bits = lay.to_blocks(bits_lib.random_bits(k_elems, x.shape)) if rounding == "sr" else None
-  scale_bits = (
-      lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape)) if rounding == "eden" else None
-  )
+  scale_bits = lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape)) if rounding == "eden" else None
   codes, dec, global_scale, exps = quantize_blocks(lay.to_blocks(xf), lay, fmt, rounding, bits, scale_bits)
   return lay, codes, dec, global_scale, exps, signs, hadamard
 
@@ -367,22 +369,23 @@ def _static_block_shape(block_shape):
   """``block_shape`` as a tuple of ints (None stays None); TypeError unless it is a sequence of ints."""
   if block_shape is None:
     return None
-  if (not isinstance(block_shape, (tuple, list))
-      or not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in block_shape)):
+  if not isinstance(block_shape, (tuple, list)) or not all(
+    isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in block_shape
+  ):
     raise TypeError(f"block_shape must be None or a tuple of ints such as (16,) or (16, 16), got {block_shape!r}")
   return tuple(int(b) for b in block_shape)
 
 
 def quantize(
-    x: jax.Array,
-    fmt: FP4Format,
-    *,
-    axis: int = -1,
-    rounding: str = "rtn",
-    key: jax.Array | None = None,
-    block_shape: tuple[int, ...] | None = None,
-    hadamard: int | str | None = "auto",
-    hadamard_signs: str = "random",
+  x: jax.Array,
+  fmt: FP4Format,
+  *,
+  axis: int = -1,
+  rounding: str = "rtn",
+  key: jax.Array | None = None,
+  block_shape: tuple[int, ...] | None = None,
+  hadamard: int | str | None = "auto",
+  hadamard_signs: str = "random",
 ) -> QTensor:
   """Quantize ``x`` to a block-scaled FP4 ``QTensor`` along ``axis``.
 
@@ -405,43 +408,49 @@ def quantize(
     ValueError: ``x`` a scalar or empty, ``axis`` out of range, or an option the format does not take.
   """
   return _quantize_jit(
-      jnp.asarray(x), fmt=fmt, axis=axis, rounding=rounding, key=key, block_shape=_static_block_shape(block_shape),
-      hadamard=hadamard, hadamard_signs=hadamard_signs,
+    jnp.asarray(x),
+    fmt=fmt,
+    axis=axis,
+    rounding=rounding,
+    key=key,
+    block_shape=_static_block_shape(block_shape),
+    hadamard=hadamard,
+    hadamard_signs=hadamard_signs,
   )
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def _quantize_jit(x, *, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs) -> QTensor:
   lay, codes, dec, global_scale, exps, signs, hadamard = _run(
-      x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs
+    x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs
   )
   scales = fmt.encode_scales(lay.scales_from_blocks(dec), None if exps is None else lay.scales_from_blocks(exps))
   return QTensor(
-      codes=_pack(codes, lay),
-      scales=scales,
-      global_scale=jnp.asarray(global_scale, jnp.float32),
-      signs=signs,
-      shape=tuple(x.shape),
-      axis=lay.axis,
-      fmt=fmt,
-      block_shape=lay.block,
-      hadamard=hadamard,
-      dtype=jnp.asarray(x).dtype,
+    codes=_pack(codes, lay),
+    scales=scales,
+    global_scale=jnp.asarray(global_scale, jnp.float32),
+    signs=signs,
+    shape=tuple(x.shape),
+    axis=lay.axis,
+    fmt=fmt,
+    block_shape=lay.block,
+    hadamard=hadamard,
+    dtype=jnp.asarray(x).dtype,
   )
 
 
 def fake_quantize(
-    x: jax.Array,
-    fmt: FP4Format,
-    *,
-    axis: int = -1,
-    rounding: str = "rtn",
-    key: jax.Array | None = None,
-    block_shape: tuple[int, ...] | None = None,
-    hadamard: int | str | None = "auto",
-    hadamard_signs: str = "random",
-    rotated: bool = False,
-    dtype: Any = None,
+  x: jax.Array,
+  fmt: FP4Format,
+  *,
+  axis: int = -1,
+  rounding: str = "rtn",
+  key: jax.Array | None = None,
+  block_shape: tuple[int, ...] | None = None,
+  hadamard: int | str | None = "auto",
+  hadamard_signs: str = "random",
+  rotated: bool = False,
+  dtype: Any = None,
 ) -> jax.Array:
   """``quantize(x, ...).dequantize(dtype)`` without packing: the same bits, fewer passes.
 
@@ -449,7 +458,7 @@ def fake_quantize(
   rotation consumes); ``dtype`` defaults to ``x.dtype``. Arguments and errors as ``quantize``.
   """
   lay, codes, dec, global_scale, _, signs, hadamard = _run(
-      x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs
+    x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs
   )
   y = lay.from_blocks(decode_blocks(codes, dec, global_scale))
   return _finish(y, hadamard, signs, lay.axis, rotated, dtype or jnp.asarray(x).dtype)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Literal, get_args
+from collections.abc import Callable
+from typing import Literal, get_args
 
 from fp4jax._src import hadamard as hadamard_lib
 from fp4jax._src.formats import (
@@ -90,8 +91,10 @@ class OperandSpec:
   def __post_init__(self):
     fmt = self.fmt
     if not (fmt is None or isinstance(fmt, Format)):
-      raise TypeError(f"OperandSpec.fmt must be None or a format object: fp4jax.formats.NVFP4, MXFP4, E4M3, E5M2, "
-                      f"E2M1_CHANNEL (or a variant of one); got {fmt!r} of type {type(fmt).__name__}")
+      raise TypeError(
+        f"OperandSpec.fmt must be None or a format object: fp4jax.formats.NVFP4, MXFP4, E4M3, E5M2, "
+        f"E2M1_CHANNEL (or a variant of one); got {fmt!r} of type {type(fmt).__name__}"
+      )
     if self.rounding not in ("rtn", "sr", "eden"):
       raise ValueError(f"OperandSpec.rounding must be 'rtn', 'sr' or 'eden', got {self.rounding!r}")
     if self.rounding != "rtn" and not isinstance(fmt, FP4Format):
@@ -119,8 +122,10 @@ class OperandSpec:
     if self.amax not in get_args(AmaxScope):
       raise ValueError(f"OperandSpec.amax must be one of {get_args(AmaxScope)}, got {self.amax!r}")
     if self.amax == "row" and (fmt is None or self.block_shape is not None):
-      raise ValueError(f"OperandSpec.amax='row' needs a quantized fmt with 1D blocks (one scale per row), got "
-                       f"fmt={fmt!r}, block_shape={self.block_shape}")
+      raise ValueError(
+        f"OperandSpec.amax='row' needs a quantized fmt with 1D blocks (one scale per row), got "
+        f"fmt={fmt!r}, block_shape={self.block_shape}"
+      )
 
   @property
   def is_random(self) -> bool:
@@ -138,8 +143,14 @@ REUSE_FORWARD = OperandSpec(source="forward")
 # The canonical GEMM dims (fp4jax.dot: X (B, M, K), W (B, N, K)) by name, and each GEMM's contraction dim.
 DIMS = ("tokens", "outputs", "inputs")  # M, N, K (the names of fp4jax.sharding's splits)
 CONTRACTION = {"fwd": "inputs", "dgrad": "outputs", "wgrad": "tokens"}
-_OTHER_DIM = {"fwd_lhs": "tokens", "fwd_rhs": "outputs", "dgrad_lhs": "tokens", "dgrad_rhs": "inputs",
-              "wgrad_lhs": "outputs", "wgrad_rhs": "inputs"}  # each operand's non-contraction dim
+_OTHER_DIM = {
+  "fwd_lhs": "tokens",
+  "fwd_rhs": "outputs",
+  "dgrad_lhs": "tokens",
+  "dgrad_rhs": "inputs",
+  "wgrad_lhs": "outputs",
+  "wgrad_rhs": "inputs",
+}  # each operand's non-contraction dim
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,20 +199,24 @@ class Recipe:
       lhs, rhs = self.operands(gemm)
       if (lhs.hadamard, lhs.signs) != (rhs.hadamard, rhs.signs):
         raise ValueError(
-            f"recipe {self.name!r}: both {gemm} operands must share the Hadamard size and signs so the rotation "
-            f"cancels; got ({lhs.hadamard}, {lhs.signs!r}) and ({rhs.hadamard}, {rhs.signs!r})"
+          f"recipe {self.name!r}: both {gemm} operands must share the Hadamard size and signs so the rotation "
+          f"cancels; got ({lhs.hadamard}, {lhs.signs!r}) and ({rhs.hadamard}, {rhs.signs!r})"
         )
     for field in ("dgrad_lhs", "dgrad_rhs", "wgrad_lhs", "wgrad_rhs"):
       spec = getattr(self, field)
       if spec.estimator != "ste" or spec.clip != "none":
-        raise ValueError(f"recipe {self.name!r}: {field} is a backward operand; estimators and clipping are forward-only")
+        raise ValueError(
+          f"recipe {self.name!r}: {field} is a backward operand; estimators and clipping are forward-only"
+        )
     for field in ("fwd_lhs", "fwd_rhs", "dgrad_lhs", "wgrad_lhs"):
       if getattr(self, field).source != "input":
         raise ValueError(f"recipe {self.name!r}: {field}.source must be 'input' (only W and X can come from forward)")
     for fwd, bwd in (("fwd_lhs", "dgrad_rhs"), ("fwd_rhs", "wgrad_rhs")):
       est = getattr(self, fwd).estimator
       if est == "trust_mask" and getattr(self, bwd).source != "forward":
-        raise ValueError(f"recipe {self.name!r}: {fwd} trust_mask acts in the forward domain; set {bwd}.source='forward'")
+        raise ValueError(
+          f"recipe {self.name!r}: {fwd} trust_mask acts in the forward domain; set {bwd}.source='forward'"
+        )
       if est == "dge" and self.fwd_lhs.hadamard:
         raise ValueError(f"recipe {self.name!r}: {fwd} dge needs an unrotated forward (fwd hadamard=0)")
 
@@ -294,9 +309,11 @@ def quartet() -> Recipe:
   forward-quantized tensors.
   """
   fwd = OperandSpec(
-      fmt=dataclasses.replace(MXFP4, scale_mode="quest"), hadamard=32, signs="none", estimator="trust_mask"
+    fmt=dataclasses.replace(MXFP4, scale_mode="quest"), hadamard=32, signs="none", estimator="trust_mask"
   )
-  bwd = OperandSpec(fmt=dataclasses.replace(MXFP4, scale_mode="floor_headroom"), rounding="sr", hadamard=32, signs="random")
+  bwd = OperandSpec(
+    fmt=dataclasses.replace(MXFP4, scale_mode="floor_headroom"), rounding="sr", hadamard=32, signs="random"
+  )
   from_fwd = dataclasses.replace(bwd, source="forward")
   return Recipe("quartet", fwd, fwd, bwd, from_fwd, bwd, from_fwd)
 
@@ -336,13 +353,13 @@ def ms_fp4(*, pow2_scale: bool = False, fp4_gradients: bool = False, clip_quanti
 
 
 _REGISTRY: dict[str, Callable[[], Recipe]] = {
-    "bf16": bf16,
-    "fp8": fp8,
-    "nvfp4_rtn": nvfp4_rtn,
-    "nvidia_nvfp4": nvidia_nvfp4,
-    "quartet": quartet,
-    "quartet2": quartet2,
-    "ms_fp4": ms_fp4,
+  "bf16": bf16,
+  "fp8": fp8,
+  "nvfp4_rtn": nvfp4_rtn,
+  "nvidia_nvfp4": nvidia_nvfp4,
+  "quartet": quartet,
+  "quartet2": quartet2,
+  "ms_fp4": ms_fp4,
 }
 
 
@@ -392,5 +409,6 @@ def causal(recipe: str | Recipe) -> Recipe:
   recipe = get(recipe)
   if recipe.fwd_lhs.fmt is None or recipe.fwd_lhs.amax == "row":
     return recipe
-  return dataclasses.replace(recipe, name=f"{recipe.name}:causal",
-                             fwd_lhs=dataclasses.replace(recipe.fwd_lhs, amax="row"))
+  return dataclasses.replace(
+    recipe, name=f"{recipe.name}:causal", fwd_lhs=dataclasses.replace(recipe.fwd_lhs, amax="row")
+  )

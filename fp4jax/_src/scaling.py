@@ -18,10 +18,10 @@ itself is made in ``fp4jax.quantize``); MS-EDEN 255.99·V_MAX_EDEN, t = V_MAX_ED
 corrected scale cannot overflow E4M3).
 
 MXFP4 (OCP MX v1.0; power-of-two ``float8_e8m0fnu`` scales 2^e, e in [-127, 127]):
-``"floor"`` e = floor(log2 amax_b) - 2 (elements clamp at ±6); ``"rceil"`` e = ceil(log2(amax_b / 6)) in exact arithmetic, the smallest e with 6·2^e >= amax_b (no clipping);
+``"floor"`` e = floor(log2 amax_b) - 2 (elements clamp at ±6); ``"rceil"`` e = ceil(log2(amax_b / 6)) in exact
+arithmetic, the smallest e with 6·2^e >= amax_b (no clipping);
 ``"floor_headroom"`` e as "floor" with elements pre-scaled by 3/4 (``x·0.75·2^-e`` rounded once) so amax_b/s lands
-in [3, 6) (Quartet backward,
-after Tseng et al. arXiv 2502.20586; the 4/3 is returned in the tensor decode scale);
+in [3, 6) (Quartet backward, after Tseng et al. arXiv 2502.20586; the 4/3 is returned in the tensor decode scale);
 ``"quest"`` e = floor(log2(0.48708·σ_b + 1e-8)) with σ_b the block's standard deviation (QuEST / Quartet forward,
 0.48708 = 2.92247856/6, the MSE-optimal E2M1 clip of N(0,1)); ``"quest_nearest"`` the nearest power of two instead
 (log-domain nearest: round up iff mantissa >= sqrt 2). All-zero blocks get e = -127, the smallest scale.

@@ -59,9 +59,9 @@ from fp4jax._src.reductions import leading_pairwise_sum
 # The dim of each operand of fp4jax.dot's canonical form (X (B, M, K), W (B, N, K); dgrad dY (B, M, N), Wᵀ (B, K, N);
 # wgrad dYᵀ (B, N, M), Xᵀ (B, K, M)) that a split cuts; operands missing from a split are the same on every device.
 SPLIT_DIMS = {
-    "tokens": {"fwd_lhs": 1, "dgrad_lhs": 1, "wgrad_lhs": 2, "wgrad_rhs": 2},  # M: data parallelism
-    "outputs": {"fwd_rhs": 1, "dgrad_lhs": 2, "dgrad_rhs": 2, "wgrad_lhs": 1},  # N: column-parallel (Megatron)
-    "inputs": {"fwd_lhs": 2, "fwd_rhs": 2, "dgrad_rhs": 1, "wgrad_rhs": 1},  # K: row-parallel (Megatron)
+  "tokens": {"fwd_lhs": 1, "dgrad_lhs": 1, "wgrad_lhs": 2, "wgrad_rhs": 2},  # M: data parallelism
+  "outputs": {"fwd_rhs": 1, "dgrad_lhs": 2, "dgrad_rhs": 2, "wgrad_lhs": 1},  # N: column-parallel (Megatron)
+  "inputs": {"fwd_lhs": 2, "fwd_rhs": 2, "dgrad_rhs": 1, "wgrad_rhs": 1},  # K: row-parallel (Megatron)
 }
 AxisName = str | tuple[str, ...]  # a mesh axis, or several (major to minor: lax.axis_index's row-major order)
 
@@ -89,8 +89,9 @@ def sharded(recipe: str | Recipe, axis_name: str, split: str) -> ShardedRecipe:
   slice. The dot's own output is then this device's slice (tokens, outputs) or partial sum (inputs: the caller adds
   the partials, e.g. by :func:`sum_from_shards`)."""
   base = recipes_lib.get(recipe)
-  return ShardedRecipe(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Recipe)},
-                       shard_axis=axis_name, split=split)
+  return ShardedRecipe(
+    **{f.name: getattr(base, f.name) for f in dataclasses.fields(Recipe)}, shard_axis=axis_name, split=split
+  )
 
 
 def token_sharded(recipe: str | Recipe, axis_name: str) -> ShardedRecipe:
@@ -135,7 +136,7 @@ def ordered_psum(x: jax.Array, axis_name: str) -> jax.Array:
   chunks = jnp.pad(flat, (0, n * chunk - flat.size)).reshape(n, chunk)
   received = lax.all_to_all(chunks, axis_name, 0, 0, tiled=True)  # row i: chunk j of device i
   total = lax.all_gather(leading_pairwise_sum(received), axis_name, tiled=True)
-  return total[:flat.size].reshape(x.shape)
+  return total[: flat.size].reshape(x.shape)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -213,8 +214,7 @@ class OperandShard:
     logical tensor: no straddling block / Hadamard chunk, no per-tensor or per-row statistic across shards."""
     along = self.dim == len(shape) - 1  # the split dim is this operand's contraction (quantized) axis
     n = shape[self.dim]
-    head = (f"{what}: operand of local shape {shape} sharded over {self.axis_name!r} ({self.label} on dim "
-            f"{self.dim})")
+    head = f"{what}: operand of local shape {shape} sharded over {self.axis_name!r} ({self.label} on dim {self.dim})"
     units = []
     if along:
       if isinstance(spec.fmt, FP4Format):
@@ -226,8 +226,10 @@ class OperandShard:
     unit = math.lcm(*(u for _, u in units)) if units else 1
     if n % unit:
       names = ", ".join(f"{name} {u}" for name, u in units)
-      raise ValueError(f"{head}: {n} local {self.label} are not a multiple of lcm({names}) = {unit}, so a block or "
-                       "Hadamard chunk would straddle two devices; use fewer shards or a larger split dim")
+      raise ValueError(
+        f"{head}: {n} local {self.label} are not a multiple of lcm({names}) = {unit}, so a block or "
+        "Hadamard chunk would straddle two devices; use fewer shards or a larger split dim"
+      )
 
 
 def placement(shards, shape: tuple[int, ...]) -> tuple[tuple, tuple[int, ...]]:

@@ -7,7 +7,8 @@ a quantized model from its packed params: ``packed.apply`` for linen, ``packed.a
 NNX).
 """
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 from flax import nnx as _nnx
@@ -30,20 +31,20 @@ def quantize(model, rules: Sequence[Any], **kwargs):
 
 
 __all__ = [
-    "DEFAULT_HIGH_PRECISION",
-    "LayerSummary",
-    "Rule",
-    "apply_packed_nnx",
-    "export",
-    "keep_high_precision",
-    "linen",
-    "nnx",
-    "pack",
-    "packed",
-    "quantize",
-    "restore",
-    "rules",
-    "save",
-    "summary",
-    "unpack",
+  "DEFAULT_HIGH_PRECISION",
+  "LayerSummary",
+  "Rule",
+  "apply_packed_nnx",
+  "export",
+  "keep_high_precision",
+  "linen",
+  "nnx",
+  "pack",
+  "packed",
+  "quantize",
+  "restore",
+  "rules",
+  "save",
+  "summary",
+  "unpack",
 ]

@@ -70,16 +70,25 @@ def check(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool
   if why is None and auto and math.prod(shape) < AUTO_MIN_ELEMENTS:
     why = f"{math.prod(shape)} elements, fewer than AUTO_MIN_ELEMENTS={AUTO_MIN_ELEMENTS} (XLA is as fast there)"
   if why:
-    raise backends.Unsupported(f"the fused quantize kernel cannot quantize an operand of shape {shape} as {spec}: "
-                               f"{why}")
+    raise backends.Unsupported(
+      f"the fused quantize kernel cannot quantize an operand of shape {shape} as {spec}: {why}"
+    )
 
 
 def kernel_spec(spec: OperandSpec, hadamard: int, transposed: bool) -> QuantizeSpec:
   """The fused kernel's ``QuantizeSpec`` for ``spec``: bf16 values only (and QuEST's trust mask), no packed codes."""
   mode = "none" if not hadamard or spec.signs == "none" else ("te" if spec.signs == "te" else "random")
-  return QuantizeSpec(spec.fmt, rounding=spec.rounding, hadamard=hadamard, hadamard_signs=mode,
-                      block_shape=spec.block_shape, along="rows_of_transpose" if transposed else "rows",
-                      dequantize="block_scaled_only", trust_mask=spec.estimator == "trust_mask", packed=False)
+  return QuantizeSpec(
+    spec.fmt,
+    rounding=spec.rounding,
+    hadamard=hadamard,
+    hadamard_signs=mode,
+    block_shape=spec.block_shape,
+    along="rows_of_transpose" if transposed else "rows",
+    dequantize="block_scaled_only",
+    trust_mask=spec.estimator == "trust_mask",
+    packed=False,
+  )
 
 
 def _as_operand(out, shape) -> tuple[Operand, jax.Array | None]:
@@ -93,8 +102,9 @@ def _signs(qspec: QuantizeSpec, signs):
   return signs if qspec.hadamard_signs == "random" else None
 
 
-def quantize_operand(x: jax.Array, spec: OperandSpec, key, signs, *, fused_hadamard: bool, transposed: bool,
-                     auto: bool) -> tuple[Operand, jax.Array | None]:
+def quantize_operand(
+  x: jax.Array, spec: OperandSpec, key, signs, *, fused_hadamard: bool, transposed: bool, auto: bool
+) -> tuple[Operand, jax.Array | None]:
   """``QUANTIZE_OP`` by one pass of the fused kernel on ``x`` folded to 2D: ``fp4jax.operand``'s XLA result of
   ``rotate(xt, spec.hadamard, signs)`` (``xt``: ``swapaxes(x, -1, -2)`` if ``transposed``; no rotation unless
   ``fused_hadamard``), the same bits. Raises ``Unsupported`` (``check``) where the kernel does not take it."""
@@ -123,9 +133,16 @@ def quantize_operand_pair(x: jax.Array, rows, cols, *, auto: bool):
     raise backends.Unsupported(f"quantize_pair does not take or speed up rows {rows[0]} and cols {cols[0]}")
   check(x.shape, x.dtype, rows[0], True, auto)
   check(shape_t, x.dtype, cols[0], True, auto)
-  out_r, out_c = pallas_triton.quantize_pair(x.reshape(x.shape[-2:]), qrows, qcols, rows[1], cols[1],
-                                             rows_signs=_signs(qrows, rows[2]), cols_signs=_signs(qcols, cols[2]),
-                                             interpret=backends.pallas_interpret())
+  out_r, out_c = pallas_triton.quantize_pair(
+    x.reshape(x.shape[-2:]),
+    qrows,
+    qcols,
+    rows[1],
+    cols[1],
+    rows_signs=_signs(qrows, rows[2]),
+    cols_signs=_signs(qcols, cols[2]),
+    interpret=backends.pallas_interpret(),
+  )
   return _as_operand(out_r, x.shape), _as_operand(out_c, shape_t)
 
 

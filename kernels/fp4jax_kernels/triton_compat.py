@@ -32,7 +32,7 @@ the same jaxpr the GPU runs, less the PTX instructions whose IEEE semantics equa
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -52,8 +52,11 @@ def _asm(instruction: str, *args: jax.Array) -> jax.Array:
   args = [jnp.broadcast_to(jnp.asarray(a, jnp.float32), tshape) for a in args]
   constraints = ",".join(["=f"] + ["f"] * len(args))
   (out,) = plgpu.elementwise_inline_asm(
-      instruction, args=args, constraints=constraints, pack=1,
-      result_shape_dtypes=[jax.ShapeDtypeStruct(tshape, jnp.float32)],
+    instruction,
+    args=args,
+    constraints=constraints,
+    pack=1,
+    result_shape_dtypes=[jax.ShapeDtypeStruct(tshape, jnp.float32)],
   )
   return out.reshape(shape)
 
@@ -131,15 +134,18 @@ def _named_rules(interpret: bool) -> dict[str, Callable]:
   if interpret:
     return {}
   mul = "mul.rn.f32 $0, $1, $2;"
-  return {"div_rn": lambda a, b: _asm("div.rn.f32 $0, $1, $2;", a, b),
-          "mul_short_rn": lambda a, b: _asm(mul, a, b),
-          "mul_pow2_rn1": _mul_pow2,
-          "mul_pow2_rn3": lambda x, k: _asm(mul, x, _asm(mul, pow2(k), jnp.float32(3.0)))}
+  return {
+    "div_rn": lambda a, b: _asm("div.rn.f32 $0, $1, $2;", a, b),
+    "mul_short_rn": lambda a, b: _asm(mul, a, b),
+    "mul_pow2_rn1": _mul_pow2,
+    "mul_pow2_rn3": lambda x, k: _asm(mul, x, _asm(mul, pow2(k), jnp.float32(3.0))),
+  }
 
 
 def _mul_pow2(x, k):
   """IEEE ``x · 2^k``, rounded once, for int32 ``k`` in [-149, 254]: one product where ``k <= 0`` (the factor a
-  float32), else two exact ones by ``2^(k >> 1)`` and ``2^(k - (k >> 1))`` (scaling up rounds nothing short of overflow)."""
+  float32), else two exact ones by ``2^(k >> 1)`` and ``2^(k - (k >> 1))`` (scaling up rounds nothing short of
+  overflow)."""
   first = jnp.where(k > 0, k >> 1, k)
   mul = "mul.rn.f32 $0, $1, $2;"
   return _asm(mul, _asm(mul, x, pow2(first)), pow2(k - first))
@@ -147,19 +153,19 @@ def _mul_pow2(x, k):
 
 def _rules(interpret: bool) -> dict[str, Callable]:
   return {
-      "div": lambda x, y: _div(x, y, interpret=interpret),
-      "round": lambda x, **p: _round(x, rounding_method=p["rounding_method"], interpret=interpret),
-      "sqrt": lambda x, **p: _sqrt(x, interpret=interpret, **p),
-      "max": functools.partial(_minmax, lax.max_p),
-      "min": functools.partial(_minmax, lax.min_p),
-      "reduce_max": functools.partial(_reduce_minmax, lax.reduce_max_p),
-      "reduce_min": functools.partial(_reduce_minmax, lax.reduce_min_p),
-      "reduce_or": _reduce_or,
-      "clz": _clz,
-      "bitcast_convert_type": _bitcast,
-      "slice": _slice,
-      # A compiler hint for XLA (fp4jax.ieee.div_rn); inside a kernel it is the identity.
-      "optimization_barrier": lambda *xs, **_: list(xs),
+    "div": lambda x, y: _div(x, y, interpret=interpret),
+    "round": lambda x, **p: _round(x, rounding_method=p["rounding_method"], interpret=interpret),
+    "sqrt": lambda x, **p: _sqrt(x, interpret=interpret, **p),
+    "max": functools.partial(_minmax, lax.max_p),
+    "min": functools.partial(_minmax, lax.min_p),
+    "reduce_max": functools.partial(_reduce_minmax, lax.reduce_max_p),
+    "reduce_min": functools.partial(_reduce_minmax, lax.reduce_min_p),
+    "reduce_or": _reduce_or,
+    "clz": _clz,
+    "bitcast_convert_type": _bitcast,
+    "slice": _slice,
+    # A compiler hint for XLA (fp4jax.ieee.div_rn); inside a kernel it is the identity.
+    "optimization_barrier": lambda *xs, **_: list(xs),
   }
 
 

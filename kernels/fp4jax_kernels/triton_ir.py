@@ -21,6 +21,7 @@ import jax
 def triton_modules(fn, *args) -> list[str]:
   """Triton IR (text) of every Pallas kernel that lowering ``fn(*args)`` for CUDA produces (works on CPU)."""
   from jax._src.pallas.triton import lowering  # noqa: PLC0415  (private: the IR is not exposed otherwise)
+
   modules, original = [], lowering.lower_jaxpr_to_triton_module
 
   def capture(*a, **kw):
@@ -63,11 +64,12 @@ def compile_sm90(module: str, num_warps: int, num_stages: int = 1):
   with tempfile.TemporaryDirectory() as folder:
     path = os.path.join(folder, "kernel.ttir")
     with open(path, "w") as f:
-      f.write(module[module.index("module"):])
+      f.write(module[module.index("module") :])
     CUDABackend.add_stages = with_ttir_passes
     try:
-      return triton.compile(path, target=target("cuda", 90, 32), options={"num_warps": num_warps,
-                                                                           "num_stages": num_stages})
+      return triton.compile(
+        path, target=target("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
+      )
     finally:
       CUDABackend.add_stages = add_stages
 

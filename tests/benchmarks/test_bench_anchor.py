@@ -20,7 +20,7 @@ def _np_rope(x, theta):
   seq, dim = x.shape[1], x.shape[3]
   angles = np.arange(seq)[:, None] * theta ** (-np.arange(0, dim, 2) / dim)[None, :]
   cos, sin = np.cos(angles)[None, :, None, :], np.sin(angles)[None, :, None, :]
-  x1, x2 = x[..., : dim // 2], x[..., dim // 2:]
+  x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
   return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
@@ -56,8 +56,11 @@ def test_forward_equals_numpy_in_fp32():
   # weights of unit-scale effect (std 1/sqrt(fan-in)) and gains away from 1, so that every part shows in the logits
   shapes = jax.tree.map(lambda a: a.shape, anchor.init_params(cfg, jax.random.key(0)))
   rng = np.random.default_rng(0)
-  params = jax.tree.map(lambda s: (rng.normal(size=s) / math.sqrt(s[0]) if len(s) == 2 else rng.uniform(0.5, 1.5, s))
-                        .astype(np.float32), shapes, is_leaf=lambda s: isinstance(s, tuple))
+  params = jax.tree.map(
+    lambda s: (rng.normal(size=s) / math.sqrt(s[0]) if len(s) == 2 else rng.uniform(0.5, 1.5, s)).astype(np.float32),
+    shapes,
+    is_leaf=lambda s: isinstance(s, tuple),
+  )
   batch = rng.integers(0, cfg.vocab_size, (3, 13)).astype(np.int32)
   got = np.asarray(jax.jit(anchor.forward, static_argnums=2)(params, batch[:, :-1], cfg), np.float64)
   want = _np_forward(params, batch[:, :-1], cfg)
@@ -72,8 +75,10 @@ def test_forward_equals_numpy_in_fp32():
 
 @pytest.mark.parametrize("size", list(model_lib.SIZES))
 def test_parameter_count_is_the_experiments_models(size):
-  assert anchor.parameter_count(anchor.anchor_config(size)) == model_lib.parameter_count(
-    model_lib.model_config(size))["total"]
+  assert (
+    anchor.parameter_count(anchor.anchor_config(size))
+    == model_lib.parameter_count(model_lib.model_config(size))["total"]
+  )
 
 
 def test_shapes_are_the_experiments_models_layer_by_layer():
@@ -121,7 +126,10 @@ def test_bad_inputs_are_refused():
   with pytest.raises(ValueError, match="attention must be"):
     anchor.anchor_config("100K", attention="flash")
   with pytest.raises(ValueError, match="tokens must have shape"):
-    anchor.forward(anchor.init_params(anchor.anchor_config("100K"), jax.random.key(0)), jnp.zeros((4,), jnp.int32),
-                   anchor.anchor_config("100K"))
+    anchor.forward(
+      anchor.init_params(anchor.anchor_config("100K"), jax.random.key(0)),
+      jnp.zeros((4,), jnp.int32),
+      anchor.anchor_config("100K"),
+    )
   with pytest.raises(ValueError, match="devices asked for"):
     anchor.data_mesh(len(jax.devices()) + 1)

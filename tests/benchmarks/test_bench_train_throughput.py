@@ -11,11 +11,39 @@ import pytest
 from benchmarks import train_throughput
 
 REPO = train_throughput.REPO
-TOP_KEYS = {"benchmark", "complete", "header", "device_kind", "platform", "jax_version", "commit", "date", "command",
-            "matmul_size", "matmul_tflops", "settings", "rows"}
-ROW_KEYS = {"model", "recipe", "devices", "global_batch", "seq_len", "tokens_per_s", "step_time_median_s",
-            "step_time_min_s", "step_time_rounds_s", "mfu", "compile_s", "flops_per_token", "loss", "ratio_to_anchor",
-            "scaling_efficiency", "profile"}
+TOP_KEYS = {
+  "benchmark",
+  "complete",
+  "header",
+  "device_kind",
+  "platform",
+  "jax_version",
+  "commit",
+  "date",
+  "command",
+  "matmul_size",
+  "matmul_tflops",
+  "settings",
+  "rows",
+}
+ROW_KEYS = {
+  "model",
+  "recipe",
+  "devices",
+  "global_batch",
+  "seq_len",
+  "tokens_per_s",
+  "step_time_median_s",
+  "step_time_min_s",
+  "step_time_rounds_s",
+  "mfu",
+  "compile_s",
+  "flops_per_token",
+  "loss",
+  "ratio_to_anchor",
+  "scaling_efficiency",
+  "profile",
+}
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +51,25 @@ def smoke_doc(tmp_path_factory):
   folder = tmp_path_factory.mktemp("throughput")
   out = folder / "throughput.json"
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
-  proc = subprocess.run([sys.executable, "benchmarks/train_throughput.py", "--smoke", "--commit", "abc1234",
-                         "--out", str(out), "--profile", str(folder / "profile")],
-                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "benchmarks/train_throughput.py",
+      "--smoke",
+      "--commit",
+      "abc1234",
+      "--out",
+      str(out),
+      "--profile",
+      str(folder / "profile"),
+    ],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(out.read_text()), proc.stdout
 
@@ -35,14 +79,19 @@ def test_smoke_writes_every_entry_with_its_metadata(smoke_doc):
   assert TOP_KEYS <= set(doc) and doc["benchmark"] == "train_throughput" and doc["complete"] is True
   assert doc["commit"] == "abc1234" and doc["platform"] == "cpu" and "--smoke" in doc["command"]
   assert [(r["model"], r["recipe"], r["devices"]) for r in doc["rows"]] == [
-    ("anchor", "bf16", 1), ("experiments", "bf16", 1), ("anchor", "bf16", 2), ("experiments", "bf16", 2)]
+    ("anchor", "bf16", 1),
+    ("experiments", "bf16", 1),
+    ("anchor", "bf16", 2),
+    ("experiments", "bf16", 2),
+  ]
   for r in doc["rows"]:
     assert ROW_KEYS <= set(r), ROW_KEYS - set(r)
     assert r["global_batch"] == 2 * r["devices"] and r["seq_len"] == 64
     assert len(r["step_time_rounds_s"]) == doc["settings"]["rounds"] == 1
     assert r["tokens_per_s"] == pytest.approx(r["global_batch"] * 64 / r["step_time_median_s"])
-    assert r["mfu"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token"]
-                                     / (r["devices"] * doc["matmul_tflops"] * 1e12))
+    assert r["mfu"] == pytest.approx(
+      r["tokens_per_s"] * r["flops_per_token"] / (r["devices"] * doc["matmul_tflops"] * 1e12)
+    )
     assert abs(r["loss"] - math.log(256)) < 1.0  # a few steps from ln(256): both models train on the same bytes
     assert isinstance(r["profile"], dict)
   assert len({r["flops_per_token"] for r in doc["rows"]}) == 1  # one shape, one formula
@@ -50,12 +99,14 @@ def test_smoke_writes_every_entry_with_its_metadata(smoke_doc):
 
 
 def test_ratios_are_to_the_anchor_and_to_one_device():
-  rows = [{"model": "anchor", "recipe": "bf16", "devices": 1, "tokens_per_s": 200.0},
-          {"model": "experiments", "recipe": "bf16", "devices": 1, "tokens_per_s": 50.0},
-          {"model": "anchor", "recipe": "bf16", "devices": 2, "tokens_per_s": 380.0},
-          {"model": "experiments", "recipe": "bf16", "devices": 2, "tokens_per_s": 95.0},
-          {"model": "experiments", "recipe": "quartet2", "devices": 2, "tokens_per_s": 19.0},
-          {"model": "experiments", "recipe": "quartet", "devices": 2, "error": "XlaRuntimeError: out of memory"}]
+  rows = [
+    {"model": "anchor", "recipe": "bf16", "devices": 1, "tokens_per_s": 200.0},
+    {"model": "experiments", "recipe": "bf16", "devices": 1, "tokens_per_s": 50.0},
+    {"model": "anchor", "recipe": "bf16", "devices": 2, "tokens_per_s": 380.0},
+    {"model": "experiments", "recipe": "bf16", "devices": 2, "tokens_per_s": 95.0},
+    {"model": "experiments", "recipe": "quartet2", "devices": 2, "tokens_per_s": 19.0},
+    {"model": "experiments", "recipe": "quartet", "devices": 2, "error": "XlaRuntimeError: out of memory"},
+  ]
   got = train_throughput.add_ratios(rows)
   assert [r.get("ratio_to_anchor") for r in got] == [1.0, 0.25, 1.0, 0.25, 0.05, None]
   assert [r.get("scaling_efficiency") for r in got] == [1.0, 1.0, 0.95, 0.95, None, None]
@@ -77,8 +128,12 @@ def test_report_renders_one_table_row_per_entry(smoke_doc):
   doc, _ = smoke_doc
   lines = report.RENDER[doc["benchmark"]](doc)
   rows = [line for line in lines if line.startswith(("| anchor", "| experiments"))]
-  assert [line.split(" | ")[:3] for line in rows] == [["| anchor", "bf16", "1"], ["| experiments", "bf16", "1"],
-                                                      ["| anchor", "bf16", "2"], ["| experiments", "bf16", "2"]]
+  assert [line.split(" | ")[:3] for line in rows] == [
+    ["| anchor", "bf16", "1"],
+    ["| experiments", "bf16", "1"],
+    ["| anchor", "bf16", "2"],
+    ["| experiments", "bf16", "2"],
+  ]
   assert "commit abc1234" in "\n".join(lines)
   first = doc["rows"][0]
   assert rows[0].split(" | ")[3] == f"{first['tokens_per_s']:,.0f}"

@@ -8,38 +8,79 @@ from fp4jax_experiments import bench_scaling
 
 
 def test_one_device_records_and_efficiencies(tmp_path, capsys):
-    out = tmp_path / "bench.json"
-    bench_scaling.main(["--model", "100K", "--recipes", "bf16,nvfp4_rtn", "--devices", "1", "--per-device-batch", "2",
-                        "--seq-len", "64", "--steps", "2", "--warmup", "1", "--matmul-size", "128", "--out", str(out)])
-    records = json.loads(out.read_text())
-    assert [r["recipe"] for r in records] == ["bf16", "nvfp4_rtn"]
-    for r in records:
-        assert r["compile_s"] > 0 and r["step_time_s"] > 0 and r["scaling_efficiency"] == 1.0
-        assert r["tokens_per_s"] == pytest.approx(2 * 64 / r["step_time_s"])
-        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token"] / (r["matmul_tflops"] * 1e12))
-        assert 1.0 < r["loss"] < 10.0
-    assert "compile s" in capsys.readouterr().out
+  out = tmp_path / "bench.json"
+  bench_scaling.main(
+    [
+      "--model",
+      "100K",
+      "--recipes",
+      "bf16,nvfp4_rtn",
+      "--devices",
+      "1",
+      "--per-device-batch",
+      "2",
+      "--seq-len",
+      "64",
+      "--steps",
+      "2",
+      "--warmup",
+      "1",
+      "--matmul-size",
+      "128",
+      "--out",
+      str(out),
+    ]
+  )
+  records = json.loads(out.read_text())
+  assert [r["recipe"] for r in records] == ["bf16", "nvfp4_rtn"]
+  for r in records:
+    assert r["compile_s"] > 0 and r["step_time_s"] > 0 and r["scaling_efficiency"] == 1.0
+    assert r["tokens_per_s"] == pytest.approx(2 * 64 / r["step_time_s"])
+    assert r["mfu"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token"] / (r["matmul_tflops"] * 1e12))
+    assert 1.0 < r["loss"] < 10.0
+  assert "compile s" in capsys.readouterr().out
 
 
 def test_efficiencies_are_per_recipe_and_mesh():
-    rows = [{"recipe": "bf16", "mesh": "data", "devices": n, "tokens_per_s": t} for n, t in ((1, 100.0), (2, 190.0))]
-    rows.append({"recipe": "bf16", "mesh": "model", "devices": 2, "tokens_per_s": 150.0})  # no 1-device base
-    got = bench_scaling.efficiencies(rows)
-    assert [r["scaling_efficiency"] for r in got] == [1.0, pytest.approx(0.95), None]
+  rows = [{"recipe": "bf16", "mesh": "data", "devices": n, "tokens_per_s": t} for n, t in ((1, 100.0), (2, 190.0))]
+  rows.append({"recipe": "bf16", "mesh": "model", "devices": 2, "tokens_per_s": 150.0})  # no 1-device base
+  got = bench_scaling.efficiencies(rows)
+  assert [r["scaling_efficiency"] for r in got] == [1.0, pytest.approx(0.95), None]
 
 
 def test_too_many_devices_is_refused(capsys):
-    with pytest.raises(SystemExit):
-        bench_scaling.main(["--model", "100K", "--devices", "1,64"])
-    assert "--devices 1,64: only" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    bench_scaling.main(["--model", "100K", "--devices", "1,64"])
+  assert "--devices 1,64: only" in capsys.readouterr().err
 
 
 def test_deterministic_points_run_their_microbatches(tmp_path, monkeypatch):
-    monkeypatch.setenv("XLA_FLAGS", "")  # the flag appends its XLA flags to the environment (restored after)
-    out = tmp_path / "bench.json"
-    bench_scaling.main(["--model", "100K", "--recipes", "bf16", "--devices", "1", "--per-device-batch", "2",
-                        "--seq-len", "64", "--steps", "1", "--warmup", "1", "--matmul-size", "128",
-                        "--microbatches-per-device", "2", "--out", str(out)])
-    [record] = json.loads(out.read_text())
-    assert record["deterministic"] == 2 and 1.0 < record["loss"] < 10.0
-    assert "--xla_gpu_deterministic_ops=true" in bench_scaling.os.environ["XLA_FLAGS"]
+  monkeypatch.setenv("XLA_FLAGS", "")  # the flag appends its XLA flags to the environment (restored after)
+  out = tmp_path / "bench.json"
+  bench_scaling.main(
+    [
+      "--model",
+      "100K",
+      "--recipes",
+      "bf16",
+      "--devices",
+      "1",
+      "--per-device-batch",
+      "2",
+      "--seq-len",
+      "64",
+      "--steps",
+      "1",
+      "--warmup",
+      "1",
+      "--matmul-size",
+      "128",
+      "--microbatches-per-device",
+      "2",
+      "--out",
+      str(out),
+    ]
+  )
+  [record] = json.loads(out.read_text())
+  assert record["deterministic"] == 2 and 1.0 < record["loss"] < 10.0
+  assert "--xla_gpu_deterministic_ops=true" in bench_scaling.os.environ["XLA_FLAGS"]

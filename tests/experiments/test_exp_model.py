@@ -10,203 +10,208 @@ import pytest
 
 from fp4jax_experiments import model as m
 
-
 QUARTET_SIZES = {"30M": 30e6, "50M": 50e6, "100M": 100e6, "200M": 200e6}
 TINY_SIZES = {"100K": 1e5, "1M": 1e6, "3M": 3e6, "10M": 10e6}
 
 
 def _leaf_count(tree) -> int:
-    return sum(x.size for x in jax.tree.leaves(tree))
+  return sum(x.size for x in jax.tree.leaves(tree))
 
 
 @pytest.mark.parametrize("size", list(m.SIZES))
 def test_analytic_parameter_count_matches_initialized_model(size):
-    config = m.model_config(size)
-    shapes = jax.eval_shape(lambda k: m.init_params(config, k), jax.random.key(0))
-    assert _leaf_count(shapes) == m.parameter_count(config)["total"]
-    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(shapes))
+  config = m.model_config(size)
+  shapes = jax.eval_shape(lambda k: m.init_params(config, k), jax.random.key(0))
+  assert _leaf_count(shapes) == m.parameter_count(config)["total"]
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(shapes))
 
 
-@pytest.mark.parametrize("size,nominal,tolerance", [(s, n, 0.05) for s, n in QUARTET_SIZES.items()]
-                         + [(s, n, 0.20) for s, n in TINY_SIZES.items()])
+@pytest.mark.parametrize(
+  "size,nominal,tolerance",
+  [(s, n, 0.05) for s, n in QUARTET_SIZES.items()] + [(s, n, 0.20) for s, n in TINY_SIZES.items()],
+)
 def test_size_names_are_non_embedding_counts(size, nominal, tolerance):
-    count = m.parameter_count(m.model_config(size))["non_embedding"]
-    assert abs(count - nominal) / nominal < tolerance, count
+  count = m.parameter_count(m.model_config(size))["non_embedding"]
+  assert abs(count - nominal) / nominal < tolerance, count
 
 
 def test_quartet_shapes_and_swiglu_width():
-    config = m.model_config("30M")
-    assert (config.n_layers, config.d_model, config.n_heads, config.head_dim) == (6, 640, 5, 128)
-    assert config.ffn_hidden == 1792  # 256·ceil(8·640/3/256)
-    assert m.SIZES["100M"].lr == 6e-4
+  config = m.model_config("30M")
+  assert (config.n_layers, config.d_model, config.n_heads, config.head_dim) == (6, 640, 5, 128)
+  assert config.ffn_hidden == 1792  # 256·ceil(8·640/3/256)
+  assert m.SIZES["100M"].lr == 6e-4
 
 
 def test_forward_shape_dtype_and_causality():
-    config = m.model_config("1M", vocab_size=64)
-    params = m.init_params(config, jax.random.key(0))
-    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
-    forward = jax.jit(m.Llama(config).apply)
-    logits = forward({"params": params}, tokens)
-    assert logits.shape == (2, 16, 64) and logits.dtype == jnp.float32
-    changed = tokens.at[:, 10].set((tokens[:, 10] + 1) % 64)
-    logits2 = forward({"params": params}, changed)
-    np.testing.assert_array_equal(logits[:, :10], logits2[:, :10])
-    assert not np.allclose(logits[:, 10:], logits2[:, 10:])
+  config = m.model_config("1M", vocab_size=64)
+  params = m.init_params(config, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
+  forward = jax.jit(m.Llama(config).apply)
+  logits = forward({"params": params}, tokens)
+  assert logits.shape == (2, 16, 64) and logits.dtype == jnp.float32
+  changed = tokens.at[:, 10].set((tokens[:, 10] + 1) % 64)
+  logits2 = forward({"params": params}, changed)
+  np.testing.assert_array_equal(logits[:, :10], logits2[:, :10])
+  assert not np.allclose(logits[:, 10:], logits2[:, 10:])
 
 
 def test_rope_scores_depend_only_on_relative_position():
-    q = jax.random.normal(jax.random.key(0), (1, 1, 1, 32))
-    k = jax.random.normal(jax.random.key(1), (1, 1, 1, 32))
-    seq = 12
-    rq = m.apply_rope(jnp.broadcast_to(q, (1, seq, 1, 32)), 1e4)[0, :, 0]
-    rk = m.apply_rope(jnp.broadcast_to(k, (1, seq, 1, 32)), 1e4)[0, :, 0]
-    scores = rq @ rk.T
-    np.testing.assert_allclose(scores[7, 4], scores[3, 0], rtol=1e-5)
-    np.testing.assert_allclose(scores[11, 2], scores[9, 0], rtol=1e-5)
-    np.testing.assert_allclose(jnp.linalg.norm(rq, axis=-1), jnp.linalg.norm(q), rtol=1e-5)
-    assert not np.isclose(scores[7, 4], scores[7, 3])
+  q = jax.random.normal(jax.random.key(0), (1, 1, 1, 32))
+  k = jax.random.normal(jax.random.key(1), (1, 1, 1, 32))
+  seq = 12
+  rq = m.apply_rope(jnp.broadcast_to(q, (1, seq, 1, 32)), 1e4)[0, :, 0]
+  rk = m.apply_rope(jnp.broadcast_to(k, (1, seq, 1, 32)), 1e4)[0, :, 0]
+  scores = rq @ rk.T
+  np.testing.assert_allclose(scores[7, 4], scores[3, 0], rtol=1e-5)
+  np.testing.assert_allclose(scores[11, 2], scores[9, 0], rtol=1e-5)
+  np.testing.assert_allclose(jnp.linalg.norm(rq, axis=-1), jnp.linalg.norm(q), rtol=1e-5)
+  assert not np.isclose(scores[7, 4], scores[7, 3])
 
 
 def test_bf16_first_last_policy():
-    config = m.model_config("3M", recipe="some_fp4", bf16_first=1, bf16_last=2)
-    assert [config.layer_recipe(i) for i in range(4)] == ["bf16", "some_fp4", "bf16", "bf16"]
-    assert m.projection_dot_cls("bf16") is None
+  config = m.model_config("3M", recipe="some_fp4", bf16_first=1, bf16_last=2)
+  assert [config.layer_recipe(i) for i in range(4)] == ["bf16", "some_fp4", "bf16", "bf16"]
+  assert m.projection_dot_cls("bf16") is None
 
 
 @pytest.mark.parametrize("field,value", [("bf16_last", 7), ("n_heads", 3), ("recipe", ""), ("vocab_size", 0)])
 def test_bad_config_names_the_argument(field, value):
-    with pytest.raises(ValueError, match=field):
-        m.model_config("1M", **{field: value})
+  with pytest.raises(ValueError, match=field):
+    m.model_config("1M", **{field: value})
 
 
 def test_unknown_size_is_refused():
-    with pytest.raises(ValueError, match="model size '7M'"):
-        m.model_config("7M")
+  with pytest.raises(ValueError, match="model size '7M'"):
+    m.model_config("7M")
 
 
 def test_layer_stacks_follow_the_bf16_policy():
-    config = m.model_config("3M", recipe="some_fp4", bf16_first=1, bf16_last=2)
-    assert m.layer_stacks(config) == (m.LayerStack("first_blocks", "bf16", 0, 1), m.LayerStack("blocks", "some_fp4", 1, 1),
-                                      m.LayerStack("last_blocks", "bf16", 2, 2))
-    assert m.layer_stacks(m.model_config("3M")) == (m.LayerStack("blocks", "bf16", 0, 4),)
-    stacks = m.layer_stacks(config)
-    assert [s.recipe for s in stacks for _ in range(s.length)] == [config.layer_recipe(i) for i in range(4)]
+  config = m.model_config("3M", recipe="some_fp4", bf16_first=1, bf16_last=2)
+  assert m.layer_stacks(config) == (
+    m.LayerStack("first_blocks", "bf16", 0, 1),
+    m.LayerStack("blocks", "some_fp4", 1, 1),
+    m.LayerStack("last_blocks", "bf16", 2, 2),
+  )
+  assert m.layer_stacks(m.model_config("3M")) == (m.LayerStack("blocks", "bf16", 0, 4),)
+  stacks = m.layer_stacks(config)
+  assert [s.recipe for s in stacks for _ in range(s.length)] == [config.layer_recipe(i) for i in range(4)]
 
 
 def test_scanned_stacks_equal_blocks_applied_one_by_one():
-    """The scan runs layer i of a stack with slice i of the stacked parameters, in order. In fp32: in bf16, XLA's
-    fusions differ between the scanned and the unrolled program and move roundings by an ulp."""
-    config = m.model_config("100K", n_layers=3, bf16_first=1, vocab_size=64, dtype=jnp.float32)
-    params = m.init_params(config, jax.random.key(0))
-    assert params["blocks"]["attn"]["q"]["kernel"].shape == (2, 64, 64)
-    assert params["first_blocks"]["mlp_norm"]["scale"].shape == (1, 64)
-    assert not np.allclose(params["blocks"]["attn"]["q"]["kernel"][0], params["blocks"]["attn"]["q"]["kernel"][1])
-    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
+  """The scan runs layer i of a stack with slice i of the stacked parameters, in order. In fp32: in bf16, XLA's
+  fusions differ between the scanned and the unrolled program and move roundings by an ulp."""
+  config = m.model_config("100K", n_layers=3, bf16_first=1, vocab_size=64, dtype=jnp.float32)
+  params = m.init_params(config, jax.random.key(0))
+  assert params["blocks"]["attn"]["q"]["kernel"].shape == (2, 64, 64)
+  assert params["first_blocks"]["mlp_norm"]["scale"].shape == (1, 64)
+  assert not np.allclose(params["blocks"]["attn"]["q"]["kernel"][0], params["blocks"]["attn"]["q"]["kernel"][1])
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
 
-    def unrolled(params, tokens):
-        h = nn.Embed(64, config.d_model, dtype=config.dtype).apply({"params": params["embed"]}, tokens)
-        for stack in m.layer_stacks(config):
-            for i in range(stack.length):
-                layer = jax.tree.map(lambda x: x[i], params[stack.name])
-                h, _ = m.Block(config, stack.recipe).apply({"params": layer}, h)
-        h = nn.RMSNorm(config.norm_eps, dtype=config.dtype).apply({"params": params["final_norm"]}, h)
-        return nn.Dense(64, use_bias=False, dtype=config.dtype).apply({"params": params["lm_head"]}, h)
+  def unrolled(params, tokens):
+    h = nn.Embed(64, config.d_model, dtype=config.dtype).apply({"params": params["embed"]}, tokens)
+    for stack in m.layer_stacks(config):
+      for i in range(stack.length):
+        layer = jax.tree.map(lambda x: x[i], params[stack.name])
+        h, _ = m.Block(config, stack.recipe).apply({"params": layer}, h)
+    h = nn.RMSNorm(config.norm_eps, dtype=config.dtype).apply({"params": params["final_norm"]}, h)
+    return nn.Dense(64, use_bias=False, dtype=config.dtype).apply({"params": params["lm_head"]}, h)
 
-    scanned = jax.jit(m.Llama(config).apply)({"params": params}, tokens)
-    np.testing.assert_allclose(scanned, jax.jit(unrolled)(params, tokens), rtol=1e-5, atol=1e-6)
+  scanned = jax.jit(m.Llama(config).apply)({"params": params}, tokens)
+  np.testing.assert_allclose(scanned, jax.jit(unrolled)(params, tokens), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("vocab", [64, m.ONE_HOT_MAX_VOCAB + 1])
 def test_token_embedding_is_the_gather_with_an_fp32_gradient(vocab):
-    """Forward: bit-equal to nn.Embed's gather (one-hot GEMM up to ONE_HOT_MAX_VOCAB, the gather above). Gradient:
-    the per-row sum of the output cotangents; the one-hot path sums in fp32 and rounds once to bf16 (relative error
-    <= 2^-8 per element, bf16 unit roundoff), the scatter-add sums in bf16."""
-    config = m.model_config("100K", vocab_size=vocab)
-    tokens = jax.random.randint(jax.random.key(1), (4, 32), 0, 8)  # few distinct rows: every row collides
-    module = m.TokenEmbedding(config)
-    params = module.init(jax.random.key(0), tokens)
-    reference = nn.Embed(vocab, config.d_model, dtype=config.dtype)
-    assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, reference.init(jax.random.key(0), tokens))
-    got = jax.jit(module.apply)(params, tokens)
-    assert got.dtype == config.dtype
-    np.testing.assert_array_equal(got, reference.apply(params, tokens))
-    cotangent = jax.random.normal(jax.random.key(2), got.shape, jnp.float32).astype(config.dtype)
-    _, vjp = jax.vjp(lambda p: module.apply(p, tokens), params)
-    grad = np.asarray(vjp(cotangent)[0]["params"]["embedding"])
-    expected = np.zeros((vocab, config.d_model))
-    np.add.at(expected, np.asarray(tokens).ravel(), np.asarray(cotangent, np.float64).reshape(-1, config.d_model))
-    if vocab <= m.ONE_HOT_MAX_VOCAB:  # one bf16 rounding of an fp32 sum (2^-8), with room for the fp32 sum's own error
-        np.testing.assert_allclose(grad, expected, rtol=2**-8 + 2**-16, atol=1e-6)
-    else:  # 64 sequential bf16 additions per row
-        np.testing.assert_allclose(grad, expected, rtol=0, atol=0.05 * np.abs(expected).max())
+  """Forward: bit-equal to nn.Embed's gather (one-hot GEMM up to ONE_HOT_MAX_VOCAB, the gather above). Gradient:
+  the per-row sum of the output cotangents; the one-hot path sums in fp32 and rounds once to bf16 (relative error
+  <= 2^-8 per element, bf16 unit roundoff), the scatter-add sums in bf16."""
+  config = m.model_config("100K", vocab_size=vocab)
+  tokens = jax.random.randint(jax.random.key(1), (4, 32), 0, 8)  # few distinct rows: every row collides
+  module = m.TokenEmbedding(config)
+  params = module.init(jax.random.key(0), tokens)
+  reference = nn.Embed(vocab, config.d_model, dtype=config.dtype)
+  assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, reference.init(jax.random.key(0), tokens))
+  got = jax.jit(module.apply)(params, tokens)
+  assert got.dtype == config.dtype
+  np.testing.assert_array_equal(got, reference.apply(params, tokens))
+  cotangent = jax.random.normal(jax.random.key(2), got.shape, jnp.float32).astype(config.dtype)
+  _, vjp = jax.vjp(lambda p: module.apply(p, tokens), params)
+  grad = np.asarray(vjp(cotangent)[0]["params"]["embedding"])
+  expected = np.zeros((vocab, config.d_model))
+  np.add.at(expected, np.asarray(tokens).ravel(), np.asarray(cotangent, np.float64).reshape(-1, config.d_model))
+  if vocab <= m.ONE_HOT_MAX_VOCAB:  # one bf16 rounding of an fp32 sum (2^-8), with room for the fp32 sum's own error
+    np.testing.assert_allclose(grad, expected, rtol=2**-8 + 2**-16, atol=1e-6)
+  else:  # 64 sequential bf16 additions per row
+    np.testing.assert_allclose(grad, expected, rtol=0, atol=0.05 * np.abs(expected).max())
 
 
 def test_scan_unroll_must_be_positive():
-    with pytest.raises(ValueError, match="scan_unroll must be positive"):
-        m.model_config("100K", scan_unroll=0)
+  with pytest.raises(ValueError, match="scan_unroll must be positive"):
+    m.model_config("100K", scan_unroll=0)
 
 
-@pytest.mark.parametrize("recipe, how", [("bf16", {"remat": True}), ("bf16", {"scan_unroll": 3}),
-                                         ("nvidia_nvfp4", {"scan_unroll": 8})])
+@pytest.mark.parametrize(
+  "recipe, how", [("bf16", {"remat": True}), ("bf16", {"scan_unroll": 3}), ("nvidia_nvfp4", {"scan_unroll": 8})]
+)
 def test_remat_and_unroll_compute_the_same_gradients(recipe, how):
-    """Recomputing or unrolling the blocks changes how, not what: the same gradients, with the same per-layer
-    quantization bits (nvidia_nvfp4 rounds its gradients stochastically from the "quant" stream)."""
-    if recipe != "bf16":
-        pytest.importorskip("fp4jax.flax.linen")
-    # 4 BF16 blocks unrolled by 3: a loop and a remainder; 2 FP4 blocks unrolled by 8: no loop
-    config = m.model_config("100K", vocab_size=64, recipe=recipe, n_layers=4 if recipe == "bf16" else 2)
-    params = m.init_params(config, jax.random.key(0))
-    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
+  """Recomputing or unrolling the blocks changes how, not what: the same gradients, with the same per-layer
+  quantization bits (nvidia_nvfp4 rounds its gradients stochastically from the "quant" stream)."""
+  if recipe != "bf16":
+    pytest.importorskip("fp4jax.flax.linen")
+  # 4 BF16 blocks unrolled by 3: a loop and a remainder; 2 FP4 blocks unrolled by 8: no loop
+  config = m.model_config("100K", vocab_size=64, recipe=recipe, n_layers=4 if recipe == "bf16" else 2)
+  params = m.init_params(config, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
 
-    def grads(config):
-        loss = lambda p: jnp.mean(m.Llama(config).apply({"params": p}, tokens, rngs={"quant": jax.random.key(2)}) ** 2)
-        return jax.jit(jax.grad(loss))(params)
+  def grads(config):
+    loss = lambda p: jnp.mean(m.Llama(config).apply({"params": p}, tokens, rngs={"quant": jax.random.key(2)}) ** 2)
+    return jax.jit(jax.grad(loss))(params)
 
-    for plain, other in zip(jax.tree.leaves(grads(config)), jax.tree.leaves(grads(dataclasses.replace(config, **how)))):
-        np.testing.assert_allclose(plain, other, rtol=1e-5, atol=1e-7)
+  for plain, other in zip(jax.tree.leaves(grads(config)), jax.tree.leaves(grads(dataclasses.replace(config, **how)))):
+    np.testing.assert_allclose(plain, other, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("recipe", ["nvidia_nvfp4", "quartet2"])
 def test_fp4_model_keeps_first_and_last_blocks_in_bf16(recipe):
-    pytest.importorskip("fp4jax.flax.linen")
-    from fp4jax._src.flax.linen import DotGeneral
+  pytest.importorskip("fp4jax.flax.linen")
+  from fp4jax._src.flax.linen import DotGeneral
 
-    config = m.model_config("100K", n_layers=4, recipe=recipe, bf16_first=1, bf16_last=1)
-    params = m.init_params(config, jax.random.key(0))
-    tokens = jax.random.randint(jax.random.key(1), (2, 32), 0, 256)
-    fp4_init = jax.eval_shape(lambda k: m.Llama(config).init({"params": k, "quant": k}, tokens), jax.random.key(0))
-    assert jax.tree.structure(fp4_init["params"]) == jax.tree.structure(params)  # init_params' BF16 route is exact
-    seen = {}
+  config = m.model_config("100K", n_layers=4, recipe=recipe, bf16_first=1, bf16_last=1)
+  params = m.init_params(config, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 32), 0, 256)
+  fp4_init = jax.eval_shape(lambda k: m.Llama(config).init({"params": k, "quant": k}, tokens), jax.random.key(0))
+  assert jax.tree.structure(fp4_init["params"]) == jax.tree.structure(params)  # init_params' BF16 route is exact
+  seen = {}
 
-    def record(next_fun, args, kwargs, context):
-        if isinstance(context.module, nn.Dense) and context.method_name == "__call__":
-            seen["/".join(context.module.scope.path)] = context.module.dot_general_cls is not None
-        if isinstance(context.module, DotGeneral) and context.method_name == "__call__":  # the key each layer draws
-            context.module.sow("intermediates", "key", jax.random.key_data(context.module.make_rng("quant")))
-        return next_fun(*args, **kwargs)
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, nn.Dense) and context.method_name == "__call__":
+      seen["/".join(context.module.scope.path)] = context.module.dot_general_cls is not None
+    if isinstance(context.module, DotGeneral) and context.method_name == "__call__":  # the key each layer draws
+      context.module.sow("intermediates", "key", jax.random.key_data(context.module.make_rng("quant")))
+    return next_fun(*args, **kwargs)
 
-    def forward(params, tokens, key):
-        with nn.intercept_methods(record):
-            return m.Llama(config).apply({"params": params}, tokens, rngs={"quant": key}, mutable=["intermediates"])
+  def forward(params, tokens, key):
+    with nn.intercept_methods(record):
+      return m.Llama(config).apply({"params": params}, tokens, rngs={"quant": key}, mutable=["intermediates"])
 
-    logits, state = jax.jit(forward)(params, tokens, jax.random.key(2))
-    assert np.isfinite(logits).all()
-    assert not seen["first_blocks/attn/q"] and not seen["last_blocks/mlp/down"] and not seen["lm_head"]
-    assert seen["blocks/attn/q"] and seen["blocks/mlp/down"]
-    keys = np.asarray(state["intermediates"]["blocks"]["attn"]["q"]["DotGeneral_0"]["key"][0])
-    assert keys.shape[0] == 2 and not np.array_equal(keys[0], keys[1])  # "quant" is split per scanned layer
-    reference = jax.jit(m.Llama(dataclasses.replace(config, recipe="bf16")).apply)({"params": params}, tokens)
-    assert 0 < float(jnp.mean((logits - reference) ** 2)) < float(jnp.mean(reference**2))
+  logits, state = jax.jit(forward)(params, tokens, jax.random.key(2))
+  assert np.isfinite(logits).all()
+  assert not seen["first_blocks/attn/q"] and not seen["last_blocks/mlp/down"] and not seen["lm_head"]
+  assert seen["blocks/attn/q"] and seen["blocks/mlp/down"]
+  keys = np.asarray(state["intermediates"]["blocks"]["attn"]["q"]["DotGeneral_0"]["key"][0])
+  assert keys.shape[0] == 2 and not np.array_equal(keys[0], keys[1])  # "quant" is split per scanned layer
+  reference = jax.jit(m.Llama(dataclasses.replace(config, recipe="bf16")).apply)({"params": params}, tokens)
+  assert 0 < float(jnp.mean((logits - reference) ** 2)) < float(jnp.mean(reference**2))
 
 
 def test_projection_quant_errors_name_every_fp4_layer():
-    pytest.importorskip("fp4jax.flax.linen")
-    from fp4jax_experiments import diagnostics
+  pytest.importorskip("fp4jax.flax.linen")
+  from fp4jax_experiments import diagnostics
 
-    config = m.model_config("100K", n_layers=3, recipe="nvidia_nvfp4", bf16_first=1)
-    params = m.init_params(config, jax.random.key(0))
-    tokens = jax.random.randint(jax.random.key(1), (2, 32), 0, 256)
-    errors = diagnostics.projection_quant_errors(m.Llama(config), params, tokens, jax.random.key(2))
-    projections = ("attn/q", "attn/k", "attn/v", "attn/o", "mlp/gate", "mlp/up", "mlp/down")
-    assert set(errors) == {f"block_{layer}/{p}" for layer in (1, 2) for p in projections}
-    assert all(0 < e < 0.1 for e in errors.values()), errors  # NVFP4 relative MSE of Gaussian-like data: ~1e-2
+  config = m.model_config("100K", n_layers=3, recipe="nvidia_nvfp4", bf16_first=1)
+  params = m.init_params(config, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 32), 0, 256)
+  errors = diagnostics.projection_quant_errors(m.Llama(config), params, tokens, jax.random.key(2))
+  projections = ("attn/q", "attn/k", "attn/v", "attn/o", "mlp/gate", "mlp/up", "mlp/down")
+  assert set(errors) == {f"block_{layer}/{p}" for layer in (1, 2) for p in projections}
+  assert all(0 < e < 0.1 for e in errors.values()), errors  # NVFP4 relative MSE of Gaussian-like data: ~1e-2

@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from fp4jax_experiments import plots, scaling_law as sl
+from fp4jax_experiments import plots
+from fp4jax_experiments import scaling_law as sl
 
 TRUE = sl.QUARTET_C4_BF16
 EFF = (0.65, 0.82)
@@ -15,101 +16,113 @@ RATIOS = (25, 100, 400)
 
 
 def _grid():
-    n, r = np.meshgrid(list(SIZES.values()), RATIOS)
-    return n.ravel(), (n * r).ravel()
+  n, r = np.meshgrid(list(SIZES.values()), RATIOS)
+  return n.ravel(), (n * r).ravel()
 
 
 def _results(noise: float, seed: int = 0) -> list[dict]:
-    rng = np.random.default_rng(seed)
-    rows = []
-    for name, n in SIZES.items():
-        for ratio in RATIOS:
-            for recipe, eff in (("bf16", (1.0, 1.0)), ("quartet", EFF)):
-                loss = float(TRUE(n, n * ratio, *eff)) * float(np.exp(rng.normal(0, noise)))
-                rows.append({"model": name, "recipe": recipe, "non_embedding_params": n, "tokens": n * ratio,
-                             "val_loss": loss})
-    return rows
+  rng = np.random.default_rng(seed)
+  rows = []
+  for name, n in SIZES.items():
+    for ratio in RATIOS:
+      for recipe, eff in (("bf16", (1.0, 1.0)), ("quartet", EFF)):
+        loss = float(TRUE(n, n * ratio, *eff)) * float(np.exp(rng.normal(0, noise)))
+        rows.append({"model": name, "recipe": recipe, "non_embedding_params": n, "tokens": n * ratio, "val_loss": loss})
+  return rows
 
 
 def test_noise_free_fit_recovers_the_law_and_the_efficiencies():
-    n, d = _grid()
-    fit = sl.fit_law(n, d, TRUE(n, d))
-    for name in sl.PARAMS:
-        assert getattr(fit, name) == pytest.approx(getattr(TRUE, name), rel=2e-3), name
-    eff = sl.fit_efficiency(fit, n, d, TRUE(n, d, *EFF))
-    assert eff == pytest.approx(EFF, rel=1e-3)
+  n, d = _grid()
+  fit = sl.fit_law(n, d, TRUE(n, d))
+  for name in sl.PARAMS:
+    assert getattr(fit, name) == pytest.approx(getattr(TRUE, name), rel=2e-3), name
+  eff = sl.fit_efficiency(fit, n, d, TRUE(n, d, *EFF))
+  assert eff == pytest.approx(EFF, rel=1e-3)
 
 
 def test_tied_efficiency_is_recovered_from_one_ratio_per_size():
-    """One D/N ratio: the tied eff comes out within a narrow interval that covers the truth."""
-    n = np.array(list(SIZES.values()))
-    d = 25 * n
-    exponents = {"alpha": TRUE.alpha, "beta": TRUE.beta, "gamma": TRUE.gamma}
-    assert sl.fit_efficiency(TRUE, n, d, TRUE(n, d, 0.7, 0.7), tied=True) == pytest.approx((0.7, 0.7), rel=1e-3)
-    rng = np.random.default_rng(1)
-    rows = [{"model": name, "recipe": recipe, "non_embedding_params": size, "tokens": 25 * size,
-             "val_loss": float(TRUE(size, 25 * size, eff, eff)) * float(np.exp(rng.normal(0, 0.002)))}
-            for name, size in SIZES.items() for recipe, eff in (("bf16", 1.0), ("quartet", 0.7))]
-    report = sl.analyze(rows, fixed=exponents, samples=16, seed=0)["recipes"]["quartet"]
-    low, high = report["eff_ci"]
-    assert low < 0.7 < high and high - low < 0.25, report
-    assert report["eff_bootstrap_finite"] == 1.0
+  """One D/N ratio: the tied eff comes out within a narrow interval that covers the truth."""
+  n = np.array(list(SIZES.values()))
+  d = 25 * n
+  exponents = {"alpha": TRUE.alpha, "beta": TRUE.beta, "gamma": TRUE.gamma}
+  assert sl.fit_efficiency(TRUE, n, d, TRUE(n, d, 0.7, 0.7), tied=True) == pytest.approx((0.7, 0.7), rel=1e-3)
+  rng = np.random.default_rng(1)
+  rows = [
+    {
+      "model": name,
+      "recipe": recipe,
+      "non_embedding_params": size,
+      "tokens": 25 * size,
+      "val_loss": float(TRUE(size, 25 * size, eff, eff)) * float(np.exp(rng.normal(0, 0.002))),
+    }
+    for name, size in SIZES.items()
+    for recipe, eff in (("bf16", 1.0), ("quartet", 0.7))
+  ]
+  report = sl.analyze(rows, fixed=exponents, samples=16, seed=0)["recipes"]["quartet"]
+  low, high = report["eff_ci"]
+  assert low < 0.7 < high and high - low < 0.25, report
+  assert report["eff_bootstrap_finite"] == 1.0
 
 
 def test_chinchilla_form_is_gamma_one_and_fixed_parameters_stay():
-    n, d = _grid()
-    chinchilla = sl.LossLaw(A=400.0, alpha=0.34, B=410.0, beta=0.28, E=1.69)
-    fit = sl.fit_law(n, d, chinchilla(n, d), fixed={"gamma": 1.0})
-    assert fit.gamma == 1.0
-    assert [fit.alpha, fit.beta, fit.E] == pytest.approx([0.34, 0.28, 1.69], rel=1e-2)
-    with pytest.raises(ValueError, match="fixed"):
-        sl.fit_law(n, d, chinchilla(n, d), fixed={"delta": 1.0})
+  n, d = _grid()
+  chinchilla = sl.LossLaw(A=400.0, alpha=0.34, B=410.0, beta=0.28, E=1.69)
+  fit = sl.fit_law(n, d, chinchilla(n, d), fixed={"gamma": 1.0})
+  assert fit.gamma == 1.0
+  assert [fit.alpha, fit.beta, fit.E] == pytest.approx([0.34, 0.28, 1.69], rel=1e-2)
+  with pytest.raises(ValueError, match="fixed"):
+    sl.fit_law(n, d, chinchilla(n, d), fixed={"delta": 1.0})
 
 
 def test_bootstrap_intervals_cover_the_truth_under_noise_and_report_is_written(tmp_path):
-    results = _results(noise=0.002)
-    exponents = {"alpha": TRUE.alpha, "beta": TRUE.beta, "gamma": TRUE.gamma}  # the free fit is tested above
-    report = sl.analyze(results, fixed=exponents, samples=12, seed=0)
-    quartet = report["recipes"]["quartet"]
-    assert quartet["bootstrap_finite"] == 1.0  # a well-posed grid: every refit converges
-    for key, true in zip(("eff_N", "eff_D"), EFF):
-        low, high = quartet[f"{key}_ci"]
-        assert low < true < high and low < quartet[key] < high, (key, quartet)
-        assert high - low < 0.5
-    law = sl.LossLaw(**report["quartet"])
-    n, d = _grid()
-    assert np.max(np.abs(law(n, d) / TRUE(n, d) - 1)) < 0.01
-    gaps = sl.gaps_to_bf16(results)
-    assert len(gaps) == len(SIZES) * len(RATIOS) and all(g["gap"] > 0 for g in gaps)
-    table = sl.markdown(report, gaps)
-    assert "| quartet | 12 |" in table and "eff = eff_N = eff_D" in table
-    assert EFF[0] < quartet["eff"] < EFF[1]  # the tied eff lies between the two it stands for
-    for path in (plots.loss_vs_compute(results, law, report["recipes"], tmp_path / "lc.png"),
-                 plots.efficiency_bars(report["recipes"], tmp_path / "eff.png")):
-        assert path.stat().st_size > 10_000
+  results = _results(noise=0.002)
+  exponents = {"alpha": TRUE.alpha, "beta": TRUE.beta, "gamma": TRUE.gamma}  # the free fit is tested above
+  report = sl.analyze(results, fixed=exponents, samples=12, seed=0)
+  quartet = report["recipes"]["quartet"]
+  assert quartet["bootstrap_finite"] == 1.0  # a well-posed grid: every refit converges
+  for key, true in zip(("eff_N", "eff_D"), EFF):
+    low, high = quartet[f"{key}_ci"]
+    assert low < true < high and low < quartet[key] < high, (key, quartet)
+    assert high - low < 0.5
+  law = sl.LossLaw(**report["quartet"])
+  n, d = _grid()
+  assert np.max(np.abs(law(n, d) / TRUE(n, d) - 1)) < 0.01
+  gaps = sl.gaps_to_bf16(results)
+  assert len(gaps) == len(SIZES) * len(RATIOS) and all(g["gap"] > 0 for g in gaps)
+  table = sl.markdown(report, gaps)
+  assert "| quartet | 12 |" in table and "eff = eff_N = eff_D" in table
+  assert EFF[0] < quartet["eff"] < EFF[1]  # the tied eff lies between the two it stands for
+  for path in (
+    plots.loss_vs_compute(results, law, report["recipes"], tmp_path / "lc.png"),
+    plots.efficiency_bars(report["recipes"], tmp_path / "eff.png"),
+  ):
+    assert path.stat().st_size > 10_000
 
 
 def test_fit_needs_bf16_runs_and_valid_inputs():
-    with pytest.raises(ValueError, match="bf16"):
-        sl.analyze([dataclasses.asdict(TRUE) | {"recipe": "quartet"}])
-    with pytest.raises(ValueError, match="positive"):
-        sl.fit_law([1.0, -1.0], [1.0, 1.0], [1.0, 1.0])
+  with pytest.raises(ValueError, match="bf16"):
+    sl.analyze([dataclasses.asdict(TRUE) | {"recipe": "quartet"}])
+  with pytest.raises(ValueError, match="positive"):
+    sl.fit_law([1.0, -1.0], [1.0, 1.0], [1.0, 1.0])
 
 
 def test_main_writes_the_fit_and_every_plot(tmp_path, capsys):
-    """The command on a sweep's JSONL (records with their validation curves): fit, table and three plots."""
-    rows = [{**r, "val_curve": [[0, 5.5], [r["tokens"] / 2, r["val_loss"] + 0.1], [r["tokens"], r["val_loss"]]]}
-            for r in _results(noise=0.002)]
-    results = tmp_path / "runs.jsonl"
-    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    sl.main([str(results), "--out", str(tmp_path / "fit"), "--fix-exponents", "--bootstrap", "4"])
-    for name in ("fit.json", "fit.md", "loss_vs_compute.png", "efficiency.png", "val_curves.png"):
-        assert (tmp_path / "fit" / name).stat().st_size > 500, name
-    # --sizes fits a subset: the small sizes' runs leave the report; an unknown size is refused by name
-    sl.main([str(results), "--out", str(tmp_path / "large"), "--fix-exponents", "--bootstrap", "4",
-             "--sizes", "100M", "200M"])
-    table = (tmp_path / "large" / "fit.md").read_text()
-    assert "| 100M |" in table and "| 200M |" in table and "| 30M |" not in table
-    with pytest.raises(SystemExit):
-        sl.main([str(results), "--out", str(tmp_path / "none"), "--sizes", "5M"])
-    assert "--sizes: no runs of ['5M']" in capsys.readouterr().err
+  """The command on a sweep's JSONL (records with their validation curves): fit, table and three plots."""
+  rows = [
+    {**r, "val_curve": [[0, 5.5], [r["tokens"] / 2, r["val_loss"] + 0.1], [r["tokens"], r["val_loss"]]]}
+    for r in _results(noise=0.002)
+  ]
+  results = tmp_path / "runs.jsonl"
+  results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  sl.main([str(results), "--out", str(tmp_path / "fit"), "--fix-exponents", "--bootstrap", "4"])
+  for name in ("fit.json", "fit.md", "loss_vs_compute.png", "efficiency.png", "val_curves.png"):
+    assert (tmp_path / "fit" / name).stat().st_size > 500, name
+  # --sizes fits a subset: the small sizes' runs leave the report; an unknown size is refused by name
+  sl.main(
+    [str(results), "--out", str(tmp_path / "large"), "--fix-exponents", "--bootstrap", "4", "--sizes", "100M", "200M"]
+  )
+  table = (tmp_path / "large" / "fit.md").read_text()
+  assert "| 100M |" in table and "| 200M |" in table and "| 30M |" not in table
+  with pytest.raises(SystemExit):
+    sl.main([str(results), "--out", str(tmp_path / "none"), "--sizes", "5M"])
+  assert "--sizes: no runs of ['5M']" in capsys.readouterr().err

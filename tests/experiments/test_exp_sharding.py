@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from fp4jax_experiments import model as model_lib, optimizer, prepare, sharding, train
+from fp4jax_experiments import model as model_lib
+from fp4jax_experiments import optimizer, prepare, sharding, train
 
 REPO = Path(__file__).resolve().parents[2]
 # One block of d_model 256 / ffn 256 / 2 heads: the smallest shape where quartet2's 128-point backward Hadamard fits
@@ -27,115 +28,123 @@ FOUR_LAYOUTS = ["data=4", "data=4:fsdp", "model=2", "data=2,model=2"]
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("corpus")
-    (folder / "text.txt").write_text("".join(f"line {i % 97}: the quick brown fox jumps.\n" for i in range(3000)))
-    prepare.prepare_text(folder / "bytes", [folder / "text.txt"])
-    return str(folder / "bytes")
+  folder = tmp_path_factory.mktemp("corpus")
+  (folder / "text.txt").write_text("".join(f"line {i % 97}: the quick brown fox jumps.\n" for i in range(3000)))
+  prepare.prepare_text(folder / "bytes", [folder / "text.txt"])
+  return str(folder / "bytes")
 
 
 def _run(args, devices=8, timeout=600, env=None):
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", **(env or {})}
-    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", **(env or {})}
+  proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc.stdout
 
 
 def _layout_check(*args, devices=8):
-    out = _run(["-m", "fp4jax_experiments.layout_check", *args], devices)
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+  out = _run(["-m", "fp4jax_experiments.layout_check", *args], devices)
+  return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
 # ------------------------------------------------------------------------------------------------ in process
 def test_parse_mesh_and_bad_flags():
-    assert sharding.parse_mesh("data=4") == sharding.Layout(data=4)
-    assert sharding.parse_mesh("data=2, model=2", fsdp=True) == sharding.Layout(2, 2, True)
-    assert sharding.parse_mesh("model=2").n_devices == 2
-    for bad in ("pipe=2", "data=2,data=2", "data", "data=-1"):
-        with pytest.raises(ValueError, match="--mesh"):
-            sharding.parse_mesh(bad)
-    with pytest.raises(ValueError, match="positive"):
-        sharding.parse_mesh("data=0")
-    with pytest.raises(ValueError, match="fsdp"):
-        sharding.parse_mesh("model=2", fsdp=True)
-    with pytest.raises(ValueError, match="needs 4 devices"):
-        sharding.make_mesh(sharding.Layout(data=4), devices=jax.devices()[:1])
+  assert sharding.parse_mesh("data=4") == sharding.Layout(data=4)
+  assert sharding.parse_mesh("data=2, model=2", fsdp=True) == sharding.Layout(2, 2, True)
+  assert sharding.parse_mesh("model=2").n_devices == 2
+  for bad in ("pipe=2", "data=2,data=2", "data", "data=-1"):
+    with pytest.raises(ValueError, match="--mesh"):
+      sharding.parse_mesh(bad)
+  with pytest.raises(ValueError, match="positive"):
+    sharding.parse_mesh("data=0")
+  with pytest.raises(ValueError, match="fsdp"):
+    sharding.parse_mesh("model=2", fsdp=True)
+  with pytest.raises(ValueError, match="needs 4 devices"):
+    sharding.make_mesh(sharding.Layout(data=4), devices=jax.devices()[:1])
 
 
 def _state_specs(layout, **config_changes):
-    config = model_lib.ModelConfig(**{**OVERRIDES, **config_changes})
-    params = jax.eval_shape(lambda k: model_lib.init_params(config, k), jax.random.key(0))
-    opt = optimizer.adamw(optimizer.lr_schedule(1e-3, 10))
-    state = {"params": params, "opt_state": jax.eval_shape(opt.init, params)}
-    return jax.tree_util.tree_map_with_path(lambda path, leaf: sharding.leaf_spec(path, leaf.shape, layout), state)
+  config = model_lib.ModelConfig(**{**OVERRIDES, **config_changes})
+  params = jax.eval_shape(lambda k: model_lib.init_params(config, k), jax.random.key(0))
+  opt = optimizer.adamw(optimizer.lr_schedule(1e-3, 10))
+  state = {"params": params, "opt_state": jax.eval_shape(opt.init, params)}
+  return jax.tree_util.tree_map_with_path(lambda path, leaf: sharding.leaf_spec(path, leaf.shape, layout), state)
 
 
 def test_partition_specs_megatron_and_fsdp():
-    tp = _state_specs(sharding.Layout(data=2, model=2))["params"]
-    block = tp["blocks"]  # stacked: (layers, in, out), the layer axis replicated
-    for name in ("q", "k", "v"):
-        assert block["attn"][name]["kernel"] == P(None, None, "model")  # column-parallel: heads split
-    assert block["mlp"]["gate"]["kernel"] == block["mlp"]["up"]["kernel"] == P(None, None, "model")
-    assert block["attn"]["o"]["kernel"] == block["mlp"]["down"]["kernel"] == P(None, "model", None)  # row-parallel
-    assert tp["embed"]["embedding"] == tp["lm_head"]["kernel"] == P(None, None)
-    assert block["attn_norm"]["scale"] == P()
-    fsdp = _state_specs(sharding.Layout(data=2, model=2, fsdp=True))
-    assert fsdp["params"]["blocks"]["attn"]["q"]["kernel"] == P(None, "data", "model")
-    assert fsdp["params"]["blocks"]["mlp"]["down"]["kernel"] == P(None, "model", "data")
-    assert fsdp["params"]["embed"]["embedding"] == P("data", None) and fsdp["params"]["lm_head"]["kernel"] == P(None, "data")
-    adam = fsdp["opt_state"][1][0]  # (clip state, (ScaleByAdamState, ...))
-    assert adam.mu["blocks"]["attn"]["q"]["kernel"] == P(None, "data", "model") and adam.count == P()
-    policy = _state_specs(sharding.Layout(model=2), n_layers=3, bf16_first=1, bf16_last=1)["params"]
-    for stack in ("first_blocks", "blocks", "last_blocks"):
-        assert policy[stack]["mlp"]["up"]["kernel"] == P(None, None, "model"), stack
-    with pytest.raises(ValueError, match="no sharding rule.*'router'"):
-        sharding.leaf_spec((jax.tree_util.DictKey("blocks"), jax.tree_util.DictKey("router"),
-                            jax.tree_util.DictKey("kernel")), (2, 8, 8), sharding.Layout(model=2))
+  tp = _state_specs(sharding.Layout(data=2, model=2))["params"]
+  block = tp["blocks"]  # stacked: (layers, in, out), the layer axis replicated
+  for name in ("q", "k", "v"):
+    assert block["attn"][name]["kernel"] == P(None, None, "model")  # column-parallel: heads split
+  assert block["mlp"]["gate"]["kernel"] == block["mlp"]["up"]["kernel"] == P(None, None, "model")
+  assert block["attn"]["o"]["kernel"] == block["mlp"]["down"]["kernel"] == P(None, "model", None)  # row-parallel
+  assert tp["embed"]["embedding"] == tp["lm_head"]["kernel"] == P(None, None)
+  assert block["attn_norm"]["scale"] == P()
+  fsdp = _state_specs(sharding.Layout(data=2, model=2, fsdp=True))
+  assert fsdp["params"]["blocks"]["attn"]["q"]["kernel"] == P(None, "data", "model")
+  assert fsdp["params"]["blocks"]["mlp"]["down"]["kernel"] == P(None, "model", "data")
+  assert fsdp["params"]["embed"]["embedding"] == P("data", None) and fsdp["params"]["lm_head"]["kernel"] == P(
+    None, "data"
+  )
+  adam = fsdp["opt_state"][1][0]  # (clip state, (ScaleByAdamState, ...))
+  assert adam.mu["blocks"]["attn"]["q"]["kernel"] == P(None, "data", "model") and adam.count == P()
+  policy = _state_specs(sharding.Layout(model=2), n_layers=3, bf16_first=1, bf16_last=1)["params"]
+  for stack in ("first_blocks", "blocks", "last_blocks"):
+    assert policy[stack]["mlp"]["up"]["kernel"] == P(None, None, "model"), stack
+  with pytest.raises(ValueError, match="no sharding rule.*'router'"):
+    sharding.leaf_spec(
+      (jax.tree_util.DictKey("blocks"), jax.tree_util.DictKey("router"), jax.tree_util.DictKey("kernel")),
+      (2, 8, 8),
+      sharding.Layout(model=2),
+    )
 
 
 def test_check_layout_rejects_straddling_blocks_and_uneven_splits():
-    config = lambda recipe, **kw: model_lib.ModelConfig(**{**OVERRIDES, "recipe": recipe, **kw})  # noqa: E731
-    sharding.check_layout(sharding.Layout(data=4), config("quartet2"), batch_size=8, seq_len=64)  # 128 tokens/shard
-    sharding.check_layout(sharding.Layout(data=2, model=2, fsdp=True), config("quartet2"), 8, 64)
-    with pytest.raises(ValueError, match=r"quartet2.*wgrad_lhs.*units of 128 along tokens.*8 shards of 64.*straddle"):
-        sharding.check_layout(sharding.Layout(data=8), config("quartet2"), batch_size=8, seq_len=64)
-    with pytest.raises(ValueError, match=r"quartet2.*dgrad_lhs operand of the q/k/v.*units of 128 along the layer outputs"):
-        sharding.check_layout(sharding.Layout(model=2), config("quartet2", d_model=128, n_heads=2), 8, 64)
-    with pytest.raises(ValueError, match=r"quartet.*units of 32 along the layer outputs .length 256.*16 shards of 16"):
-        sharding.check_layout(sharding.Layout(model=16), config("quartet", n_heads=16, ffn_hidden=256), 8, 64)
-    with pytest.raises(ValueError, match=r"nvidia_nvfp4.*fwd_lhs.*units of 16 along the layer inputs .*4 shards of 8"):
-        sharding.check_layout(sharding.Layout(data=4, fsdp=True), config("nvidia_nvfp4", d_model=32, n_heads=1,
-                                                                             ffn_hidden=64), 8, 64)
-    sharding.check_layout(sharding.Layout(data=8), config("bf16"), 8, 64)  # nothing quantized: no block rule
-    with pytest.raises(ValueError, match="batch_size=6 does not split evenly over data=4"):
-        sharding.check_layout(sharding.Layout(data=4), config("bf16"), 6, 64)
-    with pytest.raises(ValueError, match="n_heads=1 does not split evenly over model=2"):
-        sharding.check_layout(sharding.Layout(model=2), config("bf16", n_heads=1), 8, 64)
+  config = lambda recipe, **kw: model_lib.ModelConfig(**{**OVERRIDES, "recipe": recipe, **kw})  # noqa: E731
+  sharding.check_layout(sharding.Layout(data=4), config("quartet2"), batch_size=8, seq_len=64)  # 128 tokens/shard
+  sharding.check_layout(sharding.Layout(data=2, model=2, fsdp=True), config("quartet2"), 8, 64)
+  with pytest.raises(ValueError, match=r"quartet2.*wgrad_lhs.*units of 128 along tokens.*8 shards of 64.*straddle"):
+    sharding.check_layout(sharding.Layout(data=8), config("quartet2"), batch_size=8, seq_len=64)
+  with pytest.raises(
+    ValueError, match=r"quartet2.*dgrad_lhs operand of the q/k/v.*units of 128 along the layer outputs"
+  ):
+    sharding.check_layout(sharding.Layout(model=2), config("quartet2", d_model=128, n_heads=2), 8, 64)
+  with pytest.raises(ValueError, match=r"quartet.*units of 32 along the layer outputs .length 256.*16 shards of 16"):
+    sharding.check_layout(sharding.Layout(model=16), config("quartet", n_heads=16, ffn_hidden=256), 8, 64)
+  with pytest.raises(ValueError, match=r"nvidia_nvfp4.*fwd_lhs.*units of 16 along the layer inputs .*4 shards of 8"):
+    sharding.check_layout(
+      sharding.Layout(data=4, fsdp=True), config("nvidia_nvfp4", d_model=32, n_heads=1, ffn_hidden=64), 8, 64
+    )
+  sharding.check_layout(sharding.Layout(data=8), config("bf16"), 8, 64)  # nothing quantized: no block rule
+  with pytest.raises(ValueError, match="batch_size=6 does not split evenly over data=4"):
+    sharding.check_layout(sharding.Layout(data=4), config("bf16"), 6, 64)
+  with pytest.raises(ValueError, match="n_heads=1 does not split evenly over model=2"):
+    sharding.check_layout(sharding.Layout(model=2), config("bf16", n_heads=1), 8, 64)
 
 
 @pytest.mark.slow  # default tier: test_exp_train.py::test_quantizer_backend_changes_nothing_but_the_implementation
 def test_training_with_the_pallas_kernels_matches_the_xla_quantizers_bit_for_bit(corpus):
-    """The backends check: two training steps of nvidia_nvfp4 (RTN, 16x16 weights, RHT16 + SR gradients) with the
-    projections' quantizers run by the Pallas kernels (interpret mode on the CPU) give the XLA path's losses. (The
-    "pallas" backend never falls back to XLA: ``fp4jax.operand.resolve_backend`` raises where the kernel cannot run.)"""
-    from fp4jax_experiments import layout_check
+  """The backends check: two training steps of nvidia_nvfp4 (RTN, 16x16 weights, RHT16 + SR gradients) with the
+  projections' quantizers run by the Pallas kernels (interpret mode on the CPU) give the XLA path's losses. (The
+  "pallas" backend never falls back to XLA: ``fp4jax.operand.resolve_backend`` raises where the kernel cannot run.)"""
+  from fp4jax_experiments import layout_check
 
-    config = train.TrainConfig(model="100K", data=corpus, batch_size=4, seq_len=64, tokens=4 * 64 * 2, lr=3e-3)
-    (record,) = layout_check.check_backends(config, ["nvidia_nvfp4"], ["xla", "pallas"], steps=2)
-    assert record["backend"] == "pallas" and len(record["losses"]) == 2
-    assert record["bit_identical"], record
-    assert record["grad_norms"] == record["reference_grad_norms"]  # the whole first update, not only the loss
-    assert np.isfinite(record["losses"]).all() and record["losses"][0] > 1.0
+  config = train.TrainConfig(model="100K", data=corpus, batch_size=4, seq_len=64, tokens=4 * 64 * 2, lr=3e-3)
+  (record,) = layout_check.check_backends(config, ["nvidia_nvfp4"], ["xla", "pallas"], steps=2)
+  assert record["backend"] == "pallas" and len(record["losses"]) == 2
+  assert record["bit_identical"], record
+  assert record["grad_norms"] == record["reference_grad_norms"]  # the whole first update, not only the loss
+  assert np.isfinite(record["losses"]).all() and record["losses"][0] > 1.0
 
 
 # ------------------------------------------------------------------------------------------------ 8 CPU devices
 def test_quantized_operands_are_bit_identical_for_every_recipe_and_layout():
-    """Every quantized operand of every recipe, its rows / contraction axis split over data=4 or data=2 x model=2
-    (also splits that cut 128-point Hadamard chunks), equals the one-device operand bit for bit."""
-    records = _layout_check("--checks", "operands", "--meshes", "data=4", "data=2,model=2")
-    recipes = {r["recipe"] for r in records}
-    assert recipes == set(__import__("fp4jax").recipes.names()) - {"bf16"}
-    assert len({(r["mesh"], r["sharding"]) for r in records}) == 4
-    assert all(r["equal"] for r in records), [r for r in records if not r["equal"]]
+  """Every quantized operand of every recipe, its rows / contraction axis split over data=4 or data=2 x model=2
+  (also splits that cut 128-point Hadamard chunks), equals the one-device operand bit for bit."""
+  records = _layout_check("--checks", "operands", "--meshes", "data=4", "data=2,model=2")
+  recipes = {r["recipe"] for r in records}
+  assert recipes == set(__import__("fp4jax").recipes.names()) - {"bf16"}
+  assert len({(r["mesh"], r["sharding"]) for r in records}) == 4
+  assert all(r["equal"] for r in records), [r for r in records if not r["equal"]]
 
 
 NEGATIVE_CONTROL = """
@@ -152,9 +161,9 @@ print(int(jnp.sum(per_shard != jax.jit(q)(x))))
 
 
 def test_per_shard_quantization_would_be_detected():
-    """Negative control: a quantizer that saw only its shard (local NVFP4 tensor amax) differs from the logical one,
-    so the bit-equality above is a real check of global numerics."""
-    assert int(_run(["-c", NEGATIVE_CONTROL], devices=4).split()[-1]) > 0
+  """Negative control: a quantizer that saw only its shard (local NVFP4 tensor amax) differs from the logical one,
+  so the bit-equality above is a real check of global numerics."""
+  assert int(_run(["-c", NEGATIVE_CONTROL], devices=4).split()[-1]) > 0
 
 
 # Worst |loss - one-device loss| over 3 steps, measured on CPU (see the module docstring of experiments.layout_check
@@ -171,60 +180,118 @@ STEP0_ULPS = {"data=4": 256, "data=4 fsdp": 256}
 
 # nvidia_nvfp4 is slow (two FP4 train-step compiles); by default its sharded losses are checked bit for bit on this
 # mesh with --deterministic (test_exp_deterministic.py) and within LOSS_ATOL on data=4 (test_exp_sharding_comm.py).
-@pytest.mark.parametrize("recipes,meshes", [
+@pytest.mark.parametrize(
+  "recipes,meshes",
+  [
     ("bf16", FOUR_LAYOUTS),
     pytest.param("nvidia_nvfp4", ["data=2,model=2:fsdp"], marks=pytest.mark.slow),
-])
+  ],
+)
 def test_sharded_losses_match_one_device(corpus, recipes, meshes):
-    records = _layout_check("--checks", "loss", "--recipes", recipes, "--meshes", *meshes, "--data", corpus,
-                            "--model-overrides", json.dumps(OVERRIDES), "--steps", "3")
-    assert len(records) == len(recipes.split(",")) * len(meshes)
-    for r in records:
-        losses, reference = np.float32(r["losses"]), np.float32(r["reference"])
-        assert np.all(np.isfinite(losses)) and reference[-1] < reference[0], r
-        np.testing.assert_allclose(losses, reference, rtol=0, atol=LOSS_ATOL, err_msg=str(r))
-        if r["mesh"] in STEP0_ULPS:
-            assert abs(int(losses[:1].view(np.int32)[0]) - int(reference[:1].view(np.int32)[0])) <= STEP0_ULPS[r["mesh"]]
-        assert set(r["collectives"].get("all-reduce", [])) <= {"f32", "pred", "s32", "u32"}, r["collectives"]
+  records = _layout_check(
+    "--checks",
+    "loss",
+    "--recipes",
+    recipes,
+    "--meshes",
+    *meshes,
+    "--data",
+    corpus,
+    "--model-overrides",
+    json.dumps(OVERRIDES),
+    "--steps",
+    "3",
+  )
+  assert len(records) == len(recipes.split(",")) * len(meshes)
+  for r in records:
+    losses, reference = np.float32(r["losses"]), np.float32(r["reference"])
+    assert np.all(np.isfinite(losses)) and reference[-1] < reference[0], r
+    np.testing.assert_allclose(losses, reference, rtol=0, atol=LOSS_ATOL, err_msg=str(r))
+    if r["mesh"] in STEP0_ULPS:
+      assert abs(int(losses[:1].view(np.int32)[0]) - int(reference[:1].view(np.int32)[0])) <= STEP0_ULPS[r["mesh"]]
+    assert set(r["collectives"].get("all-reduce", [])) <= {"f32", "pred", "s32", "u32"}, r["collectives"]
 
 
 def test_differing_leaves_names_the_parameters_that_differ():
-    """``state_digests`` hashes each leaf by its path; a one-ulp change in one parameter, and a leaf on one side
-    only, are named, and nothing else is."""
-    from fp4jax_experiments import layout_check
-    state = {"params": {"q": np.ones((2, 3), np.float32), "o": np.zeros(4, np.float32)}, "opt_state": (np.ones(2),)}
-    moved = {"params": {"q": state["params"]["q"].copy(), "o": state["params"]["o"]}, "opt_state": state["opt_state"]}
-    moved["params"]["q"][1, 2] = np.nextafter(np.float32(1), np.float32(2))
-    digests = layout_check.state_digests(state)
-    assert layout_check.differing_leaves(digests, digests) == []
-    assert layout_check.differing_leaves(layout_check.state_digests(moved), digests) == ["['params']['q']"]
-    extra = {**moved, "step": np.int32(0)}
-    assert layout_check.differing_leaves(layout_check.state_digests(extra), digests) == ["['params']['q']", "['step']"]
+  """``state_digests`` hashes each leaf by its path; a one-ulp change in one parameter, and a leaf on one side
+  only, are named, and nothing else is."""
+  from fp4jax_experiments import layout_check
+
+  state = {"params": {"q": np.ones((2, 3), np.float32), "o": np.zeros(4, np.float32)}, "opt_state": (np.ones(2),)}
+  moved = {"params": {"q": state["params"]["q"].copy(), "o": state["params"]["o"]}, "opt_state": state["opt_state"]}
+  moved["params"]["q"][1, 2] = np.nextafter(np.float32(1), np.float32(2))
+  digests = layout_check.state_digests(state)
+  assert layout_check.differing_leaves(digests, digests) == []
+  assert layout_check.differing_leaves(layout_check.state_digests(moved), digests) == ["['params']['q']"]
+  extra = {**moved, "step": np.int32(0)}
+  assert layout_check.differing_leaves(layout_check.state_digests(extra), digests) == ["['params']['q']", "['step']"]
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
 
 
 def test_two_processes_with_jax_distributed_match_one_process(corpus, tmp_path):
-    """Two CPU processes x 2 devices (jax.distributed.initialize, gloo collectives) train like one 4-device process:
-    the same loss up to the all-reduce's summation order (gloo's ring vs the in-process reduction)."""
-    args = ["-m", "fp4jax_experiments.train", "--model", "100K", "--tokens", "1536", "--data", corpus,
-            "--batch-size", "8", "--seq-len", "64", "--log-every", "1", "--eval-every", "3", "--eval-batches", "1",
-            "--ckpt-every", "3", "--lr", "3e-3", "--mesh", "data=4"]
-    port = _free_port()
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    procs = [subprocess.Popen([sys.executable, *args, "--out", str(tmp_path / "two"), "--distributed", "--coordinator",
-                               f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
-                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
-    _run([*args, "--out", str(tmp_path / "one")], devices=4)
-    curves = [[r.get("loss", r.get("val_loss")) for r in train.read_metrics(tmp_path / name)] for name in ("two", "one")]
-    assert len(curves[0]) == len(curves[1]) == 5  # val, 3 train, val
-    np.testing.assert_allclose(curves[0], curves[1], rtol=4e-7, atol=0)
-    assert (tmp_path / "two" / "summary.json").exists() and (tmp_path / "two" / "ckpt" / "3").exists()
+  """Two CPU processes x 2 devices (jax.distributed.initialize, gloo collectives) train like one 4-device process:
+  the same loss up to the all-reduce's summation order (gloo's ring vs the in-process reduction)."""
+  args = [
+    "-m",
+    "fp4jax_experiments.train",
+    "--model",
+    "100K",
+    "--tokens",
+    "1536",
+    "--data",
+    corpus,
+    "--batch-size",
+    "8",
+    "--seq-len",
+    "64",
+    "--log-every",
+    "1",
+    "--eval-every",
+    "3",
+    "--eval-batches",
+    "1",
+    "--ckpt-every",
+    "3",
+    "--lr",
+    "3e-3",
+    "--mesh",
+    "data=4",
+  ]
+  port = _free_port()
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  procs = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        *args,
+        "--out",
+        str(tmp_path / "two"),
+        "--distributed",
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--num-processes",
+        "2",
+        "--process-id",
+        str(i),
+      ],
+      cwd=REPO,
+      env=env,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
+  for proc in procs:
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+  _run([*args, "--out", str(tmp_path / "one")], devices=4)
+  curves = [[r.get("loss", r.get("val_loss")) for r in train.read_metrics(tmp_path / name)] for name in ("two", "one")]
+  assert len(curves[0]) == len(curves[1]) == 5  # val, 3 train, val
+  np.testing.assert_allclose(curves[0], curves[1], rtol=4e-7, atol=0)
+  assert (tmp_path / "two" / "summary.json").exists() and (tmp_path / "two" / "ckpt" / "3").exists()

@@ -11,186 +11,203 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from test_exp_sharding import LOSS_ATOL, STEP0_ULPS, _layout_check, corpus  # noqa: F401  (corpus: a fixture)
 
 from fp4jax_experiments import sharding, train
-from test_exp_sharding import STEP0_ULPS, LOSS_ATOL, _layout_check, corpus  # noqa: F401  (corpus: a fixture)
 
 E4M3 = ml_dtypes.float8_e4m3fn
 
 
 def _grads(n, shape=(64, 48), seed=0):
-    """n shards of gradients over ~8 decades, half the elements sharing one sign across shards (no cancellation)."""
-    rng = np.random.default_rng(seed)
-    g = rng.standard_normal((n, *shape)) * np.exp(rng.normal(0.0, 3.0, (n, *shape)))
-    g[:, : shape[0] // 2] = np.abs(g[:, : shape[0] // 2])
-    return g.astype(np.float32)
+  """n shards of gradients over ~8 decades, half the elements sharing one sign across shards (no cancellation)."""
+  rng = np.random.default_rng(seed)
+  g = rng.standard_normal((n, *shape)) * np.exp(rng.normal(0.0, 3.0, (n, *shape)))
+  g[:, : shape[0] // 2] = np.abs(g[:, : shape[0] // 2])
+  return g.astype(np.float32)
 
 
 def _pow2_ceil(n):
-    return 1 << (n - 1).bit_length()
+  return 1 << (n - 1).bit_length()
 
 
 def _reduce(g, dtype):
-    """all_reduce_sum over the leading axis of ``g`` (one row per shard), as every shard sees it."""
-    out = jax.jit(jax.vmap(lambda x: sharding.all_reduce_sum({"w": x}, dtype, "data")["w"], axis_name="data"))(g)
-    out = np.asarray(out)
-    assert all(np.array_equal(out[0], o, equal_nan=True) for o in out)  # every shard holds the same sum
-    return out[0]
+  """all_reduce_sum over the leading axis of ``g`` (one row per shard), as every shard sees it."""
+  out = jax.jit(jax.vmap(lambda x: sharding.all_reduce_sum({"w": x}, dtype, "data")["w"], axis_name="data"))(g)
+  out = np.asarray(out)
+  assert all(np.array_equal(out[0], o, equal_nan=True) for o in out)  # every shard holds the same sum
+  return out[0]
 
 
 # ------------------------------------------------------------------------------------------------ encode / decode
 @pytest.mark.parametrize("n", [3, 4])
 def test_fp8_encode_decode_match_ml_dtypes_bit_for_bit(n):
-    """Encode: RNE of g·s onto E4M3 with s = 448/(2^⌈log2 n⌉·amax) (numpy fp32 ops are correctly rounded, ml_dtypes'
-    cast is RNE); decode: RNE of the sum onto E4M3, times f32(2^⌈log2 n⌉·amax/448)."""
-    g = _grads(n)
-    amax = np.float32(np.abs(g).max())
-    payload = np.asarray(sharding.comm_encode(jnp.asarray(g), "float8_e4m3fn", jnp.float32(amax), n))
-    scale = np.float32(448) / (np.float32(_pow2_ceil(n)) * amax)
-    want = (g * scale).astype(E4M3)
-    assert payload.dtype == E4M3
-    np.testing.assert_array_equal(payload.view(np.uint8), want.view(np.uint8))
-    assert np.abs(payload.astype(np.float32)).max() <= 448 / _pow2_ceil(n)  # any partial sum of n stays <= 448
+  """Encode: RNE of g·s onto E4M3 with s = 448/(2^⌈log2 n⌉·amax) (numpy fp32 ops are correctly rounded, ml_dtypes'
+  cast is RNE); decode: RNE of the sum onto E4M3, times f32(2^⌈log2 n⌉·amax/448)."""
+  g = _grads(n)
+  amax = np.float32(np.abs(g).max())
+  payload = np.asarray(sharding.comm_encode(jnp.asarray(g), "float8_e4m3fn", jnp.float32(amax), n))
+  scale = np.float32(448) / (np.float32(_pow2_ceil(n)) * amax)
+  want = (g * scale).astype(E4M3)
+  assert payload.dtype == E4M3
+  np.testing.assert_array_equal(payload.view(np.uint8), want.view(np.uint8))
+  assert np.abs(payload.astype(np.float32)).max() <= 448 / _pow2_ceil(n)  # any partial sum of n stays <= 448
 
-    total = payload.astype(np.float32).sum(0) + np.float32(0.37)  # off the grid: decode must round it
-    got = np.asarray(sharding.comm_decode(jnp.asarray(total), "float8_e4m3fn", jnp.float32(amax), n))
-    factor = np.float32(_pow2_ceil(n)) * amax / np.float32(448)
-    np.testing.assert_array_equal(got, total.astype(E4M3).astype(np.float32) * factor)
+  total = payload.astype(np.float32).sum(0) + np.float32(0.37)  # off the grid: decode must round it
+  got = np.asarray(sharding.comm_decode(jnp.asarray(total), "float8_e4m3fn", jnp.float32(amax), n))
+  factor = np.float32(_pow2_ceil(n)) * amax / np.float32(448)
+  np.testing.assert_array_equal(got, total.astype(E4M3).astype(np.float32) * factor)
 
 
 def test_bf16_encode_decode_match_ml_dtypes_bit_for_bit():
-    g = _grads(4)
-    payload = np.asarray(sharding.comm_encode(jnp.asarray(g), "bfloat16", None, 4))
-    np.testing.assert_array_equal(payload.view(np.uint16), g.astype(ml_dtypes.bfloat16).view(np.uint16))
-    total = g.sum(0)
-    got = np.asarray(sharding.comm_decode(jnp.asarray(total), "bfloat16", None, 3))
-    np.testing.assert_array_equal(got, total.astype(ml_dtypes.bfloat16).astype(np.float32))
+  g = _grads(4)
+  payload = np.asarray(sharding.comm_encode(jnp.asarray(g), "bfloat16", None, 4))
+  np.testing.assert_array_equal(payload.view(np.uint16), g.astype(ml_dtypes.bfloat16).view(np.uint16))
+  total = g.sum(0)
+  got = np.asarray(sharding.comm_decode(jnp.asarray(total), "bfloat16", None, 3))
+  np.testing.assert_array_equal(got, total.astype(ml_dtypes.bfloat16).astype(np.float32))
 
 
 # ------------------------------------------------------------------------------------------------ all-reduce
 @pytest.mark.parametrize("dtype, unit, floor", [("bfloat16", 2.0**-8, 0.0), ("float8_e4m3fn", 2.0**-4, 2.0**-10)])
 @pytest.mark.parametrize("n", [3, 4, 8])
 def test_all_reduced_sum_is_on_the_grid_and_within_the_rounding_bound(dtype, unit, floor, n):
-    """Each rounding of a value y onto the wire grid errs by at most unit·|y| + floor (unit roundoff: bf16 2^-8
-    relative; E4M3 2^-4 relative, 2^-10 absolute in the subnormal range). n payload roundings, at most n - 1 rounded
-    partial sums (a reduction that rounds each hop) and the final rounding: in the scaled domain y_s = g_s·s,
-    |t - Σ y_s| <= ((1 + unit)^(n+1) - 1)·Σ|y_s| + (n + 1)(1 + unit)^n·floor; the sum is t/s."""
-    g = _grads(n)
-    got = _reduce(g, dtype)
-    amax = np.abs(g).max().astype(np.float64)
-    s = 1.0 if dtype == "bfloat16" else 448.0 / (_pow2_ceil(n) * amax)
-    sum_abs = np.abs(g.astype(np.float64)).sum(0) * s
-    bound = ((1 + unit) ** (n + 1) - 1) * sum_abs + (n + 1) * (1 + unit) ** n * floor
-    err = np.abs(got.astype(np.float64) * s - g.astype(np.float64).sum(0) * s)
-    assert np.all(err <= bound * (1 + 2.0**-20) + 1e-30 * s), float(np.max(err / np.maximum(bound, 1e-300)))
-    # on the grid: the scaled sum t = sum·s is a bf16 / E4M3 value (up to the fp32 decode rounding)
-    t = got.astype(np.float64) * s
-    grid = t.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else E4M3).astype(np.float64)
-    np.testing.assert_allclose(t, grid, rtol=2.0**-20, atol=0)
-    assert np.mean(err > 0) > 0.1  # the communication really is lossy (fp32 all-reduce would be exact here)
-    if dtype == "float8_e4m3fn":  # |g·s| <= 2^-10 on every shard flushes to 0: the documented dynamic range
-        tiny = np.abs(g).max(0) * s < 2.0**-10 * (1 - 2.0**-20)
-        assert tiny.sum() > 10
-        assert np.all(got[tiny] == 0)
+  """Each rounding of a value y onto the wire grid errs by at most unit·|y| + floor (unit roundoff: bf16 2^-8
+  relative; E4M3 2^-4 relative, 2^-10 absolute in the subnormal range). n payload roundings, at most n - 1 rounded
+  partial sums (a reduction that rounds each hop) and the final rounding: in the scaled domain y_s = g_s·s,
+  |t - Σ y_s| <= ((1 + unit)^(n+1) - 1)·Σ|y_s| + (n + 1)(1 + unit)^n·floor; the sum is t/s."""
+  g = _grads(n)
+  got = _reduce(g, dtype)
+  amax = np.abs(g).max().astype(np.float64)
+  s = 1.0 if dtype == "bfloat16" else 448.0 / (_pow2_ceil(n) * amax)
+  sum_abs = np.abs(g.astype(np.float64)).sum(0) * s
+  bound = ((1 + unit) ** (n + 1) - 1) * sum_abs + (n + 1) * (1 + unit) ** n * floor
+  err = np.abs(got.astype(np.float64) * s - g.astype(np.float64).sum(0) * s)
+  assert np.all(err <= bound * (1 + 2.0**-20) + 1e-30 * s), float(np.max(err / np.maximum(bound, 1e-300)))
+  # on the grid: the scaled sum t = sum·s is a bf16 / E4M3 value (up to the fp32 decode rounding)
+  t = got.astype(np.float64) * s
+  grid = t.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else E4M3).astype(np.float64)
+  np.testing.assert_allclose(t, grid, rtol=2.0**-20, atol=0)
+  assert np.mean(err > 0) > 0.1  # the communication really is lossy (fp32 all-reduce would be exact here)
+  if dtype == "float8_e4m3fn":  # |g·s| <= 2^-10 on every shard flushes to 0: the documented dynamic range
+    tiny = np.abs(g).max(0) * s < 2.0**-10 * (1 - 2.0**-20)
+    assert tiny.sum() > 10
+    assert np.all(got[tiny] == 0)
 
 
 def test_fp32_all_reduce_is_the_plain_sum():
-    """Four fp32 terms: the reduction's result is within 3 roundings (2^-24 relative to Σ|g| each) of the exact sum."""
-    g = _grads(4)
-    exact = g.astype(np.float64).sum(0)
-    assert np.all(np.abs(_reduce(g, "float32") - exact) <= 3 * 2.0**-24 * np.abs(g.astype(np.float64)).sum(0))
+  """Four fp32 terms: the reduction's result is within 3 roundings (2^-24 relative to Σ|g| each) of the exact sum."""
+  g = _grads(4)
+  exact = g.astype(np.float64).sum(0)
+  assert np.all(np.abs(_reduce(g, "float32") - exact) <= 3 * 2.0**-24 * np.abs(g.astype(np.float64)).sum(0))
 
 
 def test_fp8_sum_cannot_overflow_for_odd_shard_counts():
-    """n = 3 shards all at +amax: each encodes to 448/4 = 112, the sum 336 rounds (tie, to even) to 320, no NaN;
-    decoded as 320·f32(4·2.5/448)."""
-    g = np.full((3, 4, 16), 2.5, np.float32)
-    np.testing.assert_array_equal(_reduce(g, "float8_e4m3fn"), np.float32(320) * (np.float32(10) / np.float32(448)))
+  """n = 3 shards all at +amax: each encodes to 448/4 = 112, the sum 336 rounds (tie, to even) to 320, no NaN;
+  decoded as 320·f32(4·2.5/448)."""
+  g = np.full((3, 4, 16), 2.5, np.float32)
+  np.testing.assert_array_equal(_reduce(g, "float8_e4m3fn"), np.float32(320) * (np.float32(10) / np.float32(448)))
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_nonfinite_gradient_in_one_shard_is_not_hidden(bad):
-    """FP8: the shared scale becomes NaN (pmax sees +Inf for the poisoned shard), so the whole sum is NaN, as a
-    non-finite amax makes any current-scaled tensor NaN. bf16: the poisoned element only."""
-    g = _grads(4)
-    g[2, 5, 7] = bad
-    assert np.isnan(_reduce(g, "float8_e4m3fn")).all()
-    got = _reduce(g, "bfloat16")
-    assert not np.isfinite(got[5, 7]) and np.isfinite(np.delete(got.ravel(), 5 * 48 + 7)).all()
+  """FP8: the shared scale becomes NaN (pmax sees +Inf for the poisoned shard), so the whole sum is NaN, as a
+  non-finite amax makes any current-scaled tensor NaN. bf16: the poisoned element only."""
+  g = _grads(4)
+  g[2, 5, 7] = bad
+  assert np.isnan(_reduce(g, "float8_e4m3fn")).all()
+  got = _reduce(g, "bfloat16")
+  assert not np.isfinite(got[5, 7]) and np.isfinite(np.delete(got.ravel(), 5 * 48 + 7)).all()
 
 
 def test_zero_gradient_stays_zero():
-    assert not np.any(_reduce(np.zeros((4, 8, 16), np.float32), "float8_e4m3fn"))
+  assert not np.any(_reduce(np.zeros((4, 8, 16), np.float32), "float8_e4m3fn"))
 
 
 # ------------------------------------------------------------------------------------------------ the flag
 def test_flag_is_rejected_where_it_does_not_apply(capsys, tmp_path):
-    with pytest.raises(ValueError, match="grad_comm_dtype='float16' must be one of"):
-        train.TrainConfig(grad_comm_dtype="float16")
-    sharding.check_grad_comm("float32", None)
-    sharding.check_grad_comm("bfloat16", sharding.Layout(data=4))
-    for layout, shown in [(None, "one device"), (sharding.Layout(model=2), "--mesh model=2"),
-                          (sharding.Layout(data=2, model=2), "--mesh data=2,model=2"),
-                          (sharding.Layout(data=2, fsdp=True), "--mesh data=2 fsdp")]:
-        with pytest.raises(ValueError, match=f"--grad-comm-dtype float8_e4m3fn .*pure data-parallel.*got {shown}"):
-            sharding.check_grad_comm("float8_e4m3fn", layout)
-    with pytest.raises(SystemExit):
-        train.main(["--grad-comm-dtype", "bfloat16", "--out", str(tmp_path / "run")])
-    assert "--grad-comm-dtype bfloat16 compresses" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main(["--grad-comm-dtype", "float16"])
-    assert "--grad-comm-dtype: invalid choice" in capsys.readouterr().err
+  with pytest.raises(ValueError, match="grad_comm_dtype='float16' must be one of"):
+    train.TrainConfig(grad_comm_dtype="float16")
+  sharding.check_grad_comm("float32", None)
+  sharding.check_grad_comm("bfloat16", sharding.Layout(data=4))
+  for layout, shown in [
+    (None, "one device"),
+    (sharding.Layout(model=2), "--mesh model=2"),
+    (sharding.Layout(data=2, model=2), "--mesh data=2,model=2"),
+    (sharding.Layout(data=2, fsdp=True), "--mesh data=2 fsdp"),
+  ]:
+    with pytest.raises(ValueError, match=f"--grad-comm-dtype float8_e4m3fn .*pure data-parallel.*got {shown}"):
+      sharding.check_grad_comm("float8_e4m3fn", layout)
+  with pytest.raises(SystemExit):
+    train.main(["--grad-comm-dtype", "bfloat16", "--out", str(tmp_path / "run")])
+  assert "--grad-comm-dtype bfloat16 compresses" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    train.main(["--grad-comm-dtype", "float16"])
+  assert "--grad-comm-dtype: invalid choice" in capsys.readouterr().err
 
 
 def test_runs_saved_before_the_flag_resume(tmp_path):
-    """An older config.json has no grad_comm_dtype: it takes the default (float32), the run is the same run."""
-    config = train.TrainConfig()
-    saved = {k: v for k, v in vars(config).items() if k != "grad_comm_dtype"}
-    (tmp_path / "config.json").write_text(json.dumps(saved))
-    train.RunFolder(tmp_path, config).close()
-    with pytest.raises(ValueError, match="grad_comm_dtype"):
-        train.RunFolder(tmp_path, train.TrainConfig(grad_comm_dtype="bfloat16"))
+  """An older config.json has no grad_comm_dtype: it takes the default (float32), the run is the same run."""
+  config = train.TrainConfig()
+  saved = {k: v for k, v in vars(config).items() if k != "grad_comm_dtype"}
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  train.RunFolder(tmp_path, config).close()
+  with pytest.raises(ValueError, match="grad_comm_dtype"):
+    train.RunFolder(tmp_path, train.TrainConfig(grad_comm_dtype="bfloat16"))
 
 
 # ------------------------------------------------------------------------------------------------ 8 CPU devices
 def test_data_parallel_training_with_fp8_gradients(corpus):  # noqa: F811
-    """The default tier's representative of the test below: float8_e4m3fn only (the scaled wire format: shared
-    amax, flush to zero; bfloat16 is a plain cast), one compile less."""
-    _check_compressed_training(corpus, ["float8_e4m3fn"], ["f8E4M3FN"])
+  """The default tier's representative of the test below: float8_e4m3fn only (the scaled wire format: shared
+  amax, flush to zero; bfloat16 is a plain cast), one compile less."""
+  _check_compressed_training(corpus, ["float8_e4m3fn"], ["f8E4M3FN"])
 
 
 @pytest.mark.slow
 def test_data_parallel_training_with_compressed_gradients(corpus):  # noqa: F811
-    """bfloat16 and float8_e4m3fn on the wire, against one device: see ``_check_compressed_training``."""
-    _check_compressed_training(corpus, ["bfloat16", "float8_e4m3fn"], ["bf16", "f8E4M3FN"])
+  """bfloat16 and float8_e4m3fn on the wire, against one device: see ``_check_compressed_training``."""
+  _check_compressed_training(corpus, ["bfloat16", "float8_e4m3fn"], ["bf16", "f8E4M3FN"])
 
 
 def _check_compressed_training(corpus, dtypes, wires):  # noqa: F811
-    """data=4, nvidia_nvfp4 (SR, 16-point RHT along tokens, 2D weight tiles), 3 steps against one device.
+  """data=4, nvidia_nvfp4 (SR, 16-point RHT along tokens, 2D weight tiles), 3 steps against one device.
 
-    Each shard differentiates its share of the loss with token-sharded recipes (cross-shard NVFP4 amax, random bits
-    of global indices, the same key on every shard), so every quantized operand is the one-device operand
-    (tests/test_shard_numerics.py) and the step-0 loss, which does not depend on the communicated gradient, differs
-    from one device only by the fp32 order of the loss sum (STEP0_ULPS, as for the fp32 layouts). Measured on this
-    model: 4 ulps, as the fp32 global program on data=4. This bound is necessary, not sufficient: the former per-shard
-    quantization (local amax, shard-folded keys) gave 93 ulps at step 0 (1.7e-4 absolute at step 1), within both
-    bounds here; the bit-level evidence, with a negative control, is tests/test_shard_numerics.py. The program asks
-    for all-reduces in the wire dtype. Later losses: the communicated gradient differs from the fp32 one by at most 2^-8 (bf16) / 2^-3 (E4M3)
-    relative per element (bound above) plus the E4M3 flush; Adam's first updates are η·g/(|g|+ε) ≈ η·sign(g), which
-    such errors change only where a coordinate flushes to zero or is comparable to ε, and the bf16 forward then
-    rounds most of those parameter changes away. The resulting drift is of the size of the fp32-reordering drift
-    between layouts, so the layouts' bound LOSS_ATOL applies.
-    """
-    overrides = {"n_layers": 1, "d_model": 64, "n_heads": 2, "ffn_hidden": 128}
-    records = _layout_check("--checks", "loss", "--recipes", "nvidia_nvfp4", "--meshes", "data=4", "--data", corpus,
-                            "--model-overrides", json.dumps(overrides), "--steps", "3",
-                            "--grad-comm-dtypes", ",".join(dtypes))
-    assert [r["grad_comm_dtype"] for r in records] == dtypes
-    for r, wire in zip(records, wires, strict=True):
-        losses, reference = np.float32(r["losses"]), np.float32(r["reference"])
-        assert wire in r["all_reduce_dtypes"], r
-        assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], r
-        step0_ulps = abs(int(losses[:1].view(np.int32)[0]) - int(reference[:1].view(np.int32)[0]))
-        assert step0_ulps <= STEP0_ULPS["data=4"], r
-        np.testing.assert_allclose(losses, reference, rtol=0, atol=LOSS_ATOL, err_msg=str(r))
-        assert r["grad_norms"][0] != r["reference_grad_norms"][0], r  # the communicated gradient is not fp32's
+  Each shard differentiates its share of the loss with token-sharded recipes (cross-shard NVFP4 amax, random bits
+  of global indices, the same key on every shard), so every quantized operand is the one-device operand
+  (tests/test_shard_numerics.py) and the step-0 loss, which does not depend on the communicated gradient, differs
+  from one device only by the fp32 order of the loss sum (STEP0_ULPS, as for the fp32 layouts). Measured on this
+  model: 4 ulps, as the fp32 global program on data=4. This bound is necessary, not sufficient: the former per-shard
+  quantization (local amax, shard-folded keys) gave 93 ulps at step 0 (1.7e-4 absolute at step 1), within both
+  bounds here; the bit-level evidence, with a negative control, is tests/test_shard_numerics.py. The program asks
+  for all-reduces in the wire dtype. Later losses: the communicated gradient differs from the fp32 one by at most
+  2^-8 (bf16) / 2^-3 (E4M3)
+  relative per element (bound above) plus the E4M3 flush; Adam's first updates are η·g/(|g|+ε) ≈ η·sign(g), which
+  such errors change only where a coordinate flushes to zero or is comparable to ε, and the bf16 forward then
+  rounds most of those parameter changes away. The resulting drift is of the size of the fp32-reordering drift
+  between layouts, so the layouts' bound LOSS_ATOL applies.
+  """
+  overrides = {"n_layers": 1, "d_model": 64, "n_heads": 2, "ffn_hidden": 128}
+  records = _layout_check(
+    "--checks",
+    "loss",
+    "--recipes",
+    "nvidia_nvfp4",
+    "--meshes",
+    "data=4",
+    "--data",
+    corpus,
+    "--model-overrides",
+    json.dumps(overrides),
+    "--steps",
+    "3",
+    "--grad-comm-dtypes",
+    ",".join(dtypes),
+  )
+  assert [r["grad_comm_dtype"] for r in records] == dtypes
+  for r, wire in zip(records, wires, strict=True):
+    losses, reference = np.float32(r["losses"]), np.float32(r["reference"])
+    assert wire in r["all_reduce_dtypes"], r
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], r
+    step0_ulps = abs(int(losses[:1].view(np.int32)[0]) - int(reference[:1].view(np.int32)[0]))
+    assert step0_ulps <= STEP0_ULPS["data=4"], r
+    np.testing.assert_allclose(losses, reference, rtol=0, atol=LOSS_ATOL, err_msg=str(r))
+    assert r["grad_norms"][0] != r["reference_grad_norms"][0], r  # the communicated gradient is not fp32's

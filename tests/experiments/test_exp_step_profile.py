@@ -7,41 +7,43 @@ from fp4jax_experiments import step_profile
 
 
 def _trace(tmp_path, events):
-    folder = tmp_path / "plugins" / "profile" / "t"
-    folder.mkdir(parents=True)
-    path = folder / step_profile.TRACE_NAME
-    with gzip.open(path, "wt") as f:
-        json.dump({"traceEvents": events}, f)
-    return tmp_path
+  folder = tmp_path / "plugins" / "profile" / "t"
+  folder.mkdir(parents=True)
+  path = folder / step_profile.TRACE_NAME
+  with gzip.open(path, "wt") as f:
+    json.dump({"traceEvents": events}, f)
+  return tmp_path
 
 
 def test_summary_counts_stream_kernels_once_and_measures_idle_time(tmp_path):
-    meta = [
-        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
-        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}},
-        {"ph": "M", "pid": 1, "tid": 7, "name": "thread_name", "args": {"name": "Stream #7(Compute)"}},
-        {"ph": "M", "pid": 1, "tid": 8, "name": "thread_name", "args": {"name": "Stream #8(MemcpyD2D)"}},
-        {"ph": "M", "pid": 1, "tid": 9, "name": "thread_name", "args": {"name": "XLA Ops"}},
-    ]
-    kernel = lambda tid, ts, dur, name: {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": dur, "name": name}
-    events = meta + [
-        kernel(7, 0, 100, "gemm"), kernel(7, 300, 100, "gemm"), kernel(7, 500, 500, "fusion_1"),
-        kernel(8, 50, 100, "copy"),  # overlaps the first gemm: busy counts it once
-        kernel(9, 0, 1000, "the whole step again"),  # not a stream: left out of the kernels
-        {"ph": "X", "pid": 2, "tid": 1, "ts": 0, "dur": 5000, "name": "python"},  # host: not a device
-    ]
-    summary = step_profile.summarize(step_profile.find_trace(_trace(tmp_path, events)), steps=2)
-    assert list(summary) == ["/device:GPU:0"]
-    gpu = summary["/device:GPU:0"]
-    assert gpu["span_ms"] == pytest.approx(1.0) and gpu["busy_ms"] == pytest.approx(0.75)
-    assert gpu["busy_fraction"] == pytest.approx(0.75) and gpu["busy_ms_per_step"] == pytest.approx(0.375)
-    assert gpu["kernels_per_step"] == 2
-    assert gpu["top"] == [["fusion_1", 0.5, 1], ["gemm", 0.2, 2], ["copy", 0.1, 1]]
-    assert gpu["threads"]["XLA Ops"] == [1.0, 1]
+  meta = [
+    {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+    {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}},
+    {"ph": "M", "pid": 1, "tid": 7, "name": "thread_name", "args": {"name": "Stream #7(Compute)"}},
+    {"ph": "M", "pid": 1, "tid": 8, "name": "thread_name", "args": {"name": "Stream #8(MemcpyD2D)"}},
+    {"ph": "M", "pid": 1, "tid": 9, "name": "thread_name", "args": {"name": "XLA Ops"}},
+  ]
+  kernel = lambda tid, ts, dur, name: {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": dur, "name": name}
+  events = meta + [
+    kernel(7, 0, 100, "gemm"),
+    kernel(7, 300, 100, "gemm"),
+    kernel(7, 500, 500, "fusion_1"),
+    kernel(8, 50, 100, "copy"),  # overlaps the first gemm: busy counts it once
+    kernel(9, 0, 1000, "the whole step again"),  # not a stream: left out of the kernels
+    {"ph": "X", "pid": 2, "tid": 1, "ts": 0, "dur": 5000, "name": "python"},  # host: not a device
+  ]
+  summary = step_profile.summarize(step_profile.find_trace(_trace(tmp_path, events)), steps=2)
+  assert list(summary) == ["/device:GPU:0"]
+  gpu = summary["/device:GPU:0"]
+  assert gpu["span_ms"] == pytest.approx(1.0) and gpu["busy_ms"] == pytest.approx(0.75)
+  assert gpu["busy_fraction"] == pytest.approx(0.75) and gpu["busy_ms_per_step"] == pytest.approx(0.375)
+  assert gpu["kernels_per_step"] == 2
+  assert gpu["top"] == [["fusion_1", 0.5, 1], ["gemm", 0.2, 2], ["copy", 0.1, 1]]
+  assert gpu["threads"]["XLA Ops"] == [1.0, 1]
 
 
 def test_missing_trace_and_bad_steps_are_refused(tmp_path):
-    with pytest.raises(FileNotFoundError, match="create_perfetto_trace"):
-        step_profile.find_trace(tmp_path)
-    with pytest.raises(ValueError, match="steps"):
-        step_profile.summarize(tmp_path / "x", steps=0)
+  with pytest.raises(FileNotFoundError, match="create_perfetto_trace"):
+    step_profile.find_trace(tmp_path)
+  with pytest.raises(ValueError, match="steps"):
+    step_profile.summarize(tmp_path / "x", steps=0)

@@ -13,21 +13,21 @@ BASE = train.TrainConfig(batch_size=4, seq_len=32)
 
 
 def test_plan_covers_the_grid_with_tokens_per_parameter():
-    runs = sweep.plan(BASE, ["1M", "3M"], [25, 100], ["bf16", "quartet2"])
-    assert len(runs) == 8 and len({r.name for r in runs}) == 8
-    run = next(r for r in runs if r.name == "3M-r100-quartet2")
-    n = model.parameter_count(model.model_config("3M"))["non_embedding"]
-    assert run.config.recipe == "quartet2" and run.config.model == "3M"
-    assert run.config.tokens % BASE.tokens_per_step == 0 and 0 <= 100 * n - run.config.tokens < BASE.tokens_per_step
-    with pytest.raises(ValueError, match="ratios"):
-        sweep.plan(BASE, ["1M"], [0], ["bf16"])
+  runs = sweep.plan(BASE, ["1M", "3M"], [25, 100], ["bf16", "quartet2"])
+  assert len(runs) == 8 and len({r.name for r in runs}) == 8
+  run = next(r for r in runs if r.name == "3M-r100-quartet2")
+  n = model.parameter_count(model.model_config("3M"))["non_embedding"]
+  assert run.config.recipe == "quartet2" and run.config.model == "3M"
+  assert run.config.tokens % BASE.tokens_per_step == 0 and 0 <= 100 * n - run.config.tokens < BASE.tokens_per_step
+  with pytest.raises(ValueError, match="ratios"):
+    sweep.plan(BASE, ["1M"], [0], ["bf16"])
 
 
 def test_config_survives_the_command_line():
-    config = train.TrainConfig(model="3M", recipe="quartet2", tokens=123456, lr=1.5e-3, bf16_last=1, data="linux")
-    parser = argparse.ArgumentParser()
-    train.add_config_arguments(parser)
-    assert train.config_from_args(parser.parse_args(train.config_to_args(config))) == config
+  config = train.TrainConfig(model="3M", recipe="quartet2", tokens=123456, lr=1.5e-3, bf16_last=1, data="linux")
+  parser = argparse.ArgumentParser()
+  train.add_config_arguments(parser)
+  assert train.config_from_args(parser.parse_args(train.config_to_args(config))) == config
 
 
 FAKE_TRAINER = """
@@ -41,127 +41,170 @@ if folder.name.endswith("bf16"):
 
 
 def _fake_command(run, folder, minutes, cache_dir):
-    return [sys.executable, "-c", FAKE_TRAINER, str(folder)]
+  return [sys.executable, "-c", FAKE_TRAINER, str(folder)]
 
 
 def test_execute_skips_finished_resumes_partial_and_spreads_over_devices(tmp_path):
-    runs = sweep.plan(BASE, ["100K"], [10], ["bf16", "quartet2", "nvidia_nvfp4"])
-    (tmp_path / "100K-r10-quartet2").mkdir()
-    (tmp_path / "100K-r10-quartet2" / "summary.json").write_text("{}")
-    states = sweep.execute(runs, tmp_path, max_minutes=5, devices=["0", "1"], command=_fake_command)
-    assert states == {"100K-r10-bf16": "finished", "100K-r10-quartet2": "finished", "100K-r10-nvidia_nvfp4": "partial"}
-    assert not (tmp_path / "100K-r10-quartet2" / "launches.txt").exists()
-    used = {(tmp_path / n / "launches.txt").read_text() for n in ("100K-r10-bf16", "100K-r10-nvidia_nvfp4")}
-    assert used == {"0\n", "1\n"}
+  runs = sweep.plan(BASE, ["100K"], [10], ["bf16", "quartet2", "nvidia_nvfp4"])
+  (tmp_path / "100K-r10-quartet2").mkdir()
+  (tmp_path / "100K-r10-quartet2" / "summary.json").write_text("{}")
+  states = sweep.execute(runs, tmp_path, max_minutes=5, devices=["0", "1"], command=_fake_command)
+  assert states == {"100K-r10-bf16": "finished", "100K-r10-quartet2": "finished", "100K-r10-nvidia_nvfp4": "partial"}
+  assert not (tmp_path / "100K-r10-quartet2" / "launches.txt").exists()
+  used = {(tmp_path / n / "launches.txt").read_text() for n in ("100K-r10-bf16", "100K-r10-nvidia_nvfp4")}
+  assert used == {"0\n", "1\n"}
 
-    states = sweep.execute(runs, tmp_path, max_minutes=5, command=_fake_command)  # second piece: only the partial run
-    assert (tmp_path / "100K-r10-nvidia_nvfp4" / "launches.txt").read_text().splitlines() == ["1", "none"]
-    assert (tmp_path / "100K-r10-bf16" / "launches.txt").read_text() == "0\n"
+  states = sweep.execute(runs, tmp_path, max_minutes=5, command=_fake_command)  # second piece: only the partial run
+  assert (tmp_path / "100K-r10-nvidia_nvfp4" / "launches.txt").read_text().splitlines() == ["1", "none"]
+  assert (tmp_path / "100K-r10-bf16" / "launches.txt").read_text() == "0\n"
 
 
 def test_nothing_launches_without_budget(tmp_path):
-    runs = sweep.plan(BASE, ["100K"], [10], ["bf16"])
-    states = sweep.execute(runs, tmp_path, max_minutes=0.5, command=_fake_command)
-    assert states == {"100K-r10-bf16": "new"}
+  runs = sweep.plan(BASE, ["100K"], [10], ["bf16"])
+  states = sweep.execute(runs, tmp_path, max_minutes=0.5, command=_fake_command)
+  assert states == {"100K-r10-bf16": "new"}
 
 
 def test_collect_reads_finished_runs(tmp_path):
-    runs = sweep.plan(BASE, ["100K"], [10], ["bf16", "quartet2"])
-    folder = tmp_path / runs[0].name
-    folder.mkdir()
-    (folder / "summary.json").write_text(json.dumps({"val_loss": 2.5, "tokens": 100}))
-    (folder / "metrics.jsonl").write_text(json.dumps({"kind": "val", "step": 0, "tokens": 0, "val_loss": 5.5}) + "\n")
-    assert sweep.collect(tmp_path, runs) == [
-        {"name": runs[0].name, "val_loss": 2.5, "tokens": 100, "val_curve": [[0, 5.5]]}]
+  runs = sweep.plan(BASE, ["100K"], [10], ["bf16", "quartet2"])
+  folder = tmp_path / runs[0].name
+  folder.mkdir()
+  (folder / "summary.json").write_text(json.dumps({"val_loss": 2.5, "tokens": 100}))
+  (folder / "metrics.jsonl").write_text(json.dumps({"kind": "val", "step": 0, "tokens": 0, "val_loss": 5.5}) + "\n")
+  assert sweep.collect(tmp_path, runs) == [
+    {"name": runs[0].name, "val_loss": 2.5, "tokens": 100, "val_curve": [[0, 5.5]]}
+  ]
 
 
 def test_biggest_runs_start_first_and_share_a_device(tmp_path, monkeypatch):
-    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
-    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
-    runs = sweep.plan(BASE, ["100K", "1M"], [10], ["bf16", "quartet2"])
-    order = []
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  runs = sweep.plan(BASE, ["100K", "1M"], [10], ["bf16", "quartet2"])
+  order = []
 
-    def command(run, folder, minutes, cache_dir):
-        order.append(run.name)
-        return [sys.executable, "-c", "import os, sys; open(sys.argv[1] + '/env.txt', 'w').write("
-                "os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'] + ' ' + "
-                "os.environ['JAX_COMPILATION_CACHE_DIR'])", str(folder)]
+  def command(run, folder, minutes, cache_dir):
+    order.append(run.name)
+    return [
+      sys.executable,
+      "-c",
+      "import os, sys; open(sys.argv[1] + '/env.txt', 'w').write("
+      "os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'] + ' ' + "
+      "os.environ['JAX_COMPILATION_CACHE_DIR'])",
+      str(folder),
+    ]
 
-    sweep.execute(runs, tmp_path, max_minutes=5, devices=["3", "5"], command=command, runs_per_device=2)
-    assert order == ["1M-r10-bf16", "1M-r10-quartet2", "100K-r10-bf16", "100K-r10-quartet2"]
-    env = {r.name: (tmp_path / r.name / "env.txt").read_text() for r in runs}
-    cache = tmp_path / sweep.COMPILE_CACHE  # one compilation cache for the sweep's runs
-    # every GPU busy before any shares
-    assert env["1M-r10-bf16"] == f"3 0.45 {cache}" and env["1M-r10-quartet2"] == f"5 0.45 {cache}"
-    assert set(env.values()) == {f"3 0.45 {cache}", f"5 0.45 {cache}"}
-    with pytest.raises(ValueError, match="runs_per_device"):
-        sweep.execute(runs, tmp_path, max_minutes=5, command=command, runs_per_device=0)
+  sweep.execute(runs, tmp_path, max_minutes=5, devices=["3", "5"], command=command, runs_per_device=2)
+  assert order == ["1M-r10-bf16", "1M-r10-quartet2", "100K-r10-bf16", "100K-r10-quartet2"]
+  env = {r.name: (tmp_path / r.name / "env.txt").read_text() for r in runs}
+  cache = tmp_path / sweep.COMPILE_CACHE  # one compilation cache for the sweep's runs
+  # every GPU busy before any shares
+  assert env["1M-r10-bf16"] == f"3 0.45 {cache}" and env["1M-r10-quartet2"] == f"5 0.45 {cache}"
+  assert set(env.values()) == {f"3 0.45 {cache}", f"5 0.45 {cache}"}
+  with pytest.raises(ValueError, match="runs_per_device"):
+    sweep.execute(runs, tmp_path, max_minutes=5, command=command, runs_per_device=0)
 
 
-@pytest.mark.parametrize("overrides", [{"remat": True, "scan_unroll": 6, "quantizer_backend": "pallas"},
-                                       {"remat": False, "scan_unroll": 1, "quantizer_backend": "xla"}])
+@pytest.mark.parametrize(
+  "overrides",
+  [
+    {"remat": True, "scan_unroll": 6, "quantizer_backend": "pallas"},
+    {"remat": False, "scan_unroll": 1, "quantizer_backend": "xla"},
+  ],
+)
 def test_execution_flags_reach_the_training_command(tmp_path, overrides):
-    """The sweep's --remat/--scan-unroll/--quantizer-backend reach each run's `experiments.train` command intact."""
-    run = sweep.plan(BASE, ["100K"], [10], ["bf16"])[0]
-    command = sweep.train_command(run, tmp_path, 3.0, None, execution=overrides, final_eval_batches=32)
-    parser = argparse.ArgumentParser()
-    train.add_config_arguments(parser)
-    train.add_execution_arguments(parser)
-    for flag in ("--out", "--max-minutes", "--final-eval-batches"):
-        parser.add_argument(flag)
-    args = parser.parse_args(command[3:])
-    assert train.execution_overrides(args) == overrides
-    assert train.config_from_args(args) == run.config
-    assert args.final_eval_batches == "32"
-    assert "--final-eval-batches" not in sweep.train_command(run, tmp_path, 3.0, None)
+  """The sweep's --remat/--scan-unroll/--quantizer-backend reach each run's `experiments.train` command intact."""
+  run = sweep.plan(BASE, ["100K"], [10], ["bf16"])[0]
+  command = sweep.train_command(run, tmp_path, 3.0, None, execution=overrides, final_eval_batches=32)
+  parser = argparse.ArgumentParser()
+  train.add_config_arguments(parser)
+  train.add_execution_arguments(parser)
+  for flag in ("--out", "--max-minutes", "--final-eval-batches"):
+    parser.add_argument(flag)
+  args = parser.parse_args(command[3:])
+  assert train.execution_overrides(args) == overrides
+  assert train.config_from_args(args) == run.config
+  assert args.final_eval_batches == "32"
+  assert "--final-eval-batches" not in sweep.train_command(run, tmp_path, 3.0, None)
 
 
 def test_evaluations_are_collected_from_the_runs_that_wrote_one(tmp_path):
-    runs = sweep.plan(BASE, ["100K"], [10], ["bf16", "nvidia_nvfp4"])
-    record = {"name": runs[0].name, "model": "100K", "recipe": "bf16", "tokens": 1, "step": 2, "steps": 2,
-              "batch_losses": [1.0, 2.0]}
-    (tmp_path / runs[0].name).mkdir()
-    (tmp_path / runs[0].name / train.FINAL_EVAL).write_text(json.dumps(record) + "\n")
-    (tmp_path / runs[1].name).mkdir()  # unfinished: no evaluation
-    assert sweep.collect_evaluations(tmp_path, runs) == [record]
+  runs = sweep.plan(BASE, ["100K"], [10], ["bf16", "nvidia_nvfp4"])
+  record = {
+    "name": runs[0].name,
+    "model": "100K",
+    "recipe": "bf16",
+    "tokens": 1,
+    "step": 2,
+    "steps": 2,
+    "batch_losses": [1.0, 2.0],
+  }
+  (tmp_path / runs[0].name).mkdir()
+  (tmp_path / runs[0].name / train.FINAL_EVAL).write_text(json.dumps(record) + "\n")
+  (tmp_path / runs[1].name).mkdir()  # unfinished: no evaluation
+  assert sweep.collect_evaluations(tmp_path, runs) == [record]
 
 
 def test_gpus_per_run_groups_devices_and_meshes_the_run(tmp_path):
-    assert sweep.device_groups(["0", "1", "2", "3"], 2) == ["0,1", "2,3"]
-    with pytest.raises(ValueError, match="gpus_per_run"):
-        sweep.device_groups(["0", "1", "2"], 2)
-    run = sweep.plan(BASE, ["100K"], [10], ["bf16"])[0]
-    command = sweep.train_command(run, tmp_path, 3.0, None, mesh="data=2")
-    assert command[-2:] == ["--mesh", "data=2"]
-    assert "--mesh" not in sweep.train_command(run, tmp_path, 3.0, None)
-    with pytest.raises(SystemExit):
-        sweep.main(["--out", str(tmp_path), "--sizes", "100K", "--ratios", "1", "--recipes", "bf16", "--devices",
-                    "0,1,2", "--gpus-per-run", "2"])
+  assert sweep.device_groups(["0", "1", "2", "3"], 2) == ["0,1", "2,3"]
+  with pytest.raises(ValueError, match="gpus_per_run"):
+    sweep.device_groups(["0", "1", "2"], 2)
+  run = sweep.plan(BASE, ["100K"], [10], ["bf16"])[0]
+  command = sweep.train_command(run, tmp_path, 3.0, None, mesh="data=2")
+  assert command[-2:] == ["--mesh", "data=2"]
+  assert "--mesh" not in sweep.train_command(run, tmp_path, 3.0, None)
+  with pytest.raises(SystemExit):
+    sweep.main(
+      [
+        "--out",
+        str(tmp_path),
+        "--sizes",
+        "100K",
+        "--ratios",
+        "1",
+        "--recipes",
+        "bf16",
+        "--devices",
+        "0,1,2",
+        "--gpus-per-run",
+        "2",
+      ]
+    )
 
 
 def test_gaps_pair_each_recipe_with_bf16_over_the_same_batches():
-    from fp4jax_experiments import evaluate
+  from fp4jax_experiments import evaluate
 
-    def record(recipe, losses, model="1M"):
-        return {"name": recipe, "model": model, "recipe": recipe, "tokens": 100, "step": 5, "steps": 5,
-                "batch_losses": losses}
+  def record(recipe, losses, model="1M"):
+    return {
+      "name": recipe,
+      "model": model,
+      "recipe": recipe,
+      "tokens": 100,
+      "step": 5,
+      "steps": 5,
+      "batch_losses": losses,
+    }
 
-    rows = evaluate.gaps([record("bf16", [2.0, 3.0, 4.0]), record("quartet2", [2.1, 3.3, 4.2]),
-                          record("quartet", [5.0, 5.0], model="3M")])
-    assert [r["recipe"] for r in rows] == ["quartet2"]  # no bf16 partner for 3M
-    d = np.array([0.1, 0.3, 0.2])
-    np.testing.assert_allclose(rows[0]["gap"], d.mean())
-    np.testing.assert_allclose(rows[0]["ci95"], 1.96 * d.std(ddof=1) / np.sqrt(3))
-    unfinished = record("quartet2", [2.1, 3.3, 4.2]) | {"step": 3}
-    table = evaluate.gaps_markdown([record("bf16", [2.0, 3.0, 4.0]), unfinished])
-    assert f"| 1M | 0.0M | quartet2 | 3.2000 | +{d.mean():.4f} ± {rows[0]['ci95']:.4f} | 3/5 (unfinished) |" in table
-    with pytest.raises(ValueError, match="same validation batches"):
-        evaluate.gaps([record("bf16", [2.0, 3.0, 4.0]), record("nvidia_nvfp4", [1.0, 1.0])])
-    # another baseline: two FP4 recipes compared directly, paired over the same batches
-    records = [record("bf16", [2.0, 3.0, 4.0]), record("quartet2", [2.1, 3.3, 4.2]),
-               record("nvidia_nvfp4", [2.2, 3.2, 4.6])]
-    rows = {r["recipe"]: r for r in evaluate.gaps(records, baseline="nvidia_nvfp4")}
-    assert set(rows) == {"bf16", "quartet2"}
-    np.testing.assert_allclose(rows["quartet2"]["gap"], np.mean([-0.1, 0.1, -0.4]))
-    np.testing.assert_allclose(rows["quartet2"]["baseline_loss"], np.mean([2.2, 3.2, 4.6]))
-    assert "gap to nvidia_nvfp4 (95% CI)" in evaluate.gaps_markdown(records, "nvidia_nvfp4")
+  rows = evaluate.gaps(
+    [record("bf16", [2.0, 3.0, 4.0]), record("quartet2", [2.1, 3.3, 4.2]), record("quartet", [5.0, 5.0], model="3M")]
+  )
+  assert [r["recipe"] for r in rows] == ["quartet2"]  # no bf16 partner for 3M
+  d = np.array([0.1, 0.3, 0.2])
+  np.testing.assert_allclose(rows[0]["gap"], d.mean())
+  np.testing.assert_allclose(rows[0]["ci95"], 1.96 * d.std(ddof=1) / np.sqrt(3))
+  unfinished = record("quartet2", [2.1, 3.3, 4.2]) | {"step": 3}
+  table = evaluate.gaps_markdown([record("bf16", [2.0, 3.0, 4.0]), unfinished])
+  assert f"| 1M | 0.0M | quartet2 | 3.2000 | +{d.mean():.4f} ± {rows[0]['ci95']:.4f} | 3/5 (unfinished) |" in table
+  with pytest.raises(ValueError, match="same validation batches"):
+    evaluate.gaps([record("bf16", [2.0, 3.0, 4.0]), record("nvidia_nvfp4", [1.0, 1.0])])
+  # another baseline: two FP4 recipes compared directly, paired over the same batches
+  records = [
+    record("bf16", [2.0, 3.0, 4.0]),
+    record("quartet2", [2.1, 3.3, 4.2]),
+    record("nvidia_nvfp4", [2.2, 3.2, 4.6]),
+  ]
+  rows = {r["recipe"]: r for r in evaluate.gaps(records, baseline="nvidia_nvfp4")}
+  assert set(rows) == {"bf16", "quartet2"}
+  np.testing.assert_allclose(rows["quartet2"]["gap"], np.mean([-0.1, 0.1, -0.4]))
+  np.testing.assert_allclose(rows["quartet2"]["baseline_loss"], np.mean([2.2, 3.2, 4.6]))
+  assert "gap to nvidia_nvfp4 (95% CI)" in evaluate.gaps_markdown(records, "nvidia_nvfp4")

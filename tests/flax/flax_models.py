@@ -87,8 +87,9 @@ class LinenScanTransformer(nn.Module):
   def __call__(self, toks):
     c = self.cfg
     h = nn.Embed(c.vocab, c.d_model, dtype=c.dtype, name="embed")(toks)
-    blocks = nn.scan(nn.remat(ScanBody), variable_axes={"params": 0}, split_rngs={"params": True, "quant": True},
-                     length=c.n_layers)
+    blocks = nn.scan(
+      nn.remat(ScanBody), variable_axes={"params": 0}, split_rngs={"params": True, "quant": True}, length=c.n_layers
+    )
     h, _ = blocks(c, name="blocks")(h, None)
     return nn.Dense(c.vocab, use_bias=False, dtype=c.dtype, name="lm_head")(nn.RMSNorm(dtype=c.dtype)(h))
 
@@ -109,7 +110,9 @@ class NnxBlock(nnx.Module):
     b, s, _ = x.shape
     heads = (b, s, c.n_heads, c.d_model // c.n_heads)
     q, k, v = jnp.split(self.qkv(x).reshape(b, s, 3, *heads[2:]), 3, axis=2)
-    h = h + self.o(jax.nn.dot_product_attention(q[:, :, 0], k[:, :, 0], v[:, :, 0], is_causal=True).reshape(b, s, c.d_model))
+    h = h + self.o(
+      jax.nn.dot_product_attention(q[:, :, 0], k[:, :, 0], v[:, :, 0], is_causal=True).reshape(b, s, c.d_model)
+    )
     x = self.mlp_norm(h)
     gate, up = jnp.split(self.gate_up(x), 2, axis=-1)
     return h + self.down(nnx.silu(gate) * up)

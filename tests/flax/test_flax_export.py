@@ -34,8 +34,9 @@ def test_pack_is_the_recipes_forward_weight_and_orbax_round_trip_is_bit_identica
   kernel = params["block_0"]["qkv"]["kernel"]
   q = packed["block_0"]["qkv"]["kernel"]
   assert isinstance(q, fp4jax.QTensor) and q.codes.dtype == jnp.uint8 and q.fmt == spec.fmt
-  fq = lambda w: fp4jax.fake_quantize(w, spec.fmt, axis=0, block_shape=spec.block_shape,
-                                      hadamard=spec.hadamard or None, hadamard_signs="none")
+  fq = lambda w: fp4jax.fake_quantize(
+    w, spec.fmt, axis=0, block_shape=spec.block_shape, hadamard=spec.hadamard or None, hadamard_signs="none"
+  )
   want = jax.jit(fq)(kernel)
   np.testing.assert_array_equal(export.unpack(packed)["block_0"]["qkv"]["kernel"], want)
   assert not isinstance(packed["embed"]["embedding"], fp4jax.QTensor)  # only "kernel" leaves by default
@@ -48,11 +49,19 @@ def test_pack_is_the_recipes_forward_weight_and_orbax_round_trip_is_bit_identica
     b = got[k]
     if isinstance(a, fp4jax.QTensor):
       assert (a.shape, a.axis, a.fmt, a.block_shape, a.hadamard, a.dtype) == (
-          b.shape, b.axis, b.fmt, b.block_shape, b.hadamard, b.dtype)
+        b.shape,
+        b.axis,
+        b.fmt,
+        b.block_shape,
+        b.hadamard,
+        b.dtype,
+      )
       for field in ("codes", "scales", "global_scale"):
         x, y = getattr(a, field), getattr(b, field)
         assert x.dtype == y.dtype and x.shape == y.shape, (k, field)
-        np.testing.assert_array_equal(jax.lax.bitcast_convert_type(x, jnp.uint8), jax.lax.bitcast_convert_type(y, jnp.uint8))
+        np.testing.assert_array_equal(
+          jax.lax.bitcast_convert_type(x, jnp.uint8), jax.lax.bitcast_convert_type(y, jnp.uint8)
+        )
     else:
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -87,16 +96,25 @@ def _planned(block):
   """{layer path: recipe or None} RULES give, written out by hand: the first and last block and the LM head (by
   DEFAULT_HIGH_PRECISION) stay high precision, block 1 runs nvfp4_rtn on qkv/o and nvidia_nvfp4 on the MLP."""
   out = {f"{block(i)}/{n}": None for i in (0, 2) for n in ("qkv", "o", "gate_up", "down")}
-  out.update({f"{block(1)}/qkv": "nvfp4_rtn", f"{block(1)}/o": "nvfp4_rtn", f"{block(1)}/gate_up": "nvidia_nvfp4",
-              f"{block(1)}/down": "nvidia_nvfp4", "lm_head": None})
+  out.update(
+    {
+      f"{block(1)}/qkv": "nvfp4_rtn",
+      f"{block(1)}/o": "nvfp4_rtn",
+      f"{block(1)}/gate_up": "nvidia_nvfp4",
+      f"{block(1)}/down": "nvidia_nvfp4",
+      "lm_head": None,
+    }
+  )
   return out
 
 
 def _check_packed_layers(params, packed, block):
   """Planned layers: a QTensor equal to the recipe's forward weight spec applied to the bf16 kernel (the layer's
   compute dtype); the others: untouched."""
-  flat_p, flat_q = (dict(jax.tree_util.tree_flatten_with_path(t, is_leaf=lambda x: isinstance(x, fp4jax.QTensor))[0])
-                    for t in (params, packed))
+  flat_p, flat_q = (
+    dict(jax.tree_util.tree_flatten_with_path(t, is_leaf=lambda x: isinstance(x, fp4jax.QTensor))[0])
+    for t in (params, packed)
+  )
   key = lambda path: tuple(jax.tree_util.DictKey(int(p) if p.isdigit() else p) for p in path.split("/"))
   unpacked = export.unpack(packed)
   for path, recipe in _planned(block).items():
@@ -106,8 +124,14 @@ def _check_packed_layers(params, packed, block):
       np.testing.assert_array_equal(q, w)
       continue
     spec = fp4jax.recipes.get(recipe).fwd_rhs
-    want = fp4jax.fake_quantize(w.astype(jnp.bfloat16), spec.fmt, axis=0, block_shape=spec.block_shape,
-                                hadamard=spec.hadamard or None, hadamard_signs="none")
+    want = fp4jax.fake_quantize(
+      w.astype(jnp.bfloat16),
+      spec.fmt,
+      axis=0,
+      block_shape=spec.block_shape,
+      hadamard=spec.hadamard or None,
+      hadamard_signs="none",
+    )
     assert isinstance(q, fp4jax.QTensor) and q.fmt == spec.fmt and q.block_shape == (spec.block_shape or (16,)), path
     got = dict(jax.tree_util.tree_flatten_with_path(unpacked)[0])[key(path + "/kernel")]
     np.testing.assert_array_equal(got, want, err_msg=path)
@@ -174,7 +198,7 @@ def test_restore_raises_on_any_flipped_truncated_or_extra_file(tmp_path):
     data = bytearray(target.read_bytes())
     n = min(64, len(data))
     start = (len(data) - n) // 2
-    data[start:start + n] = bytes(b ^ 0xFF for b in data[start:start + n]) if n else bytes(64)  # empty: extend
+    data[start : start + n] = bytes(b ^ 0xFF for b in data[start : start + n]) if n else bytes(64)  # empty: extend
     target.write_bytes(bytes(data))
     name = export.MANIFEST if str(rel) == export.MANIFEST else str(rel)
     with pytest.raises(export.CorruptCheckpointError, match=re.escape(name)):

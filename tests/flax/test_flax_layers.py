@@ -169,14 +169,23 @@ def test_backend_field_reaches_dot_general_and_pallas_gives_the_same_bits():
   x, w = jax.random.normal(kx, (m, k), jnp.bfloat16), jax.random.normal(kw, (k, n), jnp.bfloat16)
 
   def linen_run(backend):
-    layer = ql.Dense(n, use_bias=False, recipe="nvidia_nvfp4", backend=backend, dtype=jnp.bfloat16,
-                     param_dtype=jnp.bfloat16)
+    layer = ql.Dense(
+      n, use_bias=False, recipe="nvidia_nvfp4", backend=backend, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16
+    )
     f = lambda p, x: jnp.sum(layer.apply(p, x, rngs={"quant": jax.random.key(3)}).astype(jnp.float32) ** 2)
     return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))({"params": {"kernel": w}}, x)
 
   def nnx_run(backend):
-    layer = qn.Linear(k, n, use_bias=False, recipe="nvidia_nvfp4", backend=backend, rngs=nnx.Rngs(0, quant=3),
-                      dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+    layer = qn.Linear(
+      k,
+      n,
+      use_bias=False,
+      recipe="nvidia_nvfp4",
+      backend=backend,
+      rngs=nnx.Rngs(0, quant=3),
+      dtype=jnp.bfloat16,
+      param_dtype=jnp.bfloat16,
+    )
     layer.kernel[...] = w
     f = lambda layer, x: jnp.sum(layer(x).astype(jnp.float32) ** 2)
     loss, (g_layer, g_x) = nnx.jit(nnx.value_and_grad(f, argnums=(0, 1)))(layer, x)

@@ -1,14 +1,13 @@
 """Rules and policies select exactly the intended layers; summary counts FLOPs; bad rules fail loudly."""
 
 import flax.linen as nn
+import flax_models as fm
 import jax
 import pytest
 from flax import nnx
 
-import flax_models as fm
 from fp4jax._src.flax import rules
-from fp4jax.flax import summary
-from fp4jax.flax import Rule, keep_high_precision, quantize
+from fp4jax.flax import Rule, keep_high_precision, quantize, summary
 
 CFG = fm.Config(n_layers=4)
 HP = "high precision"
@@ -69,6 +68,7 @@ def test_explicit_fp4_layers_show_in_summary_without_rules():
     @nn.compact
     def __call__(self, x):
       from fp4jax._src.flax import linen as ql
+
       return nn.Dense(8, name="plain")(ql.Dense(16, recipe="quartet2", name="fp4")(x))
 
   s = summary(Explicit(), jax.numpy.ones((4, 32)), show=False)
@@ -127,4 +127,8 @@ def test_a_rule_that_decides_no_layer_raises():
   paths = ["block_0/fc", "block_0/proj", "block_1/fc", "lm_head"]  # a layer named before the policy keeps its rule
   named_first = [Rule(r"block_0/fc", "quartet"), keep_high_precision(first=1), Rule(r".*", "nvfp4_rtn")]
   assert rules.plan(paths, named_first) == {
-      "block_0/fc": "quartet", "block_0/proj": None, "block_1/fc": "nvfp4_rtn", "lm_head": None}
+    "block_0/fc": "quartet",
+    "block_0/proj": None,
+    "block_1/fc": "nvfp4_rtn",
+    "lm_head": None,
+  }

@@ -5,16 +5,15 @@ starts at ~ln(64) = 4.16; memorizing one batch lowers it by far more than the 0.
 (quantization noise in the loss is ~1e-3 at this size).
 """
 
+import flax_models as fm
 import jax
 import jax.numpy as jnp
 import optax
 import pytest
 from flax import nnx
 
-import flax_models as fm
 from fp4jax._src import recipes
-from fp4jax.flax import summary
-from fp4jax.flax import Rule, quantize
+from fp4jax.flax import Rule, quantize, summary
 
 STEPS, LR, MIN_DROP = 4, 1e-2, 0.1
 
@@ -57,9 +56,13 @@ def test_linen_scan_remat_transformer_trains():
   model = quantize(fm.LinenScanTransformer(fm.Config(n_layers=2)), [Rule(r"blocks/block/down", "nvidia_nvfp4")])
   toks = fm.tokens(jax.random.key(0))
   s = summary(model, toks[:, :-1], show=False)
-  assert s.recipes() == {"blocks/block/qkv": "high precision", "blocks/block/o": "high precision",
-                         "blocks/block/gate_up": "high precision", "blocks/block/down": "nvidia_nvfp4",
-                         "lm_head": "high precision"}
+  assert s.recipes() == {
+    "blocks/block/qkv": "high precision",
+    "blocks/block/o": "high precision",
+    "blocks/block/gate_up": "high precision",
+    "blocks/block/down": "nvidia_nvfp4",
+    "lm_head": "high precision",
+  }
   _, losses = _train_linen(model, toks)
   assert losses[-1] < losses[0] - MIN_DROP, losses
 

@@ -12,22 +12,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fp4jax_kernels import operand as kernel_operand
 
 import fp4jax
 from fp4jax._src import backends, operand, recipes
 from fp4jax._src.formats import FP4Format
 from fp4jax._src.recipes import OperandSpec
-from fp4jax_kernels import operand as kernel_operand
 
 DN = (((1,), (1,)), ((), ()))
 KEY = jax.random.key(11)
 # (M, K, N): K a whole number of blocks; Quartet's backward RHT-32 needs M, N multiples of 32, Quartet II's RHT-128
 # multiples of 128 (its forward has no Hadamard, so K stays small).
 RECIPE_SHAPES = {
-    "nvfp4_rtn": (48, 64, 32),
-    "nvidia_nvfp4": (48, 64, 32),
-    "quartet": (32, 64, 64),
-    "quartet2": (128, 32, 128),
+  "nvfp4_rtn": (48, 64, 32),
+  "nvidia_nvfp4": (48, 64, 32),
+  "quartet": (32, 64, 64),
+  "quartet2": (128, 32, 128),
 }
 # one kernel quantizes X (forward and weight-gradient GEMMs), W (forward and data-gradient GEMMs) and dY (data- and
 # weight-gradient GEMMs) where that pays (pallas_triton.pair_pays): not Quartet's X (its wgrad reuses the forward
@@ -39,22 +39,29 @@ FUSED_PAIRS = {"nvfp4_rtn": 3, "nvidia_nvfp4": 2, "quartet": 0, "quartet2": 0}
 @pytest.fixture
 def pallas_kernels(jaxpr_equations):
   """``pallas_kernels(jaxpr)``: names of the Pallas kernels a jaxpr calls, nested jaxprs included."""
-  return lambda jaxpr: [str(e.params.get("name_and_src_info", e.params.get("name"))).split()[0]
-                        for e in jaxpr_equations(jaxpr) if e.primitive.name == "pallas_call"]
+  return lambda jaxpr: [
+    str(e.params.get("name_and_src_info", e.params.get("name"))).split()[0]
+    for e in jaxpr_equations(jaxpr)
+    if e.primitive.name == "pallas_call"
+  ]
 
 
 def _fwd_bwd(recipe, backend):
   def run(x, w, dy, key):
     y, vjp = jax.vjp(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=recipe, key=key, backend=backend), x, w)
     return (y, *vjp(dy))
+
   return jax.jit(run)
 
 
 def _inputs(m, k, n):
   kx, kw, kd = jax.random.split(jax.random.key(3), 3)
   x = jax.random.normal(kx, (m, k)) * jnp.logspace(-1, 1, k)  # columns over two decades: scales differ per block
-  return (x.astype(jnp.bfloat16), jax.random.normal(kw, (n, k), jnp.bfloat16),
-          jax.random.normal(kd, (m, n), jnp.bfloat16))
+  return (
+    x.astype(jnp.bfloat16),
+    jax.random.normal(kw, (n, k), jnp.bfloat16),
+    jax.random.normal(kd, (m, n), jnp.bfloat16),
+  )
 
 
 @pytest.mark.parametrize("name", sorted(RECIPE_SHAPES))
@@ -87,6 +94,7 @@ def test_batched_dot_falls_back_to_one_quantize_per_operand(pallas_kernels):
     def f(x, w, dy):
       y, vjp = jax.vjp(lambda a, b: fp4jax.dot_general(a, b, dn, recipe="nvfp4_rtn", key=KEY, backend=backend), x, w)
       return (y, *vjp(dy))
+
     return jax.jit(f)
 
   traced = run("pallas").trace(x, w, dy)
@@ -105,11 +113,15 @@ def test_forward_alone_quantizes_x_once(pallas_kernels):
   assert [k for k in kernels if k.startswith("fp4_quantize")] == ["fp4_quantize_nvfp4_rtn"] * 2, kernels
 
 
-@pytest.mark.parametrize("spec, shape", [
+@pytest.mark.parametrize(
+  "spec, shape",
+  [
     (OperandSpec(fmt=fp4jax.NVFP4, rounding="sr"), (2, 24, 48)),  # bits indexed across the folded rows
     (OperandSpec(fmt=fp4jax.NVFP4, block_shape=(16, 16)), (2, 32, 48)),  # 16x16 tiles inside each batch
     (OperandSpec(fmt=fp4jax.NVFP4, rounding="eden", hadamard=128, signs="random"), (3, 5, 128)),  # scale bits, signs
-], ids=["sr_3d", "tiles16x16_3d", "ms_eden_3d"])
+  ],
+  ids=["sr_3d", "tiles16x16_3d", "ms_eden_3d"],
+)
 def test_folded_operand_matches_xla(spec, shape):
   """Operands with leading dims are folded into rows for the kernel; random bits and tiles stay the XLA path's."""
   x = jax.random.normal(jax.random.key(5), shape, jnp.float32)
@@ -152,25 +164,31 @@ def test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand(monkeypatc
   assert not on_kernel((8, 256), eden, fused=False)  # MS-EDEN needs the kernel's own rotation
   assert on_kernel((3, 32, 64), OperandSpec(fmt=fp4jax.NVFP4, block_shape=(16, 16)))  # whole tiles in each batch
   assert not on_kernel((3, 24, 64), OperandSpec(fmt=fp4jax.NVFP4, block_shape=(16, 16)))  # tiles would straddle
+
   # one kernel for both directions of a tensor: 2D, both directions on the kernel, and a pair that pays
   def both(shape, rows, cols, backend="auto"):
     f = lambda x: operand.rotate_and_quantize_both(x, (rows, KEY, None), (cols, KEY, None), backend=backend)
     return "fp4_quantize_pair" in pallas_kernels(jax.make_jaxpr(f)(jnp.ones(shape, jnp.bfloat16)).jaxpr)
+
   rht16 = OperandSpec(fmt=fp4jax.NVFP4, rounding="sr", hadamard=16, signs="te")
   assert both((1, 32, 64), spec, rht16) and both((32, 64), spec, spec)
   assert not both((32, 64), spec, rht16, "xla") and not both((2, 32, 64), spec, rht16)  # XLA; a batch of them
   assert not both((32, 40), spec, spec)  # 40 is not whole blocks along the rows
   quartet = recipes.get("quartet").dgrad_lhs
   assert not both((64, 64), quartet, quartet)  # rotated both ways: slower fused
-  assert operand.rotate_and_quantize_both(jnp.ones((32, 64)), (spec, KEY, None), (spec, KEY, None),
-                                          backend="xla") is None  # each GEMM quantizes its own operand
+  assert (
+    operand.rotate_and_quantize_both(jnp.ones((32, 64)), (spec, KEY, None), (spec, KEY, None), backend="xla") is None
+  )  # each GEMM quantizes its own operand
 
 
-@pytest.mark.parametrize("recipe, shape, match", [
+@pytest.mark.parametrize(
+  "recipe, shape, match",
+  [
     ("ms_fp4", (16, 64, 16), "e2m1_channel"),
     ("fp8", (16, 64, 16), "fp8_e4m3"),
     ("nvfp4_rtn", (16, 40, 16), "whole number of 16-element blocks"),
-])
+  ],
+)
 def test_explicit_pallas_refuses_what_the_kernel_cannot_take(recipe, shape, match):
   x, w, dy = _inputs(*shape)
   with pytest.raises(ValueError, match=f"backend='pallas'.*OperandSpec.*{match}"):
@@ -190,11 +208,13 @@ def test_bad_backend_and_rotated_eden_are_named():
 
 def test_core_import_does_not_load_pallas():
   """``import fp4jax`` (and tracing an XLA-backend dot) never imports the kernels: checked in a fresh interpreter."""
-  code = ("import sys, jax, jax.numpy as jnp, fp4jax; "
-          "jax.make_jaxpr(lambda a, b: fp4jax.dot_general(a, b, (((1,), (1,)), ((), ())), recipe='nvfp4_rtn', backend='xla'))"
-          "(jnp.ones((4, 32)), jnp.ones((8, 32))); "
-          "bad = [m for m in sys.modules if m.startswith('fp4jax_kernels') or 'pallas' in m]; "
-          "assert not bad, bad")
+  code = (
+    "import sys, jax, jax.numpy as jnp, fp4jax; "
+    "jax.make_jaxpr(lambda a, b: fp4jax.dot_general(a, b, (((1,), (1,)), ((), ())), recipe='nvfp4_rtn', backend='xla'))"
+    "(jnp.ones((4, 32)), jnp.ones((8, 32))); "
+    "bad = [m for m in sys.modules if m.startswith('fp4jax_kernels') or 'pallas' in m]; "
+    "assert not bad, bad"
+  )
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

@@ -4,10 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fp4jax_kernels.gemm import api, gemv, reference
 
 import fp4jax
 from fp4jax._src import backends
-from fp4jax_kernels.gemm import api, gemv, reference
 
 
 def _operands(m, n, k, fmt=fp4jax.NVFP4, **rotation):
@@ -20,8 +20,16 @@ def _rel(y, r):
   return float(jnp.linalg.norm(y - r) / jnp.linalg.norm(r))
 
 
-@pytest.mark.parametrize("m,n,k,split_k,bk", [(1, 80, 256, None, None), (1, 100, 96, 1, None), (3, 40, 512, 2, 64),
-                                              (8, 64, 1024, 4, None), (1, 130, 2048, None, 128)])
+@pytest.mark.parametrize(
+  "m,n,k,split_k,bk",
+  [
+    (1, 80, 256, None, None),
+    (1, 100, 96, 1, None),
+    (3, 40, 512, 2, 64),
+    (8, 64, 1024, 4, None),
+    (1, 130, 2048, None, 128),
+  ],
+)
 def test_gemv_matches_the_xla_path(m, n, k, split_k, bk, interpret):
   """Ragged N (rows past N masked), rows of A padded to a power of two, K of 3 chunks, split-K; fp32 order only."""
   a, b = _operands(m, n, k)
@@ -80,11 +88,16 @@ def _packed(m, n, k, fmt=fp4jax.NVFP4):
   return x, w
 
 
-@pytest.mark.parametrize("m,n,fmt,kernel", [(1, 256, fp4jax.NVFP4, "fp4_gemv_nvfp4"),
-                                            (2, 256, fp4jax.NVFP4, "fp4_gemv_nvfp4"),
-                                            (3, 256, fp4jax.NVFP4, "fp4_dequant_matmul_nvfp4"),
-                                            (256, 1, fp4jax.NVFP4, "fp4_dequant_matmul_nvfp4"),
-                                            (1, 256, fp4jax.MXFP4, "fp4_dequant_matmul_mxfp4")])
+@pytest.mark.parametrize(
+  "m,n,fmt,kernel",
+  [
+    (1, 256, fp4jax.NVFP4, "fp4_gemv_nvfp4"),
+    (2, 256, fp4jax.NVFP4, "fp4_gemv_nvfp4"),
+    (3, 256, fp4jax.NVFP4, "fp4_dequant_matmul_nvfp4"),
+    (256, 1, fp4jax.NVFP4, "fp4_dequant_matmul_nvfp4"),
+    (1, 256, fp4jax.MXFP4, "fp4_dequant_matmul_mxfp4"),
+  ],
+)
 def test_pallas_entry_sends_up_to_two_rows_to_the_gemv(m, n, fmt, kernel, monkeypatch):
   """``api.pallas_matmul``: the GEMV for up to ``gemv.ROWS`` = 2 rows of activations (NVFP4), the tensor-core
   kernel otherwise (lowered for CUDA on any machine)."""
@@ -116,7 +129,9 @@ def test_gemv_sass_is_fused_multiply_adds_without_tensor_cores():
   assert ops["FFMA"] >= 8 and ops["HMMA"] == 0 and ops["HGMMA"] == 0
 
 
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="randomized larger shapes: GPU only (interpret mode is slow)")
+@pytest.mark.skipif(
+  jax.default_backend() != "gpu", reason="randomized larger shapes: GPU only (interpret mode is slow)"
+)
 @pytest.mark.parametrize("seed", range(3))
 def test_gemv_randomized_shapes_on_gpu(seed):
   """Random rows of A (1-8), N and K, default config and split-K, through the Pallas entry too."""

@@ -6,12 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fp4jax_kernels.gemm import pallas_triton, reference
+from fp4jax_kernels.native import matmul as native
 
 import fp4jax
 from fp4jax._src import backends
 from fp4jax._src.formats import E2M1_VALUES
-from fp4jax_kernels.gemm import pallas_triton, reference
-from fp4jax_kernels.native import matmul as native
 
 
 def _operands(fmt, m=48, n=40, k=128):
@@ -35,13 +35,17 @@ def test_in_kernel_decoders_give_every_e2m1_value_and_exact_scaled_products():
   bits = jnp.arange(127, dtype=jnp.uint8)
   scales = np.asarray(fp4jax.NVFP4.decode_scale_bits(bits), np.float64)
   np.testing.assert_array_equal(scales, np.asarray(jax.lax.bitcast_convert_type(bits, jnp.float8_e4m3fn), np.float64))
-  even, odd = pallas_triton.dequant_halves(jnp.tile(codes[None, :8] | (codes[None, 8:] << 4), (127, 1)),
-                                           bits[:, None], 16, fp4jax.NVFP4)
+  even, odd = pallas_triton.dequant_halves(
+    jnp.tile(codes[None, :8] | (codes[None, 8:] << 4), (127, 1)), bits[:, None], 16, fp4jax.NVFP4
+  )
   assert even.dtype == jnp.float16
   np.testing.assert_array_equal(np.asarray(even, np.float64), E2M1_VALUES[None, :] * scales[:, None])
   np.testing.assert_array_equal(np.asarray(odd, np.float64), -E2M1_VALUES[None, :] * scales[:, None])
-  assert np.isnan(np.asarray(pallas_triton.dequant_halves(codes[None, :8], jnp.full((1, 1), 0x7F, jnp.uint8), 16,
-                                                          fp4jax.NVFP4)[0], np.float32)).all()
+  assert np.isnan(
+    np.asarray(
+      pallas_triton.dequant_halves(codes[None, :8], jnp.full((1, 1), 0x7F, jnp.uint8), 16, fp4jax.NVFP4)[0], np.float32
+    )
+  ).all()
 
 
 def test_word_decoder_gives_every_element_times_every_scale_exactly():
@@ -78,13 +82,15 @@ def test_pallas_gemm_matches_dequantize_dot(fmt, interpret):
   assert _rel(y, reference.matmul(a, b, out_dtype=jnp.float32)) < 1e-6
 
 
-@pytest.mark.parametrize("fmt,dots", [(fp4jax.NVFP4, 1), (fp4jax.NVFP4, 2), (fp4jax.NVFP4, 4), (fp4jax.NVFP4, 8),
-                                      (fp4jax.MXFP4, 2)], ids=lambda v: getattr(v, "name", v))
+@pytest.mark.parametrize(
+  "fmt,dots",
+  [(fp4jax.NVFP4, 1), (fp4jax.NVFP4, 2), (fp4jax.NVFP4, 4), (fp4jax.NVFP4, 8), (fp4jax.MXFP4, 2)],
+  ids=lambda v: getattr(v, "name", v),
+)
 def test_pallas_gemm_every_dot_split_matches(fmt, dots, interpret):
   """The decoded parts joined into 1, 2, 4 or 8 dots per K chunk: the same sums in another order."""
   a, b = _operands(fmt, k=256)
-  y = pallas_triton.matmul(a, b, tile=(16, 32, 128), out_dtype=jnp.float32, num_warps=4, interpret=interpret,
-                           dots=dots)
+  y = pallas_triton.matmul(a, b, tile=(16, 32, 128), out_dtype=jnp.float32, num_warps=4, interpret=interpret, dots=dots)
   assert _rel(y, reference.matmul(a, b, out_dtype=jnp.float32)) < 1e-6
 
 
@@ -127,17 +133,30 @@ def _device(platform, cc=None):
   return types.SimpleNamespace(platform=platform, compute_capability=cc)
 
 
-@pytest.mark.parametrize("dev, want", [(_device("cpu"), ("xla",)), (_device("gpu", "9.0"), ("pallas", "xla")),
-                                       (_device("gpu", "10.0"), ("native", "pallas", "xla")),
-                                       (_device("gpu", "12.0"), ("native", "pallas", "xla")),
-                                       (_device("gpu", "7.5"), ("xla",))])
+@pytest.mark.parametrize(
+  "dev, want",
+  [
+    (_device("cpu"), ("xla",)),
+    (_device("gpu", "9.0"), ("pallas", "xla")),
+    (_device("gpu", "10.0"), ("native", "pallas", "xla")),
+    (_device("gpu", "12.0"), ("native", "pallas", "xla")),
+    (_device("gpu", "7.5"), ("xla",)),
+  ],
+)
 def test_auto_tries_what_the_device_runs_fastest_first(dev, want):
   assert backends.candidates("auto", dev) == want
   assert backends.candidates("pallas", dev) == ("pallas",)
 
 
-@pytest.mark.parametrize("m,k,want", [(1, 256, ((16, 64, 128), 4, 4)), (16, 96, ((16, 64, 32), 4, 4)),
-                                      (48, 64, ((64, 128, 64), 4, 4)), (4096, 4096, ((128, 128, 128), 8, 3))])
+@pytest.mark.parametrize(
+  "m,k,want",
+  [
+    (1, 256, ((16, 64, 128), 4, 4)),
+    (16, 96, ((16, 64, 32), 4, 4)),
+    (48, 64, ((64, 128, 64), 4, 4)),
+    (4096, 4096, ((128, 128, 128), 8, 3)),
+  ],
+)
 def test_pallas_gemm_default_config_fits_skinny_gemms(m, k, want):
   assert pallas_triton.default_config(m, k) == want
 
@@ -170,8 +189,9 @@ def test_swapped_config_tiles_b_rows_by_64():
 def test_pallas_gemm_split_k_matches(split_k, interpret):
   """K sliced over a third grid axis, the fp32 partials summed after the kernel; ragged M."""
   a, b = _operands(fp4jax.NVFP4, m=5, n=40, k=512)
-  y = pallas_triton.matmul(a, b, tile=(16, 32, 64), out_dtype=jnp.float32, num_warps=4, interpret=interpret,
-                           split_k=split_k)
+  y = pallas_triton.matmul(
+    a, b, tile=(16, 32, 64), out_dtype=jnp.float32, num_warps=4, interpret=interpret, split_k=split_k
+  )
   assert y.shape == (5, 40) and _rel(y, reference.matmul(a, b, out_dtype=jnp.float32)) < 1e-6
   with pytest.raises(ValueError, match="split_k"):
     pallas_triton.matmul(a, b, tile=(16, 32, 64), interpret=True, split_k=3)
@@ -203,7 +223,8 @@ def test_gemm_sass_has_tensor_core_dots_and_packed_float16_scaling():
     a, b = _operands(fmt, m=16, n=256, k=1024)
     (tile, nw, ns) = pallas_triton.default_config(16, 1024)
     (module,) = triton_ir.triton_modules(
-        lambda a, b: pallas_triton.matmul(a, b, tile=tile, num_warps=nw, num_stages=ns, split_k=1), a, b)
+      lambda a, b: pallas_triton.matmul(a, b, tile=tile, num_warps=nw, num_stages=ns, split_k=1), a, b
+    )
     counts[fmt.name] = triton_ir.sass_histogram(triton_ir.compile_sm90(module, nw, ns))
   assert counts["nvfp4"]["HMMA"] > 0 and counts["nvfp4"]["HMUL2"] > 0
   assert counts["mxfp4"]["HMMA"] > 0 and counts["mxfp4"]["HMUL2"] == 0

@@ -35,11 +35,15 @@ def _rel(y, want):
   return float(np.linalg.norm(np.asarray(y, np.float64) - want) / np.linalg.norm(want))
 
 
-@pytest.mark.parametrize("m,fmt,extra", [
+@pytest.mark.parametrize(
+  "m,fmt,extra",
+  [
     (1, fp4jax.NVFP4, {}),  # the GEMV
     (5, fp4jax.NVFP4, {"block_shape": (16, 16)}),  # NVIDIA's 16x16 weight tiles, the tensor-core kernel
     (3, fp4jax.MXFP4, {"hadamard": 32, "hadamard_signs": "none"}),  # Quartet: MXFP4 in a 32-point Hadamard domain
-], ids=["gemv", "tiles", "mxfp4-hadamard"])
+  ],
+  ids=["gemv", "tiles", "mxfp4-hadamard"],
+)
 def test_pallas_packed_matmul_matches_the_decoded_product(m, fmt, extra):
   w = fp4jax.quantize(jax.random.normal(jax.random.key(1), (128, 40)), fmt, axis=0, **extra)
   act = {"hadamard": None, **{k: v for k, v in extra.items() if k != "block_shape"}}

@@ -10,11 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import fp4jax
 from fp4jax_kernels import triton_ir
 from fp4jax_kernels.quantize import api, pallas_triton, reference
 from fp4jax_kernels.quantize.spec import QuantizeSpec
+
+import fp4jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the kernel profiler is a benchmark script
 import kernels_quantize_profile as profile  # noqa: E402
@@ -24,40 +24,77 @@ N46 = dataclasses.replace(N, scale_mode="four_over_six")
 D, V = "with_tensor_scale", "block_scaled_only"
 QUEST = dataclasses.replace(M, scale_mode="quest")
 CASES = {  # name: (spec, shape, tile)
-    "nvfp4_rtn": (QuantizeSpec(N, dequantize=D), (48, 96), (16, 64)),
-    "nvfp4_rtn_f32_ragged": (QuantizeSpec(N, dequantize=V, trust_mask=True), (37, 80), (16, 32)),
-    "nvfp4_sr": (QuantizeSpec(N, rounding="sr", dequantize=D), (40, 64), (16, 64)),
-    "nvfp4_rht16_te_sr": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", dequantize=D),
-                          (48, 96), (16, 64)),
-    "nvfp4_rht16_random_rtn": (QuantizeSpec(N, hadamard=16, hadamard_signs="random"), (24, 64), (16, 32)),
-    "nvfp4_four_over_six_f32": (QuantizeSpec(N46, dequantize=V), (48, 96), (16, 64)),
-    "nvfp4_ms_eden": (QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", dequantize=D),
-                      (40, 256), (16, 128)),
-    "mxfp4_floor": (QuantizeSpec(M, dequantize=D), (48, 96), (16, 32)),
-    "mxfp4_quest_h32": (QuantizeSpec(QUEST, hadamard=32, dequantize=V, trust_mask=True), (32, 64), (16, 64)),
-    "mxfp4_headroom_sr": (QuantizeSpec(dataclasses.replace(M, scale_mode="floor_headroom"), rounding="sr",
-                                       hadamard=32, hadamard_signs="random", dequantize=D), (48, 64), (16, 64)),
-    "nvfp4_2d": (QuantizeSpec(N, block_shape=(16, 16), dequantize=D), (40, 96), (16, 64)),
-    "nvfp4_cols_rtn": (QuantizeSpec(N, along="cols", dequantize=D, trust_mask=True), (40, 96), (32, 32)),
-    "nvfp4_cols_rht16_sr": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along="cols",
-                                         dequantize=D), (48, 96), (16, 32)),
-    "nvfp4_cols_2d": (QuantizeSpec(N, block_shape=(16, 16), along="cols"), (40, 96), (32, 32)),
-    "nvfp4_cols_ms_eden": (QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", along="cols"),
-                           (256, 48), (128, 16)),
-    # rows_of_transpose: fp4jax.quantize(x.T) bit for bit (dot_general's wgrad operands), read from x
-    "nvfp4_xt_rht16_sr_values": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te",
-                                              along="rows_of_transpose", dequantize=V), (48, 80), (32, 32)),
-    "nvfp4_xt_rtn_ragged_f32": (QuantizeSpec(N, along="rows_of_transpose", dequantize=D, trust_mask=True), (40, 37),
-                                (32, 32)),
-    "nvfp4_xt_2d_values": (QuantizeSpec(N, block_shape=(16, 16), along="rows_of_transpose", dequantize=V),
-                           (48, 40), (32, 32)),
-    "nvfp4_xt_ms_eden_values": (QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random",
-                                             along="rows_of_transpose", dequantize=V), (256, 48), (128, 16)),
-    # packed=False: the bf16 values only (what fp4jax.operand's GEMM operands take), no codes or scales
-    "nvfp4_values_only_ragged": (QuantizeSpec(N, dequantize=V, packed=False), (37, 80), (16, 32)),
-    "nvfp4_xt_rht16_sr_values_only": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te",
-                                                   along="rows_of_transpose", dequantize=V, packed=False),
-                                      (48, 80), (32, 32)),
+  "nvfp4_rtn": (QuantizeSpec(N, dequantize=D), (48, 96), (16, 64)),
+  "nvfp4_rtn_f32_ragged": (QuantizeSpec(N, dequantize=V, trust_mask=True), (37, 80), (16, 32)),
+  "nvfp4_sr": (QuantizeSpec(N, rounding="sr", dequantize=D), (40, 64), (16, 64)),
+  "nvfp4_rht16_te_sr": (
+    QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", dequantize=D),
+    (48, 96),
+    (16, 64),
+  ),
+  "nvfp4_rht16_random_rtn": (QuantizeSpec(N, hadamard=16, hadamard_signs="random"), (24, 64), (16, 32)),
+  "nvfp4_four_over_six_f32": (QuantizeSpec(N46, dequantize=V), (48, 96), (16, 64)),
+  "nvfp4_ms_eden": (
+    QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", dequantize=D),
+    (40, 256),
+    (16, 128),
+  ),
+  "mxfp4_floor": (QuantizeSpec(M, dequantize=D), (48, 96), (16, 32)),
+  "mxfp4_quest_h32": (QuantizeSpec(QUEST, hadamard=32, dequantize=V, trust_mask=True), (32, 64), (16, 64)),
+  "mxfp4_headroom_sr": (
+    QuantizeSpec(
+      dataclasses.replace(M, scale_mode="floor_headroom"),
+      rounding="sr",
+      hadamard=32,
+      hadamard_signs="random",
+      dequantize=D,
+    ),
+    (48, 64),
+    (16, 64),
+  ),
+  "nvfp4_2d": (QuantizeSpec(N, block_shape=(16, 16), dequantize=D), (40, 96), (16, 64)),
+  "nvfp4_cols_rtn": (QuantizeSpec(N, along="cols", dequantize=D, trust_mask=True), (40, 96), (32, 32)),
+  "nvfp4_cols_rht16_sr": (
+    QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along="cols", dequantize=D),
+    (48, 96),
+    (16, 32),
+  ),
+  "nvfp4_cols_2d": (QuantizeSpec(N, block_shape=(16, 16), along="cols"), (40, 96), (32, 32)),
+  "nvfp4_cols_ms_eden": (
+    QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", along="cols"),
+    (256, 48),
+    (128, 16),
+  ),
+  # rows_of_transpose: fp4jax.quantize(x.T) bit for bit (dot_general's wgrad operands), read from x
+  "nvfp4_xt_rht16_sr_values": (
+    QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along="rows_of_transpose", dequantize=V),
+    (48, 80),
+    (32, 32),
+  ),
+  "nvfp4_xt_rtn_ragged_f32": (
+    QuantizeSpec(N, along="rows_of_transpose", dequantize=D, trust_mask=True),
+    (40, 37),
+    (32, 32),
+  ),
+  "nvfp4_xt_2d_values": (
+    QuantizeSpec(N, block_shape=(16, 16), along="rows_of_transpose", dequantize=V),
+    (48, 40),
+    (32, 32),
+  ),
+  "nvfp4_xt_ms_eden_values": (
+    QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", along="rows_of_transpose", dequantize=V),
+    (256, 48),
+    (128, 16),
+  ),
+  # packed=False: the bf16 values only (what fp4jax.operand's GEMM operands take), no codes or scales
+  "nvfp4_values_only_ragged": (QuantizeSpec(N, dequantize=V, packed=False), (37, 80), (16, 32)),
+  "nvfp4_xt_rht16_sr_values_only": (
+    QuantizeSpec(
+      N, rounding="sr", hadamard=16, hadamard_signs="te", along="rows_of_transpose", dequantize=V, packed=False
+    ),
+    (48, 80),
+    (32, 32),
+  ),
 }
 
 
@@ -98,8 +135,12 @@ def test_kernel_matches_reference_bit_for_bit(name, interpret):
   _assert_same(pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret), reference.quantize(x, spec, key))
 
 
-ROUTE_CASES = [(name, route) for name in sorted(CASES) for route in pallas_triton.ROUTES  # the distinct ones
-               if CASES[name][0].transposed or (route != "xla" and CASES[name][0].hadamard and "nvfp4" in name)]
+ROUTE_CASES = [
+  (name, route)
+  for name in sorted(CASES)
+  for route in pallas_triton.ROUTES  # the distinct ones
+  if CASES[name][0].transposed or (route != "xla" and CASES[name][0].hadamard and "nvfp4" in name)
+]
 
 
 @pytest.mark.parametrize("name, route", ROUTE_CASES)
@@ -114,25 +155,48 @@ def test_routes_give_the_same_bits(name, route, interpret):
 
 
 PAIR_CASES = {  # name: (rows spec, cols spec, shape, tile, explicit signs for rows / cols)
-    # nvidia_nvfp4's dY: SR for the data gradient, RHT16 + SR transposed for the weight gradient (bf16 values)
-    "nvidia_dy": (QuantizeSpec(N, rounding="sr", dequantize=V, packed=False),
-                  QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along="rows_of_transpose",
-                               dequantize=V, packed=False), (48, 96), (16, 32), (False, False)),
-    # its X, every output written; the columns' bits indexed as x's (along="cols")
-    "nvidia_x_packed": (QuantizeSpec(N, dequantize=D, trust_mask=True),
-                        QuantizeSpec(N, hadamard=16, hadamard_signs="te", along="cols", dequantize=D),
-                        (64, 64), (32, 32), (False, False)),
-    # nvfp4_rtn's operands, f32, the transposed axis ragged (40 rows: a partial block)
-    "rtn_ragged_f32": (QuantizeSpec(N, dequantize=V), QuantizeSpec(N, along="rows_of_transpose", dequantize=V),
-                       (40, 48), (16, 32), (False, False)),
-    # Quartet's dY: MXFP4 (no pre-pass), RHT32 + SR both ways, one sign vector drawn and one given
-    "quartet_dy": (QuantizeSpec(M, rounding="sr", hadamard=32, hadamard_signs="random", dequantize=V),
-                   QuantizeSpec(M, rounding="sr", hadamard=32, hadamard_signs="random", along="rows_of_transpose",
-                                dequantize=V), (64, 96), (32, 32), (False, True)),
-    # mixed formats and rotations: NVFP4 RHT16 + SR along the rows, MXFP4 QuEST transposed (trust mask)
-    "mixed_quest": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="random", dequantize=D),
-                    QuantizeSpec(QUEST, hadamard=32, along="rows_of_transpose", dequantize=V, trust_mask=True),
-                    (64, 64), (32, 64), (True, False)),
+  # nvidia_nvfp4's dY: SR for the data gradient, RHT16 + SR transposed for the weight gradient (bf16 values)
+  "nvidia_dy": (
+    QuantizeSpec(N, rounding="sr", dequantize=V, packed=False),
+    QuantizeSpec(
+      N, rounding="sr", hadamard=16, hadamard_signs="te", along="rows_of_transpose", dequantize=V, packed=False
+    ),
+    (48, 96),
+    (16, 32),
+    (False, False),
+  ),
+  # its X, every output written; the columns' bits indexed as x's (along="cols")
+  "nvidia_x_packed": (
+    QuantizeSpec(N, dequantize=D, trust_mask=True),
+    QuantizeSpec(N, hadamard=16, hadamard_signs="te", along="cols", dequantize=D),
+    (64, 64),
+    (32, 32),
+    (False, False),
+  ),
+  # nvfp4_rtn's operands, f32, the transposed axis ragged (40 rows: a partial block)
+  "rtn_ragged_f32": (
+    QuantizeSpec(N, dequantize=V),
+    QuantizeSpec(N, along="rows_of_transpose", dequantize=V),
+    (40, 48),
+    (16, 32),
+    (False, False),
+  ),
+  # Quartet's dY: MXFP4 (no pre-pass), RHT32 + SR both ways, one sign vector drawn and one given
+  "quartet_dy": (
+    QuantizeSpec(M, rounding="sr", hadamard=32, hadamard_signs="random", dequantize=V),
+    QuantizeSpec(M, rounding="sr", hadamard=32, hadamard_signs="random", along="rows_of_transpose", dequantize=V),
+    (64, 96),
+    (32, 32),
+    (False, True),
+  ),
+  # mixed formats and rotations: NVFP4 RHT16 + SR along the rows, MXFP4 QuEST transposed (trust mask)
+  "mixed_quest": (
+    QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="random", dequantize=D),
+    QuantizeSpec(QUEST, hadamard=32, along="rows_of_transpose", dequantize=V, trust_mask=True),
+    (64, 64),
+    (32, 64),
+    (True, False),
+  ),
 }
 
 
@@ -144,23 +208,32 @@ def test_pair_matches_two_quantizes_bit_for_bit(name, interpret):
   dtype = jnp.float32 if "f32" in name else jnp.bfloat16
   x = _input(shape, dtype)
   keys = jax.random.key(7), jax.random.key(8)
-  signs = [fp4jax.hadamard.random_signs(jax.random.key(9 + i), s.hadamard) if g else None
-           for i, (s, g) in enumerate(zip((rows, cols), given))]
-  got = pallas_triton.quantize_pair(x, rows, cols, *keys, rows_signs=signs[0], cols_signs=signs[1], tile=tile,
-                                    interpret=interpret)
+  signs = [
+    fp4jax.hadamard.random_signs(jax.random.key(9 + i), s.hadamard) if g else None
+    for i, (s, g) in enumerate(zip((rows, cols), given))
+  ]
+  got = pallas_triton.quantize_pair(
+    x, rows, cols, *keys, rows_signs=signs[0], cols_signs=signs[1], tile=tile, interpret=interpret
+  )
   want = reference.quantize_pair(x, rows, cols, *keys, rows_signs=signs[0], cols_signs=signs[1])
   _assert_same(got[0], want[0])
   _assert_same(got[1], want[1])
   assert got[1].dequantized.shape == shape[::-1]
 
 
-@pytest.mark.parametrize("rows, cols, match", [
+@pytest.mark.parametrize(
+  "rows, cols, match",
+  [
     (QuantizeSpec(N, along="cols"), QuantizeSpec(N, along="cols"), "rows must quantize along the rows"),
     (QuantizeSpec(N), QuantizeSpec(N), "rows must quantize along the rows and cols along axis 0"),
     (QuantizeSpec(N, block_shape=(16, 16)), QuantizeSpec(N, along="cols"), "rows has 16x16 tiles"),
-    (QuantizeSpec(N), QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", along="cols"),
-     "cols has a 128-point Hadamard"),
-])
+    (
+      QuantizeSpec(N),
+      QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", along="cols"),
+      "cols has a 128-point Hadamard",
+    ),
+  ],
+)
 def test_pair_refuses_what_it_cannot_fuse(rows, cols, match):
   with pytest.raises(ValueError, match=f"quantize_pair: {match}"):
     pallas_triton.quantize_pair(jnp.ones((128, 128)), rows, cols, jax.random.key(0), interpret=True)
@@ -247,12 +320,15 @@ def test_api_auto_uses_reference_on_cpu_and_accepts_names():
     api.quantize(x, spec, backend="cuda")
 
 
-@pytest.mark.parametrize("bad, match", [
+@pytest.mark.parametrize(
+  "bad, match",
+  [
     (dict(x=jnp.ones((4, 4, 16))), "2D"),
     (dict(x=jnp.ones((16, 40))), "multiple of the block"),
     (dict(tile=(16, 48)), "powers of two"),
     (dict(tile=(16, 8)), "whole blocks"),
-])
+  ],
+)
 def test_bad_input_is_named(bad, match):
   args = dict(x=jnp.ones((16, 64)), spec=QuantizeSpec(N), tile=(16, 64))
   args.update(bad)
@@ -260,8 +336,18 @@ def test_bad_input_is_named(bad, match):
     pallas_triton.quantize(args["x"], args["spec"], tile=args["tile"], interpret=True)
 
 
-@pytest.mark.parametrize("name", ["nvfp4_rtn", "nvfp4_ms_eden", "nvfp4_cols_rht16_sr", "nvfp4_four_over_six_f32",
-                                  "mxfp4_quest_h32", "nvfp4_cols_ms_eden", "nvfp4_xt_rht16_sr_values"])
+@pytest.mark.parametrize(
+  "name",
+  [
+    "nvfp4_rtn",
+    "nvfp4_ms_eden",
+    "nvfp4_cols_rht16_sr",
+    "nvfp4_four_over_six_f32",
+    "mxfp4_quest_h32",
+    "nvfp4_cols_ms_eden",
+    "nvfp4_xt_rht16_sr_values",
+  ],
+)
 def test_kernel_lowers_to_triton(name):
   """Every primitive of the kernel has a Pallas Triton lowering (checked on CPU by lowering for CUDA); the
   transposed directions on every route."""
@@ -278,9 +364,13 @@ def test_kernel_lowers_to_triton(name):
 def _assert_masked(module: str, stores: int):
   """Every tensor load and store of ``module`` is masked, but one-element blocks (a grid of partial results is
   never ragged) and 1D loads (slices of the Hadamard sign vector, a whole-array block)."""
-  accesses = [l.split(":")[0] for l in module.splitlines()
-              if ("tt.store" in l or ("tt.load" in l and "tensor<" in l)) and "tensor<1x1x" not in l
-              and not re.search(r"tt\.load .*: tensor<\d+x!tt\.ptr", l)]
+  accesses = [
+    l.split(":")[0]
+    for l in module.splitlines()
+    if ("tt.store" in l or ("tt.load" in l and "tensor<" in l))
+    and "tensor<1x1x" not in l
+    and not re.search(r"tt\.load .*: tensor<\d+x!tt\.ptr", l)
+  ]
   assert sum("tt.store" in a for a in accesses) == stores
   for access in accesses:  # tt.load %ptr, %mask, %other / tt.store %ptr, %value, %mask
     assert access.count("%") >= 4 if "tt.load" in access else access.count("%") == 3, access
@@ -296,8 +386,9 @@ def test_ragged_edge_blocks_are_masked_in_triton(name):
   _assert_masked(module, stores=2 + bool(spec.dequantize) + spec.trust_mask)
 
 
-@pytest.mark.parametrize("name", ["nvfp4_xt_rtn_ragged_f32", "nvfp4_xt_rht16_sr_values", "nvfp4_rht16_te_sr",
-                                  "nvfp4_ms_eden"])
+@pytest.mark.parametrize(
+  "name", ["nvfp4_xt_rtn_ragged_f32", "nvfp4_xt_rht16_sr_values", "nvfp4_rht16_te_sr", "nvfp4_ms_eden"]
+)
 def test_ragged_staging_prepass_is_masked_in_triton(name):
   """The pre-pass that writes ``xᵀ`` or the rotated ``x`` (rotated: loaded in parts, ``load_rotated``, up to 32
   points; MS-EDEN's 128 by the tile load) on a ragged shape: its tiles stick out of ``x`` (and of what it writes)."""
@@ -320,8 +411,9 @@ def test_correctly_rounded_division_is_one_ieee_instruction_in_triton():
   """``fp4jax.ieee.div_rn`` (a long division around a first guess, for XLA) becomes one PTX ``div.rn.f32`` inside a
   kernel, the IEEE quotient it emulates: the RTN kernel's one division per block (``1 / (dec_b · s_dec)``)."""
   spec = QuantizeSpec(fp4jax.NVFP4)
-  (module,) = triton_ir.triton_modules(lambda x: pallas_triton.quantize(x, spec, amax=jnp.float32(1.0)),
-                                       jnp.ones((64, 256), jnp.bfloat16))
+  (module,) = triton_ir.triton_modules(
+    lambda x: pallas_triton.quantize(x, spec, amax=jnp.float32(1.0)), jnp.ones((64, 256), jnp.bfloat16)
+  )
   assert module.count("div.rn.f32") == 1 and "arith.divf" not in module
 
 
@@ -341,17 +433,26 @@ def test_values_only_writes_the_packed_kernels_values_and_nothing_else(interpret
 
 
 UNIT_CASES = {  # name: (spec, shape, tile, the unit each thread loads): whole units need a tile of 32·warps units
-    "nvfp4_rtn_ragged": (QuantizeSpec(N, dequantize=D, trust_mask=True), (37, 80), (16, 32), 16),
-    "nvfp4_rtn_f32": (QuantizeSpec(N, dequantize=V), (48, 96), (16, 32), 16),  # 4 loads of 4 floats per block
-    "nvfp4_sr": (QuantizeSpec(N, rounding="sr", dequantize=D), (40, 64), (16, 32), 16),
-    "nvfp4_rht16_te_sr": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", dequantize=D),
-                          (48, 96), (16, 32), 16),
-    "nvfp4_four_over_six": (QuantizeSpec(N46, dequantize=V), (48, 96), (16, 32), 16),
-    "mxfp4_quest_h32": (QuantizeSpec(QUEST, hadamard=32, dequantize=V, trust_mask=True), (32, 96), (32, 32), 32),
-    "mxfp4_floor_f32": (QuantizeSpec(M, dequantize=D), (32, 96), (32, 32), 32),  # 8 loads of 4 floats per block
-    "nvfp4_xt_rht16_sr_values_only": (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te",
-                                                   along="rows_of_transpose", dequantize=V, packed=False),
-                                      (48, 80), (32, 16), 16),
+  "nvfp4_rtn_ragged": (QuantizeSpec(N, dequantize=D, trust_mask=True), (37, 80), (16, 32), 16),
+  "nvfp4_rtn_f32": (QuantizeSpec(N, dequantize=V), (48, 96), (16, 32), 16),  # 4 loads of 4 floats per block
+  "nvfp4_sr": (QuantizeSpec(N, rounding="sr", dequantize=D), (40, 64), (16, 32), 16),
+  "nvfp4_rht16_te_sr": (
+    QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", dequantize=D),
+    (48, 96),
+    (16, 32),
+    16,
+  ),
+  "nvfp4_four_over_six": (QuantizeSpec(N46, dequantize=V), (48, 96), (16, 32), 16),
+  "mxfp4_quest_h32": (QuantizeSpec(QUEST, hadamard=32, dequantize=V, trust_mask=True), (32, 96), (32, 32), 32),
+  "mxfp4_floor_f32": (QuantizeSpec(M, dequantize=D), (32, 96), (32, 32), 32),  # 8 loads of 4 floats per block
+  "nvfp4_xt_rht16_sr_values_only": (
+    QuantizeSpec(
+      N, rounding="sr", hadamard=16, hadamard_signs="te", along="rows_of_transpose", dequantize=V, packed=False
+    ),
+    (48, 80),
+    (32, 16),
+    16,
+  ),
 }
 
 
@@ -393,14 +494,17 @@ def test_rotations_up_to_32_points_load_their_chunks_in_parts():
   assert not in_parts("nvfp4_xt_ms_eden_values") and not in_parts("nvfp4_ms_eden")
   assert not in_parts("nvfp4_xt_rtn_ragged_f32") and not in_parts("nvfp4_rtn")
   assert pallas_triton.prepass_tile(CASES["nvfp4_xt_rht16_sr_values"][0]) == (256, 64)
-  assert pallas_triton.prepass_tile(CASES["nvfp4_rht16_te_sr"][0]) == pallas_triton.default_tile(CASES["nvfp4_rht16_te_sr"][0])
+  assert pallas_triton.prepass_tile(CASES["nvfp4_rht16_te_sr"][0]) == pallas_triton.default_tile(
+    CASES["nvfp4_rht16_te_sr"][0]
+  )
 
 
 def test_default_route_follows_the_hadamard():
   """The pre-pass stages the rotated input where there is one, tiles are transposed and rotated in registers where
   there is none, XLA transposes without a Hadamard (BENCHMARKS §5)."""
   route = lambda name, has_prepass=True: pallas_triton.effective_route(
-      CASES[name][0], pallas_triton.default_route(CASES[name][0]), has_prepass)
+    CASES[name][0], pallas_triton.default_route(CASES[name][0]), has_prepass
+  )
   assert route("nvfp4_cols_rht16_sr") == route("nvfp4_xt_ms_eden_values") == route("nvfp4_ms_eden") == "prepass"
   assert route("nvfp4_cols_rht16_sr", has_prepass=False) == route("mxfp4_headroom_sr", False) == "kernel"
   assert route("nvfp4_cols_rtn") == route("nvfp4_rtn") == "xla"
@@ -433,7 +537,9 @@ def test_ptx_counts_of_the_kernels():
   assert rtn["shared_bytes"] >= 0 and rtn["convert_layout"] >= 0
 
 
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="randomized larger shapes: GPU only (interpret mode is slow)")
+@pytest.mark.skipif(
+  jax.default_backend() != "gpu", reason="randomized larger shapes: GPU only (interpret mode is slow)"
+)
 @pytest.mark.parametrize("seed", range(3))
 def test_randomized_shapes_on_gpu(seed):
   rng = np.random.default_rng(seed)
@@ -464,6 +570,7 @@ def test_rotated_amax_prepass_matches_xla(along, nonfinite, interpret):
 def test_minmax_substitutes_propagate_nan():
   """Triton's maxnumf/minnumf drop NaN; kernel_safe restores XLA's rule (checked here on the substituted jaxpr)."""
   from fp4jax_kernels import triton_compat
+
   x = jnp.array([[1.0, jnp.nan, -2.0], [3.0, 0.5, -jnp.inf]], jnp.float32)
   fn = lambda x: (jnp.clip(x, -1.5, 1.5), jnp.max(x, axis=1), jnp.min(x, axis=1), jnp.maximum(x, 0))
   got = triton_compat.kernel_safe(fn, interpret=True)(x)
@@ -474,17 +581,25 @@ def test_minmax_substitutes_propagate_nan():
 
 def test_clz_substitute_is_exact():
   from fp4jax_kernels import triton_compat
+
   u = jnp.array([0, 1, 2, 3, 255, 256, 0x7FFFFF, 0x800000, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF], jnp.uint32)
   np.testing.assert_array_equal(np.asarray(triton_compat._clz(u)), np.asarray(jax.lax.clz(u)))
   i = jax.lax.bitcast_convert_type(u, jnp.int32)
   np.testing.assert_array_equal(np.asarray(triton_compat._clz(i)), np.asarray(jax.lax.clz(i)))
 
 
-@pytest.mark.parametrize("spec, shape, tile", [
-    (QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="random", along="rows_of_transpose",
-                  dequantize=V), (64, 32), (64, 32)),
+@pytest.mark.parametrize(
+  "spec, shape, tile",
+  [
+    (
+      QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="random", along="rows_of_transpose", dequantize=V),
+      (64, 32),
+      (64, 32),
+    ),
     (QuantizeSpec(QUEST, hadamard=32, hadamard_signs="random", trust_mask=True), (16, 64), (16, 64)),
-], ids=["sr_rht16_rows_of_transpose", "quest_mask_rtn_no_key"])
+  ],
+  ids=["sr_rht16_rows_of_transpose", "quest_mask_rtn_no_key"],
+)
 def test_explicit_signs_are_the_rotation(spec, shape, tile, interpret):
   """``signs=s``: H·diag(s) per chunk, i.e. the sign-free rotation of x ⊙ s (exact: ±1), with the same key split
   for the rounding bits; RTN needs no key then. A vector unlike the key's draw changes the codes."""
@@ -514,10 +629,13 @@ def test_trust_mask_is_nontrivial_and_values_lack_the_tensor_scale():
   np.testing.assert_array_equal(np.asarray(values, np.float32) * np.asarray(q.global_scale), np.asarray(full))
 
 
-@pytest.mark.parametrize("spec, signs, match", [
+@pytest.mark.parametrize(
+  "spec, signs, match",
+  [
     (QuantizeSpec(N, hadamard=16, hadamard_signs="te"), jnp.ones(16), "hadamard_signs='random'"),
     (QuantizeSpec(N, hadamard=16, hadamard_signs="random"), jnp.ones(32), r"signs must have shape \(16,\)"),
-])
+  ],
+)
 def test_bad_signs_are_named(spec, signs, match):
   with pytest.raises(ValueError, match=match):
     pallas_triton.quantize(jnp.ones((16, 64)), spec, signs=signs, interpret=True)

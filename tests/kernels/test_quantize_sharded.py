@@ -15,32 +15,54 @@ import pytest
 MESH = ((2, 4), ("a", "b"))
 ROWS, COLS, BOTH, ROWS8 = ("b", None), (None, "a"), ("b", "a"), (("a", "b"), None)
 CASES = {  # name: (QuantizeSpec keyword arguments, shape, [spec_in, ...])
-    "nvfp4_rtn": (dict(fmt="N", dequantize="with_tensor_scale"), (32, 128), [ROWS, COLS, BOTH]),
-    "nvfp4_sr_rht16_te": (dict(fmt="N", rounding="sr", hadamard=16, hadamard_signs="te"), (32, 128),
-                          [ROWS, COLS, BOTH, ROWS8]),
-    "nvfp4_ms_eden": (dict(fmt="N", rounding="eden", hadamard=128, hadamard_signs="random"), (32, 256),
-                      [ROWS, COLS, BOTH]),
-    "mxfp4": (dict(fmt="M", dequantize="with_tensor_scale"), (32, 128), [ROWS, COLS, BOTH]),
-    "nvfp4_cols_sr_rht16_te": (dict(fmt="N", rounding="sr", hadamard=16, hadamard_signs="te", along="cols",
-                                    dequantize="with_tensor_scale"), (64, 96), [ROWS, BOTH]),
-    # the options fp4jax.operand uses: wgrad operands (rows_of_transpose), bf16 values, explicit signs; the mask
-    "nvfp4_xt_sr_rht16_values_signs_mask": (dict(fmt="N", rounding="sr", hadamard=16, hadamard_signs="random",
-                                                 along="rows_of_transpose", dequantize="block_scaled_only",
-                                                 trust_mask=True), (64, 96), [ROWS, BOTH]),
-    "nvfp4_2d": (dict(fmt="N", block_shape=(16, 16)), (32, 128), [("a", "b")]),
+  "nvfp4_rtn": (dict(fmt="N", dequantize="with_tensor_scale"), (32, 128), [ROWS, COLS, BOTH]),
+  "nvfp4_sr_rht16_te": (
+    dict(fmt="N", rounding="sr", hadamard=16, hadamard_signs="te"),
+    (32, 128),
+    [ROWS, COLS, BOTH, ROWS8],
+  ),
+  "nvfp4_ms_eden": (
+    dict(fmt="N", rounding="eden", hadamard=128, hadamard_signs="random"),
+    (32, 256),
+    [ROWS, COLS, BOTH],
+  ),
+  "mxfp4": (dict(fmt="M", dequantize="with_tensor_scale"), (32, 128), [ROWS, COLS, BOTH]),
+  "nvfp4_cols_sr_rht16_te": (
+    dict(fmt="N", rounding="sr", hadamard=16, hadamard_signs="te", along="cols", dequantize="with_tensor_scale"),
+    (64, 96),
+    [ROWS, BOTH],
+  ),
+  # the options fp4jax.operand uses: wgrad operands (rows_of_transpose), bf16 values, explicit signs; the mask
+  "nvfp4_xt_sr_rht16_values_signs_mask": (
+    dict(
+      fmt="N",
+      rounding="sr",
+      hadamard=16,
+      hadamard_signs="random",
+      along="rows_of_transpose",
+      dequantize="block_scaled_only",
+      trust_mask=True,
+    ),
+    (64, 96),
+    [ROWS, BOTH],
+  ),
+  "nvfp4_2d": (dict(fmt="N", block_shape=(16, 16)), (32, 128), [("a", "b")]),
 }
 
 
 # ------------------------------------------------------------------------------------------------ subprocess side
 def _spec(kw):
-  import fp4jax  # noqa: PLC0415
   from fp4jax_kernels.quantize.spec import QuantizeSpec  # noqa: PLC0415
+
+  import fp4jax  # noqa: PLC0415
+
   return QuantizeSpec(**{**kw, "fmt": fp4jax.NVFP4 if kw["fmt"] == "N" else fp4jax.MXFP4})
 
 
 def _input(shape):
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
+
   x = jax.random.normal(jax.random.key(0), shape) * jnp.logspace(-2, 2, shape[1])
   return x.at[1].set(0.0).astype(jnp.bfloat16)
 
@@ -48,15 +70,18 @@ def _input(shape):
 def _bits(a):
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
+
   return np.asarray(jax.lax.bitcast_convert_type(a, jnp.uint8) if a.dtype.itemsize == 1 else a)
 
 
 def _same(got, want) -> dict:
   (qg, dg, mg, _), (qw, dw, mw, _) = got, want
-  same = {"codes": np.array_equal(np.asarray(qg.codes), np.asarray(qw.codes)),
-          "scales": np.array_equal(_bits(qg.scales), _bits(qw.scales)),
-          "global_scale": np.array_equal(np.asarray(qg.global_scale), np.asarray(qw.global_scale), equal_nan=True),
-          "meta": (qg.shape, qg.axis, qg.block_shape, qg.hadamard) == (qw.shape, qw.axis, qw.block_shape, qw.hadamard)}
+  same = {
+    "codes": np.array_equal(np.asarray(qg.codes), np.asarray(qw.codes)),
+    "scales": np.array_equal(_bits(qg.scales), _bits(qw.scales)),
+    "global_scale": np.array_equal(np.asarray(qg.global_scale), np.asarray(qw.global_scale), equal_nan=True),
+    "meta": (qg.shape, qg.axis, qg.block_shape, qg.hadamard) == (qw.shape, qw.axis, qw.block_shape, qw.hadamard),
+  }
   if dw is not None:
     same["dequantized"] = np.array_equal(np.asarray(dg, np.float32), np.asarray(dw, np.float32), equal_nan=True)
   if mw is not None:
@@ -66,6 +91,7 @@ def _same(got, want) -> dict:
 
 def _pspec(spec_in):
   from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+
   return P(*spec_in)
 
 
@@ -73,8 +99,8 @@ def compute() -> dict:
   """Every comparison, as JSON-able records (run with 8 devices)."""
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
-  from jax.sharding import PartitionSpec as P  # noqa: PLC0415
   from fp4jax_kernels.quantize import pallas_triton, reference, sharded  # noqa: PLC0415
+  from jax.sharding import PartitionSpec as P  # noqa: PLC0415
 
   mesh = jax.make_mesh(*MESH, axis_types=(jax.sharding.AxisType.Auto,) * 2)
   key = jax.random.key(7)
@@ -83,40 +109,61 @@ def compute() -> dict:
     spec, x = _spec(kw), _input(shape)
     signs = jax.random.rademacher(jax.random.key(9), (16,), jnp.float32) if "signs" in name else None
     want = reference.quantize(x, spec, key, signs=signs)
-    out["cases"].append({"case": name, "vs": "unsharded_kernel", "spec_in": None,
-                         **_same(pallas_triton.quantize(x, spec, key, signs=signs, interpret=True), want)})
+    out["cases"].append(
+      {
+        "case": name,
+        "vs": "unsharded_kernel",
+        "spec_in": None,
+        **_same(pallas_triton.quantize(x, spec, key, signs=signs, interpret=True), want),
+      }
+    )
     for spec_in in layouts:
-      got = sharded.quantize_sharded(x, spec, key, mesh=mesh, spec_in=_pspec(spec_in), signs=signs,
-                                     interpret=True)
-      out["cases"].append({"case": name, "vs": "reference", "spec_in": repr(spec_in), **_same(got, want),
-                           "codes_spec": repr(tuple(got[0].codes.sharding.spec)),
-                           "scales_spec": repr(tuple(got[0].scales.sharding.spec))})
+      got = sharded.quantize_sharded(x, spec, key, mesh=mesh, spec_in=_pspec(spec_in), signs=signs, interpret=True)
+      out["cases"].append(
+        {
+          "case": name,
+          "vs": "reference",
+          "spec_in": repr(spec_in),
+          **_same(got, want),
+          "codes_spec": repr(tuple(got[0].codes.sharding.spec)),
+          "scales_spec": repr(tuple(got[0].scales.sharding.spec)),
+        }
+      )
 
   rtn = _spec(dict(fmt="N", dequantize="with_tensor_scale"))
   for bad in ("nan", "inf"):  # one element of the last row shard of four
     x = _input((32, 128)).at[29, 100].set(float(bad))
     got = sharded.quantize_sharded(x, rtn, mesh=mesh, spec_in=P("b", None), interpret=True)
     q, deq = got.qtensor, got.dequantized
-    out[f"{bad}_in_one_shard"] = {**_same(got, reference.quantize(x, rtn)),
-                                  "tensor_scale": float(q.global_scale),
-                                  "all_scales_nan": bool((_bits(q.scales) == 0x7F).all()),
-                                  "all_dequantized_nan": bool(np.isnan(np.asarray(deq, np.float32)).all())}
+    out[f"{bad}_in_one_shard"] = {
+      **_same(got, reference.quantize(x, rtn)),
+      "tensor_scale": float(q.global_scale),
+      "all_scales_nan": bool((_bits(q.scales) == 0x7F).all()),
+      "all_dequantized_nan": bool(np.isnan(np.asarray(deq, np.float32)).all()),
+    }
 
   # Negative control: the kernel run per shard with its defaults (local amax, local element indices).
   sr = _spec(CASES["nvfp4_sr_rht16_te"][0])
   x = _input((32, 128))
-  local = jax.jit(jax.shard_map(lambda x, k: pallas_triton.quantize(x, sr, k, interpret=True)[0].codes, mesh=mesh,
-                                in_specs=(P("b", None), P()), out_specs=P("b", None), check_vma=False))(x, key)
+  local = jax.jit(
+    jax.shard_map(
+      lambda x, k: pallas_triton.quantize(x, sr, k, interpret=True)[0].codes,
+      mesh=mesh,
+      in_specs=(P("b", None), P()),
+      out_specs=P("b", None),
+      check_vma=False,
+    )
+  )(x, key)
   want = reference.quantize(x, sr, key)[0].codes
   out["per_shard_defaults_codes_differ"] = int(np.sum(np.asarray(local) != np.asarray(want)))
 
   eden = _spec(CASES["nvfp4_ms_eden"][0])
   for label, (shape, spec_in, spec) in {
-      "straddle_hadamard": ((32, 256), (None, ("a", "b")), eden),  # 256 / 8 = 32 columns, chunks of 128
-      "straddle_cols_block": ((40, 64), ("b", None), _spec(dict(fmt="N", along="cols"))),  # 40 / 4 = 10 rows
-      "straddle_2d_tile_height": ((32, 128), ("b", "a"), _spec(dict(fmt="N", block_shape=(16, 16)))),  # 8 rows
-      "uneven": ((30, 128), ("b", None), rtn),
-      "unknown_axis": ((32, 128), ("c", None), rtn),
+    "straddle_hadamard": ((32, 256), (None, ("a", "b")), eden),  # 256 / 8 = 32 columns, chunks of 128
+    "straddle_cols_block": ((40, 64), ("b", None), _spec(dict(fmt="N", along="cols"))),  # 40 / 4 = 10 rows
+    "straddle_2d_tile_height": ((32, 128), ("b", "a"), _spec(dict(fmt="N", block_shape=(16, 16)))),  # 8 rows
+    "uneven": ((30, 128), ("b", None), rtn),
+    "unknown_axis": ((32, 128), ("c", None), rtn),
   }.items():
     try:
       sharded.quantize_sharded(_input(shape), spec, key, mesh=mesh, spec_in=_pspec(spec_in), interpret=True)
@@ -132,8 +179,9 @@ def compute() -> dict:
 # exceeded", after a 20 s warning; measured with a deliberately skewed 2-device program). Eight virtual devices share
 # CI's two cores with the other `pytest -n 2` worker, so the rendezvous may wait as long as the subprocess may run.
 SUBPROCESS_TIMEOUT_S = 600
-XLA_FLAGS = ("--xla_force_host_platform_device_count=8 "
-             f"--xla_cpu_collective_call_terminate_timeout_seconds={SUBPROCESS_TIMEOUT_S}")
+XLA_FLAGS = (
+  f"--xla_force_host_platform_device_count=8 --xla_cpu_collective_call_terminate_timeout_seconds={SUBPROCESS_TIMEOUT_S}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -181,14 +229,18 @@ def test_straddling_or_uneven_layouts_are_rejected(results):
   assert "'c'" in errors["unknown_axis"]
 
 
-@pytest.mark.parametrize("kwargs, match", [
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
     (dict(fmt="M", amax=1.0), "amax is the NVFP4 tensor amax"),
     (dict(fmt="N", logical_shape=(8, 64)), r"logical_shape \(8, 64\) must be 2D and hold the shard"),
     (dict(fmt="N", logical_shape=(16, 64, 1)), "must be 2D"),
-])
+  ],
+)
 def test_kernel_shard_arguments_are_checked(kwargs, match):
   import jax.numpy as jnp  # noqa: PLC0415
   from fp4jax_kernels.quantize import pallas_triton  # noqa: PLC0415
+
   spec = _spec(dict(fmt=kwargs.pop("fmt")))
   with pytest.raises(ValueError, match=match):
     pallas_triton.quantize(jnp.ones((16, 64)), spec, interpret=True, **kwargs)
@@ -197,25 +249,30 @@ def test_kernel_shard_arguments_are_checked(kwargs, match):
 def test_staged_input_needs_the_amax_and_a_spec_that_stages():
   import jax.numpy as jnp  # noqa: PLC0415
   from fp4jax_kernels.quantize import pallas_triton  # noqa: PLC0415
+
   x = jnp.ones((16, 64))
   for spec, amax in ((_spec(CASES["nvfp4_sr_rht16_te"][0]), None), (_spec(dict(fmt="N")), 1.0)):
     with pytest.raises(ValueError, match="staged: the pre-pass's output"):
       pallas_triton.quantize(x, spec, interpret=True, amax=amax, staged=x)
 
 
-@pytest.mark.parametrize("name, stages", [("nvfp4_ms_eden", True), ("nvfp4_xt_sr_rht16_values_signs_mask", True),
-                                          ("nvfp4_rtn", False)])
+@pytest.mark.parametrize(
+  "name, stages", [("nvfp4_ms_eden", True), ("nvfp4_xt_sr_rht16_values_signs_mask", True), ("nvfp4_rtn", False)]
+)
 def test_shards_with_a_hadamard_are_rotated_once(name, stages):
   """Per shard, the pre-pass that finds the local amax also stages the rotated shard for the kernel (the default
   route of one device): the program lowered for CUDA has the staging pre-pass exactly for Hadamard specs."""
   import jax  # noqa: PLC0415
   from fp4jax_kernels import triton_ir  # noqa: PLC0415
   from fp4jax_kernels.quantize import sharded  # noqa: PLC0415
+
   kw, shape, _ = CASES[name]
   spec, mesh = _spec(kw), jax.make_mesh((1,), ("a",), axis_types=(jax.sharding.AxisType.Auto,))
   modules = triton_ir.triton_modules(
-      lambda x, k: sharded.quantize_sharded(x, spec, k, mesh=mesh, spec_in=_pspec(("a", None))), _input(shape),
-      jax.random.key(0))
+    lambda x, k: sharded.quantize_sharded(x, spec, k, mesh=mesh, spec_in=_pspec(("a", None))),
+    _input(shape),
+    jax.random.key(0),
+  )
   assert any("fp4_staging_amax" in m for m in modules) == stages
   assert sum("fp4_quantize" in m for m in modules) == 1
 

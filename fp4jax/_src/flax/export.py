@@ -19,7 +19,8 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -46,15 +47,30 @@ def weight_quantizer(recipe: Any) -> dict:
   r = ops.resolve(recipe, "pack")
   spec = r.fwd_rhs
   if not isinstance(spec.fmt, FP4Format):
-    raise ValueError(f"pack: recipe {r.name!r} does not quantize weights to block-scaled FP4 (fwd_rhs.fmt={spec.fmt!r})")
+    raise ValueError(
+      f"pack: recipe {r.name!r} does not quantize weights to block-scaled FP4 (fwd_rhs.fmt={spec.fmt!r})"
+    )
   if spec.is_random or (spec.hadamard and spec.signs not in _SIGNS):
     raise ValueError(f"pack: recipe {r.name!r} quantizes weights with random bits or per-run signs; export needs RTN")
-  return dict(fmt=spec.fmt, rounding="rtn", block_shape=spec.block_shape, hadamard=spec.hadamard or None,
-              hadamard_signs=_SIGNS.get(spec.signs, "none"))
+  return dict(
+    fmt=spec.fmt,
+    rounding="rtn",
+    block_shape=spec.block_shape,
+    hadamard=spec.hadamard or None,
+    hadamard_signs=_SIGNS.get(spec.signs, "none"),
+  )
 
 
-def pack(params, rules: Any = None, *, defaults: Sequence[Any] = rules_lib.DEFAULT_HIGH_PRECISION,
-         select: str | None = None, recipe: Any = None, axis: int = 0, dtype: Any = None):
+def pack(
+  params,
+  rules: Any = None,
+  *,
+  defaults: Sequence[Any] = rules_lib.DEFAULT_HIGH_PRECISION,
+  select: str | None = None,
+  recipe: Any = None,
+  axis: int = 0,
+  dtype: Any = None,
+):
   """``params`` with the weights of the layers a quantized model runs in FP4 replaced by ``QTensor``s.
 
   With ``rules`` (the mode to use after rule-based quantization), exactly the layers the quantized model quantizes
@@ -95,17 +111,20 @@ def pack(params, rules: Any = None, *, defaults: Sequence[Any] = rules_lib.DEFAU
   flat = traverse_util.flatten_dict(_to_dict(params))
   if (rules is None) == (select is None) or (rules is not None and recipe is not None):
     raise TypeError(
-        "pack: pass the rules the model was quantized with, pack(params, rules) (the list given to "
-        "fp4jax.flax.quantize, the QuantizedModule, the quantized NNX model or a {layer path: recipe} plan), so that "
-        "exactly the layers the model quantizes are packed, each with its own recipe; or select=<regex on leaf "
-        f"paths> with one recipe=... (got rules={rules!r}, select={select!r}, recipe={recipe!r})")
+      "pack: pass the rules the model was quantized with, pack(params, rules) (the list given to "
+      "fp4jax.flax.quantize, the QuantizedModule, the quantized NNX model or a {layer path: recipe} plan), so that "
+      "exactly the layers the model quantizes are packed, each with its own recipe; or select=<regex on leaf "
+      f"paths> with one recipe=... (got rules={rules!r}, select={select!r}, recipe={recipe!r})"
+    )
   if select is not None:
     kwargs = weight_quantizer("nvidia_nvfp4" if recipe is None else recipe)
-    chosen = {k: (kwargs, axis, None) for k, v in flat.items()
-              if re.fullmatch(select, _join_path(k)) and np.ndim(v) >= 2}
+    chosen = {
+      k: (kwargs, axis, None) for k, v in flat.items() if re.fullmatch(select, _join_path(k)) and np.ndim(v) >= 2
+    }
     if not chosen:
-      raise ValueError(f"pack: select={select!r} matches no weight of ndim >= 2; leaf paths are "
-                       f"{[_join_path(k) for k in flat]}")
+      raise ValueError(
+        f"pack: select={select!r} matches no weight of ndim >= 2; leaf paths are {[_join_path(k) for k in flat]}"
+      )
   else:
     chosen = _planned_kernels(flat, rules, defaults)
   for k, (kwargs, ax, layer_dtype) in chosen.items():
@@ -139,13 +158,16 @@ def _planned_kernels(flat: dict, rules: Any, defaults: Sequence[Any]) -> dict[tu
     if r is None:
       continue
     if path not in kernels:
-      raise ValueError(f"pack: the plan names layer {path!r}, which has no kernel in params; layers with a kernel: "
-                       f"{list(kernels)}")
+      raise ValueError(
+        f"pack: the plan names layer {path!r}, which has no kernel in params; layers with a kernel: {list(kernels)}"
+      )
     shape = np.shape(flat[kernels[path]])
     if len(shape) != 2:
-      raise ValueError(f"pack: layer {path!r} has a kernel of shape {shape}; pack(params, rules) packs 2-D (in, out) "
-                       "kernels contracted along axis 0 (Dense, Linear); pack stacked (nn.scan), DenseGeneral or "
-                       "Einsum kernels with select=... and axis=...")
+      raise ValueError(
+        f"pack: layer {path!r} has a kernel of shape {shape}; pack(params, rules) packs 2-D (in, out) "
+        "kernels contracted along axis 0 (Dense, Linear); pack stacked (nn.scan), DenseGeneral or "
+        "Einsum kernels with select=... and axis=..."
+      )
     chosen[kernels[path]] = (weight_quantizer(r), 0, layer_dtype)
   if not chosen:
     raise ValueError(f"pack: the rules quantize no layer; layers with a kernel: {list(kernels)}")
@@ -154,8 +176,9 @@ def _planned_kernels(flat: dict, rules: Any, defaults: Sequence[Any]) -> dict[tu
 
 def unpack(packed, dtype: Any = None):
   """Every QTensor dequantized (to ``dtype``, default its original dtype); other leaves unchanged (one jit)."""
-  dequantize = lambda tree: jax.tree.map(lambda x: x.dequantize(dtype) if isinstance(x, QTensor) else x, tree,
-                                         is_leaf=lambda x: isinstance(x, QTensor))
+  dequantize = lambda tree: jax.tree.map(
+    lambda x: x.dequantize(dtype) if isinstance(x, QTensor) else x, tree, is_leaf=lambda x: isinstance(x, QTensor)
+  )
   return jax.jit(dequantize)(packed)
 
 
@@ -205,9 +228,16 @@ def _split(packed) -> tuple[dict, dict]:
     arrays[k + "/global_scale"] = v.global_scale
     if v.signs is not None:
       arrays[k + "/signs"] = v.signs
-    meta[k] = {"kind": "qtensor", "shape": list(v.shape), "axis": v.axis, "fmt": _fmt_json(v.fmt),
-               "block_shape": list(v.block_shape), "hadamard": v.hadamard, "dtype": np.dtype(v.dtype).name,
-               "signs": v.signs is not None}
+    meta[k] = {
+      "kind": "qtensor",
+      "shape": list(v.shape),
+      "axis": v.axis,
+      "fmt": _fmt_json(v.fmt),
+      "block_shape": list(v.block_shape),
+      "hadamard": v.hadamard,
+      "dtype": np.dtype(v.dtype).name,
+      "signs": v.signs is not None,
+    }
   return traverse_util.unflatten_dict(arrays, sep="/"), meta
 
 
@@ -220,12 +250,16 @@ def _join(arrays: dict, meta: dict):
       continue
     fmt = _fmt_from_json(m["fmt"])
     flat[k] = QTensor(
-        codes=jnp.asarray(arrays[k + "/codes"]),
-        scales=jax.lax.bitcast_convert_type(jnp.asarray(arrays[k + "/scales"]), fmt.scale_dtype),
-        global_scale=jnp.asarray(arrays[k + "/global_scale"]),
-        signs=jnp.asarray(arrays[k + "/signs"]) if m["signs"] else None,
-        shape=tuple(m["shape"]), axis=m["axis"], fmt=fmt, block_shape=tuple(m["block_shape"]),
-        hadamard=m["hadamard"], dtype=jnp.dtype(m["dtype"]),
+      codes=jnp.asarray(arrays[k + "/codes"]),
+      scales=jax.lax.bitcast_convert_type(jnp.asarray(arrays[k + "/scales"]), fmt.scale_dtype),
+      global_scale=jnp.asarray(arrays[k + "/global_scale"]),
+      signs=jnp.asarray(arrays[k + "/signs"]) if m["signs"] else None,
+      shape=tuple(m["shape"]),
+      axis=m["axis"],
+      fmt=fmt,
+      block_shape=tuple(m["block_shape"]),
+      hadamard=m["hadamard"],
+      dtype=jnp.dtype(m["dtype"]),
     )
   return traverse_util.unflatten_dict(flat, sep="/")
 
@@ -262,8 +296,10 @@ def save(path: str | os.PathLike, packed) -> None:
   tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=os.path.dirname(path))
   try:
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-      ckptr.save(os.path.join(tmp, _ORBAX),
-                 args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)))
+      ckptr.save(
+        os.path.join(tmp, _ORBAX),
+        args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)),
+      )
     _write_manifest(tmp, {"arrays": _array_digests(arrays), "files": _file_digests(tmp)})
     os.rename(tmp, path)
   except BaseException:
@@ -301,8 +337,10 @@ def restore(path: str | os.PathLike, *, verify: bool = True):
       if got.get(k) != digest:
         raise CorruptCheckpointError(f"restore: array {k!r} of {path} does not match its sha256 in {MANIFEST}")
     if set(got) != set(manifest["arrays"]):
-      raise CorruptCheckpointError(f"restore: {path} holds arrays {sorted(set(got) ^ set(manifest['arrays']))} "
-                                   f"that {MANIFEST} does not (or the reverse)")
+      raise CorruptCheckpointError(
+        f"restore: {path} holds arrays {sorted(set(got) ^ set(manifest['arrays']))} "
+        f"that {MANIFEST} does not (or the reverse)"
+      )
   return _join(arrays, meta)
 
 
@@ -349,8 +387,10 @@ def _verify_files(path: str) -> dict:
     body = {k: manifest[k] for k in ("arrays", "files")}
     intact = manifest["sha256"] == _sha256_json(body)
   except FileNotFoundError as err:
-    raise CorruptCheckpointError(f"restore: {path} has no {MANIFEST}: not a complete fp4jax save (interrupted, or "
-                                 "written by another tool); restore(path, verify=False) loads it unverified") from err
+    raise CorruptCheckpointError(
+      f"restore: {path} has no {MANIFEST}: not a complete fp4jax save (interrupted, or "
+      "written by another tool); restore(path, verify=False) loads it unverified"
+    ) from err
   except (UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
     raise CorruptCheckpointError(f"restore: {where} is unreadable or altered ({err})") from err
   if not intact:
@@ -360,8 +400,9 @@ def _verify_files(path: str) -> dict:
     if rel not in found:
       raise CorruptCheckpointError(f"restore: file {rel!r} of {path} is missing")
     if found[rel][0] != size:
-      raise CorruptCheckpointError(f"restore: file {rel!r} of {path} has {found[rel][0]} bytes, {size} saved "
-                                   "(truncated or extended)")
+      raise CorruptCheckpointError(
+        f"restore: file {rel!r} of {path} has {found[rel][0]} bytes, {size} saved (truncated or extended)"
+      )
     if found[rel][1] != digest:
       raise CorruptCheckpointError(f"restore: file {rel!r} of {path} does not match its sha256 in {MANIFEST}")
   extra = sorted(set(found) - set(body["files"]))

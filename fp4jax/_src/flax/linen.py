@@ -24,7 +24,8 @@ import contextlib
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -32,7 +33,8 @@ import jax.numpy as jnp
 
 from fp4jax._src import dot
 from fp4jax._src.backends import Backend
-from fp4jax._src.flax import ops, rules as rules_lib
+from fp4jax._src.flax import ops
+from fp4jax._src.flax import rules as rules_lib
 
 LAYERS = (nn.Dense, nn.DenseGeneral, nn.Einsum)
 
@@ -70,8 +72,14 @@ class DotGeneral(nn.Module):
   def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
     run, key = _key(self, self.recipe, self.deterministic, f"fp4jax DotGeneral at {_path(self)!r}")
     return dot.dot_general(
-        lhs, rhs, dimension_numbers, recipe=run, key=key, precision=precision,
-        preferred_element_type=preferred_element_type, backend=self.backend,
+      lhs,
+      rhs,
+      dimension_numbers,
+      recipe=run,
+      key=key,
+      precision=precision,
+      preferred_element_type=preferred_element_type,
+      backend=self.backend,
     )
 
 
@@ -127,12 +135,21 @@ def einsum_layer(module: nn.Einsum, inputs, einsum_str, recipe: Any, determinist
     bias = module.param("bias", module.bias_init, bias_shape, module.param_dtype)
   inputs, kernel, bias = module.promote_dtype(inputs, kernel, bias, dtype=module.dtype)
   if recipe is None:
-    y = jnp.einsum(einsum_str, inputs, kernel, precision=module.precision,
-                   preferred_element_type=module.preferred_element_type)
+    y = jnp.einsum(
+      einsum_str, inputs, kernel, precision=module.precision, preferred_element_type=module.preferred_element_type
+    )
   else:
     run, key = _key(module, recipe, deterministic, f"fp4jax Einsum at {_path(module)!r}")
-    y = dot.einsum(einsum_str, inputs, kernel, recipe=run, key=key, precision=module.precision,
-                      preferred_element_type=module.preferred_element_type, backend=backend)
+    y = dot.einsum(
+      einsum_str,
+      inputs,
+      kernel,
+      recipe=run,
+      key=key,
+      precision=module.precision,
+      preferred_element_type=module.preferred_element_type,
+      backend=backend,
+    )
   if bias is not None:
     y += jnp.reshape(bias, broadcast_shape)
   return y
@@ -240,7 +257,8 @@ class QuantizedModule:
     ops.check_backend(self.backend, "fp4jax.flax.linen.quantize")
 
   def plan(self, call: Callable[[], Any]) -> dict[str, Any]:
-    """{path: recipe or None} for the layers the rules decide, found by tracing ``call`` (a thunk running the module)."""
+    """{path: recipe or None} for the layers the rules decide, found by tracing ``call`` (a thunk running the
+    module)."""
     with ops.record_dots() as records, nn.intercept_methods(interceptor(None, False)):
       jax.eval_shape(call)
     return rules_lib.plan([r.path for r in records], self.rules, defaults=self.defaults)
@@ -259,8 +277,14 @@ class QuantizedModule:
     return self.run(lambda: self.module.apply(variables, *args, **kwargs))
 
 
-def quantize(module: nn.Module, rules: Sequence[Any], *, defaults=rules_lib.DEFAULT_HIGH_PRECISION,
-             deterministic: bool = False, backend: Backend = "auto") -> QuantizedModule:
+def quantize(
+  module: nn.Module,
+  rules: Sequence[Any],
+  *,
+  defaults=rules_lib.DEFAULT_HIGH_PRECISION,
+  deterministic: bool = False,
+  backend: Backend = "auto",
+) -> QuantizedModule:
   """``module`` with its linear layers quantized by ``rules`` (see ``QuantizedModule``, ``fp4jax.flax.rules``)."""
   if not isinstance(module, nn.Module):
     raise TypeError(f"module must be a flax.linen Module, got {type(module).__name__}")

@@ -19,7 +19,8 @@ call time unless ``deterministic=True`` (which runs ``fp4jax.recipes.determinist
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,8 @@ from flax import nnx
 
 from fp4jax._src import dot
 from fp4jax._src.backends import Backend
-from fp4jax._src.flax import ops, rules as rules_lib
+from fp4jax._src.flax import ops
+from fp4jax._src.flax import rules as rules_lib
 
 LAYERS = (nnx.Linear, nnx.LinearGeneral, nnx.Einsum)
 _OP_ATTR = {nnx.Linear: "dot_general", nnx.LinearGeneral: "dot_general", nnx.Einsum: "einsum_op"}
@@ -40,7 +42,9 @@ def _stream(rngs):
     return rngs[ops.QUANT_STREAM].fork() if ops.QUANT_STREAM in rngs else nnx.data(None)
   if isinstance(rngs, nnx.RngStream):
     return rngs.fork()
-  raise TypeError(f"rngs must be an nnx.Rngs (with a {ops.QUANT_STREAM!r} stream), an nnx.RngStream or None, got {rngs!r}")
+  raise TypeError(
+    f"rngs must be an nnx.Rngs (with a {ops.QUANT_STREAM!r} stream), an nnx.RngStream or None, got {rngs!r}"
+  )
 
 
 class _QuantOp(nnx.Module):
@@ -78,8 +82,16 @@ class DotGeneral(_QuantOp):
     self._check_sharding(out_sharding)
     run, key = self._recipe_and_key()
     ops.record(self.path, "dot_general", self.recipe, ops.dot_general_flops(lhs.shape, rhs.shape, dimension_numbers))
-    return dot.dot_general(lhs, rhs, dimension_numbers, recipe=run, key=key, precision=precision,
-                              preferred_element_type=preferred_element_type, backend=self.backend)
+    return dot.dot_general(
+      lhs,
+      rhs,
+      dimension_numbers,
+      recipe=run,
+      key=key,
+      precision=precision,
+      preferred_element_type=preferred_element_type,
+      backend=self.backend,
+    )
 
 
 class EinsumOp(_QuantOp):
@@ -89,15 +101,32 @@ class EinsumOp(_QuantOp):
     self._check_sharding(out_sharding)
     run, key = self._recipe_and_key()
     ops.record(self.path, "einsum", self.recipe, ops.einsum_flops(spec, lhs.shape, rhs.shape))
-    return dot.einsum(spec, lhs, rhs, recipe=run, key=key, precision=precision,
-                         preferred_element_type=preferred_element_type, backend=self.backend)
+    return dot.einsum(
+      spec,
+      lhs,
+      rhs,
+      recipe=run,
+      key=key,
+      precision=precision,
+      preferred_element_type=preferred_element_type,
+      backend=self.backend,
+    )
 
 
 class Linear(nnx.Linear):
   """``nnx.Linear`` whose matmul runs ``fp4jax.dot_general`` under ``recipe`` (see ``DotGeneral``)."""
 
-  def __init__(self, in_features: int, out_features: int, *, recipe: Any, rngs: nnx.Rngs,
-               deterministic: bool = False, backend: Backend = "auto", **kwargs):
+  def __init__(
+    self,
+    in_features: int,
+    out_features: int,
+    *,
+    recipe: Any,
+    rngs: nnx.Rngs,
+    deterministic: bool = False,
+    backend: Backend = "auto",
+    **kwargs,
+  ):
     op = DotGeneral(recipe, rngs=rngs, deterministic=deterministic, backend=backend)
     super().__init__(in_features, out_features, dot_general=op, rngs=rngs, **kwargs)
 
@@ -105,8 +134,18 @@ class Linear(nnx.Linear):
 class Einsum(nnx.Einsum):
   """``nnx.Einsum`` whose contraction runs ``fp4jax.einsum`` under ``recipe`` (see ``EinsumOp``)."""
 
-  def __init__(self, einsum_str: str, kernel_shape, bias_shape=None, *, recipe: Any, rngs: nnx.Rngs,
-               deterministic: bool = False, backend: Backend = "auto", **kwargs):
+  def __init__(
+    self,
+    einsum_str: str,
+    kernel_shape,
+    bias_shape=None,
+    *,
+    recipe: Any,
+    rngs: nnx.Rngs,
+    deterministic: bool = False,
+    backend: Backend = "auto",
+    **kwargs,
+  ):
     op = EinsumOp(recipe, rngs=rngs, deterministic=deterministic, backend=backend)
     super().__init__(einsum_str, kernel_shape, bias_shape, einsum_op=op, rngs=rngs, **kwargs)
 
@@ -114,9 +153,7 @@ class Einsum(nnx.Einsum):
 # ------------------------------------------------------------------------------------------------ rules
 def layers(model: nnx.Module) -> dict[str, nnx.Module]:
   """{path: layer} of the quantizable layers (Linear, LinearGeneral, Einsum) of ``model``, in graph order."""
-  return {
-      "/".join(str(p) for p in path): m for path, m in nnx.iter_graph(model) if isinstance(m, LAYERS)
-  }
+  return {"/".join(str(p) for p in path): m for path, m in nnx.iter_graph(model) if isinstance(m, LAYERS)}
 
 
 def _op_attr(layer) -> str:
@@ -129,8 +166,9 @@ def layer_recipe(layer) -> Any:
   return op.recipe if isinstance(op, _QuantOp) else None
 
 
-def set_recipe(layer, path: str, recipe: Any, *, rngs=None, deterministic: bool = False,
-               backend: Backend = "auto") -> None:
+def set_recipe(
+  layer, path: str, recipe: Any, *, rngs=None, deterministic: bool = False, backend: Backend = "auto"
+) -> None:
   """Make ``layer`` run ``recipe`` (None: ``lax.dot_general`` / ``jnp.einsum``) with quantizer ``backend``, in
   place."""
   attr = _op_attr(layer)
@@ -144,9 +182,15 @@ def set_recipe(layer, path: str, recipe: Any, *, rngs=None, deterministic: bool 
     layer.dot_general_cls = None  # it would take precedence over dot_general
 
 
-def quantize(model: nnx.Module, rules: Sequence[Any], *, rngs: nnx.Rngs | None = None,
-             defaults: Sequence[Any] = rules_lib.DEFAULT_HIGH_PRECISION, deterministic: bool = False,
-             backend: Backend = "auto") -> nnx.Module:
+def quantize(
+  model: nnx.Module,
+  rules: Sequence[Any],
+  *,
+  rngs: nnx.Rngs | None = None,
+  defaults: Sequence[Any] = rules_lib.DEFAULT_HIGH_PRECISION,
+  deterministic: bool = False,
+  backend: Backend = "auto",
+) -> nnx.Module:
   """Quantize the linear layers of ``model`` in place by ``rules`` (``fp4jax.flax.rules.plan``); returns ``model``.
   ``backend``: the quantizer backend of the planned layers (``fp4jax.dot_general``'s).
 

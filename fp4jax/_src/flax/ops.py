@@ -15,7 +15,8 @@ import contextlib
 import contextvars
 import dataclasses
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from fp4jax._src import backends, recipes
 
@@ -56,9 +57,9 @@ def effective(recipe: Any, deterministic: bool, where: str):
 
 def missing_stream_error(where: str, recipe: Any, how: str) -> ValueError:
   return ValueError(
-      f"{where}: recipe {recipe_name(recipe)!r} draws random bits (stochastic rounding or fresh Hadamard signs) from "
-      f"the {QUANT_STREAM!r} RNG stream, and none was given: {how}, or use deterministic=True for evaluation "
-      "(RTN and fixed signs)"
+    f"{where}: recipe {recipe_name(recipe)!r} draws random bits (stochastic rounding or fresh Hadamard signs) from "
+    f"the {QUANT_STREAM!r} RNG stream, and none was given: {how}, or use deterministic=True for evaluation "
+    "(RTN and fixed signs)"
   )
 
 

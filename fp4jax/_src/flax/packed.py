@@ -23,7 +23,8 @@ precision computes ``x @ dequantize(kernel)``. Every other layer runs as the mod
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -50,20 +51,39 @@ def activation_quantizer(recipe: Any, w: QTensor, where: str) -> dict | None:
   if spec.fmt is None and spec.clip == "none":
     return None
   if not isinstance(spec.fmt, FP4Format) or spec.clip != "none":
-    raise ValueError(f"{where}: recipe {ops.recipe_name(recipe)!r} quantizes activations as fmt={spec.fmt!r}, "
-                     f"clip={spec.clip!r}; packed inference takes block-scaled FP4 activations without clipping")
+    raise ValueError(
+      f"{where}: recipe {ops.recipe_name(recipe)!r} quantizes activations as fmt={spec.fmt!r}, "
+      f"clip={spec.clip!r}; packed inference takes block-scaled FP4 activations without clipping"
+    )
   if (spec.hadamard or 0) != w.hadamard:
-    raise ValueError(f"{where}: recipe {ops.recipe_name(recipe)!r} rotates activations with hadamard="
-                     f"{spec.hadamard} but the packed weight has hadamard={w.hadamard}")
+    raise ValueError(
+      f"{where}: recipe {ops.recipe_name(recipe)!r} rotates activations with hadamard="
+      f"{spec.hadamard} but the packed weight has hadamard={w.hadamard}"
+    )
   if w.hadamard and spec.signs not in ("te", "none"):
-    raise ValueError(f"{where}: recipe {ops.recipe_name(recipe)!r} rotates activations with {spec.signs!r} signs; "
-                     "packed inference needs fixed signs (the packed weight's)")
-  return {"fmt": spec.fmt, "rounding": spec.rounding, "block_shape": spec.block_shape, "hadamard": w.hadamard or None,
-          "hadamard_signs": spec.signs if w.hadamard else "none"}
+    raise ValueError(
+      f"{where}: recipe {ops.recipe_name(recipe)!r} rotates activations with {spec.signs!r} signs; "
+      "packed inference needs fixed signs (the packed weight's)"
+    )
+  return {
+    "fmt": spec.fmt,
+    "rounding": spec.rounding,
+    "block_shape": spec.block_shape,
+    "hadamard": w.hadamard or None,
+    "hadamard_signs": spec.signs if w.hadamard else "none",
+  }
 
 
-def linear(inputs: jax.Array, kernel: QTensor, bias: jax.Array | None, *, dtype: Any, recipe: Any, where: str,
-           backend: Backend = "auto") -> jax.Array:
+def linear(
+  inputs: jax.Array,
+  kernel: QTensor,
+  bias: jax.Array | None,
+  *,
+  dtype: Any,
+  recipe: Any,
+  where: str,
+  backend: Backend = "auto",
+) -> jax.Array:
   """A Dense / Linear layer's output with its packed ``kernel``: ``packed_matmul(q(x), kernel) + bias``.
 
   Args:
@@ -99,27 +119,42 @@ def interceptor(backend: Backend = "auto"):
 
   def intercept(next_fun, args, kwargs, context):
     module = context.module
-    if context.method_name != "__call__" or not isinstance(module, linen.LAYERS) or not module.has_variable(
-        "params", "kernel"):
+    if (
+      context.method_name != "__call__"
+      or not isinstance(module, linen.LAYERS)
+      or not module.has_variable("params", "kernel")
+    ):
       return next_fun(*args, **kwargs)
     kernel = module.get_variable("params", "kernel")
     if not isinstance(kernel, QTensor):
       return next_fun(*args, **kwargs)
     if type(module) not in (nn.Dense, linen.Dense):
-      raise ValueError(f"fp4jax.flax.packed: layer {linen._path(module)!r} ({type(module).__name__}) has a packed "
-                       "kernel; packed inference runs nn.Dense layers (pack(params, rules) packs only those)")
+      raise ValueError(
+        f"fp4jax.flax.packed: layer {linen._path(module)!r} ({type(module).__name__}) has a packed "
+        "kernel; packed inference runs nn.Dense layers (pack(params, rules) packs only those)"
+      )
     inputs = args[0] if args else kwargs["inputs"]
     bias = module.get_variable("params", "bias") if module.use_bias else None
-    return linear(inputs, kernel, bias, dtype=module.dtype, recipe=linen.own_recipe(module),
-                  where=f"fp4jax.flax.packed at {linen._path(module)!r}", backend=backend)
+    return linear(
+      inputs,
+      kernel,
+      bias,
+      dtype=module.dtype,
+      recipe=linen.own_recipe(module),
+      where=f"fp4jax.flax.packed at {linen._path(module)!r}",
+      backend=backend,
+    )
 
   return intercept
 
 
 def _abstract(variables):
   """``variables`` with each QTensor replaced by a ShapeDtypeStruct of its logical shape (for shape tracing)."""
-  return jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype) if isinstance(v, QTensor) else v, variables,
-                      is_leaf=lambda v: isinstance(v, QTensor))
+  return jax.tree.map(
+    lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype) if isinstance(v, QTensor) else v,
+    variables,
+    is_leaf=lambda v: isinstance(v, QTensor),
+  )
 
 
 def apply(qmodel: linen.QuantizedModule, variables, *args, backend: Backend = "auto", **kwargs):
@@ -141,8 +176,10 @@ def apply(qmodel: linen.QuantizedModule, variables, *args, backend: Backend = "a
       ``activation_quantizer`` does not take.
   """
   if not isinstance(qmodel, linen.QuantizedModule):
-    raise TypeError(f"fp4jax.flax.packed.apply: qmodel must be the QuantizedModule the params were packed for "
-                    f"(fp4jax.flax.quantize(model, rules)), got {type(qmodel).__name__}")
+    raise TypeError(
+      f"fp4jax.flax.packed.apply: qmodel must be the QuantizedModule the params were packed for "
+      f"(fp4jax.flax.quantize(model, rules)), got {type(qmodel).__name__}"
+    )
   ops.check_backend(backend, "fp4jax.flax.packed.apply")
   run = dataclasses.replace(qmodel, deterministic=True)
   module = run.module
@@ -166,23 +203,30 @@ class _PackedLinear(flax_nnx.Module):
     if out_sharding is not None:
       raise NotImplementedError(f"{self.where}: packed inference does not take out_sharding; got {out_sharding!r}")
     bias = None if self.bias is None else self.bias[...]
-    return linear(inputs, self.kernel, bias, dtype=self.dtype, recipe=self.recipe, where=self.where,
-                  backend=self.backend)
+    return linear(
+      inputs, self.kernel, bias, dtype=self.dtype, recipe=self.recipe, where=self.where, backend=self.backend
+    )
 
 
 def _linear_recipe(layer: flax_nnx.Module, path: str, where: str) -> Any:
   """The recipe ``layer`` (at ``path``, holding a packed kernel) runs, or None; raises where packed inference would
   not compute what the layer computes."""
   if type(layer) not in (flax_nnx.Linear, nnx.Linear):
-    raise ValueError(f"{where}: layer {path!r} ({type(layer).__name__}) has a packed kernel; packed inference runs "
-                     "nnx.Linear layers (pack(params, model) packs only those)")
+    raise ValueError(
+      f"{where}: layer {path!r} ({type(layer).__name__}) has a packed kernel; packed inference runs "
+      "nnx.Linear layers (pack(params, model) packs only those)"
+    )
   if layer.preferred_element_type is not None:
-    raise ValueError(f"{where}: layer {path!r} sets preferred_element_type={layer.preferred_element_type}; packed "
-                     "inference computes in the layer's dtype")
+    raise ValueError(
+      f"{where}: layer {path!r} sets preferred_element_type={layer.preferred_element_type}; packed "
+      "inference computes in the layer's dtype"
+    )
   op = layer.dot_general
   if not isinstance(op, nnx.DotGeneral) and op is not jax.lax.dot_general:
-    raise ValueError(f"{where}: layer {path!r} multiplies with a custom dot_general ({op!r}); packed inference "
-                     "replaces only lax.dot_general and fp4jax's DotGeneral")
+    raise ValueError(
+      f"{where}: layer {path!r} multiplies with a custom dot_general ({op!r}); packed inference "
+      "replaces only lax.dot_general and fp4jax's DotGeneral"
+    )
   return nnx.layer_recipe(layer)
 
 
@@ -192,8 +236,10 @@ def _set_child(parent: Any, key: Any, child: Any, where: str) -> None:
   elif isinstance(parent, (list, dict, flax_nnx.List, flax_nnx.Dict)):
     parent[key] = child
   else:
-    raise TypeError(f"{where}: cannot replace a packed layer held in a {type(parent).__name__}; hold layers in "
-                    "Modules, lists, dicts, nnx.List or nnx.Dict")
+    raise TypeError(
+      f"{where}: cannot replace a packed layer held in a {type(parent).__name__}; hold layers in "
+      "Modules, lists, dicts, nnx.List or nnx.Dict"
+    )
 
 
 def _packed_copy(model: flax_nnx.Module, packed: Mapping, backend: Backend, where: str) -> flax_nnx.Module:
@@ -204,8 +250,9 @@ def _packed_copy(model: flax_nnx.Module, packed: Mapping, backend: Backend, wher
   kernels = {k: v for k, v in flat.items() if isinstance(v, QTensor)}
   state = flax_nnx.state(run, flax_nnx.Param)
   try:
-    flax_nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict({k: v for k, v in flat.items()
-                                                                       if k not in kernels}))
+    flax_nnx.replace_by_pure_dict(
+      state, traverse_util.unflatten_dict({k: v for k, v in flat.items() if k not in kernels})
+    )
   except ValueError as err:
     raise ValueError(f"{where}: packed holds a leaf the model has no param for ({err})") from err
   flax_nnx.update(run, state)
@@ -214,13 +261,17 @@ def _packed_copy(model: flax_nnx.Module, packed: Mapping, backend: Backend, wher
   for key, kernel in kernels.items():
     path = "/".join(str(p) for p in key[:-1])
     if key[-1] != "kernel" or path not in layers:
-      raise ValueError(f"{where}: {'/'.join(str(p) for p in key)!r} is a QTensor but not the kernel of a linear "
-                       f"layer of the model; layers: {list(layers)}")
+      raise ValueError(
+        f"{where}: {'/'.join(str(p) for p in key)!r} is a QTensor but not the kernel of a linear "
+        f"layer of the model; layers: {list(layers)}"
+      )
     layer = layers[path]
     recipe = _linear_recipe(layer, path, where)
     if kernel.shape != layer.kernel.shape:
-      raise ValueError(f"{where}: the packed kernel of layer {path!r} has shape {kernel.shape}, the layer's kernel "
-                       f"{layer.kernel.shape}")
+      raise ValueError(
+        f"{where}: the packed kernel of layer {path!r} has shape {kernel.shape}, the layer's kernel "
+        f"{layer.kernel.shape}"
+      )
     layer_path = nodes[tuple(str(p) for p in key[:-1])][0]
     parent = nodes[tuple(str(p) for p in layer_path[:-1])][1]
     _set_child(parent, layer_path[-1], _PackedLinear(layer, kernel, recipe, f"{where} at {path!r}", backend), where)
@@ -254,7 +305,9 @@ def apply_nnx(model: flax_nnx.Module, packed: Mapping, *args, backend: Backend =
       ``preferred_element_type``; a recipe whose activations ``activation_quantizer`` does not take.
   """
   if not isinstance(model, flax_nnx.Module):
-    raise TypeError(f"fp4jax.flax.packed.apply_nnx: model must be the flax.nnx Module the params were packed for, "
-                    f"got {type(model).__name__}")
+    raise TypeError(
+      f"fp4jax.flax.packed.apply_nnx: model must be the flax.nnx Module the params were packed for, "
+      f"got {type(model).__name__}"
+    )
   ops.check_backend(backend, "fp4jax.flax.packed.apply_nnx")
   return _packed_copy(model, packed, backend, "fp4jax.flax.packed.apply_nnx")(*args, **kwargs)

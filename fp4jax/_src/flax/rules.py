@@ -28,7 +28,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import warnings
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from fp4jax._src.flax import ops
 
@@ -82,8 +83,8 @@ class KeepHighPrecision:
         index[p] = int(m.group(1))
     if not index:
       raise ValueError(
-          f"keep_high_precision: no layer path matches block_pattern {self.block_pattern!r} (a block index must "
-          f"appear in the path; layers under nn.scan share one path and cannot be told apart); paths: {list(paths)}"
+        f"keep_high_precision: no layer path matches block_pattern {self.block_pattern!r} (a block index must "
+        f"appear in the path; layers under nn.scan share one path and cannot be told apart); paths: {list(paths)}"
       )
     n_blocks = max(index.values()) + 1
     if self.first + self.last > n_blocks:
@@ -101,7 +102,7 @@ DEFAULT_HIGH_PRECISION = (Rule(r"(?:.*/)?(?:lm_head|logits|unembed)|head|output"
 
 
 def plan(
-    paths: Sequence[str], rules: Sequence[Any], *, defaults: Sequence[Any] = DEFAULT_HIGH_PRECISION
+  paths: Sequence[str], rules: Sequence[Any], *, defaults: Sequence[Any] = DEFAULT_HIGH_PRECISION
 ) -> dict[str, Any]:
   """{path: recipe, or None for high precision} of the candidate paths some rule or default decides.
 
@@ -121,7 +122,9 @@ def plan(
     raise TypeError(f"rules must be a sequence of Rule / policies, got {rules!r}")
   paths = list(dict.fromkeys(paths))
   if not paths:
-    raise ValueError("the model has no quantizable layer (linen Dense/DenseGeneral/Einsum, NNX Linear/LinearGeneral/Einsum)")
+    raise ValueError(
+      "the model has no quantizable layer (linen Dense/DenseGeneral/Einsum, NNX Linear/LinearGeneral/Einsum)"
+    )
   items = [_item(item, paths) for item in rules]
   owned = [(i, r) for i, item in enumerate(items) for r in item.expand(paths)]  # (index of its item, rule)
   fallback = [r for d in defaults for r in d.expand(paths)]
@@ -136,11 +139,14 @@ def plan(
       deciders.add(i)
   for i, item in enumerate(items):
     if i not in deciders:
-      raise ValueError(f"rules[{i}] = {item!r} decides no layer: every layer it matches is decided by an earlier rule "
-                       f"or, for a catch-all rule, by a default ({list(defaults)}); the plan is {result}")
+      raise ValueError(
+        f"rules[{i}] = {item!r} decides no layer: every layer it matches is decided by an earlier rule "
+        f"or, for a catch-all rule, by a default ({list(defaults)}); the plan is {result}"
+      )
   if all(r is None for r in result.values()):
-    warnings.warn(f"fp4jax.flax rules {list(rules)!r} quantize no layer: the model runs in high precision",
-                  stacklevel=2)
+    warnings.warn(
+      f"fp4jax.flax rules {list(rules)!r} quantize no layer: the model runs in high precision", stacklevel=2
+    )
   return result
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -56,10 +57,12 @@ class LayerSummary:
     w = max([len(r.path) for r in self.records] + [5])
     lines = [f"{'layer':<{w}}  {'kind':<13} {'recipe':<15} {'FLOPs':>10}  FP4"]
     for r in self.records:
-      lines.append(f"{r.path:<{w}}  {r.kind:<13} {r.recipe:<15} {r.flops:>10.3g}  {'yes' if is_fp4(r.recipe) else 'no'}")
+      lines.append(
+        f"{r.path:<{w}}  {r.kind:<13} {r.recipe:<15} {r.flops:>10.3g}  {'yes' if is_fp4(r.recipe) else 'no'}"
+      )
     lines.append(
-        f"FP4 share of linear-layer FLOPs: {100 * self.fp4_share:.1f}% "
-        f"({self.fp4_flops:.3g} of {self.total_flops:.3g} FLOPs, {len(self.records)} layer calls)"
+      f"FP4 share of linear-layer FLOPs: {100 * self.fp4_share:.1f}% "
+      f"({self.fp4_flops:.3g} of {self.total_flops:.3g} FLOPs, {len(self.records)} layer calls)"
     )
     return "\n".join(lines)
 

@@ -11,7 +11,8 @@ result differs from dequantize-then-dot (``gemm.reference``) only by the fp32 su
 
 The trade against quantize-then-GEMM (``quantize.pallas_triton`` + ``gemm.pallas_triton``): X's quantized tile never
 goes to HBM (saving a write and a read of 0.56 bytes per element), but every program of a row of output tiles
-quantizes the same X tile again, N/bn times; which one wins per shape is for the benchmark (``benchmarks/kernels_gemm.py``) to say.
+quantizes the same X tile again, N/bn times; which one wins per shape is for the benchmark
+(``benchmarks/kernels_gemm.py``) to say.
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ from fp4jax_kernels.quantize.spec import QuantizeSpec
 from fp4jax_kernels.triton_compat import kernel_safe
 
 
-def _kernel(*refs, fmt: FP4Format, hadamard: int, has_signs: bool, k: int, bk: int, bf16_input: bool,
-            interpret: bool):
+def _kernel(*refs, fmt: FP4Format, hadamard: int, has_signs: bool, k: int, bk: int, bf16_input: bool, interpret: bool):
   it = iter(refs)
   x_ref, amax_ref = next(it), next(it)
   signs_ref = next(it) if has_signs else None
@@ -52,8 +52,9 @@ def _kernel(*refs, fmt: FP4Format, hadamard: int, has_signs: bool, k: int, bk: i
     codes, dec, _, _ = quantize(x.reshape(lay.blocked), amax_ref[0])
     xv = decode(codes, dec, jnp.float32(1.0)).reshape(bm, bk).astype(fmt.gemm_dtype)  # exact
     x_even, x_odd = (h.reshape(bm, bk // 2) for h in jnp.split(xv.reshape(bm, bk // 2, 2), 2, axis=-1))
-    w_even, w_odd = dequant_halves(wc_ref[:, pl.ds(t * (bk // 2), bk // 2)],
-                                   ws_ref[:, pl.ds(t * (bk // block), bk // block)], block, fmt)
+    w_even, w_odd = dequant_halves(
+      wc_ref[:, pl.ds(t * (bk // 2), bk // 2)], ws_ref[:, pl.ds(t * (bk // block), bk // block)], block, fmt
+    )
     acc = acc + lax.dot_general(x_even, w_even, dims, preferred_element_type=jnp.float32)
     return acc + lax.dot_general(x_odd, w_odd, dims, preferred_element_type=jnp.float32)
 
@@ -69,20 +70,34 @@ def _check(x: jax.Array, w: QTensor, fmt: FP4Format, hadamard: int, tile):
   if not isinstance(fmt, NVFP4Format) or w.fmt != fmt:
     raise ValueError(f"fmt must be an NVFP4 format equal to w's, got fmt={fmt} and w.fmt={w.fmt}")
   if w.shape[1] != x.shape[1] or (w.hadamard or 0) != hadamard:
-    raise ValueError(f"x and w must share K and the Hadamard size: K {x.shape[1]}/{w.shape[1]}, hadamard "
-                     f"{hadamard}/{w.hadamard}")
+    raise ValueError(
+      f"x and w must share K and the Hadamard size: K {x.shape[1]}/{w.shape[1]}, hadamard {hadamard}/{w.hadamard}"
+    )
   (m, k), n = x.shape, w.shape[0]
   bm, bn, bk = tile
   if m % bm or n % bn or k % bk or bk % max(fmt.block_size, hadamard or 1):
-    raise ValueError(f"tile {tile} must divide (M, N, K) = {(m, n, k)}, with bk a multiple of the block "
-                     f"({fmt.block_size}) and of the Hadamard size ({hadamard})")
+    raise ValueError(
+      f"tile {tile} must divide (M, N, K) = {(m, n, k)}, with bk a multiple of the block "
+      f"({fmt.block_size}) and of the Hadamard size ({hadamard})"
+    )
 
 
-@functools.partial(jax.jit, static_argnames=("fmt", "hadamard", "tile", "out_dtype", "num_warps", "num_stages",
-                                             "interpret"))
-def matmul(x: jax.Array, w: QTensor, *, fmt: FP4Format, hadamard: int = 0, signs: jax.Array | None = None,
-           tile=(128, 128, 64), out_dtype=jnp.bfloat16, num_warps: int = 8, num_stages: int = 2,
-           interpret: bool = False) -> jax.Array:
+@functools.partial(
+  jax.jit, static_argnames=("fmt", "hadamard", "tile", "out_dtype", "num_warps", "num_stages", "interpret")
+)
+def matmul(
+  x: jax.Array,
+  w: QTensor,
+  *,
+  fmt: FP4Format,
+  hadamard: int = 0,
+  signs: jax.Array | None = None,
+  tile=(128, 128, 64),
+  out_dtype=jnp.bfloat16,
+  num_warps: int = 8,
+  num_stages: int = 2,
+  interpret: bool = False,
+) -> jax.Array:
   """``dq(quantize(x, fmt, hadamard=hadamard, signs=signs)) · dq(w)ᵀ`` (M, N), X quantized inside the GEMM.
 
   ``fmt``: NVFP4 (``scale_mode`` "absmax" or "four_over_six"), RTN. ``hadamard``: 0 or the blockwise Hadamard size
@@ -95,8 +110,9 @@ def matmul(x: jax.Array, w: QTensor, *, fmt: FP4Format, hadamard: int = 0, signs
   bm, bn, bk = tile
   block = fmt.block_size
   mode = "random" if signs is not None else "none"
-  amax = quantize_kernel.tensor_amax(x, QuantizeSpec(fmt, hadamard=hadamard, hadamard_signs=mode), signs,
-                                     interpret=interpret)
+  amax = quantize_kernel.tensor_amax(
+    x, QuantizeSpec(fmt, hadamard=hadamard, hadamard_signs=mode), signs, interpret=interpret
+  )
   args = [x, amax.reshape(1)]
   in_specs = [pl.BlockSpec((bm, k), lambda i, j: (i, 0)), pl.BlockSpec((1,), lambda i, j: (0,))]
   if signs is not None:
@@ -104,17 +120,28 @@ def matmul(x: jax.Array, w: QTensor, *, fmt: FP4Format, hadamard: int = 0, signs
     in_specs.append(pl.BlockSpec((hadamard,), lambda i, j: (0,)))
   alpha = fmt.tensor_scales(amax, "rtn")[1] * w.global_scale.astype(jnp.float32)
   args += [w.codes, lax.bitcast_convert_type(w.scales, jnp.uint8), alpha.reshape(1)]
-  in_specs += [pl.BlockSpec((bn, k // 2), lambda i, j: (j, 0)), pl.BlockSpec((bn, k // block), lambda i, j: (j, 0)),
-               pl.BlockSpec((1,), lambda i, j: (0,))]
-  kernel = functools.partial(_kernel, fmt=fmt, hadamard=hadamard, has_signs=signs is not None, k=k, bk=bk,
-                             bf16_input=x.dtype == jnp.bfloat16, interpret=interpret)
+  in_specs += [
+    pl.BlockSpec((bn, k // 2), lambda i, j: (j, 0)),
+    pl.BlockSpec((bn, k // block), lambda i, j: (j, 0)),
+    pl.BlockSpec((1,), lambda i, j: (0,)),
+  ]
+  kernel = functools.partial(
+    _kernel,
+    fmt=fmt,
+    hadamard=hadamard,
+    has_signs=signs is not None,
+    k=k,
+    bk=bk,
+    bf16_input=x.dtype == jnp.bfloat16,
+    interpret=interpret,
+  )
   return pl.pallas_call(
-      kernel,
-      grid=(m // bm, n // bn),
-      in_specs=in_specs,
-      out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
-      out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-      interpret=interpret,
-      name=f"fp4_fused_forward_{fmt.name}",
+    kernel,
+    grid=(m // bm, n // bn),
+    in_specs=in_specs,
+    out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
+    out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+    compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+    interpret=interpret,
+    name=f"fp4_fused_forward_{fmt.name}",
   )(*args)

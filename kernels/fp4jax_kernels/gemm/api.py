@@ -24,17 +24,26 @@ from fp4jax_kernels.gemm import gemv, pallas_triton
 from fp4jax_kernels.native import matmul as native
 
 
-
 def k_major(q: QTensor) -> QTensor:
   """``q`` as the kernels read it: a 2-D QTensor (rows, K) quantized along axis 1 with 1-D blocks of
   ``q.fmt.block_size``; from (M, K) along axis 1 or (K, N) along axis 0 (transposed), 1-D blocks or 16x16 tiles
   (each tile's scale repeated over its rows). Exact: the same codes and scales, laid out again."""
   codes, scales = (q.codes, q.scales) if q.axis == 1 else (q.codes.T, q.scales.T)
-  rows, k = (q.shape if q.axis == 1 else q.shape[::-1])
+  rows, k = q.shape if q.axis == 1 else q.shape[::-1]
   if len(q.block_shape) == 2:
     scales = jnp.repeat(scales, q.block_shape[0], axis=0)[:rows]
-  return QTensor(codes=codes, scales=scales, global_scale=q.global_scale, signs=q.signs, shape=(rows, k), axis=1,
-                 fmt=q.fmt, block_shape=(q.fmt.block_size,), hadamard=q.hadamard, dtype=q.dtype)
+  return QTensor(
+    codes=codes,
+    scales=scales,
+    global_scale=q.global_scale,
+    signs=q.signs,
+    shape=(rows, k),
+    axis=1,
+    fmt=q.fmt,
+    block_shape=(q.fmt.block_size,),
+    hadamard=q.hadamard,
+    dtype=q.dtype,
+  )
 
 
 def operands(x, w: QTensor, auto: bool) -> tuple[QTensor, QTensor]:
@@ -42,13 +51,16 @@ def operands(x, w: QTensor, auto: bool) -> tuple[QTensor, QTensor]:
   operands of two formats, a block size other than the format's ``native_block_size``, or (under ``auto``) K not
   a whole number of blocks."""
   if not isinstance(x, QTensor):
-    raise backends.Unsupported("x is not quantized: the FP4 GEMM kernels multiply two FP4 operands (a weight-only "
-                               "product is XLA's)")
+    raise backends.Unsupported(
+      "x is not quantized: the FP4 GEMM kernels multiply two FP4 operands (a weight-only product is XLA's)"
+    )
   if x.fmt != w.fmt:
     raise backends.Unsupported(f"x is {x.fmt.name} and w {w.fmt.name}: the kernels take one format")
   if w.fmt.block_size != w.fmt.native_block_size:  # the block size the GEMMs decode (and the hardware reads)
-    raise backends.Unsupported(f"{w.fmt.name} with {w.fmt.block_size}-element blocks: the kernels take "
-                               f"{w.fmt.native_block_size}-element blocks for {w.fmt.name}")
+    raise backends.Unsupported(
+      f"{w.fmt.name} with {w.fmt.block_size}-element blocks: the kernels take "
+      f"{w.fmt.native_block_size}-element blocks for {w.fmt.name}"
+    )
   k, block = w.shape[0], w.fmt.block_size
   if auto and k % block:
     raise backends.Unsupported(f"K={k} is not a whole number of {block}-element blocks")

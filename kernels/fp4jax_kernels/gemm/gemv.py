@@ -46,8 +46,19 @@ _B_SCALE_EXP = 14  # B's values are decoded as value · 2^-14; its scales carry 
 def supports(a: QTensor, b: QTensor) -> bool:
   """Whether ``matmul(a, b)`` applies: NVFP4 2D operands quantized along K with 1D blocks, at most ``MAX_ROWS`` rows of
   A, K a multiple of 32 (a 16-block is two words)."""
-  return all(isinstance(q, QTensor) and len(q.shape) == 2 and q.axis == 1 and len(q.block_shape) == 1
-             and isinstance(q.fmt, NVFP4Format) and q.fmt.block_size == 16 for q in (a, b)) and a.shape[0] <= MAX_ROWS and a.shape[1] % 32 == 0
+  return (
+    all(
+      isinstance(q, QTensor)
+      and len(q.shape) == 2
+      and q.axis == 1
+      and len(q.block_shape) == 1
+      and isinstance(q.fmt, NVFP4Format)
+      and q.fmt.block_size == 16
+      for q in (a, b)
+    )
+    and a.shape[0] <= MAX_ROWS
+    and a.shape[1] % 32 == 0
+  )
 
 
 def vector_parts(a: QTensor, rows: int) -> jax.Array:
@@ -73,8 +84,10 @@ def _kernel(ap_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, m: int, k: int, 
     return plgpu.load(ref.at[:, cols], mask=jnp.broadcast_to(inside, (bn, cols.size)), other=jnp.zeros((), ref.dtype))
 
   def body(t, accs):
-    b = [p.astype(jnp.float32) for p in pallas_triton.e2m1_words_to_f16(
-        pallas_triton.code_words(load_b(bc_ref, pl.ds(t * (bk // 2), bk // 2))))]
+    b = [
+      p.astype(jnp.float32)
+      for p in pallas_triton.e2m1_words_to_f16(pallas_triton.code_words(load_b(bc_ref, pl.ds(t * (bk // 2), bk // 2))))
+    ]
     s = NVFP4.decode_scale_bits(load_b(bs_ref, pl.ds(t * blocks, blocks))) * 2.0**_B_SCALE_EXP
     s = jnp.broadcast_to(s[:, :, None], (bn, blocks, 2)).reshape(bn, words)  # block c -> words 2c, 2c + 1
     out = []
@@ -100,19 +113,31 @@ def default_config(k: int) -> tuple[int, int, int]:
 
 
 @functools.partial(jax.jit, static_argnames=("bn", "bk", "num_warps", "split_k", "out_dtype", "interpret"))
-def matmul(a: QTensor, b: QTensor, *, bn: int | None = None, bk: int | None = None, num_warps: int | None = None,
-           split_k: int | None = None, out_dtype=jnp.bfloat16, interpret: bool = False) -> jax.Array:
+def matmul(
+  a: QTensor,
+  b: QTensor,
+  *,
+  bn: int | None = None,
+  bk: int | None = None,
+  num_warps: int | None = None,
+  split_k: int | None = None,
+  out_dtype=jnp.bfloat16,
+  interpret: bool = False,
+) -> jax.Array:
   """``dq(a) · dq(b)ᵀ`` (M, N) for ``M <= MAX_ROWS`` rows of A, on CUDA cores (see the module docstring).
 
   ``bn`` rows of B per program, K chunks of ``bk``, ``num_warps``: defaults from ``default_config``. ``split_k``: K
   slices summed in fp32 after the kernel; default ``pallas_triton.default_split_k`` towards ``MIN_PROGRAMS``.
   """
   if not supports(a, b):
-    raise ValueError(f"gemv.matmul needs NVFP4 2D operands quantized along K, at most {MAX_ROWS} rows of a and K a "
-                     f"multiple of 32; got a {a.fmt.name} {a.shape}, b {b.fmt.name} {b.shape}")
+    raise ValueError(
+      f"gemv.matmul needs NVFP4 2D operands quantized along K, at most {MAX_ROWS} rows of a and K a "
+      f"multiple of 32; got a {a.fmt.name} {a.shape}, b {b.fmt.name} {b.shape}"
+    )
   if a.shape[1] != b.shape[1] or a.hadamard != b.hadamard:
-    raise ValueError(f"a and b must share K and Hadamard size: K {a.shape[1]}/{b.shape[1]}, "
-                     f"hadamard {a.hadamard}/{b.hadamard}")
+    raise ValueError(
+      f"a and b must share K and Hadamard size: K {a.shape[1]}/{b.shape[1]}, hadamard {a.hadamard}/{b.hadamard}"
+    )
   (m, k), n = a.shape, b.shape[0]
   default_bn, default_bk, default_warps = default_config(k)
   bn, bk, num_warps = bn or default_bn, bk or default_bk, num_warps or default_warps
@@ -120,24 +145,27 @@ def matmul(a: QTensor, b: QTensor, *, bn: int | None = None, bk: int | None = No
   if split_k is None:
     split_k = pallas_triton.default_split_k(rows, n, k, (rows, bn, bk), MIN_PROGRAMS)
   if k % bk or bk % 32 or split_k < 1 or k % (split_k * bk):
-    raise ValueError(f"bk={bk} must be a multiple of 32 and split_k={split_k} >= 1 must cut K={k} into whole "
-                     f"multiples of bk")
+    raise ValueError(
+      f"bk={bk} must be a multiple of 32 and split_k={split_k} >= 1 must cut K={k} into whole multiples of bk"
+    )
   ks, split = k // split_k, split_k > 1
   alpha = (a.global_scale * b.global_scale).reshape(1).astype(jnp.float32)
   out_shape = (split_k, m, n) if split else (m, n)
   y = pl.pallas_call(
-      functools.partial(_kernel, out_shape=out_shape, m=m, k=ks, bk=bk),
-      grid=(pl.cdiv(n, bn), split_k),
-      in_specs=[
-          pl.BlockSpec((pallas_triton.WORD_CODES, rows, ks // 8), lambda j, p: (0, 0, p)),
-          pl.BlockSpec((bn, ks // 2), lambda j, p: (j, p)), pl.BlockSpec((bn, ks // 16), lambda j, p: (j, p)),
-          pl.BlockSpec((1,), lambda j, p: (0,)),
-      ],
-      out_specs=(pl.BlockSpec((1, rows, bn), lambda j, p: (p, 0, j)) if split
-                 else pl.BlockSpec((rows, bn), lambda j, p: (0, j))),
-      out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32 if split else out_dtype),
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-      interpret=interpret,
-      name="fp4_gemv_nvfp4",
+    functools.partial(_kernel, out_shape=out_shape, m=m, k=ks, bk=bk),
+    grid=(pl.cdiv(n, bn), split_k),
+    in_specs=[
+      pl.BlockSpec((pallas_triton.WORD_CODES, rows, ks // 8), lambda j, p: (0, 0, p)),
+      pl.BlockSpec((bn, ks // 2), lambda j, p: (j, p)),
+      pl.BlockSpec((bn, ks // 16), lambda j, p: (j, p)),
+      pl.BlockSpec((1,), lambda j, p: (0,)),
+    ],
+    out_specs=(
+      pl.BlockSpec((1, rows, bn), lambda j, p: (p, 0, j)) if split else pl.BlockSpec((rows, bn), lambda j, p: (0, j))
+    ),
+    out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32 if split else out_dtype),
+    compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+    interpret=interpret,
+    name="fp4_gemv_nvfp4",
   )(vector_parts(a, rows), b.codes, lax.bitcast_convert_type(b.scales, jnp.uint8), alpha)
   return (jnp.sum(y, axis=0) * alpha[0]).astype(out_dtype) if split else y

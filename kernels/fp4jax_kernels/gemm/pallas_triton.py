@@ -132,8 +132,9 @@ def joined(parts: list[jax.Array], n: int) -> list[jax.Array]:
   return parts
 
 
-def _kernel(ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, bk: int, block: int, fmt: FP4Format,
-            dots: int):
+def _kernel(
+  ac_ref, as_ref, bc_ref, bs_ref, g_ref, o_ref, *, out_shape, k: int, bk: int, block: int, fmt: FP4Format, dots: int
+):
   """One (bm, bn) tile of the output (or, split-K, of one K slice's fp32 partial: ``o_ref`` is (1, bm, bn)); each K
   chunk is ``dots`` tensor-core dots (see ``joined``)."""
   bm, bn = o_ref.shape[-2:]
@@ -162,8 +163,10 @@ def _check(a: QTensor, b: QTensor, tile, split_k: int, dots: int):
     if not isinstance(q, QTensor) or len(q.shape) != 2 or q.axis != 1 or len(q.block_shape) != 1:
       raise ValueError(f"{name} must be a 2D QTensor quantized along its last axis with 1D blocks")
   if a.fmt != b.fmt or a.shape[1] != b.shape[1] or a.hadamard != b.hadamard:
-    raise ValueError(f"a and b must share format, K and Hadamard size: {a.fmt.name}/{b.fmt.name}, "
-                     f"K {a.shape[1]}/{b.shape[1]}, hadamard {a.hadamard}/{b.hadamard}")
+    raise ValueError(
+      f"a and b must share format, K and Hadamard size: {a.fmt.name}/{b.fmt.name}, "
+      f"K {a.shape[1]}/{b.shape[1]}, hadamard {a.hadamard}/{b.hadamard}"
+    )
   bm, bn, bk = tile
   if a.shape[1] % bk or bk % a.fmt.block_size:
     raise ValueError(f"K={a.shape[1]} must be a multiple of bk={bk}, itself a multiple of the block size")
@@ -234,11 +237,22 @@ def default_split_k(m: int, n: int, k: int, tile, min_programs: int = MIN_PROGRA
   return s
 
 
-@functools.partial(jax.jit, static_argnames=("tile", "out_dtype", "num_warps", "num_stages", "interpret", "split_k",
-                                             "dots", "swap"))
-def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_warps: int | None = None,
-           num_stages: int | None = None, interpret: bool = False, split_k: int | None = None,
-           dots: int | None = None, swap: bool | None = None) -> jax.Array:
+@functools.partial(
+  jax.jit, static_argnames=("tile", "out_dtype", "num_warps", "num_stages", "interpret", "split_k", "dots", "swap")
+)
+def matmul(
+  a: QTensor,
+  b: QTensor,
+  *,
+  tile=None,
+  out_dtype=jnp.bfloat16,
+  num_warps: int | None = None,
+  num_stages: int | None = None,
+  interpret: bool = False,
+  split_k: int | None = None,
+  dots: int | None = None,
+  swap: bool | None = None,
+) -> jax.Array:
   """``dq(a) · dq(b)ᵀ`` (M, N) from packed FP4 operands, dequantized in the kernel; fp32 accumulation.
 
   ``tile`` = (bm, bn, bk), ``num_warps``, ``num_stages``: defaults from ``default_config``. ``split_k``: K slices
@@ -255,8 +269,18 @@ def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_war
     swap = tile is None and m <= SWAP_ROWS < n
   if swap:
     tile, warps, stages = swapped_config(m, k) if tile is None else (tile, num_warps, num_stages)
-    return matmul(b, a, tile=tile, out_dtype=out_dtype, num_warps=num_warps or warps, num_stages=num_stages or stages,
-                  interpret=interpret, split_k=split_k, dots=dots, swap=False).T
+    return matmul(
+      b,
+      a,
+      tile=tile,
+      out_dtype=out_dtype,
+      num_warps=num_warps or warps,
+      num_stages=num_stages or stages,
+      interpret=interpret,
+      split_k=split_k,
+      dots=dots,
+      swap=False,
+    ).T
   default_tile, default_warps, default_stages = default_config(*a.shape)
   tile = tuple(tile or default_tile)
   num_warps, num_stages = num_warps or default_warps, num_stages or default_stages
@@ -266,25 +290,27 @@ def matmul(a: QTensor, b: QTensor, *, tile=None, out_dtype=jnp.bfloat16, num_war
   _check(a, b, tile, split_k, dots)
   block, ks = a.fmt.block_size, k // split_k
   u8 = lambda s: lax.bitcast_convert_type(s, jnp.uint8)
-  unscale = 2.0**(2 * WORD_SCALE_EXP) if _words(a.fmt) else 1.0  # NVFP4 operands: value · scale · 2^-7
+  unscale = 2.0 ** (2 * WORD_SCALE_EXP) if _words(a.fmt) else 1.0  # NVFP4 operands: value · scale · 2^-7
   alpha = (a.global_scale * b.global_scale).reshape(1).astype(jnp.float32) * unscale
   split = split_k > 1
   out_shape = (split_k, m, n) if split else (m, n)
-  kernel = functools.partial(_kernel, out_shape=out_shape, k=ks, bk=bk, block=block, fmt=a.fmt,
-                             dots=dots)
+  kernel = functools.partial(_kernel, out_shape=out_shape, k=ks, bk=bk, block=block, fmt=a.fmt, dots=dots)
   y = pl.pallas_call(
-      kernel,
-      grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), split_k),
-      in_specs=[
-          pl.BlockSpec((bm, ks // 2), lambda i, j, p: (i, p)), pl.BlockSpec((bm, ks // block), lambda i, j, p: (i, p)),
-          pl.BlockSpec((bn, ks // 2), lambda i, j, p: (j, p)), pl.BlockSpec((bn, ks // block), lambda i, j, p: (j, p)),
-          pl.BlockSpec((1,), lambda i, j, p: (0,)),
-      ],
-      out_specs=(pl.BlockSpec((1, bm, bn), lambda i, j, p: (p, i, j)) if split
-                 else pl.BlockSpec((bm, bn), lambda i, j, p: (i, j))),
-      out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32 if split else out_dtype),
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-      interpret=interpret,
-      name=f"fp4_dequant_matmul_{a.fmt.name}",
+    kernel,
+    grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), split_k),
+    in_specs=[
+      pl.BlockSpec((bm, ks // 2), lambda i, j, p: (i, p)),
+      pl.BlockSpec((bm, ks // block), lambda i, j, p: (i, p)),
+      pl.BlockSpec((bn, ks // 2), lambda i, j, p: (j, p)),
+      pl.BlockSpec((bn, ks // block), lambda i, j, p: (j, p)),
+      pl.BlockSpec((1,), lambda i, j, p: (0,)),
+    ],
+    out_specs=(
+      pl.BlockSpec((1, bm, bn), lambda i, j, p: (p, i, j)) if split else pl.BlockSpec((bm, bn), lambda i, j, p: (i, j))
+    ),
+    out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32 if split else out_dtype),
+    compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+    interpret=interpret,
+    name=f"fp4_dequant_matmul_{a.fmt.name}",
   )(a.codes, u8(a.scales), b.codes, u8(b.scales), alpha)
   return (jnp.sum(y, axis=0) * alpha[0]).astype(out_dtype) if split else y

@@ -46,4 +46,3 @@ def operands(a: QTensor, b: QTensor):
 def _finish(out, a: QTensor, b: QTensor, out_dtype):
   """The (1, M, N) fp32 product times both tensor scales (alpha), cast to ``out_dtype``."""
   return (out[0] * (a.global_scale * b.global_scale)).astype(out_dtype)
-

@@ -20,8 +20,15 @@ QUANTIZE_OP = "fp4jax_kernels.quantize"
 PAIR_OP = "fp4jax_kernels.quantize_pair"
 
 
-def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, signs: jax.Array | None = None,
-             backend: Backend = "auto", interpret: bool | None = None):
+def quantize(
+  x: jax.Array,
+  spec: QuantizeSpec,
+  key: jax.Array | None = None,
+  *,
+  signs: jax.Array | None = None,
+  backend: Backend = "auto",
+  interpret: bool | None = None,
+):
   """``Quantized(qtensor, dequantized, trust_mask, global_scale)`` for ``spec`` (see ``pallas_triton.quantize``);
   identical bits from every backend.
 
@@ -32,24 +39,46 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, 
   return backends.run(QUANTIZE_OP, backend, x, spec, key, signs=signs, interpret=interpret, auto=backend == "auto")
 
 
-def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key: jax.Array | None = None,
-                  cols_key: jax.Array | None = None, *, rows_signs: jax.Array | None = None,
-                  cols_signs: jax.Array | None = None, backend: Backend = "auto", interpret: bool | None = None):
+def quantize_pair(
+  x: jax.Array,
+  rows: QuantizeSpec,
+  cols: QuantizeSpec,
+  rows_key: jax.Array | None = None,
+  cols_key: jax.Array | None = None,
+  *,
+  rows_signs: jax.Array | None = None,
+  cols_signs: jax.Array | None = None,
+  backend: Backend = "auto",
+  interpret: bool | None = None,
+):
   """``(quantize(x, rows, rows_key, ...), quantize(x, cols, cols_key, ...))``, by ``pallas_triton.quantize_pair``
   (one pre-pass and one kernel for both) or the reference; identical bits from every backend. ``"auto"`` picks the
   kernel where it takes both directions and speeds them up (``pallas_triton.pair_pays``); ``"pallas"`` runs it
   wherever it takes them (``pallas_triton.pair_refusal``)."""
   backend = backends.check(backend, "fp4jax_kernels.quantize.api.quantize_pair")
-  return backends.run(PAIR_OP, backend, x, rows, cols, rows_key, cols_key, rows_signs=rows_signs,
-                      cols_signs=cols_signs, interpret=interpret, auto=backend == "auto")
+  return backends.run(
+    PAIR_OP,
+    backend,
+    x,
+    rows,
+    cols,
+    rows_key,
+    cols_key,
+    rows_signs=rows_signs,
+    cols_signs=cols_signs,
+    interpret=interpret,
+    auto=backend == "auto",
+  )
 
 
 def _whole_units(x: jax.Array, spec: QuantizeSpec) -> None:
   """``Unsupported`` unless ``x`` is 2D with its quantized axis a whole number of ``spec.unit``."""
   n_axis_shape = x.shape[::-1] if spec.transposed else x.shape
   if len(n_axis_shape) != 2 or n_axis_shape[-1] % spec.unit:
-    raise backends.Unsupported(f"the kernel quantizes 2D x whose quantized axis is whole {spec.unit}-element units, "
-                               f"got shape {x.shape} along {spec.along!r}")
+    raise backends.Unsupported(
+      f"the kernel quantizes 2D x whose quantized axis is whole {spec.unit}-element units, "
+      f"got shape {x.shape} along {spec.along!r}"
+    )
 
 
 def _interpret(interpret: bool | None) -> bool:
@@ -68,8 +97,9 @@ def _reference(x, spec: QuantizeSpec, key, *, signs, interpret, auto: bool):
   return reference.quantize(x, spec, key, signs=signs)
 
 
-def _kernel_pair(x, rows: QuantizeSpec, cols: QuantizeSpec, rows_key, cols_key, *, rows_signs, cols_signs, interpret,
-                 auto: bool):
+def _kernel_pair(
+  x, rows: QuantizeSpec, cols: QuantizeSpec, rows_key, cols_key, *, rows_signs, cols_signs, interpret, auto: bool
+):
   """The fused pair; under ``"auto"`` only for whole units and a pair it speeds up (``pallas_triton.pair_pays``);
   a named ``"pallas"`` leaves the checks to it."""
   if auto:
@@ -77,12 +107,14 @@ def _kernel_pair(x, rows: QuantizeSpec, cols: QuantizeSpec, rows_key, cols_key, 
       _whole_units(x, spec)
     if not pallas_triton.pair_pays(rows, cols):
       raise backends.Unsupported(f"quantize_pair: the kernel does not take or speed up rows {rows} and cols {cols}")
-  return pallas_triton.quantize_pair(x, rows, cols, rows_key, cols_key, rows_signs=rows_signs,
-                                     cols_signs=cols_signs, interpret=_interpret(interpret))
+  return pallas_triton.quantize_pair(
+    x, rows, cols, rows_key, cols_key, rows_signs=rows_signs, cols_signs=cols_signs, interpret=_interpret(interpret)
+  )
 
 
-def _reference_pair(x, rows: QuantizeSpec, cols: QuantizeSpec, rows_key, cols_key, *, rows_signs, cols_signs,
-                    interpret, auto: bool):
+def _reference_pair(
+  x, rows: QuantizeSpec, cols: QuantizeSpec, rows_key, cols_key, *, rows_signs, cols_signs, interpret, auto: bool
+):
   del interpret, auto
   return reference.quantize_pair(x, rows, cols, rows_key, cols_key, rows_signs=rows_signs, cols_signs=cols_signs)
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +34,15 @@ from fp4jax._src import bits as bits_lib
 from fp4jax._src import estimators
 from fp4jax._src import hadamard as hadamard_lib
 from fp4jax._src.formats import F32_INF_BITS
-from fp4jax._src.quantize import (BlockLayout, QTensor, check_quantize_args, decode_blocks, hadamard_sign_vector,
-                             quantize_blocks, split_quantize_key)
+from fp4jax._src.quantize import (
+  BlockLayout,
+  QTensor,
+  check_quantize_args,
+  decode_blocks,
+  hadamard_sign_vector,
+  quantize_blocks,
+  split_quantize_key,
+)
 from fp4jax._src.rounding import rtn_bf16
 from fp4jax_kernels.edge_blocks import load_in_bounds, store_in_bounds
 from fp4jax_kernels.quantize.spec import Quantized, QuantizeSpec
@@ -128,11 +136,15 @@ def load_units(x_ref, block_index, full_shape) -> jax.Array:
   block's scale computed by every thread holding part of it). The parts are joined in registers, in element order.
   """
   r, nu, parts, vec = x_ref.shape
-  loaded = [load_in_bounds(x_ref.at[:, :, pl.ds(p, 1), :], block_index + (0, 0), full_shape).reshape(r, nu, vec)
-            for p in range(parts)]
+  loaded = [
+    load_in_bounds(x_ref.at[:, :, pl.ds(p, 1), :], block_index + (0, 0), full_shape).reshape(r, nu, vec)
+    for p in range(parts)
+  ]
   while len(loaded) > 1:  # (.., w) pairs -> (.., 2w): a register-level join, then the pair's two halves in order
-    loaded = [jnp.swapaxes(jnp.stack([a, b], axis=-1), -1, -2).reshape(r, nu, 2 * a.shape[-1])
-              for a, b in zip(loaded[::2], loaded[1::2])]
+    loaded = [
+      jnp.swapaxes(jnp.stack([a, b], axis=-1), -1, -2).reshape(r, nu, 2 * a.shape[-1])
+      for a, b in zip(loaded[::2], loaded[1::2])
+    ]
   return loaded[0].reshape(r, nu * parts * vec)
 
 
@@ -144,8 +156,19 @@ def hash_index(rows: jax.Array, cols: jax.Array, n_rows: int, n_cols: int, colum
   return cols * jnp.uint32(n_rows) + rows if column_major else rows * jnp.uint32(n_cols) + cols
 
 
-def _kernel(*refs, spec: QuantizeSpec, shape, logical_out, out_shapes, has_signs: bool, interpret: bool,
-            bf16_input: bool, transpose_tile: bool, rotate: bool, in_parts: bool):
+def _kernel(
+  *refs,
+  spec: QuantizeSpec,
+  shape,
+  logical_out,
+  out_shapes,
+  has_signs: bool,
+  interpret: bool,
+  bf16_input: bool,
+  transpose_tile: bool,
+  rotate: bool,
+  in_parts: bool,
+):
   """One tile, in the output layout: for ``spec.transposed``, ``x``'s tile transposed in registers
   (``transpose_tile``) or the tile of an already transposed ``xᵀ`` (``x_ref`` then holds ``xᵀ``, of ``shape``).
   ``rotate``: apply ``spec``'s Hadamard (False: ``x_ref`` holds the rotated tensor, staged by the pre-pass).
@@ -224,8 +247,9 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
   i, j = pl.program_id(0), pl.program_id(1)
   out_index, out_shape = ((j, i), shape[::-1]) if spec.transposed else ((i, j), shape)
   if rotates_in_parts(spec):  # x_ref holds a block of chunk_view(x)
-    x = load_rotated(x_ref, (i, j), chunk_shape(shape, spec.hadamard, spec.transposed), signs_ref, bf16_input,
-                     spec.transposed)
+    x = load_rotated(
+      x_ref, (i, j), chunk_shape(shape, spec.hadamard, spec.transposed), signs_ref, bf16_input, spec.transposed
+    )
   else:
     tile = load_in_bounds(x_ref, (i, j), shape)
     if stage and not spec.hadamard:  # the transpose only: stored as loaded
@@ -268,13 +292,22 @@ def _launch(calls: list[_Call], num_warps: int, interpret: bool, name: str) -> l
   """``calls`` as one ``pl.pallas_call`` (they must share the grid): each call's outputs."""
   if len({c.grid for c in calls}) != 1:
     raise ValueError(f"fused kernels must run on one grid, got {[c.grid for c in calls]}")
-  body = calls[0].body if len(calls) == 1 else functools.partial(
-      _fused_body, bodies=tuple(c.body for c in calls), arity=tuple((len(c.args), len(c.out_shape)) for c in calls))
+  body = (
+    calls[0].body
+    if len(calls) == 1
+    else functools.partial(
+      _fused_body, bodies=tuple(c.body for c in calls), arity=tuple((len(c.args), len(c.out_shape)) for c in calls)
+    )
+  )
   outs = pl.pallas_call(
-      body, grid=calls[0].grid,
-      in_specs=[s for c in calls for s in c.in_specs], out_specs=[s for c in calls for s in c.out_specs],
-      out_shape=[s for c in calls for s in c.out_shape],
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1), interpret=interpret, name=name,
+    body,
+    grid=calls[0].grid,
+    in_specs=[s for c in calls for s in c.in_specs],
+    out_specs=[s for c in calls for s in c.out_specs],
+    out_shape=[s for c in calls for s in c.out_shape],
+    compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+    interpret=interpret,
+    name=name,
   )(*[a for c in calls for a in c.args])
   outs, got = iter(outs), []
   for c in calls:
@@ -302,15 +335,20 @@ def _amax_plan(x: jax.Array, spec: QuantizeSpec, signs, stage: bool, tile) -> _C
     else:
       out_shape.append(jax.ShapeDtypeStruct((m, k), x.dtype))
       out_specs.append(pl.BlockSpec(tile, lambda i, j: (i, j)))
-  body = functools.partial(_amax_kernel, spec=spec, shape=(m, k), bf16_input=x.dtype == jnp.bfloat16,
-                           has_signs=signs is not None, stage=stage)
+  body = functools.partial(
+    _amax_kernel, spec=spec, shape=(m, k), bf16_input=x.dtype == jnp.bfloat16, has_signs=signs is not None, stage=stage
+  )
   return _Call(body, grid, tuple(args), tuple(in_specs), tuple(out_shape), tuple(out_specs))
 
 
 def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, stage: bool):
   """The pre-pass kernel over ``x`` in ``prepass_tile(spec)`` tiles: (tensor amax, the staged input or None)."""
-  (outs,) = _launch([_amax_plan(x, spec, signs, stage, prepass_tile(spec))], 4, interpret,
-                    "fp4_staging_amax" if stage else "fp4_rotated_amax")
+  (outs,) = _launch(
+    [_amax_plan(x, spec, signs, stage, prepass_tile(spec))],
+    4,
+    interpret,
+    "fp4_staging_amax" if stage else "fp4_rotated_amax",
+  )
   return jnp.max(outs[0]), (outs[1] if stage else None)
 
 
@@ -448,10 +486,21 @@ def load_unit(spec: QuantizeSpec, n_axis: int, route: str, tile, num_warps: int)
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret", "logical_shape", "route"))
-def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, signs: jax.Array | None = None,
-             tile=None, num_warps: int | None = None, interpret: bool = False, amax: jax.Array | None = None,
-             origin: jax.Array | None = None, logical_shape: tuple[int, int] | None = None,
-             route: str | None = None, staged: jax.Array | None = None) -> Quantized:
+def quantize(
+  x: jax.Array,
+  spec: QuantizeSpec,
+  key: jax.Array | None = None,
+  *,
+  signs: jax.Array | None = None,
+  tile=None,
+  num_warps: int | None = None,
+  interpret: bool = False,
+  amax: jax.Array | None = None,
+  origin: jax.Array | None = None,
+  logical_shape: tuple[int, int] | None = None,
+  route: str | None = None,
+  staged: jax.Array | None = None,
+) -> Quantized:
   """Quantize 2D ``x`` per ``spec`` in one kernel pass (plus the amax pre-pass for NVFP4).
 
   Returns ``Quantized(qtensor, dequantized, trust_mask, global_scale)``: an ``fp4jax.QTensor`` bit-identical to
@@ -497,8 +546,10 @@ def pair_refusal(rows: QuantizeSpec, cols: QuantizeSpec) -> str | None:
     if spec.block_shape is not None:
       return f"{name} has 16x16 tiles (one direction serves both GEMMs: quantize them alone)"
     if spec.hadamard > MAX_UNIT:
-      return (f"{name} has a {spec.hadamard}-point Hadamard; the pair rotates in the kernel, up to {MAX_UNIT} points "
-              "(MS-EDEN's rotation is staged by its own pre-pass: quantize it alone)")
+      return (
+        f"{name} has a {spec.hadamard}-point Hadamard; the pair rotates in the kernel, up to {MAX_UNIT} points "
+        "(MS-EDEN's rotation is staged by its own pre-pass: quantize it alone)"
+      )
   return None
 
 
@@ -516,10 +567,19 @@ def pair_config(cols: QuantizeSpec) -> tuple[tuple[int, int], int]:
 
 
 @functools.partial(jax.jit, static_argnames=("rows", "cols", "tile", "num_warps", "interpret"))
-def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key: jax.Array | None = None,
-                  cols_key: jax.Array | None = None, *, rows_signs: jax.Array | None = None,
-                  cols_signs: jax.Array | None = None, tile=None, num_warps: int | None = None,
-                  interpret: bool = False) -> tuple[Quantized, Quantized]:
+def quantize_pair(
+  x: jax.Array,
+  rows: QuantizeSpec,
+  cols: QuantizeSpec,
+  rows_key: jax.Array | None = None,
+  cols_key: jax.Array | None = None,
+  *,
+  rows_signs: jax.Array | None = None,
+  cols_signs: jax.Array | None = None,
+  tile=None,
+  num_warps: int | None = None,
+  interpret: bool = False,
+) -> tuple[Quantized, Quantized]:
   """``(quantize(x, rows, rows_key, signs=rows_signs), quantize(x, cols, cols_key, signs=cols_signs))`` bit for
   bit, in one pre-pass and one kernel: a tensor quantized along its rows and, transposed, along its columns (the
   activation X of a linear layer for the forward and the weight-gradient GEMMs; dY for the data- and the
@@ -557,14 +617,19 @@ def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key
       plans.append(_amax_plan(x, amax_spec, drawn, False, tile))
     partials = _launch(plans, num_warps, interpret, "fp4_pair_amax")
     amaxes = {name: jnp.max(partial) for (name, *_), (partial,) in zip(nvfp4, partials)}
-  calls, finishes = zip(*(_plan(x, spec, key, signs, tile, num_warps, interpret, amaxes.get(name), None, None,
-                                "kernel", None) for name, spec, key, signs in directions))
+  calls, finishes = zip(
+    *(
+      _plan(x, spec, key, signs, tile, num_warps, interpret, amaxes.get(name), None, None, "kernel", None)
+      for name, spec, key, signs in directions
+    )
+  )
   outs = _launch(list(calls), num_warps, interpret, "fp4_quantize_pair")
   return finishes[0](outs[0]), finishes[1](outs[1])
 
 
-def _plan(x, spec: QuantizeSpec, key, signs, tile, num_warps: int, interpret: bool, amax, origin, logical_shape,
-          route, staged) -> tuple[_Call, Callable]:
+def _plan(
+  x, spec: QuantizeSpec, key, signs, tile, num_warps: int, interpret: bool, amax, origin, logical_shape, route, staged
+) -> tuple[_Call, Callable]:
   """``quantize``'s kernel for ``spec`` (its NVFP4 pre-pass run unless ``amax`` is given), and the function that
   turns the kernel's outputs into ``Quantized``."""
   if staged is not None:
@@ -579,8 +644,9 @@ def _plan(x, spec: QuantizeSpec, key, signs, tile, num_warps: int, interpret: bo
   _check_shard(x, spec, amax, logical_shape)
   m, k = x.shape
   bm, bk = tile
-  _, block, hadamard = check_quantize_args(x, spec.fmt, spec.axis, spec.rounding, spec.block_shape,
-                                           spec.hadamard or None, spec.hadamard_signs)
+  _, block, hadamard = check_quantize_args(
+    x, spec.fmt, spec.axis, spec.rounding, spec.block_shape, spec.hadamard or None, spec.hadamard_signs
+  )
   signs, eseed, sseed = _signs_and_seeds(spec, hadamard, key, signs)
   pre_transposed = spec.transposed and route != "kernel"
   x_tile = (bk, bm) if pre_transposed else (bm, bk)  # the tile of what the kernel reads
@@ -593,8 +659,9 @@ def _plan(x, spec: QuantizeSpec, key, signs, tile, num_warps: int, interpret: bo
   if not spec.fmt.has_tensor_scale:
     amax = jnp.float32(0.0)
   elif amax is None:
-    amax = tensor_amax(x_in, dataclasses.replace(spec, along="rows") if pre_transposed else spec, signs,
-                       interpret=interpret)
+    amax = tensor_amax(
+      x_in, dataclasses.replace(spec, along="rows") if pre_transposed else spec, signs, interpret=interpret
+    )
   amax = jnp.asarray(amax, jnp.float32)
   if spec.fmt.has_tensor_scale:  # once here, not once per tile in the kernel
     tensor_scales = jnp.stack(spec.fmt.tensor_scales(amax, spec.rounding))
@@ -632,8 +699,10 @@ def _plan(x, spec: QuantizeSpec, key, signs, tile, num_warps: int, interpret: bo
   if spec.trust_mask:
     outputs["mask"] = (*per_row((out_rows, n_axis), (t_rows, t_axis)), jnp.uint8)
   out_shape = [jax.ShapeDtypeStruct(shape, dtype) for shape, _, dtype in outputs.values()]
-  out_specs = [pl.BlockSpec(block, lambda i, j, n=len(block): index(i, j) + (0,) * (n - 2))
-               for _, block, _ in outputs.values()]
+  out_specs = [
+    pl.BlockSpec(block, lambda i, j, n=len(block): index(i, j) + (0,) * (n - 2))  # noqa: B008 (binds n per spec)
+    for _, block, _ in outputs.values()
+  ]
   whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
   grid = (pl.cdiv(x_in.shape[0], x_tile[0]), pl.cdiv(n_axis if unit else x_in.shape[1], x_tile[1]))
   transpose_tile = spec.transposed and route == "kernel"
@@ -652,14 +721,31 @@ def _plan(x, spec: QuantizeSpec, key, signs, tile, num_warps: int, interpret: bo
     args.append(kernel_signs)
     in_specs.append(whole(spec.hadamard))
   logical_out = logical_shape[::-1] if spec.transposed else logical_shape
-  kernel = functools.partial(_kernel, spec=spec, shape=x_in.shape, logical_out=logical_out,
-                             out_shapes=tuple((name, o[0]) for name, o in outputs.items()),
-                             has_signs=kernel_signs is not None, interpret=interpret,
-                             bf16_input=x.dtype == jnp.bfloat16, transpose_tile=transpose_tile,
-                             rotate=rotate, in_parts=in_parts)
+  kernel = functools.partial(
+    _kernel,
+    spec=spec,
+    shape=x_in.shape,
+    logical_out=logical_out,
+    out_shapes=tuple((name, o[0]) for name, o in outputs.items()),
+    has_signs=kernel_signs is not None,
+    interpret=interpret,
+    bf16_input=x.dtype == jnp.bfloat16,
+    transpose_tile=transpose_tile,
+    rotate=rotate,
+    in_parts=in_parts,
+  )
   call = _Call(kernel, grid, tuple(args), tuple(in_specs), tuple(out_shape), tuple(out_specs))
-  return call, functools.partial(_finish, spec=spec, names=tuple(outputs), tensor_scales=tensor_scales,
-                                 signs=signs, shape=(out_rows, n_axis), block=block, hadamard=hadamard, dtype=x.dtype)
+  return call, functools.partial(
+    _finish,
+    spec=spec,
+    names=tuple(outputs),
+    tensor_scales=tensor_scales,
+    signs=signs,
+    shape=(out_rows, n_axis),
+    block=block,
+    hadamard=hadamard,
+    dtype=x.dtype,
+  )
 
 
 def _finish(outs, *, spec: QuantizeSpec, names, tensor_scales, signs, shape, block, hadamard, dtype) -> Quantized:
@@ -669,6 +755,15 @@ def _finish(outs, *, spec: QuantizeSpec, names, tensor_scales, signs, shape, blo
   qt = None
   if spec.packed:
     qt = QTensor(
-        codes=got["codes"], scales=lax.bitcast_convert_type(got["scales"], spec.fmt.scale_dtype), global_scale=gscale,
-        signs=signs, shape=shape, axis=1, fmt=spec.fmt, block_shape=block, hadamard=hadamard, dtype=dtype)
+      codes=got["codes"],
+      scales=lax.bitcast_convert_type(got["scales"], spec.fmt.scale_dtype),
+      global_scale=gscale,
+      signs=signs,
+      shape=shape,
+      axis=1,
+      fmt=spec.fmt,
+      block_shape=block,
+      hadamard=hadamard,
+      dtype=dtype,
+    )
   return Quantized(qt, got.get("deq"), got.get("mask"), gscale)

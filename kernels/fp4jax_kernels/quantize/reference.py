@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+
 import jax
 import jax.numpy as jnp
 
-from fp4jax._src import estimators, hadamard as hadamard_lib
-from fp4jax._src.quantize import BlockLayout, QTensor, fake_quantize, quantize as quantize_xla
+from fp4jax._src import estimators
+from fp4jax._src import hadamard as hadamard_lib
+from fp4jax._src.quantize import BlockLayout, QTensor, fake_quantize
+from fp4jax._src.quantize import quantize as quantize_xla
 from fp4jax_kernels.quantize.spec import Quantized, QuantizeSpec
 
 
@@ -22,8 +25,9 @@ def _trust_mask(x: jax.Array, q: QTensor) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
-def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *,
-             signs: jax.Array | None = None) -> Quantized:
+def quantize(
+  x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, signs: jax.Array | None = None
+) -> Quantized:
   """``Quantized`` as ``pallas_triton.quantize`` returns it, computed by the pure-JAX quantizer.
 
   ``along="cols"``: ``fp4jax.quantize(x, axis=0)`` re-labelled as the QTensor of ``xᵀ`` (codes and scales
@@ -55,8 +59,15 @@ def quantize(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *,
   return Quantized(q if spec.packed else None, deq, mask, q.global_scale)
 
 
-def quantize_pair(x: jax.Array, rows: QuantizeSpec, cols: QuantizeSpec, rows_key: jax.Array | None = None,
-                  cols_key: jax.Array | None = None, *, rows_signs: jax.Array | None = None,
-                  cols_signs: jax.Array | None = None) -> tuple[Quantized, Quantized]:
+def quantize_pair(
+  x: jax.Array,
+  rows: QuantizeSpec,
+  cols: QuantizeSpec,
+  rows_key: jax.Array | None = None,
+  cols_key: jax.Array | None = None,
+  *,
+  rows_signs: jax.Array | None = None,
+  cols_signs: jax.Array | None = None,
+) -> tuple[Quantized, Quantized]:
   """``pallas_triton.quantize_pair``'s two results, by two calls of ``quantize``."""
   return quantize(x, rows, rows_key, signs=rows_signs), quantize(x, cols, cols_key, signs=cols_signs)

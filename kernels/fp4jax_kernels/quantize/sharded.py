@@ -70,21 +70,32 @@ def _check_layout(x, spec: QuantizeSpec, mesh: Mesh, spec_in: P) -> tuple[tuple[
         raise ValueError(f"spec_in {spec_in} names mesh axis {name!r}, not one of the mesh's {tuple(mesh.shape)}")
     parts = math.prod(mesh.shape[name] for name in names)
     if x.shape[dim] % parts:
-      raise ValueError(f"x of shape {x.shape}: dimension {dim} ({x.shape[dim]}) does not split evenly over mesh "
-                       f"axes {names} ({parts} shards)")
+      raise ValueError(
+        f"x of shape {x.shape}: dimension {dim} ({x.shape[dim]}) does not split evenly over mesh "
+        f"axes {names} ({parts} shards)"
+      )
     local.append(x.shape[dim] // parts)
   order = (1, 0) if spec.transposed else (0, 1)  # the quantized layout: the quantized axis last
   shape_q = tuple(local[d] for d in order)
   for dim_q, d in enumerate(order):
     if axes[d]:
       sharding.OperandShard(axes[d], dim_q, f"elements of dim {d}").check(
-          shape_q, spec, f"quantize_sharded: x of shape {x.shape} split over mesh axes {axes[d]}")
+        shape_q, spec, f"quantize_sharded: x of shape {x.shape} split over mesh axes {axes[d]}"
+      )
   return axes[0], axes[1]
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "mesh", "spec_in", "interpret"))
-def quantize_sharded(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = None, *, mesh: Mesh, spec_in: P,
-                     signs: jax.Array | None = None, interpret: bool = False) -> Quantized:
+def quantize_sharded(
+  x: jax.Array,
+  spec: QuantizeSpec,
+  key: jax.Array | None = None,
+  *,
+  mesh: Mesh,
+  spec_in: P,
+  signs: jax.Array | None = None,
+  interpret: bool = False,
+) -> Quantized:
   """``pallas_triton.quantize(x, spec, key, signs=signs)`` computed per shard of ``x`` (laid out as ``spec_in`` on
   ``mesh``).
 
@@ -94,32 +105,59 @@ def quantize_sharded(x: jax.Array, spec: QuantizeSpec, key: jax.Array | None = N
   row_axes, col_axes = _check_layout(x, spec, mesh, spec_in)
   split_axes = row_axes + col_axes
   shards = tuple(sharding.OperandShard(names, dim) for dim, names in enumerate((row_axes, col_axes)) if names)
-  _, block, hadamard = check_quantize_args(x, spec.fmt, spec.axis, spec.rounding, spec.block_shape,
-                                           spec.hadamard or None, spec.hadamard_signs)
+  _, block, hadamard = check_quantize_args(
+    x, spec.fmt, spec.axis, spec.rounding, spec.block_shape, spec.hadamard or None, spec.hadamard_signs
+  )
 
   def per_shard(x_shard, key, signs):
     amax = staged = None
     if spec.fmt.has_tensor_scale:
-      amax_signs = signs if signs is not None else hadamard_sign_vector(
-          hadamard, spec.hadamard_signs, split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)[0])
+      amax_signs = (
+        signs
+        if signs is not None
+        else hadamard_sign_vector(
+          hadamard, spec.hadamard_signs, split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)[0]
+        )
+      )
       if pallas_triton.prepass_stages(spec):
         staged, local = pallas_triton.stage_and_amax(x_shard, spec, amax_signs, interpret=interpret)
       else:
         local = pallas_triton.tensor_amax(x_shard, spec, amax_signs, interpret=interpret)
       amax = sharding.combine_amax(local, split_axes) if split_axes else local
     origin, logical = sharding.placement(shards, x_shard.shape)
-    q, deq, mask, _ = pallas_triton.quantize(x_shard, spec, key, signs=signs, interpret=interpret, amax=amax,
-                                             origin=jnp.stack([jnp.asarray(o, jnp.int32) for o in origin]),
-                                             logical_shape=logical, staged=staged)
+    q, deq, mask, _ = pallas_triton.quantize(
+      x_shard,
+      spec,
+      key,
+      signs=signs,
+      interpret=interpret,
+      amax=amax,
+      origin=jnp.stack([jnp.asarray(o, jnp.int32) for o in origin]),
+      logical_shape=logical,
+      staged=staged,
+    )
     return q.codes, q.scales, q.global_scale, q.signs, deq, mask
 
   in_spec = P(row_axes or None, col_axes or None)
   out_spec = P(col_axes or None, row_axes or None) if spec.transposed else in_spec
   codes, scales, global_scale, signs, deq, mask = jax.shard_map(  # check_vma off: pallas_call outputs carry no vma
-      per_shard, mesh=mesh, in_specs=(in_spec, P(), P()),
-      out_specs=(out_spec, out_spec, P(), P(), out_spec, out_spec), check_vma=False,
+    per_shard,
+    mesh=mesh,
+    in_specs=(in_spec, P(), P()),
+    out_specs=(out_spec, out_spec, P(), P(), out_spec, out_spec),
+    check_vma=False,
   )(x, key, signs)
   shape = x.shape[::-1] if spec.transposed else x.shape
-  qt = QTensor(codes=codes, scales=scales, global_scale=global_scale, signs=signs, shape=shape, axis=1,
-               fmt=spec.fmt, block_shape=block, hadamard=hadamard, dtype=x.dtype)
+  qt = QTensor(
+    codes=codes,
+    scales=scales,
+    global_scale=global_scale,
+    signs=signs,
+    shape=shape,
+    axis=1,
+    fmt=spec.fmt,
+    block_shape=block,
+    hadamard=hadamard,
+    dtype=x.dtype,
+  )
   return Quantized(qt, deq, mask, global_scale)

@@ -68,8 +68,10 @@ class QuantizeSpec:
     """An explicit Hadamard sign vector replaces the draw of random signs: ``hadamard_signs="random"``, shape
     ``(hadamard,)``; ValueError naming ``signs`` otherwise."""
     if self.hadamard_signs != "random":
-      raise ValueError(f"signs: an explicit sign vector replaces the random draw; it needs hadamard_signs='random', "
-                       f"got {self.hadamard_signs!r}")
+      raise ValueError(
+        f"signs: an explicit sign vector replaces the random draw; it needs hadamard_signs='random', "
+        f"got {self.hadamard_signs!r}"
+      )
     if jnp.shape(signs) != (self.hadamard,):
       raise ValueError(f"signs must have shape ({self.hadamard},) (one per Hadamard point), got {jnp.shape(signs)}")
 
@@ -96,8 +98,13 @@ class QuantizeSpec:
   def quantize_kwargs(self) -> dict:
     """Keyword arguments that make ``fp4jax.quantize`` compute this spec (on ``x``, or ``x.T`` for
     ``along="rows_of_transpose"``)."""
-    return dict(axis=0 if self.along == "cols" else -1, rounding=self.rounding, block_shape=self.block_shape,
-                hadamard=self.hadamard or None, hadamard_signs=self.hadamard_signs)
+    return dict(
+      axis=0 if self.along == "cols" else -1,
+      rounding=self.rounding,
+      block_shape=self.block_shape,
+      hadamard=self.hadamard or None,
+      hadamard_signs=self.hadamard_signs,
+    )
 
 
 class Quantized(NamedTuple):
