@@ -40,7 +40,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from fp4jax._src.reductions import leading_pairwise_sum
-from fp4jax._src.sharding import ordered_psum
+from fp4jax.sharding import ordered_psum
 from fp4jax_experiments.sharding import DATA, MODEL, Layout, leaf_spec
 
 GPU_XLA_FLAGS = ("--xla_gpu_deterministic_ops=true", "--xla_gpu_autotune_level=0")

@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fp4jax._src.metrics import relative_mse
+from fp4jax.metrics import relative_mse
 from fp4jax_experiments import model as model_lib
 
 ERROR_NAME = "quant_error"

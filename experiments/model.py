@@ -35,10 +35,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-import fp4jax._src.recipes
-import fp4jax._src.sharding
-from fp4jax._src.backends import Backend
-from fp4jax._src.flax.linen import DotGeneral
+import fp4jax.recipes
+import fp4jax.sharding
+from fp4jax import Backend
+from fp4jax.flax.linen import DotGeneral
 
 QUANTIZER_BACKENDS = get_args(Backend)  # fp4jax.dot_general's backend vocabulary
 

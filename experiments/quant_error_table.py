@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fp4jax
-from fp4jax._src import hadamard, metrics
+from fp4jax import hadamard, metrics
 
 PUBLISHED = {  # relative MSE ×1e-3 and misalignment as published (Quartet II)
   "RTN": (9.0, 0.0079),

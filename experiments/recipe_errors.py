@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fp4jax
-from fp4jax._src import metrics, recipes
+from fp4jax import metrics, recipes
 
 N_KEYS = 16
 

@@ -1,22 +1,58 @@
 """fp4jax: training neural networks with 4-bit floating point (NVFP4, MXFP4) in JAX.
 
-Formats -> quantizers -> gradient estimators -> dot_general -> Flax modules; kernels plug in beneath the
-quantizers and the dot (package ``fp4jax_kernels``).
+Formats -> quantizers -> gradient estimators -> dot_general -> Flax modules (``fp4jax.flax``); kernels plug in
+beneath the quantizers and the GEMM through ``fp4jax.backends`` (package ``fp4jax_kernels``). The implementation
+lives in ``fp4jax._src``; what is listed in ``__all__`` here and in the public submodules is the API.
 """
 
-from fp4jax._src import bits, estimators, formats, fp8, hadamard, metrics, recipes, rounding, scaling, sharding
+from fp4jax import (
+  backends,
+  bits,
+  estimators,
+  formats,
+  fp8,
+  hadamard,
+  metrics,
+  recipes,
+  rounding,
+  scaling,
+  sharding,
+)
+from fp4jax._src.backends import Backend
 from fp4jax._src.dot import dot_general, einsum
-from fp4jax._src.formats import MXFP4, NVFP4, FP4Format
+from fp4jax._src.formats import (
+  E2M1_CHANNEL,
+  E4M3,
+  E5M2,
+  MXFP4,
+  NVFP4,
+  E2M1ChannelFormat,
+  Format,
+  FP4Format,
+  FP8Format,
+  MXFP4Format,
+  NVFP4Format,
+)
 from fp4jax._src.matmul import packed_matmul
 from fp4jax._src.quantize import QTensor, fake_quantize, quantize
 
 __version__ = "0.1.0"
 
 __all__ = [
-  "FP4Format",
+  "E2M1_CHANNEL",
+  "E4M3",
+  "E5M2",
   "MXFP4",
   "NVFP4",
+  "Backend",
+  "E2M1ChannelFormat",
+  "FP4Format",
+  "FP8Format",
+  "Format",
+  "MXFP4Format",
+  "NVFP4Format",
   "QTensor",
+  "backends",
   "bits",
   "dot_general",
   "einsum",

@@ -9,6 +9,7 @@ import inspect
 import tomllib
 from pathlib import Path
 
+import flax.linen
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,7 +72,7 @@ def test_every_public_entry_defaults_to_auto():
   for name in (f"fp4jax._src.{e}" for e in entries):
     assert name in found, name
   assert {n: d for n, d in found.items() if d != "auto"} == {}
-  model = fp4jax.flax.quantize(fp4jax.flax.linen.nn.Dense(4), [fp4jax.flax.Rule(".*", "nvfp4_rtn")])
+  model = fp4jax.flax.quantize(flax.linen.Dense(4), [fp4jax.flax.Rule(".*", "nvfp4_rtn")])
   assert model.backend == "auto"  # fp4jax.flax.quantize passes its keywords on
   parser = argparse.ArgumentParser()
   train.add_execution_arguments(parser)

@@ -13,11 +13,11 @@ from typing import Any
 import flax.linen as nn
 from flax import nnx as _nnx
 
-from fp4jax._src.flax import export, linen, nnx, packed, rules
 from fp4jax._src.flax.export import pack, restore, save, unpack
 from fp4jax._src.flax.packed import apply_nnx as apply_packed_nnx
 from fp4jax._src.flax.rules import DEFAULT_HIGH_PRECISION, Rule, keep_high_precision
 from fp4jax._src.flax.summary import LayerSummary, summary
+from fp4jax.flax import export, linen, nnx, packed, rules
 
 
 def quantize(model, rules: Sequence[Any], **kwargs):

@@ -1,0 +1,42 @@
+"""Element and scale formats as objects: NVFP4, MXFP4, FP8 (E4M3, E5M2) and per-channel E2M1.
+
+Public names of ``fp4jax._src.formats`` (see there for the specifications).
+"""
+
+from fp4jax._src.formats import (
+  E2M1_CHANNEL,
+  E2M1_MAX,
+  E2M1_VALUES,
+  E4M3,
+  E4M3_MAX,
+  E5M2,
+  FORMATS,
+  MXFP4,
+  NVFP4,
+  E2M1ChannelFormat,
+  Format,
+  FP4Format,
+  FP8Format,
+  MXFP4Format,
+  NVFP4Format,
+  get,
+)
+
+__all__ = [
+  "E2M1ChannelFormat",
+  "E2M1_CHANNEL",
+  "E2M1_MAX",
+  "E2M1_VALUES",
+  "E4M3",
+  "E4M3_MAX",
+  "E5M2",
+  "FORMATS",
+  "FP4Format",
+  "FP8Format",
+  "Format",
+  "MXFP4",
+  "MXFP4Format",
+  "NVFP4",
+  "NVFP4Format",
+  "get",
+]
