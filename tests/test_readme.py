@@ -22,3 +22,17 @@ def test_readme_examples_run():
   for block in _blocks():
     exec(compile(block, str(README), "exec"), namespace)  # noqa: S102 — our own documentation
   assert namespace["y"].shape == (256, 256) and namespace["out"].shape == (256, 16)
+
+
+def test_readme_layout_names_every_core_module_and_existing_folders():
+  """The Layout section matches the tree: every module of fp4jax/_src (and fp4jax/_src/flax) is named in it, and
+  every folder and file it names exists."""
+  block = re.search(r"## Layout\n.*?```\n(.*?)```", README.read_text(), flags=re.S).group(1)
+  repo = README.parent
+  words = set(re.findall(r"\w+", block))
+  modules = {p.stem for p in (repo / "fp4jax" / "_src").rglob("*.py") if p.stem != "__init__"}
+  assert modules - words == set()
+  paths = re.findall(r"(?<![\w/.])([\w.]+/(?:[\w.]+/)*[\w.]*)", block)
+  bases = (repo, repo / "fp4jax" / "_src", repo / "kernels" / "fp4jax_kernels")  # the block's indented folders
+  missing = [p for p in paths if not any((base / p).exists() for base in bases)]
+  assert len(paths) > 8 and missing == []
