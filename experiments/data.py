@@ -31,6 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from fp4jax_experiments import prepare
+from fp4jax_experiments.prepare import default_cache_dir
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPLITS = ("train", "val")
 NANOGPT_DTYPE = "uint16"
@@ -38,11 +41,6 @@ VOCAB_ROUNDING = 64  # inferred vocabularies are rounded up to a multiple of 64 
 MAX_INFERRED_VOCAB = 1 << 20  # a larger inferred vocabulary means the token dtype is wrong
 TEXT_SNIFF_BYTES = 4096  # multi-byte token files whose first bytes are all printable ASCII are refused as text
 TEXT_BYTES = frozenset(range(32, 127)) | {9, 10, 13}
-
-
-def default_cache_dir() -> Path:
-  """``$FP4JAX_CACHE`` or ``~/.cache/fp4jax``."""
-  return Path(os.environ.get("FP4JAX_CACHE", "~/.cache/fp4jax")).expanduser()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -69,8 +67,6 @@ def load_corpus(
   """
   cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
   if spec == "stdlib":
-    from fp4jax_experiments import prepare
-
     folder = cache / prepare.stdlib_corpus_name()
     if not (folder / "meta.json").exists():
       prepare.build_stdlib_corpus(folder)

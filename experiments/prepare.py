@@ -15,13 +15,18 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import sysconfig
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from fp4jax_experiments.data import default_cache_dir
+
+def default_cache_dir() -> Path:
+  """``$FP4JAX_CACHE`` or ``~/.cache/fp4jax``: where prepared corpora are built and found."""
+  return Path(os.environ.get("FP4JAX_CACHE", "~/.cache/fp4jax")).expanduser()
+
 
 SEPARATOR = b"\n\n"
 LINUX_TARBALL = "/usr/src/linux-source-6.12.tar.xz"

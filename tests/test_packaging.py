@@ -152,3 +152,16 @@ def test_wheel_holds_only_fp4jax_names_and_the_console_scripts(tmp_path):
   [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
   text = zipfile.ZipFile(wheel).read(entry_points).decode()
   assert all(f"{script} = {target}" in text for script, target in SCRIPTS.items())
+
+
+def test_no_import_cycle_between_any_two_modules():
+  """No two modules of fp4jax, fp4jax_kernels and fp4jax_experiments import each other, directly or through others,
+  imports inside functions included (grimp's graph; the layer contracts in pyproject.toml are lint-imports')."""
+  grimp = pytest.importorskip("grimp")  # installed with import-linter (the "lint" extra)
+  graph = grimp.build_graph("fp4jax", "fp4jax_kernels", "fp4jax_experiments")
+  cycles = []
+  for module in sorted(graph.modules):
+    for imported in graph.find_modules_directly_imported_by(module):
+      if imported != module and graph.chain_exists(importer=imported, imported=module):
+        cycles.append((module, imported))
+  assert cycles == []
