@@ -198,7 +198,7 @@ def set_recipe(
 
   Raises:
     TypeError: ``recipe`` is neither a name, a ``Recipe`` nor None.
-    ValueError: an unknown recipe name.
+    ValueError: an unknown recipe name, or (with a recipe) a ``backend`` not among ``fp4jax.Backend``'s names.
   """
   attr = _op_attr(layer)
   if recipe is None:
