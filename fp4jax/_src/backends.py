@@ -41,7 +41,15 @@ class Unsupported(ValueError):
 
 # ------------------------------------------------------------------------------------------------ devices
 def compute_capability(device: jax.Device | None = None) -> tuple[int, int] | None:
-  """(major, minor) of an NVIDIA GPU device, None for any other device."""
+  """(major, minor) compute capability of an NVIDIA GPU device, None for any other device.
+
+  Args:
+    device: the device to inspect; None means ``jax.devices()[0]``.
+
+  Returns:
+    ``(major, minor)`` as two ints (e.g. ``(9, 0)`` for an H100), or None when ``device`` is not a GPU or reports no
+    compute capability.
+  """
   device = device or jax.devices()[0]
   if device.platform != "gpu" or not hasattr(device, "compute_capability"):
     return None
@@ -50,13 +58,27 @@ def compute_capability(device: jax.Device | None = None) -> tuple[int, int] | No
 
 
 def has_native_fp4(device: jax.Device | None = None) -> bool:
-  """Native block-scaled FP4 GEMM (NVFP4 / MXFP4 tcgen05 MMA) exists: compute capability >= 10.0."""
+  """Whether native block-scaled FP4 GEMM (NVFP4 / MXFP4 tcgen05 MMA) exists: compute capability >= 10.0.
+
+  Args:
+    device: the device to inspect; None means ``jax.devices()[0]``.
+
+  Returns:
+    True for an NVIDIA GPU of compute capability >= 10.0, else False.
+  """
   cc = compute_capability(device)
   return cc is not None and cc >= NATIVE_FP4_MIN_CAPABILITY
 
 
 def has_pallas_triton(device: jax.Device | None = None) -> bool:
-  """The Pallas Triton kernels can run: an NVIDIA GPU of compute capability >= 8.0."""
+  """Whether the Pallas Triton kernels can run: an NVIDIA GPU of compute capability >= 8.0.
+
+  Args:
+    device: the device to inspect; None means ``jax.devices()[0]``.
+
+  Returns:
+    True for an NVIDIA GPU of compute capability >= 8.0, else False.
+  """
   cc = compute_capability(device)
   return cc is not None and cc >= PALLAS_MIN_CAPABILITY
 
@@ -69,15 +91,37 @@ def pallas_interpret(device: jax.Device | None = None) -> bool:
 
 # ------------------------------------------------------------------------------------------------ vocabulary
 def check(backend: Any, where: str) -> Backend:
-  """``backend`` itself if it is one of ``Backend``'s names; else a ValueError naming ``where``'s argument."""
+  """Validates a backend name.
+
+  Args:
+    backend: the value to check; must be one of ``Backend``'s names (``"auto"``, ``"xla"``, ``"pallas"``,
+      ``"native"``).
+    where: the caller's name, put at the start of the error message.
+
+  Returns:
+    ``backend`` itself.
+
+  Raises:
+    ValueError: ``backend`` is not one of ``Backend``'s names (the message names ``where`` and the allowed names).
+  """
   if backend not in get_args(Backend):
     raise ValueError(f"{where}: backend must be one of {get_args(Backend)}, got {backend!r}")
   return backend
 
 
 def candidates(backend: Backend, device: jax.Device | None = None) -> tuple[str, ...]:
-  """The implementations to try, in order: ``(backend,)`` for a named one; for ``"auto"`` those ``device`` runs,
-  fastest first: ``"native"`` (compute capability >= 10.0), ``"pallas"`` (>= 8.0), then ``"xla"``."""
+  """The implementations to try, in order.
+
+  For a named backend, ``(backend,)``; for ``"auto"``, those ``device`` runs, fastest first: ``"native"`` (compute
+  capability >= 10.0), ``"pallas"`` (>= 8.0), then ``"xla"``.
+
+  Args:
+    backend: one of ``Backend``'s names (not validated here: see ``check``).
+    device: the device to choose for (only used for ``"auto"``); None means ``jax.devices()[0]``.
+
+  Returns:
+    A non-empty tuple of backend names; for ``"auto"`` it always ends with ``"xla"``.
+  """
   if backend != "auto":
     return (backend,)
   return (("native",) if has_native_fp4(device) else ()) + (("pallas",) if has_pallas_triton(device) else ()) + ("xla",)
@@ -85,8 +129,20 @@ def candidates(backend: Backend, device: jax.Device | None = None) -> tuple[str,
 
 # ------------------------------------------------------------------------------------------------ registry
 def register(op: str, backend: str, impl: Callable) -> None:
-  """Make ``impl`` the ``backend`` implementation of ``op`` (replacing any earlier one); ``backend`` is one of
-  ``Backend``'s names other than ``"auto"``."""
+  """Makes ``impl`` the ``backend`` implementation of ``op``, replacing any earlier one.
+
+  Args:
+    op: the op's name, e.g. ``"quantize_operand"``.
+    backend: one of ``Backend``'s names other than ``"auto"``.
+    impl: the implementation; it takes the op's arguments and raises ``Unsupported(reason)`` before computing
+      anything for a case it cannot take.
+
+  Returns:
+    None.
+
+  Raises:
+    ValueError: ``backend`` is ``"auto"`` (a fallback order, not an implementation) or not one of ``Backend``'s names.
+  """
   if backend == "auto":
     raise ValueError(f"register: {op!r} cannot register backend 'auto' (a fallback order, not an implementation)")
   check(backend, f"register({op!r})")
@@ -94,12 +150,27 @@ def register(op: str, backend: str, impl: Callable) -> None:
 
 
 def unregister(op: str, backend: str) -> None:
-  """Remove ``op``'s ``backend`` implementation, if any."""
+  """Removes ``op``'s ``backend`` implementation, if any (no error when there is none).
+
+  Args:
+    op: the op's name.
+    backend: the backend whose implementation to remove.
+
+  Returns:
+    None.
+  """
   _REGISTRY.get(op, {}).pop(backend, None)
 
 
 def registered(op: str) -> tuple[str, ...]:
-  """The backends with an implementation of ``op``, sorted."""
+  """The backends with an implementation of ``op``.
+
+  Args:
+    op: the op's name.
+
+  Returns:
+    The backend names registered for ``op``, sorted (empty when there are none). Does not load plugins.
+  """
   return tuple(sorted(_REGISTRY.get(op, {})))
 
 
@@ -118,8 +189,21 @@ def run(op: str, backend: Backend, *args, order: Sequence[str] | None = None, **
   """``op``'s result from the first implementation in ``candidates(backend)`` (or ``order``) that takes the case.
 
   Skipped: a backend with no implementation of ``op`` (after ``load_plugins``) under ``"auto"``, and an
-  implementation that raises ``Unsupported``. A named backend with no implementation raises ``ValueError``; the
-  last refusal is re-raised as ``Unsupported`` naming the op and every reason. Other errors propagate.
+  implementation that raises ``Unsupported``. Other errors propagate.
+
+  Args:
+    op: the op's name.
+    backend: one of ``Backend``'s names; a named backend has no fallback.
+    *args: positional arguments passed to the implementation.
+    order: the backend names to try, in order, instead of ``candidates(backend)``.
+    **kwargs: keyword arguments passed to the implementation.
+
+  Returns:
+    Whatever the first implementation that takes the case returns.
+
+  Raises:
+    ValueError: ``backend`` is not ``"auto"`` and a backend in the order has no implementation of ``op``.
+    Unsupported: every implementation tried refused the case (the message names the op and every reason).
   """
   order = tuple(order or candidates(backend))
   impls = _REGISTRY.get(op, {})

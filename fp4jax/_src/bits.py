@@ -20,7 +20,16 @@ MAX_ELEMENTS = 2**32
 
 
 def fmix32(h: jnp.ndarray) -> jnp.ndarray:
-  """MurmurHash3 finalizer on uint32 (wrapping multiplies)."""
+  """MurmurHash3's 32-bit finalizer (a bijection with full avalanche), wrapping uint32 arithmetic.
+
+  ``h ^= h >> 16; h *= 0x85EBCA6B; h ^= h >> 13; h *= 0xC2B2AE35; h ^= h >> 16``.
+
+  Args:
+    h: uint32 array, any shape.
+
+  Returns:
+    uint32 array of ``h``'s shape.
+  """
   h = h ^ (h >> 16)
   h = h * jnp.uint32(0x85EBCA6B)
   h = h ^ (h >> 13)
@@ -29,14 +38,29 @@ def fmix32(h: jnp.ndarray) -> jnp.ndarray:
 
 
 def hash_bits(seed: jnp.ndarray, index: jnp.ndarray) -> jnp.ndarray:
-  """32 random bits per element from a uint32[2] ``seed`` and uint32 element ``index``."""
+  """32 random bits per element: ``fmix32(fmix32(index · 0x9E3779B9 + seed[0]) ^ seed[1])``, uint32 wrapping.
+
+  Args:
+    seed: array of 2 values, cast to uint32 (``seed_from_key``).
+    index: integer array of element indices, any shape, cast to uint32.
+
+  Returns:
+    uint32 array of ``index``'s shape.
+  """
   seed = seed.astype(jnp.uint32)
   h = fmix32(index.astype(jnp.uint32) * jnp.uint32(_GOLDEN) + seed[0])
   return fmix32(h ^ seed[1])
 
 
 def seed_from_key(key: jax.Array) -> jnp.ndarray:
-  """The uint32[2] hash seed of a JAX PRNG key (raw uint32 keys and typed keys both work)."""
+  """The hash seed of a JAX PRNG key: ``jax.random.bits(key, (2,), uint32)``.
+
+  Args:
+    key: a JAX PRNG key (raw uint32 keys and typed keys both work).
+
+  Returns:
+    uint32 array of shape (2,).
+  """
   return jax.random.bits(key, (2,), jnp.uint32)
 
 
@@ -73,11 +97,35 @@ def index_grid(shape: tuple[int, ...], origin=None, logical_shape: tuple[int, ..
 def random_bits(
   key: jax.Array, shape: tuple[int, ...], origin=None, logical_shape: tuple[int, ...] | None = None
 ) -> jnp.ndarray:
-  """uint32 bits for a tensor of ``shape``: ``hash_bits(seed_from_key(key), row-major index)``; with ``origin`` and
-  ``logical_shape`` the index is the element's in the logical tensor (``index_grid``)."""
+  """uint32 random bits for a tensor of ``shape``: ``hash_bits(seed_from_key(key), index)``.
+
+  The index is the element's row-major index; with ``origin`` and ``logical_shape`` it is the element's index in the
+  logical tensor (``index_grid``), so a shard draws the bits the whole tensor would draw there.
+
+  Args:
+    key: a JAX PRNG key.
+    shape: the shape of the (local) array.
+    origin: one int per dim (may be traced): where element ``[0, ..., 0]`` sits in the logical tensor; pass with
+      ``logical_shape`` or not at all.
+    logical_shape: static shape of the logical tensor, of ``shape``'s rank and holding it.
+
+  Returns:
+    uint32 array of shape ``shape``.
+
+  Raises:
+    ValueError: only one of ``origin`` / ``logical_shape`` given, a rank or size mismatch between them and
+      ``shape``, or a logical tensor of more than 2^32 elements.
+  """
   return hash_bits(seed_from_key(key), index_grid(shape, origin, logical_shape))
 
 
 def uniform_from_bits(bits: jnp.ndarray) -> jnp.ndarray:
-  """Uniform float32 in [0, 1) on a 2^-24 grid from the top 24 bits: ``(bits >> 8) * 2^-24`` (exact)."""
+  """Uniform float32 in [0, 1) on a 2^-24 grid from the top 24 bits: ``(bits >> 8) · 2^-24`` (exact).
+
+  Args:
+    bits: uint32 array, any shape.
+
+  Returns:
+    float32 array of ``bits``' shape, values in [0, 1 - 2^-24].
+  """
   return (bits >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)

@@ -26,6 +26,13 @@ def trust_mask(x: jax.Array, scale: jax.Array) -> jax.Array:
 
   ``scale`` broadcasts against ``x`` (the per-element block decode scale times any tensor scale). Division-free,
   so the boundary ``|x| = 6·s`` is exact (it counts as clipped, as ``|x̂/s| < 6`` in Quartet).
+
+  Args:
+    x: the (rotated) operand, any float dtype; compared in float32.
+    scale: float32 decode scale, broadcastable against ``x``.
+
+  Returns:
+    bool array of the broadcast shape of ``x`` and ``scale``: True where ``|x| < 6 · scale`` (False for NaN).
   """
   return jnp.abs(x.astype(jnp.float32)) < jnp.float32(E2M1_MAX) * scale
 
@@ -43,6 +50,17 @@ def dge_derivative(x: jax.Array, k: float = 5.0, cap: float = 3.0) -> jax.Array:
   (MS-AMP's bf16 kernel reports 0.2002). Averaged over an interval f' is 1 uncapped; the cap removes mass near the
   midpoint, so for k = 5, cap 3 the mean is 1 − t*^(1/k) + 3·t* ≈ 0.59 with t* = (1/(3k))^(k/(k−1)): DGE shrinks
   weight gradients by ~40% on average. The power is a transcendental: last-ulp differences between backends.
+
+  Args:
+    x: values already divided by their scale (on the E2M1 range), any shape and float dtype.
+    k: the smoothing exponent, > 1 (the paper's 5).
+    cap: the largest derivative returned.
+
+  Returns:
+    float32 array of ``x``'s shape: ``f'(x)`` in (0, ``cap``]; NaN where ``x`` is NaN.
+
+  Raises:
+    ValueError: ``k <= 1``.
   """
   if k <= 1:
     raise ValueError(f"dge_derivative: k must be > 1 (a smooth step), got {k}")
@@ -56,12 +74,23 @@ def dge_derivative(x: jax.Array, k: float = 5.0, cap: float = 3.0) -> jax.Array:
 
 
 def occ_bounds(x: jax.Array, quantile: float, axis: int = -1) -> tuple[jax.Array, jax.Array]:
-  """Per-row ``(low, high)`` clamp bounds along ``axis``: the order statistics of ranks ``floor((1−q)·n)`` and
-  ``min(floor(q·n), n−1)`` (0-based, ascending) of each row (Microsoft FP4's token-wise quantile clipping;
-  keepdims).
+  """Per-row ``(low, high)`` clamp bounds along ``axis`` (Microsoft FP4's token-wise quantile clipping).
 
-  Found by ``select_ranks`` without sorting: the values ``jnp.sort`` would put at those ranks (−0 and +0 equal,
-  returned as +0; NaN after +Inf, so a bound is NaN only when the NaNs reach its rank)."""
+  The order statistics of ranks ``floor((1−q)·n)`` and ``min(floor(q·n), n−1)`` (0-based, ascending) of each row,
+  found by ``select_ranks`` without sorting: the values ``jnp.sort`` would put at those ranks (−0 and +0 equal,
+  returned as +0; NaN after +Inf, so a bound is NaN only when the NaNs reach its rank).
+
+  Args:
+    x: float array; its rows run along ``axis`` (length ``n``).
+    quantile: ``q``, the upper quantile, normally in (0.5, 1] (e.g. 0.99).
+    axis: the axis along which rows run.
+
+  Returns:
+    ``(low, high)``: two arrays of ``x``'s dtype and shape with ``axis`` of length 1 (keepdims).
+
+  Raises:
+    ValueError: a rank falls outside [0, n): an empty row, or ``quantile`` too far outside (0, 1].
+  """
   n = x.shape[axis]
   ranks = (int((1.0 - quantile) * n), min(int(quantile * n), n - 1))
   lo, hi = select_ranks(jnp.moveaxis(x, axis, -1), ranks)
@@ -122,7 +151,19 @@ def occ_clamp(x: jax.Array, quantile: float = 0.99, axis: int = -1, rows=None) -
   """``(x_c, r)``: ``x`` clamped to its per-row quantile bounds (``occ_bounds``) and the residual ``r = x − x_c``.
 
   ``r`` is non-zero only at the outliers and is added back to ``Q(x_c)`` at high precision (OCC). NaN rows stay NaN.
-  ``rows``: the whole rows the bounds are taken from when ``x`` holds a slice of them (default ``x``).
+
+  Args:
+    x: float array to clamp.
+    quantile: the upper quantile of ``occ_bounds``.
+    axis: the axis along which rows run.
+    rows: the whole rows the bounds are taken from when ``x`` holds a slice of them (default ``x``); the bounds must
+      broadcast against ``x``.
+
+  Returns:
+    ``(x_c, r)``, both of ``x``'s shape and dtype, with ``x_c + r == x`` up to rounding of the subtraction.
+
+  Raises:
+    ValueError: as ``occ_bounds``.
   """
   lo, hi = occ_bounds(x if rows is None else rows, quantile, axis)
   xc = jnp.clip(x, lo, hi)

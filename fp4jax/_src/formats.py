@@ -306,7 +306,17 @@ FORMATS: tuple[Format, ...] = (NVFP4, MXFP4, E4M3, E5M2, E2M1_CHANNEL)
 
 
 def get(name: str) -> Format:
-  """The format instance called ``name`` (for files and command lines); ValueError listing the names otherwise."""
+  """The format instance called ``name`` (for files and command lines).
+
+  Args:
+    name: a format's ``name``, one of those in ``FORMATS``.
+
+  Returns:
+    The ``Format`` instance of that name.
+
+  Raises:
+    ValueError: no format has that name (the message lists the names).
+  """
   for fmt in FORMATS:
     if fmt.name == name:
       return fmt

@@ -24,13 +24,32 @@ __all__ = ["E4M3", "E5M2", "FP8Format", "current_scale", "quantize_fp8", "rtn_e5
 
 
 def rtn_e5m2(x: jnp.ndarray) -> jnp.ndarray:
-  """Float32 ``x`` rounded to the E5M2 grid, nearest-even, saturated to ±57344 (``E5M2.round``). NaN stays NaN."""
+  """Float32 ``x`` rounded to the E5M2 grid, nearest-even, saturated to ±57344 (``E5M2.round``). NaN stays NaN.
+
+  Args:
+    x: float array, any shape.
+
+  Returns:
+    float32 array of ``x``'s shape whose values lie on the E5M2 grid (or are NaN).
+  """
   return E5M2.round(x)
 
 
 def current_scale(x: jax.Array, fmt: FP8Format, *, pow2_scale: bool = False, amax=None) -> jnp.ndarray:
-  """fp32 encode scale ``s = f8_max / max|x|`` (1 if the tensor is zero, NaN if its amax is not finite); ``amax``:
-  max|x| computed elsewhere (e.g. over the shards of a larger tensor, ``fp4jax.sharding``)."""
+  """fp32 encode scale ``s = f8_max / max|x|`` (1 if the tensor is zero, NaN if its amax is not finite).
+
+  The division is correctly rounded (``fp4jax.ieee.div_rn``); with ``pow2_scale``, ``s = 2^floor(log2 s)``.
+
+  Args:
+    x: the tensor, any shape and float dtype.
+    fmt: the FP8 format (``E4M3`` or ``E5M2``); its ``max`` is ``f8_max``.
+    pow2_scale: round the scale down to a power of two.
+    amax: max|x| computed elsewhere (e.g. over the shards of a larger tensor, ``fp4jax.sharding``); None computes it
+      from ``x``.
+
+  Returns:
+    float32 scalar: the encode scale.
+  """
   amax = jnp.max(jnp.abs(x.astype(jnp.float32))) if amax is None else jnp.asarray(amax, jnp.float32)
   s = div_rn(jnp.float32(fmt.max), jnp.where(amax == 0, jnp.float32(fmt.max), amax))
   if pow2_scale:
@@ -41,8 +60,19 @@ def current_scale(x: jax.Array, fmt: FP8Format, *, pow2_scale: bool = False, ama
 def quantize_fp8(
   x: jax.Array, fmt: FP8Format, *, pow2_scale: bool = False, amax=None
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """``(v, inv_scale)``: float32 values ``v`` on the FP8 grid and the fp32 decode scale, ``x ≈ v · inv_scale``
-  (``amax``: see ``current_scale``).
+  """``(v, inv_scale)``: float32 values ``v`` on the FP8 grid and the fp32 decode scale, ``x ≈ v · inv_scale``.
+
+  ``v = fmt.round(f32(x) · s)`` with ``s = current_scale(x, fmt, ...)`` and ``inv_scale = 1 / s`` (correctly
+  rounded).
+
+  Args:
+    x: floating-point array, any shape.
+    fmt: ``fp4jax.fp8.E4M3`` or ``E5M2``.
+    pow2_scale: use a power-of-two scale (see ``current_scale``).
+    amax: max|x| computed elsewhere (see ``current_scale``).
+
+  Returns:
+    ``(v, inv_scale)``: float32 array of ``x``'s shape and float32 scalar.
 
   Raises:
     TypeError: ``fmt`` not an ``FP8Format`` (``fp4jax.fp8.E4M3`` / ``E5M2``), or ``x`` not floating point.

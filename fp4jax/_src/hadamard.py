@@ -53,7 +53,17 @@ def check_size(d: int, name: str = "d") -> None:
 
 
 def hadamard_matrix(d: int) -> np.ndarray:
-  """The normalized Sylvester Hadamard matrix ``H_d / sqrt(d)`` (float32 numpy, for tests and kernels)."""
+  """The normalized Sylvester Hadamard matrix ``H_d / sqrt(d)`` (float32 numpy, for tests and kernels).
+
+  Args:
+    d: the size, one of ``SIZES``.
+
+  Returns:
+    float32 numpy array of shape (d, d), orthogonal and symmetric, entries ±1/sqrt(d).
+
+  Raises:
+    ValueError: ``d`` not in ``SIZES``.
+  """
   check_size(d)
   h = np.ones((1, 1), np.float32)
   while h.shape[0] < d:
@@ -62,7 +72,18 @@ def hadamard_matrix(d: int) -> np.ndarray:
 
 
 def random_signs(key: jax.Array, d: int) -> jnp.ndarray:
-  """A vector of ``d`` independent uniform ±1 signs (float32) from ``key``."""
+  """A vector of ``d`` independent uniform ±1 signs (float32) from ``key``.
+
+  Args:
+    key: a JAX PRNG key.
+    d: the length, one of ``SIZES``.
+
+  Returns:
+    float32 array of shape (d,) with entries +1 or -1.
+
+  Raises:
+    ValueError: ``d`` not in ``SIZES``.
+  """
   check_size(d)
   # jax.random.rademacher with a float32 probability: its Python 0.5 draws float64 uniforms under jax_enable_x64
   return jax.random.bernoulli(key, np.float32(0.5), (d,)).astype(jnp.float32) * 2 - 1
@@ -75,6 +96,13 @@ def fwht(x: jnp.ndarray, d: int) -> jnp.ndarray:
   ``(a + b, a - b)`` to positions ``(2i, 2i + 1)``; after the last stage the result is in Sylvester order. Every
   stage has the same shape, so the Pallas kernels run this very function (split of a size-2 axis and a stack,
   which Triton lowers, no slicing) and add the same floats in the same order as XLA.
+
+  Args:
+    x: array whose last axis has length ``d``; computed in ``x``'s dtype.
+    d: a power of two, the length of ``x``'s last axis (not checked against ``SIZES``).
+
+  Returns:
+    Array of ``x``'s shape and dtype.
   """
   lead = x.shape[:-1]
   for _ in range(int(math.log2(d))):
@@ -109,11 +137,21 @@ def _chunked(x: jnp.ndarray, d: int, axis: int):
 def hadamard(x: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.ndarray | None = None) -> jnp.ndarray:
   """``y = x_chunk · diag(signs) · H_d / sqrt(d)`` for every ``d``-chunk along ``axis``; float32 result.
 
+  Rounding as the module docstring specifies (IEEE float32, round to nearest even, each butterfly sum and the
+  normalization rounded once).
+
   Args:
     x: any float array whose ``axis`` length is a multiple of ``d``.
     d: transform size, one of ``SIZES``.
     axis: the axis the chunks run along.
     signs: optional ±1 vector of length ``d`` (``random_signs`` or ``TE_SIGNS_16``); None means all +1.
+
+  Returns:
+    float32 array of ``x``'s shape.
+
+  Raises:
+    ValueError: ``d`` not in ``SIZES``, ``d`` does not divide the length of ``axis``, or ``signs`` is not of shape
+      (d,).
   """
   check_size(d)
   chunks, moved_shape, axis = _chunked(x.astype(jnp.float32), d, axis)
@@ -122,12 +160,25 @@ def hadamard(x: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.
 
 
 def rotated(x: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.ndarray | None = None) -> jnp.ndarray:
-  """``hadamard(x, d, axis=axis, signs=signs)`` rounded as the quantizers specify: once to bf16 for bf16 inputs
-  (``rtn_bf16``, as TE), else the float32 result.
+  """``hadamard(x, d, axis=axis, signs=signs)`` rounded as the quantizers specify.
+
+  Once to bf16 for bf16 inputs (``rtn_bf16``, as TE), else the float32 result.
 
   XLA never merges the normalization with a later constant multiply (e.g. 1/sqrt(32) with MXFP4's 3/4 headroom),
   which would skip its rounding: it is integer arithmetic on the CPU and sits behind an optimization barrier
   elsewhere.
+
+  Args:
+    x: any float array whose ``axis`` length is a multiple of ``d``.
+    d: transform size, one of ``SIZES``.
+    axis: the axis the chunks run along.
+    signs: optional ±1 vector of length ``d``; None means all +1.
+
+  Returns:
+    float32 array of ``x``'s shape (values on the bf16 grid when ``x`` is bfloat16).
+
+  Raises:
+    ValueError: as ``hadamard``.
   """
   y = hadamard(x, d, axis=axis, signs=signs)
   return rtn_bf16(y) if x.dtype == jnp.bfloat16 else y
@@ -136,7 +187,21 @@ def rotated(x: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.n
 def inverse_hadamard(
   y: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.ndarray | None = None
 ) -> jnp.ndarray:
-  """Inverse (= transpose) of ``hadamard``: ``x_chunk = (y_chunk · H_d / sqrt(d)) ⊙ signs``; float32 result."""
+  """Inverse (= transpose) of ``hadamard``: ``x_chunk = (y_chunk · H_d / sqrt(d)) ⊙ signs``; float32 result.
+
+  Args:
+    y: any float array whose ``axis`` length is a multiple of ``d``.
+    d: transform size, one of ``SIZES``.
+    axis: the axis the chunks run along.
+    signs: the ±1 vector of length ``d`` the forward transform used; None means all +1.
+
+  Returns:
+    float32 array of ``y``'s shape.
+
+  Raises:
+    ValueError: ``d`` not in ``SIZES``, ``d`` does not divide the length of ``axis``, or ``signs`` is not of shape
+      (d,).
+  """
   check_size(d)
   chunks, moved_shape, axis = _chunked(y.astype(jnp.float32), d, axis)
   x = _transform(chunks, _signs_or_ones(signs, d), d, True)

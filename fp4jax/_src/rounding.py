@@ -54,6 +54,12 @@ def rtn_e2m1(x: jnp.ndarray) -> jnp.ndarray:
   The addition uses ``M + 2 ulp`` (same parity, so the same ties) and the code is taken modulo 8 as
   ``(bits(a + M + 2 ulp) + 2·(e + 127)) & 7``: ``bits(M)`` has zero low bits. About 10 integer / float operations
   per element, with no branch between binades.
+
+  Args:
+    x: float array, any shape (cast to float32).
+
+  Returns:
+    uint8 array of ``x``'s shape: E2M1 codes, bit 3 the sign (set for ``x < 0``), bits 0-2 the magnitude.
   """
   x = x.astype(jnp.float32)
   b = _saturated_magnitude(x)
@@ -73,6 +79,13 @@ def sr_e2m1(x: jnp.ndarray, bits: jnp.ndarray) -> jnp.ndarray:
   bits). ``E[value(q)] = x`` exactly for ``2^-126 <= |x| <= 6``. Both ranges decide as
   ``(bits >> 8)·2^-24 < (a - lo)/(hi - lo)`` would: same bits, same codes. Subnormal ``|x| < 2^-126`` rounds to ±0
   on every backend (XLA on CPU flushes them and XLA on GPU does not: the rule is fixed here, a bias below 2^-126).
+
+  Args:
+    x: float array, any shape (cast to float32).
+    bits: uint32 random bits of ``x``'s shape (``fp4jax.bits.random_bits``).
+
+  Returns:
+    uint8 array of ``x``'s shape: E2M1 codes, bit 3 the sign (set for ``x < 0``), bits 0-2 the magnitude.
   """
   x = x.astype(jnp.float32)
   bits = bits.astype(jnp.uint32)
@@ -95,6 +108,12 @@ def rtn_e4m3(x: jnp.ndarray) -> jnp.ndarray:
   after clipping to ±448: both scalings are by powers of two, so only the rounding to an integer rounds. (Not the
   bit-level form: with it, Triton recomputes in the quantize kernels the block scale for every element it is
   broadcast to.)
+
+  Args:
+    x: float array, any shape (cast to float32).
+
+  Returns:
+    float32 array of ``x``'s shape whose values lie on the E4M3 grid (or are NaN).
   """
   x = jnp.clip(x.astype(jnp.float32), -E4M3_MAX, E4M3_MAX)
   e = e4m3_step_exponent(x)
@@ -108,6 +127,13 @@ def sr_e4m3(x: jnp.ndarray, bits: jnp.ndarray) -> jnp.ndarray:
   iff ``u · 2^-20 < s - floor(s)``, ``u = bits >> 12`` (20 bits), then scales back by ``2^e``. Exact comparisons:
   above 2^-6 the fraction has at most 20 bits, so up happens with probability ``(x - lo) / 2^e`` exactly; below,
   to within 2^-20. NaN stays NaN.
+
+  Args:
+    x: non-negative float array, any shape (cast to float32; negative values are clipped to 0).
+    bits: uint32 random bits of ``x``'s shape.
+
+  Returns:
+    float32 array of ``x``'s shape whose values lie on the E4M3 grid in [0, 448] (or are NaN).
   """
   x = jnp.clip(x.astype(jnp.float32), 0.0, E4M3_MAX)
   e = e4m3_step_exponent(x)
@@ -121,6 +147,12 @@ def rtn_bf16(x: jnp.ndarray) -> jnp.ndarray:
   """Float32 ``x`` rounded to the nearest bfloat16 value (ties to even), returned as float32. NaN stays NaN.
 
   Bit form: ``b = bits(x); b += 0x7FFF + ((b >> 16) & 1); b &= 0xFFFF0000`` (Inf stays Inf, overflow goes to Inf).
+
+  Args:
+    x: float array, any shape (cast to float32).
+
+  Returns:
+    float32 array of ``x``'s shape whose values are exactly representable in bfloat16.
   """
   x = x.astype(jnp.float32)
   b = lax.bitcast_convert_type(x, jnp.uint32)

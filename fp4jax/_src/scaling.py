@@ -53,7 +53,18 @@ def nvfp4_tensor_scales(amax: jnp.ndarray, rule: str) -> tuple[jnp.ndarray, jnp.
   """``(s_enc, s_dec)`` from the tensor ``amax`` (fp32 scalar). Non-finite ``amax`` gives NaN scales.
 
   ``s_enc = min(N / amax, FLT_MAX)`` with N = 2688 (``rule="absmax"``), 1536 (``"four_over_six"``) or
-  255.99·V_MAX_EDEN (``"eden"``); ``s_enc = 1`` when amax == 0; ``s_dec = 1 / s_enc``.
+  255.99·V_MAX_EDEN (``"eden"``); ``s_enc = 1`` when amax == 0; ``s_dec = 1 / s_enc``. Both divisions are correctly
+  rounded IEEE fp32 (``fp4jax.ieee.div_rn``), subnormal quotients kept.
+
+  Args:
+    amax: max|x| of the tensor, a non-negative scalar (cast to float32).
+    rule: ``"absmax"``, ``"four_over_six"`` or ``"eden"``.
+
+  Returns:
+    ``(s_enc, s_dec)``: two float32 scalars.
+
+  Raises:
+    KeyError: ``rule`` is not one of the three names.
   """
   amax = amax.astype(jnp.float32)
   s_enc = jnp.minimum(div_rn(jnp.float32(_NUMERATOR[rule]), amax), jnp.float32(FLT_MAX))
@@ -68,6 +79,16 @@ def nvfp4_block_scales(amax_b: jnp.ndarray, s_enc: jnp.ndarray, s_dec: jnp.ndarr
 
   ``dec_b = rne_e4m3(clamp(amax_b · (s_enc · f32(1/target)), ±448))``, ``enc_b = min(1 / (dec_b · s_dec), FLT_MAX)``.
   A block whose scale rounds to 0 gets ``enc_b = FLT_MAX`` (its codes saturate, and it dequantizes to 0).
+
+  Args:
+    amax_b: float32 max|x| of each block, any shape.
+    s_enc: float32 tensor encode scale (``nvfp4_tensor_scales``), broadcastable against ``amax_b``.
+    s_dec: float32 tensor decode scale, broadcastable against ``amax_b``.
+    target: the E2M1 value a block's amax maps to (6, or 4 for Quartet II's 4/6 choice, ``V_MAX_EDEN`` for
+      MS-EDEN).
+
+  Returns:
+    ``(dec_b, enc_b)``: two float32 arrays of the broadcast shape; ``dec_b`` on the E4M3 grid in [0, 448].
   """
   ratio = s_enc * jnp.float32(1.0 / target)
   dec = rtn_e4m3(jnp.clip(mul_unflushed(amax_b, ratio), -E4M3_MAX, E4M3_MAX))
@@ -86,7 +107,21 @@ def _normalized_significand(x: jnp.ndarray) -> jnp.ndarray:
 
 
 def mx_exponents(amax_b: jnp.ndarray, mode: str, sigma_b: jnp.ndarray | None = None) -> jnp.ndarray:
-  """int32 E8M0 exponents ``e`` (scale 2^e) per block for an MXFP4 ``mode`` (see module docstring)."""
+  """int32 E8M0 exponents ``e`` (scale 2^e) per block for an MXFP4 ``mode`` (see module docstring).
+
+  Clipped to [-127, 127]; an all-zero block gets -127.
+
+  Args:
+    amax_b: float32 max|x| of each block, any shape.
+    mode: ``"floor"``, ``"floor_headroom"``, ``"rceil"``, ``"quest"`` or ``"quest_nearest"``.
+    sigma_b: float32 standard deviation of each block, of ``amax_b``'s shape; needed by the ``"quest"`` modes only.
+
+  Returns:
+    int32 array of ``amax_b``'s shape.
+
+  Raises:
+    ValueError: an unknown ``mode``, or a ``"quest"`` mode without ``sigma_b``.
+  """
   if mode in ("floor", "floor_headroom"):
     e = floor_log2(amax_b) - 2
   elif mode == "rceil":  # smallest e with 6·2^e >= amax_b, exactly: amax_b in [2^f, 2^(f+1))
@@ -109,5 +144,12 @@ def nvfp4_rule(scale_mode: str, rounding: str) -> str:
 
 
 def mx_element_prescale(mode: str) -> float:
-  """Factor applied to elements before the block scale: 3/4 for ``"floor_headroom"``, else 1."""
+  """Factor applied to elements before the block scale: 3/4 for ``"floor_headroom"``, else 1.
+
+  Args:
+    mode: an MXFP4 scale mode (not validated here).
+
+  Returns:
+    0.75 or 1.0 (a Python float).
+  """
   return 0.75 if mode == "floor_headroom" else 1.0

@@ -83,11 +83,24 @@ class ShardedRecipe(Recipe):
 
 
 def sharded(recipe: str | Recipe, axis_name: str, split: str) -> ShardedRecipe:
-  """``recipe`` (a name or ``Recipe``) marked as running with GEMM axis ``split`` ("tokens": the lhs's leading free
-  dim, data parallelism; "outputs": the rhs's free dims, column-parallel; "inputs": the contracting dims,
-  row-parallel) cut into equal contiguous slices over ``axis_name``, device ``lax.axis_index(axis_name)`` holding its
+  """``recipe`` marked as running with one GEMM axis cut into equal contiguous slices over ``axis_name``.
+
+  ``split`` is "tokens" (the lhs's leading free dim, data parallelism), "outputs" (the rhs's free dims,
+  column-parallel) or "inputs" (the contracting dims, row-parallel); device ``lax.axis_index(axis_name)`` holds its
   slice. The dot's own output is then this device's slice (tokens, outputs) or partial sum (inputs: the caller adds
-  the partials, e.g. by :func:`sum_from_shards`)."""
+  the partials, e.g. by :func:`sum_from_shards`).
+
+  Args:
+    recipe: a recipe name (``fp4jax.recipes.names()``) or a ``Recipe``.
+    axis_name: the mesh axis name (a non-empty string) the split runs over.
+    split: ``"tokens"``, ``"outputs"`` or ``"inputs"``.
+
+  Returns:
+    A ``ShardedRecipe`` with ``recipe``'s fields, ``shard_axis=axis_name`` and ``split``.
+
+  Raises:
+    ValueError: an unknown recipe name, an empty or non-string ``axis_name``, or an unknown ``split``.
+  """
   base = recipes_lib.get(recipe)
   return ShardedRecipe(
     **{f.name: getattr(base, f.name) for f in dataclasses.fields(Recipe)}, shard_axis=axis_name, split=split
@@ -95,38 +108,76 @@ def sharded(recipe: str | Recipe, axis_name: str, split: str) -> ShardedRecipe:
 
 
 def token_sharded(recipe: str | Recipe, axis_name: str) -> ShardedRecipe:
-  """``recipe`` marked as running under ``shard_map`` with the tokens split over ``axis_name``."""
+  """``recipe`` marked as running under ``shard_map`` with the tokens split over ``axis_name``.
+
+  Args:
+    recipe: a recipe name or a ``Recipe``.
+    axis_name: the mesh axis name the tokens are split over.
+
+  Returns:
+    ``sharded(recipe, axis_name, "tokens")``.
+
+  Raises:
+    ValueError: as ``sharded``.
+  """
   return sharded(recipe, axis_name, "tokens")
 
 
 def combine_amax(local: jax.Array, axis_name: AxisName) -> jax.Array:
-  """The logical tensor's amax from each shard's ``local`` max|x| (fp32 scalar; NaN or +Inf for a shard holding
-  NaN/Inf), over mesh axis (or axes) ``axis_name``: NaN if any shard holds NaN/Inf.
+  """The logical tensor's amax from each shard's ``local`` max|x|: NaN if any shard holds NaN/Inf.
 
   Each shard sends ``local``, or +Inf where it is not finite (XLA's max, and so ``lax.pmax``, may drop NaN; no max
   drops +Inf); a max is exact in any order, so the result is the logical tensor's amax (``fp4jax.quantize``'s NaN
   rule). Call inside ``jax.shard_map``; the per-shard kernels (``fp4jax_kernels.quantize.sharded``) call it on their
   kernel's local amax.
+
+  Args:
+    local: float32 array (a scalar, or per-row maxima): this shard's max|x|, NaN or +Inf for a shard holding NaN/Inf.
+    axis_name: the mesh axis, or a tuple of axes, the tensor is split over.
+
+  Returns:
+    float32 array of ``local``'s shape, the same on every device: the maximum over the shards, NaN where not finite.
   """
   total = lax.pmax(jnp.where(jnp.isfinite(local), local, jnp.float32(jnp.inf)), axis_name)
   return jnp.where(jnp.isfinite(total), total, jnp.float32(jnp.nan))
 
 
 def global_amax(x: jax.Array, axis_name: AxisName) -> jax.Array:
-  """max|x| over the shards of ``x`` along mesh axis (or axes) ``axis_name`` (fp32), NaN if any shard holds NaN/Inf
-  (:func:`combine_amax` of the local max|x|, +Inf for a shard with a non-finite element)."""
+  """max|x| over the shards of ``x`` along mesh axis (or axes) ``axis_name`` (fp32), NaN if any shard holds NaN/Inf.
+
+  :func:`combine_amax` of the local max|x|, +Inf for a shard with a non-finite element. Call inside
+  ``jax.shard_map``.
+
+  Args:
+    x: this device's shard, any shape and float dtype.
+    axis_name: the mesh axis, or a tuple of axes, the tensor is split over.
+
+  Returns:
+    float32 scalar, the same on every device.
+  """
   x = x.astype(jnp.float32)
   return combine_amax(jnp.where(jnp.all(jnp.isfinite(x)), jnp.max(jnp.abs(x)), jnp.float32(jnp.inf)), axis_name)
 
 
 def ordered_psum(x: jax.Array, axis_name: str) -> jax.Array:
-  """Σ_i x_i over the devices i of mesh axis ``axis_name`` (a power-of-two count n), added by the balanced tree
-  ``fp4jax.reductions.leading_pairwise_sum`` over device order: the same bits on every device, and the bits one
-  device gets from ``leading_pairwise_sum`` of the stacked ``x_i``.
+  """Σ_i x_i over the devices i of mesh axis ``axis_name``, added by a balanced tree in device order.
+
+  The count n must be a power of two; the tree is ``fp4jax.reductions.leading_pairwise_sum``: the same bits on every
+  device, and the bits one device gets from ``leading_pairwise_sum`` of the stacked ``x_i``.
 
   Communication is a reduce-scatter and an all-gather, the bytes of a ring all-reduce: ``x`` is flattened, padded
   with zeros to n equal chunks, ``lax.all_to_all`` gives device j chunk j of every device, device j adds those n
   chunks by the tree, and ``lax.all_gather`` joins the n summed chunks. Call inside ``jax.shard_map``.
+
+  Args:
+    x: this device's summand, any shape and dtype, the same shape on every device.
+    axis_name: the mesh axis to sum over.
+
+  Returns:
+    Array of ``x``'s shape and dtype, the same on every device.
+
+  Raises:
+    ValueError: the axis has a device count that is not a power of two.
   """
   n = lax.axis_size(axis_name)
   if n & (n - 1):
@@ -141,8 +192,17 @@ def ordered_psum(x: jax.Array, axis_name: str) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def copy_to_shards(x: jax.Array, axis_name: str) -> jax.Array:
-  """Megatron's entry to a tensor-parallel region: ``x`` (the same on every device of ``axis_name``) as is; its
-  gradient is the sum of the devices' gradients, by :func:`ordered_psum` (the same bits on every layout)."""
+  """Megatron's entry to a tensor-parallel region: ``x`` as is; its gradient is the sum of the devices' gradients.
+
+  The backward sum is :func:`ordered_psum` (the same bits on every layout).
+
+  Args:
+    x: an array, the same on every device of ``axis_name``.
+    axis_name: the mesh axis of the tensor-parallel region (not differentiated).
+
+  Returns:
+    ``x`` unchanged.
+  """
   return x
 
 
@@ -159,8 +219,20 @@ copy_to_shards.defvjp(_copy_fwd, _copy_bwd)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def sum_from_shards(x: jax.Array, axis_name: str) -> jax.Array:
-  """Megatron's exit from a tensor-parallel region: Σ of the devices' partial results ``x`` by :func:`ordered_psum`;
-  the gradient (the same on every device) passes to each partial as is."""
+  """Megatron's exit from a tensor-parallel region: Σ of the devices' partial results ``x`` by :func:`ordered_psum`.
+
+  The gradient (the same on every device) passes to each partial as is.
+
+  Args:
+    x: this device's partial result.
+    axis_name: the mesh axis to sum over (a power-of-two device count; not differentiated).
+
+  Returns:
+    Array of ``x``'s shape and dtype: the sum, the same on every device.
+
+  Raises:
+    ValueError: as ``ordered_psum``.
+  """
   return ordered_psum(x, axis_name)
 
 
@@ -233,9 +305,19 @@ class OperandShard:
 
 
 def placement(shards, shape: tuple[int, ...]) -> tuple[tuple, tuple[int, ...]]:
-  """(origin, logical shape) of a local array of ``shape`` whose dims ``s.dim`` are split as the ``OperandShard`` s
-  ``shards`` say (at most one per dim): dim ``d`` of the logical tensor is ``shape[d]`` times the devices of its
-  axes, and this device's slice starts at ``lax.axis_index(axes) · shape[d]``. Call inside ``jax.shard_map``."""
+  """(origin, logical shape) of a local array of ``shape`` whose dims ``s.dim`` are split as ``shards`` say.
+
+  At most one ``OperandShard`` per dim: dim ``d`` of the logical tensor is ``shape[d]`` times the devices of its
+  axes, and this device's slice starts at ``lax.axis_index(axes) · shape[d]``. Call inside ``jax.shard_map``.
+
+  Args:
+    shards: an iterable of ``OperandShard`` (each with ``axis_name`` and ``dim``).
+    shape: the local array's shape.
+
+  Returns:
+    ``(origin, logical_shape)``: a tuple of one (possibly traced) int per dim and a tuple of ints, as
+    ``fp4jax.bits.random_bits`` takes them.
+  """
   logical, origin = list(shape), [0] * len(shape)
   for s in shards:
     logical[s.dim] *= lax.axis_size(s.axis_name)

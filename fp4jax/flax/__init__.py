@@ -21,8 +21,24 @@ from fp4jax.flax import export, linen, nnx, packed, rules
 
 
 def quantize(model, rules: Sequence[Any], **kwargs):
-  """Quantize an existing model by ``rules``: ``linen.quantize`` for linen Modules (returns a ``QuantizedModule``
-  with ``init`` / ``apply``), ``nnx.quantize`` for NNX Modules (in place; pass ``rngs=nnx.Rngs(quant=...)``)."""
+  """Quantize an existing linen or NNX model by ``rules``.
+
+  ``linen.quantize`` for linen Modules (returns a ``QuantizedModule`` with ``init`` / ``apply``), ``nnx.quantize``
+  for NNX Modules (in place; pass ``rngs=nnx.Rngs(quant=...)``).
+
+  Args:
+    model: a ``flax.linen`` or ``flax.nnx`` Module.
+    rules: a sequence of ``Rule`` s and policies (``keep_high_precision``).
+    **kwargs: keyword arguments of ``fp4jax.flax.linen.quantize`` or ``fp4jax.flax.nnx.quantize`` (``defaults``,
+      ``deterministic``, ``backend``; NNX also ``rngs``).
+
+  Returns:
+    The linen ``QuantizedModule``, or the NNX ``model`` itself.
+
+  Raises:
+    TypeError: ``model`` is neither a linen nor an NNX Module.
+    ValueError: as ``linen.quantize`` / ``nnx.quantize``.
+  """
   if isinstance(model, nn.Module):
     return linen.quantize(model, rules, **kwargs)
   if isinstance(model, _nnx.Module):

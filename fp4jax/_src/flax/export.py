@@ -175,7 +175,16 @@ def _planned_kernels(flat: dict, rules: Any, defaults: Sequence[Any]) -> dict[tu
 
 
 def unpack(packed, dtype: Any = None):
-  """Every QTensor dequantized (to ``dtype``, default its original dtype); other leaves unchanged (one jit)."""
+  """Every QTensor of a packed tree dequantized; other leaves unchanged (one ``jax.jit``).
+
+  Args:
+    packed: a tree of arrays and QTensors (``pack``'s or ``restore``'s output).
+    dtype: the dtype of the dequantized arrays; None means each QTensor's original dtype.
+
+  Returns:
+    A tree of ``packed``'s structure with each QTensor replaced by its dequantized array (``QTensor.dequantize``:
+    inverse Hadamard applied, original shape).
+  """
   dequantize = lambda tree: jax.tree.map(
     lambda x: x.dequantize(dtype) if isinstance(x, QTensor) else x, tree, is_leaf=lambda x: isinstance(x, QTensor)
   )
@@ -183,7 +192,15 @@ def unpack(packed, dtype: Any = None):
 
 
 def nbytes(tree) -> int:
-  """Bytes stored by a (packed) tree: QTensors count codes, scales, tensor scale and signs."""
+  """Bytes stored by a (packed) tree: QTensors count codes, scales, tensor scale and signs.
+
+  Args:
+    tree: a tree of arrays (or array-likes) and QTensors.
+
+  Returns:
+    The total byte count (an int): for a QTensor its packed codes, block scales, the 4-byte tensor scale and any
+    Hadamard signs; for any other leaf its size times its dtype's item size.
+  """
   leaves = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, QTensor))
   total = 0
   for x in leaves:
@@ -195,7 +212,16 @@ def nbytes(tree) -> int:
 
 
 def bytes_report(params, packed) -> dict[str, float]:
-  """{"params_bytes", "packed_bytes", "saved_bytes", "ratio"} of a tree before and after ``pack``."""
+  """Storage of a tree before and after ``pack``.
+
+  Args:
+    params: the original parameter tree.
+    packed: ``pack(params, ...)``'s output.
+
+  Returns:
+    ``{"params_bytes": nbytes(params), "packed_bytes": nbytes(packed), "saved_bytes": their difference,
+    "ratio": params_bytes / packed_bytes}``.
+  """
   before, after = nbytes(params), nbytes(packed)
   return {"params_bytes": before, "packed_bytes": after, "saved_bytes": before - after, "ratio": before / after}
 
@@ -283,6 +309,9 @@ def save(path: str | os.PathLike, packed) -> None:
   Args:
     path: the directory to create; it must not exist.
     packed: a tree of arrays and QTensors (``pack``'s output).
+
+  Returns:
+    None.
 
   Raises:
     FileExistsError: ``path`` exists.

@@ -285,7 +285,24 @@ def quantize(
   deterministic: bool = False,
   backend: Backend = "auto",
 ) -> QuantizedModule:
-  """``module`` with its linear layers quantized by ``rules`` (see ``QuantizedModule``, ``fp4jax.flax.rules``)."""
+  """``module`` with its linear layers quantized by ``rules`` (see ``QuantizedModule``, ``fp4jax.flax.rules``).
+
+  Args:
+    module: a ``flax.linen`` Module (not changed).
+    rules: a sequence of ``Rule`` s and policies (``keep_high_precision``), resolved by ``fp4jax.flax.rules.plan``
+      against the layer paths found when the module is traced.
+    defaults: rules applied after ``rules`` (default: keep the output head in high precision).
+    deterministic: run every recipe's deterministic variant (RTN, fixed Hadamard signs; for evaluation).
+    backend: the quantizer backend of the planned layers (``fp4jax.dot_general``'s), one of ``fp4jax.Backend``.
+
+  Returns:
+    A ``QuantizedModule`` with ``init`` / ``apply`` / ``init_with_output`` as the module's own (same params tree).
+
+  Raises:
+    TypeError: ``module`` is not a linen Module.
+    ValueError: ``backend`` is not one of ``fp4jax.Backend``'s names. (Rules are resolved, and their errors raised,
+      when the returned module is called.)
+  """
   if not isinstance(module, nn.Module):
     raise TypeError(f"module must be a flax.linen Module, got {type(module).__name__}")
   return QuantizedModule(module, tuple(rules), tuple(defaults), deterministic, backend)

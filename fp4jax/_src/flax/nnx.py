@@ -152,7 +152,14 @@ class Einsum(nnx.Einsum):
 
 # ------------------------------------------------------------------------------------------------ rules
 def layers(model: nnx.Module) -> dict[str, nnx.Module]:
-  """{path: layer} of the quantizable layers (Linear, LinearGeneral, Einsum) of ``model``, in graph order."""
+  """The quantizable layers (Linear, LinearGeneral, Einsum) of ``model``, in graph order.
+
+  Args:
+    model: an NNX Module.
+
+  Returns:
+    ``{path: layer}``, the path being the graph path's parts joined by ``/``.
+  """
   return {"/".join(str(p) for p in path): m for path, m in nnx.iter_graph(model) if isinstance(m, LAYERS)}
 
 
@@ -161,7 +168,14 @@ def _op_attr(layer) -> str:
 
 
 def layer_recipe(layer) -> Any:
-  """The recipe a layer runs (its fp4jax op's), or None for a plain dot."""
+  """The recipe a layer runs (its fp4jax op's), or None for a plain dot.
+
+  Args:
+    layer: a quantizable NNX layer (``nnx.Linear``, ``nnx.LinearGeneral`` or ``nnx.Einsum``, as ``layers`` finds).
+
+  Returns:
+    The recipe (name or ``Recipe``, as it was given) of the layer's fp4jax op, or None.
+  """
   op = getattr(layer, _op_attr(layer))
   return op.recipe if isinstance(op, _QuantOp) else None
 
@@ -169,8 +183,23 @@ def layer_recipe(layer) -> Any:
 def set_recipe(
   layer, path: str, recipe: Any, *, rngs=None, deterministic: bool = False, backend: Backend = "auto"
 ) -> None:
-  """Make ``layer`` run ``recipe`` (None: ``lax.dot_general`` / ``jnp.einsum``) with quantizer ``backend``, in
-  place."""
+  """Make ``layer`` run ``recipe`` (None: ``lax.dot_general`` / ``jnp.einsum``) with quantizer ``backend``, in place.
+
+  Args:
+    layer: a quantizable NNX layer (``nnx.Linear``, ``nnx.LinearGeneral`` or ``nnx.Einsum``).
+    path: the layer's path, used in error messages and summaries.
+    recipe: a recipe name, a ``Recipe``, or None for the plain high-precision op.
+    rngs: ``nnx.Rngs`` (or an ``nnx.RngStream``) holding the "quant" stream a random recipe draws from.
+    deterministic: run the recipe's deterministic variant (RTN, fixed Hadamard signs).
+    backend: the quantizer backend (``fp4jax.dot_general``'s), one of ``fp4jax.Backend``.
+
+  Returns:
+    None.
+
+  Raises:
+    TypeError: ``recipe`` is neither a name, a ``Recipe`` nor None.
+    ValueError: an unknown recipe name, or (with a recipe) a ``backend`` not among ``fp4jax.Backend``'s names.
+  """
   attr = _op_attr(layer)
   if recipe is None:
     op = nnx.static(jnp.einsum if attr == "einsum_op" else jax.lax.dot_general)
@@ -192,10 +221,28 @@ def quantize(
   backend: Backend = "auto",
 ) -> nnx.Module:
   """Quantize the linear layers of ``model`` in place by ``rules`` (``fp4jax.flax.rules.plan``); returns ``model``.
-  ``backend``: the quantizer backend of the planned layers (``fp4jax.dot_general``'s).
 
   ``rngs`` supplies the "quant" stream random recipes draw from (each layer gets a fork); it may be omitted when
   every planned recipe is deterministic or ``deterministic=True``. Layers no rule matches are left as they are.
+
+  Args:
+    model: an NNX Module; changed in place.
+    rules: a sequence of ``Rule`` s and policies (``keep_high_precision``), matched against the paths of
+      ``layers(model)``.
+    rngs: ``nnx.Rngs`` with a "quant" stream (or an ``nnx.RngStream``); needed by random recipes.
+    defaults: rules applied after ``rules`` (default: keep the output head in high precision).
+    deterministic: run every recipe's deterministic variant (RTN, fixed Hadamard signs; for evaluation).
+    backend: the quantizer backend of the planned layers (``fp4jax.dot_general``'s), one of ``fp4jax.Backend``.
+
+  Returns:
+    ``model`` itself.
+
+  Raises:
+    TypeError: ``model`` is not an NNX Module; ``rules`` is not a sequence of rules / policies; a recipe that is
+      neither a name nor a ``Recipe``.
+    ValueError: ``backend`` is not one of ``fp4jax.Backend``'s names; a rule or policy that matches or decides no
+      layer (``fp4jax.flax.rules.plan``); an unknown recipe name; a random recipe planned with no "quant" stream in
+      ``rngs`` and ``deterministic=False``.
   """
   if not isinstance(model, nnx.Module):
     raise TypeError(f"model must be a flax.nnx Module, got {type(model).__name__}")

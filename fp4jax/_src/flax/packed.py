@@ -164,7 +164,8 @@ def apply(qmodel: linen.QuantizedModule, variables, *args, backend: Backend = "a
   Args:
     qmodel: the ``QuantizedModule`` the params were packed for (``fp4jax.flax.quantize`` of a linen model).
     variables: ``{"params": packed, ...}``.
-    *args, **kwargs: the module's call arguments.
+    *args: the module's positional call arguments.
+    **kwargs: the module's keyword call arguments.
     backend: ``packed_matmul``'s backend (``"auto"``: the FP4 GEMM kernels where they take the case, else XLA).
 
   Returns:
@@ -292,7 +293,8 @@ def apply_nnx(model: flax_nnx.Module, packed: Mapping, *args, backend: Backend =
       decides how its activations are quantized).
     packed: ``fp4jax.flax.pack(nnx.state(model, nnx.Param).to_pure_dict(), model)``, or any subset of the model's
       params as a nested dict (leaves not given keep the model's values).
-    *args, **kwargs: the model's call arguments.
+    *args: the model's positional call arguments.
+    **kwargs: the model's keyword call arguments.
     backend: ``packed_matmul``'s backend (``"auto"``: the FP4 GEMM kernels where they take the case, else XLA).
 
   Returns:

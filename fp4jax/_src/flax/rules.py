@@ -94,7 +94,24 @@ class KeepHighPrecision:
 
 
 def keep_high_precision(first: int = 0, last: int = 0, *, block_pattern: str = DEFAULT_BLOCK_PATTERN):
-  """The policy ``KeepHighPrecision(first, last, block_pattern)``; put it before the rules that quantize."""
+  """The policy ``KeepHighPrecision(first, last, block_pattern)``; put it before the rules that quantize.
+
+  The layers of the first ``first`` and last ``last`` numbered blocks stay in high precision; a layer's block index is
+  the first group of ``block_pattern`` on its path.
+
+  Args:
+    first: how many leading blocks to keep, >= 0.
+    last: how many trailing blocks to keep, >= 0.
+    block_pattern: a regular expression matched (``re.fullmatch``) against layer paths, whose first group is the
+      block index (default: ``block_N`` / ``blocks/N`` / ``layers_N`` / ``h_N`` and similar).
+
+  Returns:
+    A ``KeepHighPrecision`` policy.
+
+  Raises:
+    ValueError: ``first`` or ``last`` is negative. (When the rules are planned: no path matches ``block_pattern``,
+      or ``first + last`` exceeds the blocks found.)
+  """
   return KeepHighPrecision(first, last, block_pattern)
 
 

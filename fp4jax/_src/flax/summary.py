@@ -70,8 +70,19 @@ class LayerSummary:
 def summary(model, *args, rngs=None, show: bool = True, **kwargs) -> LayerSummary:
   """Trace ``model`` on ``args`` / ``kwargs`` and summarize its linear layers; prints the table when ``show``.
 
-  ``model``: a linen Module (traced through ``init``; ``rngs`` defaults to ``jax.random.key(0)``), a
-  ``fp4jax.flax.linen.QuantizedModule``, or an NNX Module (traced through ``model(*args, **kwargs)``).
+  Args:
+    model: a linen Module (traced through ``init``), a ``fp4jax.flax.linen.QuantizedModule``, or an NNX Module
+      (traced through ``model(*args, **kwargs)``).
+    *args: the model's positional call arguments.
+    rngs: the ``init`` RNGs of a linen model; None means ``jax.random.key(0)``. Unused for NNX.
+    show: print the table.
+    **kwargs: the model's keyword call arguments.
+
+  Returns:
+    A ``LayerSummary``: each linear layer call's path, kind, recipe and FLOPs, in call order.
+
+  Raises:
+    TypeError: ``model`` is none of the three kinds.
   """
   if isinstance(model, (nn.Module, linen.QuantizedModule)):
     records = _linen_records(model, args, kwargs, jax.random.key(0) if rngs is None else rngs)
