@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_short_rn
+from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_rn, mul_short_rn
 
 
 def test_random_quotients_are_correctly_rounded():
@@ -85,6 +85,20 @@ def test_mul_pow2_rn_is_ieee_with_subnormals(num):
   with np.errstate(all="ignore"):
     expect = (x.astype(np.float64) * num * np.exp2(k.astype(np.float64))).astype(np.float32)
   _same_bits(jax.jit(lambda a, e: mul_pow2_rn(a, e, num))(x, k), expect)
+
+
+def test_mul_rn_is_one_ieee_rounding_of_the_exact_scaled_product():
+  """``mul_rn(a, b, k)`` = fl32(a·b·2^k): NumPy's float64 product of two float32 values is exact (48 significant
+  bits), so is its scaling by 2^k (|k| <= 60 keeps it inside float64's range), and the cast rounds it once to float32
+  (nearest, ties to even, subnormal results kept). Operands span subnormals to near FLT_MAX; Inf, NaN, zeros."""
+  rng = np.random.RandomState(7)
+  n = 100_000
+  a, b = _f32_with_subnormals(rng, n), _f32_with_subnormals(rng, n)
+  a[::17], b[::19], a[::37], b[::41] = 0.0, np.inf, np.nan, -0.0
+  k = rng.randint(-60, 61, n).astype(np.int32)
+  with np.errstate(all="ignore"):
+    expect = (a.astype(np.float64) * b * np.exp2(k.astype(np.float64))).astype(np.float32)
+  _same_bits(jax.jit(mul_rn)(a, b, k), expect)
 
 
 def test_mul_short_rn_is_ieee_with_subnormals():
