@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from fp4jax._src import backends as backends_lib
-from fp4jax._src import estimators
+from fp4jax._src import checks, estimators
 from fp4jax._src import recipes as recipes_lib
 from fp4jax._src import sharding as sharding_lib
 from fp4jax._src.backends import Backend
@@ -365,7 +365,14 @@ def dot_general(
       bits on every backend; see ``fp4jax.operand``. The GEMMs themselves are XLA dots of the exact bf16 values on
       every backend.
 
-  Returns an array of ``lax.dot_general``'s shape: batch dims, then lhs free dims, then rhs free dims.
+  Returns:
+    An array of ``lax.dot_general``'s shape: batch dims, then lhs free dims, then rhs free dims.
+
+  Raises:
+    TypeError: ``lhs`` or ``rhs`` not floating point, ``preferred_element_type`` not a floating dtype, ``key`` not a
+      PRNG key.
+    ValueError: an unknown recipe or backend, malformed ``dimension_numbers`` or mismatched dims, an empty operand,
+      a batch of keys, a random recipe without ``key``, a sharded dim that splits a block or Hadamard chunk.
   """
   return _dot_general(lhs, rhs, dimension_numbers, recipe, key, precision, preferred_element_type, backend)
 
@@ -386,9 +393,9 @@ def _dot_general(
   recipe = recipes_lib.get(recipe)
   backend = backends_lib.check(backend, fn)
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-  for name, a in (("lhs", lhs), ("rhs", rhs)):
-    if not jnp.issubdtype(a.dtype, jnp.floating):
-      raise TypeError(f"{fn}: {name} must be a floating-point array, got dtype {a.dtype}")
+  checks.floating(fn, **dict(zip(("a", "b") if labels else ("lhs", "rhs"), (lhs, rhs))))
+  checks.floating_dtype(fn, "preferred_element_type", preferred_element_type)
+  checks.prng_key(fn, key)
   canon = _canonicalize(lhs.shape, rhs.shape, dimension_numbers)
   if recipe.is_identity:
     return jax.lax.dot_general(
