@@ -34,13 +34,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from fp4jax._src import backends as backends_lib
-from fp4jax._src import estimators
+from fp4jax._src import checks, estimators
 from fp4jax._src import recipes as recipes_lib
 from fp4jax._src import sharding as sharding_lib
 from fp4jax._src.backends import Backend
@@ -141,6 +141,38 @@ def _axis(d: int, ndim: int, what: str) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ the custom VJP
+class _Quantized(NamedTuple):
+  """One GEMM operand after rotation and quantization."""
+
+  operand: Operand  # the quantized values and their scale, as ``fp4jax.operand.matmul`` reads them
+  mask: jax.Array | None  # the trust mask (``estimator="trust_mask"``): True where the input was not clipped; else None
+
+
+class _Both(NamedTuple):
+  """One tensor quantized by one kernel pass for two GEMMs (``_quantize_both``)."""
+
+  rows: _Quantized  # quantized along its last axis (the ``rows`` operand, e.g. ``"fwd_lhs"``)
+  cols: _Quantized  # quantized transposed, along its second-to-last axis (the ``cols`` operand, e.g. ``"wgrad_rhs"``)
+
+
+class _Residuals(NamedTuple):
+  """What the forward of ``_qdot`` keeps for its backward (a pytree: JAX saves the arrays, None is an empty leaf).
+
+  Exactly one of ``x`` and ``xq`` is set (``wgrad_rhs.source`` ``"input"`` or ``"forward"``); ``w`` is set when the
+  data-gradient GEMM quantizes W itself or the forward estimator is DGE (which reads W), ``wq`` when the data-gradient
+  GEMM reuses the forward-quantized W.
+  """
+
+  x: jax.Array | Operand | None  # X (B, M, K), or its weight-gradient operand quantized in the forward pass
+  w: jax.Array | Operand | None  # W (B, N, K), or its data-gradient operand quantized in the forward pass
+  xq: Operand | None  # the forward-quantized X, for a weight-gradient GEMM with ``source="forward"``
+  wq: Operand | None  # the forward-quantized W, for a data-gradient GEMM with ``source="forward"``
+  mask_x: jax.Array | None  # X's forward trust mask (``estimator="trust_mask"``), else None
+  mask_w: jax.Array | None  # W's forward trust mask, else None
+  fwd_signs: jax.Array | None  # the forward GEMM's Hadamard sign vector (None without a Hadamard)
+  key: jax.Array | None  # the call's PRNG key, from which the backward derives its operands' keys and signs
+
+
 @dataclasses.dataclass(frozen=True)
 class _Static:
   recipe: Recipe
@@ -152,7 +184,7 @@ class _Static:
   k: int | None = None  # K of the canonical X (B, M, K) and W (B, N, K), to crop ``_pad_chunks``; None: no crop
 
 
-def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs, transposed=(False, False)):
+def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs, transposed=(False, False)) -> list[_Quantized]:
   """Rotate (if the GEMM has a Hadamard) and quantize both operands; an ``Operand`` argument is used as given.
 
   ``transposed[i]``: the GEMM's operand is ``swapaxes(lhs or rhs, -1, -2)``, which the quantizer reads untransposed
@@ -162,13 +194,13 @@ def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs, transposed=
   out = []
   for side, x, spec, t in (("lhs", lhs, lspec, transposed[0]), ("rhs", rhs, rspec, transposed[1])):
     if isinstance(x, Operand):
-      out.append((x, None))
+      out.append(_Quantized(x, None))
       continue
     k = _fold(key, _KEY_IDS[f"{gemm}_{side}"])
     shard = sharding_lib.operand_shard(static.recipe, f"{gemm}_{side}")  # None unless the recipe is sharded
     if shard is None:
       x = _pad_chunks(x, spec.hadamard, -2 if t else -1)
-    out.append(rotate_and_quantize(x, spec, k, signs, backend=static.backend, transposed=t, shard=shard))
+    out.append(_Quantized(*rotate_and_quantize(x, spec, k, signs, backend=static.backend, transposed=t, shard=shard)))
   return out
 
 
@@ -186,23 +218,23 @@ def _pad_chunks(x, d: int, axis: int):
   return jnp.pad(x, pad)
 
 
-def _quantize_both(static: _Static, x, key, rows: str, cols: str, signs_rows, signs_cols):
+def _quantize_both(static: _Static, x, key, rows: str, cols: str, signs_rows, signs_cols) -> _Both | None:
   """``x`` quantized as operand ``rows`` (e.g. ``"dgrad_lhs"``) and, transposed, as operand ``cols`` (e.g.
-  ``"wgrad_lhs"``) by one kernel for both (``fp4jax.operand.rotate_and_quantize_both``): ``((Operand, mask),
-  (Operand, mask))``, the bits each GEMM would draw. None where that kernel does not run (the XLA backend, a pair
-  the kernels refuse or do not speed up, a ragged Hadamard chunk, sharded recipes): each GEMM then quantizes its own
-  operand."""
+  ``"wgrad_lhs"``) by one kernel for both (``fp4jax.operand.rotate_and_quantize_both``), the bits each GEMM would
+  draw. None where that kernel does not run (the XLA backend, a pair the kernels refuse or do not speed up, a ragged
+  Hadamard chunk, sharded recipes): each GEMM then quantizes its own operand."""
   r = static.recipe
   spec_r, spec_c = getattr(r, rows), getattr(r, cols)
   ragged = (spec_r.hadamard and x.shape[-1] % spec_r.hadamard) or (spec_c.hadamard and x.shape[-2] % spec_c.hadamard)
   if ragged or any(sharding_lib.operand_shard(r, name) for name in (rows, cols)):
     return None
-  return rotate_and_quantize_both(
+  both = rotate_and_quantize_both(
     x,
     (spec_r, _fold(key, _KEY_IDS[rows]), signs_rows),
     (spec_c, _fold(key, _KEY_IDS[cols]), signs_cols),
     backend=static.backend,
   )
+  return None if both is None else _Both(_Quantized(*both[0]), _Quantized(*both[1]))
 
 
 def _forward_source(spec, raw, forward: Operand):
@@ -230,7 +262,7 @@ def _qdot(static: _Static, x, w, key):
   return _qdot_fwd(static, x, w, key, for_backward=False)[0]
 
 
-def _qdot_fwd(static: _Static, x, w, key, for_backward: bool = True):
+def _qdot_fwd(static: _Static, x, w, key, for_backward: bool = True) -> tuple[jax.Array, _Residuals]:
   """Y and the backward's residuals. ``for_backward``: where one kernel pass quantizes X for the forward and the
   weight-gradient GEMM (W: the forward and the data-gradient GEMM; ``_quantize_both``), the backward's operand is
   made here and kept instead of X (W)."""
@@ -244,49 +276,54 @@ def _qdot_fwd(static: _Static, x, w, key, for_backward: bool = True):
     x_both = _quantize_both(static, x, key, "fwd_lhs", "wgrad_rhs", signs, signs_for(r.wgrad_lhs, bwd_key))
   if for_backward and r.dgrad_rhs.source == "input" and r.fwd_rhs.estimator != "dge":  # DGE's backward reads W
     w_both = _quantize_both(static, w, key, "fwd_rhs", "dgrad_rhs", signs, signs_for(r.dgrad_lhs, bwd_key))
-  (xq, mask_x), (wq, mask_w) = _quantize_gemm(
-    static, "fwd", x if x_both is None else x_both[0][0], w if w_both is None else w_both[0][0], key, signs
-  )
-  mask_x = mask_x if x_both is None else x_both[0][1]
-  mask_w = mask_w if w_both is None else w_both[0][1]
-  y = matmul(xq, wq, static.precision).astype(static.out_dtype)
-  res = (
-    (x if x_both is None else x_both[1][0]) if keep_x else None,  # X, or its weight-gradient operand
-    (w if w_both is None else w_both[1][0]) if keep_w else None,  # W, or its data-gradient operand
-    None if keep_x else xq,
-    wq if r.dgrad_rhs.source == "forward" else None,
-    mask_x,
-    mask_w,
-    signs,
+  fx, fw = _quantize_gemm(
+    static,
+    "fwd",
+    x if x_both is None else x_both.rows.operand,
+    w if w_both is None else w_both.rows.operand,
     key,
+    signs,
+  )
+  mask_x = fx.mask if x_both is None else x_both.rows.mask
+  mask_w = fw.mask if w_both is None else w_both.rows.mask
+  y = matmul(fx.operand, fw.operand, static.precision).astype(static.out_dtype)
+  res = _Residuals(
+    x=(x if x_both is None else x_both.cols.operand) if keep_x else None,
+    w=(w if w_both is None else w_both.cols.operand) if keep_w else None,
+    xq=None if keep_x else fx.operand,
+    wq=fw.operand if r.dgrad_rhs.source == "forward" else None,
+    mask_x=mask_x,
+    mask_w=mask_w,
+    fwd_signs=signs,
+    key=key,
   )
   return y, res
 
 
-def _qdot_bwd(static: _Static, res, dy):
-  x, w, xq, wq, mask_x, mask_w, fwd_signs, key = res
+def _qdot_bwd(static: _Static, res: _Residuals, dy):
+  key = res.key
   r = static.recipe
   bwd_key = _fold(key, _SIGNS_IDS["bwd"])
   dgrad_signs, wgrad_signs = signs_for(r.dgrad_lhs, bwd_key), signs_for(r.wgrad_lhs, bwd_key)
   both = _quantize_both(static, dy, key, "dgrad_lhs", "wgrad_lhs", dgrad_signs, wgrad_signs)
-  dy_dgrad, dy_wgrad = (dy, dy) if both is None else (both[0][0], both[1][0])
+  dy_dgrad, dy_wgrad = (dy, dy) if both is None else (both.rows.operand, both.cols.operand)
   # dgrad: dX (B, M, K) = dY (B, M, N) . W (B, N, K), contraction over N.
-  (a, _), (b, _) = _quantize_gemm(
-    static, "dgrad", dy_dgrad, _forward_source(r.dgrad_rhs, w, wq), key, dgrad_signs, (False, True)
+  a, b = _quantize_gemm(
+    static, "dgrad", dy_dgrad, _forward_source(r.dgrad_rhs, res.w, res.wq), key, dgrad_signs, (False, True)
   )
-  dx = matmul(a, b, static.precision)
+  dx = matmul(a.operand, b.operand, static.precision)
   if r.dgrad_rhs.source == "forward":
-    dx = _to_input(dx, r.fwd_lhs, mask_x, fwd_signs, static.k)
+    dx = _to_input(dx, r.fwd_lhs, res.mask_x, res.fwd_signs, static.k)
   # wgrad: dW (B, N, K) = dYᵀ (B, N, M) . X (B, M, K), contraction over M.
-  (a, _), (b, _) = _quantize_gemm(
-    static, "wgrad", dy_wgrad, _forward_source(r.wgrad_rhs, x, xq), key, wgrad_signs, (True, True)
+  a, b = _quantize_gemm(
+    static, "wgrad", dy_wgrad, _forward_source(r.wgrad_rhs, res.x, res.xq), key, wgrad_signs, (True, True)
   )
-  dw = matmul(a, b, static.precision)
+  dw = matmul(a.operand, b.operand, static.precision)
   if r.wgrad_rhs.source == "forward":
-    dw = _to_input(dw, r.fwd_rhs, mask_w, fwd_signs, static.k)
+    dw = _to_input(dw, r.fwd_rhs, res.mask_w, res.fwd_signs, static.k)
   if r.fwd_rhs.estimator == "dge":
     spec = r.fwd_rhs
-    scaled = w.astype(jnp.float32) * channel_scale(w, spec.scale_pow2, sharding_lib.operand_shard(r, "fwd_rhs"))
+    scaled = res.w.astype(jnp.float32) * channel_scale(res.w, spec.scale_pow2, sharding_lib.operand_shard(r, "fwd_rhs"))
     dw = dw * estimators.dge_derivative(scaled, spec.dge_k, spec.dge_cap)
   return dx.astype(static.lhs_dtype), dw.astype(static.rhs_dtype), None
 
@@ -328,7 +365,14 @@ def dot_general(
       bits on every backend; see ``fp4jax.operand``. The GEMMs themselves are XLA dots of the exact bf16 values on
       every backend.
 
-  Returns an array of ``lax.dot_general``'s shape: batch dims, then lhs free dims, then rhs free dims.
+  Returns:
+    An array of ``lax.dot_general``'s shape: batch dims, then lhs free dims, then rhs free dims.
+
+  Raises:
+    TypeError: ``lhs`` or ``rhs`` not floating point, ``preferred_element_type`` not a floating dtype, ``key`` not a
+      PRNG key.
+    ValueError: an unknown recipe or backend, malformed ``dimension_numbers`` or mismatched dims, an empty operand,
+      a batch of keys, a random recipe without ``key``, a sharded dim that splits a block or Hadamard chunk.
   """
   return _dot_general(lhs, rhs, dimension_numbers, recipe, key, precision, preferred_element_type, backend)
 
@@ -349,9 +393,9 @@ def _dot_general(
   recipe = recipes_lib.get(recipe)
   backend = backends_lib.check(backend, fn)
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-  for name, a in (("lhs", lhs), ("rhs", rhs)):
-    if not jnp.issubdtype(a.dtype, jnp.floating):
-      raise TypeError(f"{fn}: {name} must be a floating-point array, got dtype {a.dtype}")
+  checks.floating(fn, **dict(zip(("a", "b") if labels else ("lhs", "rhs"), (lhs, rhs))))
+  checks.floating_dtype(fn, "preferred_element_type", preferred_element_type)
+  checks.prng_key(fn, key)
   canon = _canonicalize(lhs.shape, rhs.shape, dimension_numbers)
   if recipe.is_identity:
     return jax.lax.dot_general(

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4jax._src import backends
+from fp4jax._src import backends, checks
 from fp4jax._src.backends import Backend
 from fp4jax._src.quantize import QTensor
 
@@ -55,12 +56,15 @@ def packed_matmul(x: jax.Array | QTensor, w: QTensor, *, out_dtype=None, backend
     [..., N] array of ``out_dtype``.
 
   Raises:
-    TypeError: ``w`` not a QTensor; ``x`` neither a floating-point array nor a QTensor.
-    ValueError: ``w`` not 2-D or not quantized along axis 0; ``x``'s last axis not K; a QTensor ``x`` not quantized
-      along its last axis, or with another Hadamard size (or, when both are concrete, sign vector) than ``w``;
+    TypeError: ``w`` not a QTensor; ``x`` neither a floating-point array nor a QTensor; ``out_dtype`` not a
+      floating dtype; a QTensor's codes not uint8.
+    ValueError: a QTensor's codes, scales, tensor scale or signs of another shape than its metadata implies; ``w``
+      not 2-D or not quantized along axis 0; ``x``'s last axis not K; a QTensor ``x`` not quantized along its last
+      axis, or with another Hadamard size (or, when both are concrete, sign vector) than ``w``;
       differentiation with respect to ``w`` or a QTensor ``x``.
   """
   backend = backends.check(backend, "fp4jax.packed_matmul")
+  checks.floating_dtype("fp4jax.packed_matmul", "out_dtype", out_dtype)
   _check(x, w)
   lead = x.shape[:-1]
   out_dtype = jnp.dtype(out_dtype or x.dtype)
@@ -80,8 +84,10 @@ def _check(x, w) -> None:
       f"fp4jax.packed_matmul: w must be a 2-D (K, N) QTensor quantized along axis 0 (K), got shape "
       f"{w.shape} quantized along axis {w.axis}"
     )
+  _check_arrays("w", w)
   k = w.shape[0]
   if isinstance(x, QTensor):
+    _check_arrays("x", x)
     if len(x.shape) < 1 or x.axis != len(x.shape) - 1:
       raise ValueError(
         f"fp4jax.packed_matmul: a QTensor x must be quantized along its last axis (K), got shape "
@@ -107,6 +113,31 @@ def _check(x, w) -> None:
       f"fp4jax.packed_matmul: x's last axis ({x.shape[-1]}, shape {tuple(x.shape)}) must be w's K "
       f"({k}, w of shape {w.shape})"
     )
+
+
+def _check_arrays(name: str, q: QTensor) -> None:
+  """``q``'s arrays have the shapes and dtypes its metadata implies (a QTensor built by hand or restored from a
+  corrupted checkpoint would otherwise decode wrong values): uint8 codes of the logical shape with the quantized axis
+  padded to whole blocks and halved, ``scale_shape`` scales, a scalar tensor scale, ``hadamard`` signs if any."""
+  fn = f"fp4jax.packed_matmul: {name}"
+  codes = list(q.shape)
+  block = q.block_shape[-1]
+  codes[q.axis] = -(-codes[q.axis] // block) * block // 2
+  chex.assert_type(q.codes, jnp.uint8, exception_type=TypeError, custom_message=f"{fn}.codes must be uint8")
+  for what, a, shape in (
+    ("codes", q.codes, tuple(codes)),
+    ("scales", q.scales, q._layout.scale_shape),
+    ("global_scale", q.global_scale, ()),
+    ("signs", q.signs, (q.hadamard,) if q.hadamard and q.signs is not None else None),
+  ):
+    if shape is not None:
+      chex.assert_shape(
+        a,
+        shape,
+        exception_type=ValueError,
+        custom_message=f"{fn}.{what} of shape {jnp.shape(a)} does not fit a QTensor of shape {q.shape} quantized "
+        f"along axis {q.axis} in {q.block_shape} blocks (expected {shape})",
+      )
 
 
 def _differ(a, b) -> bool:
