@@ -55,8 +55,8 @@ from jax.sharding import PartitionSpec as P
 import fp4jax
 import fp4jax.flax
 from fp4jax import fp8
-from fp4jax.formats import FP4Format
 from fp4jax._src.ieee import div_rn
+from fp4jax.formats import FP4Format
 from fp4jax.rounding import rtn_bf16, rtn_e4m3
 from fp4jax_experiments import model as model_lib
 
