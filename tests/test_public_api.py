@@ -19,8 +19,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "fp4jax"
 # fp4jax/_src/{quantize,recipes,dot}.py, which were being rewritten when the others were documented. The test skips
 # them (naming what is missing) and fails once one is complete, so that it is taken out of this set.
 TODO_INTEGRATOR = {
-  "fp4jax._src.dot.dot_general",
-  "fp4jax._src.dot.einsum",
   "fp4jax._src.quantize.fake_quantize",
   "fp4jax._src.quantize.quantize",
   "fp4jax._src.recipes.bf16",

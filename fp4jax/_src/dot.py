@@ -430,6 +430,24 @@ def einsum(
   ``spec`` is explicit (``"bsk,nk->bsn"``) or implicit (``"bsk,nk"``: output letters are those appearing once,
   sorted). Letters in both operands and the output are batch dims; in both but not the output, contracted; in one
   operand only and not the output, summed out first. No ellipsis, no repeated letter within an operand.
+
+  Args:
+    spec: the einsum string of the two operands.
+    a: the activation-like operand (``dot_general``'s ``lhs``).
+    b: the weight-like operand (``dot_general``'s ``rhs``: its gradient is the weight gradient).
+    recipe: as ``dot_general``'s.
+    key: as ``dot_general``'s.
+    precision: as ``dot_general``'s.
+    preferred_element_type: as ``dot_general``'s.
+    backend: as ``dot_general``'s.
+
+  Returns:
+    The contraction, with the output letters' dims in ``spec``'s order.
+
+  Raises:
+    ValueError: a malformed ``spec`` (ellipsis, repeated letter, letters not matching the operands' ranks), and
+      every error of ``dot_general``, naming the einsum letters.
+    TypeError: as ``dot_general``.
   """
   a, b = jnp.asarray(a), jnp.asarray(b)
   in_a, in_b, out = _parse_einsum(spec, a.ndim, b.ndim)
