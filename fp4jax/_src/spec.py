@@ -2,8 +2,8 @@
 
 ``fp4jax.quantize`` / ``fp4jax.fake_quantize`` take it (their keyword form builds one: ``QuantizeSpec.of``), a
 recipe's operands are ``fp4jax.recipes.OperandSpec``, a subclass adding the GEMM-role fields, and the fused quantize
-kernels take it with a separate argument for what they write. Where the tensor is quantized along (the axis) and the
-random key are arguments of the call, not of the spec.
+kernels' spec (``fp4jax_kernels.quantize.spec``) validates its quantizer fields through it (``.quantizer``). The
+axis the tensor is quantized along and the random key are arguments of the call, not of the spec.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class QuantizeSpec:
       ``fp4jax.hadamard.SIZES``.
     signs: the Hadamard sign vector: ``"none"``, ``"te"`` (Transformer Engine's 16, needs ``hadamard=16``),
       ``"fixed"`` (one constant random vector, from the seed ``FIXED_SIGNS_SEED``) or ``"random"`` (drawn from the
-      call's key). Ignored when ``hadamard`` is 0.
+      call's key). With ``hadamard=0`` no signs are applied (``"te"`` is still refused there).
     scale_pow2: power-of-two scales for FP8 / ``E2M1_CHANNEL`` (``2^floor(log2 γ)``); the FP4 formats choose their
       scales by ``fmt.scale_mode`` instead.
     clip: ``"occ"``: clamp to the [1 - q, q] quantiles before quantizing and add the clamped-off residual back at
