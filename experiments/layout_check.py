@@ -52,7 +52,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fp4jax
-from fp4jax._src.operand import quantize_operand, rotate, signs_for
+from fp4jax._src.operand import quantize_operand, rotate
 from fp4jax_experiments import deterministic, sharding, train
 from fp4jax_experiments import model as model_lib
 
@@ -81,7 +81,7 @@ def _quantizer(spec: fp4jax.recipes.OperandSpec) -> fp4jax.recipes.OperandSpec:
 def _quantize(x, spec, key):
   """One operand as ``fp4jax.dot`` quantizes it: rotate (if the GEMM has a Hadamard), then quantize."""
   if spec.hadamard:
-    x = rotate(x, spec.hadamard, signs_for(spec, key))
+    x = rotate(x, spec.hadamard, spec.sign_vector(key))
   op, _ = quantize_operand(x, spec, key)
   return op.values, op.scale
 

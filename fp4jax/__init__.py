@@ -35,6 +35,7 @@ from fp4jax._src.formats import (
 )
 from fp4jax._src.matmul import packed_matmul
 from fp4jax._src.quantize import QTensor, fake_quantize, quantize
+from fp4jax._src.spec import QuantizeSpec
 
 __version__ = "0.1.0"
 
@@ -52,6 +53,7 @@ __all__ = [
   "MXFP4Format",
   "NVFP4Format",
   "QTensor",
+  "QuantizeSpec",
   "backends",
   "bits",
   "dot_general",

@@ -18,7 +18,7 @@ import pytest
 
 import fp4jax
 from fp4jax._src import recipes
-from fp4jax._src.operand import FIXED_SIGNS_SEED
+from fp4jax._src.spec import FIXED_SIGNS_SEED
 from tests import oracles
 
 DN = (((1,), (1,)), ((), ()))

@@ -51,7 +51,6 @@ from fp4jax._src.operand import (
   matmul,
   rotate_and_quantize,
   rotate_and_quantize_both,
-  signs_for,
 )
 from fp4jax._src.recipes import Recipe
 
@@ -267,15 +266,15 @@ def _qdot_fwd(static: _Static, x, w, key, for_backward: bool = True) -> tuple[ja
   weight-gradient GEMM (W: the forward and the data-gradient GEMM; ``_quantize_both``), the backward's operand is
   made here and kept instead of X (W)."""
   r = static.recipe
-  signs = signs_for(r.fwd_lhs, _fold(key, _SIGNS_IDS["fwd"]))
+  signs = r.fwd_lhs.sign_vector(_fold(key, _SIGNS_IDS["fwd"]))
   bwd_key = _fold(key, _SIGNS_IDS["bwd"])
   keep_x = r.wgrad_rhs.source == "input"
   keep_w = r.dgrad_rhs.source == "input" or r.fwd_rhs.estimator == "dge"
   x_both = w_both = None
   if for_backward and keep_x:
-    x_both = _quantize_both(static, x, key, "fwd_lhs", "wgrad_rhs", signs, signs_for(r.wgrad_lhs, bwd_key))
+    x_both = _quantize_both(static, x, key, "fwd_lhs", "wgrad_rhs", signs, r.wgrad_lhs.sign_vector(bwd_key))
   if for_backward and r.dgrad_rhs.source == "input" and r.fwd_rhs.estimator != "dge":  # DGE's backward reads W
-    w_both = _quantize_both(static, w, key, "fwd_rhs", "dgrad_rhs", signs, signs_for(r.dgrad_lhs, bwd_key))
+    w_both = _quantize_both(static, w, key, "fwd_rhs", "dgrad_rhs", signs, r.dgrad_lhs.sign_vector(bwd_key))
   fx, fw = _quantize_gemm(
     static,
     "fwd",
@@ -304,7 +303,7 @@ def _qdot_bwd(static: _Static, res: _Residuals, dy):
   key = res.key
   r = static.recipe
   bwd_key = _fold(key, _SIGNS_IDS["bwd"])
-  dgrad_signs, wgrad_signs = signs_for(r.dgrad_lhs, bwd_key), signs_for(r.wgrad_lhs, bwd_key)
+  dgrad_signs, wgrad_signs = r.dgrad_lhs.sign_vector(bwd_key), r.wgrad_lhs.sign_vector(bwd_key)
   both = _quantize_both(static, dy, key, "dgrad_lhs", "wgrad_lhs", dgrad_signs, wgrad_signs)
   dy_dgrad, dy_wgrad = (dy, dy) if both is None else (both.rows.operand, both.cols.operand)
   # dgrad: dX (B, M, K) = dY (B, M, N) . W (B, N, K), contraction over N.

@@ -43,13 +43,19 @@ from fp4jax._src import hadamard as hadamard_lib
 from fp4jax._src.backends import Backend
 from fp4jax._src.formats import E2M1_MAX, E2M1ChannelFormat, FP4Format, FP8Format, e2m1_decode, floor_log2, pow2
 from fp4jax._src.ieee import div_rn
-from fp4jax._src.quantize import BlockLayout, check_quantize_args, decode_blocks, quantize_blocks, split_quantize_key
+from fp4jax._src.quantize import (
+  BlockLayout,
+  block_dims,
+  check_quantize_input,
+  decode_blocks,
+  quantize_blocks,
+  split_quantize_key,
+)
 from fp4jax._src.recipes import OperandSpec
 from fp4jax._src.rounding import rtn_bf16, rtn_e2m1
 
 QUANTIZE_OP = "quantize_operand"
 PAIR_OP = "quantize_operand_pair"
-FIXED_SIGNS_SEED = 0x5EED5
 
 
 class Operand(NamedTuple):
@@ -67,17 +73,6 @@ class Operand(NamedTuple):
     if jnp.ndim(self.scale):
       return Operand(jnp.swapaxes(self.dequantize(), -1, -2), jnp.float32(1.0))
     return Operand(jnp.swapaxes(self.values, -1, -2), self.scale)
-
-
-def signs_for(spec: OperandSpec, key: jax.Array | None) -> jax.Array | None:
-  """The Hadamard sign vector of ``spec``: None, TE's 16, a constant random vector, or fresh from ``key``."""
-  if not spec.hadamard or spec.signs == "none":
-    return None
-  if spec.signs == "te":
-    return jnp.asarray(hadamard_lib.TE_SIGNS_16)
-  if spec.signs == "fixed":
-    return hadamard_lib.random_signs(jax.random.key(FIXED_SIGNS_SEED), spec.hadamard)
-  return hadamard_lib.random_signs(key, spec.hadamard)
 
 
 def rotate(x: jax.Array, d: int, signs: jax.Array | None) -> jax.Array:
@@ -128,7 +123,8 @@ def _block_fp4(x: jax.Array, spec: OperandSpec, key, shard=None) -> tuple[Operan
   tensor decode scale; for ``estimator="trust_mask"`` also ``estimators.trust_mask(x, dec_b · scale)``.
   ``shard``: an ``fp4jax.sharding.OperandShard``: the NVFP4 tensor amax is the logical tensor's and the random bits
   hash logical indices."""
-  _, block, _ = check_quantize_args(x, spec.fmt, -1, spec.rounding, spec.block_shape, 0, "none")
+  check_quantize_input(x, spec, -1)
+  block = block_dims(spec)
   lay = BlockLayout(x.shape, x.ndim - 1, block)
   _, k_elems, k_scales = split_quantize_key(key, spec.rounding, 0, "none")
   where = shard.placement(x.shape) if shard else ()  # (origin, logical shape) of x in the logical tensor

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -46,10 +46,7 @@ from fp4jax._src.formats import F32_INF_BITS, FP4Format, e2m1_decode, floor_log2
 from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_short_rn, mul_unflushed
 from fp4jax._src.reductions import pairwise_sum
 from fp4jax._src.rounding import rtn_e2m1, sr_e2m1
-
-ROUNDINGS = ("rtn", "sr", "eden")
-SIGN_MODES = ("random", "te", "none")
-EDEN_HADAMARD = 128
+from fp4jax._src.spec import QuantizeSpec, Rounding, Signs
 
 
 # ------------------------------------------------------------------------------------------------ layout
@@ -228,12 +225,20 @@ def _finish(y, hadamard: int, signs, axis: int, rotated: bool, dtype) -> jnp.nda
 
 
 # ------------------------------------------------------------------------------------------------ core
-def check_quantize_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_signs):
-  """Validate ``quantize``'s arguments; returns (normalized axis, block shape, Hadamard size or 0)."""
-  if not isinstance(fmt, FP4Format):
-    raise TypeError(
-      f"fmt must be an FP4Format such as fp4jax.NVFP4 or fp4jax.MXFP4 (a format object, not a name), got {fmt!r}"
-    )
+def check_quantize_spec(spec: QuantizeSpec) -> None:
+  """What ``quantize`` / ``fake_quantize`` compute of a (valid) ``spec``: an FP4 format, no clipping, the tensor's
+  amax; TypeError / ValueError naming the field otherwise (those are GEMM operand options, ``fp4jax.dot_general``)."""
+  if not isinstance(spec.fmt, FP4Format):
+    raise TypeError(f"spec.fmt must be an FP4Format (fp4jax.NVFP4, fp4jax.MXFP4 or a variant), got {spec.fmt!r}")
+  if spec.clip != "none":
+    raise ValueError(f"spec.clip must be 'none' to quantize a tensor, got {spec.clip!r} (OCC is a GEMM operand's)")
+  if spec.amax != "tensor":
+    raise ValueError(f"spec.amax must be 'tensor' to quantize a tensor, got {spec.amax!r} (a GEMM operand's option)")
+
+
+def check_quantize_input(x, spec: QuantizeSpec, axis) -> int:
+  """Validate ``x`` and ``axis`` for quantizing by the FP4 ``spec`` with ``quantize``'s block numerics (the spec
+  itself is validated by its constructor); returns ``axis`` normalized to ``[0, x.ndim)``."""
   if not jnp.issubdtype(x.dtype, jnp.floating):
     raise TypeError(f"x must be a floating-point array, got dtype {x.dtype}")
   if x.ndim == 0:
@@ -245,39 +250,17 @@ def check_quantize_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_
   if not -x.ndim <= axis < x.ndim:
     raise ValueError(f"axis must be in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}, got {axis}")
   axis = int(axis) % x.ndim
-  if rounding not in ROUNDINGS:
-    raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
-  if hadamard == "auto":
-    hadamard = EDEN_HADAMARD if rounding == "eden" else 0
-  hadamard = int(hadamard or 0)
-  if hadamard:
-    hadamard_lib.check_size(hadamard, "hadamard")
-  if hadamard_signs not in SIGN_MODES:
-    raise ValueError(f"hadamard_signs must be one of {SIGN_MODES}, got {hadamard_signs!r}")
-  if hadamard_signs == "te" and hadamard not in (0, 16):
-    raise ValueError(f"hadamard_signs='te' is Transformer Engine's 16-point sign vector; got hadamard={hadamard}")
-  block = (fmt.block_size,) if block_shape is None else _static_block_shape(block_shape)
-  if block_shape is not None:
-    if len(block) == 1:
-      if block[0] != fmt.block_size:
-        raise ValueError(f"block_shape {block_shape} must match the format's block size {fmt.block_size}")
-    elif len(block) == 2:
-      if block not in fmt.tile_shapes:
-        raise ValueError(f"block_shape {block_shape}: {fmt!r} takes the 2D blocks {fmt.tile_shapes} (NVFP4: (16, 16))")
-      if x.ndim < 2:
-        raise ValueError(f"block_shape (16, 16) tiles a matrix: x must have ndim >= 2, got shape {x.shape}")
-      if axis < x.ndim - 2:
-        raise ValueError(f"with 2D blocks, axis must be one of the last two dimensions, got axis={axis} for {x.shape}")
-    else:
-      raise ValueError(f"block_shape must be (block,) or (16, 16), got {block_shape}")
-  if rounding == "eden":
-    if not fmt.takes_eden or len(block) != 1:
-      raise ValueError("rounding='eden' is MS-EDEN for NVFP4 1x16 blocks: use fp4jax.NVFP4 and no block_shape")
-  if fmt.scale_mode == "four_over_six" and rounding != "rtn":
-    raise ValueError(
-      f"scale_mode 'four_over_six' chooses scales by RTN error; rounding must be 'rtn', got {rounding!r}"
-    )
-  return axis, block, hadamard
+  if spec.block_shape is not None:
+    if x.ndim < 2:
+      raise ValueError(f"block_shape {spec.block_shape} tiles a matrix: x must have ndim >= 2, got shape {x.shape}")
+    if axis < x.ndim - 2:
+      raise ValueError(f"with 2D blocks, axis must be one of the last two dimensions, got axis={axis} for {x.shape}")
+  return axis
+
+
+def block_dims(spec: QuantizeSpec) -> tuple[int, ...]:
+  """The block shape of an FP4 ``spec`` as a tuple: ``(fmt.block_size,)`` or its 2D tile."""
+  return (spec.fmt.block_size,) if spec.block_shape is None else spec.block_shape
 
 
 def split_quantize_key(key, rounding, hadamard, hadamard_signs):
@@ -289,15 +272,6 @@ def split_quantize_key(key, rounding, hadamard, hadamard_signs):
     what = f"rounding={rounding!r}" if rounding != "rtn" else f"hadamard={hadamard} with random signs"
     raise ValueError(f"key is required for {what}: pass key=jax.random.key(...)")
   return tuple(jax.random.split(key, 3))
-
-
-def hadamard_sign_vector(hadamard, hadamard_signs, key):
-  """The ±1 sign vector of the Hadamard transform (TE's, random from ``key``), or None."""
-  if not hadamard or hadamard_signs == "none":
-    return None
-  if hadamard_signs == "te":
-    return jnp.asarray(hadamard_lib.TE_SIGNS_16)
-  return hadamard_lib.random_signs(key, hadamard)
 
 
 def quantize_blocks(
@@ -349,81 +323,99 @@ def _block_std(xb, lay: BlockLayout):
   return jnp.sqrt(jnp.maximum(mean_sq - mean * mean, 0.0))
 
 
-def _run(x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs):
+def _run(x, spec: QuantizeSpec, axis, key):
   x = jnp.asarray(x)
-  axis, block, hadamard = check_quantize_args(x, fmt, axis, rounding, block_shape, hadamard, hadamard_signs)
-  k_signs, k_elems, k_scales = split_quantize_key(key, rounding, hadamard, hadamard_signs)
-  signs = hadamard_sign_vector(hadamard, hadamard_signs, k_signs)
+  check_quantize_spec(spec)
+  axis = check_quantize_input(x, spec, axis)
+  k_signs, k_elems, k_scales = split_quantize_key(key, spec.rounding, spec.hadamard, spec.signs)
+  signs = spec.sign_vector(k_signs)
+  hadamard, fmt, rounding = spec.hadamard, spec.fmt, spec.rounding
   xf = hadamard_lib.rotated(x, hadamard, axis=axis, signs=signs) if hadamard else x.astype(jnp.float32)
-  lay = BlockLayout(x.shape, axis, block)
+  lay = BlockLayout(x.shape, axis, block_dims(spec))
   bits = lay.to_blocks(bits_lib.random_bits(k_elems, x.shape)) if rounding == "sr" else None
   scale_bits = lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape)) if rounding == "eden" else None
   codes, dec, global_scale, exps = quantize_blocks(lay.to_blocks(xf), lay, fmt, rounding, bits, scale_bits)
-  return lay, codes, dec, global_scale, exps, signs, hadamard
+  return lay, codes, dec, global_scale, exps, signs
 
 
-_STATIC = ("fmt", "axis", "rounding", "block_shape", "hadamard", "hadamard_signs")
+class _Unset:
+  """The default of the keyword form's options: tells "not given" from any value (a spec takes none of them)."""
+
+  def __repr__(self) -> str:
+    return "<default>"
 
 
-def _static_block_shape(block_shape):
-  """``block_shape`` as a tuple of ints (None stays None); TypeError unless it is a sequence of ints."""
-  if block_shape is None:
-    return None
-  if not isinstance(block_shape, (tuple, list)) or not all(
-    isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in block_shape
-  ):
-    raise TypeError(f"block_shape must be None or a tuple of ints such as (16,) or (16, 16), got {block_shape!r}")
-  return tuple(int(b) for b in block_shape)
+_UNSET: Any = _Unset()
+
+
+def _spec_of(spec, options: dict) -> QuantizeSpec:
+  """``spec`` itself (no keyword option given: they describe the spec) or the keyword form's ``QuantizeSpec.of``;
+  ``options["fmt"]`` is the format passed by keyword (the keyword form's historical name for ``spec``)."""
+  given = {k: v for k, v in options.items() if v is not _UNSET}
+  fmt = given.pop("fmt", None)
+  if (spec is None) == (fmt is None):
+    raise TypeError(f"pass a QuantizeSpec or a format, positionally or as fmt=, once; got {spec!r} and fmt={fmt!r}")
+  if isinstance(spec, QuantizeSpec):
+    if given:
+      raise TypeError(
+        f"pass either a QuantizeSpec or a format with keyword options, not both: got a spec and {sorted(given)}"
+      )
+    return spec
+  return QuantizeSpec.of(fmt if spec is None else spec, **given)
 
 
 def quantize(
   x: jax.Array,
-  fmt: FP4Format,
+  spec: QuantizeSpec | FP4Format | None = None,
   *,
+  fmt: FP4Format = _UNSET,
   axis: int = -1,
-  rounding: str = "rtn",
   key: jax.Array | None = None,
-  block_shape: tuple[int, ...] | None = None,
-  hadamard: int | str | None = "auto",
-  hadamard_signs: str = "random",
+  rounding: Rounding = _UNSET,
+  block_shape: tuple[int, ...] | None = _UNSET,
+  hadamard: int | Literal["auto"] | None = _UNSET,
+  hadamard_signs: Signs = _UNSET,
 ) -> QTensor:
-  """Quantize ``x`` to a block-scaled FP4 ``QTensor`` along ``axis``.
+  """Quantize ``x`` to a block-scaled FP4 ``QTensor`` along ``axis``, as ``spec`` says.
+
+  ``quantize(x, spec)`` with a ``QuantizeSpec``, or ``quantize(x, fmt, rounding=..., ...)``: the keyword form, the
+  spec ``QuantizeSpec.of(fmt, rounding=..., ...)`` (the same bits). The numerics are the module docstring's.
 
   Args:
     x: float array or array-like (f32/bf16/f16, converted by ``jnp.asarray``), not empty, any shape and length along
       ``axis`` (partial blocks are zero-padded).
-    fmt: ``fp4jax.NVFP4`` or ``fp4jax.MXFP4`` (or a ``dataclasses.replace`` of them, e.g. another ``scale_mode``).
+    spec: a ``QuantizeSpec`` with an ``FP4Format`` ``fmt``, ``clip="none"`` and ``amax="tensor"``; or an
+      ``FP4Format`` (``fp4jax.NVFP4``, ``fp4jax.MXFP4`` or a ``dataclasses.replace`` of them) for the keyword form.
+    fmt: the keyword form's format passed by keyword (``quantize(x, fmt=fp4jax.NVFP4)``), instead of ``spec``.
     axis: the axis blocks run along (the GEMM's contraction axis), an int.
-    rounding: ``"rtn"`` (nearest, ties to even), ``"sr"`` (stochastic, unbiased) or ``"eden"`` (MS-EDEN, NVFP4).
-    key: JAX PRNG key; required exactly when ``rounding`` is random or the Hadamard signs are random.
-    block_shape: None for 1D blocks of ``fmt.block_size``; ``(16, 16)`` for NVFP4 2D tiles of the last two dims
-      (a tuple, never a bare int).
-    hadamard: blockwise Hadamard size applied along ``axis`` before quantizing (0/None: none); ``"auto"`` means
-      128 for ``rounding="eden"`` (its random rotation) and none otherwise.
-    hadamard_signs: ``"random"`` (from ``key``), ``"te"`` (Transformer Engine's fixed 16 signs) or ``"none"``.
+    key: JAX PRNG key; required exactly when the rounding is random or the Hadamard signs are ``"random"``.
+    rounding: keyword form only (default ``"rtn"``): ``"rtn"`` (nearest, ties to even), ``"sr"`` (stochastic,
+      unbiased) or ``"eden"`` (MS-EDEN, NVFP4).
+    block_shape: keyword form only (default None): None for 1D blocks of ``fmt.block_size``; ``(16, 16)`` for
+      NVFP4 2D tiles of the last two dims (a tuple, never a bare int).
+    hadamard: keyword form only (default ``"auto"``): blockwise Hadamard size applied along ``axis`` before
+      quantizing (0/None: none); ``"auto"`` means 128 for ``rounding="eden"`` (its random rotation), else none.
+    hadamard_signs: keyword form only (default ``"random"``): ``"random"`` (from ``key``), ``"te"`` (Transformer
+      Engine's fixed 16 signs), ``"fixed"`` (one constant random vector) or ``"none"``.
+
+  Returns:
+    The ``QTensor`` (packed codes, block scales, tensor scale, the Hadamard signs if any).
 
   Raises:
-    TypeError: ``x`` not floating point, ``fmt`` not an ``FP4Format``, ``axis`` not an int, ``block_shape`` not a
-      tuple of ints.
-    ValueError: ``x`` a scalar or empty, ``axis`` out of range, or an option the format does not take.
+    TypeError: ``x`` not floating point, ``spec`` neither a ``QuantizeSpec`` nor an ``FP4Format``, both or neither of
+      ``spec`` and ``fmt``, a spec together with keyword options, ``axis`` not an int, ``block_shape`` not a tuple
+      of ints.
+    ValueError: ``x`` a scalar or empty, ``axis`` out of range, a random option without ``key``, or an option the
+      format does not take (naming the ``QuantizeSpec`` field).
   """
-  return _quantize_jit(
-    jnp.asarray(x),
-    fmt=fmt,
-    axis=axis,
-    rounding=rounding,
-    key=key,
-    block_shape=_static_block_shape(block_shape),
-    hadamard=hadamard,
-    hadamard_signs=hadamard_signs,
-  )
+  options = dict(fmt=fmt, rounding=rounding, block_shape=block_shape, hadamard=hadamard, hadamard_signs=hadamard_signs)
+  return _quantize_jit(jnp.asarray(x), _spec_of(spec, options), axis, key)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
-def _quantize_jit(x, *, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs) -> QTensor:
-  lay, codes, dec, global_scale, exps, signs, hadamard = _run(
-    x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs
-  )
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _quantize_jit(x, spec: QuantizeSpec, axis, key) -> QTensor:
+  lay, codes, dec, global_scale, exps, signs = _run(x, spec, axis, key)
+  fmt = spec.fmt
   scales = fmt.encode_scales(lay.scales_from_blocks(dec), None if exps is None else lay.scales_from_blocks(exps))
   return QTensor(
     codes=_pack(codes, lay),
@@ -434,34 +426,44 @@ def _quantize_jit(x, *, fmt, axis, rounding, key, block_shape, hadamard, hadamar
     axis=lay.axis,
     fmt=fmt,
     block_shape=lay.block,
-    hadamard=hadamard,
+    hadamard=spec.hadamard,
     dtype=jnp.asarray(x).dtype,
   )
 
 
 def fake_quantize(
   x: jax.Array,
-  fmt: FP4Format,
+  spec: QuantizeSpec | FP4Format | None = None,
   *,
+  fmt: FP4Format = _UNSET,
   axis: int = -1,
-  rounding: str = "rtn",
   key: jax.Array | None = None,
-  block_shape: tuple[int, ...] | None = None,
-  hadamard: int | str | None = "auto",
-  hadamard_signs: str = "random",
+  rounding: Rounding = _UNSET,
+  block_shape: tuple[int, ...] | None = _UNSET,
+  hadamard: int | Literal["auto"] | None = _UNSET,
+  hadamard_signs: Signs = _UNSET,
   rotated: bool = False,
   dtype: Any = None,
 ) -> jax.Array:
-  """``quantize(x, ...).dequantize(dtype)`` without packing: the same bits, fewer passes.
+  """``quantize(x, spec, ...).dequantize(dtype)`` without packing: the same bits, fewer passes.
 
-  ``rotated=True`` returns the quantized tensor in the Hadamard domain (what a GEMM whose operands share the
-  rotation consumes); ``dtype`` defaults to ``x.dtype``. Arguments and errors as ``quantize``.
+  Args:
+    x, spec, fmt, axis, key, rounding, block_shape, hadamard, hadamard_signs: as ``quantize``.
+    rotated: return the quantized tensor in the Hadamard domain (what a GEMM whose operands share the rotation
+      consumes) instead of rotating it back.
+    dtype: the result's dtype; defaults to ``x.dtype``.
+
+  Returns:
+    The dequantized tensor, ``x``'s shape.
+
+  Raises:
+    TypeError, ValueError: as ``quantize``.
   """
-  lay, codes, dec, global_scale, _, signs, hadamard = _run(
-    x, fmt, axis, rounding, key, block_shape, hadamard, hadamard_signs
-  )
+  options = dict(fmt=fmt, rounding=rounding, block_shape=block_shape, hadamard=hadamard, hadamard_signs=hadamard_signs)
+  spec = _spec_of(spec, options)
+  lay, codes, dec, global_scale, _, signs = _run(x, spec, axis, key)
   y = lay.from_blocks(decode_blocks(codes, dec, global_scale))
-  return _finish(y, hadamard, signs, lay.axis, rotated, dtype or jnp.asarray(x).dtype)
+  return _finish(y, spec.hadamard, signs, lay.axis, rotated, dtype or jnp.asarray(x).dtype)
 
 
 def _pack(codes_blocked: jnp.ndarray, lay: BlockLayout) -> jnp.ndarray:

@@ -19,117 +19,53 @@ import math
 from collections.abc import Callable
 from typing import Literal, get_args
 
-from fp4jax._src import hadamard as hadamard_lib
-from fp4jax._src.formats import (
-  E2M1_CHANNEL,
-  E4M3,
-  E5M2,
-  MXFP4,
-  NVFP4,
-  E2M1ChannelFormat,
-  Format,
-  FP4Format,
-)
+from fp4jax._src.formats import E2M1_CHANNEL, E4M3, E5M2, MXFP4, NVFP4, E2M1ChannelFormat, FP4Format
+from fp4jax._src.spec import QuantizeSpec
 
 FP8_FORMATS = (E4M3, E5M2)
-SIGNS = ("none", "te", "fixed", "random")
-ESTIMATORS = ("ste", "trust_mask", "dge")
-CLIPS = ("none", "occ")
-SOURCES = ("input", "forward")
-AmaxScope = Literal["tensor", "row"]
+Estimator = Literal["ste", "trust_mask", "dge"]
+Source = Literal["input", "forward"]
 GEMMS = ("fwd", "dgrad", "wgrad")
 
 
-@dataclasses.dataclass(frozen=True)
-class OperandSpec:
-  """How one GEMM operand is quantized (always along that GEMM's contraction axis).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OperandSpec(QuantizeSpec):
+  """How one GEMM operand is quantized (always along that GEMM's contraction axis): a ``QuantizeSpec`` (its fields
+  and their validation: ``fmt``, ``block_shape``, ``rounding``, ``hadamard``, ``signs``, ``scale_pow2``, ``clip``,
+  ``clip_quantile``, ``amax``) plus the fields of the operand's role in the GEMM. ``fmt=None`` is an operand used
+  at its input precision; both operands of a GEMM must have the same ``hadamard`` and ``signs`` (they are rotated
+  with the same signs, so the rotation cancels in the product; ``Recipe`` checks it); ``clip`` is for forward
+  operands only; ``"fixed"`` signs are one constant random vector for the whole run.
 
   Attributes:
-    fmt: ``None`` (not quantized: used at its input precision) or a format object (``fp4jax.formats``): an
-      ``FP4Format`` (block-scaled ``NVFP4`` / ``MXFP4`` via ``fp4jax.quantize``), ``E4M3`` / ``E5M2`` (FP8 with
-      per-tensor current scaling, ``fp4jax.fp8``) or ``E2M1_CHANNEL`` (E2M1 with one absmax scale per row along the
-      contraction axis: per token for activations, per output channel for weights; Microsoft FP4).
-    block_shape: ``None`` (1D blocks of the format) or ``(16, 16)`` (NVFP4 2D tiles).
-    rounding: ``"rtn"``, ``"sr"`` or ``"eden"`` (MS-EDEN); FP8 and ``E2M1_CHANNEL`` support ``"rtn"`` only.
-    hadamard: blockwise Hadamard size along the contraction axis (0: none). Both operands of a GEMM must have the
-      same size and sign mode: they are rotated with the same signs, so the rotation cancels in the product.
-    signs: Hadamard signs: ``"none"``, ``"te"`` (Transformer Engine's fixed 16), ``"fixed"`` (one constant random
-      vector for the whole run) or ``"random"`` (fresh per call, from the call's key).
-    scale_pow2: power-of-two scales for FP8 / ``E2M1_CHANNEL``.
-    clip: ``"occ"``: clamp to the [1 - q, q] quantiles before quantizing and add the clamped-off residual back at
-      high precision (Microsoft FP4's outlier clamping and compensation); forward operands only.
-    clip_quantile: q for ``"occ"``.
     estimator: backward rule of a forward operand: ``"ste"`` (straight-through), ``"trust_mask"`` (Quartet/QuEST:
       gradient only where the scaled value was not clipped) or ``"dge"`` (Microsoft FP4's differentiable gradient
       estimator, weights quantized with ``E2M1_CHANNEL``).
     dge_k, dge_cap: DGE's sharpness k and the cap on its derivative.
     source: for the backward operands W and X: ``"input"`` (quantize the layer input) or ``"forward"`` (re-quantize
       the forward-quantized tensor; with ``fmt=None`` and no Hadamard it is reused unchanged).
-    amax: what the tensor-wide statistic of the operand is taken over: ``"tensor"`` (Transformer Engine's design:
-      NVFP4's FP32 tensor scale and FP8's current scale from max|x| over the whole operand) or ``"row"`` (one FP32
-      tensor scale per row along the contraction axis, from that row's max|x|: per token for X, so each token's
-      quantization depends on that token only; the row is quantized exactly as the 1-row tensor would be).
-      MXFP4 and ``E2M1_CHANNEL`` take no tensor-wide statistic (block and per-row scales; OCC's quantiles are per
-      row too), so both values give the same bits there. ``"row"`` needs a quantized ``fmt`` and 1D blocks (a
-      16x16 tile spans 16 rows).
+
+  Raises:
+    TypeError, ValueError: as ``QuantizeSpec``, and for an ``estimator`` or ``source`` outside its options or an
+      estimator the format does not take, naming the field.
   """
 
-  fmt: Format | None = None
-  block_shape: tuple[int, int] | None = None
-  rounding: str = "rtn"
-  hadamard: int = 0
-  signs: str = "none"
-  scale_pow2: bool = False
-  clip: str = "none"
-  clip_quantile: float = 0.99
-  estimator: str = "ste"
+  estimator: Estimator = "ste"
   dge_k: float = 5.0
   dge_cap: float = 3.0
-  source: str = "input"
-  amax: AmaxScope = "tensor"
+  source: Source = "input"
 
   def __post_init__(self):
+    super().__post_init__()
     fmt = self.fmt
-    if not (fmt is None or isinstance(fmt, Format)):
-      raise TypeError(
-        f"OperandSpec.fmt must be None or a format object: fp4jax.formats.NVFP4, MXFP4, E4M3, E5M2, "
-        f"E2M1_CHANNEL (or a variant of one); got {fmt!r} of type {type(fmt).__name__}"
-      )
-    if self.rounding not in ("rtn", "sr", "eden"):
-      raise ValueError(f"OperandSpec.rounding must be 'rtn', 'sr' or 'eden', got {self.rounding!r}")
-    if self.rounding != "rtn" and not isinstance(fmt, FP4Format):
-      raise ValueError(f"OperandSpec.rounding={self.rounding!r} needs an FP4Format fmt, got {fmt!r}")
-    if self.block_shape is not None and not isinstance(fmt, FP4Format):
-      raise ValueError(f"OperandSpec.block_shape applies to FP4Format fmts only, got fmt={fmt!r}")
-    if self.hadamard:
-      hadamard_lib.check_size(self.hadamard, "OperandSpec.hadamard")
-    if self.signs not in SIGNS:
-      raise ValueError(f"OperandSpec.signs must be one of {SIGNS}, got {self.signs!r}")
-    if self.signs == "te" and self.hadamard != 16:
-      raise ValueError(f"OperandSpec.signs='te' is Transformer Engine's 16-point vector; hadamard={self.hadamard}")
-    if self.clip not in CLIPS:
-      raise ValueError(f"OperandSpec.clip must be one of {CLIPS}, got {self.clip!r}")
-    if not 0.5 < self.clip_quantile <= 1.0:
-      raise ValueError(f"OperandSpec.clip_quantile must be in (0.5, 1], got {self.clip_quantile}")
-    if self.estimator not in ESTIMATORS:
-      raise ValueError(f"OperandSpec.estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+    if self.estimator not in get_args(Estimator):
+      raise ValueError(f"OperandSpec.estimator must be one of {get_args(Estimator)}, got {self.estimator!r}")
     if self.estimator == "trust_mask" and not isinstance(fmt, FP4Format):
-      raise ValueError(f"estimator 'trust_mask' needs an FP4Format fmt (its block scales), got {fmt!r}")
+      raise ValueError(f"OperandSpec.estimator 'trust_mask' needs an FP4Format fmt (its block scales), got {fmt!r}")
     if self.estimator == "dge" and not isinstance(fmt, E2M1ChannelFormat):
-      raise ValueError(f"estimator 'dge' is defined on E2M1_CHANNEL weights, got fmt={fmt!r}")
-    if self.source not in SOURCES:
-      raise ValueError(f"OperandSpec.source must be one of {SOURCES}, got {self.source!r}")
-    if self.amax not in get_args(AmaxScope):
-      raise ValueError(f"OperandSpec.amax must be one of {get_args(AmaxScope)}, got {self.amax!r}")
-    if self.amax == "row" and (fmt is None or self.block_shape is not None):
-      raise ValueError(
-        f"OperandSpec.amax='row' needs a quantized fmt with 1D blocks (one scale per row), got "
-        f"fmt={fmt!r}, block_shape={self.block_shape}"
-      )
-
-  @property
-  def is_random(self) -> bool:
-    return self.rounding in ("sr", "eden") or (self.hadamard > 0 and self.signs == "random")
+      raise ValueError(f"OperandSpec.estimator 'dge' is defined on E2M1_CHANNEL weights, got fmt={fmt!r}")
+    if self.source not in get_args(Source):
+      raise ValueError(f"OperandSpec.source must be one of {get_args(Source)}, got {self.source!r}")
 
   @property
   def is_identity(self) -> bool:

@@ -34,7 +34,7 @@ def _expected_relative_mse(recipe, x, w):
   total = 0.0
   for a, spec in ((x, r.fwd_lhs), (w.T, r.fwd_rhs)):
     if spec.hadamard:
-      a = operand.rotate(a, spec.hadamard, operand.signs_for(spec, jax.random.key(1)))
+      a = operand.rotate(a, spec.hadamard, spec.sign_vector(jax.random.key(1)))
     q, _ = operand.quantize_operand(a, spec, jax.random.key(2))
     total += metrics.relative_mse(a, q.dequantize())
   return total

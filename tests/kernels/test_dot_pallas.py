@@ -125,7 +125,7 @@ def test_forward_alone_quantizes_x_once(pallas_kernels):
 def test_folded_operand_matches_xla(spec, shape):
   """Operands with leading dims are folded into rows for the kernel; random bits and tiles stay the XLA path's."""
   x = jax.random.normal(jax.random.key(5), shape, jnp.float32)
-  signs = operand.signs_for(spec, jax.random.key(6))
+  signs = spec.sign_vector(jax.random.key(6))
   run = lambda backend: jax.jit(lambda x, k: operand.rotate_and_quantize(x, spec, k, signs, backend=backend))(x, KEY)
   (got, _), (want, _) = run("pallas"), run("xla")
   assert got.values.dtype == want.values.dtype == jnp.bfloat16

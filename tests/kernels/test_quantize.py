@@ -646,3 +646,8 @@ def test_bad_spec_options_are_named():
     QuantizeSpec(N, dequantize=True)
   with pytest.raises(ValueError, match="along must be one of"):
     QuantizeSpec(N, along="transposed")
+  # the quantizer's fields are fp4jax.QuantizeSpec's, validated at construction, naming the field
+  with pytest.raises(ValueError, match=r"QuantizeSpec\.rounding='eden' is MS-EDEN for NVFP4"):
+    QuantizeSpec(fp4jax.MXFP4, rounding="eden", hadamard=128)
+  with pytest.raises(ValueError, match=r"QuantizeSpec\.hadamard must be one of"):
+    QuantizeSpec(N, hadamard=24)

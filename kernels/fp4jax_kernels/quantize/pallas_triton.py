@@ -37,9 +37,9 @@ from fp4jax._src.formats import F32_INF_BITS
 from fp4jax._src.quantize import (
   BlockLayout,
   QTensor,
-  check_quantize_args,
+  block_dims,
+  check_quantize_input,
   decode_blocks,
-  hadamard_sign_vector,
   quantize_blocks,
   split_quantize_key,
 )
@@ -436,7 +436,7 @@ def _signs_and_seeds(spec: QuantizeSpec, hadamard: int, key, signs):
   ``signs`` replaces the draw of random signs (and then needs no key unless the rounding is random)."""
   if signs is None:
     k_signs, k_elems, k_scales = split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)
-    signs = hadamard_sign_vector(hadamard, spec.hadamard_signs, k_signs)
+    signs = spec.quantizer.sign_vector(k_signs)
   else:
     spec.check_signs(signs)
     signs = jnp.asarray(signs, jnp.float32)
@@ -644,9 +644,8 @@ def _plan(
   _check_shard(x, spec, amax, logical_shape)
   m, k = x.shape
   bm, bk = tile
-  _, block, hadamard = check_quantize_args(
-    x, spec.fmt, spec.axis, spec.rounding, spec.block_shape, spec.hadamard or None, spec.hadamard_signs
-  )
+  check_quantize_input(x, spec.quantizer, spec.axis)
+  block, hadamard = block_dims(spec.quantizer), spec.hadamard
   signs, eseed, sseed = _signs_and_seeds(spec, hadamard, key, signs)
   pre_transposed = spec.transposed and route != "kernel"
   x_tile = (bk, bm) if pre_transposed else (bm, bk)  # the tile of what the kernel reads

@@ -38,8 +38,8 @@ from jax.sharding import PartitionSpec as P
 from fp4jax._src import sharding
 from fp4jax._src.quantize import (
   QTensor,
-  check_quantize_args,
-  hadamard_sign_vector,
+  block_dims,
+  check_quantize_input,
   split_quantize_key,
 )
 from fp4jax_kernels.quantize import pallas_triton
@@ -105,9 +105,8 @@ def quantize_sharded(
   row_axes, col_axes = _check_layout(x, spec, mesh, spec_in)
   split_axes = row_axes + col_axes
   shards = tuple(sharding.OperandShard(names, dim) for dim, names in enumerate((row_axes, col_axes)) if names)
-  _, block, hadamard = check_quantize_args(
-    x, spec.fmt, spec.axis, spec.rounding, spec.block_shape, spec.hadamard or None, spec.hadamard_signs
-  )
+  check_quantize_input(x, spec.quantizer, spec.axis)
+  block, hadamard = block_dims(spec.quantizer), spec.hadamard
 
   def per_shard(x_shard, key, signs):
     amax = staged = None
@@ -115,9 +114,7 @@ def quantize_sharded(
       amax_signs = (
         signs
         if signs is not None
-        else hadamard_sign_vector(
-          hadamard, spec.hadamard_signs, split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)[0]
-        )
+        else spec.quantizer.sign_vector(split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)[0])
       )
       if pallas_triton.prepass_stages(spec):
         staged, local = pallas_triton.stage_and_amax(x_shard, spec, amax_signs, interpret=interpret)

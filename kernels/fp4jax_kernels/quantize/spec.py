@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from fp4jax._src.formats import FP4Format
 from fp4jax._src.quantize import QTensor
+from fp4jax._src.spec import QuantizeSpec as Quantizer
 
 ALONG = ("rows", "cols", "rows_of_transpose")
 DEQUANTIZE = ("with_tensor_scale", "block_scaled_only")
@@ -53,6 +54,7 @@ class QuantizeSpec:
   packed: bool = True
 
   def __post_init__(self):
+    self.quantizer  # noqa: B018 (validates fmt, rounding, block_shape, hadamard and signs, naming the field)
     if self.along not in ALONG:
       raise ValueError(f"QuantizeSpec.along must be one of {ALONG}, got {self.along!r}")
     if self.block_shape is not None and tuple(self.block_shape) != (16, 16):
@@ -74,6 +76,12 @@ class QuantizeSpec:
       )
     if jnp.shape(signs) != (self.hadamard,):
       raise ValueError(f"signs must have shape ({self.hadamard},) (one per Hadamard point), got {jnp.shape(signs)}")
+
+  @property
+  def quantizer(self) -> Quantizer:
+    """The quantizer as ``fp4jax.QuantizeSpec`` (what ``fp4jax.quantize`` takes; signs dropped without Hadamard)."""
+    signs = self.hadamard_signs if self.hadamard else "none"
+    return Quantizer(self.fmt, self.block_shape, self.rounding, self.hadamard, signs)
 
   @property
   def transposed(self) -> bool:
