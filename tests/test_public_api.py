@@ -18,21 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "fp4jax"
 # Public functions (by the implementation's module and qualname) whose docstrings still lack sections: they live in
 # fp4jax/_src/{quantize,recipes,dot}.py, which were being rewritten when the others were documented. The test skips
 # them (naming what is missing) and fails once one is complete, so that it is taken out of this set.
-TODO_INTEGRATOR = {
-  "fp4jax._src.quantize.fake_quantize",
-  "fp4jax._src.quantize.quantize",
-  "fp4jax._src.recipes.bf16",
-  "fp4jax._src.recipes.causal",
-  "fp4jax._src.recipes.deterministic",
-  "fp4jax._src.recipes.fp8",
-  "fp4jax._src.recipes.get",
-  "fp4jax._src.recipes.ms_fp4",
-  "fp4jax._src.recipes.names",
-  "fp4jax._src.recipes.nvfp4_rtn",
-  "fp4jax._src.recipes.nvidia_nvfp4",
-  "fp4jax._src.recipes.quartet",
-  "fp4jax._src.recipes.quartet2",
-}
+TODO_INTEGRATOR: set[str] = set()
 
 _SECTION = re.compile(r"^(Args|Arguments|Returns|Yields|Raises|Examples?|Notes?|Attributes):\s*$")
 _ENTRY = re.compile(r"^  (\*{0,2}\w+(?:, \*{0,2}\w+)*)(?: \([^)]*\))?:")

@@ -193,7 +193,11 @@ class Recipe:
 
 # ------------------------------------------------------------------------------------------------ the recipes
 def bf16() -> Recipe:
-  """No quantization: every GEMM is ``lax.dot_general`` on the inputs as given (the reference)."""
+  """No quantization: every GEMM is ``lax.dot_general`` on the inputs as given (the reference).
+
+  Returns:
+    The ``Recipe`` named "bf16", all of whose operands are None (high precision).
+  """
   return Recipe("bf16")
 
 
@@ -203,6 +207,9 @@ def fp8() -> Recipe:
   Forward X and W: E4M3, per-tensor scale 448/amax, RTN. dgrad: dY in E5M2 (scale 57344/amax, RTN), W the forward
   E4M3 tensor reused (a per-tensor scale does not depend on the axis). wgrad: dYᵀ in E5M2, Xᵀ the forward E4M3
   tensor. Straight-through everywhere.
+
+  Returns:
+    The ``Recipe``.
   """
   e4m3, e5m2 = OperandSpec(fmt=E4M3), OperandSpec(fmt=E5M2)
   return Recipe("fp8", e4m3, e4m3, e5m2, REUSE_FORWARD, e5m2, REUSE_FORWARD)
@@ -212,6 +219,9 @@ def nvfp4_rtn() -> Recipe:
   """Naive NVFP4 everywhere: all six operands NVFP4 1x16 (TE scales), RTN, no Hadamard, straight-through.
 
   The floor every real recipe must beat: its backward is deterministic and biased.
+
+  Returns:
+    The ``Recipe``.
   """
   q = OperandSpec(fmt=NVFP4)
   return Recipe("nvfp4_rtn", q, q, q, q, q, q)
@@ -225,6 +235,9 @@ def nvidia_nvfp4() -> Recipe:
   identical). wgrad: dYᵀ and Xᵀ quantized along tokens after a 16-point random Hadamard transform with one fixed sign
   vector (Transformer Engine's, ``hadamard.TE_SIGNS_16``) on both; SR on dYᵀ, RTN on Xᵀ (from the layer input).
   Straight-through estimators. (The paper keeps ~15% of layers in BF16; that is a model-level policy, not this op.)
+
+  Returns:
+    The ``Recipe``.
   """
   x_fwd = OperandSpec(fmt=NVFP4)
   w_fwd = OperandSpec(fmt=NVFP4, block_shape=(16, 16))
@@ -243,6 +256,9 @@ def quartet() -> Recipe:
   rotated by a 32-point Hadamard with fresh random signs per call, shared by the four backward operands; MXFP4
   with 3/4 headroom (amax/s in [3, 6), nothing clips) and stochastic rounding; Ŵ and X̂ re-quantized from the
   forward-quantized tensors.
+
+  Returns:
+    The ``Recipe``.
   """
   fwd = OperandSpec(
     fmt=dataclasses.replace(MXFP4, scale_mode="quest"), hadamard=32, signs="none", estimator="trust_mask"
@@ -262,6 +278,13 @@ def quartet2(four_over_six: bool = True) -> Recipe:
   Backward: E, Wᵀ, Eᵀ, Xᵀ rotated by a 128-point Hadamard with fresh random signs per call (shared by the backward
   GEMMs) and quantized by MS-EDEN (RTN plus an EDEN correction folded into a stochastically rounded E4M3 scale,
   unbiased); Wᵀ and Xᵀ re-quantized from the forward NVFP4 tensors. Straight-through estimators.
+
+  Args:
+    four_over_six: the forward's four-over-six block scales (the paper's recipe); False gives plain TE scales
+      (the recipe "quartet2_no46").
+
+  Returns:
+    The ``Recipe``.
   """
   fwd_fmt = dataclasses.replace(NVFP4, scale_mode="four_over_six") if four_over_six else NVFP4
   fwd = OperandSpec(fmt=fwd_fmt)
@@ -280,6 +303,17 @@ def ms_fp4(*, pow2_scale: bool = False, fp4_gradients: bool = False, clip_quanti
   evaluated on the scaled weight; X's is straight-through. Backward: gradients dY / dYᵀ in FP8 E5M2 (per-tensor
   current scaling), W and X the forward FP4 tensors cast to FP8 E4M3 (as the released MS-AMP code does);
   ``fp4_gradients``: dY / dYᵀ in E2M1 with per-row absmax scales along the contraction axis instead.
+
+  Args:
+    pow2_scale: round the per-channel scales down to powers of two (the released code).
+    fp4_gradients: quantize dY / dYᵀ to per-row E2M1 instead of E5M2.
+    clip_quantile: q of OCC's clamp to the [1 - q, q] quantiles of X.
+
+  Returns:
+    The ``Recipe``.
+
+  Raises:
+    ValueError: ``clip_quantile`` outside (0.5, 1] (from ``OperandSpec``).
   """
   x = OperandSpec(fmt=E2M1_CHANNEL, scale_pow2=pow2_scale, clip="occ", clip_quantile=clip_quantile)
   w = OperandSpec(fmt=E2M1_CHANNEL, scale_pow2=pow2_scale, estimator="dge")
@@ -300,12 +334,26 @@ _REGISTRY: dict[str, Callable[[], Recipe]] = {
 
 
 def names() -> tuple[str, ...]:
-  """Names of the registered recipes."""
+  """Names of the registered recipes.
+
+  Returns:
+    The names ``get`` accepts, in registration order.
+  """
   return tuple(_REGISTRY)
 
 
 def get(name: str | Recipe) -> Recipe:
-  """The recipe called ``name`` with its paper's defaults (a ``Recipe`` is returned unchanged)."""
+  """The recipe called ``name`` with its paper's defaults (a ``Recipe`` is returned unchanged).
+
+  Args:
+    name: a registered recipe name (``names()``) or a ``Recipe``.
+
+  Returns:
+    The ``Recipe``.
+
+  Raises:
+    ValueError: ``name`` is not registered.
+  """
   if isinstance(name, Recipe):
     return name
   if name not in _REGISTRY:
@@ -315,7 +363,17 @@ def get(name: str | Recipe) -> Recipe:
 
 def deterministic(recipe: str | Recipe) -> Recipe:
   """The evaluation variant of ``recipe``: stochastic roundings (SR, MS-EDEN) become RTN and fresh random Hadamard
-  signs become the run's fixed ones, so it needs no key. Deterministic recipes are returned unchanged."""
+  signs become the run's fixed ones, so it needs no key. Deterministic recipes are returned unchanged.
+
+  Args:
+    recipe: a recipe name or ``Recipe``.
+
+  Returns:
+    The deterministic ``Recipe`` (named ``"<name>:deterministic"`` when anything changed).
+
+  Raises:
+    ValueError: an unknown recipe name.
+  """
   recipe = get(recipe)
   if not recipe.is_random:
     return recipe
@@ -341,6 +399,15 @@ def causal(recipe: str | Recipe) -> Recipe:
   A ``dot_general`` whose rhs holds tokens (e.g. attention's K or V quantized by an einsum layer) is not made
   causal by this: keep such products in high precision (as the experiments' model does; ``fp4jax.flax``'s rules
   select weight layers only). A recipe with an unquantized X is returned unchanged.
+
+  Args:
+    recipe: a recipe name or ``Recipe``.
+
+  Returns:
+    The causal ``Recipe``.
+
+  Raises:
+    ValueError: an unknown recipe name.
   """
   recipe = get(recipe)
   if recipe.fwd_lhs.fmt is None or recipe.fwd_lhs.amax == "row":
