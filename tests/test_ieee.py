@@ -99,6 +99,9 @@ def test_mul_rn_is_one_ieee_rounding_of_the_exact_scaled_product():
   with np.errstate(all="ignore"):
     expect = (a.astype(np.float64) * b * np.exp2(k.astype(np.float64))).astype(np.float32)
   _same_bits(jax.jit(mul_rn)(a, b, k), expect)
+  with np.errstate(all="ignore"):
+    plain = (a.astype(np.float64) * b).astype(np.float32)
+  _same_bits(jax.jit(mul_rn)(a, b), plain)  # k defaults to 0
 
 
 def test_mul_short_rn_is_ieee_with_subnormals():
