@@ -43,9 +43,9 @@ if __package__ in (None, ""):  # run as a script: the repository root makes ``be
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax
-from fp4jax_kernels.benchtools import header
 
 from benchmarks import anchor
+from benchmarks.benchtools import header
 from benchmarks.linear_trees import commit
 from fp4jax_experiments import bench_scaling, data, step_profile, train
 from fp4jax_experiments import model as model_lib
