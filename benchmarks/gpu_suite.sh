@@ -46,21 +46,21 @@ case "${1:-}" in
     # (all of it took about 110 s on an H200; the timeouts keep the target under the device's 10 minutes)
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 160 python -m pytest -v -n 8 -p no:cacheprovider \
       tests/test_gpu_parity.py tests/kernels > "$OUT/gpu_tests.log" 2>&1
-    timeout 100 python -m fp4jax_kernels.quantize.profile > "$OUT/quantize_profile.log" 2>&1
+    timeout 100 python benchmarks/kernels_quantize_profile.py > "$OUT/quantize_profile.log" 2>&1
     # the hand-picked tiles, the pre-pass and the transposed routes (--sweep-tiles: the tile x warps sweep instead)
-    timeout 90 python -m fp4jax_kernels.quantize.bench > "$OUT/quantize_bench.log" 2>&1
+    timeout 90 python benchmarks/kernels_quantize.py > "$OUT/quantize_bench.log" 2>&1
     # NVFP4 RTN after an elementwise producer: the amax pre-pass folded into the producer's fusion
-    timeout 60 python -m fp4jax_kernels.quantize.bench --after-producer > "$OUT/quantize_after_producer.log" 2>&1
+    timeout 60 python benchmarks/kernels_quantize.py --after-producer > "$OUT/quantize_after_producer.log" 2>&1
     ;;
   gemm)
     # every tile of the table compiles before it is timed: the two shapes took more than 90 s on an H100
-    timeout 240 python -m fp4jax_kernels.gemm.bench > "$OUT/gemm.log" 2>&1
-    timeout 120 python -m fp4jax_kernels.gemm.bench --few-rows > "$OUT/gemm_few_rows.log" 2>&1
+    timeout 240 python benchmarks/kernels_gemm.py > "$OUT/gemm.log" 2>&1
+    timeout 120 python benchmarks/kernels_gemm.py --few-rows > "$OUT/gemm_few_rows.log" 2>&1
     timeout 200 python benchmarks/bench_linear.py --json "$OUT/linear.json" > "$OUT/linear.log" 2>&1
     ;;
   pairs)
     # a linear layer's X and dY quantized both ways by one kernel, then the layer of the recipes that use it
-    timeout 300 python -m fp4jax_kernels.quantize.bench --pairs --rows 8192 --cols 4096 > "$OUT/pairs.log" 2>&1
+    timeout 300 python benchmarks/kernels_quantize.py --pairs --rows 8192 --cols 4096 > "$OUT/pairs.log" 2>&1
     timeout 150 python benchmarks/bench_linear.py --recipes nvfp4_rtn,nvidia_nvfp4 --json "$OUT/linear_pairs.json" \
       > "$OUT/linear_pairs.log" 2>&1
     ;;
