@@ -23,8 +23,11 @@ import fp4jax
 from fp4jax_experiments import step_profile
 
 
-def profile_recipe(recipe: str, backend: str, shape: tuple[int, int, int], steps: int, top: int) -> dict:
-  """The ``step_profile.summarize`` record of ``steps`` fwd+bwd calls of one ``(m, k) x (n, k)`` layer."""
+def profile_recipe(
+  recipe: str, backend: str, shape: tuple[int, int, int], steps: int, top: int, hlo: str | None = None
+) -> dict:
+  """The ``step_profile.summarize`` record of ``steps`` fwd+bwd calls of one ``(m, k) x (n, k)`` layer; ``hlo``: a
+  path to write the compiled program's HLO text to (the fusions the profile names)."""
   m, k, n = shape
   kx, kw, kd, kk = jax.random.split(jax.random.key(0), 4)
   x = jax.random.normal(kx, (m, k), jnp.bfloat16)
@@ -34,6 +37,9 @@ def profile_recipe(recipe: str, backend: str, shape: tuple[int, int, int], steps
     fn = fwd_bwd(lambda a, b, key: jax.lax.dot_general(a, b, DN))
   else:
     fn = fwd_bwd(lambda a, b, key: fp4jax.dot_general(a, b, DN, recipe=recipe, key=key, backend=backend))
+  if hlo:
+    with open(hlo, "w") as f:
+      f.write(fn.lower(x, w, dy, kk).compile().as_text())
   jax.block_until_ready(fn(x, w, dy, kk))  # compile and warm up outside the trace
   with tempfile.TemporaryDirectory() as folder:
     with jax.profiler.trace(folder, create_perfetto_trace=True):
@@ -51,11 +57,13 @@ def main(argv: list[str] | None = None) -> None:
   p.add_argument("--steps", type=int, default=20)
   p.add_argument("--top", type=int, default=25)
   p.add_argument("--json", default=None)
+  p.add_argument("--hlo-dir", default=None, help="write each recipe's compiled HLO to <dir>/<recipe>.hlo.txt")
   args = p.parse_args(argv)
   shape = tuple(int(v) for v in args.shape.split(","))
   doc = {"benchmark": "profile_linear", "header": header(), "fp4jax": fp4jax.__file__, "shape": shape, "recipes": {}}
   for recipe in args.recipes.split(","):
-    summary = profile_recipe(recipe, args.backend, shape, args.steps, args.top)
+    hlo = f"{args.hlo_dir}/{recipe}.hlo.txt" if args.hlo_dir else None
+    summary = profile_recipe(recipe, args.backend, shape, args.steps, args.top, hlo)
     doc["recipes"][recipe] = summary
     for device, s in summary.items():
       print(f"== {recipe} on {device}: {s['busy_ms_per_step']:.3f} ms busy/step, {s['kernels_per_step']} kernels/step")

@@ -137,6 +137,7 @@ def mul_pow2_rn3(x: jnp.ndarray, k: jnp.ndarray) -> jnp.ndarray:
   return _mul_pow2(x, k, 3)
 
 
+@jax.jit  # a named call in jaxprs: GPU Pallas kernels run it as PTX mul.rn.f32 (fp4jax_kernels.triton_compat)
 def mul_unflushed(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
   """``x · y`` in float32 with a subnormal ``x`` counted at its value on every backend: computed as
   ``(x · 2^64) · (y · 2^-64)`` where ``x`` is subnormal (both scalings exact: the first on the bits), so the result
