@@ -68,7 +68,13 @@ TARGETS = {
   ],
   "rounding": ["tests/test_rounding.py", _N, "-k", "sr or rtn or e2m1 or e4m3 or bf16 or nvfp4"],
   "ieee": ["tests/test_ieee.py"],
-  "formats": ["tests/test_rounding.py", _N, f"{_Q}::test_mxfp4_matches_reference"],
+  "formats": [
+    "tests/test_formats.py",
+    "tests/test_rounding.py",
+    _N,
+    f"{_Q}::test_mxfp4_matches_reference",
+    "tests/test_bottom_of_range.py::test_mxfp4_bottom_of_the_range_matches_ocp_reference[floor_headroom-rtn]",
+  ],
   "hadamard": ["tests/test_hadamard.py", _D],
   "estimators": ["tests/test_estimators.py", _D],
   "dot": [
@@ -138,6 +144,17 @@ EQUIVALENT = {
   "ieee:floor_significand_quotient:90.0": (
     "ec8ff4a06406f7d9",
     "floor_significand_quotient: r < 1 is r <= 0 on int32 (same as ieee:679.0)",
+  ),
+  # formats.py
+  "formats:Format:27.0": (
+    "e883126afec68892",
+    "Format: dataclass(repr=True) never replaces a __repr__ defined in the class body (dataclasses: 'If the class "
+    "already defines __repr__(), this parameter is ignored'), and Format defines one: same class either way",
+  ),
+  "formats:FP4Format:266.0": (
+    "86546ff060bbfff7",
+    "FP4Format.__post_init__: block_size <= 1 and block_size <= 0 differ only at block_size = 1 (an int: bools and "
+    "non-ints raised just before), where block_size % 2 = 1 raises the same ValueError with the same message",
   ),
   # hadamard.py
   "hadamard:hadamard_matrix:44.0": (
