@@ -115,6 +115,25 @@ def test_sr_e2m1_every_decision_follows_the_documented_rule():
   assert len(xs) > 1000
 
 
+def test_sr_e2m1_at_the_smallest_normal_and_below():
+  """|x| = 2^-126 rounds up to 0.5 iff (bits >> 8)·2^-24 < 2^-126 / 0.5, i.e. only for u = bits >> 8 = 0, and so
+  does its float32 successor; subnormal |x| < 2^-126 rounds to ±0 whatever the bits (the docstring's fixed rule)."""
+  tiny = F32(2.0**-126)
+  words = [0, 1, 255, 256, 257, 511, 2**31, 2**32 - 1]
+  mags = [tiny, np.nextafter(tiny, F32(1))]
+  xs = np.array([s * a for a in mags for s in (1, -1) for _ in words], F32)
+  bits = np.array(words * (2 * len(mags)), np.uint32)
+  codes = np.asarray(rounding.sr_e2m1(jnp.asarray(xs), jnp.asarray(bits)))
+  got = np.where(codes & 8, -1.0, 1.0) * oracles.E2M1_GRID[codes & 7]
+  want = [np.sign(x) * 0.5 * oracles.sr_e2m1_up(abs(float(x)), int(b)) for x, b in zip(xs, bits)]
+  np.testing.assert_array_equal(got, want)
+  assert np.count_nonzero(got) == 2 * 2 * 3  # u = 0 for the words 0, 1 and 255: up, for each sign and magnitude
+  sub = np.array([2.0**-127, -(2.0**-127), 2.0**-149, np.nextafter(tiny, F32(0))], F32)
+  for b in (0, 255, 2**32 - 1):
+    codes = np.asarray(rounding.sr_e2m1(jnp.asarray(sub), jnp.full(sub.shape, b, jnp.uint32)))
+    np.testing.assert_array_equal(codes & 7, 0)
+
+
 def test_sr_e4m3_every_decision_follows_the_documented_rule():
   """Up iff (bits >> 12)·2^-20 < s − floor(s) with s = x / spacing, on every E4M3 binade (subnormals too)."""
   rng = np.random.default_rng(1)

@@ -156,6 +156,23 @@ EQUIVALENT = {
     "FP4Format.__post_init__: block_size <= 1 and block_size <= 0 differ only at block_size = 1 (an int: bools and "
     "non-ints raised just before), where block_size % 2 = 1 raises the same ValueError with the same message",
   ),
+  # rounding.py
+  "rounding:<module>:38.0": (
+    "2d2350f4a3624f7b",
+    "sr_e2m1 (_ONE's only use): b < bits(1.0) + 1 sends only b = bits(1.0) (|x| = 1) to the below-1 path, which "
+    "gives code 2 too: upper_half, and u·0.5 <= (2^24 - 1)·2^-25 < 1 - 0.5 is always up (1 + 1); the >= 1 path "
+    "gives (2^23 + 2^22 - 1 - u) >> 22 = 2 for every 22-bit u",
+  ),
+  "rounding:sr_e2m1:133.0": (
+    "827903aa7655330c",
+    "sr_e2m1: b <= bits(1.0) instead of b < bits(1.0) moves only |x| = 1 to the below-1 path: code 2 on both "
+    "paths (as rounding:<module>:38.0)",
+  ),
+  "rounding:sr_e2m1:29.0": (
+    "827903aa7655330c",
+    "sr_e2m1: b > bits(0.5) instead of b >= bits(0.5) changes only |x| = 0.5: the upper half gives 1 + (u·0.5 < 0), "
+    "never up, code 1; the lower half gives 0 + (u·0.5 < 0.5), always up (u·0.5 < 0.5), code 1",
+  ),
   # hadamard.py
   "hadamard:hadamard_matrix:44.0": (
     "ac0ed0922903831c",
