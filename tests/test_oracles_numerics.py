@@ -7,13 +7,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax._src import rounding
+from fp4jax._src import eden, rounding
 from tests import oracles
 
 F32 = np.float32
@@ -264,6 +265,36 @@ def test_published_quartet_law_at_a_point_by_the_formula():
 
 
 # ------------------------------------------------------------------------------------------------ MS-EDEN
+def _correction_blocks():
+  """(v, codes, c) per 16-element block, c = Σ v² / Σ v·value(q) by hand (1 where that denominator is 0)."""
+  blocks = [
+    ([0.0] * 16, [0] * 16, 1.0),  # an all-zero block: 0 / 0
+    ([0.25, -0.125, 0.0625] + [0.0] * 13, [0, 8, 0] + [0] * 13, 1.0),  # every element rounded to ±0: den = 0 < num
+    ([-0.125] * 16, [8] * 16, 1.0),  # v · (-0) = +0: den = 0
+    # den = 0.25 + 0.1875 = 0.4375 < 1, num = 0.25 + 0.140625 + 0.0625 + 0.015625 = 0.46875
+    ([0.5, 0.375, -0.25, 0.125] + [0.0] * 12, [1, 1, 8, 0] + [0] * 12, 0.46875 / 0.4375),
+    # den = 5.5·6 + (-3)·(-3) = 42, num = 30.25 + 9 = 39.25
+    ([5.5, -3.0] + [0.0] * 14, [7, 13] + [0] * 14, 39.25 / 42.0),
+  ]
+  v, codes, c = zip(*blocks)
+  return np.array(v, F32), np.array(codes, np.uint8), np.array(c, np.float64).astype(F32)[:, None]
+
+
+def test_ms_eden_correction_by_hand_including_zero_denominators():
+  """Step 5 of MS-EDEN: the sums are exact here, so c is their quotient rounded once to float32."""
+  v, codes, want = _correction_blocks()
+  np.testing.assert_array_equal(np.asarray(eden.correction(jnp.asarray(v), jnp.asarray(codes), (1,))), want)
+
+
+def test_ms_eden_correction_of_zero_blocks_divides_no_zero():
+  """A zero denominator never reaches the division, not even in the branch ``where`` discards: with
+  ``jax_debug_nans`` on, correcting all-zero blocks op by op raises no FloatingPointError (0 / 0 would)."""
+  v, codes, want = _correction_blocks()
+  with jax.debug_nans(True):
+    got = eden.correction(jnp.asarray(v[:3]), jnp.asarray(codes[:3]), (1,))
+  np.testing.assert_array_equal(np.asarray(got), want[:3])
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_ms_eden_scales_and_values_equal_the_oracle(seed):
   """MS-EDEN without the rotation (hadamard=0), its scale bits recomputed from the key as ``fp4jax.quantize``

@@ -55,6 +55,8 @@ CACHE = Path(tempfile.gettempdir()) / "fp4jax_mutation_jax_cache"
 _Q, _N, _D = "tests/test_quantize.py", "tests/test_oracles_numerics.py", "tests/test_oracles_dot.py"
 TARGETS = {
   "eden": [
+    f"{_N}::test_ms_eden_correction_by_hand_including_zero_denominators",
+    f"{_N}::test_ms_eden_correction_of_zero_blocks_divides_no_zero",
     f"{_N}::test_ms_eden_scales_and_values_equal_the_oracle",
     f"{_Q}::test_ms_eden_blocks_whose_scale_underflows_dequantize_to_zero_not_nan",
   ],
@@ -144,6 +146,12 @@ EQUIVALENT = {
   "ieee:floor_significand_quotient:90.0": (
     "ec8ff4a06406f7d9",
     "floor_significand_quotient: r < 1 is r <= 0 on int32 (same as ieee:679.0)",
+  ),
+  # eden.py
+  "eden:correction:91.0": (
+    "f04e693750fcbca8",
+    "correction: the inner where's fallback (1.0 -> 2.0) is divided into only where den > 0 is false, where the "
+    "outer where returns 1.0 whatever the quotient; num / 2 is NaN-free exactly when num / 1 is (num finite or not)",
   ),
   # formats.py
   "formats:Format:27.0": (
