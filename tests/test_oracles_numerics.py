@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax._src import eden, rounding
-from tests import oracles
+from fp4jax._src import eden, rounding, scaling
+from tests import numpy_reference, oracles
 
 F32 = np.float32
 NVFP4_46 = dataclasses.replace(fp4jax.NVFP4, scale_mode="four_over_six")
@@ -262,6 +262,52 @@ def test_published_quartet_law_at_a_point_by_the_formula():
   want = (p["A"] / (n * eff_n) ** p["alpha"] + p["B"] / (d * eff_d) ** p["beta"]) ** p["gamma"] + p["E"]
   assert float(sl.QUARTET_C4_BF16(n, d, eff_n, eff_d)) == pytest.approx(want, rel=1e-5)
   assert 2.5 < want < 3.5  # a C4 loss of a 100M model
+
+
+# ------------------------------------------------------------------------------------------------ MXFP4 exponents
+def _sigma_for_target(target) -> np.float32:
+  """A float32 σ whose QuEST target f32(f32(0.48708·σ) + 1e-8) is exactly ``target``, also when the multiply-add is
+  fused (rounded once): a σ near target / 0.48708 (asserted found)."""
+  c, eps = numpy_reference.QUEST_RATIO, F32(1e-8)
+  sigma = F32(target / c)
+  for _ in range(8):
+    sigma = np.nextafter(sigma, F32(0))
+  for _ in range(16):
+    if F32(F32(c * sigma) + eps) == target and F32(float(c) * float(sigma) + float(eps)) == target:
+      return sigma
+    sigma = np.nextafter(sigma, F32(np.inf))
+  raise AssertionError(f"no float32 sigma gives the QuEST target {target!r}")
+
+
+@pytest.mark.parametrize("k", [10, 0])
+def test_quest_nearest_rounds_up_from_exactly_f32_sqrt2(k):
+  """``quest_nearest``: e = floor(log2 t) + [t / 2^floor(log2 t) >= f32(sqrt 2)]: up at t = f32(sqrt 2)·2^k itself,
+  down one float32 below it."""
+  at = F32(np.sqrt(2.0)) * F32(2.0**k)
+  below = np.nextafter(at, F32(0))
+  sigma = jnp.asarray([_sigma_for_target(at), _sigma_for_target(below)])
+  got = np.asarray(scaling.mx_exponents(jnp.ones(2, jnp.float32), "quest_nearest", sigma))
+  np.testing.assert_array_equal(got, [k + 1, k])
+
+
+def test_mx_exponents_clip_to_the_e8m0_range():
+  """e in [-127, 127] (E8M0's finite scales 2^-127..2^127; bits 255 are NaN): an infinite QuEST target (σ = Inf)
+  clips to 127; FLT_MAX·0.48708 = 1.948·2^126 gives 126 (floor) or 127 (nearest); a finite block never gets the NaN
+  scale."""
+  sigma = jnp.asarray([np.inf, np.finfo(F32).max], jnp.float32)
+  for mode, top in [("quest", 126), ("quest_nearest", 127)]:
+    np.testing.assert_array_equal(np.asarray(scaling.mx_exponents(jnp.ones(2, jnp.float32), mode, sigma)), [127, top])
+    x = np.where(np.arange(32) % 2, F32(1e20), F32(-1e20)).astype(F32)[None]  # its E[x²] overflows float32
+    q = fp4jax.quantize(jnp.asarray(x), dataclasses.replace(fp4jax.MXFP4, scale_mode=mode))
+    assert np.asarray(q.scales).view(np.uint8).max() < 255
+
+
+@pytest.mark.xfail(strict=True, reason="QuEST's σ is sqrt(E[x²] - E[x]²) in float32: E[x²] overflows for |x| > 1.8e19")
+def test_quest_scales_a_block_whose_squares_overflow():
+  """A block of ±1e20 (σ = 1e20): e = floor(log2(0.48708e20)) = 65, the elements ±1e20 / 2^65 ≈ ±2.7 -> ±3."""
+  x = np.where(np.arange(32) % 2, F32(1e20), F32(-1e20)).astype(F32)[None]
+  q = fp4jax.quantize(jnp.asarray(x), dataclasses.replace(fp4jax.MXFP4, scale_mode="quest"))
+  np.testing.assert_array_equal(np.asarray(q.scales).view(np.uint8).astype(int) - 127, [[65]])
 
 
 # ------------------------------------------------------------------------------------------------ MS-EDEN

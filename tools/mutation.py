@@ -153,6 +153,12 @@ EQUIVALENT = {
     "correction: the inner where's fallback (1.0 -> 2.0) is divided into only where den > 0 is false, where the "
     "outer where returns 1.0 whatever the quotient; num / 2 is NaN-free exactly when num / 1 is (num finite or not)",
   ),
+  # scaling.py
+  "scaling:<module>:64.0": (
+    "2d04275e4eaa3e95",
+    "_SQRT2_SIGNIFICAND: bits(f32(sqrt 2)) & 0x7FFFFF = 0x3504F3 is odd, so OR-ing 0x800001 instead of 0x800000 "
+    "sets a bit already set: the constant is 0xB504F3 either way",
+  ),
   # formats.py
   "formats:Format:27.0": (
     "e883126afec68892",
