@@ -6,6 +6,7 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -129,3 +130,112 @@ def test_the_scan_finds_name_tests(tmp_path):
   (tmp_path / "fp4jax" / "formats.py").write_text('NAME = "nvfp4"\n')  # the format classes may name themselves
   hits = scan(tmp_path)
   assert [h.split(": ", 1)[0] for h in hits] == ["kernels/bad.py:2", "kernels/bad.py:3", "kernels/bad.py:4"], hits
+
+
+def test_repr_names_the_format_then_its_fields():
+  """The documented repr (``Format``'s docstring): the class, ``name=`` first, then every field in order."""
+  assert repr(formats.NVFP4) == "NVFP4Format(name='nvfp4', block_size=16, scale_mode='absmax')"
+  assert repr(formats.MXFP4Format(block_size=16, scale_mode="quest")) == (
+    "MXFP4Format(name='mxfp4', block_size=16, scale_mode='quest')"
+  )
+  assert repr(formats.E4M3) == "FP8Format(name='fp8_e4m3', exponent_bits=4, mantissa_bits=3, max=448.0)"
+  assert repr(formats.E2M1_CHANNEL) == "E2M1ChannelFormat(name='e2m1_channel')"
+
+
+@pytest.mark.parametrize("cls", [formats.NVFP4Format, formats.MXFP4Format])
+def test_fp4_block_size_must_be_a_positive_even_int(cls):
+  for bad, error in [(0, ValueError), (-2, ValueError), (1, ValueError), (15, ValueError)]:
+    with pytest.raises(error, match=f"{cls.__name__}.block_size must be a positive even integer, got {bad}"):
+      cls(block_size=bad)
+  for bad in (True, 32.0, "32"):
+    with pytest.raises(TypeError, match=f"{cls.__name__}.block_size must be an int"):
+      cls(block_size=bad)
+  assert [cls(block_size=b).block_size for b in (2, 4, 6, 48)] == [2, 4, 6, 48]
+
+
+def test_fp8_format_fields_are_checked():
+  for e, m in [(0, 7), (7, 0), (-1, 8), (True, 6), (4.0, 3)]:
+    with pytest.raises(ValueError, match="FP8Format.(exponent|mantissa)_bits must be a positive int"):
+      formats.FP8Format(exponent_bits=e, mantissa_bits=m, max=1.0)
+  # The largest finite value lies below 2^(emax + 1), emax = 2^(E-1) when the top binade holds finite values (E4M3):
+  # 2^9 for E4M3, 2^17 for E5M2, 2^2 for E1M6.
+  for e, bound in [(4, 2.0**9), (5, 2.0**17), (1, 4.0)]:
+    for bad in (bound, 2 * bound, 4 * bound, 0.0, -1.0, float("nan")):
+      with pytest.raises(ValueError, match="FP8Format.max must be a positive finite value"):
+        formats.FP8Format(exponent_bits=e, mantissa_bits=7 - e, max=bad)
+  ok = [(1, 6, 3.96875), (6, 1, 2.0**32 * 1.5), (4, 3, 1.0), (4, 3, 0.5), (4, 3, 480.0), (5, 2, 2.0**16 * 1.75)]
+  for e, m, top in ok:
+    assert formats.FP8Format(exponent_bits=e, mantissa_bits=m, max=top).max == top
+
+
+# (format, its ml_dtypes type: an independent RNE oracle once the input is clipped to ±max, as FP8Format saturates)
+FP8_ORACLES = [
+  (formats.E4M3, ml_dtypes.float8_e4m3fn),
+  (formats.E5M2, ml_dtypes.float8_e5m2),
+  (formats.FP8Format(exponent_bits=3, mantissa_bits=4, max=15.5), ml_dtypes.float8_e3m4),
+]
+
+
+@pytest.mark.parametrize("fmt, dtype", FP8_ORACLES, ids=lambda v: getattr(v, "name", None))
+def test_fp8_round_every_value_midpoint_and_neighbour_matches_ml_dtypes(fmt, dtype):
+  """Every finite value of the type, each midpoint between neighbours (ties to even), the float32 numbers either side
+  of it, values beyond ±max (saturate) and NaN, against ``ml_dtypes`` casts of the input clipped to ±max."""
+  grid = np.unique(np.abs(np.arange(256, dtype=np.uint8).view(dtype).astype(np.float64)))
+  grid = grid[np.isfinite(grid) & (grid <= fmt.max)]
+  mids = (grid[1:] + grid[:-1]) / 2  # exact in float64 and in float32 (at most 5 significant bits)
+  mids32 = mids.astype(np.float32)
+  near = np.concatenate([np.nextafter(mids32, np.float32(0)), np.nextafter(mids32, np.float32(np.inf))])
+  beyond = np.float32(fmt.max) * np.float32([1.0001, 1.5, 2.0, 1e6]).astype(np.float32)
+  mag = np.concatenate([grid.astype(np.float32), mids32, near, beyond, [np.float32(np.finfo(np.float32).max)]])
+  mag = mag[(mag == 0) | (mag >= np.finfo(np.float32).tiny)]  # float32 subnormals flush on CPU: not fp8 inputs here
+  x = np.concatenate([mag, -mag, [np.float32(np.inf), -np.float32(np.inf)]]).astype(np.float32)
+  want = np.clip(x, -fmt.max, fmt.max).astype(dtype).astype(np.float32)
+  got = np.asarray(fmt.round(jnp.asarray(x)))
+  np.testing.assert_array_equal(got, want)
+  assert np.isnan(np.asarray(fmt.round(jnp.float32(np.nan))))
+  assert fmt.emin == int(np.log2(float(ml_dtypes.finfo(dtype).smallest_normal)))
+
+
+def test_format_class_constants_follow_the_specs():
+  """NVFP4 (NVIDIA): E4M3 block scales under an FP32 tensor scale, 16-element hardware blocks; MXFP4 (OCP MX v1.0):
+  E8M0 scales, no tensor scale, 32-element blocks; only QuEST reads block standard deviations; MS-EDEN's scale rule
+  is NVFP4's with absmax scales only."""
+  nv, nv46 = formats.NVFP4, formats.NVFP4Format(scale_mode="four_over_six")
+  assert (nv.has_tensor_scale, nv.native_block_size, nv.scale_dtype) == (True, 16, jnp.float8_e4m3fn)
+  assert (formats.MXFP4.has_tensor_scale, formats.MXFP4.native_block_size) == (False, 32)
+  assert (nv.takes_eden, nv46.takes_eden, nv.needs_block_std, nv46.needs_block_std) == (True, False, False, False)
+  for mode in formats.MXFP4Format.scale_modes:
+    fmt = formats.MXFP4Format(scale_mode=mode)
+    assert not fmt.takes_eden and fmt.needs_block_std == mode.startswith("quest")
+    with pytest.raises(ValueError, match="rounding='eden' is MS-EDEN for NVFP4"):
+      fp4jax.QuantizeSpec(fmt=fmt, rounding="eden")
+
+
+@pytest.mark.parametrize("fmt", [formats.NVFP4, formats.MXFP4])
+def test_the_gemm_kernels_take_the_hardware_block_size_only(fmt):
+  """The kernels decode the hardware's blocks (16 for NVFP4, 32 for MXFP4): any other block size is refused."""
+  from fp4jax_kernels.gemm import api
+
+  from fp4jax._src import backends
+
+  for block, ok in [(16, fmt is formats.NVFP4), (32, fmt is formats.MXFP4), (64, False)]:
+    f = dataclasses.replace(fmt, block_size=block)
+    x, w = fp4jax.quantize(jnp.ones((2, 64)), f), fp4jax.quantize(jnp.ones((64, 8)), f, axis=0)
+    if ok:
+      a, b = api.operands(x, w, auto=False)
+      assert (a.shape, b.shape) == ((2, 64), (8, 64))
+    else:
+      with pytest.raises(backends.Unsupported, match=f"{block}-element blocks: the kernels take"):
+        api.operands(x, w, auto=False)
+
+
+@pytest.mark.parametrize("amax", [1.0, 3.0, 1e-30, 0.0, 1e38])
+def test_tensor_decode_scales(amax):
+  """NVFP4: s_dec = 1 / s_enc, s_enc = min(2688 / amax, FLT_MAX) (1 for amax 0); MXFP4: 1, or 4/3 for the floor
+  headroom mode (elements pre-scaled by 3/4)."""
+  nv = formats.NVFP4
+  got = nv.tensor_decode_scale(nv.tensor_scales(jnp.float32(amax), "rtn"))
+  assert np.float32(got) == oracles.nvfp4_tensor_scales(amax)[1]
+  assert formats.MXFP4.tensor_decode_scale(None) == np.float32(1.0)
+  headroom = formats.MXFP4Format(scale_mode="floor_headroom").tensor_decode_scale(None)
+  assert np.float32(headroom) == np.float32(4.0) / np.float32(3.0)

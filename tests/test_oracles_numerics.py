@@ -7,14 +7,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax._src import rounding
-from tests import oracles
+from fp4jax._src import eden, rounding, scaling
+from tests import numpy_reference, oracles
 
 F32 = np.float32
 NVFP4_46 = dataclasses.replace(fp4jax.NVFP4, scale_mode="four_over_six")
@@ -113,6 +114,25 @@ def test_sr_e2m1_every_decision_follows_the_documented_rule():
   bad = np.flatnonzero(got != np.array(want))
   assert bad.size == 0, [(xs[i], hex(bits[i]), got[i], want[i]) for i in bad[:10]]
   assert len(xs) > 1000
+
+
+def test_sr_e2m1_at_the_smallest_normal_and_below():
+  """|x| = 2^-126 rounds up to 0.5 iff (bits >> 8)·2^-24 < 2^-126 / 0.5, i.e. only for u = bits >> 8 = 0, and so
+  does its float32 successor; subnormal |x| < 2^-126 rounds to ±0 whatever the bits (the docstring's fixed rule)."""
+  tiny = F32(2.0**-126)
+  words = [0, 1, 255, 256, 257, 511, 2**31, 2**32 - 1]
+  mags = [tiny, np.nextafter(tiny, F32(1))]
+  xs = np.array([s * a for a in mags for s in (1, -1) for _ in words], F32)
+  bits = np.array(words * (2 * len(mags)), np.uint32)
+  codes = np.asarray(rounding.sr_e2m1(jnp.asarray(xs), jnp.asarray(bits)))
+  got = np.where(codes & 8, -1.0, 1.0) * oracles.E2M1_GRID[codes & 7]
+  want = [np.sign(x) * 0.5 * oracles.sr_e2m1_up(abs(float(x)), int(b)) for x, b in zip(xs, bits)]
+  np.testing.assert_array_equal(got, want)
+  assert np.count_nonzero(got) == 2 * 2 * 3  # u = 0 for the words 0, 1 and 255: up, for each sign and magnitude
+  sub = np.array([2.0**-127, -(2.0**-127), 2.0**-149, np.nextafter(tiny, F32(0))], F32)
+  for b in (0, 255, 2**32 - 1):
+    codes = np.asarray(rounding.sr_e2m1(jnp.asarray(sub), jnp.full(sub.shape, b, jnp.uint32)))
+    np.testing.assert_array_equal(codes & 7, 0)
 
 
 def test_sr_e4m3_every_decision_follows_the_documented_rule():
@@ -244,7 +264,83 @@ def test_published_quartet_law_at_a_point_by_the_formula():
   assert 2.5 < want < 3.5  # a C4 loss of a 100M model
 
 
+# ------------------------------------------------------------------------------------------------ MXFP4 exponents
+def _sigma_for_target(target) -> np.float32:
+  """A float32 σ whose QuEST target f32(f32(0.48708·σ) + 1e-8) is exactly ``target``, also when the multiply-add is
+  fused (rounded once): a σ near target / 0.48708 (asserted found)."""
+  c, eps = numpy_reference.QUEST_RATIO, F32(1e-8)
+  sigma = F32(target / c)
+  for _ in range(8):
+    sigma = np.nextafter(sigma, F32(0))
+  for _ in range(16):
+    if F32(F32(c * sigma) + eps) == target and F32(float(c) * float(sigma) + float(eps)) == target:
+      return sigma
+    sigma = np.nextafter(sigma, F32(np.inf))
+  raise AssertionError(f"no float32 sigma gives the QuEST target {target!r}")
+
+
+@pytest.mark.parametrize("k", [10, 0])
+def test_quest_nearest_rounds_up_from_exactly_f32_sqrt2(k):
+  """``quest_nearest``: e = floor(log2 t) + [t / 2^floor(log2 t) >= f32(sqrt 2)]: up at t = f32(sqrt 2)·2^k itself,
+  down one float32 below it."""
+  at = F32(np.sqrt(2.0)) * F32(2.0**k)
+  below = np.nextafter(at, F32(0))
+  sigma = jnp.asarray([_sigma_for_target(at), _sigma_for_target(below)])
+  got = np.asarray(scaling.mx_exponents(jnp.ones(2, jnp.float32), "quest_nearest", sigma))
+  np.testing.assert_array_equal(got, [k + 1, k])
+
+
+def test_mx_exponents_clip_to_the_e8m0_range():
+  """e in [-127, 127] (E8M0's finite scales 2^-127..2^127; bits 255 are NaN): an infinite QuEST target (σ = Inf)
+  clips to 127; FLT_MAX·0.48708 = 1.948·2^126 gives 126 (floor) or 127 (nearest); a finite block never gets the NaN
+  scale."""
+  sigma = jnp.asarray([np.inf, np.finfo(F32).max], jnp.float32)
+  for mode, top in [("quest", 126), ("quest_nearest", 127)]:
+    np.testing.assert_array_equal(np.asarray(scaling.mx_exponents(jnp.ones(2, jnp.float32), mode, sigma)), [127, top])
+    x = np.where(np.arange(32) % 2, F32(1e20), F32(-1e20)).astype(F32)[None]  # its E[x²] overflows float32
+    q = fp4jax.quantize(jnp.asarray(x), dataclasses.replace(fp4jax.MXFP4, scale_mode=mode))
+    assert np.asarray(q.scales).view(np.uint8).max() < 255
+
+
+@pytest.mark.xfail(strict=True, reason="QuEST's σ is sqrt(E[x²] - E[x]²) in float32: E[x²] overflows for |x| > 1.8e19")
+def test_quest_scales_a_block_whose_squares_overflow():
+  """A block of ±1e20 (σ = 1e20): e = floor(log2(0.48708e20)) = 65, the elements ±1e20 / 2^65 ≈ ±2.7 -> ±3."""
+  x = np.where(np.arange(32) % 2, F32(1e20), F32(-1e20)).astype(F32)[None]
+  q = fp4jax.quantize(jnp.asarray(x), dataclasses.replace(fp4jax.MXFP4, scale_mode="quest"))
+  np.testing.assert_array_equal(np.asarray(q.scales).view(np.uint8).astype(int) - 127, [[65]])
+
+
 # ------------------------------------------------------------------------------------------------ MS-EDEN
+def _correction_blocks():
+  """(v, codes, c) per 16-element block, c = Σ v² / Σ v·value(q) by hand (1 where that denominator is 0)."""
+  blocks = [
+    ([0.0] * 16, [0] * 16, 1.0),  # an all-zero block: 0 / 0
+    ([0.25, -0.125, 0.0625] + [0.0] * 13, [0, 8, 0] + [0] * 13, 1.0),  # every element rounded to ±0: den = 0 < num
+    ([-0.125] * 16, [8] * 16, 1.0),  # v · (-0) = +0: den = 0
+    # den = 0.25 + 0.1875 = 0.4375 < 1, num = 0.25 + 0.140625 + 0.0625 + 0.015625 = 0.46875
+    ([0.5, 0.375, -0.25, 0.125] + [0.0] * 12, [1, 1, 8, 0] + [0] * 12, 0.46875 / 0.4375),
+    # den = 5.5·6 + (-3)·(-3) = 42, num = 30.25 + 9 = 39.25
+    ([5.5, -3.0] + [0.0] * 14, [7, 13] + [0] * 14, 39.25 / 42.0),
+  ]
+  v, codes, c = zip(*blocks)
+  return np.array(v, F32), np.array(codes, np.uint8), np.array(c, np.float64).astype(F32)[:, None]
+
+
+def test_ms_eden_correction_by_hand_including_zero_denominators():
+  """Step 5 of MS-EDEN: the sums are exact here, so c is their quotient rounded once to float32."""
+  v, codes, want = _correction_blocks()
+  np.testing.assert_array_equal(np.asarray(eden.correction(jnp.asarray(v), jnp.asarray(codes), (1,))), want)
+
+
+def test_ms_eden_correction_of_zero_blocks_divides_no_zero():
+  """A zero denominator never reaches the division, not even in the branch ``where`` discards: with
+  ``jax_debug_nans`` on, correcting all-zero blocks op by op raises no FloatingPointError (0 / 0 would)."""
+  v, codes, want = _correction_blocks()
+  with jax.debug_nans(True):
+    got = eden.correction(jnp.asarray(v[:3]), jnp.asarray(codes[:3]), (1,))
+  np.testing.assert_array_equal(np.asarray(got), want[:3])
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_ms_eden_scales_and_values_equal_the_oracle(seed):
   """MS-EDEN without the rotation (hadamard=0), its scale bits recomputed from the key as ``fp4jax.quantize``

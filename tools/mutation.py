@@ -4,6 +4,7 @@
     python tools/mutation.py report                        # score per module and the surviving mutants
     python tools/mutation.py show MUTANT_ID                # the diff of one mutant
     python tools/mutation.py run --modules ieee --rerun-survivors   # after adding tests: the survivors again
+    python tools/mutation.py run --modules dot --ids dot:_axis:16.0 --rerun-survivors   # those mutants only
 
 Why a small tool rather than mutmut 3: mutmut 3 runs every mutant in a process forked from one that already ran the
 tests, and JAX caches traced and compiled functions per Python function; a mutant inside a ``jax.jit`` function
@@ -55,10 +56,16 @@ CACHE = Path(tempfile.gettempdir()) / "fp4jax_mutation_jax_cache"
 _Q, _N, _D = "tests/test_quantize.py", "tests/test_oracles_numerics.py", "tests/test_oracles_dot.py"
 TARGETS = {
   "eden": [
+    f"{_N}::test_ms_eden_correction_by_hand_including_zero_denominators",
+    f"{_N}::test_ms_eden_correction_of_zero_blocks_divides_no_zero",
     f"{_N}::test_ms_eden_scales_and_values_equal_the_oracle",
     f"{_Q}::test_ms_eden_blocks_whose_scale_underflows_dequantize_to_zero_not_nan",
   ],
-  "bits": ["tests/test_bits.py", "tests/test_oracles_bits.py"],
+  "bits": [
+    "tests/test_bits.py",
+    "tests/test_oracles_bits.py",
+    "tests/kernels/test_quantize.py::test_kernel_lowers_to_triton[nvfp4_cols_rht16_sr]",
+  ],
   "scaling": [
     _N,
     f"{_Q}::test_mxfp4_matches_reference",
@@ -68,7 +75,13 @@ TARGETS = {
   ],
   "rounding": ["tests/test_rounding.py", _N, "-k", "sr or rtn or e2m1 or e4m3 or bf16 or nvfp4"],
   "ieee": ["tests/test_ieee.py"],
-  "formats": ["tests/test_rounding.py", _N, f"{_Q}::test_mxfp4_matches_reference"],
+  "formats": [
+    "tests/test_formats.py",
+    "tests/test_rounding.py",
+    _N,
+    f"{_Q}::test_mxfp4_matches_reference",
+    "tests/test_bottom_of_range.py::test_mxfp4_bottom_of_the_range_matches_ocp_reference[floor_headroom-rtn]",
+  ],
   "hadamard": ["tests/test_hadamard.py", _D],
   "estimators": ["tests/test_estimators.py", _D],
   "dot": [
@@ -139,28 +152,50 @@ EQUIVALENT = {
     "ec8ff4a06406f7d9",
     "floor_significand_quotient: r < 1 is r <= 0 on int32 (same as ieee:679.0)",
   ),
+  # eden.py
+  "eden:correction:91.0": (
+    "f04e693750fcbca8",
+    "correction: the inner where's fallback (1.0 -> 2.0) is divided into only where den > 0 is false, where the "
+    "outer where returns 1.0 whatever the quotient; num / 2 is NaN-free exactly when num / 1 is (num finite or not)",
+  ),
+  # scaling.py
+  "scaling:<module>:64.0": (
+    "2d04275e4eaa3e95",
+    "_SQRT2_SIGNIFICAND: bits(f32(sqrt 2)) & 0x7FFFFF = 0x3504F3 is odd, so OR-ing 0x800001 instead of 0x800000 "
+    "sets a bit already set: the constant is 0xB504F3 either way",
+  ),
+  # formats.py
+  "formats:Format:27.0": (
+    "e883126afec68892",
+    "Format: dataclass(repr=True) never replaces a __repr__ defined in the class body (dataclasses: 'If the class "
+    "already defines __repr__(), this parameter is ignored'), and Format defines one: same class either way",
+  ),
+  "formats:FP4Format:266.0": (
+    "86546ff060bbfff7",
+    "FP4Format.__post_init__: block_size <= 1 and block_size <= 0 differ only at block_size = 1 (an int: bools and "
+    "non-ints raised just before), where block_size % 2 = 1 raises the same ValueError with the same message",
+  ),
+  # rounding.py
+  "rounding:<module>:38.0": (
+    "2d2350f4a3624f7b",
+    "sr_e2m1 (_ONE's only use): b < bits(1.0) + 1 sends only b = bits(1.0) (|x| = 1) to the below-1 path, which "
+    "gives code 2 too: upper_half, and u·0.5 <= (2^24 - 1)·2^-25 < 1 - 0.5 is always up (1 + 1); the >= 1 path "
+    "gives (2^23 + 2^22 - 1 - u) >> 22 = 2 for every 22-bit u",
+  ),
+  "rounding:sr_e2m1:133.0": (
+    "827903aa7655330c",
+    "sr_e2m1: b <= bits(1.0) instead of b < bits(1.0) moves only |x| = 1 to the below-1 path: code 2 on both "
+    "paths (as rounding:<module>:38.0)",
+  ),
+  "rounding:sr_e2m1:29.0": (
+    "827903aa7655330c",
+    "sr_e2m1: b > bits(0.5) instead of b >= bits(0.5) changes only |x| = 0.5: the upper half gives 1 + (u·0.5 < 0), "
+    "never up, code 1; the lower half gives 0 + (u·0.5 < 0.5), always up (u·0.5 < 0.5), code 1",
+  ),
   # hadamard.py
   "hadamard:hadamard_matrix:44.0": (
     "ac0ed0922903831c",
     "hadamard_matrix: the Sylvester matrix is square, h.shape[1] == h.shape[0]",
-  ),
-  "hadamard:hadamard:46.0": (
-    "53bba502128d36e8",
-    "hadamard: x / s equals x * s exactly for the documented signs s = +-1 (IEEE, NaN, Inf, +-0 included)",
-  ),
-  "hadamard:inverse_hadamard:50.0": (
-    "20f5bc540d5a3554",
-    "inverse_hadamard: x / s equals x * s exactly for s = +-1 (as hadamard:349.0)",
-  ),
-  "hadamard:rotated:37.0": (
-    "7be602d266ca6aca",
-    "rotated: log2(d) // 2 adds an optimization_barrier for d = 16, 64, 256 (keeps 32, 128); a "
-    "barrier changes no value, it only stops XLA merging y * 2^-k with a later constant, which is "
-    "exact while y * 2^-k is normal (XLA CPU flushes subnormals either way)",
-  ),
-  "hadamard:rotated:61.0": (
-    "7be602d266ca6aca",
-    "rotated: log2(d) % 3 adds a barrier for d = 16, 256 and keeps 32, 128 (as hadamard:375.0)",
   ),
   # dot.py
   "dot:_Canonical:51.0": (
@@ -172,10 +207,11 @@ EQUIVALENT = {
     "_Static (custom_vjp nondiff argument) is never mutated; custom_vjp keeps it without hashing it "
     "(require_static_args_hashable=False), so frozen=False changes nothing",
   ),
-  "dot:<module>:56.0": (
-    "00e9ea9b3e9751ca",
-    "the backward signs id 8 -> 9 renames one random stream to another unused fold_in id: every stream "
-    "stays distinct (tests/test_dot.py checks that) and no specification fixes the id values; a test "
+  "dot:<module>:60.0": (
+    "db7862922328707a",
+    "the backward signs id 8 -> 9 (_SIGNS_IDS['bwd'], read by the forward's and the backward's sign draws alike) "
+    "renames one fold_in stream of the call's key to another that nothing else folds (dot.py folds ids 1-8 only): "
+    "every stream stays distinct (tests/test_dot.py checks that) and no specification fixes the id values; a test "
     "that kills this would hard-code the implementation's constants",
   ),
   # estimators.py
@@ -395,7 +431,7 @@ def _workspace(root: Path) -> Path:
   the rootdir of ``tests/`` first on ``sys.path``, so the mutated package must live in the tree the tests run from)."""
   ws = root / "repo"
   ignore = shutil.ignore_patterns("__pycache__", "results", "*.json", ".hypothesis")
-  for name in ("fp4jax", "kernels", "experiments", "tests"):
+  for name in ("fp4jax", "kernels", "experiments", "benchmarks", "tests"):  # tests/kernels imports a benchmark
     shutil.copytree(REPO / name, ws / name, ignore=ignore)
   shutil.copy(REPO / "pyproject.toml", ws / "pyproject.toml")
   probe = subprocess.run(
@@ -481,9 +517,15 @@ def _baseline(module: str, results: dict, ws: Path, lock: threading.Lock) -> flo
 
 
 def run(
-  modules: list[str], limit: int | None, budget_s: float | None, rerun_survivors: bool = False, jobs: int = 1
+  modules: list[str],
+  limit: int | None,
+  budget_s: float | None,
+  rerun_survivors: bool = False,
+  jobs: int = 1,
+  ids: list[str] | None = None,
 ) -> None:
-  """Runs the mutants of ``modules`` not yet in the results, ``jobs`` at a time (one workspace copy per job).
+  """Runs the mutants of ``modules`` not yet in the results, ``jobs`` at a time (one workspace copy per job); with
+  ``ids``, only those of them.
 
   A mutant's timeout is ``5 x`` its module's baseline plus 120 s, generous because ``jobs`` processes share the
   machine; ``report`` counts timeouts apart from test failures.
@@ -504,7 +546,8 @@ def run(
       todo += [
         (m, timeout)
         for m in enumerate_mutants(module)
-        if status_of(m) is None or (rerun_survivors and status_of(m) == "survived" and equivalent(m) is None)
+        if (ids is None or m["id"] in ids)
+        and (status_of(m) is None or (rerun_survivors and status_of(m) == "survived" and equivalent(m) is None))
       ][:limit]
 
     def one(item):
@@ -585,6 +628,7 @@ def main() -> None:
   r.add_argument("--budget", type=float, default=None, help="stop starting mutants after this many seconds")
   r.add_argument("--rerun-survivors", action="store_true", help="run the surviving mutants again (after new tests)")
   r.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own workspace copy")
+  r.add_argument("--ids", nargs="+", default=None, help="run only these mutant ids (of --modules)")
   sub.add_parser("report")
   s = sub.add_parser("show")
   s.add_argument("mutant_id")
@@ -592,7 +636,7 @@ def main() -> None:
   s2.add_argument("module", choices=list(TARGETS))
   args = p.parse_args()
   if args.cmd == "run":
-    run(args.modules, args.limit, args.budget, args.rerun_survivors, args.jobs)
+    run(args.modules, args.limit, args.budget, args.rerun_survivors, args.jobs, args.ids)
   elif args.cmd == "report":
     report()
   elif args.cmd == "show":
