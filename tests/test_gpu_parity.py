@@ -209,3 +209,28 @@ def test_ms_fp4_forward_is_a_float32_gemm_of_its_operands():
   b = np.asarray(fp4jax._src.operand.quantize_operand(w, spec.fwd_rhs, None)[0].dequantize(), np.float64)
   bound = np.abs(a) @ np.abs(b).T
   assert np.all(np.abs(y - a @ b.T) <= 512 * 2.0**-23 * bound)
+
+
+def _div_operands() -> tuple[np.ndarray, np.ndarray]:
+  """Random finite float32 bit patterns (every exponent, subnormals included) and the NVFP4 tensor-scale cases."""
+  rng = np.random.RandomState(5)
+  a = rng.randint(0, 0x7F800000, 1 << 16).astype(np.uint32).view(np.float32)
+  b = rng.randint(1, 0x7F800000, 1 << 16).astype(np.uint32).view(np.float32)
+  a = a * np.where(rng.rand(a.size) < 0.5, -1, 1).astype(np.float32)
+  amax = np.float32([1e-42, 2.0**-149, 3.2e-35, 1e-30, 1.0, 448.0, 3e38])
+  return np.concatenate([a, np.float32([2688.0] * amax.size)]), np.concatenate([b, amax])
+
+
+def test_div_rn_under_jit_on_the_gpu_is_the_ieee_quotient():
+  """``fp4jax.ieee.div_rn`` in XLA on the GPU (no Pallas): NumPy's float32 quotient (IEEE, subnormals kept), for
+  traced operands and with a constant numerator, as the NVFP4 tensor scales use it."""
+  from fp4jax._src.ieee import div_rn  # noqa: PLC0415
+
+  a, b = _div_operands()
+  with np.errstate(over="ignore", under="ignore"):
+    want, want_const = (a / b).view(np.uint32), (np.float32(2688.0) / b).view(np.uint32)
+  with jax.default_device(GPU[0]):
+    traced = np.asarray(jax.jit(div_rn)(a, b)).view(np.uint32)
+    const = np.asarray(jax.jit(lambda y: div_rn(jnp.float32(2688.0), y))(b)).view(np.uint32)
+  np.testing.assert_array_equal(traced, want)
+  np.testing.assert_array_equal(const, want_const)

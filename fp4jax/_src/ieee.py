@@ -195,8 +195,6 @@ def div_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
   """``a / b`` in float32, correctly rounded (nearest, ties to even) for finite nonzero operands, subnormal operands
   and quotients included (IEEE: gradual underflow, Inf on overflow); zeros, Inf and NaN use the backend's division."""
   a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
-  # Opaque operands: XLA's algebraic simplifier otherwise folds constant operands through the steps and can loop.
-  a, b = lax.optimization_barrier((a, b))
   sa, ma, la = significand(a)
   sb, mb, lb = significand(b)
   small = ma < mb
