@@ -663,7 +663,9 @@ def _plan(
     )
   amax = jnp.asarray(amax, jnp.float32)
   if spec.fmt.has_tensor_scale:  # once here, not once per tile in the kernel
-    tensor_scales = jnp.stack(spec.fmt.tensor_scales(amax, spec.rounding))
+    # materialized once for the kernel and every later reader (the GEMM's scale): XLA would otherwise copy the
+    # scalar integer arithmetic of the exact divisions into each consumer, as separate small kernels
+    tensor_scales = lax.optimization_barrier(jnp.stack(spec.fmt.tensor_scales(amax, spec.rounding)))
   else:
     tensor_scales = jnp.ones((2,), jnp.float32)  # MXFP4 has no tensor scale: its block numerics ignore these
   origin = jnp.zeros((2,), jnp.int32) if origin is None else jnp.asarray(origin, jnp.int32).reshape(2)
