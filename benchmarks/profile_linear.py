@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 
 import jax
 import jax.numpy as jnp
-from bench_linear import DN, fwd_bwd
+from bench_linear import DN, fwd_bwd  # a script beside this one (sys.path[0]), as in every tree it profiles
 from benchtools import header
 
 import fp4jax
@@ -57,10 +58,21 @@ def main(argv: list[str] | None = None) -> None:
   p.add_argument("--steps", type=int, default=20)
   p.add_argument("--top", type=int, default=25)
   p.add_argument("--json", default=None)
+  p.add_argument("--commit", default=None, help="the profiled tree's commit (the device copy's .git may be stale)")
   p.add_argument("--hlo-dir", default=None, help="write each recipe's compiled HLO to <dir>/<recipe>.hlo.txt")
   args = p.parse_args(argv)
   shape = tuple(int(v) for v in args.shape.split(","))
-  doc = {"benchmark": "profile_linear", "header": header(), "fp4jax": fp4jax.__file__, "shape": shape, "recipes": {}}
+  doc = {
+    "benchmark": "profile_linear",
+    "header": header(),
+    "commit": args.commit,
+    "command": "python benchmarks/profile_linear.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    "fp4jax": fp4jax.__file__,
+    "shape": shape,
+    "backend": args.backend,
+    "steps": args.steps,
+    "recipes": {},
+  }
   for recipe in args.recipes.split(","):
     hlo = f"{args.hlo_dir}/{recipe}.hlo.txt" if args.hlo_dir else None
     summary = profile_recipe(recipe, args.backend, shape, args.steps, args.top, hlo)

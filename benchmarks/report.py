@@ -74,7 +74,30 @@ def _train_throughput(doc: dict) -> list[str]:
   return out
 
 
-RENDER = {"linear_trees": _linear_trees, "auto_threshold": _auto_threshold, "train_throughput": _train_throughput}
+def _profile_linear(doc: dict) -> list[str]:
+  m, k, n = doc["shape"]
+  out = [
+    f"### Where one linear layer's fwd+bwd spends GPU time ({m}x{k} x ({n}x{k})ᵀ, backend {doc['backend']})",
+    "",
+    f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`",
+    "",
+    "| recipe | busy ms per step | kernels per step | top kernel (ms per step) |",
+    "|---|---|---|---|",
+  ]
+  for recipe, devices in doc["recipes"].items():
+    for s in devices.values():
+      name, total, _ = s["top"][0]
+      per_step = total / doc["steps"]
+      out.append(f"| {recipe} | {s['busy_ms_per_step']:.3f} | {s['kernels_per_step']:.0f} | {name} ({per_step:.3f}) |")
+  return out
+
+
+RENDER = {
+  "profile_linear": _profile_linear,
+  "linear_trees": _linear_trees,
+  "auto_threshold": _auto_threshold,
+  "train_throughput": _train_throughput,
+}
 
 
 def section() -> str:
