@@ -197,6 +197,35 @@ EQUIVALENT = {
     "ac0ed0922903831c",
     "hadamard_matrix: the Sylvester matrix is square, h.shape[1] == h.shape[0]",
   ),
+  # The signs are the ±1 vector hadamard/inverse_hadamard document (random_signs, TE_SIGNS_16 or a recipe's
+  # sign_vector; _scaled's exactness relies on it): x / s and x · s are both exactly ±x in IEEE arithmetic for
+  # s = ±1, every float32 x (zeros, subnormals, Inf, NaN: a sign flip only), and JAX transposes either into ct · s
+  "hadamard:_scaled:45.0": (
+    "d09e3af49afda801",
+    "_scaled (inverse): fwht(scaled) / signs equals fwht(scaled) * signs elementwise for signs = ±1",
+  ),
+  "hadamard:_scaled:80.0": (
+    "d09e3af49afda801",
+    "_scaled (forward): scaled / signs equals scaled * signs elementwise for signs = ±1, so fwht gets the same input",
+  ),
+  "hadamard:_direct:39.0": (
+    "ebb695f7c99a0108",
+    "_direct (inverse): y / signs equals y * signs elementwise for signs = ±1",
+  ),
+  "hadamard:_direct:77.0": (
+    "ebb695f7c99a0108",
+    "_direct (forward): chunks / signs equals chunks * signs elementwise for signs = ±1",
+  ),
+  "hadamard:_transform_jvp:54.0": (
+    "a18d7effd63ee504",
+    "_transform_jvp (inverse): plain(t_chunks) / signs equals plain(t_chunks) * signs for the primal signs = ±1 (the "
+    "signs' tangent t_signs is any vector: its mutants are killed)",
+  ),
+  "hadamard:_transform_jvp:82.0": (
+    "a18d7effd63ee504",
+    "_transform_jvp (forward): t_chunks / signs equals t_chunks * signs for the primal signs = ±1 (the signs' "
+    "tangent t_signs is any vector: its mutants are killed)",
+  ),
   # dot.py
   "dot:_Canonical:51.0": (
     "463986e62d88979a",
