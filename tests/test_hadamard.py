@@ -1,4 +1,6 @@
-"""Hadamard transforms: the Sylvester definition, orthogonality, any axis, signs, errors."""
+"""Hadamard transforms: the Sylvester definition, orthogonality, any axis, signs, errors, derivatives."""
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +9,12 @@ import pytest
 
 from fp4jax._src import hadamard as H
 from fp4jax._src.operand import rotate  # the XLA path of the GEMM operands
+from tests import numpy_reference as ref
 from tests import oracles
+
+F32 = np.float32
+U = 2.0**-24  # unit roundoff of float32 (round to nearest)
+SQRT2_F32 = np.uint32(0x3FB504F3).view(F32)  # float32(sqrt 2), correctly rounded (sqrt 2 = 1.0110101000001001111...)
 
 
 @pytest.mark.parametrize("d", H.SIZES)
@@ -109,3 +116,129 @@ def test_rotation_keeps_its_rounding_under_a_later_constant_multiply(d):
   fused = jax.jit(lambda a: rotate(a, d, signs) * jnp.float32(0.75))(x)
   staged = jax.jit(lambda y: y * jnp.float32(0.75))(jax.jit(lambda a: rotate(a, d, signs))(x))
   np.testing.assert_array_equal(np.asarray(fused).view(np.uint32), np.asarray(staged).view(np.uint32))
+
+
+def _norm_f32(d):
+  """float32(1/sqrt(d)) by hand: 2^-k for d = 4^k, float32(sqrt 2)·2^-(k+1) for d = 2·4^k (a power-of-two multiple
+  of a correctly rounded float32 is correctly rounded)."""
+  k = int(math.log2(d)) // 2
+  return F32(2.0**-k) if d == 4**k else F32(float(SQRT2_F32) * 2.0 ** -(k + 1))
+
+
+def _wht_bound(x, d, extra=0):
+  """Float32 error bound of each output of a chunk's transform: the butterfly sums every ±x_i in a tree of depth
+  L = log2 d (error <= γ_L·Σ|x_i|, Higham §4.2), and the normalization rounds once more on top of float32(1/sqrt(d))
+  (relative u each): |ŷ - y| <= γ_n·Σ|x_i|/sqrt(d), n = L + 2 (+ ``extra`` roundings of the caller), broadcast over
+  the chunk."""
+  n = int(math.log2(d)) + 2 + extra
+  gamma = n * U / (1 - n * U)
+  return gamma * np.sum(np.abs(np.asarray(x, np.float64)), axis=-1, keepdims=True) / math.sqrt(d)
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize("d", [16, 32, 64, 128])
+def test_direct_transform_equals_the_float64_oracle_and_scales_one_hots_exactly(d, inverse):
+  """``_direct`` (the float32 branch every backend but the CPU runs; called here directly) on normal-range data:
+  within the float32 error bound of the float64 ``(x ⊙ s) · H_d / sqrt(d)`` (inverse: ``(x · H_d / sqrt(d)) ⊙ s``),
+  and bit-exact on one-hot chunks, whose outputs are ``±s·float32(1/sqrt(d))`` (±2^-k for d = 4^k, the hand-rounded
+  float32(sqrt 2)·2^-(k+1) for d = 32, 128), Sylvester signs."""
+  rng = np.random.default_rng(d + inverse)
+  s = rng.choice([-1.0, 1.0], d).astype(F32)
+  x = (rng.standard_normal((8, d)) * np.exp2(rng.integers(-40, 40, (8, 1)))).astype(F32)
+  f = jax.jit(lambda a, t: H._direct(a, t, d=d, inverse=inverse))
+  h = oracles.sylvester(d) / math.sqrt(d)
+  x64 = x.astype(np.float64)
+  want = (x64 @ h) * s if inverse else (x64 * s) @ h
+  err = np.abs(np.asarray(f(x, s), np.float64) - want)
+  assert np.all(err <= _wht_bound(x, d)), (err / _wht_bound(x, d)).max()
+  got = np.asarray(f(np.eye(d, dtype=F32), s))
+  signs = oracles.sylvester(d) * (s if inverse else s[:, None])  # row j: e_j's transform (s_j or s per column)
+  np.testing.assert_array_equal(got, (signs * _norm_f32(d)).astype(F32))
+
+
+@pytest.mark.parametrize("d", H.SIZES)
+def test_direct_transform_keeps_its_rounding_under_a_later_constant_multiply(d):
+  """Jitted ``_direct`` then ``· 3/4`` equals the two in separate jits: the optimization barrier stops XLA from
+  merging f32(1/sqrt(d)) with the 3/4 where 1/sqrt(d) is not a power of two (d = 32, 128)."""
+  x = jax.random.normal(jax.random.key(d), (64, 4, d), jnp.float32)
+  s = H.random_signs(jax.random.key(1), d)
+  direct = lambda a: H._direct(a, s, d=d, inverse=False)
+  fused = jax.jit(lambda a: direct(a) * jnp.float32(0.75))(x)
+  staged = jax.jit(lambda y: y * jnp.float32(0.75))(jax.jit(direct)(x))
+  np.testing.assert_array_equal(np.asarray(fused).view(np.uint32), np.asarray(staged).view(np.uint32))
+
+
+def _extreme_chunks(d):
+  """Rows of one d-chunk each: constant chunks of ±(2 - 2^-23)·2^e for e from -149 to 127 (every butterfly sum of
+  equal values is exact until it overflows: d = 256 constant chunks scaled to 2^120 would overflow), 1.0, a chunk
+  with ±FLT_MAX and normal values (scaled by 2 it would be Inf), and all-subnormal chunks."""
+  rng = np.random.default_rng(d)
+  exps = [-149, -140, -127, -126, -100, -1, 0, 1, 60, 96, 97, 110, 118, 119, 120, 123, 124, 127]
+  rows = [np.full(d, sign * (2 - 2.0**-23) * 2.0**e) for e in exps for sign in (1, -1)]
+  rows.append(np.ones(d))
+  for big in (np.finfo(F32).max, -np.finfo(F32).max, 2.0**127):
+    row = rng.standard_normal(d) * 2.0**-100
+    row[rng.integers(d)] = big
+    rows.append(row)
+  rows += [rng.choice([-1, 1], d) * rng.integers(1, 2**23, d) * 2.0**-149 for _ in range(2)]
+  return np.stack(rows).astype(F32)  # (2 - 2^-23)·2^-149 rounds to 2^-148
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize("d", H.SIZES)
+def test_extreme_exponent_chunks_equal_the_ieee_oracle(d, inverse):
+  """``hadamard`` / ``inverse_hadamard`` bits (the CPU's 2^k-scaled path) equal NumPy's IEEE float32 butterfly with
+  subnormals (``tests/numpy_reference.py``) on chunks at the bottom and the top of the float32 range: constant chunks
+  (whose d = 256 sums reach the scaled headroom's bound 2^127), ±FLT_MAX beside normal values (never scaled up), and
+  all-subnormal chunks; overflowing sums are ±Inf as IEEE."""
+  x = _extreme_chunks(d)
+  s = np.asarray(H.random_signs(jax.random.key(d), d))
+  f = H.inverse_hadamard if inverse else H.hadamard
+  got = np.asarray(jax.jit(lambda a, t: f(a, d, signs=t))(x, s))
+  want = ref.hadamard_ieee(x, d, s, inverse)
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+  assert np.all(np.isfinite(want[-5:-2])) and np.count_nonzero(want[-2:]) > d  # FLT_MAX rows finite, tiny not 0
+
+
+def _transform_derivative_oracle(x, s, tx, ts, d, inverse):
+  """float64 JVP of ``x ↦ (x ⊙ s)·H/sqrt(d)`` (inverse: ``(x·H/sqrt(d)) ⊙ s``) in (x, s): the transform is linear in
+  each, so the tangent is ``(tx ⊙ s + x ⊙ ts)·H/sqrt(d)`` (inverse: ``(tx·H/sqrt(d)) ⊙ s + (x·H/sqrt(d)) ⊙ ts``)."""
+  h = oracles.sylvester(d) / math.sqrt(d)
+  x, s, tx, ts = (np.asarray(a, np.float64) for a in (x, s, tx, ts))
+  return (tx @ h) * s + (x @ h) * ts if inverse else (tx * s + x * ts) @ h
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize("d", [16, 32, 128])
+def test_jvp_and_vjp_in_the_input_and_the_signs_equal_the_linear_oracle(d, inverse):
+  """``jax.jvp`` of ``hadamard`` / ``inverse_hadamard`` in both ``x`` and ``signs`` (a tangent of the signs is any
+  vector) equals the float64 oracle within the float32 error bound: forward, ``tx ⊙ s + x ⊙ ts`` rounds twice before
+  the transform (γ_{L+4}·Σ(|tx| + |x ⊙ ts|)/sqrt(d)); inverse, ``T(tx) ⊙ s + T(x) ⊙ ts`` rounds the product and the
+  sum after it (γ_{L+4}·(Σ|tx| + |ts|·Σ|x|)/sqrt(d)). ``jax.vjp`` (JAX's transpose of that linear map, a butterfly
+  of the cotangent) equals the float64 transposes ``(ct·H/sqrt(d)) ⊙ s`` and ``Σ_chunks x ⊙ (ct·H/sqrt(d))``
+  (inverse: ``(ct ⊙ s)·H/sqrt(d)`` and ``Σ_chunks (x·H/sqrt(d)) ⊙ ct``) within γ_{L+2}·Σ|ct|/sqrt(d) per
+  element, and ``Σ_chunks |x|·γ_{L+7}·Σ|ct|/sqrt(d)`` for the signs (one product and a sum of 5 chunks more)."""
+  rng = np.random.default_rng(3 * d + inverse)
+  x, tx, ct = (rng.standard_normal((5, d)) for _ in range(3))
+  s = rng.choice([-1.0, 1.0], d)
+  ts = rng.standard_normal(d) * 3
+  x, tx, ct, s, ts = (a.astype(F32).astype(np.float64) for a in (x, tx, ct, s, ts))
+  f = lambda a, t: (H.inverse_hadamard if inverse else H.hadamard)(a, d, signs=t)
+  _, t_out = jax.jvp(f, (x.astype(F32), s.astype(F32)), (tx.astype(F32), ts.astype(F32)))
+  want = _transform_derivative_oracle(x, s, tx, ts, d, inverse)
+  if inverse:
+    bound = _wht_bound(tx, d, 2) + np.abs(ts) * _wht_bound(x, d, 2)
+  else:
+    bound = _wht_bound(np.abs(tx) + np.abs(x * ts), d, 2)
+  err = np.abs(np.asarray(t_out, np.float64) - want)
+  assert np.all(err <= bound), (err / bound).max()
+  _, vjp = jax.vjp(f, x.astype(F32), s.astype(F32))
+  ct_x, ct_s = (np.asarray(a, np.float64) for a in vjp(ct.astype(F32)))
+  h = oracles.sylvester(d) / math.sqrt(d)
+  want_x = (ct * s) @ h if inverse else (ct @ h) * s
+  want_s = np.sum((x @ h) * ct if inverse else x * (ct @ h), axis=0)
+  assert np.all(np.abs(ct_x - want_x) <= _wht_bound(ct, d))
+  bound_s = (
+    np.sum(np.abs(ct) * _wht_bound(x, d, 5), axis=0) if inverse else np.sum(np.abs(x) * _wht_bound(ct, d, 5), axis=0)
+  )
+  assert np.all(np.abs(ct_s - want_s) <= bound_s)

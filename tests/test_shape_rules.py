@@ -129,6 +129,15 @@ def test_empty_operands_fail_in_the_forward_naming_the_argument(name):
     fp4jax.einsum("mk,nk->mn", jnp.ones((8, 0)), jnp.ones((16, 0)), recipe=name, key=jax.random.key(0))
 
 
+def test_single_element_operands_are_not_empty():
+  """1 x 1 operands are the smallest non-empty ones: they multiply (rotation-only recipe, K = 1 zero-padded to one
+  16-chunk: 2 and 3 rotate to ±1/2 and ±3/4, whose 16 products sum exactly to 6) and differentiate (dx = dy·w,
+  dw = dy·x), by hand."""
+  r = Recipe("rot", ROTATE_ONLY, ROTATE_ONLY, ROTATE_ONLY, ROTATE_ONLY, ROTATE_ONLY, ROTATE_ONLY)
+  y, dx, dw = _grads(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=r), [[2.0]], [[3.0]], [[0.5]])
+  np.testing.assert_array_equal(np.stack([y, dx, dw]), [[[6.0]], [[1.5]], [[1.0]]])
+
+
 # The rules each recipe's paper choices imply (read off the recipes: blocks and Hadamard sizes per GEMM, 16x16 tiles).
 EXPECTED_RULES = {
   "nvfp4_rtn": {("fwd", "inputs", 16), ("dgrad", "outputs", 16), ("wgrad", "tokens", 16)},
