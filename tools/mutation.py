@@ -119,22 +119,22 @@ EQUIVALENT = {
     "ed893dcdef5fc4c4",
     "round_pack: shc = clip(sh, 1, 32) differs only for sh >= 32, where the result is 0 by the sh > 31 branch",
   ),
-  "ieee:div_rn:42.0": (
-    "02b01b09094a50a1",
+  "ieee:div_rn:39.0": (
+    "cb5728f351fedfa8",
     "div_rn: 2R = mb is impossible: it means (2Q + 1)·mb = ma·2^(s+1), so 2^(s+1) >= 2^24 divides "
     "0 < mb < 2^24 (a quotient of 24-bit significands is never a tie), so > equals >=",
   ),
-  "ieee:div_rn:200.0": (
-    "02b01b09094a50a1",
+  "ieee:div_rn:185.0": (
+    "cb5728f351fedfa8",
     "div_rn sticky 3R != ...: guard (2R >= mb) gives 3R > mb (always !=, as 2R != mb); no guard "
     "compares with 0, and 3R = 0 iff 2R = 0",
   ),
-  "ieee:div_rn:230.0": (
-    "02b01b09094a50a1",
+  "ieee:div_rn:215.0": (
+    "cb5728f351fedfa8",
     "div_rn: mb is 0 or >= 2^23 (significand normalizes), so mb > 1 iff mb > 0",
   ),
-  "ieee:div_rn:317.0": (
-    "02b01b09094a50a1",
+  "ieee:div_rn:299.0": (
+    "cb5728f351fedfa8",
     "div_rn: ma is 0 or >= 2^23 (significand normalizes), so ma > 1 iff ma > 0",
   ),
   "ieee:floor_significand_quotient:45.0": (
