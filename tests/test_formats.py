@@ -239,3 +239,16 @@ def test_tensor_decode_scales(amax):
   assert formats.MXFP4.tensor_decode_scale(None) == np.float32(1.0)
   headroom = formats.MXFP4Format(scale_mode="floor_headroom").tensor_decode_scale(None)
   assert np.float32(headroom) == np.float32(4.0) / np.float32(3.0)
+
+
+@pytest.mark.parametrize(
+  "exponent_bits,mantissa_bits,good,bad",
+  [(4, 3, 448.0, 447.0), (5, 2, 57344.0, 57000.0), (3, 4, 15.5, 15.25), (4, 3, 0.25, 0.2)],
+)
+def test_fp8_max_must_lie_on_its_grid(exponent_bits, mantissa_bits, good, bad):
+  """An off-grid ``max`` would saturate to a value the format cannot hold: refused, naming the field."""
+  from fp4jax._src.formats import FP8Format  # noqa: PLC0415
+
+  assert FP8Format(exponent_bits, mantissa_bits, good).max == good
+  with pytest.raises(ValueError, match=r"FP8Format.max must lie on the E\dM\d grid"):
+    FP8Format(exponent_bits, mantissa_bits, bad)

@@ -242,3 +242,17 @@ def test_jvp_and_vjp_in_the_input_and_the_signs_equal_the_linear_oracle(d, inver
     np.sum(np.abs(ct) * _wht_bound(x, d, 5), axis=0) if inverse else np.sum(np.abs(x) * _wht_bound(ct, d, 5), axis=0)
   )
   assert np.all(np.abs(ct_s - want_s) <= bound_s)
+
+
+@pytest.mark.parametrize("bad", [2.0, 0.0, 0.5, np.nan])
+def test_concrete_signs_other_than_plus_minus_one_are_refused(bad):
+  """A sign vector is ±1 by contract (x·s = x/s exactly, and the 2^k chunk scaling has headroom only for that):
+  a concrete vector holding anything else fails naming ``signs``; under jit the contract stands unchecked."""
+  signs = np.ones(16, np.float32)
+  signs[3] = bad
+  x = jnp.ones((2, 16), jnp.float32)
+  for fn in (H.hadamard, H.inverse_hadamard):
+    with pytest.raises(ValueError, match=r"signs must be \+1 or -1"):
+      fn(x, 16, signs=signs)
+  ok = -np.ones(16, np.float32)
+  np.testing.assert_array_equal(np.asarray(H.hadamard(x, 16, signs=ok)), -np.asarray(H.hadamard(x, 16)))

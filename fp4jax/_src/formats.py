@@ -19,6 +19,7 @@ The element and scale encodings these are built from (E2M1 codes, E4M3/E8M0 bits
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar, Literal
 
 import jax
@@ -270,6 +271,12 @@ class FP8Format(Format):
       )
     if not 0 < self.max < 2.0 ** (2 ** (self.exponent_bits - 1) + 1):
       raise ValueError(f"FP8Format.max must be a positive finite value of the format, got {self.max!r}")
+    spacing_exp = max(math.frexp(self.max)[1] - 1, self.emin) - self.mantissa_bits  # the grid spacing at max: 2^e
+    if math.ldexp(self.max, -spacing_exp) % 1:
+      raise ValueError(
+        f"FP8Format.max must lie on the E{self.exponent_bits}M{self.mantissa_bits} grid (a multiple of "
+        f"2^{spacing_exp} at its magnitude), got {self.max!r}"
+      )
 
   @property
   def name(self) -> str:  # derived from the fields: a replace() cannot relabel it

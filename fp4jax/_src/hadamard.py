@@ -214,6 +214,12 @@ def _signs_or_ones(signs, d: int) -> jnp.ndarray:
   signs = jnp.asarray(signs, jnp.float32)
   if signs.shape != (d,):
     raise ValueError(f"signs must have shape ({d},) for a size-{d} Hadamard transform, got {signs.shape}")
+  try:
+    concrete = np.asarray(signs)
+  except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):  # traced: the contract
+    return signs
+  if not np.all(np.abs(concrete) == 1):
+    raise ValueError(f"signs must be +1 or -1 (a random sign flip per point), got values {np.unique(concrete)[:8]}")
   return signs
 
 
