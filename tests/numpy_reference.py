@@ -118,10 +118,15 @@ def mx_exponents(amax_b: np.ndarray, mode: str, sigma: np.ndarray | None = None)
 
 
 def block_std_f32(xb: np.ndarray, count: int) -> np.ndarray:
-  """sqrt(max(E[x²] - E[x]², 0)) per block, float32, sums pairwise, divisions correctly rounded."""
+  """sqrt(max(E[x²] - E[x]², 0)) per block, float32, sums pairwise, divisions correctly rounded; a block with
+  max|x| >= 2^60 computed on x · 2^-80, its σ times 2^80 (its x² would overflow float32)."""
+  with np.errstate(invalid="ignore"):
+    big = np.max(np.abs(xb), axis=-1, keepdims=True) >= 2.0**60
+  xb = np.where(big, xb * F32(2.0**-80), xb).astype(F32)
   mean = (pairwise_sum_f32(xb).astype(np.float64) / count).astype(F32)
   mean_sq = (pairwise_sum_f32((xb * xb).astype(F32)).astype(np.float64) / count).astype(F32)
-  return np.sqrt(np.maximum((mean_sq - (mean * mean).astype(F32)).astype(F32), F32(0)))
+  sigma = np.sqrt(np.maximum((mean_sq - (mean * mean).astype(F32)).astype(F32), F32(0)))
+  return np.where(big, sigma * F32(2.0**80), sigma).astype(F32)
 
 
 def mxfp4_reference(x: np.ndarray, mode: str = "floor", rounding: str = "rtn", bits: np.ndarray | None = None):

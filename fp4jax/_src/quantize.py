@@ -298,7 +298,7 @@ def quantize_blocks(
   round_codes = (lambda v: sr_e2m1(v, bits)) if rounding == "sr" else rtn_e2m1
   if tensor_scales is None:
     tensor_scales = fmt.tensor_scales(amax, rounding)
-  sigma = _block_std(xb, lay) if fmt.needs_block_std else None
+  sigma = _block_std(xb, lay, amax_b) if fmt.needs_block_std else None
   scaled, dec, exps, global_scale = fmt.scale_blocks(xb, amax_b, tensor_scales, rounding, sigma)
   codes = round_codes(scaled)  # the roundings saturate at ±6
   if fmt.scale_mode == "four_over_six":  # NVFP4 (Quartet II): the lower-error of block targets 6 and 4, by RTN
@@ -313,14 +313,18 @@ def quantize_blocks(
   return codes, dec, global_scale, exps
 
 
-def _block_std(xb, lay: BlockLayout):
+def _block_std(xb, lay: BlockLayout, amax_b):
   """Per-block standard deviation over the real (unpadded) elements: sqrt(max(E[x²] - E[x]², 0)), the sums
-  pairwise in a fixed order (``fp4jax.reductions``)."""
+  pairwise in a fixed order (``fp4jax.reductions``). A block with max|x| >= 2^60 (whose x² could overflow float32)
+  is computed on x · 2^-80 and its σ multiplied by 2^80 (both exact powers of two; below 2^60 nothing is scaled)."""
   axes = lay.red_axes
+  big = amax_b >= jnp.float32(2.0**60)
+  xb = jnp.where(big, xb * jnp.float32(2.0**-80), xb)
   count = jnp.maximum(lay.valid_counts(), 1.0)
   mean = div_rn(pairwise_sum(xb, axes), count)
   mean_sq = div_rn(pairwise_sum(xb * xb, axes), count)
-  return jnp.sqrt(jnp.maximum(mean_sq - mean * mean, 0.0))
+  sigma = jnp.sqrt(jnp.maximum(mean_sq - mean * mean, 0.0))
+  return jnp.where(big, sigma * jnp.float32(2.0**80), sigma)
 
 
 def _run(x, spec: QuantizeSpec, axis, key):
