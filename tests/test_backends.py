@@ -216,3 +216,18 @@ def test_the_core_never_imports_the_kernels_and_the_kernels_only_the_numerics():
     for p, names in kernels.items()
   }
   assert {p: m for p, m in bad.items() if m} == {}
+
+
+def test_explicit_pallas_refuses_a_backward_operand_when_the_forward_is_traced():
+  """nvfp4_rtn's weight-gradient GEMM quantizes Xᵀ along the tokens: 24 tokens are not whole 16-element blocks for
+  the kernel. With ``backend="pallas"`` that fails already when the forward alone is traced, naming the backward and
+  the layer's shapes; 32 tokens run forward and backward, and ``"auto"`` takes 24 (XLA where the kernel refuses)."""
+  dn = (((1,), (1,)), ((), ()))
+  w = jnp.ones((128, 256), jnp.bfloat16)
+  forward = lambda x, backend: fp4jax.dot_general(x, w, dn, recipe="nvfp4_rtn", backend=backend)
+  backward = r"cannot run this layer's backward \(x as \(batch, tokens, features\) = \(1, 24"
+  with pytest.raises(Unsupported, match=backward):
+    jax.eval_shape(lambda x: forward(x, "pallas"), jax.ShapeDtypeStruct((24, 256), jnp.bfloat16))
+  loss = lambda x, backend: forward(x, backend).astype(jnp.float32).sum()
+  assert jax.eval_shape(jax.grad(lambda x: loss(x, "pallas")), jnp.ones((32, 256), jnp.bfloat16)).shape == (32, 256)
+  assert jax.eval_shape(jax.grad(lambda x: loss(x, "auto")), jnp.ones((24, 256), jnp.bfloat16)).shape == (24, 256)

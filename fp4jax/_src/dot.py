@@ -410,7 +410,31 @@ def _dot_general(
   static = _Static(recipe, precision, backend, out_dtype, lhs.dtype, rhs.dtype, canon.bmk[2])
   x = jnp.transpose(lhs, canon.lhs_perm).reshape(canon.bmk)
   w = jnp.transpose(rhs, canon.rhs_perm).reshape(canon.bnk)
+  if backend == "pallas":
+    _check_backward_runs(static, x, w, key, fn)
   return _qdot(static, x, w, key).reshape(canon.out_shape)
+
+
+def _check_backward_runs(static: _Static, x, w, key, fn: str) -> None:
+  """With an explicit ``backend="pallas"``, an operand of the backward's GEMMs that the kernels refuse fails when the
+  forward is traced (abstractly: ``jax.eval_shape`` of the layer's VJP), not only once the layer is differentiated.
+
+  Raises:
+    Unsupported: a kernel refuses one of the layer's operands, forward or backward.
+  """
+
+  def vjp(x, w, key):
+    y, pullback = jax.vjp(lambda a, b: _qdot(static, a, b, key), x, w)
+    return pullback(jnp.zeros(y.shape, y.dtype))
+
+  spec = lambda a: None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype)
+  try:
+    jax.eval_shape(vjp, spec(x), spec(w), spec(key))
+  except backends_lib.Unsupported as refusal:
+    raise backends_lib.Unsupported(
+      f"{fn}: backend='pallas' cannot run this layer's backward (x as (batch, tokens, features) = {x.shape}, "
+      f"w as (batch, out, in) = {w.shape}): {refusal}; backend='auto' uses XLA where a kernel refuses"
+    ) from None
 
 
 def einsum(
