@@ -113,7 +113,9 @@ def flops_per_token(config: AnchorConfig, seq_len: int) -> float:
 
 
 def _matmul(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
-  return jnp.dot(x, w.astype(dtype), preferred_element_type=jnp.float32).astype(dtype)
+  # ``dtype`` in and out (GPU GEMMs accumulate bf16 in fp32): with preferred_element_type=float32 and a cast after,
+  # the transposed GEMMs of the backward would take the float32 cotangent and run in fp32/TF32
+  return jnp.dot(x.astype(dtype), w.astype(dtype))
 
 
 def _rms_norm(x: jax.Array, gain: jax.Array, eps: float) -> jax.Array:

@@ -133,3 +133,33 @@ def test_bad_inputs_are_refused():
     )
   with pytest.raises(ValueError, match="devices asked for"):
     anchor.data_mesh(len(jax.devices()) + 1)
+
+
+def _dots(jaxpr) -> list:
+  """Every dot_general equation of ``jaxpr`` and of the jaxprs nested in it (pjit, custom_vjp, ...)."""
+  out = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      out.append(eqn)
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (list, tuple)) else [param]:
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          out += _dots(inner)
+  return out
+
+
+def test_every_projection_gemm_of_the_bf16_train_step_is_bf16():
+  """The step's projection GEMMs take bf16 operands (fp32 master weights cast once per use), forward and backward;
+  only the LM head's two backward GEMMs see a float32 operand (its fp32 logits' cotangent). A float32 preferred
+  element type on the hidden GEMMs would turn their backward GEMMs into fp32 (TF32) ones. (Attention's GEMMs, rank
+  4+ here on the CPU's XLA attention, are cuDNN's on a GPU and left out.)"""
+  cfg = anchor.AnchorConfig(n_layers=2, d_model=32, n_heads=4, ffn_hidden=48, vocab_size=40)
+  params = anchor.init_params(cfg, jax.random.key(0))
+  batch = jnp.zeros((2, 9), jnp.int32)
+  jaxpr = jax.make_jaxpr(jax.grad(anchor.loss_fn), static_argnums=2)(params, batch, cfg).jaxpr
+  projections = [e for e in _dots(jaxpr) if max(v.aval.ndim for v in e.invars) <= 3]
+  # forward, dX and dW of 7 projections per layer and the LM head; the one-hot embedding has no dX
+  assert len(projections) == 3 * 7 * cfg.n_layers + 3 + 2
+  fp32 = [[v.aval.shape for v in e.invars] for e in projections if any(v.aval.dtype == jnp.float32 for v in e.invars)]
+  assert len(fp32) == 2 and all(shapes[0][-1] == cfg.vocab_size for shapes in fp32), fp32
