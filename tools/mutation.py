@@ -87,6 +87,7 @@ TARGETS = {
   "dot": [
     _D,
     "tests/test_dot.py",
+    "tests/kernels/test_dot_pallas.py",  # the fused-pair routes (Pallas in interpret mode) against the XLA bits
     "tests/test_shape_rules.py::test_ragged_hadamard_chunks_cancel_in_every_gemm",
     "tests/test_shape_rules.py::test_ragged_rht_gemms_match_numpy_nvfp4_oracle",
     "tests/test_shape_rules.py::test_sharded_shape_rules_fail_when_the_forward_is_traced[dot_general-nvfp4_rtn-rule0]",
