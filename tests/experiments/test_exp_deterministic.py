@@ -142,12 +142,28 @@ def test_pallas_quantizers_with_tensor_shards_are_refused_by_the_cli(capsys):
 
 def test_one_device_steps_compile_once(corpus):
   """The microbatched step runs under shard_map on a 1x1 mesh; its state is placed there from the start, so the
-  second step (fed the first step's output) reuses the first compilation."""
+  second and third steps (each fed the previous step's output) lower nothing: JAX reports no jaxpr-to-MLIR lowering
+  while they run (a state placed differently from the first step's output would be lowered again)."""
+  import jax
+
   config = train.TrainConfig(
     model="100K", data=corpus, recipe="nvfp4_rtn", batch_size=4, seq_len=64, tokens=768, deterministic=2
   )
   trainer = train.Trainer(config, model_overrides=OVERRIDES)
   state = trainer.init_state()
-  for step in range(3):
-    state, _ = trainer.train_step(state, trainer.place(trainer.stream.batch(step)), trainer.quant_key(step))
-  assert trainer.train_step._cache_size() == 1
+  state, _ = trainer.train_step(state, trainer.place(trainer.stream.batch(0)), trainer.quant_key(0))
+  lowered = []
+
+  def listen(event, duration, **kwargs):
+    del duration
+    if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+      lowered.append(kwargs.get("fun_name", "?"))
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    for step in (1, 2):
+      state, _ = trainer.train_step(state, trainer.place(trainer.stream.batch(step)), trainer.quant_key(step))
+    jax.block_until_ready(state)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+  assert lowered == []
