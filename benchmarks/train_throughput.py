@@ -125,9 +125,18 @@ def anchor_entry(
 
 
 def experiments_entry(
-  recipe: str, size: str, n: int, per_device_batch: int, seq_len: int, total_steps: int, spec: str, overrides: dict
+  label: str,
+  recipe: str,
+  size: str,
+  n: int,
+  per_device_batch: int,
+  seq_len: int,
+  total_steps: int,
+  spec: str,
+  overrides: dict,
 ) -> Entry:
-  """``fp4jax_experiments.train.Trainer`` of ``size`` under ``recipe`` on ``bench_scaling``'s data mesh of n."""
+  """``fp4jax_experiments.train.Trainer`` of ``size`` under ``recipe`` on ``bench_scaling``'s data mesh of n, with
+  the ModelConfig ``overrides``; recorded as model ``label``."""
   batch = per_device_batch * n
   config = train.TrainConfig(
     model=size,
@@ -153,9 +162,7 @@ def experiments_entry(
     state, metrics = compiled(state, tokens, key)
     return state, metrics["loss"]
 
-  return Entry(
-    "experiments", recipe, n, batch, bench_scaling.flops_per_token(size, seq_len), seconds, step, state, inputs
-  )
+  return Entry(label, recipe, n, batch, bench_scaling.flops_per_token(size, seq_len), seconds, step, state, inputs)
 
 
 def _record(entry: Entry, seq_len: int, rate_tflops: float) -> dict:
@@ -197,7 +204,7 @@ def add_ratios(rows: list[dict]) -> list[dict]:
   return rows
 
 
-def run_device_count(n: int, args: argparse.Namespace, overrides: dict, rate: float) -> list[dict]:
+def run_device_count(n: int, args: argparse.Namespace, variants: dict[str, dict], rate: float) -> list[dict]:
   """Every entry on n devices: built and compiled, warmed up, timed in interleaved rounds, optionally profiled."""
   total = args.warmup + args.rounds * args.steps + (args.profile_steps if args.profile else 0)
   builders = [
@@ -209,13 +216,14 @@ def run_device_count(n: int, args: argparse.Namespace, overrides: dict, rate: fl
   ]
   builders += [
     (
-      "experiments",
+      label,
       recipe,
-      lambda recipe=recipe: experiments_entry(
-        recipe, args.model, n, args.batch, args.seq_len, total, args.data, overrides
+      lambda label=label, recipe=recipe, overrides=overrides: experiments_entry(
+        label, recipe, args.model, n, args.batch, args.seq_len, total, args.data, overrides
       ),
     )
     for recipe in args.recipes
+    for label, overrides in variants.items()
   ]
   entries, failed = [], []
   for model, recipe, build in builders:
@@ -293,6 +301,13 @@ def _parser() -> argparse.ArgumentParser:
     type=json.loads,
     help='JSON ModelConfig overrides of the experiments model, e.g. \'{"quantizer_backend": "auto"}\'',
   )
+  p.add_argument(
+    "--experiments-variants",
+    default=None,
+    type=json.loads,
+    help="JSON object {label: ModelConfig overrides}: several experiments models side by side, each recorded under "
+    'its label (e.g. \'{"experiments": {}, "scan": {"scan_unroll": 1}}\'); replaces --experiments-overrides',
+  )
   p.add_argument("--matmul-size", type=int, default=8192, help="bf16 GEMM of this size³ sets the MFU divisor")
   p.add_argument("--profile", default=None, help="folder: trace each entry's --profile-steps more steps")
   p.add_argument("--profile-steps", type=int, default=3)
@@ -337,6 +352,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.error(f"--warmup must be >= 0, got {args.warmup}")
   if not isinstance(args.experiments_overrides, dict):
     parser.error(f"--experiments-overrides must be a JSON object, got {args.experiments_overrides!r}")
+  variants = args.experiments_variants or {"experiments": args.experiments_overrides}
+  if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()) or "anchor" in variants:
+    parser.error(f"--experiments-variants must map labels other than 'anchor' to JSON objects, got {variants!r}")
   counts = [int(n) for n in args.devices.split(",")]
   if min(counts) < 1 or max(counts) > len(jax.devices()):
     parser.error(f"--devices {args.devices}: {len(jax.devices())} devices are visible")
@@ -364,13 +382,13 @@ def main(argv: list[str] | None = None) -> None:
       "rounds": args.rounds,
       "data": args.data,
       "anchor_attention": args.anchor_attention,
-      "experiments_overrides": args.experiments_overrides,
+      "experiments_variants": variants,
     },
     "rows": rows,
   }
   out = pathlib.Path(args.out or (SMOKE_OUT if args.smoke else DEFAULT_OUT))
   for i, n in enumerate(counts):
-    rows += run_device_count(n, args, args.experiments_overrides, rate)
+    rows += run_device_count(n, args, variants, rate)
     add_ratios(rows)
     # written after every device count (a run cut short keeps what it measured), marked until the last
     _write(out, {**doc, "complete": i == len(counts) - 1})

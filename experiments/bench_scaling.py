@@ -81,7 +81,7 @@ def measure(
   run once more under the JAX profiler, untimed, and the result gains ``profile``: the trace's
   ``step_profile.summarize``. ``microbatches_per_device`` L > 0: ``--deterministic n·L`` (data / fsdp), or
   ``--deterministic L --tensor-shards n`` (model)."""
-  execution = {"quantizer_backend": "xla", **(execution or {})}
+  execution = {"quantizer_backend": "auto", **(execution or {})}
   quantizer_backend = execution["quantizer_backend"]
   batch = per_device_batch * (n if kind != "model" else 1)
   config = train.TrainConfig(
@@ -96,7 +96,7 @@ def measure(
     deterministic=microbatches_per_device * (n if kind != "model" else 1),
     tensor_shards=n if kind == "model" and microbatches_per_device else 1,
   )
-  if n > 1 and quantizer_backend != "xla" and not microbatches_per_device:
+  if n > 1 and quantizer_backend not in ("auto", "xla") and not microbatches_per_device:
     raise ValueError(
       f"quantizer_backend={quantizer_backend!r} runs on one device; use --devices 1, or "
       "--microbatches-per-device (each device then quantizes whole microbatches)"

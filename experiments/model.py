@@ -42,6 +42,7 @@ from fp4jax.flax.linen import DotGeneral
 
 QUANTIZER_BACKENDS = get_args(Backend)  # fp4jax.dot_general's backend vocabulary
 
+ATTENTION_IMPLS = (None, "auto", "xla", "cudnn")
 BF16_RECIPE = "bf16"
 INIT_STD = 0.02
 
@@ -100,12 +101,14 @@ class ModelConfig:
   norm_eps: float = 1e-6
   dtype: Any = jnp.bfloat16
   param_dtype: Any = jnp.float32
-  attention_impl: str | None = None  # jax.nn.dot_product_attention's `implementation`: None (XLA), "cudnn"
+  # jax.nn.dot_product_attention's implementation: "xla", "cudnn" (flash attention; GPU), or "auto" / None: cuDNN
+  # on a GPU for bf16/fp16 activations, else XLA (attention_implementation)
+  attention_impl: str | None = "auto"
   remat: bool = False  # recompute block activations in the backward pass (less memory, ~1/3 more compute)
   scan_unroll: int = 1  # blocks per scan iteration (see the module docstring); how, not what, the model computes
   # fp4jax.dot_general's quantizer backend for the projections: "xla", "pallas" (the fused kernels) or "auto"
   # (the kernels on a GPU that runs them); every backend gives the same bits.
-  quantizer_backend: str = "xla"
+  quantizer_backend: str = "auto"
   # the projections run fp4jax.recipes.causal(recipe): per-token amax of X, a strictly causal forward
   causal_amax: bool = False
 
@@ -117,6 +120,8 @@ class ModelConfig:
       raise ValueError(
         f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even width (RoPE rotates pairs)"
       )
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
     if self.quantizer_backend not in QUANTIZER_BACKENDS:
       raise ValueError(f"quantizer_backend must be one of {QUANTIZER_BACKENDS}, got {self.quantizer_backend!r}")
     if not isinstance(self.recipe, str) or not self.recipe:
@@ -265,6 +270,18 @@ def _norm(config: ModelConfig, name: str) -> nn.RMSNorm:
   return nn.RMSNorm(epsilon=config.norm_eps, dtype=config.dtype, param_dtype=config.param_dtype, name=name)
 
 
+def attention_implementation(config: ModelConfig, platform: str | None = None) -> str:
+  """``jax.nn.dot_product_attention``'s implementation for ``config``: its ``attention_impl`` when explicit; for
+  "auto" (or None) cuDNN's flash attention on a GPU (``platform``, default ``jax.default_backend()``) with bf16 or
+  fp16 activations, XLA's otherwise. Both compute softmax(q kᵀ / sqrt(d_head) + causal mask) v; they differ in
+  rounding only."""
+  if config.attention_impl not in (None, "auto"):
+    return config.attention_impl
+  platform = platform or jax.default_backend()
+  fast = platform == "gpu" and jnp.dtype(config.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+  return "cudnn" if fast else "xla"
+
+
 class Attention(nn.Module):
   """Causal multi-head self-attention with RoPE; q, k, v, o are the recipe's projections (with ``tp``: this
   shard's heads, :class:`TensorParallel`)."""
@@ -285,7 +302,7 @@ class Attention(nn.Module):
     k = _projection(cfg, self.recipe, width, "k", tp=tp, split="outputs")(x).reshape(heads)
     v = _projection(cfg, self.recipe, width, "v", tp=tp, split="outputs")(x).reshape(heads)
     q, k = apply_rope(q, cfg.rope_theta), apply_rope(k, cfg.rope_theta)
-    y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=cfg.attention_impl)
+    y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=attention_implementation(cfg))
     out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
     out = _projection(cfg, self.recipe, cfg.d_model, "o", out_std, tp, "inputs")(y.reshape(batch, seq, width))
     return tp.exit(out) if tp else out

@@ -186,6 +186,20 @@ def next_token_loss(logits: jax.Array, tokens: jax.Array, total_rows: int | None
   return ce.mean() if total_rows is None else ce.sum() / (total_rows * tokens.shape[1])
 
 
+def quantizer_backend_for(backend: str, layout: sharding.Layout | None, config: TrainConfig) -> str:
+  """The projections' quantizer backend on ``layout``: ``backend`` as given on one device or under
+  ``deterministic=R`` (each device quantizes whole microbatches); on a mesh of several devices otherwise, "auto"
+  is XLA's quantizers and "pallas" / "native" raise ValueError naming the mesh."""
+  if layout is None or layout.n_devices == 1 or config.deterministic or backend == "xla":
+    return backend
+  if backend != "auto":
+    raise ValueError(
+      f"quantizer_backend={backend!r} trains on one device, or on a mesh with deterministic=R (--deterministic R: "
+      f"each device quantizes whole microbatches); with the mesh {layout.describe()} use 'auto' or 'xla'"
+    )
+  return "xla"
+
+
 class Trainer:
   """Model, optimizer, data and the jitted steps of one run.
 
@@ -202,17 +216,19 @@ class Trainer:
   ):
     self.config = config
     self.corpus = data.load_corpus(config.data, cache_dir, config.token_dtype)
-    self.model_config = model_lib.model_config(
-      config.model,
+    fields = dict(
       vocab_size=self.corpus.vocab_size,
       recipe=config.recipe,
       bf16_first=config.bf16_first,
       bf16_last=config.bf16_last,
       dtype=jnp.dtype(config.dtype),
-      attention_impl=config.attention_impl,
+      # auto: cuDNN's flash attention on a GPU, but XLA's under --deterministic (its backward's sums in a fixed order)
+      attention_impl=config.attention_impl or ("xla" if config.deterministic else "auto"),
       causal_amax=config.causal_amax,
-      **(model_overrides or {}),
     )
+    fields.update(model_overrides or {})
+    fields["quantizer_backend"] = quantizer_backend_for(fields.get("quantizer_backend", "auto"), layout, config)
+    self.model_config = model_lib.model_config(config.model, **fields)
     model_lib.projection_dot_cls(config.recipe)  # fail now, not after the data and compile, if fp4jax lacks it
     self.model = model_lib.Llama(self.model_config)
     self.schedule = optimizer.lr_schedule(config.peak_lr, config.steps, config.warmup_frac)
@@ -869,7 +885,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
   ):
     parser.add_argument("--" + name.replace("_", "-"), type=finite_float(kind), default=getattr(defaults, name))
   parser.add_argument("--dtype", default=defaults.dtype, choices=["bfloat16", "float32"])
-  parser.add_argument("--attention-impl", default=None, choices=["xla", "cudnn"])
+  parser.add_argument(
+    "--attention-impl",
+    default=None,
+    choices=["auto", "xla", "cudnn"],
+    help="attention: cuDNN flash attention (GPU) or XLA's; default auto: cuDNN on a GPU (XLA with --deterministic)",
+  )
   parser.add_argument("--token-dtype", default=None, choices=["uint8", "uint16", "uint32"])
   parser.add_argument(
     "--grad-comm-dtype",
@@ -994,14 +1015,10 @@ def main(argv: list[str] | None = None) -> None:
     sharding.check_grad_comm(config.grad_comm_dtype, layout)
   except ValueError as err:
     parser.error(str(err))
-  if layout is not None and args.quantizer_backend != "xla" and not config.deterministic:
-    if args.quantizer_backend != "auto":
-      parser.error(
-        f"--quantizer-backend {args.quantizer_backend} trains on one device; with --mesh the "
-        "quantizers are XLA's (as auto picks), unless --deterministic R (each device then "
-        "quantizes whole microbatches)"
-      )
-    args.quantizer_backend = "xla"
+  try:
+    args.quantizer_backend = quantizer_backend_for(args.quantizer_backend, layout, config)
+  except ValueError as err:
+    parser.error(f"--quantizer-backend: {err}")
   if args.quantizer_backend == "pallas" and config.tensor_shards > 1:
     parser.error(
       "--quantizer-backend pallas: with --tensor-shards the operands split over the shards are "

@@ -62,6 +62,8 @@ def smoke_doc(tmp_path_factory):
       str(out),
       "--profile",
       str(folder / "profile"),
+      "--experiments-variants",
+      json.dumps({"experiments": {}, "unroll2": {"scan_unroll": 2}}),
     ],
     cwd=REPO,
     env=env,
@@ -81,9 +83,12 @@ def test_smoke_writes_every_entry_with_its_metadata(smoke_doc):
   assert [(r["model"], r["recipe"], r["devices"]) for r in doc["rows"]] == [
     ("anchor", "bf16", 1),
     ("experiments", "bf16", 1),
+    ("unroll2", "bf16", 1),
     ("anchor", "bf16", 2),
     ("experiments", "bf16", 2),
+    ("unroll2", "bf16", 2),
   ]
+  assert doc["settings"]["experiments_variants"] == {"experiments": {}, "unroll2": {"scan_unroll": 2}}
   for r in doc["rows"]:
     assert ROW_KEYS <= set(r), ROW_KEYS - set(r)
     assert r["global_batch"] == 2 * r["devices"] and r["seq_len"] == 64
@@ -137,3 +142,12 @@ def test_report_renders_one_table_row_per_entry(smoke_doc):
   assert "commit abc1234" in "\n".join(lines)
   first = doc["rows"][0]
   assert rows[0].split(" | ")[3] == f"{first['tokens_per_s']:,.0f}"
+
+
+@pytest.mark.parametrize(
+  "variants", ['{"anchor": {}}', '{"fast": 1}', '[{"scan_unroll": 2}]'], ids=["anchor-label", "not-object", "list"]
+)
+def test_experiments_variants_must_map_labels_to_override_objects(variants, capsys):
+  with pytest.raises(SystemExit):
+    train_throughput.main(["--smoke", "--experiments-variants", variants])
+  assert "--experiments-variants must map labels other than 'anchor' to JSON objects" in capsys.readouterr().err

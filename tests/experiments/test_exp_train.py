@@ -155,6 +155,6 @@ def test_quantizer_backend_changes_nothing_but_the_implementation(corpus, tmp_pa
 
 def test_cli_refuses_kernel_quantizers_on_a_mesh(corpus, tmp_path, capsys):
   with pytest.raises(SystemExit):
-    train.main(["--data", corpus, "--mesh", "data=1", "--quantizer-backend", "pallas", "--out", str(tmp_path)])
+    train.main(["--data", corpus, "--mesh", "data=2", "--quantizer-backend", "pallas", "--out", str(tmp_path)])
   err = capsys.readouterr().err
-  assert "--quantizer-backend pallas trains on one device" in err and "unless --deterministic R" in err
+  assert "--quantizer-backend: quantizer_backend='pallas' trains on one device" in err and "--deterministic R" in err

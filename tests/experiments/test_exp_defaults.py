@@ -1,0 +1,83 @@
+"""The experiments model's execution defaults: cuDNN flash attention on a GPU (XLA's elsewhere and under
+``--deterministic``), the fused quantizers where they run (``quantizer_backend="auto"``; XLA's on a mesh without
+``--deterministic``), and errors naming the field for what cannot run."""
+
+import dataclasses
+
+import jax.numpy as jnp
+import pytest
+
+from fp4jax_experiments import model as model_lib
+from fp4jax_experiments import sharding, train
+
+TINY = {"n_layers": 1, "d_model": 64, "n_heads": 2, "ffn_hidden": 64}
+
+
+@pytest.mark.parametrize(
+  "impl,dtype,platform,want",
+  [
+    ("auto", jnp.bfloat16, "gpu", "cudnn"),
+    (None, jnp.bfloat16, "gpu", "cudnn"),
+    ("auto", jnp.float16, "gpu", "cudnn"),
+    ("auto", jnp.float32, "gpu", "xla"),  # cuDNN's flash attention takes 16-bit inputs only
+    ("auto", jnp.bfloat16, "cpu", "xla"),
+    ("auto", jnp.bfloat16, "tpu", "xla"),
+    ("xla", jnp.bfloat16, "gpu", "xla"),
+    ("cudnn", jnp.bfloat16, "cpu", "cudnn"),  # explicit: taken as asked (jax raises on a CPU)
+  ],
+)
+def test_attention_implementation_per_platform_and_dtype(impl, dtype, platform, want):
+  config = model_lib.model_config("100K", attention_impl=impl, dtype=dtype)
+  assert model_lib.attention_implementation(config, platform) == want
+
+
+def test_defaults_are_the_fast_paths():
+  config = model_lib.model_config("100K")
+  assert (config.attention_impl, config.quantizer_backend) == ("auto", "auto")
+  assert model_lib.attention_implementation(config) == "xla"  # this CPU
+
+
+def test_unknown_attention_impl_names_the_field():
+  with pytest.raises(ValueError, match=r"attention_impl must be one of \(None, 'auto', 'xla', 'cudnn'\), got 'flash'"):
+    model_lib.model_config("100K", attention_impl="flash")
+
+
+def _trainer(corpus, layout=None, overrides=None, **config):
+  config = train.TrainConfig(model="100K", data=corpus, batch_size=4, seq_len=16, tokens=64, **config)
+  return train.Trainer(config, layout=layout, model_overrides={**TINY, **(overrides or {})})
+
+
+def test_deterministic_runs_take_xla_attention_unless_asked(corpus):
+  assert _trainer(corpus, deterministic=2).model_config.attention_impl == "xla"
+  assert _trainer(corpus, deterministic=2, attention_impl="auto").model_config.attention_impl == "auto"
+  assert _trainer(corpus).model_config.attention_impl == "auto"
+
+
+@pytest.mark.parametrize(
+  "backend,layout,deterministic,want",
+  [
+    ("auto", None, 0, "auto"),
+    ("auto", sharding.Layout(data=1), 0, "auto"),
+    ("auto", sharding.Layout(data=2), 0, "xla"),
+    ("auto", sharding.Layout(model=2), 0, "xla"),
+    ("auto", sharding.Layout(data=2), 2, "auto"),
+    ("pallas", sharding.Layout(data=2), 2, "pallas"),
+    ("xla", sharding.Layout(data=2), 0, "xla"),
+    ("pallas", None, 0, "pallas"),
+  ],
+)
+def test_quantizer_backend_on_a_mesh(backend, layout, deterministic, want):
+  config = train.TrainConfig(model="100K", batch_size=4, seq_len=16, tokens=64, deterministic=deterministic)
+  assert train.quantizer_backend_for(backend, layout, config) == want
+
+
+@pytest.mark.parametrize("backend", ["pallas", "native"])
+def test_kernel_quantizers_on_a_mesh_without_deterministic_are_refused(corpus, backend):
+  with pytest.raises(ValueError, match=rf"quantizer_backend='{backend}' trains on one device.*mesh data=2"):
+    _trainer(corpus, sharding.Layout(data=2), {"quantizer_backend": backend})
+
+
+def test_model_config_is_frozen_with_the_new_fields():
+  config = model_lib.model_config("100K")
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    config.attention_impl = "xla"
