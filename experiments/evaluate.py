@@ -11,8 +11,8 @@ write ``{"name", "model", "recipe", "tokens", "step", "steps", "batch_losses": [
 
 :func:`gaps` pairs each recipe with the baseline run (BF16 by default; ``--baseline RECIPE`` compares two FP4
 recipes directly) of the same size and token count on the same batches: gap = mean_i (loss_i − loss_base_i), error
-= 1.96 · sd_i / √n (a 95% interval over the validation batches). The interval covers the sampling of validation text
-only, not the run-to-run variance of training (seeds).
+= t_{0.975, n−1} · sd_i / √n (Student's t 95% interval over the n validation batches; 2.04 for n = 32). The
+interval covers the sampling of validation text only, not the run-to-run variance of training (seeds).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import scipy.stats
 
 from fp4jax_experiments import train
 from fp4jax_experiments.model import BF16_RECIPE, size_rank
@@ -68,7 +69,7 @@ def gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
         "loss": float(np.mean(r["batch_losses"])),
         "baseline_loss": float(np.mean(ref["batch_losses"])),
         "gap": float(d.mean()),
-        "ci95": float(1.96 * d.std(ddof=1) / math.sqrt(d.size)),
+        "ci95": float(scipy.stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)),
       }
     )
   return rows

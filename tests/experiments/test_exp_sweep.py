@@ -191,7 +191,7 @@ def test_gaps_pair_each_recipe_with_bf16_over_the_same_batches():
   assert [r["recipe"] for r in rows] == ["quartet2"]  # no bf16 partner for 3M
   d = np.array([0.1, 0.3, 0.2])
   np.testing.assert_allclose(rows[0]["gap"], d.mean())
-  np.testing.assert_allclose(rows[0]["ci95"], 1.96 * d.std(ddof=1) / np.sqrt(3))
+  np.testing.assert_allclose(rows[0]["ci95"], 4.302653 * d.std(ddof=1) / np.sqrt(3))  # t(2) 97.5% from tables
   unfinished = record("quartet2", [2.1, 3.3, 4.2]) | {"step": 3}
   table = evaluate.gaps_markdown([record("bf16", [2.0, 3.0, 4.0]), unfinished])
   assert f"| 1M | 0.0M | quartet2 | 3.2000 | +{d.mean():.4f} ± {rows[0]['ci95']:.4f} | 3/5 (unfinished) |" in table
