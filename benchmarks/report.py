@@ -71,11 +71,12 @@ def _train_throughput(doc: dict) -> list[str]:
     f"The experiments' Llama (`fp4jax_experiments.train.Trainer`) under each recipe and a plain-JAX bf16 anchor "
     f"(`benchmarks/anchor.py`, attention {s['anchor_attention']}), all in one process: {s['warmup']} warm-up steps, "
     f"then {s['rounds']} interleaved rounds of {s['steps']} steps each. tokens/s is from the median step time over "
-    f"the rounds, then the range over the rounds; \"/ anchor\" is a ratio within that one process. MFU is against "
+    f'the rounds, then the range over the rounds; "/ anchor" is a ratio within that one process. MFU is against '
     f"the bf16 GEMM rate measured in the same run ({doc['matmul_tflops']:.0f} TFLOP/s)."
     + ("" if doc.get("complete", True) else " INCOMPLETE: the run stopped before its last device count."),
     "",
-    "| model | recipe | devices | tokens/s | tokens/s over rounds | ms/step | MFU | / anchor | weak scaling | compile s |",
+    "| model | recipe | devices | tokens/s | tokens/s over rounds | ms/step | MFU | / anchor | weak scaling "
+    "| compile s |",
     "|---|---|---|---|---|---|---|---|---|---|",
   ]
   fmt = lambda x, spec: "" if x is None else format(x, spec)
@@ -100,7 +101,7 @@ def _linear_trees(doc: dict) -> list[str]:
   out = _title(doc, f"One linear layer fwd+bwd, this commit against {doc['baseline_commit']}") + provenance(doc)
   out += [
     "",
-    f"X 8192x4096, W 4096x4096, bf16, default arguments (`backend=\"auto\"`), `benchmarks/bench_linear.py` run "
+    f'X 8192x4096, W 4096x4096, bf16, default arguments (`backend="auto"`), `benchmarks/bench_linear.py` run '
     f"{n} times from each tree, alternately, each run in its own process on the same GPU. Times are the median over "
     "the runs with the range in brackets. The ratio is ACROSS PROCESSES: the median of this commit's runs over the "
     "median of the baseline's; its range pairs the extremes (fastest over slowest, slowest over fastest).",
