@@ -1,7 +1,7 @@
 """The main job: train one small model under several recipes on the same data; plot and tabulate the losses.
 
-  fp4jax-compare                      # 1M model, 120k bytes of the stdlib corpus, CPU, ~5 minutes
-  fp4jax-compare --recipes bf16 nvidia_nvfp4 quartet2 --model 10M --tokens 50M --data linux
+  fp4jax-compare                      # 1M model, 120k bytes of the stdlib corpus: a CPU is enough
+  fp4jax-compare --recipes bf16 nvidia_nvfp4 quartet2 --model 10M --tokens 50M --data linux     # needs a GPU
 
 Writes ``OUT/<recipe>/`` (each a resumable training run), ``OUT/loss_curves.png`` and ``OUT/results.md``:
 final validation loss, bits per byte, gap to BF16 (same model, data, batches and seed), tokens/s. An error in any
