@@ -1,85 +1,142 @@
-"""Regenerates the "Current numbers" section at the top of BENCHMARKS.md from benchmarks/results/*.json.
+"""Generates BENCHMARKS.md, the whole file, from the result files committed under benchmarks/results/.
 
-    python benchmarks/report.py
+    python benchmarks/report.py            # rewrites BENCHMARKS.md
+    python benchmarks/report.py --check    # exit status 1 if BENCHMARKS.md differs from what it would write
 
-The section lies between two marker lines; everything below the end marker is left as it is.
+One short section per benchmark: what it measures, the device, JAX version, commit and date of the run, the command
+that reproduces it, and the numbers. Where a result file holds several rounds or keys, the table gives the range over
+them (or mean ± sd), never one round as the number; a ratio says whether its two sides ran in the same process. A
+result file with a ``"stale"`` field is reported under a STALE heading with that reason. The history of the numbers
+is in CHANGELOG.md and the commit messages, not here.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
+import re
+import statistics
+import sys
+from collections.abc import Callable
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-BEGIN, END = "<!-- current numbers: begin (benchmarks/report.py) -->", "<!-- current numbers: end -->"
+RESULTS = ROOT / "benchmarks" / "results"
+MAX_LINES = 500
+# The order of the sections; a result file of a benchmark not listed here is an error (it would not be reported).
+ORDER = ("train_throughput", "linear_trees", "profile_linear", "auto_threshold", "quant_error", "recipe_errors")
+_HEADER = re.compile(r"device: (?P<device>[^;]+)(?:; jax (?P<jax>[^;]+))?(?:; date: (?P<date>.+))?")
 
 
-def _linear_trees(doc: dict) -> list[str]:
-  out = [
-    f"### Linear layer fwd+bwd, default arguments, this tree / {doc['baseline_commit']}",
+def _header_fields(doc: dict) -> dict[str, str]:
+  """device / jax / date from ``benchtools.header()``'s line, for documents that only carry that line."""
+  m = _HEADER.match(doc.get("header", ""))
+  return {k: v for k, v in (m.groupdict() if m else {}).items() if v}
+
+
+def provenance(doc: dict) -> list[str]:
+  """The lines saying where and how a result was measured: device, JAX version, commit, date; the command."""
+  head = _header_fields(doc)
+  device = doc.get("device_kind") or head.get("device", "not recorded")
+  if "device_kind" in doc and "platform" in doc:
+    device = f"{device} ({doc['platform']})"
+  jax_version = doc.get("jax_version") or head.get("jax", "not recorded")
+  date = doc.get("date") or head.get("date", "not recorded")
+  return [
+    f"Device: {device}; JAX {jax_version}; commit {doc.get('commit', 'not recorded')}; date {date}.",
     "",
-    f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`",
-    "",
-    "| row | this ms | baseline ms | this / baseline |",
-    "|---|---|---|---|",
+    f"Reproduce: `{doc.get('command', 'not recorded')}`",
   ]
-  out += [f"| {r['name']} | {r['this_ms']:.3f} | {r['baseline_ms']:.3f} | {r['ratio']:.3f} |" for r in doc["rows"]]
-  return out
 
 
-def _auto_threshold(doc: dict) -> list[str]:
-  s = doc["shape"]
-  out = [
-    f"### Quantizer backends at {s['m']}x{s['k']}x{s['n']} (ratio to bf16 in the same run)",
-    "",
-    f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`; {doc.get('note', '')}",
-    "",
-    "| row | ms | ratio to bf16 |",
-    "|---|---|---|",
-  ]
-  out += [f"| {r['name']} | {r['ms']:.3f} | {r['ratio_to_bf16']:.2f} |" for r in doc["rows"] if "ms" in r]
-  return out
+def spread(values: list[float], spec: str) -> str:
+  """``median (min–max)`` of several values, or the one value, each formatted with ``spec``."""
+  if len(values) == 1:
+    return format(values[0], spec)
+  return f"{statistics.median(values):{spec}} ({min(values):{spec}}–{max(values):{spec}})"
+
+
+def _title(doc: dict, title: str) -> list[str]:
+  if "stale" in doc:
+    return [f"### STALE: {title}", "", f"**Stale:** {doc['stale']}", ""]
+  return [f"### {title}", ""]
+
+
+def _variants(settings: dict) -> str:
+  """The experiments models' ModelConfig overrides, by row label ("" when the run had only the defaults)."""
+  variants = settings.get("experiments_variants") or {"experiments": settings.get("experiments_overrides", {})}
+  if list(variants.items()) == [("experiments", {})]:
+    return ""
+  parts = [f"`{label}`: {json.dumps(over) if over else 'the defaults'}" for label, over in variants.items()]
+  return " Experiments models (ModelConfig overrides): " + "; ".join(parts) + "."
 
 
 def _train_throughput(doc: dict) -> list[str]:
   s = doc["settings"]
-  title = (
-    f"### Training throughput, {s['model']}, {s['per_device_batch']} x {s['seq_len']} tokens per device "
-    "(experiments model and plain-JAX anchor, one run)"
-  )
-  where = (
-    f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`; MFU against the measured bf16 GEMM rate "
-    f"({doc['matmul_tflops']:.0f} TFLOP/s); anchor attention {s['anchor_attention']}"
-    + ("" if doc.get("complete", True) else "; INCOMPLETE: the run stopped before its last device count")
-  )
-  out = [
-    title,
+  title = f"Training throughput, {s['model']}, {s['per_device_batch']} x {s['seq_len']} tokens per device"
+  out = _title(doc, title) + provenance(doc)
+  out += [
     "",
-    where,
+    f"The experiments' Llama (`fp4jax_experiments.train.Trainer`) under each recipe and a plain-JAX bf16 anchor "
+    f"(`benchmarks/anchor.py`, attention {s['anchor_attention']}), all in one process: {s['warmup']} warm-up steps, "
+    f"then {s['rounds']} interleaved rounds of {s['steps']} steps each. tokens/s is from the median step time over "
+    f'the rounds, then the range over the rounds; "/ anchor" is a ratio within that one process. MFU is against '
+    f"the bf16 GEMM rate measured in the same run ({doc['matmul_tflops']:.0f} TFLOP/s)."
+    + ("" if doc.get("complete", True) else " INCOMPLETE: the run stopped before its last device count.")
+    + _variants(s),
     "",
-    "| model | recipe | devices | tokens/s | ms/step | MFU | / anchor | weak scaling | compile s |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| model | recipe | devices | tokens/s | tokens/s over rounds | ms/step | MFU | / anchor | weak scaling "
+    "| compile s |",
+    "|---|---|---|---|---|---|---|---|---|---|",
   ]
   fmt = lambda x, spec: "" if x is None else format(x, spec)
   for r in doc["rows"]:
     head = f"| {r['model']} | {r['recipe']} | {r['devices']} |"
     if "error" in r:
-      out.append(f"{head} failed: {r['error'][:100].replace('|', '/')} | | | | | |")
+      out.append(f"{head} failed: {r['error'][:100].replace('|', '/')} | | | | | | |")
       continue
+    tokens = r["global_batch"] * r["seq_len"]
+    per_round = [tokens / t for t in r.get("step_time_rounds_s", [])]
+    rng = f"{min(per_round):,.0f}–{max(per_round):,.0f}" if len(per_round) > 1 else "one round"
     eff = fmt(r["scaling_efficiency"], ".1%") if r["devices"] > 1 else ""
     out.append(
-      f"{head} {r['tokens_per_s']:,.0f} | {r['step_time_median_s'] * 1e3:.1f} | {r['mfu']:.1%} | "
+      f"{head} {r['tokens_per_s']:,.0f} | {rng} | {r['step_time_median_s'] * 1e3:.1f} | {r['mfu']:.1%} | "
       f"{fmt(r['ratio_to_anchor'], '.2f')} | {eff} | {r['compile_s']:.0f} |"
+    )
+  return out
+
+
+def _linear_trees(doc: dict) -> list[str]:
+  n = len(doc["rows"][0]["this_rounds"]) if doc["rows"] else 0
+  out = _title(doc, f"One linear layer fwd+bwd, this commit against {doc['baseline_commit']}") + provenance(doc)
+  out += [
+    "",
+    f'X 8192x4096, W 4096x4096, bf16, default arguments (`backend="auto"`), `benchmarks/bench_linear.py` run '
+    f"{n} times from each tree, alternately, each run in its own process on the same GPU. Times are the median over "
+    "the runs with the range in brackets. The ratio is ACROSS PROCESSES: the median of this commit's runs over the "
+    "median of the baseline's; its range pairs the extremes (fastest over slowest, slowest over fastest).",
+    "",
+    f"| row | {doc['commit']} ms | {doc['baseline_commit']} ms | ratio | ratio range |",
+    "|---|---|---|---|---|",
+  ]
+  for r in doc["rows"]:
+    this, base = r["this_rounds"], r["baseline_rounds"]
+    lo, hi = min(this) / max(base), max(this) / min(base)
+    out.append(
+      f"| {r['name']} | {spread(this, '.3f')} | {spread(base, '.3f')} | "
+      f"{statistics.median(this) / statistics.median(base):.3f} | {lo:.3f}–{hi:.3f} |"
     )
   return out
 
 
 def _profile_linear(doc: dict) -> list[str]:
   m, k, n = doc["shape"]
-  out = [
-    f"### Where one linear layer's fwd+bwd spends GPU time ({m}x{k} x ({n}x{k})ᵀ, backend {doc['backend']})",
+  title = f"Where one linear layer's fwd+bwd spends GPU time ({m}x{k} x ({n}x{k})ᵀ, backend {doc['backend']})"
+  out = _title(doc, title) + provenance(doc)
+  out += [
     "",
-    f"{doc['header']}; commit {doc['commit']}; `{doc['command']}`",
+    f"One profiled run of {doc['steps']} steps per recipe under the JAX profiler; device busy time and kernel "
+    "launches per step, and the kernel that took the most time.",
     "",
     "| recipe | busy ms per step | kernels per step | top kernel (ms per step) |",
     "|---|---|---|---|",
@@ -92,35 +149,119 @@ def _profile_linear(doc: dict) -> list[str]:
   return out
 
 
-RENDER = {
-  "profile_linear": _profile_linear,
-  "linear_trees": _linear_trees,
-  "auto_threshold": _auto_threshold,
+def _auto_threshold(doc: dict) -> list[str]:
+  s = doc["shape"]
+  title = f"Quantizer backends, one linear layer fwd+bwd at {s['m']}x{s['k']}x{s['n']}"
+  out = _title(doc, title) + provenance(doc)
+  out += [
+    "",
+    f"{doc['dtype']} operands; every row in one process, one run: each time is "
+    f"{doc['timing'].split(': ', 1)[-1]}, so there is no range; the ratio is to bf16 in the same process.",
+    "",
+    "| row | ms | ratio to bf16 |",
+    "|---|---|---|",
+  ]
+  out += [f"| {r['name']} | {r['ms']:.3f} | {r['ratio_to_bf16']:.2f} |" for r in doc["rows"] if "ms" in r]
+  return out
+
+
+def _quant_error(doc: dict) -> list[str]:
+  s = doc["settings"]
+  out = _title(doc, "Quantization error: Quartet II's table") + provenance(doc)
+  out += [
+    "",
+    f"{s['rows']} rows of 128 N(0,1) values scaled by logspace(2^0…2^8), a 128-point random Hadamard transform "
+    f"(except MXFP4), then each quantizer; mean ± sd over {s['keys']} keys. Misalignment is 1 − ⟨x,Q⟩/⟨x,x⟩. "
+    "Numerics, not timings: the CPU is a valid device for it.",
+    "",
+    "| quantizer | rel. MSE ×1e-3 | published | misalignment | published |",
+    "|---|---|---|---|---|",
+  ]
+  for r in doc["rows"]:
+    pub = r["published_misalignment"]
+    out.append(
+      f"| {r['name']} | {r['rel_mse'] * 1e3:.2f} ± {r['rel_mse_sd'] * 1e3:.2f} | {r['published_rel_mse'] * 1e3:.1f} "
+      f"| {r['misalignment']:+.5f} ± {r['misalignment_sd']:.5f} | {'—' if pub is None else f'{pub:.4f}'} |"
+    )
+  return out
+
+
+def _recipe_errors(doc: dict) -> list[str]:
+  s = doc["settings"]
+  out = _title(doc, "Recipe accuracy on one SwiGLU MLP") + provenance(doc)
+  cols = ("fwd relerr", "cos", "misalign", "misalign(mean16)")
+  out += [
+    "",
+    f"A SwiGLU MLP, {s['tokens']} tokens, width {s['d']}, hidden {s['hidden']}, float32 inputs, every projection "
+    "through `fp4jax.einsum` with the recipe; against the exact (bf16 recipe) forward and gradients of the same loss. "
+    f"One key, deterministic; the last column is the misalignment of the mean of {s['mean_keys']} keys' gradients "
+    "(random recipes). Numerics, not timings.",
+    "",
+    "| recipe | " + " | ".join(cols) + " |",
+    "|---" * (len(cols) + 1) + "|",
+  ]
+  for r in doc["rows"]:
+    out.append(f"| {r['recipe']} | " + " | ".join(f"{r[c]:.4f}" if c in r else "-" for c in cols) + " |")
+  return out
+
+
+RENDER: dict[str, Callable[[dict], list[str]]] = {
   "train_throughput": _train_throughput,
+  "linear_trees": _linear_trees,
+  "profile_linear": _profile_linear,
+  "auto_threshold": _auto_threshold,
+  "quant_error": _quant_error,
+  "recipe_errors": _recipe_errors,
 }
 
+INTRO = [
+  "# Benchmarks",
+  "",
+  "<!-- Generated by `python benchmarks/report.py` from benchmarks/results/*.json. Do not edit by hand: "
+  "tests/benchmarks/test_report.py checks that this file is what the script writes. -->",
+  "",
+  "The current numbers, one section per result file under `benchmarks/results/`, each with the device, JAX "
+  "version, commit, date and the command that reproduces it. Where a file holds several rounds the table gives the "
+  "range; a ratio says whether both sides ran in the same process. A section marked STALE was measured on older "
+  "code and says why. How the numbers got here (earlier runs, reverted experiments) is in CHANGELOG.md.",
+  "",
+  "Regenerate after adding or replacing a result file: `python benchmarks/report.py`.",
+  "",
+  "The LM-training loss gaps to BF16 (the sweep) and their scaling-law fit are in "
+  "[experiments/results/README.md](experiments/results/README.md), with the command and commit of every run.",
+]
 
-def section() -> str:
-  lines = [
-    BEGIN,
-    "## Current numbers",
-    "",
-    "Generated from `benchmarks/results/*.json` by `python benchmarks/report.py`.",
-    "",
-  ]
-  for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
-    doc = json.loads(path.read_text())
-    lines += RENDER[doc["benchmark"]](doc) + [""]
-  return "\n".join(lines + [END])
+
+def load(results: pathlib.Path = RESULTS) -> list[dict]:
+  """The result documents, in report order (``ORDER``, then file name)."""
+  docs = [(path.name, json.loads(path.read_text())) for path in sorted(results.glob("*.json"))]
+  unknown = sorted(name for name, doc in docs if doc.get("benchmark") not in RENDER)
+  if unknown:
+    raise ValueError(f"{results}: no renderer for {unknown} (their 'benchmark' field must be one of {ORDER})")
+  return [doc for _, doc in sorted(docs, key=lambda nd: (ORDER.index(nd[1]["benchmark"]), nd[0]))]
 
 
-def main() -> None:
-  path = ROOT / "BENCHMARKS.md"
-  text = path.read_text()
-  rest = text.split(END, 1)[1].lstrip("\n") if END in text else text
-  head = text.split(BEGIN, 1)[0] if BEGIN in text else ""
-  path.write_text(head + section() + "\n\n" + rest)
+def render(docs: list[dict]) -> str:
+  """The whole of BENCHMARKS.md for ``docs``."""
+  lines = list(INTRO)
+  for doc in docs:
+    lines += [""] + RENDER[doc["benchmark"]](doc)
+  return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--check", action="store_true", help="only compare BENCHMARKS.md with what would be written")
+  args = p.parse_args(argv)
+  text, path = render(load()), ROOT / "BENCHMARKS.md"
+  if args.check:
+    same = path.exists() and path.read_text() == text
+    print("BENCHMARKS.md is up to date" if same else "BENCHMARKS.md differs: run python benchmarks/report.py")
+    return 0 if same else 1
+  path.write_text(text)
+  print(f"wrote {path} ({text.count(chr(10))} lines)")
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -1,7 +1,7 @@
 """The main job: train one small model under several recipes on the same data; plot and tabulate the losses.
 
-  fp4jax-compare                      # 1M model, 120k bytes of the stdlib corpus, CPU, ~5 minutes
-  fp4jax-compare --recipes bf16 nvidia_nvfp4 quartet2 --model 10M --tokens 50M --data linux
+  fp4jax-compare                      # 1M model, 120k bytes of the stdlib corpus: a CPU is enough
+  fp4jax-compare --recipes bf16 nvidia_nvfp4 quartet2 --model 10M --tokens 50M --data linux     # needs a GPU
 
 Writes ``OUT/<recipe>/`` (each a resumable training run), ``OUT/loss_curves.png`` and ``OUT/results.md``:
 final validation loss, bits per byte, gap to BF16 (same model, data, batches and seed), tokens/s. An error in any
@@ -15,8 +15,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+from fp4jax_experiments import cli, plots, train
 from fp4jax_experiments import model as model_lib
-from fp4jax_experiments import plots, train
 
 DEFAULT_RECIPES = ("bf16", "nvidia_nvfp4", "quartet2")
 
@@ -39,18 +39,24 @@ def results_table(rows: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def build_parser() -> argparse.ArgumentParser:
+  """fp4jax-compare's command line."""
+  parser = cli.parser("fp4jax-compare", __doc__.split("\n\n")[0])
+  parser.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES), help="recipes to train, in this order")
+  parser.add_argument("--model", default="1M", choices=list(model_lib.SIZES), help="model size")
+  parser.add_argument("--tokens", type=train.parse_count, default=120_000, help="training tokens per recipe, e.g. 50M")
+  parser.add_argument("--data", default="stdlib", help="stdlib | linux | corpus folder | train .bin[.xz]")
+  parser.add_argument("--batch-size", type=int, default=16, help="sequences per step")
+  parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
+  parser.add_argument("--eval-every", type=int, default=20, help="steps between validation losses (and checkpoints)")
+  parser.add_argument("--seed", type=int, default=0, help="seed of every run (the same batches for every recipe)")
+  parser.add_argument("--out", type=Path, default=Path("runs/compare"), help="folder of the runs, plot and table")
+  parser.add_argument("--cache-dir", default=None, help="corpus cache (default $FP4JAX_CACHE or ~/.cache/fp4jax)")
+  return parser
+
+
 def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="fp4jax-compare", description=__doc__.split("\n\n")[0])
-  parser.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES))
-  parser.add_argument("--model", default="1M", choices=list(model_lib.SIZES))
-  parser.add_argument("--tokens", type=train.parse_count, default=120_000)
-  parser.add_argument("--data", default="stdlib")
-  parser.add_argument("--batch-size", type=int, default=16)
-  parser.add_argument("--seq-len", type=int, default=128)
-  parser.add_argument("--eval-every", type=int, default=20)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", type=Path, default=Path("runs/compare"))
-  parser.add_argument("--cache-dir", default=None)
+  parser = build_parser()
   args = parser.parse_args(argv)
   try:
     base = train.TrainConfig(

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import scipy.stats
 
-from fp4jax_experiments import train
+from fp4jax_experiments import cli, train
 from fp4jax_experiments.model import BF16_RECIPE, size_rank
 
 
@@ -89,14 +89,22 @@ def gaps_markdown(records: Sequence[dict], baseline: str = BF16_RECIPE) -> str:
   return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="fp4jax-evaluate", description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+  """fp4jax-evaluate's command line."""
+  parser = cli.parser("fp4jax-evaluate", __doc__.split("\n\n")[0])
   parser.add_argument("runs", nargs="*", type=Path, help="run folders (with config.json and checkpoints)")
-  parser.add_argument("--batches", type=int, default=32, help="validation batches per run (default 32)")
-  parser.add_argument("--cache-dir", default=None)
-  parser.add_argument("--out", type=Path, help="JSONL of per-batch losses")
-  parser.add_argument("--table", type=Path, help="print the gap table of a JSONL written by --out, and exit")
-  parser.add_argument("--baseline", default=BF16_RECIPE, help="the recipe gaps are taken to (default bf16)")
+  parser.add_argument("--batches", type=int, default=32, help="validation batches per run")
+  parser.add_argument("--cache-dir", default=None, help="corpus cache (default $FP4JAX_CACHE or ~/.cache/fp4jax)")
+  parser.add_argument("--out", type=Path, default=None, help="JSONL of per-batch losses (with run folders)")
+  parser.add_argument(
+    "--table", type=Path, default=None, help="print the gap table of a JSONL written by --out, and exit"
+  )
+  parser.add_argument("--baseline", default=BF16_RECIPE, help="the recipe gaps are taken to")
+  return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = build_parser()
   args = parser.parse_args(argv)
   if args.table:
     records = [json.loads(line) for line in args.table.read_text().splitlines() if line.strip()]

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
+import matplotlib.figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -24,24 +25,25 @@ def _save(fig, path: str | Path) -> Path:
 
 
 def loss_curves(curves: Mapping[str, Sequence[dict]], path: str | Path, title: str = "") -> Path:
-  """Train (thin) and validation (markers) loss against tokens; ``curves`` maps a label to metrics records."""
+  """:func:`loss_curves_figure` saved to ``path``."""
+  return _save(loss_curves_figure(curves, title), path)
+
+
+def loss_curves_figure(curves: Mapping[str, Sequence[dict]], title: str = "") -> matplotlib.figure.Figure:
+  """Train (thin line) and validation (markers) loss against tokens, each labelled as such in the legend, over the
+  whole run (the axes hold every point, the first evaluation's too); ``curves`` maps a label to metrics records."""
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  lows, finals = [], []
   for i, (label, records) in enumerate(curves.items()):
     train = [(r["tokens"], r["loss"]) for r in records if r["kind"] == "train"]
     val = [(r["tokens"], r["val_loss"]) for r in records if r["kind"] == "val"]
     if train:
-      ax.plot(*zip(*train), color=f"C{i}", alpha=0.45, lw=1)
+      ax.plot(*zip(*train), color=f"C{i}", alpha=0.45, lw=1, label=f"{label} train")
     if val:
-      ax.plot(*zip(*val), "o-", color=f"C{i}", ms=3, label=f"{label} (val {val[-1][1]:.4f})")
-      finals.append(val[-1][1])
-    lows += [loss for _, loss in train + val]
-  if finals:  # show the late phase, where recipes differ, rather than the initial drop
-    ax.set_ylim(min(lows) - 0.05, max(finals) + 1.0)
+      ax.plot(*zip(*val), "o-", color=f"C{i}", ms=3, label=f"{label} validation (last {val[-1][1]:.4f})")
   ax.set(xlabel="tokens", ylabel="loss (nats/token)", title=title)
   ax.grid(alpha=0.3)
   ax.legend()
-  return _save(fig, path)
+  return fig
 
 
 def val_curves_by_size(results: Sequence[dict], path: str | Path, title: str = "") -> Path:

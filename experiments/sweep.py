@@ -33,8 +33,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from fp4jax_experiments import cli, train
 from fp4jax_experiments import model as model_lib
-from fp4jax_experiments import train
 
 STARTUP_MINUTES = 1.0  # a run is launched only with at least this much budget left (imports, data, compile)
 POLL_SECONDS = 1.0
@@ -198,16 +198,22 @@ def collect_evaluations(out: Path, runs: Sequence[Run]) -> list[dict]:
   return [json.loads(path.read_text()) for path in paths if path.exists()]
 
 
-def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="fp4jax-sweep", description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+  """fp4jax-sweep's command line: the training flags and the grid's (``--sizes``, ``--ratios`` and ``--recipes`` set
+  each run's model, tokens and recipe)."""
+  parser = cli.parser("fp4jax-sweep", __doc__.split("\n\n")[0])
   train.add_config_arguments(parser)
   train.add_execution_arguments(parser)
   parser.add_argument("--out", type=Path, required=True, help="sweep folder; one subfolder per run")
-  parser.add_argument("--sizes", nargs="+", required=True, choices=list(model_lib.SIZES))
+  parser.add_argument("--sizes", nargs="+", required=True, choices=list(model_lib.SIZES), help="model sizes")
   parser.add_argument("--ratios", nargs="+", type=float, required=True, help="tokens per parameter, e.g. 25 100")
-  parser.add_argument("--recipes", nargs="+", required=True)
-  parser.add_argument("--max-minutes", type=float, default=9.0, help="budget of this piece (default 9)")
-  parser.add_argument("--devices", default="", help="comma-separated GPU ids, one run per GPU at once")
+  parser.add_argument("--recipes", nargs="+", required=True, help="recipes, e.g. bf16 nvidia_nvfp4 quartet2")
+  parser.add_argument("--max-minutes", type=float, default=9.0, help="minutes of this piece; rerun to continue")
+  parser.add_argument(
+    "--devices",
+    default="",
+    help="comma-separated GPU ids, one run per GPU at once (default: none, runs one after another)",
+  )
   parser.add_argument("--runs-per-device", type=int, default=1, help="training processes per GPU at once")
   parser.add_argument(
     "--gpus-per-run",
@@ -215,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     default=1,
     help="data-parallel runs over groups of this many of --devices (--mesh data=N)",
   )
-  parser.add_argument("--cache-dir", default=None)
+  parser.add_argument("--cache-dir", default=None, help="corpus cache (default $FP4JAX_CACHE or ~/.cache/fp4jax)")
   parser.add_argument("--results", type=Path, default=None, help="write finished runs' summaries here (JSONL)")
   parser.add_argument(
     "--final-eval-batches",
@@ -229,6 +235,11 @@ def main(argv: list[str] | None = None) -> None:
     default=None,
     help="write those per-batch losses here (JSONL; `fp4jax-evaluate --table` reads it)",
   )
+  return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = build_parser()
   args = parser.parse_args(argv)
   try:
     base = train.config_from_args(args)

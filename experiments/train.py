@@ -57,7 +57,7 @@ import optax
 import orbax.checkpoint as ocp
 from jax.sharding import PartitionSpec as P
 
-from fp4jax_experiments import data, deterministic, diagnostics, optimizer, sharding
+from fp4jax_experiments import cli, data, deterministic, diagnostics, optimizer, sharding
 from fp4jax_experiments import model as model_lib
 
 QUANT_KEY_SALT = 1
@@ -625,11 +625,6 @@ def read_metrics(path: str | Path, kind: str | None = None) -> list[dict]:
   return [r for r in map(json.loads, lines) if kind is None or r["kind"] == kind]
 
 
-def _duration(seconds: float) -> str:
-  seconds = int(seconds)
-  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
 class StopSignals:
   """SIGINT / SIGTERM set ``received`` (the training loop then checkpoints and stops); a second signal of the same
   kind acts as it normally does. A context manager: the previous handlers come back on exit (main thread only;
@@ -735,25 +730,36 @@ def _train(
   if step == 0:
     log_validation()
   resumed_from, window_losses, window_start, next_window_s = step, list(folder.window), time.perf_counter(), 0.0
-  run_start, status, last, timed_steps = time.perf_counter(), "finished", {}, 0
+  status, last, timed_steps, eta, window_compiled = "finished", {}, 0, cli.Eta(), False
+  progress = None if quiet else cli.Progress(config.steps, step, f"{config.recipe} {config.model}")
   while step < config.steps and signals.received is None:
     batch = trainer.place(trainer.stream.batch(step))
+    first = step == resumed_from
+    if first and progress is not None:
+      progress.write(f"compiling the train step for {config.recipe} ...")
+      compile_start = time.perf_counter()
     state, out_metrics = trainer.train_step(state, batch, trainer.quant_key(step))
     window_losses.append(out_metrics)
     step += 1
-    if step == resumed_from + 1 and step % config.log_every and step < config.steps:
+    if first:
+      jax.block_until_ready(out_metrics)
+      if progress is not None:
+        progress.write(f"compiled in {time.perf_counter() - compile_start:.1f} s (its first step included)")
+    if first and step % config.log_every and step < config.steps:
       # The first step after a (re)start compiles: time the steps after it, or its compile time would pass
       # for the step time (the tokens/s logged and the pause estimate of the next window).
-      jax.block_until_ready(out_metrics)
       window_start = time.perf_counter()
     else:
       timed_steps += 1
+      window_compiled |= first  # a window holding the compiling step: not for the ETA
     boundary = step % config.log_every == 0 or step == config.steps
     if boundary:
       fetched = jax.device_get(window_losses)
       now = time.perf_counter()
       step_time = (now - window_start) / max(timed_steps, 1)
       next_window_s = step_time * config.log_every
+      if not window_compiled:
+        eta.add(now - window_start, timed_steps)
       last = {
         "loss": float(np.mean([m["loss"] for m in fetched])),
         "grad_norm": float(fetched[-1]["grad_norm"]),
@@ -762,7 +768,7 @@ def _train(
         "tokens_per_s": config.tokens_per_step / step_time,
       }
       emit({"kind": "train", **last})
-      window_losses, window_start, timed_steps = [], now, 0
+      window_losses, window_start, timed_steps, window_compiled = [], now, 0, False
       if (bad := _first_non_finite(fetched)) is not None:
         at = step - len(fetched) + 1 + bad
         status = diverged(at, f"loss {fetched[bad]['loss']}, gradient norm {fetched[bad]['grad_norm']}")
@@ -784,16 +790,11 @@ def _train(
         status = diverged(step, "the parameters or optimizer state after it are not finite")
         break
       folder.save(step, state, window_losses)
-    if boundary and not quiet:
-      done = step - resumed_from
-      eta = (time.perf_counter() - run_start) / done * (config.steps - step)
-      print(
-        f"\r{config.recipe} {config.model} | step {step}/{config.steps} | "
+    if boundary and progress is not None:
+      progress.update(
+        step,
         f"{step * config.tokens_per_step:,} tok | loss {last['loss']:.4f} | "
-        f"{last['tokens_per_s']:,.0f} tok/s | ETA {_duration(eta)}   ",
-        end="" if sys.stderr.isatty() else "\n",
-        file=sys.stderr,
-        flush=True,
+        f"{last['tokens_per_s']:,.0f} tok/s | ETA {cli.duration(eta.remaining(config.steps - step))}",
       )
     if pause:
       status = "paused"
@@ -815,8 +816,8 @@ def _train(
       flush=True,
     )
   folder.close()
-  if not quiet and sys.stderr.isatty():
-    print(file=sys.stderr)
+  if progress is not None:
+    progress.close()
   train_records = read_metrics(folder.path, "train")
   val_records = read_metrics(folder.path, "val")
   summary = {
@@ -852,46 +853,79 @@ def _train(
       f"{status}: recipe={config.recipe} model={config.model} step={step}/{config.steps} "
       f"tokens={summary['tokens']:,} val_loss={summary['val_loss']:.4f} "
       + (f"val_bpb={summary['val_bpb']:.4f} " if summary["val_bpb"] is not None else "")
-      + f"tok/s={summary['tokens_per_s'] or 0:,.0f} wall={_duration(summary['wall_s'])} out={folder.path}"
+      + f"tok/s={summary['tokens_per_s'] or 0:,.0f} wall={cli.duration(summary['wall_s'])} out={folder.path}"
     )
   return summary
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-  """One ``--flag`` per TrainConfig field (shared with the sweep and compare commands)."""
+_INT_FLAGS = {
+  "batch_size": "sequences per step (global, over all devices)",
+  "seq_len": "tokens per sequence",
+  "seed": "seed of the initialization, the data order and the quantizers' random bits",
+  "bf16_first": "blocks at the input kept in bf16 (not quantized)",
+  "bf16_last": "blocks at the output kept in bf16 (not quantized)",
+  "log_every": "steps per logged training-loss window (and per progress line)",
+  "eval_every": "steps between validation losses",
+  "eval_batches": "validation batches per validation loss",
+  "ckpt_every": "steps between checkpoints (a multiple of --log-every)",
+  "quant_error_every": "steps between logged quantization errors of the projections; 0: never",
+}
+_FLOAT_FLAGS = {
+  "lr": ("positive", "peak learning rate (default: the model size's, model.SIZES)"),
+  "warmup_frac": ("fraction", "fraction of the steps that warm the learning rate up linearly"),
+  "weight_decay": ("non_negative", "AdamW weight decay"),
+  "clip_norm": ("positive", "global gradient-norm clip"),
+}
+
+
+def positive_int(text: str) -> int:
+  """argparse type: an integer >= 1."""
+  value = int(text)
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+  return value
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, steps: bool = False) -> None:
+  """One ``--flag`` per TrainConfig field (shared with the sweep and compare commands); with ``steps``, a
+  ``--steps`` flag excluding ``--tokens`` (:func:`config_from_args` turns it into tokens)."""
   defaults = TrainConfig()
-  parser.add_argument("--model", default=defaults.model, choices=list(model_lib.SIZES))
+  parser.add_argument("--model", default=defaults.model, choices=list(model_lib.SIZES), help="model size")
   parser.add_argument("--recipe", default=defaults.recipe, help="bf16, or an fp4jax recipe name (e.g. quartet2)")
-  parser.add_argument("--tokens", type=parse_count, default=defaults.tokens, help="training tokens, e.g. 200M")
+  length = parser.add_mutually_exclusive_group() if steps else parser
+  length.add_argument("--tokens", type=parse_count, default=defaults.tokens, help="training tokens, e.g. 200M")
+  if steps:
+    length.add_argument(
+      "--steps",
+      type=positive_int,
+      default=None,
+      help="training steps instead of --tokens: tokens = steps x batch size x sequence length",
+    )
   parser.add_argument("--data", default=defaults.data, help="stdlib | linux | corpus folder | train .bin[.xz]")
-  for name in (
-    "batch_size",
-    "seq_len",
-    "seed",
-    "bf16_first",
-    "bf16_last",
-    "log_every",
-    "eval_every",
-    "eval_batches",
-    "ckpt_every",
-    "quant_error_every",
-  ):
-    parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
-  for name, kind in (
-    ("lr", "positive"),
-    ("warmup_frac", "fraction"),
-    ("weight_decay", "non_negative"),
-    ("clip_norm", "positive"),
-  ):
-    parser.add_argument("--" + name.replace("_", "-"), type=finite_float(kind), default=getattr(defaults, name))
-  parser.add_argument("--dtype", default=defaults.dtype, choices=["bfloat16", "float32"])
+  for name, text in _INT_FLAGS.items():
+    parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name), help=text)
+  for name, (kind, text) in _FLOAT_FLAGS.items():
+    flag = "--" + name.replace("_", "-")
+    parser.add_argument(flag, type=finite_float(kind), default=getattr(defaults, name), help=text)
+  parser.add_argument(
+    "--dtype",
+    default=defaults.dtype,
+    choices=["bfloat16", "float32"],
+    help="activation and compute dtype (parameters stay float32)",
+  )
   parser.add_argument(
     "--attention-impl",
     default=None,
     choices=["auto", "xla", "cudnn"],
-    help="attention: cuDNN flash attention (GPU) or XLA's; default auto: cuDNN on a GPU (XLA with --deterministic)",
+    help="jax.nn.dot_product_attention implementation; default (None) auto: cuDNN flash attention on a GPU, XLA's "
+    "on a CPU and with --deterministic",
   )
-  parser.add_argument("--token-dtype", default=None, choices=["uint8", "uint16", "uint32"])
+  parser.add_argument(
+    "--token-dtype",
+    default=None,
+    choices=["uint8", "uint16", "uint32"],
+    help="dtype of the token files of a corpus folder without meta.json",
+  )
   parser.add_argument(
     "--grad-comm-dtype",
     default=defaults.grad_comm_dtype,
@@ -957,7 +991,11 @@ def execution_to_args(overrides: dict) -> list[str]:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-  return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+  """The TrainConfig of parsed flags; ``--steps N`` (if the parser has it) sets tokens to N x batch x seq_len."""
+  fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
+  if getattr(args, "steps", None) is not None:
+    fields["tokens"] = args.steps * args.batch_size * args.seq_len
+  return TrainConfig(**fields)
 
 
 def config_to_args(config: TrainConfig) -> list[str]:
@@ -972,13 +1010,17 @@ def config_to_args(config: TrainConfig) -> list[str]:
   return flags
 
 
-def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="fp4jax-train", description=__doc__.split("\n\n")[0])
-  add_config_arguments(parser)
+def build_parser() -> argparse.ArgumentParser:
+  """fp4jax-train's command line."""
+  parser = cli.parser("fp4jax-train", __doc__.split("\n\n")[0])
+  add_config_arguments(parser, steps=True)
   parser.add_argument("--out", default=None, help="run folder (default runs/<model>-<recipe>-<tokens>)")
   parser.add_argument("--cache-dir", default=None, help="corpus cache (default $FP4JAX_CACHE or ~/.cache/fp4jax)")
   parser.add_argument(
-    "--max-minutes", type=finite_float("positive"), default=None, help="pause (checkpoint and exit) before this"
+    "--max-minutes",
+    type=finite_float("positive"),
+    default=None,
+    help="pause (checkpoint and exit) before this many minutes have passed (default: no limit); rerun to resume",
   )
   parser.add_argument("--mesh", default=None, help="device mesh, e.g. data=4 or data=2,model=2 (default: 1 device)")
   parser.add_argument("--fsdp", action="store_true", help="shard parameters and optimizer state over the data axis")
@@ -993,6 +1035,11 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--coordinator", default=None, help="with --distributed: process 0's host:port")
   parser.add_argument("--num-processes", type=int, default=None, help="with --distributed: number of processes")
   parser.add_argument("--process-id", type=int, default=None, help="with --distributed: this process's index")
+  return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = build_parser()
   args = parser.parse_args(argv)
   try:
     config = config_from_args(args)

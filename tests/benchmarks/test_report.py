@@ -1,0 +1,88 @@
+"""benchmarks/report.py: BENCHMARKS.md is exactly what it generates from the committed JSON, short, and honest about
+ranges, processes and stale results."""
+
+import json
+
+import pytest
+
+from benchmarks import report
+
+
+def test_committed_benchmarks_md_is_what_the_report_generates():
+  committed = (report.ROOT / "BENCHMARKS.md").read_text()
+  assert committed == report.render(report.load()), "BENCHMARKS.md is stale: run python benchmarks/report.py"
+
+
+def test_benchmarks_md_is_at_most_500_lines():
+  assert len((report.ROOT / "BENCHMARKS.md").read_text().splitlines()) <= report.MAX_LINES == 500
+
+
+def test_every_committed_result_states_where_it_ran_and_how_to_rerun():
+  for doc in report.load():
+    where, _, command = report.provenance(doc)
+    assert "not recorded" not in where, (doc["benchmark"], where)
+    assert command.startswith("Reproduce: `python ") and "not recorded" not in command
+
+
+def _trees_doc(**extra):
+  row = {"name": "nvfp4_rtn [auto]", "this_rounds": [1.0, 3.0, 2.0], "baseline_rounds": [4.0, 2.0]}
+  return {"benchmark": "linear_trees", "commit": "aaa", "baseline_commit": "bbb", "command": "c", "rows": [row]}
+
+
+def test_linear_trees_reports_the_range_over_rounds_and_a_ratio_across_processes():
+  text = "\n".join(report.RENDER["linear_trees"](_trees_doc()))
+  # medians 2 and 3; ranges 1–3 and 2–4; ratio 2/3; its extremes 1/4 and 3/2 (hand-computed)
+  assert "| nvfp4_rtn [auto] | 2.000 (1.000–3.000) | 3.000 (2.000–4.000) | 0.667 | 0.250–1.500 |" in text
+  assert "ACROSS PROCESSES" in text
+
+
+def test_train_throughput_reports_tokens_per_second_of_each_round():
+  row = {
+    "model": "experiments",
+    "recipe": "bf16",
+    "devices": 1,
+    "global_batch": 4,
+    "seq_len": 25,
+    "tokens_per_s": 133.3,
+    "step_time_median_s": 0.75,
+    "step_time_rounds_s": [0.5, 1.0],
+    "mfu": 0.1,
+    "ratio_to_anchor": None,
+    "scaling_efficiency": 1.0,
+    "compile_s": 3.0,
+  }
+  settings = {"model": "1M", "per_device_batch": 4, "seq_len": 25, "anchor_attention": "xla"}
+  settings |= {"warmup": 1, "steps": 2, "rounds": 2}
+  doc = {"benchmark": "train_throughput", "matmul_tflops": 1.0, "settings": settings, "rows": [row]}
+  lines = report.RENDER["train_throughput"](doc)
+  assert "| experiments | bf16 | 1 | 133 | 100–200 | 750.0 |" in "\n".join(lines)  # 100 tokens in 1.0 s and 0.5 s
+  assert "ModelConfig overrides" not in "\n".join(lines)  # defaults only: nothing to say
+  settings["experiments_variants"] = {"experiments": {}, "unrolled": {"scan_unroll": 12}}
+  text = "\n".join(report.RENDER["train_throughput"](doc))
+  assert (
+    'Experiments models (ModelConfig overrides): `experiments`: the defaults; `unrolled`: {"scan_unroll": 12}.' in text
+  )
+
+
+def test_a_stale_result_is_labelled_with_its_reason():
+  lines = report.RENDER["linear_trees"](_trees_doc() | {"stale": "measured before abc"})
+  assert lines[0].startswith("### STALE: ") and "**Stale:** measured before abc" in lines
+  assert not report.RENDER["linear_trees"](_trees_doc())[0].startswith("### STALE")
+
+
+def test_provenance_falls_back_to_the_header_line():
+  doc = {"header": "device: NVIDIA H100 (gpu); jax 0.11.2; date: 2026-11-26 10:33 UTC", "commit": "c0ffee"}
+  where = report.provenance(doc)[0]
+  assert where == "Device: NVIDIA H100 (gpu); JAX 0.11.2; commit c0ffee; date 2026-11-26 10:33 UTC."
+
+
+def test_a_result_file_of_an_unknown_benchmark_is_refused(tmp_path):
+  (tmp_path / "x.json").write_text(json.dumps({"benchmark": "mystery"}))
+  with pytest.raises(ValueError, match=r"no renderer for \['x.json'\]"):
+    report.load(tmp_path)
+
+
+def test_sections_follow_the_report_order(tmp_path):
+  (tmp_path / "a.json").write_text(json.dumps(_trees_doc()))
+  (tmp_path / "b.json").write_text(json.dumps({"benchmark": "train_throughput"}))
+  assert [d["benchmark"] for d in report.load(tmp_path)] == ["train_throughput", "linear_trees"]
