@@ -107,7 +107,7 @@ def test_losses_and_trained_state_are_bit_identical_on_a_dp_fsdp_tp_mesh(corpus)
 def test_losses_and_trained_state_are_bit_identical_on_every_layout(corpus):  # noqa: F811
   """One device against data=4 and data=2 with FSDP; two Megatron shards (--tensor-shards 2) on one device
   (jax.vmap) against model=2 and data=2 x model=2 (shard_map). (Every other recipe is bit-identical too, on the
-  CPU: BENCHMARKS §9; each adds about a minute and a half here.)"""
+  CPU: BENCHMARKS.md §9 at commit 83b474b; each adds about a minute and a half here.)"""
   _check_bit_identical(
     corpus,
     ["data=4", "data=2:fsdp", "model=2", "data=2,model=2"],
