@@ -178,7 +178,8 @@ def test_default_output_dtype_follows_lax(name):
 def test_quantized_gemms_multiply_at_float32_on_the_cpu_only(name, jaxpr_equations):
   """XLA:CPU runs a bf16 dot either on AVX512-BF16 pair dot products or upcast to f32, chosen per program, and the
   two round inexact sums differently: fp8's tensor-parallel training differed from one device by that choice
-  (BENCHMARKS.md §9 at commit 83b474b). ``fp4jax._src.operand.matmul`` hands the CPU f32 operands, accelerators the exact bf16 values."""
+  (BENCHMARKS.md §9 at commit 83b474b). ``fp4jax._src.operand.matmul`` hands the CPU f32 operands, accelerators
+  the exact bf16 values."""
   x, w = _normal(1, (32, 64)).astype(jnp.bfloat16), _normal(2, (48, 64))
   key = KEY if recipes.get(name).is_random else None
   jaxpr = jax.make_jaxpr(jax.grad(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=name, key=key).sum(), (0, 1)))(x, w)

@@ -110,7 +110,8 @@ def test_errors(call, match):
 def test_rotation_keeps_its_rounding_under_a_later_constant_multiply(d):
   """A jitted rotate-then-scale equals rotating and scaling in two jits: XLA must not merge 1/sqrt(d) with the 3/4
   (MXFP4 headroom) into one multiply. Without the fence in ``fp4jax.hadamard.rotated`` this fails for d = 32 and
-  128 (on the CPU; the GPU's XLA made the same merge in quartet's operands: BENCHMARKS.md §5 at commit 83b474b)."""
+  128 (on the CPU; the GPU's XLA made the same merge in quartet's operands: BENCHMARKS.md §5 at commit
+  83b474b)."""
   x = jax.random.normal(jax.random.key(d), (64, 4 * d), jnp.float32)
   signs = H.random_signs(jax.random.key(1), d)
   fused = jax.jit(lambda a: rotate(a, d, signs) * jnp.float32(0.75))(x)
