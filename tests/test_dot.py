@@ -85,6 +85,17 @@ def test_canonicalization_through_the_custom_vjp(lhs_shape, rhs_shape, dn):
     np.testing.assert_allclose(gi, gi_ref, rtol=1e-5, atol=1e-4)
 
 
+def test_native_backend_runs_a_recipe_that_quantizes_nothing_forward_and_backward():
+  """``backend="native"`` has no quantizer: a recipe that only rotates runs on XLA, its gradients too (no pair of
+  operands for one kernel, rather than a ValueError), and the rotations cancel: y, dX, dW are the float64 products."""
+  x, w, dy = _normal(1, (32, 64)), _normal(2, (48, 64)), _normal(3, (32, 48))
+  fn = lambda a, b: fp4jax.dot_general(a, b, DN, recipe=ROTATE_ONLY, backend="native")  # noqa: E731
+  y, dx, dw = _value_and_grads(fn, x, w, dy)
+  x64, w64, dy64 = (np.asarray(t, np.float64) for t in (x, w, dy))
+  for got, want in ((y, x64 @ w64.T), (dx, dy64 @ w64), (dw, dy64.T @ x64)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
 def _fq(x, axis, **kw):
   return fp4jax.fake_quantize(x, fp4jax.NVFP4, axis=axis, dtype=jnp.float32, **kw)
 

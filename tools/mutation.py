@@ -97,6 +97,23 @@ TARGETS = {
   ],
 }
 
+# Why dot._quantize_both's ``ragged`` (which Hadamard chunks of x would be ragged) can be any value: the routing mutants
+_RAGGED_ROUTING = (
+  "ragged only chooses between returning None and going on (past the unchanged sharding test) to "
+  "rotate_and_quantize_both, which itself returns None for a ragged x: the XLA implementation always returns None, "
+  "the kernels' implementation refuses (Unsupported, then the XLA one) a rows axis x.shape[-1] or cols axis "
+  "x.shape[-2] that is not a whole number of the spec's Hadamard chunks (fp4jax_kernels.operand.refusal with "
+  "fused_hadamard=True; what it runs before that check depends on the specs only, which OperandSpec validated as "
+  "QuantizeSpec does), and no other backend is tried (a backend without a pair implementation, 'native', is "
+  "skipped); for a whole x the pair's bits are each GEMM's own (PAIR_OP's contract, tests/kernels/"
+  "test_dot_pallas.py) and _pad_chunks leaves a whole x unchanged, so None and the pair give the same operands and "
+  "masks"
+)
+_CANONICAL_3D = (
+  "x is 3D: the canonical X (B, M, K) or W (B, N, K) (_dot_general reshapes to canon.bmk, canon.bnk) or dY "
+  "(B, M, N), the cotangent of Y"
+)
+
 # mutant id -> (digest of the scope it was proved for, why it cannot change any result); "no test builds that input"
 # is no reason
 EQUIVALENT = {
@@ -246,6 +263,28 @@ EQUIVALENT = {
     "renames one fold_in stream of the call's key to another that nothing else folds (dot.py folds ids 1-8 only): "
     "every stream stays distinct (tests/test_dot.py checks that) and no specification fixes the id values; a test "
     "that kills this would hard-code the implementation's constants",
+  ),
+  "dot:_quantize_both:23.0": (
+    "4f32821d6b070774",
+    f"_quantize_both: rows-ragged and cols-ragged instead of or; {_RAGGED_ROUTING}",
+  ),
+  "dot:_quantize_both:76.0": (
+    "4f32821d6b070774",
+    f"_quantize_both: x.shape[-1] // d (nonzero iff d <= K) instead of x.shape[-1] % d; {_RAGGED_ROUTING}",
+  ),
+  "dot:_quantize_both:139.0": (
+    "4f32821d6b070774",
+    f"_quantize_both: {_CANONICAL_3D}, so x.shape[1] is x.shape[-2] (the rows test reads the cols axis); "
+    f"{_RAGGED_ROUTING}",
+  ),
+  "dot:_quantize_both:145.0": (
+    "4f32821d6b070774",
+    f"_quantize_both: {_CANONICAL_3D}, so x.shape[2] is x.shape[-1] (the cols test reads the rows axis); "
+    f"{_RAGGED_ROUTING}",
+  ),
+  "dot:_quantize_both:174.0": (
+    "4f32821d6b070774",
+    f"_quantize_both: x.shape[-2] instead of x.shape[-1] (the rows test reads the cols axis); {_RAGGED_ROUTING}",
   ),
   # estimators.py
   "estimators:dge_derivative:48.0": (

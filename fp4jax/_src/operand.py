@@ -161,9 +161,12 @@ def rotate_and_quantize_both(
   the weight-gradient GEMMs, dY for the data- and the weight-gradient GEMMs) in one pass (the kernels: one pre-pass
   and one kernel read ``x`` twice in all instead of four times), the same bits. None where no implementation
   quantizes both at once (XLA; the kernels where they refuse the pair or it does not pay): each GEMM then quantizes
-  its own operand. A named backend other than ``"xla"`` falls back to None too (the single operands keep it)."""
+  its own operand. A named backend other than ``"xla"`` falls back to None too (the single operands keep it), whether
+  it refuses the pair or has no implementation of it (``"native"``)."""
   backend = backends.check(backend, "fp4jax.operand.rotate_and_quantize_both")
-  order = tuple(dict.fromkeys(backends.candidates(backend) + ("xla",)))
+  backends.load_plugins()
+  impls = backends.registered(PAIR_OP)
+  order = tuple(name for name in dict.fromkeys(backends.candidates(backend) + ("xla",)) if name in impls)
   return backends.run(PAIR_OP, backend, x, rows, cols, auto=backend == "auto", order=order)
 
 

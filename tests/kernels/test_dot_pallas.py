@@ -18,6 +18,8 @@ import fp4jax
 from fp4jax._src import backends, operand, recipes
 from fp4jax._src.formats import FP4Format
 from fp4jax._src.recipes import OperandSpec
+from tests import oracles
+from tests.test_oracles_dot import _dyadic
 
 DN = (((1,), (1,)), ((), ()))
 KEY = jax.random.key(11)
@@ -179,6 +181,42 @@ def test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand(monkeypatc
   assert (
     operand.rotate_and_quantize_both(jnp.ones((32, 64)), (spec, KEY, None), (spec, KEY, None), backend="xla") is None
   )  # each GEMM quantizes its own operand
+
+
+def test_sharded_operands_take_the_global_amax_where_auto_offers_the_kernels(monkeypatch, pallas_kernels):
+  """A token-sharded nvfp4_rtn dot under ``backend="auto"`` where the kernels are on offer (as on an H100, at any
+  size): X and dY, split over the devices, are quantized with the logical tensor's amax (XLA's sharded path), not by
+  the pair kernel on one device's slice; W, whole on every device, still takes the pair kernel. Two token shards
+  bound by ``jax.vmap`` (``fp4jax.sharding``: shard_map or vmap): y, dX (row-local) and the sum of the devices' dW
+  equal the NumPy layer oracle on the whole tensors (tests/oracles.py; dyadic inputs whose peaks sit in shard 0,
+  so shard 1's own amax would give other NVFP4 scales: y, dX, dW over 10% of their largest entry off)."""
+  monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)
+  monkeypatch.setattr(kernel_operand, "AUTO_MIN_ELEMENTS", 0)
+  m, k, n, shards = 64, 64, 32, 2  # 32 tokens per shard: whole 16-element wgrad blocks along the tokens
+  x, w, dy = _dyadic(1, (m, k), 6.0), _dyadic(2, (n, k), -6.0), _dyadic(3, (m, n), 6.0)
+  recipe = fp4jax.sharding.token_sharded("nvfp4_rtn", "data")
+
+  def local(x, w, dy):
+    y, vjp = jax.vjp(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=recipe, backend="auto"), x, w)
+    return (y, *vjp(dy))
+
+  args = (x.reshape(shards, m // shards, k), w, dy.reshape(shards, m // shards, n))
+  traced = jax.jit(jax.vmap(local, in_axes=(0, None, 0), axis_name="data")).trace(*args)
+  y, dx, dw = (np.asarray(t, np.float64) for t in traced.lower().compile()(*args))
+  want = oracles.layer_grads(recipes.get("nvfp4_rtn"), x, w, dy)
+  for got, ref, what in zip((y.reshape(m, n), dx.reshape(m, k), dw.sum(0)), want, ("y", "dx", "dw")):
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)), err_msg=what)
+  assert pallas_kernels(traced.jaxpr.jaxpr) == ["fp4_quantize_pair"]  # W's: the kernels were on offer
+
+
+def test_explicit_pallas_refuses_a_sharded_recipe_under_differentiation():
+  """The kernels take no sharded operand (``fp4jax.sharding``: the amax and random bits of the logical tensor): with
+  ``backend="pallas"`` a sharded recipe's forward and backward fail when traced, naming the backend."""
+  x, w, dy = _inputs(64, 64, 32)
+  recipe = fp4jax.sharding.token_sharded("nvfp4_rtn", "data")
+  run = jax.vmap(lambda x, dy: _fwd_bwd(recipe, "pallas")(x, w, dy, KEY), axis_name="data")
+  with pytest.raises(ValueError, match="backend='pallas' does not take a sharded operand"):
+    jax.make_jaxpr(run)(x.reshape(2, 32, 64), dy.reshape(2, 32, 32))
 
 
 @pytest.mark.parametrize(
