@@ -208,10 +208,10 @@ def _kernel(
     rows, cols = row0 + lax.broadcasted_iota(jnp.int32, (r, c), 0), col0 + lax.broadcasted_iota(jnp.int32, (r, c), 1)
     bits = safe(bits_lib.hash_bits)(eseed_ref[...], hash_index(rows, cols, *logical_out, column_major))
   if spec.rounding == "eden":  # one bit word per scale, indexed in the reference's scale layout
-    nb = c // spec.fmt.block_size
-    rows = row0 + lax.broadcasted_iota(jnp.int32, (r, nb), 0)
-    cols = col0 // spec.fmt.block_size + lax.broadcasted_iota(jnp.int32, (r, nb), 1)
-    index = hash_index(rows, cols, logical_out[0], logical_out[1] // spec.fmt.block_size, column_major)
+    bs = spec.fmt.block_size
+    rows = row0 + lax.broadcasted_iota(jnp.int32, (r, c // bs), 0)
+    cols = col0 // bs + lax.broadcasted_iota(jnp.int32, (r, c // bs), 1)
+    index = hash_index(rows, cols, logical_out[0], logical_out[1] // bs, column_major)
     sbits = safe(bits_lib.hash_bits)(sseed_ref[...], index)[..., None]
   if rotate and not in_parts:
     x = rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
