@@ -29,7 +29,6 @@ from fp4jax_kernels.contrib import fused_forward
 from fp4jax_kernels.gemm import gemv, pallas_triton, reference
 from fp4jax_kernels.native import matmul as native
 from fp4jax_kernels.quantize import pallas_triton as quantize_kernel
-from fp4jax_kernels.quantize.spec import QuantizeSpec
 
 import fp4jax
 
@@ -172,7 +171,8 @@ def main():
             f"{f'{m}x{n}x{k}':20s} pallas {tile} d{dots} split-K {split} FAILED {type(e).__name__}: {str(e)[:200]}",
             flush=True,
           )
-    two_pass = jax.jit(lambda x, b: pallas_triton.matmul(quantize_kernel.quantize(x, QuantizeSpec(fp4jax.NVFP4))[0], b))
+    rtn = fp4jax.QuantizeSpec(fp4jax.NVFP4)
+    two_pass = jax.jit(lambda x, b: pallas_triton.matmul(quantize_kernel.quantize(x, rtn)[0], b))
     fused_ref = reference.matmul(fp4jax.quantize(ab, fp4jax.NVFP4), b, out_dtype=jnp.float32)
     fused_rows = [("quantize kernel + pallas GEMM (X bf16)", two_pass)]
     for tile, nw, ns in FUSED_TILES[(m, n, k)]:

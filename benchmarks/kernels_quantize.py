@@ -34,46 +34,53 @@ import jax
 import jax.numpy as jnp
 from benchtools import header, time_ms
 from fp4jax_kernels.quantize import pallas_triton
-from fp4jax_kernels.quantize.spec import QuantizeSpec
+from fp4jax_kernels.quantize.output import KernelOutput
 
 import fp4jax
 
-OPS = {  # name: (spec, tiles to try as (tile, num_warps))
+
+def make_case(fmt, *, along="rows", dequantize=None, trust_mask=False, packed=True, **quantizer) -> tuple:
+  """One kernel call's ``(quantizer, outputs)``: ``fp4jax.QuantizeSpec(fmt, **quantizer)`` and its
+  ``KernelOutput``."""
+  return fp4jax.QuantizeSpec(fmt, **quantizer), KernelOutput(along, dequantize, trust_mask, packed)
+
+
+OPS = {  # name: ((spec, output), tiles to try as (tile, num_warps))
   "nvfp4_rtn_1x16": (
-    QuantizeSpec(fp4jax.NVFP4),
+    make_case(fp4jax.NVFP4),
     [((16, 256), 4), ((32, 256), 4), ((64, 256), 4), ((64, 256), 8), ((16, 512), 4), ((16, 256), 2)],
   ),
   "nvfp4_rht16_sr": (
-    QuantizeSpec(fp4jax.NVFP4, rounding="sr", hadamard=16, hadamard_signs="te"),
+    make_case(fp4jax.NVFP4, rounding="sr", hadamard=16, signs="te"),
     [((16, 256), 4), ((32, 256), 8)],
   ),
   "nvfp4_ms_eden_rht128": (
-    QuantizeSpec(fp4jax.NVFP4, rounding="eden", hadamard=128, hadamard_signs="random"),
+    make_case(fp4jax.NVFP4, rounding="eden", hadamard=128, signs="random"),
     [((16, 256), 4), ((32, 128), 4)],
   ),
-  "mxfp4_rtn_1x32": (QuantizeSpec(fp4jax.MXFP4), [((16, 256), 4)]),
-  "nvfp4_rtn_cols": (QuantizeSpec(fp4jax.NVFP4, along="cols"), [((256, 32), 4), ((128, 64), 4), ((256, 64), 8)]),
+  "mxfp4_rtn_1x32": (make_case(fp4jax.MXFP4), [((16, 256), 4)]),
+  "nvfp4_rtn_cols": (make_case(fp4jax.NVFP4, along="cols"), [((256, 32), 4), ((128, 64), 4), ((256, 64), 8)]),
   # What fp4jax.dot_general(backend="pallas") runs: bf16 values out (the GEMM operand), wgrad operands transposed.
-  "nvfp4_rtn_values": (QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only"), [((16, 256), 4), ((32, 256), 4)]),
+  "nvfp4_rtn_values": (make_case(fp4jax.NVFP4, dequantize="block_scaled_only"), [((16, 256), 4), ((32, 256), 4)]),
   "nvfp4_rht16_sr_values_wgrad": (
-    QuantizeSpec(
+    make_case(
       fp4jax.NVFP4,
       rounding="sr",
       hadamard=16,
-      hadamard_signs="te",
+      signs="te",
       along="rows_of_transpose",
       dequantize="block_scaled_only",
     ),
     [((256, 32), 4), ((256, 64), 8)],
   ),
   # ... and without the packed codes and scales, as fp4jax.operand asks for them (packed=False)
-  "nvfp4_rtn_values_only": (QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only", packed=False), [((16, 256), 4)]),
+  "nvfp4_rtn_values_only": (make_case(fp4jax.NVFP4, dequantize="block_scaled_only", packed=False), [((16, 256), 4)]),
   "nvfp4_rht16_sr_values_only_wgrad": (
-    QuantizeSpec(
+    make_case(
       fp4jax.NVFP4,
       rounding="sr",
       hadamard=16,
-      hadamard_signs="te",
+      signs="te",
       along="rows_of_transpose",
       dequantize="block_scaled_only",
       packed=False,
@@ -82,25 +89,23 @@ OPS = {  # name: (spec, tiles to try as (tile, num_warps))
   ),
 }
 _VALUES = dict(dequantize="block_scaled_only", packed=False)
-_RHT16_TE = dict(hadamard=16, hadamard_signs="te")
+_RHT16_TE = dict(hadamard=16, signs="te")
 PAIRS = {  # name: (along the rows, transposed), as fp4jax.dot_general's kernels quantize these tensors
   "nvidia_nvfp4 X": (
-    QuantizeSpec(fp4jax.NVFP4, **_VALUES),
-    QuantizeSpec(fp4jax.NVFP4, along="rows_of_transpose", **_RHT16_TE, **_VALUES),
+    make_case(fp4jax.NVFP4, **_VALUES),
+    make_case(fp4jax.NVFP4, along="rows_of_transpose", **_RHT16_TE, **_VALUES),
   ),
   "nvidia_nvfp4 dY": (
-    QuantizeSpec(fp4jax.NVFP4, rounding="sr", **_VALUES),
-    QuantizeSpec(fp4jax.NVFP4, rounding="sr", along="rows_of_transpose", **_RHT16_TE, **_VALUES),
+    make_case(fp4jax.NVFP4, rounding="sr", **_VALUES),
+    make_case(fp4jax.NVFP4, rounding="sr", along="rows_of_transpose", **_RHT16_TE, **_VALUES),
   ),
   "nvfp4_rtn X, dY": (
-    QuantizeSpec(fp4jax.NVFP4, **_VALUES),
-    QuantizeSpec(fp4jax.NVFP4, along="rows_of_transpose", **_VALUES),
+    make_case(fp4jax.NVFP4, **_VALUES),
+    make_case(fp4jax.NVFP4, along="rows_of_transpose", **_VALUES),
   ),
   "quartet dY": (
-    QuantizeSpec(fp4jax.MXFP4, rounding="sr", hadamard=32, hadamard_signs="random", **_VALUES),
-    QuantizeSpec(
-      fp4jax.MXFP4, rounding="sr", hadamard=32, hadamard_signs="random", along="rows_of_transpose", **_VALUES
-    ),
+    make_case(fp4jax.MXFP4, rounding="sr", hadamard=32, signs="random", **_VALUES),
+    make_case(fp4jax.MXFP4, rounding="sr", hadamard=32, signs="random", along="rows_of_transpose", **_VALUES),
   ),
 }
 PAIR_TILES = ((16, 256), (32, 128), (32, 256), (64, 64), (64, 128), (128, 64))  # tiles of x
@@ -108,11 +113,12 @@ SWEEP_TILES = ((16, 256), (32, 256), (64, 256), (32, 512), (64, 512), (128, 256)
 SWEEP_WARPS = (4, 8)
 
 
-def min_bytes(spec: QuantizeSpec, n: int) -> int:
+def min_bytes(case: tuple, n: int) -> int:
   """Bytes a quantize of ``n`` bf16 elements must move: read x once, write the codes and the block scales (if
-  ``spec.packed``) and the optional outputs (bf16 dequantized, uint8 trust mask)."""
-  packed = n // 2 + n // spec.block if spec.packed else 0
-  return 2 * n + packed + (2 * n if spec.dequantize else 0) + (n if spec.trust_mask else 0)
+  ``output.packed``) and the optional outputs (bf16 dequantized, uint8 trust mask)."""
+  spec, output = case
+  packed = n // 2 + n // spec.fmt.block_size if output.packed else 0
+  return 2 * n + packed + (2 * n if output.dequantize else 0) + (n if output.trust_mask else 0)
 
 
 def copy_bandwidth(x: jax.Array) -> tuple[float, float]:
@@ -121,35 +127,39 @@ def copy_bandwidth(x: jax.Array) -> tuple[float, float]:
   return ms, 2 * x.size * x.dtype.itemsize / ms / 1e6
 
 
-def prepass_ms(spec: QuantizeSpec, x: jax.Array, interpret: bool) -> float:
-  """Time of the pre-pass that ``spec``'s default route runs (NVFP4 only; 0 for MXFP4, which has no tensor scale):
+def prepass_ms(case: tuple, x: jax.Array, interpret: bool) -> float:
+  """Time of the pre-pass that ``case``'s default route runs (NVFP4 only; 0 for MXFP4, which has no tensor scale):
   the amax reduction, or the one that also stages the kernel's input (route ``"prepass"``)."""
+  spec, output = case
   if not spec.fmt.has_tensor_scale:
     return 0.0
-  signs = fp4jax.hadamard.TE_SIGNS_16 if spec.hadamard_signs == "te" else None
-  if pallas_triton.prepass_stages(spec):
-    return time_ms(jax.jit(lambda x: pallas_triton.stage_and_amax(x, spec, signs, interpret=interpret)), x)
-  return time_ms(jax.jit(lambda x: pallas_triton.tensor_amax(x, spec, signs, interpret=interpret)), x)
+  signs = fp4jax.hadamard.TE_SIGNS_16 if spec.signs == "te" else None
+  if pallas_triton.prepass_stages(spec, output):
+    return time_ms(jax.jit(lambda x: pallas_triton.stage_and_amax(x, spec, output, signs, interpret=interpret)), x)
+  return time_ms(jax.jit(lambda x: pallas_triton.tensor_amax(x, spec, output, signs, interpret=interpret)), x)
 
 
-def kernel_fn(spec: QuantizeSpec, tile, num_warps: int, interpret: bool):
+def kernel_fn(case: tuple, tile, num_warps: int, interpret: bool):
+  spec, output = case
   return jax.jit(
-    lambda x, key: pallas_triton.quantize(x, spec, key, tile=tile, num_warps=num_warps, interpret=interpret)
+    lambda x, key: pallas_triton.quantize(
+      x, spec, key, output=output, tile=tile, num_warps=num_warps, interpret=interpret
+    )
   )
 
 
 def sweep(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False) -> dict:
   """Every (tile, warps) per spec: ms, fraction of copy bandwidth (with and without the pre-pass), or why not."""
   results = {}
-  for name, (spec, _) in OPS.items():
-    frac = lambda ms, spec=spec: (min_bytes(spec, x.size) / ms / 1e6) / copy_bw
-    pre = prepass_ms(spec, x, interpret)
+  for name, (case, _) in OPS.items():
+    frac = lambda ms, case=case: (min_bytes(case, x.size) / ms / 1e6) / copy_bw
+    pre = prepass_ms(case, x, interpret)
     configs = []
     for across, along in SWEEP_TILES:
-      tile = (along, across) if spec.transposed else (across, along)
+      tile = (along, across) if case[1].transposed else (across, along)
       for nw in SWEEP_WARPS:
         row = {"tile": list(tile), "num_warps": nw}
-        f = kernel_fn(spec, tile, nw, interpret)
+        f = kernel_fn(case, tile, nw, interpret)
         try:
           f.trace(x, key)
         except ValueError as e:  # the tile does not hold whole blocks / Hadamard chunks of this spec
@@ -166,14 +176,15 @@ def sweep(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
         print(f"{name:24s} tile {tile} w{nw}: {ms:.3f} ms, {100 * frac(ms):.1f}% of copy BW", flush=True)
     timed = [c for c in configs if "ms" in c]
     best = min(timed, key=lambda c: c["ms"]) if timed else None
-    results[name] = {"spec": repr(spec), "amax_prepass_ms": pre, "best": best, "configs": configs}
+    results[name] = {"spec": repr(case), "amax_prepass_ms": pre, "best": best, "configs": configs}
   return results
 
 
-def other_routes(spec: QuantizeSpec) -> list[str]:
-  """The routes of ``pallas_triton.quantize`` other than the default that run differently for ``spec``: without a
+def other_routes(case: tuple) -> list[str]:
+  """The routes of ``pallas_triton.quantize`` other than the default that run differently for ``case``: without a
   transpose, ``"xla"`` and ``"kernel"`` are one route; without a transpose or a rotation all three are."""
-  routes = list(pallas_triton.ROUTES) if spec.transposed else ["kernel", "prepass"] if spec.hadamard else []
+  spec, output = case
+  routes = list(pallas_triton.ROUTES) if output.transposed else ["kernel", "prepass"] if spec.hadamard else []
   return [r for r in routes if r != pallas_triton.default_route(spec)]
 
 
@@ -181,31 +192,36 @@ def table(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
   """The hand-picked tiles of ``OPS`` next to the XLA path, one text table."""
   n = x.size
   print(f"{'op':24s} {'impl':28s} {'ms':>8s} {'% copy BW':>10s} {'kernel-only ms':>15s}")
-  for name, (spec, tiles) in OPS.items():
-    pct = lambda ms, spec=spec: 100 * (min_bytes(spec, n) / ms / 1e6) / copy_bw
-    signs = fp4jax.hadamard.TE_SIGNS_16 if spec.hadamard_signs == "te" else None
-    pre = prepass_ms(spec, x, interpret)
+  for name, (case, tiles) in OPS.items():
+    spec, output = case
+    pct = lambda ms, case=case: 100 * (min_bytes(case, n) / ms / 1e6) / copy_bw
+    signs = fp4jax.hadamard.TE_SIGNS_16 if spec.signs == "te" else None
+    pre = prepass_ms(case, x, interpret)
     if spec.hadamard:
-      xla_pre = time_ms(jax.jit(lambda x: pallas_triton.tensor_amax(x, spec, signs, use_kernel=False)), x)
+      xla_pre = time_ms(jax.jit(lambda x: pallas_triton.tensor_amax(x, spec, output, signs, use_kernel=False)), x)
       print(f"{name:24s} {'amax pre-pass, xla hadamard':28s} {xla_pre:8.3f}", flush=True)
     for tile, nw in tiles:
       try:
-        ms = time_ms(kernel_fn(spec, tile, nw, interpret), x, key)
+        ms = time_ms(kernel_fn(case, tile, nw, interpret), x, key)
         print(f"{name:24s} {f'pallas {tile} w{nw}':28s} {ms:8.3f} {pct(ms):9.1f}% {ms - pre:15.3f}", flush=True)
       except Exception as e:  # noqa: BLE001  a tile that fails to compile is reported, not fatal
         print(f"{name:24s} {f'pallas {tile} w{nw}':28s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
-    for route in other_routes(spec):  # the pallas rows above take pallas_triton.default_route(spec)
-      fn = jax.jit(lambda x, key, route=route: pallas_triton.quantize(x, spec, key, interpret=interpret, route=route))
+    for route in other_routes(case):  # the pallas rows above take pallas_triton.default_route(spec)
+      fn = jax.jit(
+        lambda x, key, route=route: pallas_triton.quantize(
+          x, spec, key, output=output, interpret=interpret, route=route
+        )
+      )
       ms = time_ms(fn, x, key)
       print(f"{name:24s} {f'pallas, route {route}':28s} {ms:8.3f} {pct(ms):9.1f}%", flush=True)
-    kw, xt = spec.quantize_kwargs, spec.along == "rows_of_transpose"
+    axis, xt = (0 if output.along == "cols" else -1), output.along == "rows_of_transpose"
     for impl, fn in (("xla fp4jax.quantize", fp4jax.quantize), ("xla fp4jax.fake_quantize", fp4jax.fake_quantize)):
-      ms = time_ms(jax.jit(lambda x, key, fn=fn: fn(x.T if xt else x, spec.fmt, key=key, **kw)), x, key)
+      ms = time_ms(jax.jit(lambda x, key, fn=fn: fn(x.T if xt else x, spec, key=key, axis=axis)), x, key)
       print(f"{name:24s} {impl:28s} {ms:8.3f} {pct(ms):9.1f}% {'':>15s}", flush=True)
     print(f"{name:24s} {'pre-pass (used)':28s} {pre:8.3f}", flush=True)
 
 
-def pair_bytes(rows: QuantizeSpec, cols: QuantizeSpec, n: int) -> int:
+def pair_bytes(rows: tuple, cols: tuple, n: int) -> int:
   """Bytes ``quantize_pair`` must move for ``n`` bf16 elements: read x once, write both directions' outputs."""
   return 2 * n + sum(min_bytes(s, n) - 2 * n for s in (rows, cols))
 
@@ -217,11 +233,12 @@ def pairs(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
   print(f"{'tensor':18s} {'impl':32s} {'ms':>8s} {'% copy BW':>10s} {'vs two':>7s}")
   for name, (rows, cols) in PAIRS.items():
     need = pair_bytes(rows, cols, x.size)
+    outputs = dict(rows_output=rows[1], cols_output=cols[1])
     pct = lambda ms: 100 * (need / ms / 1e6) / copy_bw
     two = jax.jit(
       lambda x, a, b: (
-        pallas_triton.quantize(x, rows, a, interpret=interpret).dequantized,
-        pallas_triton.quantize(x, cols, b, interpret=interpret).dequantized,
+        pallas_triton.quantize(x, rows[0], a, output=rows[1], interpret=interpret).dequantized,
+        pallas_triton.quantize(x, cols[0], b, output=cols[1], interpret=interpret).dequantized,
       )
     )
     t_two = time_ms(two, x, k1, k2)
@@ -231,7 +248,9 @@ def pairs(x: jax.Array, key: jax.Array, copy_bw: float, interpret: bool = False)
         fn = jax.jit(
           lambda x, a, b, tile=tile, nw=nw: [
             q.dequantized
-            for q in pallas_triton.quantize_pair(x, rows, cols, a, b, tile=tile, num_warps=nw, interpret=interpret)
+            for q in pallas_triton.quantize_pair(
+              x, rows[0], cols[0], a, b, **outputs, tile=tile, num_warps=nw, interpret=interpret
+            )
           ]
         )
         label = f"pair {tile} w{nw}"
@@ -273,16 +292,22 @@ def after_producer(h: jax.Array, copy_bw: float, interpret: bool = False) -> Non
   outs = lambda q: (q.dequantized,) if q.qtensor is None else (q.qtensor.codes, q.qtensor.scales)
   ops = {}  # name: (quantize(x, **kw) -> outputs, bytes, takes amax=)
   for name in IN_GRAPH_OPS:
-    spec = OPS[name][0]
+    spec, output = case = OPS[name][0]
     ops[name] = (
-      lambda x, spec=spec, **kw: outs(pallas_triton.quantize(x, spec, interpret=interpret, **kw)),
-      min_bytes(spec, h.size),
+      lambda x, spec=spec, output=output, **kw: outs(
+        pallas_triton.quantize(x, spec, output=output, interpret=interpret, **kw)
+      ),
+      min_bytes(case, h.size),
       True,
     )
   for name in IN_GRAPH_PAIRS:
     rows, cols = PAIRS[name]
     pair = lambda x, rows=rows, cols=cols: [
-      o for q in pallas_triton.quantize_pair(x, rows, cols, interpret=interpret) for o in outs(q)
+      o
+      for q in pallas_triton.quantize_pair(
+        x, rows[0], cols[0], rows_output=rows[1], cols_output=cols[1], interpret=interpret
+      )
+      for o in outs(q)
     ]
     ops[f"pair: {name}"] = (pair, pair_bytes(rows, cols, h.size), False)
   for name, (quantize, need, takes_amax) in ops.items():

@@ -29,7 +29,6 @@ import kernels_quantize as bench  # benchmarks/ is on sys.path when this script 
 from benchtools import header, time_ms
 from fp4jax_kernels import triton_ir
 from fp4jax_kernels.quantize import pallas_triton
-from fp4jax_kernels.quantize.spec import QuantizeSpec
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
@@ -89,14 +88,14 @@ STAGES = {  # name: (body, output columns from input columns, output dtype)
   "hash": (_hash, lambda k: k, jnp.uint8),
   "fwht16": (_fwht16, lambda k: k, jnp.bfloat16),
 }
-FULL = {  # the kernels themselves, tensor amax given (no pre-pass)
-  "nvfp4_rtn_1x16": QuantizeSpec(fp4jax.NVFP4),
-  "nvfp4_rtn_values": QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only"),
-  "nvfp4_rtn_values_only": QuantizeSpec(fp4jax.NVFP4, dequantize="block_scaled_only", packed=False),
-  "nvfp4_sr_1x16": QuantizeSpec(fp4jax.NVFP4, rounding="sr"),
-  "nvfp4_rht16_sr": QuantizeSpec(fp4jax.NVFP4, rounding="sr", hadamard=16, hadamard_signs="te"),
-  "nvfp4_ms_eden_rht128": QuantizeSpec(fp4jax.NVFP4, rounding="eden", hadamard=128, hadamard_signs="random"),
-  "nvfp4_rtn_cols": QuantizeSpec(fp4jax.NVFP4, along="cols"),
+FULL = {  # the kernels themselves as (spec, output), tensor amax given (no pre-pass)
+  "nvfp4_rtn_1x16": bench.make_case(fp4jax.NVFP4),
+  "nvfp4_rtn_values": bench.make_case(fp4jax.NVFP4, dequantize="block_scaled_only"),
+  "nvfp4_rtn_values_only": bench.make_case(fp4jax.NVFP4, dequantize="block_scaled_only", packed=False),
+  "nvfp4_sr_1x16": bench.make_case(fp4jax.NVFP4, rounding="sr"),
+  "nvfp4_rht16_sr": bench.make_case(fp4jax.NVFP4, rounding="sr", hadamard=16, signs="te"),
+  "nvfp4_ms_eden_rht128": bench.make_case(fp4jax.NVFP4, rounding="eden", hadamard=128, signs="random"),
+  "nvfp4_rtn_cols": bench.make_case(fp4jax.NVFP4, along="cols"),
 }
 TILES = (((16, 256), 4), ((64, 256), 8))
 
@@ -118,24 +117,26 @@ def timings(x: jax.Array, tiles=TILES) -> None:
     for name, (body, cols, dtype) in STAGES.items():
       show(name, tile, nw, _stage(body, cols, dtype, tile, nw), x)
     show("transpose", tile, nw, _stage(lambda x: x, lambda k: k, jnp.bfloat16, tile, nw, transpose=True), x)
-    for name, spec in FULL.items():
-      t = tile[::-1] if spec.transposed else tile
-      f = jax.jit(functools.partial(pallas_triton.quantize, spec=spec, tile=t, num_warps=nw, amax=amax))
+    for name, (spec, output) in FULL.items():
+      t = tile[::-1] if output.transposed else tile
+      f = jax.jit(functools.partial(pallas_triton.quantize, spec=spec, output=output, tile=t, num_warps=nw, amax=amax))
       show(name, t, nw, lambda x, key, f=f: f(x, key=key), x, key)
 
 
-def kernel_ir(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> str:
-  """Triton IR of ``spec``'s kernel (NVFP4: the tensor amax given, so only the main kernel)."""
+def kernel_ir(case: tuple, shape=(256, 1024), tile=None) -> str:
+  """Triton IR of the kernel of ``case = (spec, output)`` (NVFP4: the tensor amax given, so only the main
+  kernel)."""
+  spec, output = case
   amax = jnp.float32(1.0) if spec.fmt.has_tensor_scale else None
-  fn = lambda x, key: pallas_triton.quantize(x, spec, key, tile=tile, amax=amax)
+  fn = lambda x, key: pallas_triton.quantize(x, spec, key, output=output, tile=tile, amax=amax)
   (text,) = triton_ir.triton_modules(fn, jnp.ones(shape, jnp.bfloat16), jax.random.key(0))
   return text
 
 
-def ir_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> dict:
-  """Operation counts of the Triton IR of ``spec``'s kernel."""
-  tile = tile or pallas_triton.default_tile(spec)
-  text = kernel_ir(spec, shape, tile)
+def ir_counts(case: tuple, shape=(256, 1024), tile=None) -> dict:
+  """Operation counts of the Triton IR of the kernel of ``case = (spec, output)``."""
+  tile = tile or pallas_triton.default_tile(*case)
+  text = kernel_ir(case, shape, tile)
   elems = tile[0] * tile[1]
   per_element, layout = 0.0, collections.Counter()
   for line in text.splitlines():
@@ -158,13 +159,13 @@ def ir_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None) -> dict:
   return {"ops_per_element": round(per_element, 1), "layout_ops": dict(layout)}
 
 
-def ptx_counts(spec: QuantizeSpec, shape=(256, 1024), tile=None, num_warps: int | None = None) -> dict:
-  """``spec``'s kernel compiled for sm_90 by PyPI's Triton (``fp4jax_kernels.triton_ir``, a proxy): PTX and SASS
-  instructions per element of each thread, barriers, shared-memory loads and stores, and the layout conversions of
-  its TTGIR."""
-  tile = tile or pallas_triton.default_tile(spec)
-  num_warps = num_warps or pallas_triton.default_num_warps(spec)  # the kernel's own (Triton IR does not carry it)
-  compiled = triton_ir.compile_sm90(kernel_ir(spec, shape, tile), num_warps)
+def ptx_counts(case: tuple, shape=(256, 1024), tile=None, num_warps: int | None = None) -> dict:
+  """The kernel of ``case = (spec, output)`` compiled for sm_90 by PyPI's Triton (``fp4jax_kernels.triton_ir``, a
+  proxy): PTX and SASS instructions per element of each thread, barriers, shared-memory loads and stores, and the
+  layout conversions of its TTGIR."""
+  tile = tile or pallas_triton.default_tile(*case)
+  num_warps = num_warps or pallas_triton.default_num_warps(case[0])  # the kernel's own (Triton IR does not carry it)
+  compiled = triton_ir.compile_sm90(kernel_ir(case, shape, tile), num_warps)
   ops = triton_ir.ptx_opcodes(compiled)
   count = lambda prefix: sum(op.startswith(prefix) for op in ops)  # noqa: E731
   per_thread = tile[0] * tile[1] / (32 * num_warps)
@@ -188,8 +189,8 @@ def main():
   p.add_argument("--quick", action="store_true", help="only the first tile configuration")
   args = p.parse_args()
   if args.ir or args.ptx:
-    for name, spec in FULL.items():
-      print(f"{name:24s} {ptx_counts(spec) if args.ptx else ir_counts(spec)}", flush=True)
+    for name, case in FULL.items():
+      print(f"{name:24s} {ptx_counts(case) if args.ptx else ir_counts(case)}", flush=True)
     return
   print(header())
   x = jax.random.normal(jax.random.key(0), (args.rows, args.cols), jnp.float32).astype(jnp.bfloat16)

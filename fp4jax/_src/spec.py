@@ -2,8 +2,8 @@
 
 ``fp4jax.quantize`` / ``fp4jax.fake_quantize`` take it (their keyword form builds one: ``QuantizeSpec.of``), a
 recipe's operands are ``fp4jax.recipes.OperandSpec``, a subclass adding the GEMM-role fields, and the fused quantize
-kernels' spec (``fp4jax_kernels.quantize.spec``) validates its quantizer fields through it (``.quantizer``). The
-axis the tensor is quantized along and the random key are arguments of the call, not of the spec.
+kernels take it too (what they write, and in which layout, is their separate ``KernelOutput``). The axis the tensor
+is quantized along and the random key are arguments of the call, not of the spec.
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ from fp4jax._src import backends
 from fp4jax._src.formats import FP4Format
 from fp4jax._src.operand import PAIR_OP, QUANTIZE_OP, Operand
 from fp4jax._src.recipes import OperandSpec
+from fp4jax._src.spec import QuantizeSpec
 from fp4jax_kernels.quantize import pallas_triton
-from fp4jax_kernels.quantize.spec import QuantizeSpec
+from fp4jax_kernels.quantize.output import KernelOutput
 
 KERNEL_DTYPES = (jnp.float32, jnp.bfloat16)
 # "auto" takes the kernel for operands of at least this many elements (2^23): below it a layer's quantizers are
@@ -75,20 +76,19 @@ def check(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool
     )
 
 
-def kernel_spec(spec: OperandSpec, hadamard: int, transposed: bool) -> QuantizeSpec:
-  """The fused kernel's ``QuantizeSpec`` for ``spec``: bf16 values only (and QuEST's trust mask), no packed codes."""
+def kernel_args(spec: OperandSpec, hadamard: int, transposed: bool) -> tuple[QuantizeSpec, KernelOutput]:
+  """The fused kernel's quantizer for ``spec`` (with the ``hadamard`` it applies; the operand's own signs, fixed or
+  drawn, are passed to it as random ones) and its outputs: bf16 values only (and QuEST's trust mask), no packed
+  codes."""
   mode = "none" if not hadamard or spec.signs == "none" else ("te" if spec.signs == "te" else "random")
-  return QuantizeSpec(
-    spec.fmt,
-    rounding=spec.rounding,
-    hadamard=hadamard,
-    hadamard_signs=mode,
-    block_shape=spec.block_shape,
+  quantizer = QuantizeSpec(spec.fmt, spec.block_shape, spec.rounding, hadamard, mode)
+  output = KernelOutput(
     along="rows_of_transpose" if transposed else "rows",
     dequantize="block_scaled_only",
     trust_mask=spec.estimator == "trust_mask",
     packed=False,
   )
+  return quantizer, output
 
 
 def _as_operand(out, shape) -> tuple[Operand, jax.Array | None]:
@@ -99,7 +99,7 @@ def _as_operand(out, shape) -> tuple[Operand, jax.Array | None]:
 
 def _signs(qspec: QuantizeSpec, signs):
   """The caller's sign vector where the kernel takes one (random signs), else None (TE's or none: its own)."""
-  return signs if qspec.hadamard_signs == "random" else None
+  return signs if qspec.signs == "random" else None
 
 
 def quantize_operand(
@@ -112,9 +112,11 @@ def quantize_operand(
   check(out_shape, x.dtype, spec, fused_hadamard, auto)
   if transposed and math.prod(x.shape[:-2]) > 1:  # the kernel is 2D: a batch of transposes goes through XLA
     x, transposed = jnp.swapaxes(x, -1, -2), False
-  qspec = kernel_spec(spec, spec.hadamard if fused_hadamard else 0, transposed)
+  qspec, output = kernel_args(spec, spec.hadamard if fused_hadamard else 0, transposed)
   x2 = x.reshape(x.shape[-2:]) if transposed else x.reshape(-1, x.shape[-1])
-  out = pallas_triton.quantize(x2, qspec, key, signs=_signs(qspec, signs), interpret=backends.pallas_interpret())
+  out = pallas_triton.quantize(
+    x2, qspec, key, output=output, signs=_signs(qspec, signs), interpret=backends.pallas_interpret()
+  )
   return _as_operand(out, out_shape)
 
 
@@ -128,8 +130,10 @@ def quantize_operand_pair(x: jax.Array, rows, cols, *, auto: bool):
     raise backends.Unsupported(f"quantize_pair is 2D: x of shape {x.shape} has leading dims")
   if not all(isinstance(spec.fmt, FP4Format) for spec, _, _ in (rows, cols)):
     raise backends.Unsupported(f"quantize_pair writes block-scaled FP4 only, got {rows[0].fmt!r} / {cols[0].fmt!r}")
-  qrows, qcols = kernel_spec(rows[0], rows[0].hadamard, False), kernel_spec(cols[0], cols[0].hadamard, True)
-  if not pallas_triton.pair_pays(qrows, qcols):  # first: a pair it does not fuse leaves each direction unchecked
+  qrows, rows_output = kernel_args(rows[0], rows[0].hadamard, False)
+  qcols, cols_output = kernel_args(cols[0], cols[0].hadamard, True)
+  # first: a pair it does not fuse leaves each direction unchecked
+  if not pallas_triton.pair_pays(qrows, qcols, rows_output, cols_output):
     raise backends.Unsupported(f"quantize_pair does not take or speed up rows {rows[0]} and cols {cols[0]}")
   check(x.shape, x.dtype, rows[0], True, auto)
   check(shape_t, x.dtype, cols[0], True, auto)
@@ -139,6 +143,8 @@ def quantize_operand_pair(x: jax.Array, rows, cols, *, auto: bool):
     qcols,
     rows[1],
     cols[1],
+    rows_output=rows_output,
+    cols_output=cols_output,
     rows_signs=_signs(qrows, rows[2]),
     cols_signs=_signs(qcols, cols[2]),
     interpret=backends.pallas_interpret(),

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from fp4jax_kernels import triton_ir
 from fp4jax_kernels.quantize import api, pallas_triton, reference
-from fp4jax_kernels.quantize.spec import QuantizeSpec
+from fp4jax_kernels.quantize.output import KernelOutput
 
 import fp4jax
 
@@ -23,75 +23,80 @@ N, M = fp4jax.NVFP4, fp4jax.MXFP4
 N46 = dataclasses.replace(N, scale_mode="four_over_six")
 D, V = "with_tensor_scale", "block_scaled_only"
 QUEST = dataclasses.replace(M, scale_mode="quest")
-CASES = {  # name: (spec, shape, tile)
-  "nvfp4_rtn": (QuantizeSpec(N, dequantize=D), (48, 96), (16, 64)),
-  "nvfp4_rtn_f32_ragged": (QuantizeSpec(N, dequantize=V, trust_mask=True), (37, 80), (16, 32)),
-  "nvfp4_sr": (QuantizeSpec(N, rounding="sr", dequantize=D), (40, 64), (16, 64)),
+
+
+def _k(fmt, *, along="rows", dequantize=None, trust_mask=False, packed=True, **quantizer):
+  """A kernel call's (quantizer, outputs): ``fp4jax.QuantizeSpec(fmt, **quantizer)`` and its ``KernelOutput``."""
+  return fp4jax.QuantizeSpec(fmt, **quantizer), KernelOutput(along, dequantize, trust_mask, packed)
+
+
+CASES = {  # name: ((spec, output), shape, tile)
+  "nvfp4_rtn": (_k(N, dequantize=D), (48, 96), (16, 64)),
+  "nvfp4_rtn_f32_ragged": (_k(N, dequantize=V, trust_mask=True), (37, 80), (16, 32)),
+  "nvfp4_sr": (_k(N, rounding="sr", dequantize=D), (40, 64), (16, 64)),
   "nvfp4_rht16_te_sr": (
-    QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", dequantize=D),
+    _k(N, rounding="sr", hadamard=16, signs="te", dequantize=D),
     (48, 96),
     (16, 64),
   ),
-  "nvfp4_rht16_random_rtn": (QuantizeSpec(N, hadamard=16, hadamard_signs="random"), (24, 64), (16, 32)),
-  "nvfp4_four_over_six_f32": (QuantizeSpec(N46, dequantize=V), (48, 96), (16, 64)),
+  "nvfp4_rht16_random_rtn": (_k(N, hadamard=16, signs="random"), (24, 64), (16, 32)),
+  "nvfp4_four_over_six_f32": (_k(N46, dequantize=V), (48, 96), (16, 64)),
   "nvfp4_ms_eden": (
-    QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", dequantize=D),
+    _k(N, rounding="eden", hadamard=128, signs="random", dequantize=D),
     (40, 256),
     (16, 128),
   ),
-  "mxfp4_floor": (QuantizeSpec(M, dequantize=D), (48, 96), (16, 32)),
-  "mxfp4_quest_h32": (QuantizeSpec(QUEST, hadamard=32, dequantize=V, trust_mask=True), (32, 64), (16, 64)),
+  "mxfp4_floor": (_k(M, dequantize=D), (48, 96), (16, 32)),
+  "mxfp4_quest_h32": (_k(QUEST, hadamard=32, dequantize=V, trust_mask=True), (32, 64), (16, 64)),
   "mxfp4_headroom_sr": (
-    QuantizeSpec(
+    _k(
       dataclasses.replace(M, scale_mode="floor_headroom"),
       rounding="sr",
       hadamard=32,
-      hadamard_signs="random",
+      signs="random",
       dequantize=D,
     ),
     (48, 64),
     (16, 64),
   ),
-  "nvfp4_2d": (QuantizeSpec(N, block_shape=(16, 16), dequantize=D), (40, 96), (16, 64)),
-  "nvfp4_cols_rtn": (QuantizeSpec(N, along="cols", dequantize=D, trust_mask=True), (40, 96), (32, 32)),
+  "nvfp4_2d": (_k(N, block_shape=(16, 16), dequantize=D), (40, 96), (16, 64)),
+  "nvfp4_cols_rtn": (_k(N, along="cols", dequantize=D, trust_mask=True), (40, 96), (32, 32)),
   "nvfp4_cols_rht16_sr": (
-    QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along="cols", dequantize=D),
+    _k(N, rounding="sr", hadamard=16, signs="te", along="cols", dequantize=D),
     (48, 96),
     (16, 32),
   ),
-  "nvfp4_cols_2d": (QuantizeSpec(N, block_shape=(16, 16), along="cols"), (40, 96), (32, 32)),
+  "nvfp4_cols_2d": (_k(N, block_shape=(16, 16), along="cols"), (40, 96), (32, 32)),
   "nvfp4_cols_ms_eden": (
-    QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", along="cols"),
+    _k(N, rounding="eden", hadamard=128, signs="random", along="cols"),
     (256, 48),
     (128, 16),
   ),
   # rows_of_transpose: fp4jax.quantize(x.T) bit for bit (dot_general's wgrad operands), read from x
   "nvfp4_xt_rht16_sr_values": (
-    QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along="rows_of_transpose", dequantize=V),
+    _k(N, rounding="sr", hadamard=16, signs="te", along="rows_of_transpose", dequantize=V),
     (48, 80),
     (32, 32),
   ),
   "nvfp4_xt_rtn_ragged_f32": (
-    QuantizeSpec(N, along="rows_of_transpose", dequantize=D, trust_mask=True),
+    _k(N, along="rows_of_transpose", dequantize=D, trust_mask=True),
     (40, 37),
     (32, 32),
   ),
   "nvfp4_xt_2d_values": (
-    QuantizeSpec(N, block_shape=(16, 16), along="rows_of_transpose", dequantize=V),
+    _k(N, block_shape=(16, 16), along="rows_of_transpose", dequantize=V),
     (48, 40),
     (32, 32),
   ),
   "nvfp4_xt_ms_eden_values": (
-    QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", along="rows_of_transpose", dequantize=V),
+    _k(N, rounding="eden", hadamard=128, signs="random", along="rows_of_transpose", dequantize=V),
     (256, 48),
     (128, 16),
   ),
   # packed=False: the bf16 values only (what fp4jax.operand's GEMM operands take), no codes or scales
-  "nvfp4_values_only_ragged": (QuantizeSpec(N, dequantize=V, packed=False), (37, 80), (16, 32)),
+  "nvfp4_values_only_ragged": (_k(N, dequantize=V, packed=False), (37, 80), (16, 32)),
   "nvfp4_xt_rht16_sr_values_only": (
-    QuantizeSpec(
-      N, rounding="sr", hadamard=16, hadamard_signs="te", along="rows_of_transpose", dequantize=V, packed=False
-    ),
+    _k(N, rounding="sr", hadamard=16, signs="te", along="rows_of_transpose", dequantize=V, packed=False),
     (48, 80),
     (32, 32),
   ),
@@ -129,17 +134,18 @@ def _assert_same(got, want):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_kernel_matches_reference_bit_for_bit(name, interpret):
-  spec, shape, tile = CASES[name]
+  (spec, output), shape, tile = CASES[name]
   dtype = jnp.float32 if "f32" in name else jnp.bfloat16
   x, key = _input(shape, dtype), jax.random.key(7)
-  _assert_same(pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret), reference.quantize(x, spec, key))
+  got = pallas_triton.quantize(x, spec, key, output=output, tile=tile, interpret=interpret)
+  _assert_same(got, reference.quantize(x, spec, key, output=output))
 
 
 ROUTE_CASES = [
   (name, route)
   for name in sorted(CASES)
   for route in pallas_triton.ROUTES  # the distinct ones
-  if CASES[name][0].transposed or (route != "xla" and CASES[name][0].hadamard and "nvfp4" in name)
+  if CASES[name][0][1].transposed or (route != "xla" and CASES[name][0][0].hadamard and "nvfp4" in name)
 ]
 
 
@@ -148,51 +154,49 @@ def test_routes_give_the_same_bits(name, route, interpret):
   """Every route of the transposed and rotated specs (XLA's transpose; the kernel's input staged by the amax
   pre-pass, transposed and rotated; the tile transposed and rotated in the kernel): bit-identical to the
   reference."""
-  spec, shape, tile = CASES[name]
+  (spec, output), shape, tile = CASES[name]
   x, key = _input(shape, jnp.bfloat16), jax.random.key(7)
-  got = pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret, route=route)
-  _assert_same(got, reference.quantize(x, spec, key))
+  got = pallas_triton.quantize(x, spec, key, output=output, tile=tile, interpret=interpret, route=route)
+  _assert_same(got, reference.quantize(x, spec, key, output=output))
 
 
-PAIR_CASES = {  # name: (rows spec, cols spec, shape, tile, explicit signs for rows / cols)
+PAIR_CASES = {  # name: ((rows spec, output), (cols spec, output), shape, tile, explicit signs for rows / cols)
   # nvidia_nvfp4's dY: SR for the data gradient, RHT16 + SR transposed for the weight gradient (bf16 values)
   "nvidia_dy": (
-    QuantizeSpec(N, rounding="sr", dequantize=V, packed=False),
-    QuantizeSpec(
-      N, rounding="sr", hadamard=16, hadamard_signs="te", along="rows_of_transpose", dequantize=V, packed=False
-    ),
+    _k(N, rounding="sr", dequantize=V, packed=False),
+    _k(N, rounding="sr", hadamard=16, signs="te", along="rows_of_transpose", dequantize=V, packed=False),
     (48, 96),
     (16, 32),
     (False, False),
   ),
   # its X, every output written; the columns' bits indexed as x's (along="cols")
   "nvidia_x_packed": (
-    QuantizeSpec(N, dequantize=D, trust_mask=True),
-    QuantizeSpec(N, hadamard=16, hadamard_signs="te", along="cols", dequantize=D),
+    _k(N, dequantize=D, trust_mask=True),
+    _k(N, hadamard=16, signs="te", along="cols", dequantize=D),
     (64, 64),
     (32, 32),
     (False, False),
   ),
   # nvfp4_rtn's operands, f32, the transposed axis ragged (40 rows: a partial block)
   "rtn_ragged_f32": (
-    QuantizeSpec(N, dequantize=V),
-    QuantizeSpec(N, along="rows_of_transpose", dequantize=V),
+    _k(N, dequantize=V),
+    _k(N, along="rows_of_transpose", dequantize=V),
     (40, 48),
     (16, 32),
     (False, False),
   ),
   # Quartet's dY: MXFP4 (no pre-pass), RHT32 + SR both ways, one sign vector drawn and one given
   "quartet_dy": (
-    QuantizeSpec(M, rounding="sr", hadamard=32, hadamard_signs="random", dequantize=V),
-    QuantizeSpec(M, rounding="sr", hadamard=32, hadamard_signs="random", along="rows_of_transpose", dequantize=V),
+    _k(M, rounding="sr", hadamard=32, signs="random", dequantize=V),
+    _k(M, rounding="sr", hadamard=32, signs="random", along="rows_of_transpose", dequantize=V),
     (64, 96),
     (32, 32),
     (False, True),
   ),
   # mixed formats and rotations: NVFP4 RHT16 + SR along the rows, MXFP4 QuEST transposed (trust mask)
   "mixed_quest": (
-    QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="random", dequantize=D),
-    QuantizeSpec(QUEST, hadamard=32, along="rows_of_transpose", dequantize=V, trust_mask=True),
+    _k(N, rounding="sr", hadamard=16, signs="random", dequantize=D),
+    _k(QUEST, hadamard=32, along="rows_of_transpose", dequantize=V, trust_mask=True),
     (64, 64),
     (32, 64),
     (True, False),
@@ -204,7 +208,7 @@ PAIR_CASES = {  # name: (rows spec, cols spec, shape, tile, explicit signs for r
 def test_pair_matches_two_quantizes_bit_for_bit(name, interpret):
   """``quantize_pair``: both directions from one pre-pass and one kernel, each bit-identical to the reference
   (and so to ``quantize`` of that direction alone), with its own key and signs."""
-  rows, cols, shape, tile, given = PAIR_CASES[name]
+  (rows, rows_output), (cols, cols_output), shape, tile, given = PAIR_CASES[name]
   dtype = jnp.float32 if "f32" in name else jnp.bfloat16
   x = _input(shape, dtype)
   keys = jax.random.key(7), jax.random.key(8)
@@ -212,48 +216,64 @@ def test_pair_matches_two_quantizes_bit_for_bit(name, interpret):
     fp4jax.hadamard.random_signs(jax.random.key(9 + i), s.hadamard) if g else None
     for i, (s, g) in enumerate(zip((rows, cols), given))
   ]
+  outputs = dict(rows_output=rows_output, cols_output=cols_output)
   got = pallas_triton.quantize_pair(
-    x, rows, cols, *keys, rows_signs=signs[0], cols_signs=signs[1], tile=tile, interpret=interpret
+    x, rows, cols, *keys, **outputs, rows_signs=signs[0], cols_signs=signs[1], tile=tile, interpret=interpret
   )
-  want = reference.quantize_pair(x, rows, cols, *keys, rows_signs=signs[0], cols_signs=signs[1])
+  want = reference.quantize_pair(x, rows, cols, *keys, **outputs, rows_signs=signs[0], cols_signs=signs[1])
   _assert_same(got[0], want[0])
   _assert_same(got[1], want[1])
   assert got[1].dequantized.shape == shape[::-1]
 
 
+def _pair(rows, cols) -> tuple:
+  """``(rows spec, cols spec, rows output, cols output)``, ``pair_refusal``'s and ``pair_pays``' arguments."""
+  return rows[0], cols[0], rows[1], cols[1]
+
+
+def _outputs(rows, cols) -> dict:
+  """``quantize_pair``'s output keyword arguments for two ``(spec, output)`` pairs."""
+  return dict(rows_output=rows[1], cols_output=cols[1])
+
+
 @pytest.mark.parametrize(
   "rows, cols, match",
   [
-    (QuantizeSpec(N, along="cols"), QuantizeSpec(N, along="cols"), "rows must quantize along the rows"),
-    (QuantizeSpec(N), QuantizeSpec(N), "rows must quantize along the rows and cols along axis 0"),
-    (QuantizeSpec(N, block_shape=(16, 16)), QuantizeSpec(N, along="cols"), "rows has 16x16 tiles"),
+    (_k(N, along="cols"), _k(N, along="cols"), "rows must quantize along the rows"),
+    (_k(N), _k(N), "rows must quantize along the rows and cols along axis 0"),
+    (_k(N, block_shape=(16, 16)), _k(N, along="cols"), "rows has 16x16 tiles"),
     (
-      QuantizeSpec(N),
-      QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", along="cols"),
+      _k(N),
+      _k(N, rounding="eden", hadamard=128, signs="random", along="cols"),
       "cols has a 128-point Hadamard",
     ),
   ],
 )
 def test_pair_refuses_what_it_cannot_fuse(rows, cols, match):
   with pytest.raises(ValueError, match=f"quantize_pair: {match}"):
-    pallas_triton.quantize_pair(jnp.ones((128, 128)), rows, cols, jax.random.key(0), interpret=True)
+    pallas_triton.quantize_pair(
+      jnp.ones((128, 128)), rows[0], cols[0], jax.random.key(0), **_outputs(rows, cols), interpret=True
+    )
 
 
 def test_pair_api_picks_the_reference_off_gpu_and_refused_pairs():
   """``api.quantize_pair``'s ``"auto"``: the kernel only on a GPU that runs it and for a pair it speeds up."""
-  rows, cols = QuantizeSpec(N, dequantize=V), QuantizeSpec(N, along="rows_of_transpose", dequantize=V)
+  rows, cols = _k(N, dequantize=V), _k(N, along="rows_of_transpose", dequantize=V)
   x = _input((32, 64), jnp.bfloat16)
-  got = jax.make_jaxpr(lambda x: api.quantize_pair(x, rows, cols))(x)
+  got = jax.make_jaxpr(lambda x: api.quantize_pair(x, rows[0], cols[0], **_outputs(rows, cols)))(x)
   assert ("pallas_call" in str(got)) == (jax.default_backend() == "gpu")
-  eden = QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", along="rows_of_transpose")
+  eden = _k(N, rounding="eden", hadamard=128, signs="random", along="rows_of_transpose")
   x = _input((128, 64), jnp.bfloat16)
-  got = jax.make_jaxpr(lambda x: api.quantize_pair(x, rows, eden, None, jax.random.key(0), backend="auto"))(x)
-  assert "fp4_quantize_pair" not in str(got)
-  quartet = QuantizeSpec(M, rounding="sr", hadamard=32, hadamard_signs="random", dequantize=V)
-  assert pallas_triton.pair_refusal(quartet, dataclasses.replace(quartet, along="rows_of_transpose")) is None
-  assert not pallas_triton.pair_pays(quartet, dataclasses.replace(quartet, along="rows_of_transpose"))
-  rht16 = QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along="rows_of_transpose")
-  assert pallas_triton.pair_pays(rows, cols) and pallas_triton.pair_pays(QuantizeSpec(N), rht16)
+  pair = lambda x: api.quantize_pair(
+    x, rows[0], eden[0], None, jax.random.key(0), **_outputs(rows, eden), backend="auto"
+  )
+  assert "fp4_quantize_pair" not in str(jax.make_jaxpr(pair)(x))
+  quartet = _k(M, rounding="sr", hadamard=32, signs="random", dequantize=V)
+  quartet_t = _k(M, rounding="sr", hadamard=32, signs="random", dequantize=V, along="rows_of_transpose")
+  assert pallas_triton.pair_refusal(*_pair(quartet, quartet_t)) is None
+  assert not pallas_triton.pair_pays(*_pair(quartet, quartet_t))
+  rht16 = _k(N, rounding="sr", hadamard=16, signs="te", along="rows_of_transpose")
+  assert pallas_triton.pair_pays(*_pair(rows, cols)) and pallas_triton.pair_pays(*_pair(_k(N), rht16))
 
 
 @pytest.mark.parametrize("along", ["rows", "rows_of_transpose"])
@@ -264,48 +284,48 @@ def test_prepass_stages_the_rotated_input_and_the_amax(along, dtype, hadamard, i
   ``x.dtype``), transposed for the transposed direction, and the rotated amax of the XLA pre-pass. RHT16 (loaded
   in parts) and MS-EDEN's 128 points (the tile load), with tiles ragged along both axes."""
   if hadamard == 16:
-    spec = QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along=along)
+    spec = _k(N, rounding="sr", hadamard=16, signs="te", along=along)
     signs, shape = fp4jax.hadamard.TE_SIGNS_16, (48, 208)
   else:
-    spec = QuantizeSpec(N, rounding="eden", hadamard=128, hadamard_signs="random", along=along)
+    spec = _k(N, rounding="eden", hadamard=128, signs="random", along=along)
     signs, shape = fp4jax.hadamard.random_signs(jax.random.key(3), 128), (80, 384)
   x = _input(shape if along == "rows" else shape[::-1], dtype)
-  staged, amax = pallas_triton.stage_and_amax(x, spec, signs, interpret=interpret)
-  x_rows = x.T if spec.transposed else x
+  staged, amax = pallas_triton.stage_and_amax(x, *spec, signs, interpret=interpret)
+  x_rows = x.T if spec[1].transposed else x
   want = fp4jax.hadamard.rotated(x_rows, hadamard, axis=-1, signs=signs)
   assert staged.dtype == dtype
   np.testing.assert_array_equal(np.asarray(staged, np.float32), np.asarray(want, np.float32))
-  want_amax = pallas_triton.tensor_amax(x_rows, dataclasses.replace(spec, along="rows"), signs, use_kernel=False)
+  want_amax = pallas_triton.tensor_amax(x_rows, spec[0], KernelOutput(), signs, use_kernel=False)
   np.testing.assert_array_equal(np.asarray(amax), np.asarray(want_amax))
 
 
 def test_prepass_stages_the_transpose(interpret):
-  spec = QuantizeSpec(N, along="rows_of_transpose")
+  spec = _k(N, along="rows_of_transpose")
   x = _input((48, 200), jnp.bfloat16)
-  xt, amax = pallas_triton.stage_and_amax(x, spec, None, interpret=interpret)
+  xt, amax = pallas_triton.stage_and_amax(x, *spec, None, interpret=interpret)
   np.testing.assert_array_equal(np.asarray(xt, np.float32), np.asarray(x.T, np.float32))
   np.testing.assert_array_equal(np.asarray(amax), np.max(np.abs(np.asarray(x, np.float32))))
 
 
 def test_routes_are_named_and_fall_back_where_nothing_is_staged():
-  spec = QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te")
+  spec = _k(N, rounding="sr", hadamard=16, signs="te")
   with pytest.raises(ValueError, match="route must be one of"):
-    pallas_triton.quantize(jnp.ones((16, 64)), spec, jax.random.key(0), route="registers", interpret=True)
-  assert pallas_triton.effective_route(spec, "prepass", has_prepass=True) == "prepass"
-  assert pallas_triton.effective_route(spec, "prepass", has_prepass=False) == "kernel"  # amax given, or MXFP4
-  assert pallas_triton.effective_route(QuantizeSpec(N), "prepass", has_prepass=True) == "xla"  # nothing to stage
+    pallas_triton.quantize(jnp.ones((16, 64)), spec[0], jax.random.key(0), route="registers", interpret=True)
+  assert pallas_triton.effective_route(*spec, "prepass", has_prepass=True) == "prepass"
+  assert pallas_triton.effective_route(*spec, "prepass", has_prepass=False) == "kernel"  # amax given, or MXFP4
+  assert pallas_triton.effective_route(*_k(N), "prepass", has_prepass=True) == "xla"  # nothing to stage
   with pytest.raises(ValueError, match="nothing to stage"):
-    pallas_triton.stage_and_amax(jnp.ones((16, 64)), QuantizeSpec(N), None, interpret=True)
+    pallas_triton.stage_and_amax(jnp.ones((16, 64)), *_k(N), None, interpret=True)
 
 
 @pytest.mark.parametrize("fmt", [M, N], ids=lambda f: f.name)
 def test_nan_block_keeps_nan_scale(fmt, interpret):
   """MXFP4: the block holding NaN gets the NaN scale. NVFP4: the tensor amax is NaN, so every scale is NaN. Codes
   agree with the reference too (Triton's NaN-dropping max/min would clip NaN to ±6)."""
-  spec = QuantizeSpec(fmt, dequantize=D)
+  spec, output = _k(fmt, dequantize=D)
   x = _input((16, 64), jnp.float32).at[3, 40].set(jnp.nan)
-  q, deq, _, _ = got = pallas_triton.quantize(x, spec, tile=(16, 64), interpret=interpret)
-  _assert_same(got, reference.quantize(x, spec))
+  q, deq, _, _ = got = pallas_triton.quantize(x, spec, output=output, tile=(16, 64), interpret=interpret)
+  _assert_same(got, reference.quantize(x, spec, output=output))
   if fmt is M:
     assert _bits(q.scales)[3, 1] == 0xFF and np.isnan(np.asarray(deq[3, 32:])).all()
   else:
@@ -313,11 +333,11 @@ def test_nan_block_keeps_nan_scale(fmt, interpret):
 
 
 def test_api_auto_uses_reference_on_cpu_and_accepts_names():
-  spec, shape, _ = CASES["nvfp4_rtn"]
+  (spec, output), shape, _ = CASES["nvfp4_rtn"]
   x = _input(shape, jnp.bfloat16)
-  _assert_same(api.quantize(x, spec, backend="xla"), reference.quantize(x, spec))
+  _assert_same(api.quantize(x, spec, output=output, backend="xla"), reference.quantize(x, spec, output=output))
   with pytest.raises(ValueError, match="backend"):
-    api.quantize(x, spec, backend="cuda")
+    api.quantize(x, spec, output=output, backend="cuda")
 
 
 @pytest.mark.parametrize(
@@ -330,7 +350,7 @@ def test_api_auto_uses_reference_on_cpu_and_accepts_names():
   ],
 )
 def test_bad_input_is_named(bad, match):
-  args = dict(x=jnp.ones((16, 64)), spec=QuantizeSpec(N), tile=(16, 64))
+  args = dict(x=jnp.ones((16, 64)), spec=fp4jax.QuantizeSpec(N), tile=(16, 64))
   args.update(bad)
   with pytest.raises(ValueError, match=match):
     pallas_triton.quantize(args["x"], args["spec"], tile=args["tile"], interpret=True)
@@ -351,13 +371,13 @@ def test_bad_input_is_named(bad, match):
 def test_kernel_lowers_to_triton(name):
   """Every primitive of the kernel has a Pallas Triton lowering (checked on CPU by lowering for CUDA); the
   transposed directions on every route."""
-  spec, _, _ = CASES[name]
+  (spec, output), _, _ = CASES[name]
   x = jnp.ones((256, 256), jnp.bfloat16)
   for route in pallas_triton.ROUTES:
-    quantize = lambda x, k: pallas_triton.quantize(x, spec, k, route=route)
+    quantize = lambda x, k: pallas_triton.quantize(x, spec, k, output=output, route=route)
     text = jax.jit(quantize).trace(x, jax.random.key(0)).lower(lowering_platforms=("cuda",)).as_text()
     assert "triton" in text
-    staged = pallas_triton.effective_route(spec, route, spec.fmt.name == "nvfp4") == "prepass"
+    staged = pallas_triton.effective_route(spec, output, route, spec.fmt.name == "nvfp4") == "prepass"
     assert ("fp4_staging_amax" in text) == staged, route
 
 
@@ -380,10 +400,10 @@ def _assert_masked(module: str, stores: int):
 def test_ragged_edge_blocks_are_masked_in_triton(name):
   """Pallas Triton does not clip edge blocks (interpret mode does): on ragged shapes every load and store must carry
   a mask, or the kernel writes over the next row / the next buffer on the GPU."""
-  spec, shape, tile = CASES[name]
-  quantize = lambda x: pallas_triton.quantize(x, spec, tile=tile)
+  (spec, output), shape, tile = CASES[name]
+  quantize = lambda x: pallas_triton.quantize(x, spec, output=output, tile=tile)
   (module,) = triton_ir.triton_modules(quantize, jnp.ones(shape, jnp.float32))
-  _assert_masked(module, stores=2 + bool(spec.dequantize) + spec.trust_mask)
+  _assert_masked(module, stores=2 + bool(output.dequantize) + output.trust_mask)
 
 
 @pytest.mark.parametrize(
@@ -392,8 +412,8 @@ def test_ragged_edge_blocks_are_masked_in_triton(name):
 def test_ragged_staging_prepass_is_masked_in_triton(name):
   """The pre-pass that writes ``xᵀ`` or the rotated ``x`` (rotated: loaded in parts, ``load_rotated``, up to 32
   points; MS-EDEN's 128 by the tile load) on a ragged shape: its tiles stick out of ``x`` (and of what it writes)."""
-  spec, shape, tile = CASES[name]
-  quantize = lambda x: pallas_triton.quantize(x, spec, jax.random.key(0), tile=tile, route="prepass")
+  (spec, output), shape, tile = CASES[name]
+  quantize = lambda x: pallas_triton.quantize(x, spec, jax.random.key(0), output=output, tile=tile, route="prepass")
   prepass, main = triton_ir.triton_modules(quantize, jnp.ones(shape, jnp.float32))
   assert "fp4_staging_amax" in prepass
   _assert_masked(prepass, stores=1)  # xᵀ (the partial max is a (1, 1) block)
@@ -401,8 +421,8 @@ def test_ragged_staging_prepass_is_masked_in_triton(name):
 
 def test_quest_std_uses_the_ieee_square_root_in_triton():
   """Triton's math.sqrt is approximate; QuEST's block std must use sqrt.rn like XLA (kernel_safe's rule)."""
-  spec, shape, tile = CASES["mxfp4_quest_h32"]
-  quantize = lambda x: pallas_triton.quantize(x, spec, tile=tile)
+  (spec, output), shape, tile = CASES["mxfp4_quest_h32"]
+  quantize = lambda x: pallas_triton.quantize(x, spec, output=output, tile=tile)
   (module,) = triton_ir.triton_modules(quantize, jnp.ones(shape, jnp.float32))
   assert "sqrt.rn.f32" in module and "math.sqrt" not in module
 
@@ -410,7 +430,7 @@ def test_quest_std_uses_the_ieee_square_root_in_triton():
 def test_correctly_rounded_division_is_one_ieee_instruction_in_triton():
   """``fp4jax.ieee.div_rn`` (a long division around a first guess, for XLA) becomes one PTX ``div.rn.f32`` inside a
   kernel, the IEEE quotient it emulates: the RTN kernel's one division per block (``1 / (dec_b · s_dec)``)."""
-  spec = QuantizeSpec(fp4jax.NVFP4)
+  spec = fp4jax.QuantizeSpec(fp4jax.NVFP4)
   (module,) = triton_ir.triton_modules(
     lambda x: pallas_triton.quantize(x, spec, amax=jnp.float32(1.0)), jnp.ones((64, 256), jnp.bfloat16)
   )
@@ -419,36 +439,36 @@ def test_correctly_rounded_division_is_one_ieee_instruction_in_triton():
 
 def test_values_only_writes_the_packed_kernels_values_and_nothing_else(interpret):
   """``packed=False``: the same bf16 values and decode scale as the packed kernel, no QTensor, one kernel output."""
-  spec, shape, tile = CASES["nvfp4_values_only_ragged"]
+  (spec, output), shape, tile = CASES["nvfp4_values_only_ragged"]
   x, key = _input(shape, jnp.bfloat16), jax.random.key(7)
-  got = pallas_triton.quantize(x, spec, key, tile=tile, interpret=interpret)
-  full = pallas_triton.quantize(x, dataclasses.replace(spec, packed=True), key, tile=tile, interpret=interpret)
+  got = pallas_triton.quantize(x, spec, key, output=output, tile=tile, interpret=interpret)
+  packed = dataclasses.replace(output, packed=True)
+  full = pallas_triton.quantize(x, spec, key, output=packed, tile=tile, interpret=interpret)
   assert got.qtensor is None and full.qtensor is not None
   np.testing.assert_array_equal(np.asarray(got.dequantized, np.float32), np.asarray(full.dequantized, np.float32))
   np.testing.assert_array_equal(np.asarray(got.global_scale), np.asarray(full.qtensor.global_scale))
-  (module,) = triton_ir.triton_modules(lambda x: pallas_triton.quantize(x, spec, tile=tile), x)
+  (module,) = triton_ir.triton_modules(lambda x: pallas_triton.quantize(x, spec, output=output, tile=tile), x)
   _assert_masked(module, stores=1)
-  with pytest.raises(ValueError, match="packed=False"):
-    QuantizeSpec(N, packed=False)
+  with pytest.raises(ValueError, match=r"KernelOutput\(packed=False\).*set dequantize"):
+    KernelOutput(packed=False)
 
 
-UNIT_CASES = {  # name: (spec, shape, tile, the unit each thread loads): whole units need a tile of 32·warps units
-  "nvfp4_rtn_ragged": (QuantizeSpec(N, dequantize=D, trust_mask=True), (37, 80), (16, 32), 16),
-  "nvfp4_rtn_f32": (QuantizeSpec(N, dequantize=V), (48, 96), (16, 32), 16),  # 4 loads of 4 floats per block
-  "nvfp4_sr": (QuantizeSpec(N, rounding="sr", dequantize=D), (40, 64), (16, 32), 16),
+# name: ((spec, output), shape, tile, the unit each thread loads): whole units need a tile of 32·warps units
+UNIT_CASES = {
+  "nvfp4_rtn_ragged": (_k(N, dequantize=D, trust_mask=True), (37, 80), (16, 32), 16),
+  "nvfp4_rtn_f32": (_k(N, dequantize=V), (48, 96), (16, 32), 16),  # 4 loads of 4 floats per block
+  "nvfp4_sr": (_k(N, rounding="sr", dequantize=D), (40, 64), (16, 32), 16),
   "nvfp4_rht16_te_sr": (
-    QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", dequantize=D),
+    _k(N, rounding="sr", hadamard=16, signs="te", dequantize=D),
     (48, 96),
     (16, 32),
     16,
   ),
-  "nvfp4_four_over_six": (QuantizeSpec(N46, dequantize=V), (48, 96), (16, 32), 16),
-  "mxfp4_quest_h32": (QuantizeSpec(QUEST, hadamard=32, dequantize=V, trust_mask=True), (32, 96), (32, 32), 32),
-  "mxfp4_floor_f32": (QuantizeSpec(M, dequantize=D), (32, 96), (32, 32), 32),  # 8 loads of 4 floats per block
+  "nvfp4_four_over_six": (_k(N46, dequantize=V), (48, 96), (16, 32), 16),
+  "mxfp4_quest_h32": (_k(QUEST, hadamard=32, dequantize=V, trust_mask=True), (32, 96), (32, 32), 32),
+  "mxfp4_floor_f32": (_k(M, dequantize=D), (32, 96), (32, 32), 32),  # 8 loads of 4 floats per block
   "nvfp4_xt_rht16_sr_values_only": (
-    QuantizeSpec(
-      N, rounding="sr", hadamard=16, hadamard_signs="te", along="rows_of_transpose", dequantize=V, packed=False
-    ),
+    _k(N, rounding="sr", hadamard=16, signs="te", along="rows_of_transpose", dequantize=V, packed=False),
     (48, 80),
     (32, 16),
     16,
@@ -460,42 +480,42 @@ UNIT_CASES = {  # name: (spec, shape, tile, the unit each thread loads): whole u
 def test_whole_unit_loads_match_reference_bit_for_bit(name, interpret):
   """One warp, so that these small tiles hold a unit per thread: the kernel loads each block (or Hadamard chunk)
   into one thread (``load_units``), in pieces of 16 bytes, and still gives the reference's bits."""
-  spec, shape, tile, unit = UNIT_CASES[name]
+  (spec, output), shape, tile, unit = UNIT_CASES[name]
   dtype = jnp.float32 if "f32" in name else jnp.bfloat16
-  n_axis = shape[0] if spec.transposed else shape[1]
-  assert pallas_triton.load_unit(spec, n_axis, "xla", tile, num_warps=1) == unit
+  n_axis = shape[0] if output.transposed else shape[1]
+  assert pallas_triton.load_unit(spec, output, n_axis, "xla", tile, num_warps=1) == unit
   x, key = _input(shape, dtype), jax.random.key(7)
-  got = pallas_triton.quantize(x, spec, key, tile=tile, num_warps=1, interpret=interpret)
-  _assert_same(got, reference.quantize(x, spec, key))
+  got = pallas_triton.quantize(x, spec, key, output=output, tile=tile, num_warps=1, interpret=interpret)
+  _assert_same(got, reference.quantize(x, spec, key, output=output))
 
 
 def test_load_unit_falls_back_to_plain_tile_loads():
   """0 (a plain tile load) where a thread cannot own whole units: MS-EDEN's 128-point chunks (register spills),
   2D blocks, the in-register transpose, a ragged quantized axis, a tile with fewer units than threads."""
-  rtn = QuantizeSpec(N)
-  assert pallas_triton.load_unit(rtn, 512, "xla", (16, 512), 4) == 16
-  assert pallas_triton.load_unit(QuantizeSpec(M), 512, "xla", (16, 512), 4) == 32
-  assert pallas_triton.load_unit(CASES["nvfp4_ms_eden"][0], 512, "xla", (64, 512), 4) == 0
-  assert pallas_triton.load_unit(CASES["nvfp4_ms_eden"][0], 512, "prepass", (64, 512), 4) == 16  # staged rotation
-  assert pallas_triton.load_unit(CASES["nvfp4_2d"][0], 512, "xla", (16, 512), 4) == 0
+  rtn = _k(N)
+  assert pallas_triton.load_unit(*rtn, 512, "xla", (16, 512), 4) == 16
+  assert pallas_triton.load_unit(*_k(M), 512, "xla", (16, 512), 4) == 32
+  assert pallas_triton.load_unit(*CASES["nvfp4_ms_eden"][0], 512, "xla", (64, 512), 4) == 0
+  assert pallas_triton.load_unit(*CASES["nvfp4_ms_eden"][0], 512, "prepass", (64, 512), 4) == 16  # staged rotation
+  assert pallas_triton.load_unit(*CASES["nvfp4_2d"][0], 512, "xla", (16, 512), 4) == 0
   cols = CASES["nvfp4_cols_rtn"][0]
-  assert pallas_triton.load_unit(cols, 512, "xla", (512, 16), 4) == 16
-  assert pallas_triton.load_unit(cols, 512, "kernel", (512, 16), 4) == 0
-  assert pallas_triton.load_unit(cols, 504, "xla", (512, 16), 4) == 0
-  assert pallas_triton.load_unit(rtn, 512, "xla", (16, 64), 4) == 0  # 64 units for 128 threads
+  assert pallas_triton.load_unit(*cols, 512, "xla", (512, 16), 4) == 16
+  assert pallas_triton.load_unit(*cols, 512, "kernel", (512, 16), 4) == 0
+  assert pallas_triton.load_unit(*cols, 504, "xla", (512, 16), 4) == 0
+  assert pallas_triton.load_unit(*rtn, 512, "xla", (16, 64), 4) == 0  # 64 units for 128 threads
 
 
 def test_rotations_up_to_32_points_load_their_chunks_in_parts():
   """``load_rotated`` takes 16- and 32-point Hadamards (the pre-pass in both directions, the kernel's transposed
   tiles); MS-EDEN's 128 keeps the tile load. The transposing pre-pass takes wider tiles."""
-  in_parts = lambda name: pallas_triton.rotates_in_parts(CASES[name][0])
+  in_parts = lambda name: pallas_triton.rotates_in_parts(CASES[name][0][0])
   assert in_parts("nvfp4_xt_rht16_sr_values") and in_parts("nvfp4_cols_rht16_sr") and in_parts("nvfp4_rht16_te_sr")
   assert in_parts("mxfp4_headroom_sr")
   assert not in_parts("nvfp4_xt_ms_eden_values") and not in_parts("nvfp4_ms_eden")
   assert not in_parts("nvfp4_xt_rtn_ragged_f32") and not in_parts("nvfp4_rtn")
-  assert pallas_triton.prepass_tile(CASES["nvfp4_xt_rht16_sr_values"][0]) == (256, 64)
-  assert pallas_triton.prepass_tile(CASES["nvfp4_rht16_te_sr"][0]) == pallas_triton.default_tile(
-    CASES["nvfp4_rht16_te_sr"][0]
+  assert pallas_triton.prepass_tile(*CASES["nvfp4_xt_rht16_sr_values"][0]) == (256, 64)
+  assert pallas_triton.prepass_tile(*CASES["nvfp4_rht16_te_sr"][0]) == pallas_triton.default_tile(
+    *CASES["nvfp4_rht16_te_sr"][0]
   )
 
 
@@ -503,7 +523,7 @@ def test_default_route_follows_the_hadamard():
   """The pre-pass stages the rotated input where there is one, tiles are transposed and rotated in registers where
   there is none, XLA transposes without a Hadamard (BENCHMARKS §5)."""
   route = lambda name, has_prepass=True: pallas_triton.effective_route(
-    CASES[name][0], pallas_triton.default_route(CASES[name][0]), has_prepass
+    *CASES[name][0], pallas_triton.default_route(CASES[name][0][0]), has_prepass
   )
   assert route("nvfp4_cols_rht16_sr") == route("nvfp4_xt_ms_eden_values") == route("nvfp4_ms_eden") == "prepass"
   assert route("nvfp4_cols_rht16_sr", has_prepass=False) == route("mxfp4_headroom_sr", False) == "kernel"
@@ -513,18 +533,18 @@ def test_default_route_follows_the_hadamard():
 def test_default_tile_is_wider_for_rtn_along_rows():
   """(16, 512) for RTN along the rows without a Hadamard, (32, 256) for 16x16 tiles, (16, 256) otherwise
   (BENCHMARKS.md §5)."""
-  assert pallas_triton.default_tile(QuantizeSpec(N)) == (16, 512)
-  assert pallas_triton.default_tile(QuantizeSpec(N, block_shape=(16, 16))) == (32, 256)
-  assert pallas_triton.default_tile(QuantizeSpec(N, rounding="sr")) == (16, 256)
-  assert pallas_triton.default_tile(CASES["nvfp4_rht16_random_rtn"][0]) == (16, 256)
-  assert pallas_triton.default_tile(CASES["nvfp4_cols_rtn"][0]) == (256, 32)
+  assert pallas_triton.default_tile(*_k(N)) == (16, 512)
+  assert pallas_triton.default_tile(*_k(N, block_shape=(16, 16))) == (32, 256)
+  assert pallas_triton.default_tile(*_k(N, rounding="sr")) == (16, 256)
+  assert pallas_triton.default_tile(*CASES["nvfp4_rht16_random_rtn"][0]) == (16, 256)
+  assert pallas_triton.default_tile(*CASES["nvfp4_cols_rtn"][0]) == (256, 32)
 
 
 def test_default_num_warps_follows_the_tile_sweep():
   """8 warps for MS-EDEN's 128-point rotation, 4 elsewhere (BENCHMARKS.md §5)."""
-  assert pallas_triton.default_num_warps(CASES["nvfp4_ms_eden"][0]) == 8
-  assert pallas_triton.default_num_warps(CASES["nvfp4_rht16_te_sr"][0]) == 4
-  assert pallas_triton.default_num_warps(CASES["nvfp4_rtn"][0]) == 4
+  assert pallas_triton.default_num_warps(CASES["nvfp4_ms_eden"][0][0]) == 8
+  assert pallas_triton.default_num_warps(CASES["nvfp4_rht16_te_sr"][0][0]) == 4
+  assert pallas_triton.default_num_warps(CASES["nvfp4_rtn"][0][0]) == 4
 
 
 def test_ptx_counts_of_the_kernels():
@@ -545,22 +565,22 @@ def test_randomized_shapes_on_gpu(seed):
   rng = np.random.default_rng(seed)
   m, k = int(rng.integers(1, 700)), 128 * int(rng.integers(1, 24))
   for name in ("nvfp4_rtn", "nvfp4_rht16_te_sr", "nvfp4_ms_eden", "nvfp4_cols_rht16_sr"):
-    spec = CASES[name][0]
-    if spec.along == "cols":
+    spec, output = CASES[name][0]
+    if output.along == "cols":
       m = 16 * max(1, m // 16)
     x, key = _input((max(m, 3), k), jnp.bfloat16, seed), jax.random.key(seed)
-    _assert_same(pallas_triton.quantize(x, spec, key), reference.quantize(x, spec, key))
+    _assert_same(pallas_triton.quantize(x, spec, key, output=output), reference.quantize(x, spec, key, output=output))
 
 
 @pytest.mark.parametrize("along, nonfinite", [("rows", None), ("cols", None), ("rows", jnp.inf), ("rows", jnp.nan)])
 def test_rotated_amax_prepass_matches_xla(along, nonfinite, interpret):
-  spec = QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="te", along=along)
+  spec = _k(N, rounding="sr", hadamard=16, signs="te", along=along)
   x = _input((40, 512) if along == "rows" else (48, 512), jnp.bfloat16)  # rows: a ragged last tile of chunks
   if nonfinite is not None:
     x = x.at[5, 7].set(nonfinite)
   signs = fp4jax.hadamard.TE_SIGNS_16
-  got = pallas_triton.tensor_amax(x, spec, signs, interpret=interpret)
-  want = pallas_triton.tensor_amax(x, spec, signs, use_kernel=False)
+  got = pallas_triton.tensor_amax(x, *spec, signs, interpret=interpret)
+  want = pallas_triton.tensor_amax(x, *spec, signs, use_kernel=False)
   if nonfinite is None:
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   else:  # non-finite amax -> NaN tensor scale (fp4jax.quantize's documented rule). XLA's CPU max can drop NaN, so
@@ -589,29 +609,30 @@ def test_clz_substitute_is_exact():
 
 
 @pytest.mark.parametrize(
-  "spec, shape, tile",
+  "job, shape, tile",
   [
     (
-      QuantizeSpec(N, rounding="sr", hadamard=16, hadamard_signs="random", along="rows_of_transpose", dequantize=V),
+      _k(N, rounding="sr", hadamard=16, signs="random", along="rows_of_transpose", dequantize=V),
       (64, 32),
       (64, 32),
     ),
-    (QuantizeSpec(QUEST, hadamard=32, hadamard_signs="random", trust_mask=True), (16, 64), (16, 64)),
+    (_k(QUEST, hadamard=32, signs="random", trust_mask=True), (16, 64), (16, 64)),
   ],
   ids=["sr_rht16_rows_of_transpose", "quest_mask_rtn_no_key"],
 )
-def test_explicit_signs_are_the_rotation(spec, shape, tile, interpret):
+def test_explicit_signs_are_the_rotation(job, shape, tile, interpret):
   """``signs=s``: H·diag(s) per chunk, i.e. the sign-free rotation of x ⊙ s (exact: ±1), with the same key split
   for the rounding bits; RTN needs no key then. A vector unlike the key's draw changes the codes."""
+  spec, output = job
   x = _input(shape, jnp.bfloat16)
   key = None if spec.rounding == "rtn" else jax.random.key(7)
   s = fp4jax.hadamard.random_signs(jax.random.key(99), spec.hadamard)
-  reps = shape[0 if spec.transposed else 1] // spec.hadamard
-  xs = x * (jnp.tile(s, reps)[:, None] if spec.transposed else jnp.tile(s, reps)).astype(x.dtype)
-  got = pallas_triton.quantize(x, spec, key, signs=s, tile=tile, interpret=interpret)
-  _assert_same(got, reference.quantize(xs, dataclasses.replace(spec, hadamard_signs="none"), key))
+  reps = shape[0 if output.transposed else 1] // spec.hadamard
+  xs = x * (jnp.tile(s, reps)[:, None] if output.transposed else jnp.tile(s, reps)).astype(x.dtype)
+  got = pallas_triton.quantize(x, spec, key, output=output, signs=s, tile=tile, interpret=interpret)
+  _assert_same(got, reference.quantize(xs, dataclasses.replace(spec, signs="none"), key, output=output))
   np.testing.assert_array_equal(np.asarray(got.qtensor.signs), np.asarray(s))
-  drawn = reference.quantize(x, spec, jax.random.key(7)).qtensor  # the kernel's own draw: tested above
+  drawn = reference.quantize(x, spec, jax.random.key(7), output=output).qtensor  # the kernel's own draw: tested above
   assert not np.array_equal(np.asarray(drawn.codes), np.asarray(got.qtensor.codes))
 
 
@@ -619,12 +640,12 @@ def test_trust_mask_is_nontrivial_and_values_lack_the_tensor_scale():
   """The outputs the kernel matches bit for bit (above) are what they claim: QuEST's mask clips some elements and
   keeps most (so the mask comparisons are not vacuous), and the block-scaled bf16 values times the tensor scale
   are the with-tensor-scale dequantized tensor (the f32 product ``fp4jax.operand.Operand.dequantize`` takes)."""
-  spec, shape, _ = CASES["mxfp4_quest_h32"]
-  mask = np.asarray(reference.quantize(_input(shape, jnp.bfloat16), spec).trust_mask)
+  (spec, output), shape, _ = CASES["mxfp4_quest_h32"]
+  mask = np.asarray(reference.quantize(_input(shape, jnp.bfloat16), spec, output=output).trust_mask)
   assert 0 < (mask == 0).sum() < mask.size // 4 and set(np.unique(mask)) == {0, 1}
   x = _input((48, 96), jnp.float32)
-  q, values, _, _ = reference.quantize(x, QuantizeSpec(N, dequantize=V))
-  full = reference.quantize(x, QuantizeSpec(N, dequantize=D)).dequantized
+  q, values, _, _ = reference.quantize(x, fp4jax.QuantizeSpec(N), output=KernelOutput(dequantize=V))
+  full = reference.quantize(x, fp4jax.QuantizeSpec(N), output=KernelOutput(dequantize=D)).dequantized
   assert values.dtype == jnp.bfloat16 and not np.array_equal(np.asarray(values, np.float32), np.asarray(full))
   np.testing.assert_array_equal(np.asarray(values, np.float32) * np.asarray(q.global_scale), np.asarray(full))
 
@@ -632,8 +653,8 @@ def test_trust_mask_is_nontrivial_and_values_lack_the_tensor_scale():
 @pytest.mark.parametrize(
   "spec, signs, match",
   [
-    (QuantizeSpec(N, hadamard=16, hadamard_signs="te"), jnp.ones(16), "hadamard_signs='random'"),
-    (QuantizeSpec(N, hadamard=16, hadamard_signs="random"), jnp.ones(32), r"signs must have shape \(16,\)"),
+    (fp4jax.QuantizeSpec(N, hadamard=16, signs="te"), jnp.ones(16), r"spec\.signs='random'"),
+    (fp4jax.QuantizeSpec(N, hadamard=16, signs="random"), jnp.ones(32), r"signs must have shape \(16,\)"),
   ],
 )
 def test_bad_signs_are_named(spec, signs, match):
@@ -641,13 +662,56 @@ def test_bad_signs_are_named(spec, signs, match):
     pallas_triton.quantize(jnp.ones((16, 64)), spec, signs=signs, interpret=True)
 
 
-def test_bad_spec_options_are_named():
-  with pytest.raises(ValueError, match="dequantize must be None or one of"):
-    QuantizeSpec(N, dequantize=True)
-  with pytest.raises(ValueError, match="along must be one of"):
-    QuantizeSpec(N, along="transposed")
-  # the quantizer's fields are fp4jax.QuantizeSpec's, validated at construction, naming the field
+@pytest.mark.parametrize(
+  "kwargs, error, match",
+  [
+    (dict(dequantize=True), ValueError, r"KernelOutput\.dequantize must be None or one of"),
+    (dict(along="transposed"), ValueError, r"KernelOutput\.along must be one of \('rows', 'cols'"),
+    (dict(trust_mask=1), TypeError, r"KernelOutput\.trust_mask must be a bool"),
+    (dict(packed="no"), TypeError, r"KernelOutput\.packed must be a bool"),
+    (dict(packed=False, trust_mask=True), ValueError, r"KernelOutput\(packed=False\).*set dequantize"),
+  ],
+)
+def test_bad_output_options_are_named(kwargs, error, match):
+  with pytest.raises(error, match=match):
+    KernelOutput(**kwargs)
+
+
+@pytest.mark.parametrize(
+  "spec, output, error, match",
+  [
+    # a valid fp4jax.QuantizeSpec the kernels do not compute: named by its field, before anything is traced
+    (fp4jax.QuantizeSpec(fp4jax.E4M3), KernelOutput(), TypeError, r"spec\.fmt must be an FP4Format"),
+    (fp4jax.QuantizeSpec(N, clip="occ"), KernelOutput(), ValueError, r"spec\.clip must be 'none'"),
+    (fp4jax.QuantizeSpec(N, amax="row"), KernelOutput(), ValueError, r"spec\.amax must be 'tensor'"),
+    (fp4jax.QuantizeSpec(N, rounding="eden"), KernelOutput(), ValueError, r"spec\.rounding='eden'.*hadamard=128"),
+    # the arguments swapped or mistyped
+    (KernelOutput(), fp4jax.QuantizeSpec(N), TypeError, r"spec must be an fp4jax\.QuantizeSpec"),
+    (fp4jax.QuantizeSpec(N), "rows", TypeError, r"output must be a KernelOutput"),
+  ],
+)
+@pytest.mark.parametrize("entry", ["kernel", "reference", "api", "pair"])
+def test_arguments_the_kernels_do_not_take_are_named(spec, output, error, match, entry):
+  x = jnp.ones((32, 64))
+  calls = {
+    "kernel": lambda: pallas_triton.quantize(x, spec, jax.random.key(0), output=output, interpret=True),
+    "reference": lambda: reference.quantize(x, spec, jax.random.key(0), output=output),
+    "api": lambda: api.quantize(x, spec, jax.random.key(0), output=output, backend="xla"),
+    "pair": lambda: pallas_triton.quantize_pair(
+      x, fp4jax.QuantizeSpec(N), spec, rows_output=KernelOutput(), cols_output=output, interpret=True
+    ),
+  }
+  with pytest.raises(error, match=match):
+    calls[entry]()
+
+
+def test_quantizer_fields_are_validated_by_the_core_spec():
+  """The kernels take ``fp4jax.QuantizeSpec`` itself: its constructor names the field (no second validation)."""
   with pytest.raises(ValueError, match=r"QuantizeSpec\.rounding='eden' is MS-EDEN for NVFP4"):
-    QuantizeSpec(fp4jax.MXFP4, rounding="eden", hadamard=128)
+    fp4jax.QuantizeSpec(fp4jax.MXFP4, rounding="eden", hadamard=128)
   with pytest.raises(ValueError, match=r"QuantizeSpec\.hadamard must be one of"):
-    QuantizeSpec(N, hadamard=24)
+    fp4jax.QuantizeSpec(N, hadamard=24)
+  with pytest.raises(ValueError, match=r"QuantizeSpec\.block_shape \(16, 16\).*takes the 2D"):
+    fp4jax.QuantizeSpec(M, block_shape=(16, 16))
+  job = _k(N, rounding="sr", along="cols", dequantize=D)  # both hashable: static arguments under jit
+  assert hash(job) == hash(_k(N, rounding="sr", along="cols", dequantize=D))

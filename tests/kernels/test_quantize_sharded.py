@@ -14,21 +14,21 @@ import pytest
 
 MESH = ((2, 4), ("a", "b"))
 ROWS, COLS, BOTH, ROWS8 = ("b", None), (None, "a"), ("b", "a"), (("a", "b"), None)
-CASES = {  # name: (QuantizeSpec keyword arguments, shape, [spec_in, ...])
+CASES = {  # name: (QuantizeSpec and KernelOutput keyword arguments, shape, [spec_in, ...])
   "nvfp4_rtn": (dict(fmt="N", dequantize="with_tensor_scale"), (32, 128), [ROWS, COLS, BOTH]),
   "nvfp4_sr_rht16_te": (
-    dict(fmt="N", rounding="sr", hadamard=16, hadamard_signs="te"),
+    dict(fmt="N", rounding="sr", hadamard=16, signs="te"),
     (32, 128),
     [ROWS, COLS, BOTH, ROWS8],
   ),
   "nvfp4_ms_eden": (
-    dict(fmt="N", rounding="eden", hadamard=128, hadamard_signs="random"),
+    dict(fmt="N", rounding="eden", hadamard=128, signs="random"),
     (32, 256),
     [ROWS, COLS, BOTH],
   ),
   "mxfp4": (dict(fmt="M", dequantize="with_tensor_scale"), (32, 128), [ROWS, COLS, BOTH]),
   "nvfp4_cols_sr_rht16_te": (
-    dict(fmt="N", rounding="sr", hadamard=16, hadamard_signs="te", along="cols", dequantize="with_tensor_scale"),
+    dict(fmt="N", rounding="sr", hadamard=16, signs="te", along="cols", dequantize="with_tensor_scale"),
     (64, 96),
     [ROWS, BOTH],
   ),
@@ -38,7 +38,7 @@ CASES = {  # name: (QuantizeSpec keyword arguments, shape, [spec_in, ...])
       fmt="N",
       rounding="sr",
       hadamard=16,
-      hadamard_signs="random",
+      signs="random",
       along="rows_of_transpose",
       dequantize="block_scaled_only",
       trust_mask=True,
@@ -51,12 +51,18 @@ CASES = {  # name: (QuantizeSpec keyword arguments, shape, [spec_in, ...])
 
 
 # ------------------------------------------------------------------------------------------------ subprocess side
+OUTPUT_FIELDS = ("along", "dequantize", "trust_mask", "packed")
+
+
 def _spec(kw):
-  from fp4jax_kernels.quantize.spec import QuantizeSpec  # noqa: PLC0415
+  """``(fp4jax.QuantizeSpec, KernelOutput)`` of one case's keyword arguments."""
+  from fp4jax_kernels.quantize.output import KernelOutput  # noqa: PLC0415
 
   import fp4jax  # noqa: PLC0415
 
-  return QuantizeSpec(**{**kw, "fmt": fp4jax.NVFP4 if kw["fmt"] == "N" else fp4jax.MXFP4})
+  quantizer = {k: v for k, v in kw.items() if k not in OUTPUT_FIELDS}
+  quantizer["fmt"] = fp4jax.NVFP4 if kw["fmt"] == "N" else fp4jax.MXFP4
+  return fp4jax.QuantizeSpec(**quantizer), KernelOutput(**{k: v for k, v in kw.items() if k in OUTPUT_FIELDS})
 
 
 def _input(shape):
@@ -106,19 +112,21 @@ def compute() -> dict:
   key = jax.random.key(7)
   out = {"cases": [], "errors": {}}
   for name, (kw, shape, layouts) in CASES.items():
-    spec, x = _spec(kw), _input(shape)
+    (spec, output), x = _spec(kw), _input(shape)
     signs = jax.random.rademacher(jax.random.key(9), (16,), jnp.float32) if "signs" in name else None
-    want = reference.quantize(x, spec, key, signs=signs)
+    want = reference.quantize(x, spec, key, output=output, signs=signs)
     out["cases"].append(
       {
         "case": name,
         "vs": "unsharded_kernel",
         "spec_in": None,
-        **_same(pallas_triton.quantize(x, spec, key, signs=signs, interpret=True), want),
+        **_same(pallas_triton.quantize(x, spec, key, output=output, signs=signs, interpret=True), want),
       }
     )
     for spec_in in layouts:
-      got = sharded.quantize_sharded(x, spec, key, mesh=mesh, spec_in=_pspec(spec_in), signs=signs, interpret=True)
+      got = sharded.quantize_sharded(
+        x, spec, key, output=output, mesh=mesh, spec_in=_pspec(spec_in), signs=signs, interpret=True
+      )
       out["cases"].append(
         {
           "case": name,
@@ -133,17 +141,17 @@ def compute() -> dict:
   rtn = _spec(dict(fmt="N", dequantize="with_tensor_scale"))
   for bad in ("nan", "inf"):  # one element of the last row shard of four
     x = _input((32, 128)).at[29, 100].set(float(bad))
-    got = sharded.quantize_sharded(x, rtn, mesh=mesh, spec_in=P("b", None), interpret=True)
+    got = sharded.quantize_sharded(x, rtn[0], output=rtn[1], mesh=mesh, spec_in=P("b", None), interpret=True)
     q, deq = got.qtensor, got.dequantized
     out[f"{bad}_in_one_shard"] = {
-      **_same(got, reference.quantize(x, rtn)),
+      **_same(got, reference.quantize(x, rtn[0], output=rtn[1])),
       "tensor_scale": float(q.global_scale),
       "all_scales_nan": bool((_bits(q.scales) == 0x7F).all()),
       "all_dequantized_nan": bool(np.isnan(np.asarray(deq, np.float32)).all()),
     }
 
   # Negative control: the kernel run per shard with its defaults (local amax, local element indices).
-  sr = _spec(CASES["nvfp4_sr_rht16_te"][0])
+  sr, _ = _spec(CASES["nvfp4_sr_rht16_te"][0])  # along the rows, packed
   x = _input((32, 128))
   local = jax.jit(
     jax.shard_map(
@@ -158,7 +166,7 @@ def compute() -> dict:
   out["per_shard_defaults_codes_differ"] = int(np.sum(np.asarray(local) != np.asarray(want)))
 
   eden = _spec(CASES["nvfp4_ms_eden"][0])
-  for label, (shape, spec_in, spec) in {
+  for label, (shape, spec_in, (spec, output)) in {
     "straddle_hadamard": ((32, 256), (None, ("a", "b")), eden),  # 256 / 8 = 32 columns, chunks of 128
     "straddle_cols_block": ((40, 64), ("b", None), _spec(dict(fmt="N", along="cols"))),  # 40 / 4 = 10 rows
     "straddle_2d_tile_height": ((32, 128), ("b", "a"), _spec(dict(fmt="N", block_shape=(16, 16)))),  # 8 rows
@@ -166,7 +174,9 @@ def compute() -> dict:
     "unknown_axis": ((32, 128), ("c", None), rtn),
   }.items():
     try:
-      sharded.quantize_sharded(_input(shape), spec, key, mesh=mesh, spec_in=_pspec(spec_in), interpret=True)
+      sharded.quantize_sharded(
+        _input(shape), spec, key, output=output, mesh=mesh, spec_in=_pspec(spec_in), interpret=True
+      )
       out["errors"][label] = None
     except ValueError as err:
       out["errors"][label] = str(err)
@@ -241,9 +251,9 @@ def test_kernel_shard_arguments_are_checked(kwargs, match):
   import jax.numpy as jnp  # noqa: PLC0415
   from fp4jax_kernels.quantize import pallas_triton  # noqa: PLC0415
 
-  spec = _spec(dict(fmt=kwargs.pop("fmt")))
+  spec, output = _spec(dict(fmt=kwargs.pop("fmt")))
   with pytest.raises(ValueError, match=match):
-    pallas_triton.quantize(jnp.ones((16, 64)), spec, interpret=True, **kwargs)
+    pallas_triton.quantize(jnp.ones((16, 64)), spec, output=output, interpret=True, **kwargs)
 
 
 def test_staged_input_needs_the_amax_and_a_spec_that_stages():
@@ -251,9 +261,9 @@ def test_staged_input_needs_the_amax_and_a_spec_that_stages():
   from fp4jax_kernels.quantize import pallas_triton  # noqa: PLC0415
 
   x = jnp.ones((16, 64))
-  for spec, amax in ((_spec(CASES["nvfp4_sr_rht16_te"][0]), None), (_spec(dict(fmt="N")), 1.0)):
+  for (spec, output), amax in ((_spec(CASES["nvfp4_sr_rht16_te"][0]), None), (_spec(dict(fmt="N")), 1.0)):
     with pytest.raises(ValueError, match="staged: the pre-pass's output"):
-      pallas_triton.quantize(x, spec, interpret=True, amax=amax, staged=x)
+      pallas_triton.quantize(x, spec, output=output, interpret=True, amax=amax, staged=x)
 
 
 @pytest.mark.parametrize(
@@ -267,9 +277,9 @@ def test_shards_with_a_hadamard_are_rotated_once(name, stages):
   from fp4jax_kernels.quantize import sharded  # noqa: PLC0415
 
   kw, shape, _ = CASES[name]
-  spec, mesh = _spec(kw), jax.make_mesh((1,), ("a",), axis_types=(jax.sharding.AxisType.Auto,))
+  (spec, output), mesh = _spec(kw), jax.make_mesh((1,), ("a",), axis_types=(jax.sharding.AxisType.Auto,))
   modules = triton_ir.triton_modules(
-    lambda x, k: sharded.quantize_sharded(x, spec, k, mesh=mesh, spec_in=_pspec(("a", None))),
+    lambda x, k: sharded.quantize_sharded(x, spec, k, output=output, mesh=mesh, spec_in=_pspec(("a", None))),
     _input(shape),
     jax.random.key(0),
   )

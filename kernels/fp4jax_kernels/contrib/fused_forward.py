@@ -27,9 +27,10 @@ from jax.experimental.pallas import triton as plgpu
 
 from fp4jax._src.formats import FP4Format, NVFP4Format
 from fp4jax._src.quantize import BlockLayout, QTensor, decode_blocks, quantize_blocks
+from fp4jax._src.spec import QuantizeSpec
 from fp4jax_kernels.gemm.pallas_triton import dequant_halves
 from fp4jax_kernels.quantize import pallas_triton as quantize_kernel
-from fp4jax_kernels.quantize.spec import QuantizeSpec
+from fp4jax_kernels.quantize.output import KernelOutput
 from fp4jax_kernels.triton_compat import kernel_safe
 
 
@@ -111,7 +112,7 @@ def matmul(
   block = fmt.block_size
   mode = "random" if signs is not None else "none"
   amax = quantize_kernel.tensor_amax(
-    x, QuantizeSpec(fmt, hadamard=hadamard, hadamard_signs=mode), signs, interpret=interpret
+    x, QuantizeSpec(fmt, hadamard=hadamard, signs=mode), KernelOutput(), signs, interpret=interpret
   )
   args = [x, amax.reshape(1)]
   in_specs = [pl.BlockSpec((bm, k), lambda i, j: (i, 0)), pl.BlockSpec((1,), lambda i, j: (0,))]

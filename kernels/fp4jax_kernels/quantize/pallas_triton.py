@@ -1,7 +1,7 @@
 """Fused FP4 quantize kernel, Pallas on the Triton backend (GPU; interpret mode on CPU).
 
 One program reads one (block_rows, block_cols) tile of ``x`` once and writes packed E2M1 codes (even element in
-the low nibble), block-scale bit patterns (uint8; bitcast to float8 outside) and, as its ``QuantizeSpec`` asks, the
+the low nibble), block-scale bit patterns (uint8; bitcast to float8 outside) and, as its ``KernelOutput`` asks, the
 dequantized tile (with or without the tensor scale) and QuEST's trust mask. Fused in the tile: the blockwise
 Hadamard (TE, random or caller-given signs), the per-element random bits (``fp4jax.bits.hash_bits`` of the element's
 logical index: the reference's bits) and the block numerics, which are the foundation's own ``quantize_blocks``
@@ -18,7 +18,6 @@ times.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -44,8 +43,10 @@ from fp4jax._src.quantize import (
   split_quantize_key,
 )
 from fp4jax._src.rounding import rtn_bf16
+from fp4jax._src.spec import QuantizeSpec
 from fp4jax_kernels.edge_blocks import load_in_bounds, store_in_bounds
-from fp4jax_kernels.quantize.spec import Quantized, QuantizeSpec
+from fp4jax_kernels.quantize import output as output_lib
+from fp4jax_kernels.quantize.output import KernelOutput, Quantized
 from fp4jax_kernels.triton_compat import kernel_safe
 
 
@@ -159,6 +160,7 @@ def hash_index(rows: jax.Array, cols: jax.Array, n_rows: int, n_cols: int, colum
 def _kernel(
   *refs,
   spec: QuantizeSpec,
+  output: KernelOutput,
   shape,
   logical_out,
   out_shapes,
@@ -169,7 +171,7 @@ def _kernel(
   rotate: bool,
   in_parts: bool,
 ):
-  """One tile, in the output layout: for ``spec.transposed``, ``x``'s tile transposed in registers
+  """One tile, in the output layout: for ``output.transposed``, ``x``'s tile transposed in registers
   (``transpose_tile``) or the tile of an already transposed ``xᵀ`` (``x_ref`` then holds ``xᵀ``, of ``shape``).
   ``rotate``: apply ``spec``'s Hadamard (False: ``x_ref`` holds the rotated tensor, staged by the pre-pass).
   ``in_parts`` (with both): ``x_ref`` is a block of ``chunk_view(x, d, transposed=True)``, transposed and rotated
@@ -184,7 +186,7 @@ def _kernel(
   it = iter(refs)
   x_ref, tscale_ref, eseed_ref, sseed_ref, origin_ref = next(it), next(it), next(it), next(it), next(it)
   signs_ref = next(it) if has_signs else None
-  out_refs = {name: next(it) for name, _ in out_shapes}  # codes and scales (if spec.packed), deq, mask: as asked
+  out_refs = {name: next(it) for name, _ in out_shapes}  # codes and scales (if output.packed), deq, mask: as asked
   out_shapes = dict(out_shapes)
   i, j = pl.program_id(0), pl.program_id(1)
   if in_parts:
@@ -192,13 +194,13 @@ def _kernel(
   else:
     x = (load_units if len(shape) == 4 else load_in_bounds)(x_ref, (i, j), shape).astype(jnp.float32)
   out_index, origin = (i, j), (origin_ref[0], origin_ref[1])  # x[0, 0] in the logical tensor
-  if spec.transposed:
+  if output.transposed:
     origin = (origin[1], origin[0])
     if transpose_tile:
       x, out_index = (x if in_parts else x.T), (j, i)
   r, c = x.shape
   row0, col0 = origin[0] + out_index[0] * r, origin[1] + out_index[1] * c  # the tile in the logical output
-  column_major = spec.along == "cols"
+  column_major = output.along == "cols"
   safe = functools.partial(kernel_safe, interpret=interpret)
 
   bits = sbits = None
@@ -206,15 +208,15 @@ def _kernel(
     rows, cols = row0 + lax.broadcasted_iota(jnp.int32, (r, c), 0), col0 + lax.broadcasted_iota(jnp.int32, (r, c), 1)
     bits = safe(bits_lib.hash_bits)(eseed_ref[...], hash_index(rows, cols, *logical_out, column_major))
   if spec.rounding == "eden":  # one bit word per scale, indexed in the reference's scale layout
-    nb = c // spec.block
-    rows = row0 + lax.broadcasted_iota(jnp.int32, (r, nb), 0)
-    cols = col0 // spec.block + lax.broadcasted_iota(jnp.int32, (r, nb), 1)
-    index = hash_index(rows, cols, logical_out[0], logical_out[1] // spec.block, column_major)
+    bs = spec.fmt.block_size
+    rows = row0 + lax.broadcasted_iota(jnp.int32, (r, c // bs), 0)
+    cols = col0 // bs + lax.broadcasted_iota(jnp.int32, (r, c // bs), 1)
+    index = hash_index(rows, cols, logical_out[0], logical_out[1] // bs, column_major)
     sbits = safe(bits_lib.hash_bits)(sseed_ref[...], index)[..., None]
   if rotate and not in_parts:
     x = rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
 
-  block = (spec.block,) if spec.block_shape is None else tuple(spec.block_shape)
+  block = (spec.fmt.block_size,) if spec.block_shape is None else tuple(spec.block_shape)
   lay = BlockLayout((r, c), 1, block)
   xb = x.reshape(lay.blocked)
   bits = None if bits is None else bits.reshape(lay.blocked)
@@ -225,19 +227,21 @@ def _kernel(
     ref, full = out_refs[name], out_shapes[name]
     store_in_bounds(ref, value.reshape(ref.shape), out_index + (0,) * (len(full) - 2), full)
 
-  if spec.packed:
+  if output.packed:
     store("scales", spec.fmt.scale_bits(dec, exps))
     store("codes", pack_nibbles(codes.reshape(r, c)))
-  if spec.dequantize:  # block_scaled_only: value·dec_b is exact in bf16, so the cast does not round
-    tensor_scale = gscale if spec.dequantize == "with_tensor_scale" else jnp.float32(1.0)
+  if output.dequantize:  # block_scaled_only: value·dec_b is exact in bf16, so the cast does not round
+    tensor_scale = gscale if output.dequantize == "with_tensor_scale" else jnp.float32(1.0)
     store("deq", safe(decode_blocks)(codes, dec, tensor_scale).reshape(r, c).astype(out_refs["deq"].dtype))
-  if spec.trust_mask:
+  if output.trust_mask:
     store("mask", estimators.trust_mask(xb, dec * gscale).reshape(r, c).astype(jnp.uint8))
 
 
 # ------------------------------------------------------------------------------------------------ wrapper
-def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: bool, stage: bool):
-  """One partial max|x| per tile (of the tile transposed for ``spec.transposed``, then rotated); with ``stage``
+def _amax_kernel(
+  *refs, spec: QuantizeSpec, output: KernelOutput, shape, bf16_input: bool, has_signs: bool, stage: bool
+):
+  """One partial max|x| per tile (of the tile transposed for ``output.transposed``, then rotated); with ``stage``
   what it reduced is also stored, in ``x``'s dtype (exact: the rotation already rounds to it), as the quantize
   kernel's input: ``xᵀ`` and/or ``x`` rotated."""
   it = iter(refs)
@@ -245,17 +249,17 @@ def _amax_kernel(*refs, spec: QuantizeSpec, shape, bf16_input: bool, has_signs: 
   signs_ref = next(it) if has_signs else None
   o_ref = next(it)
   i, j = pl.program_id(0), pl.program_id(1)
-  out_index, out_shape = ((j, i), shape[::-1]) if spec.transposed else ((i, j), shape)
+  out_index, out_shape = ((j, i), shape[::-1]) if output.transposed else ((i, j), shape)
   if rotates_in_parts(spec):  # x_ref holds a block of chunk_view(x)
     x = load_rotated(
-      x_ref, (i, j), chunk_shape(shape, spec.hadamard, spec.transposed), signs_ref, bf16_input, spec.transposed
+      x_ref, (i, j), chunk_shape(shape, spec.hadamard, output.transposed), signs_ref, bf16_input, output.transposed
     )
   else:
     tile = load_in_bounds(x_ref, (i, j), shape)
     if stage and not spec.hadamard:  # the transpose only: stored as loaded
       store_in_bounds(next(it), tile.T, out_index, out_shape)
     x = tile.astype(jnp.float32)
-    x = x.T if spec.transposed else x
+    x = x.T if output.transposed else x
     if spec.hadamard:
       x = rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
   if stage and spec.hadamard:
@@ -315,13 +319,13 @@ def _launch(calls: list[_Call], num_warps: int, interpret: bool, name: str) -> l
   return got
 
 
-def _amax_plan(x: jax.Array, spec: QuantizeSpec, signs, stage: bool, tile) -> _Call:
+def _amax_plan(x: jax.Array, spec: QuantizeSpec, output: KernelOutput, signs, stage: bool, tile) -> _Call:
   """The pre-pass kernel over ``x`` in ``tile`` tiles: outputs (partial max per tile, [the staged input])."""
   m, k = x.shape
   grid = (pl.cdiv(m, tile[0]), pl.cdiv(k, tile[1]))
   if rotates_in_parts(spec):
-    args = [chunk_view(x, spec.hadamard, spec.transposed)]
-    in_specs = [chunk_block_spec(tile, spec.hadamard, spec.transposed)]
+    args = [chunk_view(x, spec.hadamard, output.transposed)]
+    in_specs = [chunk_block_spec(tile, spec.hadamard, output.transposed)]
   else:
     args, in_specs = [x], [pl.BlockSpec(tile, lambda i, j: (i, j))]
   if signs is not None:
@@ -329,22 +333,29 @@ def _amax_plan(x: jax.Array, spec: QuantizeSpec, signs, stage: bool, tile) -> _C
     in_specs.append(pl.BlockSpec((spec.hadamard,), lambda i, j: (0,)))
   out_shape, out_specs = [jax.ShapeDtypeStruct(grid, jnp.float32)], [pl.BlockSpec((1, 1), lambda i, j: (i, j))]
   if stage:
-    if spec.transposed:
+    if output.transposed:
       out_shape.append(jax.ShapeDtypeStruct((k, m), x.dtype))
       out_specs.append(pl.BlockSpec(tile[::-1], lambda i, j: (j, i)))
     else:
       out_shape.append(jax.ShapeDtypeStruct((m, k), x.dtype))
       out_specs.append(pl.BlockSpec(tile, lambda i, j: (i, j)))
   body = functools.partial(
-    _amax_kernel, spec=spec, shape=(m, k), bf16_input=x.dtype == jnp.bfloat16, has_signs=signs is not None, stage=stage
+    _amax_kernel,
+    spec=spec,
+    output=output,
+    shape=(m, k),
+    bf16_input=x.dtype == jnp.bfloat16,
+    has_signs=signs is not None,
+    stage=stage,
   )
   return _Call(body, grid, tuple(args), tuple(in_specs), tuple(out_shape), tuple(out_specs))
 
 
-def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, stage: bool):
-  """The pre-pass kernel over ``x`` in ``prepass_tile(spec)`` tiles: (tensor amax, the staged input or None)."""
+def _amax_call(x: jax.Array, spec: QuantizeSpec, output: KernelOutput, signs, interpret: bool, stage: bool):
+  """The pre-pass kernel over ``x`` in ``prepass_tile(spec, output)`` tiles: (tensor amax, the staged input or
+  None)."""
   (outs,) = _launch(
-    [_amax_plan(x, spec, signs, stage, prepass_tile(spec))],
+    [_amax_plan(x, spec, output, signs, stage, prepass_tile(spec, output))],
     4,
     interpret,
     "fp4_staging_amax" if stage else "fp4_rotated_amax",
@@ -352,8 +363,16 @@ def _amax_call(x: jax.Array, spec: QuantizeSpec, signs, interpret: bool, stage: 
   return jnp.max(outs[0]), (outs[1] if stage else None)
 
 
-def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs, *, use_kernel: bool = True, interpret: bool = False):
-  """max|x| of the (rotated, bf16-rounded) tensor, fp32: the pre-pass, one read of ``x``.
+def tensor_amax(
+  x: jax.Array,
+  spec: QuantizeSpec,
+  output: KernelOutput,
+  signs,
+  *,
+  use_kernel: bool = True,
+  interpret: bool = False,
+):
+  """max|x| of the (rotated along ``output.axis``, bf16-rounded) tensor, fp32: the pre-pass, one read of ``x``.
 
   Any NaN/Inf makes it non-finite (so the tensor scale is NaN, as in ``fp4jax.quantize``), by an explicit
   ``isfinite`` test: XLA's CPU max may drop NaN. No Hadamard: an XLA reduction. With a Hadamard: a Pallas kernel
@@ -362,23 +381,25 @@ def tensor_amax(x: jax.Array, spec: QuantizeSpec, signs, *, use_kernel: bool = T
   the reference's does.
   """
   if not spec.hadamard or not use_kernel:
-    xf = hadamard_lib.rotated(x, spec.hadamard, axis=spec.axis, signs=signs) if spec.hadamard else x.astype(jnp.float32)
+    xf = x.astype(jnp.float32)
+    if spec.hadamard:
+      xf = hadamard_lib.rotated(x, spec.hadamard, axis=output.axis, signs=signs)
     return jnp.where(jnp.all(jnp.isfinite(xf)), jnp.max(jnp.abs(xf)), jnp.float32(jnp.nan))
-  return _amax_call(x, spec, signs, interpret, stage=False)[0]
+  return _amax_call(x, spec, output, signs, interpret, stage=False)[0]
 
 
-def stage_and_amax(x: jax.Array, spec: QuantizeSpec, signs, *, interpret: bool = False):
-  """``(staged, tensor_amax)`` in one pass over ``x``, for a transposed or rotating NVFP4 ``spec``: the pre-pass
-  kernel reads each tile once, transposes (``spec.transposed``) and rotates (``spec.hadamard``) it as the quantize
+def stage_and_amax(x: jax.Array, spec: QuantizeSpec, output: KernelOutput, signs, *, interpret: bool = False):
+  """``(staged, tensor_amax)`` in one pass over ``x``, for a transposed or rotating NVFP4 quantize: the pre-pass
+  kernel reads each tile once, transposes (``output.transposed``) and rotates (``spec.hadamard``) it as the quantize
   kernel would, reduces it and writes it: ``staged`` is ``xᵀ`` / ``x``, rotated by ``spec``'s Hadamard with
   ``signs`` and rounded to ``x.dtype`` as ``fp4jax.hadamard.rotated`` does."""
-  if not (spec.transposed or spec.hadamard):
-    raise ValueError(f"stage_and_amax: spec {spec} has nothing to stage (neither transposed nor rotated)")
-  amax, staged = _amax_call(x, spec, signs, interpret, stage=True)
+  if not (output.transposed or spec.hadamard):
+    raise ValueError(f"stage_and_amax: {spec}, {output} has nothing to stage (neither transposed nor rotated)")
+  amax, staged = _amax_call(x, spec, output, signs, interpret, stage=True)
   return staged, amax
 
 
-def _check(x, spec: QuantizeSpec, tile):
+def _check(x, spec: QuantizeSpec, output: KernelOutput, tile):
   if x.ndim != 2:
     raise ValueError(f"x must be 2D (rows, cols) for the fused quantize kernel, got shape {x.shape}")
   if x.dtype not in (jnp.float32, jnp.bfloat16):
@@ -386,34 +407,34 @@ def _check(x, spec: QuantizeSpec, tile):
   bm, bk = tile
   if any(t & (t - 1) for t in tile):
     raise ValueError(f"tile {tile} must be powers of two (Triton tensor shapes)")
-  n_axis = x.shape[0] if spec.transposed else x.shape[-1]
-  t_axis, t_other = (bm, bk) if spec.transposed else (bk, bm)
-  unit = spec.unit
-  partial_ok = spec.transposed and not spec.fmt.scale_mode.startswith("quest")  # zero padding in the tile
-  if n_axis % spec.block and not partial_ok:
-    raise ValueError(f"the quantized axis length {n_axis} must be a multiple of the block size {spec.block}")
+  n_axis = x.shape[0] if output.transposed else x.shape[-1]
+  t_axis, t_other = (bm, bk) if output.transposed else (bk, bm)
+  unit = output_lib.unit(spec)
+  partial_ok = output.transposed and not spec.fmt.scale_mode.startswith("quest")  # zero padding in the tile
+  if n_axis % spec.fmt.block_size and not partial_ok:
+    raise ValueError(f"the quantized axis length {n_axis} must be a multiple of the block size {spec.fmt.block_size}")
   if spec.hadamard and n_axis % spec.hadamard:
     raise ValueError(f"the quantized axis length {n_axis} must be a multiple of hadamard={spec.hadamard}")
   if t_axis % unit or (spec.block_shape is not None and t_other % 16):
     raise ValueError(f"tile {tile} must hold whole blocks/Hadamard chunks ({unit} along the quantized axis)")
 
 
-def default_tile(spec: QuantizeSpec) -> tuple[int, int]:
+def default_tile(spec: QuantizeSpec, output: KernelOutput) -> tuple[int, int]:
   """(block_rows, block_cols): wide along the quantized axis (coalesced loads), 16·256 elements, or 16·512 for RTN
   along the rows without a Hadamard (the one case where the wider tile pays); 16x16 tiles along the rows take (32, 256),
   two tile rows."""
-  unit = max(spec.unit, 16)
-  if spec.block_shape is not None and not spec.transposed:
+  unit = max(output_lib.unit(spec), 16)
+  if spec.block_shape is not None and not output.transposed:
     return (32, max(256, unit))
-  wide = spec.rounding == "rtn" and not spec.hadamard and not spec.transposed
+  wide = spec.rounding == "rtn" and not spec.hadamard and not output.transposed
   along = max(512 if wide else 256, unit)
-  return (along, 32) if spec.transposed else (16, along)
+  return (along, 32) if output.transposed else (16, along)
 
 
-def prepass_tile(spec: QuantizeSpec) -> tuple[int, int]:
+def prepass_tile(spec: QuantizeSpec, output: KernelOutput) -> tuple[int, int]:
   """The amax pre-pass's tile of ``x``: (256, 64) where it transposes and rotates in parts (``rotates_in_parts``),
-  else ``default_tile(spec)``."""
-  return (256, 64) if rotates_in_parts(spec) and spec.transposed else default_tile(spec)
+  else ``default_tile(spec, output)``."""
+  return (256, 64) if rotates_in_parts(spec) and output.transposed else default_tile(spec, output)
 
 
 def default_num_warps(spec: QuantizeSpec) -> int:
@@ -421,24 +442,24 @@ def default_num_warps(spec: QuantizeSpec) -> int:
   return 8 if spec.hadamard >= 128 else 4
 
 
-def _check_shard(x, spec: QuantizeSpec, amax, logical_shape):
+def _check_shard(x, spec: QuantizeSpec, output: KernelOutput, amax, logical_shape):
   if amax is not None and not spec.fmt.has_tensor_scale:
     raise ValueError(f"amax is the NVFP4 tensor amax; {spec.fmt.name} has no tensor scale, pass amax=None")
   if len(logical_shape) != 2 or any(not 0 < n <= big for n, big in zip(x.shape, logical_shape)):
     raise ValueError(f"logical_shape {logical_shape} must be 2D and hold the shard x of shape {x.shape}")
-  n_axis = logical_shape[0] if spec.transposed else logical_shape[1]
-  if spec.rounding == "eden" and n_axis % spec.block:
-    raise ValueError(f"logical_shape {logical_shape}: the quantized axis must be a multiple of {spec.block}")
+  n_axis = logical_shape[0] if output.transposed else logical_shape[1]
+  if spec.rounding == "eden" and n_axis % spec.fmt.block_size:
+    raise ValueError(f"logical_shape {logical_shape}: the quantized axis must be a multiple of {spec.fmt.block_size}")
 
 
 def _signs_and_seeds(spec: QuantizeSpec, hadamard: int, key, signs):
   """(sign vector or None, element-bits seed, scale-bits seed): the reference's key split and draws; an explicit
   ``signs`` replaces the draw of random signs (and then needs no key unless the rounding is random)."""
   if signs is None:
-    k_signs, k_elems, k_scales = split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)
-    signs = spec.quantizer.sign_vector(k_signs)
+    k_signs, k_elems, k_scales = split_quantize_key(key, spec.rounding, hadamard, spec.signs)
+    signs = spec.sign_vector(k_signs)
   else:
-    spec.check_signs(signs)
+    output_lib.check_signs(spec, signs)
     signs = jnp.asarray(signs, jnp.float32)
     _, k_elems, k_scales = split_quantize_key(key, spec.rounding, hadamard, "none")
   zero_seed = jnp.zeros((2,), jnp.uint32)
@@ -458,39 +479,42 @@ def default_route(spec: QuantizeSpec) -> str:
   return "prepass" if spec.hadamard else "xla"
 
 
-def prepass_stages(spec: QuantizeSpec) -> bool:
-  """Whether ``spec``'s default route has NVFP4's pre-pass write the kernel's input (where it runs at all)."""
-  return effective_route(spec, default_route(spec), has_prepass=True) == "prepass"
+def prepass_stages(spec: QuantizeSpec, output: KernelOutput) -> bool:
+  """Whether the default route has NVFP4's pre-pass write the kernel's input (where it runs at all)."""
+  return effective_route(spec, output, default_route(spec), has_prepass=True) == "prepass"
 
 
-def effective_route(spec: QuantizeSpec, route: str, has_prepass: bool) -> str:
+def effective_route(spec: QuantizeSpec, output: KernelOutput, route: str, has_prepass: bool) -> str:
   """``route``, except ``"prepass"`` where the pre-pass has nothing to stage — no pre-pass (MXFP4, or the amax
   given), or a spec neither transposed nor rotated: then ``"kernel"`` with a Hadamard, ``"xla"`` without."""
   if route not in ROUTES:
     raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
-  if route == "prepass" and not (has_prepass and (spec.transposed or spec.hadamard)):
+  if route == "prepass" and not (has_prepass and (output.transposed or spec.hadamard)):
     return "kernel" if spec.hadamard else "xla"
   return route
 
 
-def load_unit(spec: QuantizeSpec, n_axis: int, route: str, tile, num_warps: int) -> int:
+def load_unit(spec: QuantizeSpec, output: KernelOutput, n_axis: int, route: str, tile, num_warps: int) -> int:
   """Elements along the quantized axis that one thread loads and keeps (``load_units``): a block, or a Hadamard
   chunk when larger and rotated in the kernel, up to ``MAX_UNIT`` (the effective ``route`` ``"prepass"`` stages a
   rotated input: a block). 0 (a plain tile load) for 2D blocks, an in-register transpose (``route="kernel"``), an
   axis that is not a whole number of units (zero padding inside the tile), or a tile with fewer units than threads
   (Triton would compute each unit in several threads)."""
-  unit = spec.block if route == "prepass" else spec.unit
-  if unit > MAX_UNIT or spec.block_shape is not None or (spec.transposed and route == "kernel") or n_axis % unit:
+  unit = spec.fmt.block_size if route == "prepass" else output_lib.unit(spec)
+  if unit > MAX_UNIT or spec.block_shape is not None or (output.transposed and route == "kernel") or n_axis % unit:
     return 0
   return unit if tile[0] * tile[1] // unit >= 32 * num_warps else 0
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "tile", "num_warps", "interpret", "logical_shape", "route"))
+@functools.partial(
+  jax.jit, static_argnames=("spec", "output", "tile", "num_warps", "interpret", "logical_shape", "route")
+)
 def quantize(
   x: jax.Array,
   spec: QuantizeSpec,
   key: jax.Array | None = None,
   *,
+  output: KernelOutput = KernelOutput(),  # noqa: B008 (frozen)
   signs: jax.Array | None = None,
   tile=None,
   num_warps: int | None = None,
@@ -501,16 +525,17 @@ def quantize(
   route: str | None = None,
   staged: jax.Array | None = None,
 ) -> Quantized:
-  """Quantize 2D ``x`` per ``spec`` in one kernel pass (plus the amax pre-pass for NVFP4).
+  """Quantize 2D ``x`` by the quantizer ``spec`` (an ``fp4jax.QuantizeSpec``; ``output_lib.check`` says which the
+  kernel takes) in one kernel pass (plus the amax pre-pass for NVFP4), writing what ``output`` asks for.
 
   Returns ``Quantized(qtensor, dequantized, trust_mask, global_scale)``: an ``fp4jax.QTensor`` bit-identical to
-  ``fp4jax.quantize(x, **spec.quantize_kwargs)`` for ``along="rows"``; for the transposed directions the QTensor of
-  ``xᵀ`` (shape (K, M), blocks along its last axis): ``fp4jax.quantize(x, axis=0)`` transposed (``"cols"``) or
-  ``fp4jax.quantize(x.T)`` (``"rows_of_transpose"``); None for ``spec.packed=False``. ``dequantized`` and
-  ``trust_mask`` (or None, as ``spec`` asks) are in the same layout; ``global_scale`` is the QTensor's decode scale.
-  ``reference.quantize`` computes the same by the pure-JAX quantizer.
+  ``fp4jax.quantize(x, spec)`` for ``output.along="rows"``; for the transposed directions the QTensor of ``xᵀ``
+  (shape (K, M), blocks along its last axis): ``fp4jax.quantize(x, spec, axis=0)`` transposed (``"cols"``) or
+  ``fp4jax.quantize(x.T, spec)`` (``"rows_of_transpose"``); None for ``output.packed=False``. ``dequantized`` and
+  ``trust_mask`` (or None, as ``output`` asks) are in the same layout; ``global_scale`` is the QTensor's decode
+  scale. ``reference.quantize`` computes the same by the pure-JAX quantizer.
 
-  ``signs``: the Hadamard sign vector (shape ``(spec.hadamard,)``, ±1) for ``hadamard_signs="random"``, instead
+  ``signs``: the Hadamard sign vector (shape ``(spec.hadamard,)``, ±1) for ``spec.signs="random"``, instead
   of the draw from ``key`` (e.g. a recipe's fixed signs, or signs shared by both operands of a GEMM).
 
   ``x`` may be one shard of a larger logical tensor (``quantize_sharded`` runs this per shard under ``shard_map``):
@@ -519,7 +544,7 @@ def quantize(
   of static shape ``logical_shape``, so every random bit (SR's per element, MS-EDEN's per scale) hashes the
   element's / scale's logical index. Blocks and Hadamard chunks must not straddle the shard (the caller checks).
   Defaults: the pre-pass, origin (0, 0), logical shape ``x.shape``: the unsharded kernel. ``staged`` (with
-  ``amax``): what ``stage_and_amax(x, spec, signs)`` wrote for this ``x``, which the kernel then reads (route
+  ``amax``): what ``stage_and_amax(x, spec, output, signs)`` wrote for this ``x``, which the kernel then reads (route
   ``"prepass"``): a caller that reduces the amax itself (across shards) keeps the single rotation.
 
   ``route``: where the transposition (transposed directions) and the Hadamard rotation happen; all routes give the
@@ -532,16 +557,25 @@ def quantize(
   ``tile`` is always a tile of ``x``; ``tile`` and ``num_warps`` default to ``default_tile`` and
   ``default_num_warps``.
   """
+  output_lib.check(spec, output)
   num_warps = num_warps or default_num_warps(spec)
-  call, finish = _plan(x, spec, key, signs, tile, num_warps, interpret, amax, origin, logical_shape, route, staged)
+  call, finish = _plan(
+    x, spec, output, key, signs, tile, num_warps, interpret, amax, origin, logical_shape, route, staged
+  )
   (outs,) = _launch([call], num_warps, interpret, f"fp4_quantize_{spec.fmt.name}_{spec.rounding}")
   return finish(outs)
 
 
-def pair_refusal(rows: QuantizeSpec, cols: QuantizeSpec) -> str | None:
-  """Why ``quantize_pair`` cannot take ``(rows, cols)``, or None."""
-  if rows.transposed or not cols.transposed:
-    return f"rows must quantize along the rows and cols along axis 0, got along={rows.along!r} / {cols.along!r}"
+def pair_refusal(
+  rows: QuantizeSpec, cols: QuantizeSpec, rows_output: KernelOutput, cols_output: KernelOutput
+) -> str | None:
+  """Why ``quantize_pair`` cannot take ``rows`` written as ``rows_output`` and ``cols`` as ``cols_output``, or
+  None."""
+  if rows_output.transposed or not cols_output.transposed:
+    return (
+      f"rows must quantize along the rows and cols along axis 0, got along={rows_output.along!r} / "
+      f"{cols_output.along!r}"
+    )
   for name, spec in (("rows", rows), ("cols", cols)):
     if spec.block_shape is not None:
       return f"{name} has 16x16 tiles (one direction serves both GEMMs: quantize them alone)"
@@ -553,11 +587,11 @@ def pair_refusal(rows: QuantizeSpec, cols: QuantizeSpec) -> str | None:
   return None
 
 
-def pair_pays(rows: QuantizeSpec, cols: QuantizeSpec) -> bool:
+def pair_pays(rows: QuantizeSpec, cols: QuantizeSpec, rows_output: KernelOutput, cols_output: KernelOutput) -> bool:
   """Whether ``quantize_pair`` beats the two ``quantize`` calls for ``(rows, cols)``: where it takes them and the
   rows have no Hadamard (rows rotated in the same program as the transposed columns make it slower than two
   calls)."""
-  return pair_refusal(rows, cols) is None and not rows.hadamard
+  return pair_refusal(rows, cols, rows_output, cols_output) is None and not rows.hadamard
 
 
 def pair_config(cols: QuantizeSpec) -> tuple[tuple[int, int], int]:
@@ -566,7 +600,9 @@ def pair_config(cols: QuantizeSpec) -> tuple[tuple[int, int], int]:
   return ((64, 64), 8) if cols.hadamard else ((16, 256), 4)
 
 
-@functools.partial(jax.jit, static_argnames=("rows", "cols", "tile", "num_warps", "interpret"))
+@functools.partial(
+  jax.jit, static_argnames=("rows", "cols", "rows_output", "cols_output", "tile", "num_warps", "interpret")
+)
 def quantize_pair(
   x: jax.Array,
   rows: QuantizeSpec,
@@ -574,16 +610,18 @@ def quantize_pair(
   rows_key: jax.Array | None = None,
   cols_key: jax.Array | None = None,
   *,
+  rows_output: KernelOutput,
+  cols_output: KernelOutput,
   rows_signs: jax.Array | None = None,
   cols_signs: jax.Array | None = None,
   tile=None,
   num_warps: int | None = None,
   interpret: bool = False,
 ) -> tuple[Quantized, Quantized]:
-  """``(quantize(x, rows, rows_key, signs=rows_signs), quantize(x, cols, cols_key, signs=cols_signs))`` bit for
-  bit, in one pre-pass and one kernel: a tensor quantized along its rows and, transposed, along its columns (the
-  activation X of a linear layer for the forward and the weight-gradient GEMMs; dY for the data- and the
-  weight-gradient GEMMs).
+  """``(quantize(x, rows, rows_key, output=rows_output, signs=rows_signs), quantize(x, cols, cols_key,
+  output=cols_output, signs=cols_signs))`` bit for bit, in one pre-pass and one kernel: a tensor quantized along its
+  rows and, transposed, along its columns (the activation X of a linear layer for the forward and the
+  weight-gradient GEMMs; dY for the data- and the weight-gradient GEMMs).
 
   Bytes: the two ``quantize`` calls read ``x`` four times (each pre-pass and each kernel; the staged route also
   writes and reads a rotated ``xᵀ``). Here the pre-pass reduces both tensor amaxes from one read (each program
@@ -595,32 +633,37 @@ def quantize_pair(
   it speeds up. ``tile`` (a tile of ``x`` holding whole units of both directions) and ``num_warps`` default to
   ``pair_config(cols)``.
   """
-  refusal = pair_refusal(rows, cols)
+  output_lib.check(rows, rows_output)
+  output_lib.check(cols, cols_output)
+  refusal = pair_refusal(rows, cols, rows_output, cols_output)
   if refusal:
     raise ValueError(f"quantize_pair: {refusal}")
   pair_tile, pair_warps = pair_config(cols)
   tile, num_warps = tuple(tile or pair_tile), num_warps or pair_warps
-  directions = (("rows", rows, rows_key, rows_signs), ("cols", cols, cols_key, cols_signs))
-  for _, spec, _, _ in directions:
-    _check(x, spec, tile)
+  directions = (
+    ("rows", rows, rows_output, rows_key, rows_signs),
+    ("cols", cols, cols_output, cols_key, cols_signs),
+  )
+  for _, spec, output, _, _ in directions:
+    _check(x, spec, output, tile)
   nvfp4 = [d for d in directions if d[1].fmt.has_tensor_scale]
   amaxes = {}
-  if nvfp4 and not any(spec.hadamard for _, spec, _, _ in nvfp4):
+  if nvfp4 and not any(spec.hadamard for _, spec, *_ in nvfp4):
     # one max|x| serves both: XLA's reduction, which XLA can fold into the fusion that produces x
-    amax = tensor_amax(x, nvfp4[0][1], None)
+    amax = tensor_amax(x, nvfp4[0][1], KernelOutput(), None)
     amaxes = {name: amax for name, *_ in nvfp4}
   elif nvfp4:
     plans = []
-    for _, spec, key, signs in nvfp4:
+    for _, spec, output, key, signs in nvfp4:
       drawn, _, _ = _signs_and_seeds(spec, spec.hadamard, key, signs)
-      amax_spec = spec if spec.hadamard else dataclasses.replace(spec, along="rows")  # a max needs no transpose
-      plans.append(_amax_plan(x, amax_spec, drawn, False, tile))
+      amax_output = output if spec.hadamard else KernelOutput()  # a max needs no transpose
+      plans.append(_amax_plan(x, spec, amax_output, drawn, False, tile))
     partials = _launch(plans, num_warps, interpret, "fp4_pair_amax")
     amaxes = {name: jnp.max(partial) for (name, *_), (partial,) in zip(nvfp4, partials)}
   calls, finishes = zip(
     *(
-      _plan(x, spec, key, signs, tile, num_warps, interpret, amaxes.get(name), None, None, "kernel", None)
-      for name, spec, key, signs in directions
+      _plan(x, spec, output, key, signs, tile, num_warps, interpret, amaxes.get(name), None, None, "kernel", None)
+      for name, spec, output, key, signs in directions
     )
   )
   outs = _launch(list(calls), num_warps, interpret, "fp4_quantize_pair")
@@ -628,39 +671,49 @@ def quantize_pair(
 
 
 def _plan(
-  x, spec: QuantizeSpec, key, signs, tile, num_warps: int, interpret: bool, amax, origin, logical_shape, route, staged
+  x,
+  spec: QuantizeSpec,
+  output: KernelOutput,
+  key,
+  signs,
+  tile,
+  num_warps: int,
+  interpret: bool,
+  amax,
+  origin,
+  logical_shape,
+  route,
+  staged,
 ) -> tuple[_Call, Callable]:
-  """``quantize``'s kernel for ``spec`` (its NVFP4 pre-pass run unless ``amax`` is given), and the function that
-  turns the kernel's outputs into ``Quantized``."""
+  """``quantize``'s kernel for ``spec`` and ``output`` (its NVFP4 pre-pass run unless ``amax`` is given), and the
+  function that turns the kernel's outputs into ``Quantized``."""
   if staged is not None:
-    if amax is None or not (spec.transposed or spec.hadamard):
+    if amax is None or not (output.transposed or spec.hadamard):
       raise ValueError("staged: the pre-pass's output for a transposed or rotated spec, passed with the amax")
     route = "prepass"
   else:
-    route = effective_route(spec, route or default_route(spec), spec.fmt.has_tensor_scale and amax is None)
-  tile = tuple(tile or default_tile(spec))
-  _check(x, spec, tile)
+    route = effective_route(spec, output, route or default_route(spec), spec.fmt.has_tensor_scale and amax is None)
+  tile = tuple(tile or default_tile(spec, output))
+  _check(x, spec, output, tile)
   logical_shape = tuple(logical_shape or x.shape)
-  _check_shard(x, spec, amax, logical_shape)
+  _check_shard(x, spec, output, amax, logical_shape)
   m, k = x.shape
   bm, bk = tile
-  check_quantize_input(x, spec.quantizer, spec.axis)
-  block, hadamard = block_dims(spec.quantizer), spec.hadamard
+  check_quantize_input(x, spec, output.axis)
+  block, hadamard = block_dims(spec), spec.hadamard
   signs, eseed, sseed = _signs_and_seeds(spec, hadamard, key, signs)
-  pre_transposed = spec.transposed and route != "kernel"
+  pre_transposed = output.transposed and route != "kernel"
   x_tile = (bk, bm) if pre_transposed else (bm, bk)  # the tile of what the kernel reads
   rotate = bool(spec.hadamard) and route != "prepass"
   kernel_signs = signs if rotate else None  # a staged input is rotated already
   if route == "prepass":
-    x_in, amax = (staged, amax) if staged is not None else stage_and_amax(x, spec, signs, interpret=interpret)
+    x_in, amax = (staged, amax) if staged is not None else stage_and_amax(x, spec, output, signs, interpret=interpret)
   else:
     x_in = x.T if pre_transposed else x
   if not spec.fmt.has_tensor_scale:
     amax = jnp.float32(0.0)
   elif amax is None:
-    amax = tensor_amax(
-      x_in, dataclasses.replace(spec, along="rows") if pre_transposed else spec, signs, interpret=interpret
-    )
+    amax = tensor_amax(x_in, spec, KernelOutput() if pre_transposed else output, signs, interpret=interpret)
   amax = jnp.asarray(amax, jnp.float32)
   if spec.fmt.has_tensor_scale:  # once here, not once per tile in the kernel
     # materialized once for the kernel and every later reader (the GEMM's scale): XLA would otherwise copy the
@@ -670,10 +723,10 @@ def _plan(
     tensor_scales = jnp.ones((2,), jnp.float32)  # MXFP4 has no tensor scale: its block numerics ignore these
   origin = jnp.zeros((2,), jnp.int32) if origin is None else jnp.asarray(origin, jnp.int32).reshape(2)
 
-  bs, two_d = spec.block, spec.block_shape is not None
+  bs, two_d = spec.fmt.block_size, spec.block_shape is not None
   if pre_transposed:
     out_rows, n_axis, t_rows, t_axis, index = k, m, bk, bm, (lambda i, j: (i, j))
-  elif spec.transposed:
+  elif output.transposed:
     out_rows, n_axis, t_rows, t_axis, index = k, m, bk, bm, (lambda i, j: (j, i))
   else:
     out_rows, n_axis, t_rows, t_axis, index = m, k, bm, bk, (lambda i, j: (i, j))
@@ -682,7 +735,7 @@ def _plan(
     s_shape, s_tile = (-(-out_rows // 16), n_pad // 16), (t_rows // 16, t_axis // 16)
   else:
     s_shape, s_tile = (out_rows, n_pad // bs), (t_rows, t_axis // bs)
-  unit = load_unit(spec, n_axis, route, tile, num_warps)
+  unit = load_unit(spec, output, n_axis, route, tile, num_warps)
 
   def per_row(shape, block, elements_per_item=1):  # viewed as (rows, units, items of a unit) when loading units
     if not unit:
@@ -691,13 +744,13 @@ def _plan(
     return (shape[0], shape[1] // n, n), (block[0], block[1] // n, n)
 
   outputs = {}  # name: (shape, block, dtype); the kernel's outputs in this order
-  if spec.packed:
+  if output.packed:
     outputs["codes"] = (*per_row((out_rows, n_pad // 2), (t_rows, t_axis // 2), 2), jnp.uint8)
     outputs["scales"] = (s_shape, s_tile, jnp.uint8)
-  if spec.dequantize:
-    deq_dtype = x.dtype if spec.dequantize == "with_tensor_scale" else jnp.bfloat16
+  if output.dequantize:
+    deq_dtype = x.dtype if output.dequantize == "with_tensor_scale" else jnp.bfloat16
     outputs["deq"] = (*per_row((out_rows, n_axis), (t_rows, t_axis)), deq_dtype)
-  if spec.trust_mask:
+  if output.trust_mask:
     outputs["mask"] = (*per_row((out_rows, n_axis), (t_rows, t_axis)), jnp.uint8)
   out_shape = [jax.ShapeDtypeStruct(shape, dtype) for shape, _, dtype in outputs.values()]
   out_specs = [
@@ -706,7 +759,7 @@ def _plan(
   ]
   whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
   grid = (pl.cdiv(x_in.shape[0], x_tile[0]), pl.cdiv(n_axis if unit else x_in.shape[1], x_tile[1]))
-  transpose_tile = spec.transposed and route == "kernel"
+  transpose_tile = output.transposed and route == "kernel"
   in_parts = transpose_tile and rotate and rotates_in_parts(spec)
   if unit:  # (rows, n) -> (rows, units, parts, vec): a free reshape in XLA
     vec = vector_width(x.dtype)
@@ -721,10 +774,11 @@ def _plan(
   if kernel_signs is not None:
     args.append(kernel_signs)
     in_specs.append(whole(spec.hadamard))
-  logical_out = logical_shape[::-1] if spec.transposed else logical_shape
+  logical_out = logical_shape[::-1] if output.transposed else logical_shape
   kernel = functools.partial(
     _kernel,
     spec=spec,
+    output=output,
     shape=x_in.shape,
     logical_out=logical_out,
     out_shapes=tuple((name, o[0]) for name, o in outputs.items()),
@@ -739,6 +793,7 @@ def _plan(
   return call, functools.partial(
     _finish,
     spec=spec,
+    output=output,
     names=tuple(outputs),
     tensor_scales=tensor_scales,
     signs=signs,
@@ -749,12 +804,14 @@ def _plan(
   )
 
 
-def _finish(outs, *, spec: QuantizeSpec, names, tensor_scales, signs, shape, block, hadamard, dtype) -> Quantized:
+def _finish(
+  outs, *, spec: QuantizeSpec, output: KernelOutput, names, tensor_scales, signs, shape, block, hadamard, dtype
+) -> Quantized:
   """The kernel's outputs (in ``names`` order) as ``Quantized``."""
   got = {name: out.reshape(out.shape[0], -1) for name, out in zip(names, outs)}
   gscale = jnp.asarray(spec.fmt.tensor_decode_scale(tensor_scales), jnp.float32)
   qt = None
-  if spec.packed:
+  if output.packed:
     qt = QTensor(
       codes=got["codes"],
       scales=lax.bitcast_convert_type(got["scales"], spec.fmt.scale_dtype),

@@ -18,7 +18,7 @@ split dim of ``x`` (its mesh axes, major to minor), and
   tiles the other axis a multiple of 16 (else a ValueError names the shape, the mesh axes and the unit).
 
 Output layout: the codes, block scales, the dequantized tensor and the trust mask are sharded like ``x``. With
-``spec_in = P(R, C)`` (R, C: a mesh axis name, a tuple of names, or None) and ``along="rows"``: codes (M, K/2),
+``spec_in = P(R, C)`` (R, C: a mesh axis name, a tuple of names, or None) and ``output.along="rows"``: codes (M, K/2),
 scales (M, K/16) (1D; (M/16, K/16) for 16x16 tiles), dequantized and mask (M, K), all ``P(R, C)``. With the
 transposed directions every output is the transposed (K-major) layout of ``pallas_triton.quantize``: codes
 (K, M/2), scales (K, M/block), dequantized and mask (K, M), all ``P(C, R)``. The tensor scale and the Hadamard
@@ -42,8 +42,10 @@ from fp4jax._src.quantize import (
   check_quantize_input,
   split_quantize_key,
 )
+from fp4jax._src.spec import QuantizeSpec
+from fp4jax_kernels.quantize import output as output_lib
 from fp4jax_kernels.quantize import pallas_triton
-from fp4jax_kernels.quantize.spec import Quantized, QuantizeSpec
+from fp4jax_kernels.quantize.output import KernelOutput, Quantized
 
 
 def _axis_names(entry) -> tuple[str, ...]:
@@ -53,13 +55,15 @@ def _axis_names(entry) -> tuple[str, ...]:
   return tuple(entry) if isinstance(entry, tuple) else (entry,)
 
 
-def _check_layout(x, spec: QuantizeSpec, mesh: Mesh, spec_in: P) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _check_layout(
+  x, spec: QuantizeSpec, output: KernelOutput, mesh: Mesh, spec_in: P
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
   """(row axes, column axes) of ``spec_in``; ValueError if ``x`` does not split evenly over them or (the core's
   ``OperandShard.check``) a block, Hadamard chunk or 16x16 tile would straddle two shards."""
   if x.ndim != 2:
     raise ValueError(f"x must be 2D (rows, cols), got shape {x.shape}")
-  if not spec.packed:
-    raise ValueError("quantize_sharded assembles the QTensor of the shards: it needs QuantizeSpec(packed=True)")
+  if not output.packed:
+    raise ValueError("quantize_sharded assembles the QTensor of the shards: it needs KernelOutput(packed=True)")
   if len(spec_in) > 2:
     raise ValueError(f"spec_in {spec_in} has more entries than x has dimensions (2)")
   axes = tuple(_axis_names(e) for e in tuple(spec_in) + (None,) * (2 - len(spec_in)))
@@ -75,7 +79,7 @@ def _check_layout(x, spec: QuantizeSpec, mesh: Mesh, spec_in: P) -> tuple[tuple[
         f"axes {names} ({parts} shards)"
       )
     local.append(x.shape[dim] // parts)
-  order = (1, 0) if spec.transposed else (0, 1)  # the quantized layout: the quantized axis last
+  order = (1, 0) if output.transposed else (0, 1)  # the quantized layout: the quantized axis last
   shape_q = tuple(local[d] for d in order)
   for dim_q, d in enumerate(order):
     if axes[d]:
@@ -85,28 +89,30 @@ def _check_layout(x, spec: QuantizeSpec, mesh: Mesh, spec_in: P) -> tuple[tuple[
   return axes[0], axes[1]
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "mesh", "spec_in", "interpret"))
+@functools.partial(jax.jit, static_argnames=("spec", "output", "mesh", "spec_in", "interpret"))
 def quantize_sharded(
   x: jax.Array,
   spec: QuantizeSpec,
   key: jax.Array | None = None,
   *,
+  output: KernelOutput = KernelOutput(),  # noqa: B008 (frozen)
   mesh: Mesh,
   spec_in: P,
   signs: jax.Array | None = None,
   interpret: bool = False,
 ) -> Quantized:
-  """``pallas_triton.quantize(x, spec, key, signs=signs)`` computed per shard of ``x`` (laid out as ``spec_in`` on
-  ``mesh``).
+  """``pallas_triton.quantize(x, spec, key, output=output, signs=signs)`` computed per shard of ``x`` (laid out as
+  ``spec_in`` on ``mesh``).
 
   Returns ``Quantized`` with the logical shapes and bits of the unsharded kernel, the arrays sharded as the module
   docstring says. ``key`` and ``signs`` are replicated (the same on every shard).
   """
-  row_axes, col_axes = _check_layout(x, spec, mesh, spec_in)
+  output_lib.check(spec, output)
+  row_axes, col_axes = _check_layout(x, spec, output, mesh, spec_in)
   split_axes = row_axes + col_axes
   shards = tuple(sharding.OperandShard(names, dim) for dim, names in enumerate((row_axes, col_axes)) if names)
-  check_quantize_input(x, spec.quantizer, spec.axis)
-  block, hadamard = block_dims(spec.quantizer), spec.hadamard
+  check_quantize_input(x, spec, output.axis)
+  block, hadamard = block_dims(spec), spec.hadamard
 
   def per_shard(x_shard, key, signs):
     amax = staged = None
@@ -114,18 +120,19 @@ def quantize_sharded(
       amax_signs = (
         signs
         if signs is not None
-        else spec.quantizer.sign_vector(split_quantize_key(key, spec.rounding, hadamard, spec.hadamard_signs)[0])
+        else spec.sign_vector(split_quantize_key(key, spec.rounding, hadamard, spec.signs)[0])
       )
-      if pallas_triton.prepass_stages(spec):
-        staged, local = pallas_triton.stage_and_amax(x_shard, spec, amax_signs, interpret=interpret)
+      if pallas_triton.prepass_stages(spec, output):
+        staged, local = pallas_triton.stage_and_amax(x_shard, spec, output, amax_signs, interpret=interpret)
       else:
-        local = pallas_triton.tensor_amax(x_shard, spec, amax_signs, interpret=interpret)
+        local = pallas_triton.tensor_amax(x_shard, spec, output, amax_signs, interpret=interpret)
       amax = sharding.combine_amax(local, split_axes) if split_axes else local
     origin, logical = sharding.placement(shards, x_shard.shape)
     q, deq, mask, _ = pallas_triton.quantize(
       x_shard,
       spec,
       key,
+      output=output,
       signs=signs,
       interpret=interpret,
       amax=amax,
@@ -136,7 +143,7 @@ def quantize_sharded(
     return q.codes, q.scales, q.global_scale, q.signs, deq, mask
 
   in_spec = P(row_axes or None, col_axes or None)
-  out_spec = P(col_axes or None, row_axes or None) if spec.transposed else in_spec
+  out_spec = P(col_axes or None, row_axes or None) if output.transposed else in_spec
   codes, scales, global_scale, signs, deq, mask = jax.shard_map(  # check_vma off: pallas_call outputs carry no vma
     per_shard,
     mesh=mesh,
@@ -144,7 +151,7 @@ def quantize_sharded(
     out_specs=(out_spec, out_spec, P(), P(), out_spec, out_spec),
     check_vma=False,
   )(x, key, signs)
-  shape = x.shape[::-1] if spec.transposed else x.shape
+  shape = x.shape[::-1] if output.transposed else x.shape
   qt = QTensor(
     codes=codes,
     scales=scales,
