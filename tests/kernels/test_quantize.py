@@ -521,7 +521,7 @@ def test_rotations_up_to_32_points_load_their_chunks_in_parts():
 
 def test_default_route_follows_the_hadamard():
   """The pre-pass stages the rotated input where there is one, tiles are transposed and rotated in registers where
-  there is none, XLA transposes without a Hadamard (BENCHMARKS §5)."""
+  there is none, XLA transposes without a Hadamard (BENCHMARKS.md §5 at 83b474b)."""
   route = lambda name, has_prepass=True: pallas_triton.effective_route(
     *CASES[name][0], pallas_triton.default_route(CASES[name][0][0]), has_prepass
   )
@@ -532,7 +532,7 @@ def test_default_route_follows_the_hadamard():
 
 def test_default_tile_is_wider_for_rtn_along_rows():
   """(16, 512) for RTN along the rows without a Hadamard, (32, 256) for 16x16 tiles, (16, 256) otherwise
-  (BENCHMARKS.md §5)."""
+  (BENCHMARKS.md §5 at 83b474b)."""
   assert pallas_triton.default_tile(*_k(N)) == (16, 512)
   assert pallas_triton.default_tile(*_k(N, block_shape=(16, 16))) == (32, 256)
   assert pallas_triton.default_tile(*_k(N, rounding="sr")) == (16, 256)
@@ -541,7 +541,7 @@ def test_default_tile_is_wider_for_rtn_along_rows():
 
 
 def test_default_num_warps_follows_the_tile_sweep():
-  """8 warps for MS-EDEN's 128-point rotation, 4 elsewhere (BENCHMARKS.md §5)."""
+  """8 warps for MS-EDEN's 128-point rotation, 4 elsewhere (BENCHMARKS.md §5 at 83b474b)."""
   assert pallas_triton.default_num_warps(CASES["nvfp4_ms_eden"][0][0]) == 8
   assert pallas_triton.default_num_warps(CASES["nvfp4_rht16_te_sr"][0][0]) == 4
   assert pallas_triton.default_num_warps(CASES["nvfp4_rtn"][0][0]) == 4
