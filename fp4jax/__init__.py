@@ -35,6 +35,7 @@ from fp4jax._src.formats import (
 )
 from fp4jax._src.matmul import packed_matmul
 from fp4jax._src.quantize import QTensor, fake_quantize, quantize
+from fp4jax._src.ragged import ragged_dot
 from fp4jax._src.spec import QuantizeSpec
 
 __version__ = "0.1.0"
@@ -66,6 +67,7 @@ __all__ = [
   "metrics",
   "packed_matmul",
   "quantize",
+  "ragged_dot",
   "recipes",
   "rounding",
   "scaling",

@@ -189,18 +189,24 @@ def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs, transposed=
   ``transposed[i]``: the GEMM's operand is ``swapaxes(lhs or rhs, -1, -2)``, which the quantizer reads untransposed
   (the Pallas kernel writes it K-major in the same pass; see ``fp4jax.operand.rotate_and_quantize``).
   """
-  lspec, rspec = static.recipe.operands(gemm)
-  out = []
-  for side, x, spec, t in (("lhs", lhs, lspec, transposed[0]), ("rhs", rhs, rspec, transposed[1])):
-    if isinstance(x, Operand):
-      out.append(_Quantized(x, None))
-      continue
-    k = _fold(key, _KEY_IDS[f"{gemm}_{side}"])
-    shard = sharding_lib.operand_shard(static.recipe, f"{gemm}_{side}")  # None unless the recipe is sharded
-    if shard is None:
-      x = _pad_chunks(x, spec.hadamard, -2 if t else -1)
-    out.append(_Quantized(*rotate_and_quantize(x, spec, k, signs, backend=static.backend, transposed=t, shard=shard)))
-  return out
+  return [
+    _quantize_operand(static, f"{gemm}_{side}", x, key, signs, t)
+    for side, x, t in (("lhs", lhs, transposed[0]), ("rhs", rhs, transposed[1]))
+  ]
+
+
+def _quantize_operand(static: _Static, name: str, x, key, signs, transposed: bool = False) -> _Quantized:
+  """Operand ``name`` (e.g. ``"fwd_lhs"``) of ``_quantize_gemm``: ``x`` rotated and quantized along its contraction
+  axis (the second-to-last when ``transposed``) with the key ``fold_in(key, _KEY_IDS[name])``; an ``Operand`` is
+  used as given."""
+  if isinstance(x, Operand):
+    return _Quantized(x, None)
+  spec = getattr(static.recipe, name)
+  shard = sharding_lib.operand_shard(static.recipe, name)  # None unless the recipe is sharded
+  if shard is None:
+    x = _pad_chunks(x, spec.hadamard, -2 if transposed else -1)
+  k = _fold(key, _KEY_IDS[name])
+  return _Quantized(*rotate_and_quantize(x, spec, k, signs, backend=static.backend, transposed=transposed, shard=shard))
 
 
 def _pad_chunks(x, d: int, axis: int):

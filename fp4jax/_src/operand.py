@@ -300,23 +300,29 @@ def matmul(a: Operand, b: Operand, precision=None) -> jax.Array:
   not. So the same fp8 GEMM gave different bits on one device and under a 2-device ``shard_map``. The values are
   exact in either dtype; f32 inputs take that choice away.
   """
-  cpu = jax.default_backend() == "cpu"
-  f32, bf16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)
-  if not cpu and precision is None and {jnp.dtype(a.values.dtype), jnp.dtype(b.values.dtype)} == {f32, bf16}:
-    if a.values.dtype == f32:
-      hi, mid, lo = (_dot(p, b.values, None) for p in bf16_parts(a.values))
-    else:
-      hi, mid, lo = (_dot(a.values, p, None) for p in bf16_parts(b.values))
-    y = lo + mid + hi
-  else:
-    dt = jnp.promote_types(a.values.dtype, b.values.dtype)
-    if cpu:
-      dt = jnp.promote_types(dt, f32)
-    if precision is None and dt != bf16:
-      precision = jax.lax.Precision.HIGHEST
-    y = _dot(a.values.astype(dt), b.values.astype(dt), precision)
+  y = product(a.values, b.values, precision, _dot)
   sb = jnp.swapaxes(b.scale, -1, -2) if jnp.ndim(b.scale) else b.scale
   return y * (a.scale * sb)
+
+
+def product(a: jax.Array, b: jax.Array, precision, dot) -> jax.Array:
+  """``dot(a', b', precision')``: the unscaled GEMM of two operands' values as ``matmul`` runs it (its dtypes,
+  precision and, off the CPU, the three bf16 parts of a float32 operand facing bf16 values), for any ``dot(a, b,
+  precision)`` with fp32 accumulation and result (``matmul``'s batched dot, ``fp4jax.ragged_dot``'s grouped ones)."""
+  cpu = jax.default_backend() == "cpu"
+  f32, bf16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)
+  if not cpu and precision is None and {jnp.dtype(a.dtype), jnp.dtype(b.dtype)} == {f32, bf16}:
+    if a.dtype == f32:
+      hi, mid, lo = (dot(p, b, None) for p in bf16_parts(a))
+    else:
+      hi, mid, lo = (dot(a, p, None) for p in bf16_parts(b))
+    return lo + mid + hi
+  dt = jnp.promote_types(a.dtype, b.dtype)
+  if cpu:
+    dt = jnp.promote_types(dt, f32)
+  if precision is None and dt != bf16:
+    precision = jax.lax.Precision.HIGHEST
+  return dot(a.astype(dt), b.astype(dt), precision)
 
 
 def _dot(a: jax.Array, b: jax.Array, precision) -> jax.Array:

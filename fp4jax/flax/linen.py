@@ -8,6 +8,7 @@ from fp4jax._src.flax.linen import (
   DenseGeneral,
   DotGeneral,
   Einsum,
+  MoE,
   QuantizedModule,
   quantize,
 )
@@ -17,6 +18,7 @@ __all__ = [
   "DenseGeneral",
   "DotGeneral",
   "Einsum",
+  "MoE",
   "QuantizedModule",
   "quantize",
 ]

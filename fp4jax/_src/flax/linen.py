@@ -31,9 +31,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fp4jax._src import dot
+from fp4jax._src import dot, ragged
 from fp4jax._src.backends import Backend
-from fp4jax._src.flax import ops
+from fp4jax._src.flax import moe, ops
 from fp4jax._src.flax import rules as rules_lib
 
 LAYERS = (nn.Dense, nn.DenseGeneral, nn.Einsum)
@@ -172,6 +172,61 @@ class Einsum(nn.Einsum):
 
 
 # ------------------------------------------------------------------------------------------------ interception
+class MoE(nn.Module):
+  """Mixture-of-experts MLP: a float32 top-k router, the experts' two grouped GEMMs through ``fp4jax.ragged_dot``
+  under ``recipe`` (tokens sorted by expert, combined back with the router weights; ``fp4jax._src.flax.moe``).
+
+  Parameters: ``router/kernel`` [d, E] (an ``nn.Dense`` in float32, no bias, unquantized), ``w_in`` [E, d, 2·hidden]
+  ([gate | up] when ``gated``, else [E, d, hidden]) and ``w_out`` [E, hidden, d]. Each ragged GEMM draws its own
+  "quant" key (as ``DotGeneral``). No load-balancing loss is computed.
+
+  Attributes:
+    num_experts: E.
+    top_k: experts per token.
+    hidden: each expert's hidden width.
+    recipe: a name from ``fp4jax.recipes.names()`` or a ``fp4jax.recipes.Recipe`` (``"bf16"``: ``jax.lax.ragged_dot``).
+    deterministic: evaluation mode (``fp4jax.recipes.deterministic(recipe)``, no "quant" stream needed).
+    backend: ``fp4jax.ragged_dot``'s ``backend``.
+    gated: SwiGLU-style experts, activation(gate) ⊙ up; else activation(W_in x).
+    activation: the experts' nonlinearity.
+    kernel_init: initializer of ``w_in`` and ``w_out`` (fan-in along axis 1, one matrix per expert).
+    param_dtype: dtype of the parameters.
+  """
+
+  num_experts: int
+  top_k: int
+  hidden: int
+  recipe: Any = dataclasses.field(kw_only=True)
+  deterministic: bool = False
+  backend: Backend = "auto"
+  gated: bool = True
+  activation: Callable[[jax.Array], jax.Array] = nn.silu
+  kernel_init: Callable = nn.initializers.lecun_normal(in_axis=1, out_axis=2, batch_axis=(0,))
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[..., d] -> [..., d]."""
+    d = x.shape[-1]
+    e, width = self.num_experts, self.hidden * (2 if self.gated else 1)
+    w_in = self.param("w_in", self.kernel_init, (e, d, width), self.param_dtype)
+    w_out = self.param("w_out", self.kernel_init, (e, self.hidden, d), self.param_dtype)
+    tokens = x.reshape(-1, d)
+    logits = nn.Dense(e, use_bias=False, dtype=jnp.float32, param_dtype=self.param_dtype, name="router")(
+      tokens.astype(jnp.float32)
+    )
+    where = f"fp4jax MoE at {_path(self)!r}"
+
+    def grouped(lhs, rhs, sizes):
+      run, key = _key(self, self.recipe, self.deterministic, where)
+      return ragged.ragged_dot(lhs, rhs.astype(lhs.dtype), sizes, recipe=run, key=key, backend=self.backend)
+
+    y = moe.experts_forward(
+      tokens, logits, w_in, w_out, top_k=self.top_k, activation=self.activation, gated=self.gated, ragged=grouped
+    )
+    return y.reshape(x.shape).astype(x.dtype)
+
+
 def _path(module: nn.Module) -> str:
   return "/".join(str(p) for p in module.scope.path) if module.scope is not None else type(module).__name__
 

@@ -26,9 +26,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from fp4jax._src import dot
+from fp4jax._src import dot, ragged
 from fp4jax._src.backends import Backend
-from fp4jax._src.flax import ops
+from fp4jax._src.flax import moe, ops
 from fp4jax._src.flax import rules as rules_lib
 
 LAYERS = (nnx.Linear, nnx.LinearGeneral, nnx.Einsum)
@@ -148,6 +148,82 @@ class Einsum(nnx.Einsum):
   ):
     op = EinsumOp(recipe, rngs=rngs, deterministic=deterministic, backend=backend)
     super().__init__(einsum_str, kernel_shape, bias_shape, einsum_op=op, rngs=rngs, **kwargs)
+
+
+class RaggedDot(_QuantOp):
+  """``jax.lax.ragged_dot`` replaced by ``fp4jax.ragged_dot`` under ``recipe`` (a fresh "quant" key per call)."""
+
+  def __call__(self, lhs, rhs, group_sizes, precision=None, preferred_element_type=None):
+    run, key = self._recipe_and_key()
+    return ragged.ragged_dot(
+      lhs,
+      rhs,
+      group_sizes,
+      recipe=run,
+      key=key,
+      precision=precision,
+      preferred_element_type=preferred_element_type,
+      backend=self.backend,
+    )
+
+
+class MoE(nnx.Module):
+  """Mixture-of-experts MLP, the NNX twin of ``fp4jax.flax.linen.MoE`` (same parameters and computation): a float32
+  top-k router (``router``, an ``nnx.Linear`` without bias), experts ``w_in`` [E, d, 2·hidden or hidden] and
+  ``w_out`` [E, hidden, d] through ``RaggedDot`` (``ragged``) under ``recipe``.
+
+  Args:
+    in_features: d.
+    hidden: each expert's hidden width.
+    num_experts: E.
+    top_k: experts per token.
+    recipe: a recipe name or ``fp4jax.recipes.Recipe``.
+    rngs: ``nnx.Rngs`` with "params" (and "quant" for a random recipe).
+    deterministic: evaluation mode (set by ``model.eval()``).
+    backend: ``fp4jax.ragged_dot``'s ``backend``.
+    gated: SwiGLU-style experts, activation(gate) ⊙ up; else activation(W_in x).
+    activation: the experts' nonlinearity.
+    param_dtype: dtype of the parameters.
+  """
+
+  def __init__(
+    self,
+    in_features: int,
+    hidden: int,
+    num_experts: int,
+    top_k: int,
+    *,
+    recipe: Any,
+    rngs: nnx.Rngs,
+    deterministic: bool = False,
+    backend: Backend = "auto",
+    gated: bool = True,
+    activation=nnx.silu,
+    param_dtype=jnp.float32,
+  ):
+    init = nnx.initializers.lecun_normal(in_axis=1, out_axis=2, batch_axis=(0,))
+    width = hidden * (2 if gated else 1)
+    self.router = nnx.Linear(in_features, num_experts, use_bias=False, param_dtype=param_dtype, rngs=rngs)
+    self.w_in = nnx.Param(init(rngs.params(), (num_experts, in_features, width), param_dtype))
+    self.w_out = nnx.Param(init(rngs.params(), (num_experts, hidden, in_features), param_dtype))
+    self.ragged = RaggedDot(recipe, rngs=rngs, deterministic=deterministic, path="MoE", backend=backend)
+    self.top_k, self.gated, self.activation = top_k, gated, activation
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[..., d] -> [..., d]."""
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens.astype(jnp.float32))
+    y = moe.experts_forward(
+      tokens,
+      logits,
+      self.w_in[...],
+      self.w_out[...],
+      top_k=self.top_k,
+      activation=self.activation,
+      gated=self.gated,
+      ragged=lambda lhs, rhs, sizes: self.ragged(lhs, rhs.astype(lhs.dtype), sizes),
+    )
+    return y.reshape(x.shape).astype(x.dtype)
 
 
 # ------------------------------------------------------------------------------------------------ rules
