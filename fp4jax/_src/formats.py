@@ -400,7 +400,7 @@ class MXFP8Format(BlockFP8Format):
   block_size: int = 32
   scale_mode: MXScaleMode = "floor"
 
-  name: ClassVar[str] = "mxfp8"
+  name: ClassVar[str] = "mxfp8_e4m3"
   scale_dtype: ClassVar[Any] = jnp.float8_e8m0fnu
   gemm_dtype: ClassVar[Any] = jnp.bfloat16  # E4M3 value x 2^e: 4 significant bits, E8M0's range needs bf16's exponent
   scale_modes: ClassVar[tuple[str, ...]] = ("floor", "rceil")
@@ -451,7 +451,7 @@ class FP8BlockFormat(BlockFP8Format):
 
   block_size: int = 128
 
-  name: ClassVar[str] = "fp8_block"
+  name: ClassVar[str] = "fp8_e4m3_block"
   scale_dtype: ClassVar[Any] = jnp.float32
   gemm_dtype: ClassVar[Any] = jnp.float32  # E4M3 value x an fp32 scale: up to 28 significant bits
 
