@@ -11,7 +11,8 @@ GEMMs are XLA bf16 dots on both backends; the backend changes the quantizers onl
     python benchmarks/bench_linear.py [--json linear.json]     # on a GPU
     python benchmarks/bench_linear.py --smoke                 # CPU: tiny, interpret mode
 
-A recipe the Pallas backend cannot quantize (no block-FP4 operand: bf16, fp8, ms_fp4) gets an "unavailable" row.
+A recipe the Pallas backend cannot quantize (no block-FP4 operand: bf16, fp8, mxfp8, fp8_block, ms_fp4) gets an
+"unavailable" row.
 
 Prints a markdown table and one JSON document (also written to ``--json``).
 """

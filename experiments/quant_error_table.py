@@ -1,8 +1,11 @@
-"""Reproduce Quartet II's quantization-error table for NVFP4 (and the MXFP4 OCP number).
+"""Reproduce Quartet II's quantization-error table for NVFP4 (and the MXFP4 OCP number), with the FP8 baselines.
 
 Setup (Quartet II; FP4-REFERENCE §5): rows of 128 i.i.d. N(0,1) values, row r scaled by logspace(2^0 … 2^8),
 a 128-point random Hadamard transform along rows, then each quantizer; relative MSE ‖x−Q(x)‖²/‖x‖², SNR bits and
 misalignment 1 − ⟨x,Q⟩/⟨x,x⟩ averaged over independent keys. MXFP4: OCP "floor" RTN on plain N(0,1).
+FP8 rows (no published numbers to compare): the same logspace rows without a Hadamard transform, quantized by
+E4M3 per-tensor current scaling (the ``fp8`` recipe), MXFP8 (OCP "floor" and "rceil" scales; the ``mxfp8``
+recipe's) and DeepSeek-V3's FP8 block scaling in 1x128 tiles and 128x128 blocks (the ``fp8_block`` recipe's).
 
     fp4jax-quant-error-table [--rows 8192] [--keys 16]
 """
@@ -26,6 +29,11 @@ PUBLISHED = {  # relative MSE ×1e-3 and misalignment as published (Quartet II)
   "4/6": (7.6, None),
   "16x16 2D": (12.4, None),
   "MXFP4 OCP RTN (no RHT)": (13.3, None),
+  "FP8 E4M3 per-tensor (no RHT)": (None, None),
+  "MXFP8 OCP floor (no RHT)": (None, None),
+  "MXFP8 rceil (no RHT)": (None, None),
+  "FP8 block 1x128 (no RHT)": (None, None),
+  "FP8 block 128x128 (no RHT)": (None, None),
 }
 
 
@@ -38,6 +46,7 @@ def _inputs(key, rows):
 
 def _quantizers():
   nv, four_six = fp4jax.NVFP4, dataclasses.replace(fp4jax.NVFP4, scale_mode="four_over_six")
+  fake_blocks = fp4jax.fp8.fake_quantize_blocks
   rot = lambda f: lambda x, k: hadamard.inverse_hadamard(f(hadamard.hadamard(x, 128, signs=s(k)), k), 128, signs=s(k))
   s = lambda k: hadamard.random_signs(jax.random.fold_in(k, 1), 128)
   return {
@@ -47,7 +56,17 @@ def _quantizers():
     "4/6": rot(lambda x, k: fp4jax.fake_quantize(x, four_six, hadamard=None)),
     "16x16 2D": rot(lambda x, k: fp4jax.fake_quantize(x, nv, block_shape=(16, 16), hadamard=None)),
     "MXFP4 OCP RTN (no RHT)": None,
+    "FP8 E4M3 per-tensor (no RHT)": lambda x, k: _fp8_tensor(x),
+    "MXFP8 OCP floor (no RHT)": lambda x, k: fake_blocks(x, fp4jax.MXFP8),
+    "MXFP8 rceil (no RHT)": lambda x, k: fake_blocks(x, dataclasses.replace(fp4jax.MXFP8, scale_mode="rceil")),
+    "FP8 block 1x128 (no RHT)": lambda x, k: fake_blocks(x, fp4jax.FP8_BLOCK),
+    "FP8 block 128x128 (no RHT)": lambda x, k: fake_blocks(x, fp4jax.FP8_BLOCK, block_shape=(128, 128)),
   }
+
+
+def _fp8_tensor(x):
+  v, inv_scale = fp4jax.fp8.quantize_fp8(x, fp4jax.E4M3)
+  return v * inv_scale
 
 
 def measure(rows: int, keys: int, seed: int = 0) -> dict[str, tuple[float, float, float, float]]:
@@ -82,9 +101,9 @@ def main(argv=None):
   for name, (m, ms, mis, miss) in res.items():
     pub_m, pub_mis = PUBLISHED[name]
     pm = "—" if pub_mis is None else f"{pub_mis:.4f}"
+    pub = "—" if pub_m is None else f"{pub_m:.1f}"
     print(
-      f"| {name} | {m * 1e3:.2f} ± {ms * 1e3:.2f} | {pub_m:.1f} | {-0.5 * np.log2(m):.2f} "
-      f"| {mis:+.5f} ± {miss:.5f} | {pm} |"
+      f"| {name} | {m * 1e3:.2f} ± {ms * 1e3:.2f} | {pub} | {-0.5 * np.log2(m):.2f} | {mis:+.5f} ± {miss:.5f} | {pm} |"
     )
 
 

@@ -56,7 +56,7 @@ import fp4jax
 import fp4jax.flax
 from fp4jax import fp8
 from fp4jax._src.ieee import div_rn
-from fp4jax.formats import FP4Format
+from fp4jax.formats import BlockFormat
 from fp4jax.rounding import rtn_bf16, rtn_e4m3
 from fp4jax_experiments import model as model_lib
 
@@ -193,14 +193,15 @@ def _recipe_units(recipe) -> dict[str, tuple[int, int]]:
   """Per quantized operand of ``recipe``: (unit along the contraction axis, unit along the other axis).
 
   The contraction unit is lcm(block, Hadamard size); the other unit is the 2D tile height (1 for 1D blocks).
-  Per-tensor (FP8) and per-row (E2M1 channel) scales have no blocks: their reductions are exact under any split.
+  Per-tensor (FP8) and per-row (E2M1 channel) scales have no blocks: their reductions are exact under any split
+  (block-scaled FP8, MXFP8 and FP8_BLOCK, has blocks as FP4 does).
   """
   units = {}
   for name in OPERAND_AXES:
     spec = getattr(recipe, name)
-    if not isinstance(spec.fmt, FP4Format) and not spec.hadamard:
+    if not isinstance(spec.fmt, BlockFormat) and not spec.hadamard:
       continue
-    block = spec.fmt.block_size if isinstance(spec.fmt, FP4Format) else 1
+    block = spec.fmt.block_size if isinstance(spec.fmt, BlockFormat) else 1
     rows = 1
     if spec.block_shape is not None:
       rows, block = spec.block_shape

@@ -171,6 +171,72 @@ def fp8(x, fmt: str):
   return rne(np.clip(x * s, -fmax, fmax)).astype(np.float64), float(F32(1.0) / s)
 
 
+# ------------------------------------------------------------------------------------------------ block-scaled FP8
+def _tiles(x, rows: int, cols: int) -> tuple[np.ndarray, tuple[int, ...]]:
+  """``x`` (float32, ndim >= 1; 2D tiles need ndim >= 2) zero-padded to whole ``rows`` x ``cols`` tiles of its last
+  two dims (``rows=1``: blocks of ``cols`` along the last axis) and reshaped to (..., R, rows, C, cols)."""
+  x = fl(x)
+  if rows == 1:
+    x = x[..., None, :]
+  pad = [(0, 0)] * (x.ndim - 2) + [(0, -x.shape[-2] % rows), (0, -x.shape[-1] % cols)]
+  p = np.pad(x, pad)
+  return p.reshape(*p.shape[:-2], p.shape[-2] // rows, rows, p.shape[-1] // cols, cols), x.shape
+
+
+def _untile(t: np.ndarray, shape: tuple[int, ...], rows: int) -> np.ndarray:
+  out = t.reshape(*t.shape[:-4], t.shape[-4] * t.shape[-3], t.shape[-2] * t.shape[-1])[..., : shape[-2], : shape[-1]]
+  return out[..., 0, :] if rows == 1 else out
+
+
+def _block_amax(t: np.ndarray) -> np.ndarray:
+  """Per-tile max|x| (float64, keepdims); NaN for a tile holding NaN, Inf for one holding ±Inf (and no NaN)."""
+  return np.max(np.abs(t.astype(np.float64)), axis=(-3, -1), keepdims=True)
+
+
+def mxfp8(x, scale_mode: str = "floor", block: int = 32):
+  """OCP MX v1.0 MXFP8 (E4M3) along the last axis: (values v (float32, E4M3 grid or NaN), E8M0 scale bits (uint8,
+  one per block), dequantized float64 v·2^e). Shared exponent e = floor(log2 amax) − 8 ("floor", OCP) or the
+  smallest e with 448·2^e >= amax ("rceil"), clipped to [−127, 127], −127 for an all-zero block; elements
+  rne_e4m3(clip(x·2^−e, ±448)); a block holding NaN or Inf gets scale 0xFF and NaN elements."""
+  t, shape = _tiles(x, 1, block)
+  amax = _block_amax(t)
+  finite = np.isfinite(amax)
+  a = np.where(finite, amax, 1.0)
+  _, ex = np.frexp(a)  # a = m·2^ex, m in [0.5, 1): floor(log2 a) = ex − 1 (exact, f32 subnormals too)
+  e = ex - 1 - 8
+  if scale_mode == "rceil":
+    e = e + (a > 448.0 * np.exp2(e.astype(np.float64)))
+  e = np.where(a == 0, -127, np.clip(e, -127, 127))
+  scaled = np.clip(t.astype(np.float64) * np.exp2(-e.astype(np.float64)), -E4M3_MAX, E4M3_MAX)
+  v = np.where(finite, rne_e4m3(scaled.astype(F32)), np.nan).astype(F32)
+  bits = np.where(finite, e + 127, 0xFF).astype(np.uint8)[..., 0, 0, :, 0]
+  deq = v.astype(np.float64) * np.exp2(e.astype(np.float64))
+  return _untile(v, shape, 1), bits, _untile(deq, shape, 1)
+
+
+def fp8_block(x, block: int = 128, tiles: bool = False):
+  """DeepSeek-V3 FP8 block scaling along the last axis, 1 x ``block`` tiles (``tiles``: ``block`` x ``block``
+  blocks of the last two dims): (values v (float32), float32 decode scales, dequantized f32(v·s) as float32).
+  s = f32(amax / 448) (numpy's correctly rounded float32 division, subnormal quotients kept), 1 for an all-zero
+  block, 2^−149 where the quotient underflows to 0; v = rne_e4m3(clip(f32(x / s), ±448)); NaN scale and NaN
+  elements for a block holding NaN or Inf."""
+  rows = block if tiles else 1
+  t, shape = _tiles(x, rows, block)
+  amax = _block_amax(t)
+  finite = np.isfinite(amax)
+  with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+    s = F32(np.where(finite, amax, 0.0)) / F32(448.0)
+    s = np.where(s == 0, np.float32(2.0**-149), s)
+    s = np.where(amax == 0, F32(1.0), s).astype(F32)
+    v = rne_e4m3(np.clip(t / s, -E4M3_MAX, E4M3_MAX))
+    v = np.where(finite, v, np.nan).astype(F32)
+    s = np.where(finite, s, np.nan).astype(F32)
+    deq = (v * s).astype(F32)
+  scales = s[..., 0, :, 0]
+  scales = scales[..., 0, :] if rows == 1 else scales
+  return _untile(v, shape, rows), scales, _untile(deq, shape, rows)
+
+
 def channel_gamma(x) -> np.ndarray:
   """Per-row E2M1 encode scale γ = f32(6 / max|x_row|) (1 for a zero row), keepdims."""
   amax = np.max(np.abs(fl(x)), -1, keepdims=True)
@@ -235,6 +301,10 @@ def quantize(x, spec, signs=None) -> Operand:
     op = Operand(x.astype(np.float64), 1.0)
   elif fmt in ("fp8_e4m3", "fp8_e5m2"):
     op = Operand(*fp8(x, fmt))
+  elif fmt == "mxfp8_e4m3":
+    op = Operand(mxfp8(x, spec.fmt.scale_mode, spec.fmt.block_size)[2], 1.0)
+  elif fmt == "fp8_e4m3_block":
+    op = Operand(fp8_block(x, spec.fmt.block_size, tiles=spec.block_shape is not None)[2].astype(np.float64), 1.0)
   elif fmt == "e2m1_channel":
     assert not spec.scale_pow2
     op = Operand(*e2m1_channel(x))

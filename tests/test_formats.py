@@ -25,7 +25,16 @@ def test_a_format_cannot_be_relabelled():
     with pytest.raises(TypeError, match="name"):
       dataclasses.replace(fmt, name="nvfp4" if fmt is not formats.NVFP4 else "mxfp4")
   assert dataclasses.replace(formats.MXFP4, scale_mode="quest").name == "mxfp4"
-  assert [f.name for f in formats.FORMATS] == ["nvfp4", "mxfp4", "fp8_e4m3", "fp8_e5m2", "e2m1_channel"]
+  assert [f.name for f in formats.FORMATS] == [
+    "nvfp4",
+    "mxfp4",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "e2m1_channel",
+    "mxfp8_e4m3",
+    "fp8_e4m3_block",
+  ]
+  assert dataclasses.replace(formats.FP8_BLOCK, block_size=64).name == "fp8_e4m3_block"
   assert formats.get("fp8_e5m2") is formats.E5M2
   with pytest.raises(ValueError, match="unknown format 'fp16'.*nvfp4"):
     formats.get("fp16")

@@ -13,7 +13,17 @@ from fp4jax._src.recipes import OperandSpec, Recipe
 
 
 def test_registry():
-  assert recipes.names() == ("bf16", "fp8", "nvfp4_rtn", "nvidia_nvfp4", "quartet", "quartet2", "ms_fp4")
+  assert recipes.names() == (
+    "bf16",
+    "fp8",
+    "mxfp8",
+    "fp8_block",
+    "nvfp4_rtn",
+    "nvidia_nvfp4",
+    "quartet",
+    "quartet2",
+    "ms_fp4",
+  )
   for name in recipes.names():
     r = recipes.get(name)
     assert isinstance(r, Recipe) and r.name == name

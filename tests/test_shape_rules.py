@@ -138,13 +138,15 @@ def test_single_element_operands_are_not_empty():
   np.testing.assert_array_equal(np.stack([y, dx, dw]), [[[6.0]], [[1.5]], [[1.0]]])
 
 
-# The rules each recipe's paper choices imply (read off the recipes: blocks and Hadamard sizes per GEMM, 16x16 tiles).
+# The rules each recipe's paper choices imply (read off the recipes: blocks and Hadamard sizes per GEMM, 2D tiles).
 EXPECTED_RULES = {
   "nvfp4_rtn": {("fwd", "inputs", 16), ("dgrad", "outputs", 16), ("wgrad", "tokens", 16)},
   "nvidia_nvfp4": {("fwd", "inputs", 16), ("dgrad", "outputs", 16), ("wgrad", "tokens", 16), ("fwd", "outputs", 16)},
   "quartet": {("fwd", "inputs", 32), ("dgrad", "outputs", 32), ("wgrad", "tokens", 32)},
   "quartet2": {("fwd", "inputs", 16), ("dgrad", "outputs", 128), ("wgrad", "tokens", 128)},
   "fp8": set(),
+  "mxfp8": {("fwd", "inputs", 32), ("dgrad", "outputs", 32), ("wgrad", "tokens", 32)},
+  "fp8_block": {("fwd", "inputs", 128), ("dgrad", "outputs", 128), ("wgrad", "tokens", 128), ("fwd", "outputs", 128)},
   "ms_fp4": set(),
   "bf16": set(),
 }

@@ -24,7 +24,7 @@ KEY = jax.random.key(3)
     (dict(fmt=NVFP4, block_shape=(32,)), ValueError, r"QuantizeSpec\.block_shape \(32,\).*block size 16"),
     (dict(fmt=MXFP4, block_shape=(16, 16)), ValueError, r"QuantizeSpec\.block_shape \(16, 16\).*takes the 2D"),
     (dict(fmt=NVFP4, block_shape=(16, 16, 16)), ValueError, r"QuantizeSpec\.block_shape must be \(block,\)"),
-    (dict(fmt=E4M3, block_shape=(16, 16)), ValueError, r"QuantizeSpec\.block_shape applies to FP4Format"),
+    (dict(fmt=E4M3, block_shape=(16, 16)), ValueError, r"QuantizeSpec\.block_shape applies to block-scaled fmts"),
     (dict(fmt=NVFP4, rounding="nearest"), ValueError, r"QuantizeSpec\.rounding must be one of \('rtn', 'sr', 'eden'\)"),
     (dict(fmt=E4M3, rounding="sr"), ValueError, r"QuantizeSpec\.rounding='sr' needs an FP4Format"),
     (dict(fmt=MXFP4, rounding="eden"), ValueError, r"QuantizeSpec\.rounding='eden' is MS-EDEN for NVFP4"),

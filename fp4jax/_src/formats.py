@@ -45,7 +45,7 @@ from fp4jax._src.elements import (  # noqa: F401 (re-exported: the encodings' hi
   floor_log2,
   pow2,
 )
-from fp4jax._src.ieee import mul_pow2_rn, mul_unflushed
+from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_short_rn, mul_unflushed, significand
 
 ScaleMode = Literal["absmax", "four_over_six", "floor", "rceil", "quest", "quest_nearest", "floor_headroom"]
 
@@ -63,7 +63,31 @@ class Format:
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class FP4Format(Format):
+class BlockFormat(Format):
+  """A block-scaled format: one scale per ``block_size`` consecutive elements along the quantized axis, or per 2D
+  tile of ``tile_shapes`` (``QuantizeSpec.block_shape``); partial blocks are zero-padded. The base of
+  ``FP4Format`` (E2M1 elements) and ``BlockFP8Format`` (E4M3 elements).
+
+  Attributes:
+    block_size: elements per scale along the quantized axis: a positive int.
+  """
+
+  block_size: int
+
+  tile_shapes: ClassVar[tuple[tuple[int, int], ...]] = ()
+  even_block_size: ClassVar[bool] = False
+
+  def __post_init__(self):
+    cls = type(self).__name__
+    if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
+      raise TypeError(f"{cls}.block_size must be an int, got {self.block_size!r}")
+    if self.block_size <= 0 or (self.even_block_size and self.block_size % 2):
+      what = "positive even" if self.even_block_size else "positive"
+      raise ValueError(f"{cls}.block_size must be a {what} integer, got {self.block_size}")
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class FP4Format(BlockFormat):
   """A block-scaled 4-bit floating-point format: E2M1 elements, one scale per ``block_size`` elements.
 
   Attributes:
@@ -85,14 +109,11 @@ class FP4Format(Format):
   has_tensor_scale: ClassVar[bool]
   gemm_dtype: ClassVar[Any]
   native_block_size: ClassVar[int]
-  tile_shapes: ClassVar[tuple[tuple[int, int], ...]] = ()
+  even_block_size: ClassVar[bool] = True  # E2M1 codes are packed in pairs along the axis
 
   def __post_init__(self):
+    super().__post_init__()
     cls = type(self).__name__
-    if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
-      raise TypeError(f"{cls}.block_size must be an int, got {self.block_size!r}")
-    if self.block_size <= 0 or self.block_size % 2:
-      raise ValueError(f"{cls}.block_size must be a positive even integer, got {self.block_size}")
     if self.scale_mode not in self.scale_modes:
       raise ValueError(f"{cls}.scale_mode must be one of {self.scale_modes}, got {self.scale_mode!r}")
 
@@ -295,6 +316,163 @@ class FP8Format(Format):
     return jnp.round(x * pow2(-e)) * pow2(e)
 
 
+E4M3 = FP8Format(exponent_bits=4, mantissa_bits=3, max=448.0)
+E5M2 = FP8Format(exponent_bits=5, mantissa_bits=2, max=57344.0)
+
+
+def _block_max_bits(xb: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+  """Per-block max of the magnitude bits of float32 ``xb`` (keep-dims int32): an integer max, so no backend drops
+  a NaN or flushes a subnormal; a block is non-finite iff it reaches +Inf's bits."""
+  return jnp.max(lax.bitcast_convert_type(xb, jnp.int32) & 0x7FFFFFFF, axis=axes, keepdims=True)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class BlockFP8Format(BlockFormat):
+  """Block-scaled FP8: E4M3 elements (``element``), one scale per block along the quantized axis, no tensor scale.
+
+  Quantizing a block (``quantize_blocks``), all in float32: ``amax_b = max|x|`` over the block (zero padding
+  included), a block decode scale ``dec_b`` from it (the subclass's rule), the element ``v = rne_e4m3(sat(x /
+  dec_b))`` (nearest, ties to even, clamped to ±448 first), dequantized ``f32(v · dec_b)``. A block holding NaN
+  or ±Inf gets a NaN scale and NaN elements (OCP MX v1.0: a NaN scale makes the whole block NaN; E4M3 has no Inf),
+  so NaN and Inf never become finite. Subnormal inputs and scales count at their IEEE value on every backend
+  (integer arithmetic on the float32 bits; ``fp4jax.ieee``).
+
+  Class constants: ``name``; ``element`` (the ``FP8Format`` of the elements); ``scale_dtype`` (the stored block
+  scales); ``gemm_dtype`` (a dtype in which ``v · dec_b`` is exact, which a GEMM multiplies).
+  """
+
+  element: ClassVar[FP8Format] = E4M3
+  scale_dtype: ClassVar[Any]
+  gemm_dtype: ClassVar[Any]
+
+  def scale_blocks(self, xb: jax.Array, amax_b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(scaled, dec)``: the elements ``x / dec_b`` (float32, exact where ``dec_b`` is a power of two) and the
+    fp32 block decode scales (keep-dims) for the blocks' finite ``amax_b``."""
+    raise NotImplementedError
+
+  def quantize_blocks(self, xb: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    """``(v, dec)``: blocked float32 ``xb`` (blocks along ``axes``) as E4M3 grid values (float32) and the fp32
+    block decode scales (keep-dims); NaN for both in a non-finite block (see the class docstring)."""
+    amax_bits = _block_max_bits(xb, axes)
+    nonfinite = amax_bits >= F32_INF_BITS
+    scaled, dec = self.scale_blocks(xb, lax.bitcast_convert_type(amax_bits, jnp.float32))
+    nan = jnp.float32(jnp.nan)
+    return jnp.where(nonfinite, nan, self.element.round(scaled)), jnp.where(nonfinite, nan, dec)
+
+  def dequantize_blocks(self, v: jax.Array, dec: jax.Array) -> jax.Array:
+    """``f32(v · dec_b)`` rounded once, subnormal products kept on every backend (``fp4jax.ieee.mul_short_rn``:
+    ``v`` has at most 4 significant bits); NaN where either is NaN."""
+    return mul_short_rn(v, dec)
+
+  def encode_scales(self, dec: jax.Array) -> jax.Array:
+    """Block decode scales (fp32, from ``quantize_blocks``) as stored, in ``scale_dtype``."""
+    raise NotImplementedError
+
+  def decode_scales(self, scales: jax.Array) -> jax.Array:
+    """Stored block scales (``scale_dtype``) as exact fp32 values (NaN for NaN)."""
+    raise NotImplementedError
+
+
+MXScaleMode = Literal["floor", "rceil"]
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class MXFP8Format(BlockFP8Format):
+  """MXFP8 (OCP Microscaling Formats (MX) v1.0, E4M3 elements): one power-of-two ``float8_e8m0fnu`` scale 2^e per
+  ``block_size`` (32) consecutive elements along the quantized axis.
+
+  Scale exponent, exact from the float32 bits of ``amax_b`` (subnormals included), clipped to E8M0's [-127, 127]:
+
+  * ``"floor"`` (OCP MX v1.0 §6.3): ``e = floor(log2 amax_b) - emax_elem``, ``emax_elem = 8`` for E4M3 (448 =
+    1.75 · 2^8); ``amax_b / 2^e`` lies in [256, 512), so elements above 448 saturate to ±448.
+  * ``"rceil"`` (round the scale up: NVIDIA's MXFP8 recipe, Mishra et al. arXiv 2506.08027; Transformer Engine's
+    MXFP8 quantizer): the smallest ``e`` with ``448 · 2^e >= amax_b``, i.e. ``floor(log2 amax_b) - 8``, plus 1 where
+    amax_b's significand exceeds 1.75; nothing saturates.
+
+  An all-zero block gets e = -127 (its elements are 0). Elements: ``rne_e4m3(sat(x · 2^-e))``, the product rounded
+  once (``fp4jax.ieee.mul_pow2_rn``). A block holding NaN or ±Inf gets the NaN scale 0xFF and NaN elements.
+
+  Attributes:
+    block_size: elements per scale (32, the OCP block).
+    scale_mode: ``"floor"`` (OCP, the default) or ``"rceil"``.
+  """
+
+  block_size: int = 32
+  scale_mode: MXScaleMode = "floor"
+
+  name: ClassVar[str] = "mxfp8_e4m3"
+  scale_dtype: ClassVar[Any] = jnp.float8_e8m0fnu
+  gemm_dtype: ClassVar[Any] = jnp.bfloat16  # E4M3 value x 2^e: 4 significant bits, E8M0's range needs bf16's exponent
+  scale_modes: ClassVar[tuple[str, ...]] = ("floor", "rceil")
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.scale_mode not in self.scale_modes:
+      raise ValueError(f"MXFP8Format.scale_mode must be one of {self.scale_modes}, got {self.scale_mode!r}")
+
+  def exponents(self, amax_b: jax.Array) -> jax.Array:
+    """int32 E8M0 exponents of the blocks' finite ``amax_b`` by ``scale_mode`` (class docstring)."""
+    emax = math.frexp(self.element.max)[1] - 1  # 8: floor(log2 448)
+    e = floor_log2(amax_b) - emax
+    if self.scale_mode == "rceil":
+      max_significand = int(math.ldexp(self.element.max, 23 - emax))  # 1.75 · 2^23
+      e = e + (significand(amax_b)[1] > max_significand).astype(jnp.int32)
+    zero = lax.bitcast_convert_type(amax_b, jnp.int32) == 0
+    return jnp.where(zero, jnp.int32(-E8M0_BIAS), jnp.clip(e, -E8M0_BIAS, E8M0_BIAS)).astype(jnp.int32)
+
+  def scale_blocks(self, xb, amax_b):
+    e = self.exponents(amax_b)
+    return mul_pow2_rn(xb, -e), pow2(e)
+
+  def encode_scales(self, dec):
+    bits = jnp.where(jnp.isnan(dec), E8M0_NAN_BITS, floor_log2(dec) + E8M0_BIAS).astype(jnp.uint8)
+    return lax.bitcast_convert_type(bits, jnp.float8_e8m0fnu)
+
+  def decode_scales(self, scales):
+    return e8m0_bits_to_f32(lax.bitcast_convert_type(scales, jnp.uint8))
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class FP8BlockFormat(BlockFP8Format):
+  """FP8 block scaling (DeepSeek-V3, arXiv 2412.19437 §3.3.1; Transformer Engine's ``Float8BlockScaling``): E4M3
+  elements, one float32 scale per 1 x ``block_size`` tile along the quantized axis (``block_shape=None``:
+  activations and gradients, per token and 128 channels) or per ``block_size`` x ``block_size`` block
+  (``block_shape=(128, 128)``: weights).
+
+  Block decode scale ``dec_b = f32(amax_b / 448)`` (correctly rounded, ``fp4jax.ieee.div_rn``; a subnormal quotient
+  kept), elements ``rne_e4m3(sat(f32(x / dec_b)))`` (the division correctly rounded, then one E4M3 rounding), as
+  DeepSeek-V3's released kernel (``s = amax / 448; y = x / s``). An all-zero block gets ``dec_b = 1``; a block
+  whose quotient underflows to 0 (amax_b <= 224 · 2^-149) gets the smallest positive float32 2^-149. A block
+  holding NaN or ±Inf gets a NaN scale and NaN elements.
+
+  Attributes:
+    block_size: the tile length along the quantized axis and the side of the 2D weight blocks (128).
+  """
+
+  block_size: int = 128
+
+  name: ClassVar[str] = "fp8_e4m3_block"
+  scale_dtype: ClassVar[Any] = jnp.float32
+  gemm_dtype: ClassVar[Any] = jnp.float32  # E4M3 value x an fp32 scale: up to 28 significant bits
+
+  @property
+  def tile_shapes(self) -> tuple[tuple[int, int], ...]:
+    return ((self.block_size, self.block_size),)
+
+  def scale_blocks(self, xb, amax_b):
+    dec = div_rn(amax_b, jnp.float32(self.element.max))
+    dec_bits = lax.bitcast_convert_type(dec, jnp.int32)  # bit tests: a float compare may flush subnormals
+    dec = jnp.where(dec_bits == 0, lax.bitcast_convert_type(jnp.int32(1), jnp.float32), dec)
+    dec = jnp.where(lax.bitcast_convert_type(amax_b, jnp.int32) == 0, jnp.float32(1.0), dec)
+    return div_rn(xb, dec), dec
+
+  def encode_scales(self, dec):
+    return dec.astype(jnp.float32)
+
+  def decode_scales(self, scales):
+    return scales.astype(jnp.float32)
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class E2M1ChannelFormat(Format):
   """E2M1 with one absmax scale per row along the contraction axis (Microsoft FP4, ``fp4jax.operand``): per token
@@ -306,10 +484,10 @@ class E2M1ChannelFormat(Format):
 
 NVFP4 = NVFP4Format()
 MXFP4 = MXFP4Format()
-E4M3 = FP8Format(exponent_bits=4, mantissa_bits=3, max=448.0)
-E5M2 = FP8Format(exponent_bits=5, mantissa_bits=2, max=57344.0)
+MXFP8 = MXFP8Format()
+FP8_BLOCK = FP8BlockFormat()
 E2M1_CHANNEL = E2M1ChannelFormat()
-FORMATS: tuple[Format, ...] = (NVFP4, MXFP4, E4M3, E5M2, E2M1_CHANNEL)
+FORMATS: tuple[Format, ...] = (NVFP4, MXFP4, E4M3, E5M2, E2M1_CHANNEL, MXFP8, FP8_BLOCK)
 
 
 def get(name: str) -> Format:

@@ -5,15 +5,15 @@ This is the seam between the recipes and the numerics: ``quantize_operand`` (an 
 They run the op ``QUANTIZE_OP`` (``rotate_and_quantize_both``: ``PAIR_OP``) through ``fp4jax.backends``' registry,
 by the ``backend`` argument; every implementation gives the same bits for the same key:
 
-* ``"xla"`` (registered here): the pure-JAX path built on ``fp4jax.quantize``'s block numerics, ``fp4jax.fp8`` and
-  ``fp4jax.estimators``; it takes every operand.
+* ``"xla"`` (registered here): the pure-JAX path built on ``fp4jax.quantize``'s block numerics (FP4 and the
+  block-scaled FP8 formats), ``fp4jax.fp8`` and ``fp4jax.estimators``; it takes every operand.
 * ``"pallas"`` (registered by ``fp4jax_kernels.operand``): block-scaled FP4 operands go through the fused quantize
   kernel (Pallas Triton on a GPU, Pallas interpret mode elsewhere) on the operand folded to 2D, in one kernel pass
   per operand (plus NVFP4's amax pre-pass), Hadamard and transpose included; ``PAIR_OP`` quantizes one tensor for
   two GEMMs (along its rows, and transposed) in one pre-pass and one kernel where that pays. The kernels own their
-  limits: an operand they cannot take (FP8, per-channel E2M1, OCC, f16 inputs, a last axis that is not whole
-  blocks, per-row tensor scales (``OperandSpec.amax="row"``), ...) raises ``fp4jax.backends.Unsupported`` naming the
-  spec.
+  limits: an operand they cannot take (FP8, MXFP8 and FP8 block scaling, per-channel E2M1, OCC, f16 inputs, a
+  last axis that is not whole blocks, per-row tensor scales (``OperandSpec.amax="row"``), ...) raises
+  ``fp4jax.backends.Unsupported`` naming the spec.
 * ``"auto"`` (the default): the kernels on a GPU that runs them, where they take the operand; ``"xla"`` otherwise
   (on a CPU, ``"xla"`` only: the kernels are neither loaded nor interpreted there).
 
@@ -41,13 +41,23 @@ from fp4jax._src import backends, estimators, fp8
 from fp4jax._src import bits as bits_lib
 from fp4jax._src import hadamard as hadamard_lib
 from fp4jax._src.backends import Backend
-from fp4jax._src.formats import E2M1_MAX, E2M1ChannelFormat, FP4Format, FP8Format, e2m1_decode, floor_log2, pow2
+from fp4jax._src.formats import (
+  E2M1_MAX,
+  BlockFP8Format,
+  E2M1ChannelFormat,
+  FP4Format,
+  FP8Format,
+  e2m1_decode,
+  floor_log2,
+  pow2,
+)
 from fp4jax._src.ieee import div_rn
 from fp4jax._src.quantize import (
   BlockLayout,
   block_dims,
   check_quantize_input,
   decode_blocks,
+  fp8_blocks,
   quantize_blocks,
   split_quantize_key,
 )
@@ -147,6 +157,16 @@ def _block_fp4(x: jax.Array, spec: OperandSpec, key, shard=None) -> tuple[Operan
   if spec.amax == "row" and global_scale.ndim:  # NVFP4: one tensor scale per row, keepdims (..., rows, 1)
     global_scale = global_scale[..., 0]
   return Operand(values, global_scale), mask
+
+
+def _block_fp8(x: jax.Array, spec: OperandSpec) -> Operand:
+  """Block-scaled FP8 (``BlockFP8Format``) along the last axis with ``fp4jax.fp8.quantize_blocks``' numerics:
+  ``values = f32(v · dec_b)`` in ``fmt.gemm_dtype`` (exact there: bf16 for MXFP8's powers of two, float32 for
+  FP8_BLOCK's fp32 scales), scale 1. Nothing is tensor-wide, so a shard quantizes alone (``fp4jax.sharding``
+  checks that no block straddles two devices)."""
+  check_quantize_input(x, spec, -1)
+  lay, v, dec = fp8_blocks(x, spec, x.ndim - 1)
+  return Operand(lay.from_blocks(spec.fmt.dequantize_blocks(v, dec)).astype(spec.fmt.gemm_dtype), jnp.float32(1.0))
 
 
 def rotate_and_quantize_both(
@@ -259,6 +279,8 @@ def _quantize(x, spec: OperandSpec, key, shard=None) -> tuple[Operand, jax.Array
     op = Operand(x, jnp.float32(1.0))
   elif isinstance(spec.fmt, FP4Format):
     op, mask = _block_fp4(x, spec, key, shard)
+  elif isinstance(spec.fmt, BlockFP8Format):
+    op = _block_fp8(x, spec)
   elif isinstance(spec.fmt, E2M1ChannelFormat):
     op = _e2m1_channel(x, spec.scale_pow2, shard)
   elif isinstance(spec.fmt, FP8Format):

@@ -42,7 +42,7 @@ from jax import lax
 from fp4jax._src import bits as bits_lib
 from fp4jax._src import eden
 from fp4jax._src import hadamard as hadamard_lib
-from fp4jax._src.formats import F32_INF_BITS, FP4Format, e2m1_decode, floor_log2
+from fp4jax._src.formats import F32_INF_BITS, BlockFP8Format, FP4Format, e2m1_decode, floor_log2
 from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_short_rn, mul_unflushed
 from fp4jax._src.reductions import pairwise_sum
 from fp4jax._src.rounding import rtn_e2m1, sr_e2m1
@@ -478,6 +478,79 @@ def _pack(codes_blocked: jnp.ndarray, lay: BlockLayout) -> jnp.ndarray:
   c = c.reshape(*c.shape[:-1], c.shape[-1] // 2, 2)
   packed = (c[..., 0] | (c[..., 1] << 4)).astype(jnp.uint8)
   return jnp.moveaxis(packed, -1, lay.axis)
+
+
+# ------------------------------------------------------------------------------------------------ block-scaled FP8
+def fp8_block_spec(fmt: BlockFP8Format, block_shape: tuple[int, ...] | None) -> QuantizeSpec:
+  """The ``QuantizeSpec`` of ``quantize_fp8_blocks``' arguments (validated by its constructor)."""
+  if not isinstance(fmt, BlockFP8Format):
+    raise TypeError(
+      f"fmt must be a BlockFP8Format such as fp4jax.MXFP8 or fp4jax.FP8_BLOCK (a format object), got {fmt!r}"
+    )
+  return QuantizeSpec(fmt, block_shape=block_shape)
+
+
+def fp8_blocks(x: jax.Array, spec: QuantizeSpec, axis: int) -> tuple[BlockLayout, jax.Array, jax.Array]:
+  """``(layout, v, dec)``: ``x`` quantized along ``axis`` by the ``BlockFP8Format`` ``spec.fmt`` in blocks of
+  ``spec`` (zero padding to whole blocks), blocked (``BlockFP8Format.quantize_blocks``). ``axis`` normalized."""
+  lay = BlockLayout(x.shape, axis, block_dims(spec))
+  v, dec = spec.fmt.quantize_blocks(lay.to_blocks(x.astype(jnp.float32)), lay.red_axes)
+  return lay, v, dec
+
+
+@functools.partial(jax.jit, static_argnames=("fmt", "axis", "block_shape"))
+def quantize_fp8_blocks(
+  x: jax.Array, fmt: BlockFP8Format, *, axis: int = -1, block_shape: tuple[int, ...] | None = None
+) -> tuple[jax.Array, jax.Array]:
+  """Quantize ``x`` to block-scaled FP8 (``fp4jax.MXFP8``, ``fp4jax.FP8_BLOCK`` or a variant) along ``axis``.
+
+  The numerics are ``BlockFP8Format``'s (E4M3 elements by nearest-even after the block scale; NaN/Inf blocks NaN)
+  and the format's scale rule (``MXFP8Format``: OCP MX v1.0; ``FP8BlockFormat``: DeepSeek-V3's amax / 448).
+  Dequantized: ``f32(float32(elements) · decode(scale))`` per element, rounded once.
+
+  Args:
+    x: float array (f32/bf16/f16), not empty, any shape and length along ``axis`` (partial blocks are zero-padded).
+    fmt: a ``BlockFP8Format``.
+    axis: the axis blocks run along (a GEMM's contraction axis), an int.
+    block_shape: None (1 x ``fmt.block_size`` blocks along ``axis``) or one of ``fmt.tile_shapes`` (FP8_BLOCK:
+      ``(128, 128)`` blocks of the last two dims; ``axis`` one of them).
+
+  Returns:
+    ``(elements, scales)``: ``float8_e4m3fn`` of ``x``'s shape, and the block scales in ``fmt.scale_dtype``
+    (``float8_e8m0fnu`` for MXFP8, float32 decode scales for FP8_BLOCK) of ``x``'s shape with the blocked dims
+    divided by the block, rounded up.
+
+  Raises:
+    TypeError: ``fmt`` not a ``BlockFP8Format``, ``x`` not floating point, ``axis`` not an int.
+    ValueError: ``x`` a scalar or empty, ``axis`` out of range, a ``block_shape`` the format does not take.
+  """
+  spec = fp8_block_spec(fmt, block_shape)
+  axis = check_quantize_input(x, spec, axis)
+  lay, v, dec = fp8_blocks(x, spec, axis)
+  return lay.from_blocks(v).astype(jnp.float8_e4m3fn), fmt.encode_scales(lay.scales_from_blocks(dec))  # v: exact
+
+
+@functools.partial(jax.jit, static_argnames=("fmt", "axis", "block_shape", "dtype"))
+def fake_quantize_fp8_blocks(
+  x: jax.Array, fmt: BlockFP8Format, *, axis: int = -1, block_shape: tuple[int, ...] | None = None, dtype=None
+) -> jax.Array:
+  """``quantize_fp8_blocks`` followed by its dequantization, ``f32(v · dec_b)`` (the same bits, without the
+  float8 arrays).
+
+  Args:
+    x, fmt, axis, block_shape: as ``quantize_fp8_blocks``.
+    dtype: the result's dtype; defaults to ``x.dtype``.
+
+  Returns:
+    The dequantized tensor, ``x``'s shape.
+
+  Raises:
+    TypeError, ValueError: as ``quantize_fp8_blocks``.
+  """
+  spec = fp8_block_spec(fmt, block_shape)
+  axis = check_quantize_input(x, spec, axis)
+  lay, v, dec = fp8_blocks(x, spec, axis)
+  return lay.from_blocks(fmt.dequantize_blocks(v, dec)).astype(dtype or x.dtype)
 
 
 def packed_nbytes(q: QTensor) -> int:

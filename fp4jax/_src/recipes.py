@@ -19,7 +19,18 @@ import math
 from collections.abc import Callable
 from typing import Literal, get_args
 
-from fp4jax._src.formats import E2M1_CHANNEL, E4M3, E5M2, MXFP4, NVFP4, E2M1ChannelFormat, FP4Format
+from fp4jax._src.formats import (
+  E2M1_CHANNEL,
+  E4M3,
+  E5M2,
+  FP8_BLOCK,
+  MXFP4,
+  MXFP8,
+  NVFP4,
+  BlockFormat,
+  E2M1ChannelFormat,
+  FP4Format,
+)
 from fp4jax._src.spec import QuantizeSpec
 
 FP8_FORMATS = (E4M3, E5M2)
@@ -111,7 +122,7 @@ class ShapeRule:
 def _units(spec: OperandSpec) -> tuple[tuple[int, str], ...]:
   """``(multiple, why)`` of the units an operand's contraction axis is cut into."""
   out = []
-  if isinstance(spec.fmt, FP4Format):
+  if isinstance(spec.fmt, BlockFormat):
     out.append((spec.fmt.block_size, f"{spec.fmt.name} {spec.fmt.block_size}-element blocks"))
   if spec.hadamard:
     out.append((spec.hadamard, f"{spec.hadamard}-point Hadamard chunks"))
@@ -177,7 +188,8 @@ class Recipe:
     for gemm in GEMMS:
       for side, spec in zip(("lhs", "rhs"), self.operands(gemm)):
         if spec.block_shape is not None:
-          rules.append(ShapeRule(gemm, _OTHER_DIM[f"{gemm}_{side}"], spec.block_shape[0], "16x16 tiles across it"))
+          rows, cols = spec.block_shape
+          rules.append(ShapeRule(gemm, _OTHER_DIM[f"{gemm}_{side}"], rows, f"{rows}x{cols} tiles across it"))
     return tuple(rules)
 
   @property
@@ -213,6 +225,45 @@ def fp8() -> Recipe:
   """
   e4m3, e5m2 = OperandSpec(fmt=E4M3), OperandSpec(fmt=E5M2)
   return Recipe("fp8", e4m3, e4m3, e5m2, REUSE_FORWARD, e5m2, REUSE_FORWARD)
+
+
+def mxfp8() -> Recipe:
+  """MXFP8 training as NVIDIA publishes it (Mishra et al., "Recipes for Pre-training LLMs with MXFP8", arXiv
+  2506.08027; Transformer Engine's ``MXFP8BlockScaling``), on the OCP MX v1.0 format.
+
+  All six GEMM operands MXFP8 with E4M3 elements (gradients too: the paper's choice over E5M2), one E8M0 scale per
+  32 consecutive elements along each GEMM's contraction axis, the scale exponent rounded up (``scale_mode="rceil"``:
+  the smallest 2^e with 448·2^e >= amax_b, the paper's fix for the divergence it reports under the OCP rule), RTN
+  elements. MX blocks are 1D, so each GEMM quantizes its own operands from the high-precision tensors along its
+  contraction axis (W along inputs for the forward and along outputs for dgrad; X and dY along tokens for wgrad),
+  as TE does. Straight-through everywhere. Shape rules: inputs (fwd), outputs (dgrad) and tokens (wgrad) hold
+  whole 32-element blocks (padded with zeros on one device).
+
+  Returns:
+    The ``Recipe``.
+  """
+  q = OperandSpec(fmt=dataclasses.replace(MXFP8, scale_mode="rceil"))
+  return Recipe("mxfp8", q, q, q, q, q, q)
+
+
+def fp8_block() -> Recipe:
+  """FP8 block scaling as in DeepSeek-V3 (arXiv 2412.19437 §3.3; Transformer Engine's ``Float8BlockScaling``).
+
+  E4M3 everywhere with fp32 scales amax/448 (``FP8_BLOCK``, RTN): activations and gradients in 1x128 tiles along
+  each GEMM's contraction axis (per token per 128 channels for X in the forward; dY per token per 128 outputs for
+  dgrad; dYᵀ and Xᵀ per 128 tokens for wgrad, the paper's 1x128 -> 128x1 change of tile in the backward), weights
+  in 128x128 blocks. dgrad: Wᵀ the forward's 128x128-block tensor reused (a 128x128 block grid is the same for W
+  and Wᵀ). wgrad: Xᵀ re-quantized from the forward FP8 activations (the paper caches X in FP8 for the backward).
+  Straight-through everywhere. Shape rules: inputs (fwd), outputs (dgrad) and tokens (wgrad) hold whole 128-element
+  tiles, and outputs hold whole 128-row weight blocks (padded with zeros on one device).
+
+  Returns:
+    The ``Recipe``.
+  """
+  tile = OperandSpec(fmt=FP8_BLOCK)
+  w = OperandSpec(fmt=FP8_BLOCK, block_shape=(FP8_BLOCK.block_size,) * 2)
+  x_t = OperandSpec(fmt=FP8_BLOCK, source="forward")
+  return Recipe("fp8_block", tile, w, tile, REUSE_FORWARD, tile, x_t)
 
 
 def nvfp4_rtn() -> Recipe:
@@ -325,6 +376,8 @@ def ms_fp4(*, pow2_scale: bool = False, fp4_gradients: bool = False, clip_quanti
 _REGISTRY: dict[str, Callable[[], Recipe]] = {
   "bf16": bf16,
   "fp8": fp8,
+  "mxfp8": mxfp8,
+  "fp8_block": fp8_block,
   "nvfp4_rtn": nvfp4_rtn,
   "nvidia_nvfp4": nvidia_nvfp4,
   "quartet": quartet,

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp4jax._src import recipes as recipes_lib
-from fp4jax._src.formats import FP4Format
+from fp4jax._src.formats import BlockFormat
 from fp4jax._src.recipes import OperandSpec, Recipe
 from fp4jax._src.reductions import leading_pairwise_sum
 
@@ -289,12 +289,12 @@ class OperandShard:
     head = f"{what}: operand of local shape {shape} sharded over {self.axis_name!r} ({self.label} on dim {self.dim})"
     units = []
     if along:
-      if isinstance(spec.fmt, FP4Format):
+      if isinstance(spec.fmt, BlockFormat):
         units.append(("block", spec.block_shape[1] if spec.block_shape else spec.fmt.block_size))
       if spec.hadamard:
         units.append(("Hadamard size", spec.hadamard))
     elif spec.block_shape is not None and self.dim == len(shape) - 2:
-      units.append(("16x16 tile height", spec.block_shape[0]))
+      units.append((f"{spec.block_shape[0]}x{spec.block_shape[1]} tile height", spec.block_shape[0]))
     unit = math.lcm(*(u for _, u in units)) if units else 1
     if n % unit:
       names = ", ".join(f"{name} {u}" for name, u in units)

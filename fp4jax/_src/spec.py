@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp4jax._src import hadamard as hadamard_lib
-from fp4jax._src.formats import E2M1ChannelFormat, Format, FP4Format, FP8Format
+from fp4jax._src.formats import BlockFormat, E2M1ChannelFormat, Format, FP4Format, FP8Format
 
 Rounding = Literal["rtn", "sr", "eden"]
 Signs = Literal["none", "te", "fixed", "random"]
@@ -42,10 +42,12 @@ class QuantizeSpec:
   Attributes:
     fmt: ``None`` (not quantized: kept at its input precision; recipes only) or a format object
       (``fp4jax.formats``): an ``FP4Format`` (block-scaled ``NVFP4`` / ``MXFP4``, ``fp4jax.quantize``), ``E4M3`` /
-      ``E5M2`` (FP8 with per-tensor current scaling, ``fp4jax.fp8``) or ``E2M1_CHANNEL`` (E2M1 with one absmax scale
+      ``E5M2`` (FP8 with per-tensor current scaling, ``fp4jax.fp8``), a ``BlockFP8Format`` (block-scaled E4M3:
+      ``MXFP8``, ``FP8_BLOCK``; ``fp4jax.fp8.quantize_blocks``) or ``E2M1_CHANNEL`` (E2M1 with one absmax scale
       per row along the quantized axis; Microsoft FP4).
     block_shape: ``None`` (1D blocks of ``fmt.block_size``; ``(fmt.block_size,)`` is stored as ``None``) or one of
-      ``fmt.tile_shapes`` (NVFP4: ``(16, 16)`` 2D tiles of the last two dims). A tuple of ints, never a bare int.
+      ``fmt.tile_shapes`` (2D tiles of the last two dims: NVFP4 ``(16, 16)``, FP8_BLOCK ``(128, 128)``). A tuple
+      of ints, never a bare int.
     rounding: ``"rtn"`` (nearest, ties to even), ``"sr"`` (stochastic, unbiased) or ``"eden"`` (MS-EDEN: RTN plus a
       stochastically rounded scale correction; NVFP4 1D blocks). FP8 and ``E2M1_CHANNEL`` take ``"rtn"`` only; a
       ``"four_over_six"`` ``scale_mode`` chooses scales by RTN error, so it takes ``"rtn"`` only.
@@ -88,7 +90,7 @@ class QuantizeSpec:
     if not (fmt is None or isinstance(fmt, Format)):
       raise TypeError(
         f"{owner}.fmt must be None or a format object: fp4jax.formats.NVFP4, MXFP4, E4M3, E5M2, "
-        f"E2M1_CHANNEL (or a variant of one); got {fmt!r} of type {type(fmt).__name__}"
+        f"E2M1_CHANNEL, MXFP8, FP8_BLOCK (or a variant of one); got {fmt!r} of type {type(fmt).__name__}"
       )
     object.__setattr__(self, "block_shape", self._checked_block_shape(owner))
     _one_of(owner, "rounding", self.rounding, get_args(Rounding))
@@ -139,8 +141,8 @@ class QuantizeSpec:
     if not isinstance(bs, (tuple, list)) or not all(_is_int(b) for b in bs):
       raise TypeError(f"{owner}.block_shape must be None or a tuple of ints such as (16,) or (16, 16), got {bs!r}")
     bs = tuple(int(b) for b in bs)
-    if not isinstance(fmt, FP4Format):
-      raise ValueError(f"{owner}.block_shape applies to FP4Format fmts only, got fmt={fmt!r}")
+    if not isinstance(fmt, BlockFormat):
+      raise ValueError(f"{owner}.block_shape applies to block-scaled fmts (BlockFormat) only, got fmt={fmt!r}")
     if len(bs) == 1:
       if bs[0] != fmt.block_size:
         raise ValueError(f"{owner}.block_shape {bs} must match the format's block size {fmt.block_size}")
@@ -148,7 +150,10 @@ class QuantizeSpec:
     if len(bs) != 2:
       raise ValueError(f"{owner}.block_shape must be (block,) or a 2D tile such as (16, 16), got {bs}")
     if bs not in fmt.tile_shapes:
-      raise ValueError(f"{owner}.block_shape {bs}: {fmt!r} takes the 2D blocks {fmt.tile_shapes} (NVFP4: (16, 16))")
+      raise ValueError(
+        f"{owner}.block_shape {bs}: {fmt!r} takes the 2D blocks {fmt.tile_shapes} (NVFP4: (16, 16); FP8_BLOCK: "
+        "(128, 128))"
+      )
     return bs
 
   @classmethod
