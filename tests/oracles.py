@@ -253,7 +253,8 @@ def quantize(x, spec, signs=None) -> Operand:
     assert not spec.scale_pow2
     op = Operand(*e2m1_channel(x))
   elif fmt == "nvfp4":
-    vals, s_dec, _ = nvfp4(x, tiles=spec.block_shape == (16, 16), four_over_six=spec.fmt.scale_mode == "four_over_six")
+    four_over_six, metric = spec.fmt.scale_mode == "four_over_six", spec.fmt.four_over_six_metric
+    vals, s_dec, _ = nvfp4(x, tiles=spec.block_shape == (16, 16), four_over_six=four_over_six, metric=metric)
     op = Operand(vals, float(s_dec))
   elif spec.fmt.scale_mode == "quest":
     vals, g, mask = mxfp4_quest(x)
