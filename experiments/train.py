@@ -861,7 +861,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
   """One ``--flag`` per TrainConfig field (shared with the sweep and compare commands)."""
   defaults = TrainConfig()
   parser.add_argument("--model", default=defaults.model, choices=list(model_lib.SIZES))
-  parser.add_argument("--recipe", default=defaults.recipe, help="bf16, or an fp4jax recipe name (e.g. quartet2)")
+  parser.add_argument(
+    "--recipe",
+    default=defaults.recipe,
+    help="bf16, an fp4jax recipe name (e.g. quartet2), or module:attr naming a recipe of one's own "
+    "(fp4jax.recipes.compose; see model.resolve_recipe)",
+  )
   parser.add_argument("--tokens", type=parse_count, default=defaults.tokens, help="training tokens, e.g. 200M")
   parser.add_argument("--data", default=defaults.data, help="stdlib | linux | corpus folder | train .bin[.xz]")
   for name in (
@@ -996,6 +1001,7 @@ def main(argv: list[str] | None = None) -> None:
   args = parser.parse_args(argv)
   try:
     config = config_from_args(args)
+    model_lib.projection_dot_cls(config.recipe)  # an unknown name or a module:attr that does not load
   except ValueError as err:
     parser.error(str(err))
   out = args.out or f"runs/{config.model}-{config.recipe}-{config.tokens}"
