@@ -504,6 +504,9 @@ def unregister(name: str) -> None:
   Args:
     name: its name.
 
+  Returns:
+    None.
+
   Raises:
     ValueError: ``name`` is a published recipe or not registered.
   """
