@@ -157,8 +157,9 @@ class NVFP4Format(FP4Format):
   (mit-han-lab/fouroversix, ``ScaleRule``) offers all three with MSE the default; Transformer Engine
   (``NVFP4BlockScaling.nvfp4_4over6_err_mode``, PR #2972) offers MAE (its default) and MSE; Quartet II uses MSE.
   None of them is matched bit for bit: TE rebuilds x̂ as ``q·dec·amax/(6·256)``, rounds the map-to-4 block scale
-  from ``amax_b/6·s_enc·1.5`` and sums the 16 errors left to right in float32, where fp4jax dequantizes in TE's
-  reference order (``q·dec·s_dec``), rounds ``amax_b·(s_enc/4)`` and sums as specified in ``fp4jax.quantize``.
+  from ``amax_b/6·s_enc·1.5`` and accumulates the errors in float32 in its kernel's element order, where fp4jax
+  dequantizes in TE's reference order (``q·dec·s_dec``), rounds ``amax_b·(s_enc/4)`` and sums as specified in
+  ``fp4jax.quantize``.
   Only ``scale_mode="four_over_six"`` takes a metric other than the default ``"mse"``.
   """
 
