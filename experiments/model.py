@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import math
 from typing import Any, get_args
 
@@ -219,14 +220,52 @@ class TensorParallel:
     return fp4jax.sharding.sum_from_shards(x.astype(jnp.float32), self.axis).astype(x.dtype)
 
 
+def resolve_recipe(recipe: str) -> str:
+  """``recipe`` as a name ``fp4jax.recipes.get`` takes: a registered name (``fp4jax.recipes.names()``: the
+  published recipes and any a caller ``register``-ed) as it is, or ``"module:attr"``, a recipe of one's own: the
+  ``fp4jax.recipes.Recipe`` (e.g. from ``fp4jax.recipes.compose``), or a function of no arguments returning one,
+  called ``attr`` in the importable ``module``, registered under the string itself (so config.json names it and a
+  resume, a sweep's worker or an evaluation loads it again).
+
+  Args:
+    recipe: a recipe name or ``"module:attr"``.
+
+  Returns:
+    ``recipe``, now registered.
+
+  Raises:
+    ValueError: not a registered name, or ``module:attr`` that does not load a ``Recipe`` (naming why).
+  """
+  if recipe in fp4jax.recipes.names():
+    return recipe
+  module_name, sep, attr = recipe.partition(":")
+  if not (sep and module_name and attr):
+    raise ValueError(
+      f"unknown recipe {recipe!r}: expected one of {fp4jax.recipes.names()}, or 'module:attr' naming a "
+      "fp4jax.recipes.Recipe of one's own (e.g. from fp4jax.recipes.compose)"
+    )
+  try:
+    found = getattr(importlib.import_module(module_name), attr)
+  except (ImportError, AttributeError) as err:
+    raise ValueError(f"recipe {recipe!r}: cannot load {attr!r} from module {module_name!r} ({err})") from err
+  if callable(found) and not isinstance(found, fp4jax.recipes.Recipe):
+    found = found()
+  if not isinstance(found, fp4jax.recipes.Recipe):
+    raise ValueError(f"recipe {recipe!r}: {module_name}.{attr} is not an fp4jax.recipes.Recipe (got {found!r})")
+  fp4jax.recipes.register(dataclasses.replace(found, name=recipe))
+  return recipe
+
+
 def projection_dot_cls(
   recipe: str, backend: str = "xla", tp: TensorParallel | None = None, split: str = "", causal: bool = False
 ):
-  """The ``dot_general_cls`` for a projection under ``recipe``: None (flax's plain dot) for BF16, else fp4jax's
-  with quantizer ``backend``; ``causal``: ``fp4jax.recipes.causal(recipe)`` (per-token amax); with ``tp``, the
-  recipe marked ``fp4jax.sharding.sharded`` along ``split`` ("outputs" or "inputs") over ``tp.axis``."""
+  """The ``dot_general_cls`` for a projection under ``recipe`` (``resolve_recipe``: a registered name or
+  ``"module:attr"``): None (flax's plain dot) for BF16, else fp4jax's with quantizer ``backend``; ``causal``:
+  ``fp4jax.recipes.causal(recipe)`` (per-token amax); with ``tp``, the recipe marked ``fp4jax.sharding.sharded``
+  along ``split`` ("outputs" or "inputs") over ``tp.axis``."""
   if recipe == BF16_RECIPE:
     return None
+  resolve_recipe(recipe)
   base = fp4jax.recipes.causal(recipe) if causal else recipe
   marked = base if tp is None else fp4jax.sharding.sharded(base, tp.axis, split)
   return functools.partial(DotGeneral, recipe=marked, backend=backend)

@@ -891,7 +891,12 @@ def add_config_arguments(parser: argparse.ArgumentParser, steps: bool = False) -
   ``--steps`` flag excluding ``--tokens`` (:func:`config_from_args` turns it into tokens)."""
   defaults = TrainConfig()
   parser.add_argument("--model", default=defaults.model, choices=list(model_lib.SIZES), help="model size")
-  parser.add_argument("--recipe", default=defaults.recipe, help="bf16, or an fp4jax recipe name (e.g. quartet2)")
+  parser.add_argument(
+    "--recipe",
+    default=defaults.recipe,
+    help="bf16, an fp4jax recipe name (e.g. quartet2), or module:attr naming a recipe of one's own "
+    "(fp4jax.recipes.compose; see model.resolve_recipe)",
+  )
   length = parser.add_mutually_exclusive_group() if steps else parser
   length.add_argument("--tokens", type=parse_count, default=defaults.tokens, help="training tokens, e.g. 200M")
   if steps:
@@ -1043,6 +1048,7 @@ def main(argv: list[str] | None = None) -> None:
   args = parser.parse_args(argv)
   try:
     config = config_from_args(args)
+    model_lib.projection_dot_cls(config.recipe)  # an unknown name or a module:attr that does not load
   except ValueError as err:
     parser.error(str(err))
   out = args.out or f"runs/{config.model}-{config.recipe}-{config.tokens}"

@@ -5,11 +5,16 @@ Public names of ``fp4jax._src.recipes`` (see there for the specifications).
 
 from fp4jax._src.recipes import (
   GEMMS,
+  HIGH_PRECISION,
+  OPERANDS,
+  PUBLISHED,
+  REUSE_FORWARD,
   OperandSpec,
   Recipe,
   ShapeRule,
   bf16,
   causal,
+  compose,
   deterministic,
   fp8,
   fp8_block,
@@ -21,15 +26,22 @@ from fp4jax._src.recipes import (
   nvidia_nvfp4,
   quartet,
   quartet2,
+  register,
+  unregister,
 )
 
 __all__ = [
   "GEMMS",
+  "HIGH_PRECISION",
+  "OPERANDS",
+  "PUBLISHED",
+  "REUSE_FORWARD",
   "OperandSpec",
   "Recipe",
   "ShapeRule",
   "bf16",
   "causal",
+  "compose",
   "deterministic",
   "fp8",
   "fp8_block",
@@ -41,4 +53,6 @@ __all__ = [
   "nvidia_nvfp4",
   "quartet",
   "quartet2",
+  "register",
+  "unregister",
 ]

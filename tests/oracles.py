@@ -105,12 +105,26 @@ def _nvfp4_candidate(xb, amax_b, s_enc, s_dec, target):
   return q * dec, dec
 
 
-def nvfp4(x, *, tiles: bool = False, four_over_six: bool = False):
+def four_over_six_block_error(xb, deq, metric: str = "mse") -> np.ndarray:
+  """Per block (last axis, keepdims) error between float32 ``xb`` and its float32 dequantized ``deq``, in float64:
+  ``"mse"`` Σ(x − x̂)², ``"l1"`` Σ|x − x̂| (``math.fsum``: the correctly rounded sum), ``"max_abs"`` max|x − x̂|.
+  Each difference of two float32 values is exact in float64."""
+  d = np.abs(np.asarray(xb, np.float64) - np.asarray(deq, np.float64))
+  if metric == "mse":
+    return np.sum(np.square(d), -1, keepdims=True)
+  if metric == "l1":
+    return np.apply_along_axis(math.fsum, -1, d)[..., None]
+  assert metric == "max_abs", metric
+  return np.max(d, -1, keepdims=True)
+
+
+def nvfp4(x, *, tiles: bool = False, four_over_six: bool = False, metric: str = "mse"):
   """NVFP4 of a 2D float32 array along its last axis (a multiple of 16; rows a multiple of 16 for ``tiles``).
 
   Returns ``(values, s_dec, dec)``: the dequantized tensor is ``f32(values) · s_dec`` (``values = q · dec_b``).
-  ``four_over_six``: tensor numerator 6·256 and per block the candidate (target 6 or 4) with the smaller Σ(x − x̂)²
-  (dequantized with s_dec, exact float64 sums); a tie keeps 6 (Quartet II, the ``fp4jax.quantize`` docstring).
+  ``four_over_six``: tensor numerator 6·256 and per block the candidate (target 6 or 4) with the smaller error by
+  ``metric`` (``four_over_six_block_error`` of x and its dequantized value ``f32(values) · s_dec``); a tie keeps 6
+  (Quartet II and the 4/6 paper, the ``fp4jax.quantize`` docstring).
   """
   x = fl(x)
   r, c = x.shape
@@ -123,7 +137,7 @@ def nvfp4(x, *, tiles: bool = False, four_over_six: bool = False):
   vals, dec = _nvfp4_candidate(xb, amax_b, s_enc, s_dec, 6.0)
   if four_over_six:
     vals4, dec4 = _nvfp4_candidate(xb, amax_b, s_enc, s_dec, 4.0)
-    err = lambda v: np.sum(np.square(xb.astype(np.float64) - fl(fl(v) * s_dec).astype(np.float64)), -1, keepdims=True)
+    err = lambda v: four_over_six_block_error(xb, fl(fl(v) * s_dec), metric)
     use4 = err(vals4) < err(vals)
     vals, dec = np.where(use4, vals4, vals), np.where(use4, dec4, dec)
   if tiles:
@@ -309,7 +323,8 @@ def quantize(x, spec, signs=None) -> Operand:
     assert not spec.scale_pow2
     op = Operand(*e2m1_channel(x))
   elif fmt == "nvfp4":
-    vals, s_dec, _ = nvfp4(x, tiles=spec.block_shape == (16, 16), four_over_six=spec.fmt.scale_mode == "four_over_six")
+    four_over_six, metric = spec.fmt.scale_mode == "four_over_six", spec.fmt.four_over_six_metric
+    vals, s_dec, _ = nvfp4(x, tiles=spec.block_shape == (16, 16), four_over_six=four_over_six, metric=metric)
     op = Operand(vals, float(s_dec))
   elif spec.fmt.scale_mode == "quest":
     vals, g, mask = mxfp4_quest(x)

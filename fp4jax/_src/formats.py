@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 import jax
 import jax.numpy as jnp
@@ -48,17 +48,22 @@ from fp4jax._src.elements import (  # noqa: F401 (re-exported: the encodings' hi
 from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_short_rn, mul_unflushed, significand
 
 ScaleMode = Literal["absmax", "four_over_six", "floor", "rceil", "quest", "quest_nearest", "floor_headroom"]
+FourOverSixMetric = Literal["mse", "l1", "max_abs"]
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class Format:
   """Base class of the formats an operand is quantized to; ``name`` is for messages and files only (the repr
-  shows it first, e.g. ``NVFP4Format(name='nvfp4', block_size=16, scale_mode='absmax')``)."""
+  shows it first, e.g. ``NVFP4Format(name='nvfp4', block_size=16, scale_mode='absmax')``; a field declared with
+  ``metadata={"repr_default": False}`` is shown only when it differs from its default)."""
 
   name: ClassVar[str]
 
   def __repr__(self) -> str:
-    fields = "".join(f", {f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+    shown = (
+      f for f in dataclasses.fields(self) if f.metadata.get("repr_default", True) or getattr(self, f.name) != f.default
+    )
+    fields = "".join(f", {f.name}={getattr(self, f.name)!r}" for f in shown)
     return f"{type(self).__name__}(name={self.name!r}{fields})"
 
 
@@ -163,12 +168,25 @@ class FP4Format(BlockFormat):
 class NVFP4Format(FP4Format):
   """NVFP4 (NVIDIA; Transformer Engine's reference quantizer): E4M3 block scales under an FP32 tensor scale.
 
-  ``scale_mode``: ``"absmax"`` (TE) or ``"four_over_six"`` (Quartet II). Scale rules: ``fp4jax.scaling``; MS-EDEN
-  (``rounding="eden"``) uses its own rule (``scaling.nvfp4_rule``) and block target ``V_MAX_EDEN``.
+  ``scale_mode``: ``"absmax"`` (TE) or ``"four_over_six"`` (Quartet II; Four Over Six, Cook et al. arXiv
+  2512.02010). Scale rules: ``fp4jax.scaling``; MS-EDEN (``rounding="eden"``) uses its own rule
+  (``scaling.nvfp4_rule``) and block target ``V_MAX_EDEN``.
+
+  ``four_over_six_metric``: the block error by which ``"four_over_six"`` keeps the map-to-4 or the map-to-6
+  candidate (``fp4jax.quantize.four_over_six_error`` specifies each; a tie keeps 6): ``"mse"`` Σ(x − x̂)²,
+  ``"l1"`` Σ|x − x̂| (MAE), ``"max_abs"`` max|x − x̂|. Which references use which: the 4/6 paper's code
+  (mit-han-lab/fouroversix, ``ScaleRule``) offers all three with MSE the default; Transformer Engine
+  (``NVFP4BlockScaling.nvfp4_4over6_err_mode``, PR #2972) offers MAE (its default) and MSE; Quartet II uses MSE.
+  None of them is matched bit for bit: TE rebuilds x̂ as ``q·dec·amax/(6·256)``, rounds the map-to-4 block scale
+  from ``amax_b/6·s_enc·1.5`` and accumulates the errors in float32 in its kernel's element order, where fp4jax
+  dequantizes in TE's reference order (``q·dec·s_dec``), rounds ``amax_b·(s_enc/4)`` and sums as specified in
+  ``fp4jax.quantize``.
+  Only ``scale_mode="four_over_six"`` takes a metric other than the default ``"mse"``.
   """
 
   block_size: int = 16
   scale_mode: ScaleMode = "absmax"
+  four_over_six_metric: FourOverSixMetric = dataclasses.field(default="mse", metadata={"repr_default": False})
 
   name: ClassVar[str] = "nvfp4"
   scale_dtype: ClassVar[Any] = jnp.float8_e4m3fn
@@ -177,6 +195,17 @@ class NVFP4Format(FP4Format):
   gemm_dtype: ClassVar[Any] = jnp.float16  # E2M1 value x E4M3 scale: at most 6 significant bits, in f16's range
   native_block_size: ClassVar[int] = 16
   tile_shapes: ClassVar[tuple[tuple[int, int], ...]] = ((16, 16),)
+
+  def __post_init__(self):
+    super().__post_init__()
+    metrics = get_args(FourOverSixMetric)
+    if self.four_over_six_metric not in metrics:
+      raise ValueError(f"NVFP4Format.four_over_six_metric must be one of {metrics}, got {self.four_over_six_metric!r}")
+    if self.four_over_six_metric != "mse" and self.scale_mode != "four_over_six":
+      raise ValueError(
+        f"NVFP4Format.four_over_six_metric={self.four_over_six_metric!r} chooses four-over-six block scales: it "
+        f"needs scale_mode='four_over_six', got scale_mode={self.scale_mode!r}"
+      )
 
   @property
   def takes_eden(self) -> bool:

@@ -14,12 +14,20 @@ Element scaling: NVFP4 ``x · enc_b`` (fp32, subnormal ``x`` counted at its valu
 MXFP4 ``x · 2^-e_b`` (``x · 0.75 · 2^-e_b`` for "floor_headroom"), rounded once on the float32 bits
 (``fp4jax.ieee.mul_pow2_rn``: subnormal inputs and results as IEEE). E2M1 rounding maps ``|v| < 2^-126`` to ±0.
 
-Four-over-six (NVFP4, Quartet II): each block is rounded (RTN) under both block targets t = 6 and t = 4 and keeps
-the one with the smaller error ``E_t`` (``four_over_six_error``); a tie keeps t = 6. ``E_t`` is a fixed sequence
-of IEEE fp32 operations whose products are exact, so no backend's FMA contraction, reduction order or subnormal
-flushing changes it: per element ``d = f32(x - x̂_t)`` (x̂_t the dequantized value), ``d_s = d · 2^-F`` rounded once
-(F = floor(log2 amax_b)), ``|d_s| < 2^-40`` counted as 0, split ``d_s = hi + lo`` (``hi`` the top 12 significand
-bits), ``e = f32(f32(hi·hi + 2·hi·lo) + lo·lo)``, and the block's ``e`` summed pairwise (``fp4jax.reductions``).
+Four-over-six (NVFP4; Quartet II, Four Over Six arXiv 2512.02010): each block is rounded (RTN) under both block
+targets t = 6 and t = 4 and keeps the one with the smaller error ``E_t`` (``four_over_six_error``, by the format's
+``four_over_six_metric``); a tie (equal ``E_t``) keeps t = 6. ``E_t`` is a fixed sequence of IEEE fp32 operations
+whose products are exact, so no backend's FMA contraction, reduction order or subnormal flushing changes it: per
+element ``d_s = f32(x·2^-F − x̂_t·2^-F)`` (x̂_t the dequantized value, F = floor(log2 amax_b); the power-of-two
+scalings are exact, the difference rounded once, and exact where x̂_t is 0 or within a factor 2 of x, as RTN gives
+but for the rounding of the scales), ``|d_s| < 2^-40`` counted as 0, then
+
+* ``"mse"``: split ``d_s = hi + lo`` (``hi`` the top 12 significand bits), ``e = f32(f32(hi·hi + 2·hi·lo) + lo·lo)``,
+  the block's ``e`` summed pairwise (``fp4jax.reductions``): each square rounded once, each pairwise add once;
+* ``"l1"``: the block's ``|d_s|`` summed pairwise, each add rounded once (terms in ``[2^-40, 4)``: the exact sum can
+  need some 70 bits; the order is fixed, so the bits are the same everywhere);
+* ``"max_abs"``: ``max |d_s|``, exact (an integer max of the float32 bits); equal maxima, common with this metric
+  (e.g. both candidates' largest error is an element both round to 0), keep t = 6.
 
 NaN and Inf never become finite: a block holding a non-finite value gets the NaN scale (E4M3 0x7F / E8M0 0xFF),
 and for NVFP4 a non-finite tensor amax makes the tensor scale NaN.
@@ -42,7 +50,7 @@ from jax import lax
 from fp4jax._src import bits as bits_lib
 from fp4jax._src import eden
 from fp4jax._src import hadamard as hadamard_lib
-from fp4jax._src.formats import F32_INF_BITS, BlockFP8Format, FP4Format, e2m1_decode, floor_log2
+from fp4jax._src.formats import F32_INF_BITS, BlockFP8Format, FourOverSixMetric, FP4Format, e2m1_decode, floor_log2
 from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_short_rn, mul_unflushed
 from fp4jax._src.reductions import pairwise_sum
 from fp4jax._src.rounding import rtn_e2m1, sr_e2m1
@@ -206,13 +214,20 @@ _ERROR_FLOOR = np.float32(2.0**-40)
 _HI_MASK = np.uint32(0xFFFFF000)
 
 
-def four_over_six_error(xb: jnp.ndarray, deq: jnp.ndarray, amax_b: jnp.ndarray, axes: tuple[int, ...]) -> jnp.ndarray:
-  """A block's squared error ``E`` between ``xb`` and its dequantized ``deq`` (keep-dims), as specified in the module
-  docstring: scaled by 2^-floor(log2 amax_b), errors below 2^-40 dropped, squares from exact split products,
-  summed pairwise. The same float32 bits on every backend."""
+def four_over_six_error(
+  xb: jnp.ndarray, deq: jnp.ndarray, amax_b: jnp.ndarray, axes: tuple[int, ...], metric: FourOverSixMetric = "mse"
+) -> jnp.ndarray:
+  """A block's error ``E`` between ``xb`` and its dequantized ``deq`` (keep-dims) by ``metric`` (``"mse"``, ``"l1"``
+  or ``"max_abs"``), as specified in the module docstring: on the errors scaled by 2^-floor(log2 amax_b), those
+  below 2^-40 dropped. The same float32 bits on every backend."""
   k = -floor_log2(amax_b)
   d = mul_pow2_rn(xb, k) - mul_pow2_rn(deq, k)  # IEEE (xb - deq)·2^k: the scaled values are not subnormal
   d = jnp.where(jnp.abs(d) < _ERROR_FLOOR, jnp.float32(0.0), d)
+  if metric == "l1":
+    return pairwise_sum(jnp.abs(d), axes)
+  if metric == "max_abs":  # an integer max of the magnitude bits: exact, and NaN is not dropped
+    mag = lax.bitcast_convert_type(d, jnp.int32) & np.int32(0x7FFFFFFF)
+    return lax.bitcast_convert_type(jnp.max(mag, axis=axes, keepdims=True), jnp.float32)
   hi = lax.bitcast_convert_type(lax.bitcast_convert_type(d, jnp.uint32) & _HI_MASK, jnp.float32)
   lo = d - hi  # exact: at most 12 significant bits
   return pairwise_sum((hi * hi + jnp.float32(2.0) * hi * lo) + lo * lo, axes)
@@ -304,7 +319,8 @@ def quantize_blocks(
   if fmt.scale_mode == "four_over_six":  # NVFP4 (Quartet II): the lower-error of block targets 6 and 4, by RTN
     dec4, enc4 = fmt.block_scales(amax_b, tensor_scales, 4.0)
     codes4 = rtn_e2m1(mul_unflushed(xb, enc4))
-    err = lambda c, d: four_over_six_error(xb, decode_blocks(c, d, global_scale), amax_b, axes)
+    metric = fmt.four_over_six_metric
+    err = lambda c, d: four_over_six_error(xb, decode_blocks(c, d, global_scale), amax_b, axes, metric)
     use4 = err(codes4, dec4) < err(codes, dec)
     codes, dec = jnp.where(use4, codes4, codes), jnp.where(use4, dec4, dec)
   elif rounding == "eden":

@@ -7,9 +7,11 @@ operands along its own contraction axis:
     dgrad  dX = dY · W      operands dY (along outputs)  and Wᵀ (along outputs)
     wgrad  dW = dYᵀ · X     operands dYᵀ (along tokens)  and Xᵀ (along tokens)
 
-A ``Recipe`` holds one ``OperandSpec`` per operand. Recipes are frozen dataclasses: build a variant with
-``dataclasses.replace`` (e.g. ``replace(recipes.get("nvidia_nvfp4"), wgrad_lhs=...)``). ``get(name)`` / ``names()``
-is the registry; one constructor per paper below, whose docstring cites the paper and states every choice.
+A ``Recipe`` holds one ``OperandSpec`` per operand. ``compose`` builds one from parts (per GEMM and per operand,
+over an optional base recipe), and ``Recipe.table()`` prints it, one row per operand. Recipes are frozen
+dataclasses, so ``dataclasses.replace`` works too (e.g. ``replace(recipes.get("nvidia_nvfp4"), wgrad_lhs=...)``).
+``get(name)`` / ``names()`` is the registry (``register`` adds a recipe of one's own); one constructor per paper
+below, whose docstring cites the paper and states every choice, each built by ``compose``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from fp4jax._src.formats import (
   BlockFormat,
   E2M1ChannelFormat,
   FP4Format,
+  FP8Format,
 )
 from fp4jax._src.spec import QuantizeSpec
 
@@ -98,6 +101,36 @@ _OTHER_DIM = {
   "wgrad_lhs": "outputs",
   "wgrad_rhs": "inputs",
 }  # each operand's non-contraction dim
+OPERAND_NAMES = {
+  "fwd_lhs": "X",
+  "fwd_rhs": "W",
+  "dgrad_lhs": "dY",
+  "dgrad_rhs": "Wᵀ",
+  "wgrad_lhs": "dYᵀ",
+  "wgrad_rhs": "Xᵀ",
+}  # each operand's tensor, for messages and tables
+
+
+def _describe(spec: OperandSpec) -> tuple[str, ...]:
+  """``Recipe.table``'s cells of one operand: format, block, rounding, hadamard, estimator, source, other."""
+  fmt = spec.fmt
+  if fmt is None:  # the input, or the forward-quantized tensor reused as it is
+    name, block = "as forward" if spec.source == "forward" else "-", "-"
+  elif isinstance(fmt, BlockFormat):
+    options = [
+      str(v) for f in dataclasses.fields(fmt) if f.name != "block_size" and (v := getattr(fmt, f.name)) != f.default
+    ]
+    name = fmt.name + (f" ({', '.join(options)})" if options else "")
+    block = "x".join(map(str, spec.block_shape or (1, fmt.block_size)))
+  else:
+    name, block = fmt.name, "tensor" if isinstance(fmt, FP8Format) else "row"
+  hadamard = f"{spec.hadamard}/{spec.signs}" if spec.hadamard else "-"
+  other = [f"amax={spec.amax}"] if spec.amax != "tensor" else []
+  other += ["pow2 scale"] if spec.scale_pow2 else []
+  other += [f"{spec.clip} q={spec.clip_quantile}"] if spec.clip != "none" else []
+  estimator = spec.estimator + (f"(k={spec.dge_k}, cap={spec.dge_cap})" if spec.estimator == "dge" else "")
+  rounding = spec.rounding if fmt is not None else "-"
+  return name, block, rounding, hadamard, estimator, spec.source, ", ".join(other) or "-"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +204,24 @@ class Recipe:
     """``(lhs, rhs)`` specs of ``gemm`` in ``("fwd", "dgrad", "wgrad")``."""
     return getattr(self, f"{gemm}_lhs"), getattr(self, f"{gemm}_rhs")
 
+  def table(self) -> str:
+    """The recipe as a text table, one row per operand (``OPERAND_NAMES``): GEMM, operand, format (``-``: input
+    precision), block (``1x16``, ``16x16``, ``tensor``: one FP8 scale, ``row``: one scale per row), rounding,
+    Hadamard (``size/signs``), estimator, source and other options (``amax=row``, ``pow2 scale``, ``occ q=...``).
+
+    Returns:
+      The table (a header line, a rule and six rows), preceded by the recipe's name.
+    """
+    header = ("GEMM", "operand", "format", "block", "rounding", "hadamard", "estimator", "source", "other")
+    rows = [header] + [
+      (gemm, OPERAND_NAMES[f"{gemm}_{side}"], *_describe(spec))
+      for gemm in GEMMS
+      for side, spec in zip(("lhs", "rhs"), self.operands(gemm))
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join([f"recipe {self.name!r}", lines[0], "-" * len(lines[0]), *lines[1:]])
+
   @property
   def specs(self) -> tuple[OperandSpec, ...]:
     return tuple(s for g in GEMMS for s in self.operands(g))
@@ -203,6 +254,85 @@ class Recipe:
     return all(s.is_identity for s in self.specs)
 
 
+# ------------------------------------------------------------------------------------------------ composing
+Part = OperandSpec | tuple[OperandSpec, OperandSpec]
+OPERANDS = tuple(OPERAND_NAMES)  # the six field names: fwd_lhs, fwd_rhs, dgrad_lhs, dgrad_rhs, wgrad_lhs, wgrad_rhs
+
+
+def _operand(spec, where: str) -> OperandSpec:
+  """``spec`` as an ``OperandSpec`` (a plain ``QuantizeSpec`` gets the default role fields); TypeError naming
+  ``where`` otherwise."""
+  if isinstance(spec, OperandSpec):
+    return spec
+  if isinstance(spec, QuantizeSpec):
+    return OperandSpec(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(QuantizeSpec)})
+  raise TypeError(f"{where} must be an fp4jax.recipes.OperandSpec (or a QuantizeSpec), got {spec!r}")
+
+
+def _gemm_part(part, gemm: str, where: str) -> tuple[OperandSpec, OperandSpec]:
+  """A GEMM argument of ``compose`` as its ``(lhs, rhs)`` specs."""
+  if isinstance(part, (str, Recipe)):
+    return get(part).operands(gemm)
+  if isinstance(part, tuple):
+    if len(part) != 2:
+      raise TypeError(f"{where}={gemm}: a tuple must be an (lhs, rhs) pair of OperandSpecs, got {len(part)} items")
+    return _operand(part[0], f"{where}={gemm}[0] ({gemm}_lhs)"), _operand(part[1], f"{where}={gemm}[1] ({gemm}_rhs)")
+  spec = _operand(part, f"{where}={gemm} (an OperandSpec for both operands, an (lhs, rhs) pair or a recipe)")
+  return spec, spec
+
+
+def compose(
+  name: str,
+  *,
+  fwd: Part | str | Recipe | None = None,
+  dgrad: Part | str | Recipe | None = None,
+  wgrad: Part | str | Recipe | None = None,
+  base: str | Recipe | None = None,
+  **operands: OperandSpec,
+) -> Recipe:
+  """A recipe built from parts: each GEMM's operands, then single operands, over a base recipe.
+
+  Start from ``base``'s six operand specs (high precision everywhere when None); each GEMM argument given replaces
+  both of that GEMM's specs; each operand keyword (``fwd_lhs=``, ..., ``wgrad_rhs=``) then replaces one. The result
+  is validated as any ``Recipe`` (e.g. both operands of a GEMM must share the Hadamard size and signs; estimators
+  and clipping are forward-only; ``trust_mask`` needs the backward W and X re-quantized from the forward), the
+  error naming the recipe and the part. For example, FP8 forward with NVIDIA's NVFP4 backward (W re-quantized from
+  the layer's weights)::
+
+    compose("e4m3_fwd_nvfp4_bwd", base="nvidia_nvfp4", fwd=OperandSpec(fmt=E4M3), dgrad_rhs=OperandSpec(fmt=NVFP4))
+
+  and NVIDIA's forward with Quartet II's MS-EDEN backward: ``compose("nv_eden", base="nvidia_nvfp4",
+  dgrad="quartet2", wgrad="quartet2")``. ``Recipe.table()`` shows the result; ``register`` makes it a name.
+
+  Args:
+    name: the recipe's name (messages, tables, ``register``); a non-empty string.
+    fwd, dgrad, wgrad: None (keep the base's), one ``OperandSpec`` for both operands, an ``(lhs, rhs)`` pair of
+      them, or a recipe (name or ``Recipe``) whose specs of that GEMM are taken. A ``QuantizeSpec`` is taken as
+      the ``OperandSpec`` with the same fields.
+    base: a recipe name or ``Recipe`` the unnamed parts come from; None: ``bf16`` (nothing quantized).
+    **operands: single operands by field name (``OPERANDS``), applied after the GEMM arguments.
+
+  Returns:
+    The ``Recipe``.
+
+  Raises:
+    TypeError: a part that is not a spec, pair or recipe, or an unknown operand keyword (naming it).
+    ValueError: an empty ``name``, an unknown base or part recipe name, or an invalid combination (``Recipe``'s
+      checks, naming the recipe and the operand or GEMM).
+  """
+  if not isinstance(name, str) or not name:
+    raise ValueError(f"compose: name must be a non-empty string, got {name!r}")
+  unknown = sorted(set(operands) - set(OPERANDS))
+  if unknown:
+    raise TypeError(f"compose({name!r}): unknown operand keyword(s) {unknown}; expected some of {OPERANDS}")
+  specs = {op: getattr(get(base), op) for op in OPERANDS} if base is not None else {}
+  for gemm, part in (("fwd", fwd), ("dgrad", dgrad), ("wgrad", wgrad)):
+    if part is not None:
+      specs[f"{gemm}_lhs"], specs[f"{gemm}_rhs"] = _gemm_part(part, gemm, f"compose({name!r})")
+  specs.update({op: _operand(spec, f"compose({name!r}): {op}") for op, spec in operands.items()})
+  return Recipe(name, **specs)
+
+
 # ------------------------------------------------------------------------------------------------ the recipes
 def bf16() -> Recipe:
   """No quantization: every GEMM is ``lax.dot_general`` on the inputs as given (the reference).
@@ -210,7 +340,7 @@ def bf16() -> Recipe:
   Returns:
     The ``Recipe`` named "bf16", all of whose operands are None (high precision).
   """
-  return Recipe("bf16")
+  return compose("bf16")
 
 
 def fp8() -> Recipe:
@@ -224,7 +354,7 @@ def fp8() -> Recipe:
     The ``Recipe``.
   """
   e4m3, e5m2 = OperandSpec(fmt=E4M3), OperandSpec(fmt=E5M2)
-  return Recipe("fp8", e4m3, e4m3, e5m2, REUSE_FORWARD, e5m2, REUSE_FORWARD)
+  return compose("fp8", fwd=e4m3, dgrad=(e5m2, REUSE_FORWARD), wgrad=(e5m2, REUSE_FORWARD))
 
 
 def mxfp8() -> Recipe:
@@ -243,7 +373,7 @@ def mxfp8() -> Recipe:
     The ``Recipe``.
   """
   q = OperandSpec(fmt=dataclasses.replace(MXFP8, scale_mode="rceil"))
-  return Recipe("mxfp8", q, q, q, q, q, q)
+  return compose("mxfp8", fwd=q, dgrad=q, wgrad=q)
 
 
 def fp8_block() -> Recipe:
@@ -263,7 +393,7 @@ def fp8_block() -> Recipe:
   tile = OperandSpec(fmt=FP8_BLOCK)
   w = OperandSpec(fmt=FP8_BLOCK, block_shape=(FP8_BLOCK.block_size,) * 2)
   x_t = OperandSpec(fmt=FP8_BLOCK, source="forward")
-  return Recipe("fp8_block", tile, w, tile, REUSE_FORWARD, tile, x_t)
+  return compose("fp8_block", fwd=(tile, w), dgrad=(tile, REUSE_FORWARD), wgrad=(tile, x_t))
 
 
 def nvfp4_rtn() -> Recipe:
@@ -275,7 +405,7 @@ def nvfp4_rtn() -> Recipe:
     The ``Recipe``.
   """
   q = OperandSpec(fmt=NVFP4)
-  return Recipe("nvfp4_rtn", q, q, q, q, q, q)
+  return compose("nvfp4_rtn", fwd=q, dgrad=q, wgrad=q)
 
 
 def nvidia_nvfp4() -> Recipe:
@@ -295,7 +425,7 @@ def nvidia_nvfp4() -> Recipe:
   dy = OperandSpec(fmt=NVFP4, rounding="sr")
   dy_t = OperandSpec(fmt=NVFP4, rounding="sr", hadamard=16, signs="te")
   x_t = OperandSpec(fmt=NVFP4, hadamard=16, signs="te")
-  return Recipe("nvidia_nvfp4", x_fwd, w_fwd, dy, REUSE_FORWARD, dy_t, x_t)
+  return compose("nvidia_nvfp4", fwd=(x_fwd, w_fwd), dgrad=(dy, REUSE_FORWARD), wgrad=(dy_t, x_t))
 
 
 def quartet() -> Recipe:
@@ -318,7 +448,7 @@ def quartet() -> Recipe:
     fmt=dataclasses.replace(MXFP4, scale_mode="floor_headroom"), rounding="sr", hadamard=32, signs="random"
   )
   from_fwd = dataclasses.replace(bwd, source="forward")
-  return Recipe("quartet", fwd, fwd, bwd, from_fwd, bwd, from_fwd)
+  return compose("quartet", fwd=fwd, dgrad=(bwd, from_fwd), wgrad=(bwd, from_fwd))
 
 
 def quartet2(four_over_six: bool = True) -> Recipe:
@@ -341,7 +471,8 @@ def quartet2(four_over_six: bool = True) -> Recipe:
   fwd = OperandSpec(fmt=fwd_fmt)
   bwd = OperandSpec(fmt=NVFP4, rounding="eden", hadamard=128, signs="random")
   from_fwd = dataclasses.replace(bwd, source="forward")
-  return Recipe("quartet2" if four_over_six else "quartet2_no46", fwd, fwd, bwd, from_fwd, bwd, from_fwd)
+  name = "quartet2" if four_over_six else "quartet2_no46"
+  return compose(name, fwd=fwd, dgrad=(bwd, from_fwd), wgrad=(bwd, from_fwd))
 
 
 def ms_fp4(*, pow2_scale: bool = False, fp4_gradients: bool = False, clip_quantile: float = 0.99) -> Recipe:
@@ -370,7 +501,7 @@ def ms_fp4(*, pow2_scale: bool = False, fp4_gradients: bool = False, clip_quanti
   w = OperandSpec(fmt=E2M1_CHANNEL, scale_pow2=pow2_scale, estimator="dge")
   grad = OperandSpec(fmt=E2M1_CHANNEL, scale_pow2=pow2_scale) if fp4_gradients else OperandSpec(fmt=E5M2)
   from_fwd = OperandSpec(fmt=E4M3, source="forward")
-  return Recipe("ms_fp4", x, w, grad, from_fwd, grad, from_fwd)
+  return compose("ms_fp4", fwd=(x, w), dgrad=(grad, from_fwd), wgrad=(grad, from_fwd))
 
 
 _REGISTRY: dict[str, Callable[[], Recipe]] = {
@@ -384,15 +515,60 @@ _REGISTRY: dict[str, Callable[[], Recipe]] = {
   "quartet2": quartet2,
   "ms_fp4": ms_fp4,
 }
+PUBLISHED = tuple(_REGISTRY)  # the published recipes above; ``register`` adds after them
 
 
 def names() -> tuple[str, ...]:
-  """Names of the registered recipes.
+  """Names of the registered recipes: the published ones (``PUBLISHED``), then any ``register``-ed.
 
   Returns:
     The names ``get`` accepts, in registration order.
   """
   return tuple(_REGISTRY)
+
+
+def register(recipe: Recipe, *, replace: bool = False) -> Recipe:
+  """Registers ``recipe`` under its ``name``, so that every API taking a recipe name (``get``, ``dot_general``,
+  the Flax layers, the experiments' ``--recipe``) takes that name in this process.
+
+  Args:
+    recipe: a ``Recipe`` (e.g. from ``compose``).
+    replace: allow replacing a recipe this function registered under the same name.
+
+  Returns:
+    ``recipe``.
+
+  Raises:
+    TypeError: ``recipe`` is not a ``Recipe``.
+    ValueError: its name is a published recipe's, or already registered and ``replace`` is False.
+  """
+  if not isinstance(recipe, Recipe):
+    raise TypeError(f"register: recipe must be an fp4jax.recipes.Recipe (e.g. from compose), got {recipe!r}")
+  if recipe.name in PUBLISHED:
+    raise ValueError(f"register: {recipe.name!r} is a published recipe; give the recipe another name")
+  if recipe.name in _REGISTRY and not replace:
+    raise ValueError(f"register: a recipe named {recipe.name!r} is already registered; pass replace=True")
+  _REGISTRY[recipe.name] = lambda: recipe
+  return recipe
+
+
+def unregister(name: str) -> None:
+  """Removes a recipe ``register`` added.
+
+  Args:
+    name: its name.
+
+  Returns:
+    None.
+
+  Raises:
+    ValueError: ``name`` is a published recipe or not registered.
+  """
+  if name in PUBLISHED or name not in _REGISTRY:
+    raise ValueError(
+      f"unregister: {name!r} is not a registered recipe of one's own; those are {names()[len(PUBLISHED) :]}"
+    )
+  del _REGISTRY[name]
 
 
 def get(name: str | Recipe) -> Recipe:

@@ -232,14 +232,16 @@ def _to_dict(tree):
 
 
 def _fmt_json(fmt: FP4Format) -> dict:
-  return {"name": fmt.name, "block_size": fmt.block_size, "scale_mode": fmt.scale_mode}
+  return {"name": fmt.name, **{f.name: getattr(fmt, f.name) for f in dataclasses.fields(fmt)}}
 
 
 def _fmt_from_json(d: dict) -> FP4Format:
+  """The format of ``_fmt_json``'s dict; a field it lacks (metadata written before the field existed) keeps the
+  named format's default."""
   base = formats.get(d["name"])
   if not isinstance(base, FP4Format):
     raise ValueError(f"format {d['name']!r} in the export metadata is not a block-scaled FP4 format")
-  return dataclasses.replace(base, block_size=d["block_size"], scale_mode=d["scale_mode"])
+  return dataclasses.replace(base, **{f.name: d[f.name] for f in dataclasses.fields(base) if f.name in d})
 
 
 def _split(packed) -> tuple[dict, dict]:
