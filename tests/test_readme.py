@@ -3,6 +3,7 @@
 import pathlib
 import re
 
+import jax.numpy as jnp
 import pytest
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
@@ -21,7 +22,10 @@ def test_readme_examples_run():
   namespace: dict = {}
   for block in _blocks():
     exec(compile(block, str(README), "exec"), namespace)  # noqa: S102 — our own documentation
-  assert namespace["y"].shape == (256, 256) and namespace["out"].shape == (256, 16)
+  assert namespace["out"].shape == (1024, 512) and namespace["dw"].shape == (512, 1024)
+  # both training loops ran their jitted steps and the evaluation forward
+  assert namespace["y_eval"].shape == (64, 16) and bool(jnp.isfinite(namespace["loss"]))
+  assert bool(jnp.isfinite(namespace["nnx_loss"])) and namespace["model"].layers[0].dot_general.deterministic
 
 
 def test_readme_layout_names_every_core_module_and_existing_folders():

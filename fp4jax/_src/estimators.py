@@ -43,7 +43,7 @@ def dge_derivative(x: jax.Array, k: float = 5.0, cap: float = 3.0) -> jax.Array:
   Inside an E2M1 interval [lo, lo + δ] the hard step is replaced by
   ``f(u) = (δ/2)·(1 + sign(2u/δ − 1)·|2u/δ − 1|^(1/k))`` with ``u = |x| − lo``, whose derivative is
 
-      f'(x) = (1/k) · |2u/δ − 1|^(1/k − 1),   capped at ``cap``
+      ``f'(x) = (1/k) · |2u/δ − 1|^(1/k − 1)``,   capped at ``cap``
 
   (symmetric in the sign of ``x``; at the interval midpoint the uncapped value is infinite, so it is ``cap``).
   Magnitudes at or above 6 use the top interval [4, 6]. With k = 5, f'(±6) = f'(grid point) = 1/k = 0.2

@@ -433,7 +433,7 @@ def quartet() -> Recipe:
 
   Forward (QuEST): X and W rotated by the 32-point Hadamard along K (no signs), MXFP4 with the QuEST scale
   2^floor(log2(0.48708·σ_b)) (σ_b the block's standard deviation), RTN; backward through the trust mask
-  (gradient only where |x̂/s| < 6) and then Hᵀ. Backward (after Tseng et al., arXiv 2502.20586): E, Ŵᵀ, Eᵀ, X̂ᵀ
+  (gradient only where ``|x̂/s| < 6``) and then Hᵀ. Backward (after Tseng et al., arXiv 2502.20586): E, Ŵᵀ, Eᵀ, X̂ᵀ
   rotated by a 32-point Hadamard with fresh random signs per call, shared by the four backward operands; MXFP4
   with 3/4 headroom (amax/s in [3, 6), nothing clips) and stochastic rounding; Ŵ and X̂ re-quantized from the
   forward-quantized tensors.

@@ -71,7 +71,7 @@ def pack(
   axis: int = 0,
   dtype: Any = None,
 ):
-  """``params`` with the weights of the layers a quantized model runs in FP4 replaced by ``QTensor``s.
+  """``params`` with the weights of the layers a quantized model runs in FP4 replaced by ``QTensor`` s.
 
   With ``rules`` (the mode to use after rule-based quantization), exactly the layers the quantized model quantizes
   are packed, each with its own recipe's forward weight quantizer (``weight_quantizer``), so each layer of
@@ -219,8 +219,8 @@ def bytes_report(params, packed) -> dict[str, float]:
     packed: ``pack(params, ...)``'s output.
 
   Returns:
-    ``{"params_bytes": nbytes(params), "packed_bytes": nbytes(packed), "saved_bytes": their difference,
-    "ratio": params_bytes / packed_bytes}``.
+    A dict: ``"params_bytes"`` (``nbytes(params)``), ``"packed_bytes"`` (``nbytes(packed)``), ``"saved_bytes"``
+    (their difference) and ``"ratio"`` (``params_bytes / packed_bytes``).
   """
   before, after = nbytes(params), nbytes(packed)
   return {"params_bytes": before, "packed_bytes": after, "saved_bytes": before - after, "ratio": before / after}
