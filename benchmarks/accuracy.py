@@ -50,7 +50,7 @@ def quant_error(rows: int, keys: int, where: dict) -> dict:
         "rel_mse_sd": float(mse_sd),
         "misalignment": float(mis),
         "misalignment_sd": float(mis_sd),
-        "published_rel_mse": pub_mse * 1e-3,
+        "published_rel_mse": None if pub_mse is None else pub_mse * 1e-3,
         "published_misalignment": pub_mis,
       }
     )

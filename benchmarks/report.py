@@ -178,9 +178,10 @@ def _quant_error(doc: dict) -> list[str]:
     "|---|---|---|---|---|",
   ]
   for r in doc["rows"]:
-    pub = r["published_misalignment"]
+    pub, pub_mse = r["published_misalignment"], r["published_rel_mse"]
     out.append(
-      f"| {r['name']} | {r['rel_mse'] * 1e3:.2f} ± {r['rel_mse_sd'] * 1e3:.2f} | {r['published_rel_mse'] * 1e3:.1f} "
+      f"| {r['name']} | {r['rel_mse'] * 1e3:.2f} ± {r['rel_mse_sd'] * 1e3:.2f} "
+      f"| {'—' if pub_mse is None else f'{pub_mse * 1e3:.1f}'} "
       f"| {r['misalignment']:+.5f} ± {r['misalignment_sd']:.5f} | {'—' if pub is None else f'{pub:.4f}'} |"
     )
   return out
