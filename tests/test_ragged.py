@@ -45,12 +45,12 @@ def _fixed_signs(d):
 
 
 # ------------------------------------------------------------------------------------------------ the oracle
-_BLOCK = {"nvfp4": 16, "mxfp4": 32}
 
 
 def _unit(recipe) -> int:
-  """lcm of the wgrad GEMM's block sizes (FP4 formats) and Hadamard sizes: no unit may straddle two groups."""
-  units = [_BLOCK.get(getattr(s.fmt, "name", None), 1) for s in recipe.operands("wgrad")]
+  """lcm of the wgrad GEMM's block sizes (block-scaled formats) and Hadamard sizes: no unit may straddle two
+  groups."""
+  units = [getattr(s.fmt, "block_size", 1) for s in recipe.operands("wgrad")]
   return math.lcm(*units, *(s.hadamard or 1 for s in recipe.operands("wgrad")))
 
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from fp4jax_kernels.quantize import pallas_triton, reference
-from fp4jax_kernels.quantize.spec import QuantizeSpec
+from fp4jax_kernels.quantize.output import KernelOutput
 
 import fp4jax
 
@@ -16,16 +16,16 @@ import fp4jax
 @pytest.mark.parametrize("metric", ["l1", "max_abs"])
 def test_kernel_matches_reference_for_each_metric(metric, interpret):
   fmt = dataclasses.replace(fp4jax.NVFP4, scale_mode="four_over_six", four_over_six_metric=metric)
-  spec = QuantizeSpec(fmt, dequantize="block_scaled_only")
+  spec, output = fp4jax.QuantizeSpec(fmt), KernelOutput(dequantize="block_scaled_only")
   x = jax.random.normal(jax.random.key(0), (32, 64)) * jnp.logspace(-2, 2, 64)
-  got = pallas_triton.quantize(x, spec, None, tile=(16, 64), interpret=interpret)
-  want = reference.quantize(x, spec, None)
+  got = pallas_triton.quantize(x, spec, None, output=output, tile=(16, 64), interpret=interpret)
+  want = reference.quantize(x, spec, None, output=output)
   np.testing.assert_array_equal(np.asarray(got[0].codes), np.asarray(want[0].codes))
   np.testing.assert_array_equal(
     np.asarray(got[0].scales.astype(jnp.float32)), np.asarray(want[0].scales.astype(jnp.float32))
   )
   np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
-  mse = reference.quantize(x, QuantizeSpec(dataclasses.replace(fmt, four_over_six_metric="mse")), None)
+  mse = reference.quantize(x, fp4jax.QuantizeSpec(dataclasses.replace(fmt, four_over_six_metric="mse")), None)
   assert not np.array_equal(
     np.asarray(mse[0].scales.astype(jnp.float32)), np.asarray(want[0].scales.astype(jnp.float32))
   )
