@@ -16,6 +16,15 @@ of each block (q, k, v, o, gate, up, down) take the recipe's dot; embeddings, th
 the norms stay high precision. ``bf16_first`` / ``bf16_last`` keep that many blocks at each end in BF16 (NVIDIA's
 NVFP4 policy, arXiv 2509.25149).
 
+Mixture of experts (``num_experts`` E > 0): each block's SwiGLU is replaced by ``fp4jax.flax.linen.MoE`` (a float32
+top-k router, E SwiGLU experts of width ``expert_hidden`` whose two grouped GEMMs run ``fp4jax.ragged_dot`` under the
+block's recipe, BF16 blocks included; no load-balancing loss):
+  MoE(x)_t = Σ_j p_tj · down_e(silu(gate_e(x_t)) ⊙ up_e(x_t)),  e = e_tj, the top_k experts of token t
+  p_t·     = the top_k largest of softmax(router(x_t)) (fp32), renormalized to sum to 1
+Its parameters ``mlp/router/kernel`` (d, E), ``mlp/w_in`` (E, d, 2·expert_hidden) = [gate | up] and ``mlp/w_out``
+(E, expert_hidden, d) are stacked per layer like the rest; w_in ~ N(0, 0.02²), w_out ~ the residual outputs'
+N(0, (0.02/sqrt(2L))²), the router as ``MoE`` initializes it (flax's LeCun normal, variance 1/d).
+
 Layout: the blocks run under ``nn.scan`` in up to three stacks that follow that policy, not the recipe
 (``layer_stacks``: ``first_blocks``, ``blocks``, ``last_blocks``); every parameter of a stack has a leading layer
 axis (``params["blocks"]["attn"]["q"]["kernel"]`` is (layers, d, d)) and the "params" and "quant" RNG streams are
@@ -39,7 +48,7 @@ import jax.numpy as jnp
 import fp4jax.recipes
 import fp4jax.sharding
 from fp4jax import Backend
-from fp4jax.flax.linen import DotGeneral
+from fp4jax.flax.linen import DotGeneral, MoE
 
 QUANTIZER_BACKENDS = get_args(Backend)  # fp4jax.dot_general's backend vocabulary
 
@@ -57,6 +66,9 @@ class ModelSize:
   n_heads: int
   lr: float
   ffn_multiple: int = 256
+  num_experts: int = 0  # > 0: an MoE size (ModelConfig.num_experts)
+  top_k: int = 2
+  expert_hidden: int = 0
 
 
 # Names count non-embedding parameters (the Quartet convention), except 125M / 350M: those are the GPT-2/GPT-3
@@ -73,6 +85,11 @@ SIZES: dict[str, ModelSize] = {
   "125M": ModelSize(n_layers=12, d_model=768, n_heads=12, lr=6e-4),
   "200M": ModelSize(n_layers=10, d_model=1280, n_heads=10, lr=3e-4),
   "350M": ModelSize(n_layers=24, d_model=1024, n_heads=16, lr=3e-4),
+  # Mixture of experts, named by the total non-embedding count; a token runs through the router and top_k experts
+  # only (``parameter_count``'s "active_non_embedding"): 1M-moe 1.05M total / 0.66M active (CPU tests),
+  # 10M-moe 11.0M total / 3.95M active.
+  "1M-moe": ModelSize(n_layers=4, d_model=128, n_heads=2, lr=3e-3, num_experts=4, top_k=2, expert_hidden=128),
+  "10M-moe": ModelSize(n_layers=6, d_model=256, n_heads=4, lr=2e-3, num_experts=8, top_k=2, expert_hidden=256),
 }
 
 
@@ -112,6 +129,11 @@ class ModelConfig:
   quantizer_backend: str = "auto"
   # the projections run fp4jax.recipes.causal(recipe): per-token amax of X, a strictly causal forward
   causal_amax: bool = False
+  # Mixture of experts: num_experts E > 0 replaces each block's SwiGLU by E SwiGLU experts of width expert_hidden
+  # (0: ffn_hidden), top_k of them per token (module docstring); 0 is the dense model.
+  num_experts: int = 0
+  top_k: int = 2
+  expert_hidden: int = 0
 
   def __post_init__(self):
     for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size", "scan_unroll"):
@@ -132,10 +154,34 @@ class ModelConfig:
         f"bf16_first={self.bf16_first} and bf16_last={self.bf16_last} must be >= 0 and sum to at most "
         f"n_layers={self.n_layers}"
       )
+    self._check_experts()
+
+  def _check_experts(self):
+    if self.num_experts < 0 or self.expert_hidden < 0:
+      raise ValueError(
+        f"num_experts={self.num_experts} and expert_hidden={self.expert_hidden} must be >= 0 (0: dense model; "
+        "expert_hidden 0: ffn_hidden)"
+      )
+    if not self.num_experts:
+      if self.expert_hidden:
+        raise ValueError(f"expert_hidden={self.expert_hidden} needs num_experts > 0 (num_experts=0: a dense model)")
+      return
+    if not 1 <= self.top_k <= self.num_experts:
+      raise ValueError(f"top_k={self.top_k} must be in [1, num_experts={self.num_experts}]")
+    if self.quantizer_backend == "pallas":
+      raise ValueError(
+        f"quantizer_backend='pallas' with num_experts={self.num_experts}: fp4jax.ragged_dot has no Pallas "
+        "quantizers yet; use 'xla' or 'auto'"
+      )
 
   @property
   def head_dim(self) -> int:
     return self.d_model // self.n_heads
+
+  @property
+  def moe_hidden(self) -> int:
+    """Each expert's SwiGLU width: ``expert_hidden``, or ``ffn_hidden`` where that is 0."""
+    return self.expert_hidden or self.ffn_hidden
 
   def layer_recipe(self, layer: int) -> str:
     """The recipe of block ``layer``: BF16 for the first ``bf16_first`` and last ``bf16_last`` blocks."""
@@ -180,17 +226,32 @@ def model_config(size: str, **overrides) -> ModelConfig:
     n_heads=row.n_heads,
     ffn_hidden=swiglu_hidden(row.d_model, row.ffn_multiple),
   )
+  if row.num_experts:
+    shape.update(num_experts=row.num_experts, top_k=row.top_k, expert_hidden=row.expert_hidden)
   return ModelConfig(**{**shape, **overrides})
 
 
 def parameter_count(config: ModelConfig) -> dict[str, int]:
-  """Analytic parameter counts: per block 4d² (attention) + 3dh (SwiGLU) + 2d (norms); plus final norm d.
+  """Analytic parameter counts: per block 4d² (attention) + 3dh (SwiGLU) + 2d (norms); plus final norm d. With
+  E = ``num_experts`` > 0 the SwiGLU's 3dh becomes d·E (router) + E·3dh (experts, h = ``moe_hidden``).
 
-  ``non_embedding`` excludes the input embedding and the LM head (V·d each); ``total`` includes them.
+  ``non_embedding`` excludes the input embedding and the LM head (V·d each); ``total`` includes them;
+  ``active_non_embedding`` counts the non-embedding parameters one token runs through (an MoE block's router and
+  top_k of its experts: d·E + top_k·3dh; the dense model's all).
   """
-  d, h, v = config.d_model, config.ffn_hidden, config.vocab_size
-  non_embedding = config.n_layers * (4 * d * d + 3 * d * h + 2 * d) + d
-  return {"non_embedding": non_embedding, "total": non_embedding + 2 * v * d}
+  d, v, layers = config.d_model, config.vocab_size, config.n_layers
+  expert = 3 * d * config.moe_hidden
+  mlp, active_mlp = 3 * d * config.ffn_hidden, 3 * d * config.ffn_hidden
+  if config.num_experts:
+    router = d * config.num_experts
+    mlp, active_mlp = router + config.num_experts * expert, router + config.top_k * expert
+  per_block = 4 * d * d + 2 * d
+  non_embedding = layers * (per_block + mlp) + d
+  return {
+    "non_embedding": non_embedding,
+    "active_non_embedding": layers * (per_block + active_mlp) + d,
+    "total": non_embedding + 2 * v * d,
+  }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,6 +330,15 @@ def projection_dot_cls(
   base = fp4jax.recipes.causal(recipe) if causal else recipe
   marked = base if tp is None else fp4jax.sharding.sharded(base, tp.axis, split)
   return functools.partial(DotGeneral, recipe=marked, backend=backend)
+
+
+def expert_recipe(recipe: str, causal: bool = False):
+  """The recipe of an MoE block's ``fp4jax.flax.linen.MoE`` under ``recipe``: ``"bf16"`` (``jax.lax.ragged_dot``)
+  as is, else the name (``resolve_recipe``), or its ``fp4jax.recipes.causal`` variant with ``causal``."""
+  if recipe == BF16_RECIPE:
+    return recipe
+  resolve_recipe(recipe)
+  return fp4jax.recipes.causal(recipe) if causal else recipe
 
 
 def apply_rope(x: jax.Array, theta: float) -> jax.Array:
@@ -367,8 +437,37 @@ class SwiGLU(nn.Module):
     return tp.exit(out) if tp else out
 
 
+def expert_init(config: ModelConfig):
+  """The experts' initializer: N(0, 0.02²) for ``w_in`` (E, d, 2h), the residual outputs' N(0, (0.02/sqrt(2L))²)
+  for ``w_out`` (E, h, d). ``fp4jax.flax.linen.MoE`` takes one initializer for both; they are told apart by shape,
+  which never coincides (it would need d = h = 2h)."""
+  w_out = (config.num_experts, config.moe_hidden, config.d_model)
+  out_std = INIT_STD / math.sqrt(2 * config.n_layers)
+
+  def init(key: jax.Array, shape, dtype=jnp.float32) -> jax.Array:
+    return nn.initializers.normal(out_std if tuple(shape) == w_out else INIT_STD)(key, shape, dtype)
+
+  return init
+
+
+def _mlp(config: ModelConfig, recipe: str, tp: TensorParallel | None) -> nn.Module:
+  """A block's MLP, named "mlp": the SwiGLU, or with ``config.num_experts`` > 0 an ``fp4jax.flax.linen.MoE``."""
+  if not config.num_experts:
+    return SwiGLU(config, recipe, tp, name="mlp")
+  return MoE(
+    config.num_experts,
+    config.top_k,
+    config.moe_hidden,
+    recipe=expert_recipe(recipe, config.causal_amax),
+    backend=config.quantizer_backend,
+    kernel_init=expert_init(config),
+    param_dtype=config.param_dtype,
+    name="mlp",
+  )
+
+
 class Block(nn.Module):
-  """Pre-norm transformer block: h + Attn(RMSNorm(h)), then h + SwiGLU(RMSNorm(h)).
+  """Pre-norm transformer block: h + Attn(RMSNorm(h)), then h + SwiGLU(RMSNorm(h)) (or MoE, ``num_experts`` > 0).
 
   A scan body: carry h -> (new h, no per-layer output).
   """
@@ -379,8 +478,13 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, h: jax.Array, _=None) -> tuple[jax.Array, None]:
+    if self.config.num_experts and self.tp is not None:
+      raise ValueError(
+        f"num_experts={self.config.num_experts}: tensor parallelism (TensorParallel, --tensor-shards) is not "
+        "supported for mixture-of-experts blocks; use a dense model or data parallelism"
+      )
     h = h + Attention(self.config, self.recipe, self.tp, name="attn")(_norm(self.config, "attn_norm")(h))
-    return h + SwiGLU(self.config, self.recipe, self.tp, name="mlp")(_norm(self.config, "mlp_norm")(h)), None
+    return h + _mlp(self.config, self.recipe, self.tp)(_norm(self.config, "mlp_norm")(h)), None
 
 
 def scanned_blocks(config: ModelConfig, stack: LayerStack, tp: TensorParallel | None = None) -> nn.Module:

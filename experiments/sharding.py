@@ -19,6 +19,9 @@ parameters live in scanned stacks (``model.STACK_NAMES``) with a leading layer a
     o, down             (layers, in, out)   P(None, "model", F)    inputs split over "model"
     embed (vocab, d)                        P(F, None)
     lm_head (d, vocab)                      P(None, F)
+    MoE router (layers, d, E)               P(None, F, None)
+    MoE w_in (layers, E, d, 2h)             P(None, None, F, None)   experts replicated (no expert parallelism)
+    MoE w_out (layers, E, h, d)             P(None, None, None, F)
     norm gains, scalars                     replicated
     batch (B, T+1)                          P("data", None)
 
@@ -28,6 +31,9 @@ fp32 master update. ``--grad-comm-dtype bfloat16|float8_e4m3fn`` (pure data para
 differentiates each data shard's share of the loss under ``jax.shard_map`` and all-reduces the gradients in that
 dtype (:func:`data_parallel_value_and_grad`, :func:`all_reduce_sum`); its FP4 projections run
 ``fp4jax.sharding.token_sharded`` recipes, so their quantized operands are still those of the global program.
+
+Mixture-of-experts models (``ModelConfig.num_experts`` > 0) run data parallel and FSDP only: ``check_layout``
+refuses a model axis, :func:`token_sharded_model` (``--grad-comm-dtype`` other than float32) an FP4 MoE stack.
 
 ``check_layout`` rejects, before anything is compiled, a layout that does not split the model evenly or whose shard
 along a quantized GEMM axis is not a whole number of the recipe's blocks and Hadamard chunks (a block or a
@@ -64,6 +70,8 @@ DATA, MODEL = "data", "model"
 AXES = (DATA, MODEL)
 COLUMN_PARALLEL = ("q", "k", "v", "gate", "up")
 ROW_PARALLEL = ("o", "down")
+# MoE experts (model.STACK_NAMES stacks): the axis of d_model, split over the data axis under FSDP
+EXPERT_D_AXIS = {"w_in": 2, "w_out": 3}
 # (contraction axis, other axis) of each GEMM operand in the canonical form X (M, K), W (N, K), dY (M, N) of
 # fp4jax.dot: M = tokens, K = layer inputs, N = layer outputs (fp4jax/dot.py).
 OPERAND_AXES = {
@@ -145,6 +153,10 @@ def leaf_spec(path, shape: tuple[int, ...], layout: Layout) -> P:
   fsdp = DATA if layout.fsdp else None
   names = _path_names(path)
   stacked = any(name in model_lib.STACK_NAMES for name in names)
+  if stacked and names and names[-1] in EXPERT_D_AXIS and len(shape) == 4:  # (layers, E, in, out)
+    spec = [None] * 4
+    spec[EXPERT_D_AXIS[names[-1]]] = fsdp
+    return P(*spec)
   matrix_rank = 3 if stacked else 2
   if len(names) < 2 or names[-1] not in ("kernel", "embedding") or len(shape) != matrix_rank:
     return P()
@@ -153,6 +165,8 @@ def leaf_spec(path, shape: tuple[int, ...], layout: Layout) -> P:
     return P(None, fsdp, MODEL)
   if stacked and module in ROW_PARALLEL:
     return P(None, MODEL, fsdp)
+  if stacked and module == "router":
+    return P(None, fsdp, None)
   if not stacked and module == "embed":
     return P(fsdp, None)
   if not stacked and module == "lm_head":
@@ -239,6 +253,12 @@ def check_layout(
   microbatches, each whole on one device, and the parameters are gathered before use, so the token axis is checked
   against the R microbatches and the parameters' axes not at all.
   """
+  if config.num_experts and layout.model > 1:
+    raise ValueError(
+      f"mesh {layout.describe()}: num_experts={config.num_experts}: a model axis (tensor parallelism) is not "
+      "supported for mixture-of-experts models; use --mesh data=N (with or without --fsdp)"
+    )
+  dense_hidden = [] if config.num_experts else [("ffn_hidden", config.ffn_hidden, layout.data, DATA)]
   even = [("batch_size", batch_size, layout.data, DATA)]
   if layout.model > 1:
     even += [
@@ -249,7 +269,7 @@ def check_layout(
   if layout.fsdp:
     even += [
       ("d_model", config.d_model, layout.data, DATA),
-      ("ffn_hidden", config.ffn_hidden, layout.data, DATA),
+      *dense_hidden,
       ("vocab_size", config.vocab_size, layout.data, DATA),
     ]
   for name, value, parts, axis in even:
@@ -376,6 +396,11 @@ def token_sharded_model(model: model_lib.Llama):
   stacks = [s for s in model_lib.layer_stacks(cfg) if s.recipe != model_lib.BF16_RECIPE]
   if not stacks:
     return model
+  if cfg.num_experts:
+    raise ValueError(
+      f"num_experts={cfg.num_experts} with recipe {cfg.recipe!r}: --grad-comm-dtype other than float32 needs "
+      "token-sharded recipes, which fp4jax.ragged_dot (the MoE experts) does not take; use float32"
+    )
   recipe = fp4jax.sharding.token_sharded(cfg.recipe, DATA)
   return fp4jax.flax.quantize(model, [fp4jax.flax.Rule(re.escape(s.name) + "/.*", recipe) for s in stacks], defaults=())
 

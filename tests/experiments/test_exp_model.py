@@ -11,7 +11,7 @@ import pytest
 from fp4jax_experiments import model as m
 
 QUARTET_SIZES = {"30M": 30e6, "50M": 50e6, "100M": 100e6, "200M": 200e6}
-TINY_SIZES = {"100K": 1e5, "1M": 1e6, "3M": 3e6, "10M": 10e6}
+TINY_SIZES = {"100K": 1e5, "1M": 1e6, "3M": 3e6, "10M": 10e6, "1M-moe": 1e6, "10M-moe": 10e6}  # MoE: total counts
 
 
 def _leaf_count(tree) -> int:

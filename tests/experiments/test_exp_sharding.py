@@ -90,9 +90,9 @@ def test_partition_specs_megatron_and_fsdp():
   policy = _state_specs(sharding.Layout(model=2), n_layers=3, bf16_first=1, bf16_last=1)["params"]
   for stack in ("first_blocks", "blocks", "last_blocks"):
     assert policy[stack]["mlp"]["up"]["kernel"] == P(None, None, "model"), stack
-  with pytest.raises(ValueError, match="no sharding rule.*'router'"):
+  with pytest.raises(ValueError, match="no sharding rule.*'shared_expert'"):  # ("router" is MoE's: test_exp_moe.py)
     sharding.leaf_spec(
-      (jax.tree_util.DictKey("blocks"), jax.tree_util.DictKey("router"), jax.tree_util.DictKey("kernel")),
+      (jax.tree_util.DictKey("blocks"), jax.tree_util.DictKey("shared_expert"), jax.tree_util.DictKey("kernel")),
       (2, 8, 8),
       sharding.Layout(model=2),
     )
