@@ -102,3 +102,30 @@ def test_linen_and_nnx_train_under_a_random_recipe():
   step = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))
   g1, g2 = step(layer), step(layer)
   assert np.any(g1.w_in[...] != 0) and not np.array_equal(g1.w_in[...], g2.w_in[...])
+
+
+def test_rules_never_reach_the_router():
+  """A catch-all rule quantizes the dense layers only: the router is a float32 product, not a Dense/Linear, so the
+  plan lists only ``proj`` (linen) / the quantizable Linear (NNX), and the routed MoE output of the rule-quantized
+  model equals the bf16 MoE applied to the quantized projection's output."""
+  import flax.linen as nn
+
+  import fp4jax.flax as fq
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      h = nn.Dense(D, use_bias=False, name="proj")(x)
+      return h, qlinen.MoE(E, TOP_K, HIDDEN, recipe="bf16", name="moe")(h)
+
+  x = _x()
+  params = Net().init(jax.random.key(0), x)
+  quantized = fq.quantize(Net(), [fq.Rule(".*", "nvfp4_rtn")], defaults=())
+  assert list(quantized.plan(lambda: Net().apply(params, x))) == ["proj"]
+  h, y = quantized.apply(params, x)
+  moe = qlinen.MoE(E, TOP_K, HIDDEN, recipe="bf16")
+  want = moe.apply({"params": params["params"]["moe"]}, h)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(want))
+  assert not np.array_equal(np.asarray(h), np.asarray(Net().apply(params, x)[0]))  # proj did quantize
+  layer = qnnx.MoE(D, HIDDEN, E, TOP_K, recipe="bf16", rngs=nnx.Rngs(0))
+  assert "router" not in "".join(qnnx.layers(layer))  # NNX: no quantizable layer inside the MoE

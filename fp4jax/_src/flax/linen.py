@@ -176,7 +176,8 @@ class MoE(nn.Module):
   """Mixture-of-experts MLP: a float32 top-k router, the experts' two grouped GEMMs through ``fp4jax.ragged_dot``
   under ``recipe`` (tokens sorted by expert, combined back with the router weights; ``fp4jax._src.flax.moe``).
 
-  Parameters: ``router/kernel`` [d, E] (an ``nn.Dense`` in float32, no bias, unquantized), ``w_in`` [E, d, 2·hidden]
+  Parameters: ``router/kernel`` [d, E] (float32 logits, no bias; not a Dense, so rules never quantize it:
+  ``moe.router_logits``; initialized as ``nn.Dense``'s kernel), ``w_in`` [E, d, 2·hidden]
   ([gate | up] when ``gated``, else [E, d, hidden]) and ``w_out`` [E, hidden, d]. Each ragged GEMM draws its own
   "quant" key (as ``DotGeneral``). No load-balancing loss is computed.
 
@@ -212,9 +213,7 @@ class MoE(nn.Module):
     w_in = self.param("w_in", self.kernel_init, (e, d, width), self.param_dtype)
     w_out = self.param("w_out", self.kernel_init, (e, self.hidden, d), self.param_dtype)
     tokens = x.reshape(-1, d)
-    logits = nn.Dense(e, use_bias=False, dtype=jnp.float32, param_dtype=self.param_dtype, name="router")(
-      tokens.astype(jnp.float32)
-    )
+    logits = _Router(e, self.param_dtype, name="router")(tokens)
     where = f"fp4jax MoE at {_path(self)!r}"
 
     def grouped(lhs, rhs, sizes):
@@ -225,6 +224,18 @@ class MoE(nn.Module):
       tokens, logits, w_in, w_out, top_k=self.top_k, activation=self.activation, gated=self.gated, ragged=grouped
     )
     return y.reshape(x.shape).astype(x.dtype)
+
+
+class _Router(nn.Module):
+  """``moe.router_logits`` with its own ``kernel`` [d, E] (``nn.Dense``'s parameter name and initializer)."""
+
+  features: int
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features), self.param_dtype)
+    return moe.router_logits(x, kernel)
 
 
 def _path(module: nn.Module) -> str:

@@ -18,6 +18,13 @@ import jax
 import jax.numpy as jnp
 
 
+def router_logits(x: jax.Array, kernel: jax.Array) -> jax.Array:
+  """Router logits [t, E] = x [t, d] · kernel [d, E], both in float32. A plain product, not a Dense/Linear layer:
+  ``fp4jax.flax.quantize``'s rules (which take those layers) never reach the router, so routing stays float32 under
+  any rule, a catch-all one included."""
+  return jnp.dot(x.astype(jnp.float32), kernel.astype(jnp.float32))
+
+
 def route(logits: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
   """(weights [t, top_k] float32 summing to 1 per token, experts [t, top_k] int32) from router logits [t, E]."""
   probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)

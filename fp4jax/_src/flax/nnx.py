@@ -167,9 +167,20 @@ class RaggedDot(_QuantOp):
     )
 
 
+class _Router(nnx.Module):
+  """``moe.router_logits`` with its own ``kernel`` [d, E], drawn as ``nnx.Linear`` draws its kernel."""
+
+  def __init__(self, in_features: int, num_experts: int, param_dtype, rngs: nnx.Rngs):
+    self.kernel = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (in_features, num_experts), param_dtype))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return moe.router_logits(x, self.kernel[...])
+
+
 class MoE(nnx.Module):
   """Mixture-of-experts MLP, the NNX twin of ``fp4jax.flax.linen.MoE`` (same parameters and computation): a float32
-  top-k router (``router``, an ``nnx.Linear`` without bias), experts ``w_in`` [E, d, 2·hidden or hidden] and
+  top-k router (``router``: ``kernel`` [d, E] as ``nnx.Linear`` initializes it, float32 logits, not a Linear, so
+  rules never quantize it), experts ``w_in`` [E, d, 2·hidden or hidden] and
   ``w_out`` [E, hidden, d] through ``RaggedDot`` (``ragged``) under ``recipe``.
 
   Args:
@@ -203,7 +214,7 @@ class MoE(nnx.Module):
   ):
     init = nnx.initializers.lecun_normal(in_axis=1, out_axis=2, batch_axis=(0,))
     width = hidden * (2 if gated else 1)
-    self.router = nnx.Linear(in_features, num_experts, use_bias=False, param_dtype=param_dtype, rngs=rngs)
+    self.router = _Router(in_features, num_experts, param_dtype, rngs)
     self.w_in = nnx.Param(init(rngs.params(), (num_experts, in_features, width), param_dtype))
     self.w_out = nnx.Param(init(rngs.params(), (num_experts, hidden, in_features), param_dtype))
     self.ragged = RaggedDot(recipe, rngs=rngs, deterministic=deterministic, path="MoE", backend=backend)
@@ -212,7 +223,7 @@ class MoE(nnx.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """[..., d] -> [..., d]."""
     tokens = x.reshape(-1, x.shape[-1])
-    logits = self.router(tokens.astype(jnp.float32))
+    logits = self.router(tokens)
     y = moe.experts_forward(
       tokens,
       logits,
