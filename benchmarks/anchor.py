@@ -68,8 +68,14 @@ def default_attention() -> Attention:
 
 
 def anchor_config(size: str, **overrides) -> AnchorConfig:
-  """The anchor of the experiments model's size ``size`` (a key of ``fp4jax_experiments.model.SIZES``)."""
+  """The anchor of the experiments model's size ``size`` (a key of ``fp4jax_experiments.model.SIZES``).
+
+  Raises:
+    ValueError: for a mixture-of-experts size (the anchor is a dense model).
+  """
   c = model_lib.model_config(size)
+  if c.num_experts:
+    raise ValueError(f"size {size!r} is a mixture of experts ({c.num_experts} experts); the anchor is dense")
   shape = {
     "n_layers": c.n_layers,
     "d_model": c.d_model,

@@ -56,9 +56,12 @@ def matmul_tflops(size: int, repeats: int = 20) -> float:
 
 
 def flops_per_token(model: str, seq_len: int) -> float:
-  """6·N + 12·L·d·T: the training FLOPs of one token (see the module docstring)."""
+  """6·N + 12·L·d·T: the training FLOPs of one token (see the module docstring); N counts the parameters one token
+  runs through (an MoE block's router and top_k experts, ``parameter_count``'s "active_non_embedding", plus the
+  embeddings)."""
   config = model_lib.model_config(model)
-  n = model_lib.parameter_count(config)["total"]
+  counts = model_lib.parameter_count(config)
+  n = counts["total"] - counts["non_embedding"] + counts["active_non_embedding"]
   return 6 * n + 12 * config.n_layers * config.d_model * seq_len
 
 

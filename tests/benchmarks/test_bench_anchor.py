@@ -73,12 +73,22 @@ def test_forward_equals_numpy_in_fp32():
   assert float(anchor.loss_fn(params, batch, cfg)) == pytest.approx(want_loss, rel=1e-5)
 
 
-@pytest.mark.parametrize("size", list(model_lib.SIZES))
+DENSE = [name for name, row in model_lib.SIZES.items() if not row.num_experts]
+MOE = [name for name, row in model_lib.SIZES.items() if row.num_experts]
+
+
+@pytest.mark.parametrize("size", DENSE)
 def test_parameter_count_is_the_experiments_models(size):
   assert (
     anchor.parameter_count(anchor.anchor_config(size))
     == model_lib.parameter_count(model_lib.model_config(size))["total"]
   )
+
+
+@pytest.mark.parametrize("size", MOE)
+def test_a_mixture_of_experts_size_has_no_dense_anchor(size):
+  with pytest.raises(ValueError, match=f"size '{size}' is a mixture of experts"):
+    anchor.anchor_config(size)
 
 
 def test_shapes_are_the_experiments_models_layer_by_layer():

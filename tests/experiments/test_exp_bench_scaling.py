@@ -84,3 +84,10 @@ def test_deterministic_points_run_their_microbatches(tmp_path, monkeypatch):
   [record] = json.loads(out.read_text())
   assert record["deterministic"] == 2 and 1.0 < record["loss"] < 10.0
   assert "--xla_gpu_deterministic_ops=true" in bench_scaling.os.environ["XLA_FLAGS"]
+
+
+def test_flops_per_token_counts_only_the_experts_a_token_runs_through():
+  """1M-moe (4 blocks, d 128, 4 experts of width 128, top 2, bytes): per block 4d² attention + 2d norms + d·E router
+  + 2·3·d·h (two experts) = 65536 + 256 + 512 + 98304; final norm 128; embeddings 2·256·128."""
+  n = 4 * (65536 + 256 + 512 + 98304) + 128 + 2 * 256 * 128
+  assert bench_scaling.flops_per_token("1M-moe", 64) == 6 * n + 12 * 4 * 128 * 64
