@@ -158,3 +158,9 @@ def test_add_rn_matches_ieee():
   got = np.asarray(jax.jit(add_rn)(a, b))
   same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
   assert same.all(), (a[~same][:3], b[~same][:3])
+
+
+def test_export_metadata_keeps_the_reference():
+  from fp4jax._src.flax import export
+
+  assert export._fmt_from_json(export._fmt_json(_fmt("mse"))) == _fmt("mse")
