@@ -449,3 +449,45 @@ def ms_eden(x, scale_bits):
   new = new.reshape(dec.shape[:-1])
   deq = fl(fl(fl(q) * new[..., None]) * s_dec)
   return new, s_dec, deq.reshape(x.shape)
+
+
+# ------------------------------------------------------------------------------------------------ TE 4over6
+def te_four_over_six(x, metric: str = "l1", tiles: bool = False):
+  """Transformer Engine's NVFP4 4over6 quantizer (PR #2972 / #3068, ``quantize_4over6_nvfp4.cuh``, default path:
+  E4M3 bound 256, error in the input domain) on 2D ``x`` along its last axis, every step one numpy float32 operation
+  (subnormals kept): base = (amax_b / 6) · s_enc; dec6 = e4m3(base), dec4 = e4m3(base · 1.5); codes by RTN of
+  x · min(1 / (dec · s_dec), FLT_MAX); x̂ = ((q · dec) · amax) / 1536; error terms |x̂ − x| ("l1") or (x̂ − x)²
+  ("mse") summed left to right from 0 in float32; 16x16 tiles: the 16 row sums then added as the warp tree
+  (r_i + r_{i+8}, then + r_{i+4}, + r_{i+2}, + r_{i+1}). Map-to-4 iff its error is strictly smaller.
+
+  Returns ``(values, dec, s_dec)``: float64 E2M1 values, float32 block scales (one per block, blocks-shaped:
+  ``(rows, cols/16)`` or ``(rows/16, cols/16)``), the float32 tensor decode scale; dequantized is
+  ``fl(fl(values · dec) · s_dec)``."""
+  x = fl(x)
+  rows, cols = x.shape
+  amax = F32(np.max(np.abs(x)))
+  s_enc, s_dec = nvfp4_tensor_scales(amax, 6.0 * 256.0)
+  xb = x.reshape(rows // 16, 16, cols // 16, 16) if tiles else x.reshape(rows, cols // 16, 1, 16)
+  amax_b = np.max(np.abs(xb), axis=(1, 3) if tiles else (2, 3), keepdims=True)
+  with np.errstate(all="ignore"):
+    base = fl(fl(amax_b / F32(6.0)) * s_enc)
+    best = None
+    for dec in (rne_e4m3(np.minimum(base, F32(448.0))), rne_e4m3(np.minimum(fl(base * F32(1.5)), F32(448.0)))):
+      enc = np.minimum(F32(1.0) / fl(dec * s_dec), FLT_MAX)
+      values = rne_e2m1(fl(xb * enc))
+      d = fl(fl(fl(fl(fl(values) * dec) * amax) / F32(1536.0)) - xb)
+      terms = np.abs(d) if metric == "l1" else fl(d * d)
+      err = np.zeros(terms.shape[:-1], F32)
+      for i in range(16):
+        err = fl(err + terms[..., i])
+      if tiles:  # (rows/16, 16, cols/16): the tree over axis 1
+        for half in (8, 4, 2, 1):
+          err = fl(err[:, :half] + err[:, half : 2 * half])
+      if best is None:
+        best = (values, dec, err)
+      else:
+        pick4 = (err < best[2])[..., None]
+        best = (np.where(pick4, values, best[0]), np.where(pick4, dec, best[1]))
+  values, dec = best
+  values = values.reshape(rows, cols)
+  return values, dec.reshape(dec.shape[0], -1), s_dec

@@ -49,6 +49,7 @@ from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_short_rn, mul_unflushed, s
 
 ScaleMode = Literal["absmax", "four_over_six", "floor", "rceil", "quest", "quest_nearest", "floor_headroom"]
 FourOverSixMetric = Literal["mse", "l1", "max_abs"]
+FourOverSixReference = Literal["fp4jax", "te"]
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -177,16 +178,36 @@ class NVFP4Format(FP4Format):
   ``"l1"`` Σ|x − x̂| (MAE), ``"max_abs"`` max|x − x̂|. Which references use which: the 4/6 paper's code
   (mit-han-lab/fouroversix, ``ScaleRule``) offers all three with MSE the default; Transformer Engine
   (``NVFP4BlockScaling.nvfp4_4over6_err_mode``, PR #2972) offers MAE (its default) and MSE; Quartet II uses MSE.
-  None of them is matched bit for bit: TE rebuilds x̂ as ``q·dec·amax/(6·256)``, rounds the map-to-4 block scale
-  from ``amax_b/6·s_enc·1.5`` and accumulates the errors in float32 in its kernel's element order, where fp4jax
-  dequantizes in TE's reference order (``q·dec·s_dec``), rounds ``amax_b·(s_enc/4)`` and sums as specified in
-  ``fp4jax.quantize``.
+  With ``four_over_six_reference="fp4jax"`` (the default) none of them is matched bit for bit: fp4jax dequantizes
+  in TE's reference order (``q·dec·s_dec``), rounds ``amax_b·(s_enc/4)`` and sums as specified in ``fp4jax.quantize``.
   Only ``scale_mode="four_over_six"`` takes a metric other than the default ``"mse"``.
+
+  ``four_over_six_reference="te"`` (with ``scale_mode="four_over_six"``, ``four_over_six_metric`` ``"l1"`` (TE's
+  default MAE) or ``"mse"``, RTN) chooses blocks as Transformer Engine's 4over6 kernel does, bit for bit (PR #2972
+  and #3068, ``transformer_engine/common/cast/nvfp4/quantize_4over6_nvfp4.cuh`` at commit d0067d0d, its default
+  path: ``NVTE_NVFP4_4OVER6_E4M3_USE_256`` on, ``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH`` off), every operation IEEE
+  fp32 rounded to nearest-even with subnormals (``fp4jax.ieee``), with ``amax`` the tensor's (or the row's) max|x|
+  and ``s_enc = min(1536 / amax, FLT_MAX)`` (1 for amax 0), ``s_dec = 1 / s_enc``:
+
+      base = f32(f32(amax_b / 6) · s_enc)
+      dec6 = rne_e4m3(min(base, 448));   dec4 = rne_e4m3(min(f32(base · 1.5), 448))
+      enc_t = min(1 / f32(dec_t · s_dec), FLT_MAX);   q_t = rne_e2m1(f32(x · enc_t)) saturating at ±6
+      x̂_t = f32(f32(f32(value(q_t) · dec_t) · amax) / 1536);   d = f32(x̂_t − x)
+      E_t = (((0 + e_0) + e_1) + …) + e_15 in float32, e_i = |d_i| ("l1") or f32(d_i · d_i) ("mse"), in element
+            order along the quantized axis; 16x16 tiles: the 16 row sums added as TE's warp reduction does,
+            s_i = r_i + r_{i+8}, then s_i + s_{i+4}, then + s_{i+2}, then + s_{i+1}
+
+  and keeps map-to-4 iff ``E_4 < E_6`` (a tie keeps map-to-6). The map-to-6 candidate is TE's 4over6 one, so its
+  scale (``amax_b/6`` first) may differ in the last E4M3 bit from ``scale_mode="absmax"``'s ``amax_b·(s_enc/6)``.
+  Stored values follow fp4jax's layout: codes, ``dec_t`` and ``s_dec``, dequantized ``q·dec·s_dec`` (TE's reference
+  order; TE's dequantize kernel computes ``q·f32(f32(dec·amax)·f32(1/1536))``). Not offered: TE's 448 bound
+  (``nvfp4_4over6_e4m3_use_256="none"``) and its fast-math error path (x̂ rounded to float16 in the E4M3 domain).
   """
 
   block_size: int = 16
   scale_mode: ScaleMode = "absmax"
   four_over_six_metric: FourOverSixMetric = dataclasses.field(default="mse", metadata={"repr_default": False})
+  four_over_six_reference: FourOverSixReference = dataclasses.field(default="fp4jax", metadata={"repr_default": False})
 
   name: ClassVar[str] = "nvfp4"
   scale_dtype: ClassVar[Any] = jnp.float8_e4m3fn
@@ -205,6 +226,23 @@ class NVFP4Format(FP4Format):
       raise ValueError(
         f"NVFP4Format.four_over_six_metric={self.four_over_six_metric!r} chooses four-over-six block scales: it "
         f"needs scale_mode='four_over_six', got scale_mode={self.scale_mode!r}"
+      )
+    self._check_reference()
+
+  def _check_reference(self):
+    references = get_args(FourOverSixReference)
+    ref = self.four_over_six_reference
+    if ref not in references:
+      raise ValueError(f"NVFP4Format.four_over_six_reference must be one of {references}, got {ref!r}")
+    if ref == "te" and self.scale_mode != "four_over_six":
+      raise ValueError(
+        "NVFP4Format.four_over_six_reference='te' chooses four-over-six block scales: it needs "
+        f"scale_mode='four_over_six', got scale_mode={self.scale_mode!r}"
+      )
+    if ref == "te" and self.four_over_six_metric not in ("l1", "mse"):
+      raise ValueError(
+        "NVFP4Format.four_over_six_reference='te' takes four_over_six_metric 'l1' (TE's MAE) or 'mse', got "
+        f"{self.four_over_six_metric!r}"
       )
 
   @property

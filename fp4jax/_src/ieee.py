@@ -17,10 +17,10 @@ overflow to Inf), so the result never depends on a backend flushing subnormals; 
 back to the backend's own division.
 
 The same integer rounding gives exact products: ``mul_rn`` (any two float32 values, times a power of two),
-``mul_pow2_rn`` (``x·num·2^k``, num 1 or 3: the MX element
-scaling) and ``mul_short_rn`` (a product whose first factor has at most 7 significant bits: E2M1 values times
-E4M3 / E8M0 scales, and those times a tensor scale). XLA on CPU flushes float32 subnormals (inputs and results) to
-zero and XLA on GPU does not; these functions return the IEEE result (subnormals kept) on both.
+``mul_pow2_rn`` (``x·num·2^k``, num 1 or 3: the MX element scaling) and ``mul_short_rn`` (a product whose first
+factor has at most 7 significant bits: E2M1 values times E4M3 / E8M0 scales, and those times a tensor scale), and
+exact sums: ``add_rn``. XLA on CPU flushes float32 subnormals (inputs and results) to zero and XLA on GPU does not;
+these functions return the IEEE result (subnormals kept) on both.
 """
 
 from __future__ import annotations
@@ -188,6 +188,38 @@ def mul_rn(a: jnp.ndarray, b: jnp.ndarray, k: jnp.ndarray | int = 0) -> jnp.ndar
   sticky = (lo & np.uint32(0x3FFFF)) != 0
   y = round_pack(sa ^ sb, p, la + lb + jnp.asarray(k, jnp.int32) + jnp.int32(18), sticky)
   return jnp.where(_finite(a) & _finite(b), y, _special(a, b, lax.mul))
+
+
+def add_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+  """``a + b`` in float32 rounded once (nearest, ties to even; subnormal operands and results kept, Inf on
+  overflow) on every backend, by integer arithmetic: the larger magnitude's significand with 6 guard bits, the
+  other's shifted to its exponent with a sticky bit for the bits shifted out, added or subtracted and rounded by
+  ``round_pack`` (a difference that cancels leading bits is exact: it only arises from shifts by at most 1). An exact
+  zero sum is +0 unless both operands are -0, as IEEE. Non-finite operands use the float sum.
+
+  Args:
+    a, b: float32 arrays (broadcast together).
+
+  Returns:
+    float32 array of the broadcast shape.
+  """
+  a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+  sa, ma, la = significand(a)
+  sb, mb, lb = significand(b)
+  swap = (lb > la) | ((lb == la) & (mb > ma))  # order by magnitude (a zero has m = 0 and the lowest lsb)
+  s1, m1, l1 = jnp.where(swap, sb, sa), jnp.where(swap, mb, ma), jnp.where(swap, lb, la)
+  s2, m2, l2 = jnp.where(swap, sa, sb), jnp.where(swap, ma, mb), jnp.where(swap, la, lb)
+  shift = jnp.clip(l1 - l2, 0, 31).astype(jnp.uint32)
+  small = m2 << 6  # below 2^30: a shift by 31 drops it entirely
+  sticky = (small & ((_U1 << shift) - _U1)) != 0
+  aligned = small >> shift
+  same = s1 == s2
+  p = jnp.where(same, (m1 << 6) + aligned, (m1 << 6) - aligned - sticky.astype(jnp.uint32))
+  zero = (p == 0) & ~sticky
+  sign = jnp.where(zero, sa & sb, s1)
+  y = round_pack(sign, p, l1 - jnp.int32(6), sticky)
+  y = jnp.where(zero, lax.bitcast_convert_type(sign << 31, jnp.float32), y)
+  return jnp.where(_finite(a) & _finite(b), y, _special(a, b, lax.add))
 
 
 @jax.jit  # a named call in jaxprs: GPU Pallas kernels run it as PTX div.rn.f32 (fp4jax_kernels.triton_compat)

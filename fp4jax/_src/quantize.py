@@ -50,10 +50,19 @@ from jax import lax
 from fp4jax._src import bits as bits_lib
 from fp4jax._src import eden
 from fp4jax._src import hadamard as hadamard_lib
-from fp4jax._src.formats import F32_INF_BITS, BlockFP8Format, FourOverSixMetric, FP4Format, e2m1_decode, floor_log2
-from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_short_rn, mul_unflushed
+from fp4jax._src.formats import (
+  E2M1_MAX,
+  F32_INF_BITS,
+  FLT_MAX,
+  BlockFP8Format,
+  FourOverSixMetric,
+  FP4Format,
+  e2m1_decode,
+  floor_log2,
+)
+from fp4jax._src.ieee import add_rn, div_rn, mul_pow2_rn, mul_rn, mul_short_rn, mul_unflushed
 from fp4jax._src.reductions import pairwise_sum
-from fp4jax._src.rounding import rtn_e2m1, sr_e2m1
+from fp4jax._src.rounding import rtn_e2m1, rtn_e4m3, sr_e2m1
 from fp4jax._src.spec import QuantizeSpec, Rounding, Signs
 
 
@@ -233,6 +242,66 @@ def four_over_six_error(
   return pairwise_sum((hi * hi + jnp.float32(2.0) * hi * lo) + lo * lo, axes)
 
 
+_SIGN_BIT = np.uint32(0x80000000)
+_TE_ERROR_DENOMINATOR = np.float32(6.0 * 256.0)
+
+
+def _flip_sign(x: jnp.ndarray) -> jnp.ndarray:
+  return lax.bitcast_convert_type(lax.bitcast_convert_type(x, jnp.uint32) ^ _SIGN_BIT, jnp.float32)
+
+
+def _magnitude(x: jnp.ndarray) -> jnp.ndarray:
+  return lax.bitcast_convert_type(lax.bitcast_convert_type(x, jnp.uint32) & ~_SIGN_BIT, jnp.float32)
+
+
+def te_four_over_six_error(
+  xb: jnp.ndarray, codes: jnp.ndarray, dec: jnp.ndarray, amax: jnp.ndarray, axes: tuple[int, ...], metric: str
+) -> jnp.ndarray:
+  """Transformer Engine's 4over6 block error (keep-dims) of one candidate, as ``NVFP4Format`` specifies for
+  ``four_over_six_reference="te"``: ``x̂ = f32(f32(value(codes) · dec · amax) / 1536)``, ``d = f32(x̂ − x)``, the
+  16 terms ``|d|`` (``metric="l1"``) or ``f32(d · d)`` (``"mse"``) added left to right along the last axis, then
+  (16x16 tiles, ``axes`` of length 2) the rows by halves (``r_i + r_{i+n/2}``, as TE's warp reduction). Every
+  operation is one IEEE float32 rounding with subnormals (``fp4jax.ieee``): the same bits on every backend."""
+  value = div_rn(mul_short_rn(mul_short_rn(e2m1_decode(codes), dec), amax), _TE_ERROR_DENOMINATOR)
+  d = add_rn(value, _flip_sign(xb))
+  terms = _magnitude(d) if metric == "l1" else mul_rn(d, d)
+  err = jnp.zeros(terms.shape[:-1] + (1,), jnp.float32)
+  for i in range(terms.shape[-1]):
+    err = add_rn(err, terms[..., i : i + 1])
+  if len(axes) == 2:  # TE's __shfl_down_sync tree over the tile's rows (axis -3): offsets n/2, n/4, ..., 1
+    while err.shape[-3] > 1:
+      half = err.shape[-3] // 2
+      err = add_rn(err[..., :half, :, :], err[..., half:, :, :])
+  return err
+
+
+def te_four_over_six(xb, amax_b, amax, tensor_scales, axes: tuple[int, ...], metric: str):
+  """``(codes, dec)`` of Transformer Engine's 4over6 choice per block (``NVFP4Format`` with
+  ``four_over_six_reference="te"`` specifies the arithmetic); ``tensor_scales`` the 6·256 ``(s_enc, s_dec)`` of
+  ``amax``, the tensor's (or per row, keep-dims) max|x|. RTN only, as every four-over-six (``QuantizeSpec``).
+
+  Raises:
+    ValueError: ``amax`` is None (TE's error rebuilds x̂ from it: a caller passing only ``tensor_scales`` cannot use
+      this mode).
+  """
+  if amax is None:
+    raise ValueError(
+      "four_over_six_reference='te' needs the tensor amax (TE rebuilds x̂ from it), got only the tensor scales"
+    )
+  s_enc, s_dec = tensor_scales
+  base = mul_rn(div_rn(amax_b, jnp.float32(E2M1_MAX)), s_enc)
+  dec6, dec4 = rtn_e4m3(base), rtn_e4m3(mul_pow2_rn(base, jnp.int32(-1), num=3))  # base·1.5 rounded once
+
+  def candidate(dec):
+    enc = jnp.minimum(div_rn(jnp.float32(1.0), mul_short_rn(dec, s_dec)), jnp.float32(FLT_MAX))
+    codes = rtn_e2m1(mul_unflushed(xb, enc))
+    return codes, lax.bitcast_convert_type(te_four_over_six_error(xb, codes, dec, amax, axes, metric), jnp.int32)
+
+  (codes6, err6), (codes4, err4) = candidate(dec6), candidate(dec4)
+  use4 = err4 < err6  # errors are +0 or positive (or NaN): their bits order as their values; a tie keeps 6
+  return jnp.where(use4, codes4, codes6), jnp.where(use4, dec4, dec6)
+
+
 def _finish(y, hadamard: int, signs, axis: int, rotated: bool, dtype) -> jnp.ndarray:
   if hadamard and not rotated:
     y = hadamard_lib.inverse_hadamard(y, hadamard, axis=axis, signs=signs)
@@ -316,7 +385,9 @@ def quantize_blocks(
   sigma = _block_std(xb, lay, amax_b) if fmt.needs_block_std else None
   scaled, dec, exps, global_scale = fmt.scale_blocks(xb, amax_b, tensor_scales, rounding, sigma)
   codes = round_codes(scaled)  # the roundings saturate at ±6
-  if fmt.scale_mode == "four_over_six":  # NVFP4 (Quartet II): the lower-error of block targets 6 and 4, by RTN
+  if fmt.scale_mode == "four_over_six" and fmt.four_over_six_reference == "te":
+    codes, dec = te_four_over_six(xb, amax_b, amax, tensor_scales, axes, fmt.four_over_six_metric)
+  elif fmt.scale_mode == "four_over_six":  # NVFP4 (Quartet II): the lower-error of block targets 6 and 4, by RTN
     dec4, enc4 = fmt.block_scales(amax_b, tensor_scales, 4.0)
     codes4 = rtn_e2m1(mul_unflushed(xb, enc4))
     metric = fmt.four_over_six_metric

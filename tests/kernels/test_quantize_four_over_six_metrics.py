@@ -29,3 +29,21 @@ def test_kernel_matches_reference_for_each_metric(metric, interpret):
   assert not np.array_equal(
     np.asarray(mse[0].scales.astype(jnp.float32)), np.asarray(want[0].scales.astype(jnp.float32))
   )
+
+
+def test_kernel_refuses_te_reference_and_auto_falls_back(interpret):
+  """TE's 4over6 arithmetic (``four_over_six_reference="te"``) runs only in the reference: the kernel raises the
+  typed ``backends.Unsupported`` and ``backend="auto"`` gives the reference's bits."""
+  from fp4jax_kernels.quantize import api
+
+  fmt = dataclasses.replace(
+    fp4jax.NVFP4, scale_mode="four_over_six", four_over_six_metric="l1", four_over_six_reference="te"
+  )
+  spec, output = fp4jax.QuantizeSpec(fmt), KernelOutput(dequantize="block_scaled_only")
+  x = jax.random.normal(jax.random.key(1), (32, 64)) * jnp.logspace(-2, 2, 64)
+  with pytest.raises(fp4jax.backends.Unsupported, match="four_over_six_reference='te'"):
+    pallas_triton.quantize(x, spec, None, output=output, tile=(16, 64), interpret=interpret)
+  got = api.quantize(x, spec, None, output=output, backend="auto", interpret=interpret)
+  want = reference.quantize(x, spec, None, output=output)
+  np.testing.assert_array_equal(np.asarray(got[0].codes), np.asarray(want[0].codes))
+  np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))

@@ -70,6 +70,8 @@ def _check(x: jax.Array, w: QTensor, fmt: FP4Format, hadamard: int, tile):
     raise ValueError("w must be a 2D QTensor quantized along its last axis (K) with 1D blocks")
   if not isinstance(fmt, NVFP4Format) or w.fmt != fmt:
     raise ValueError(f"fmt must be an NVFP4 format equal to w's, got fmt={fmt} and w.fmt={w.fmt}")
+  if fmt.four_over_six_reference == "te":
+    raise ValueError("fmt.four_over_six_reference='te' (TE's 4over6 arithmetic) runs only in fp4jax.quantize")
   if w.shape[1] != x.shape[1] or (w.hadamard or 0) != hadamard:
     raise ValueError(
       f"x and w must share K and the Hadamard size: K {x.shape[1]}/{w.shape[1]}, hadamard {hadamard}/{w.hadamard}"

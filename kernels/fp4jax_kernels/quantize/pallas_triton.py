@@ -29,8 +29,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from fp4jax._src import backends, estimators
 from fp4jax._src import bits as bits_lib
-from fp4jax._src import estimators
 from fp4jax._src import hadamard as hadamard_lib
 from fp4jax._src.formats import F32_INF_BITS
 from fp4jax._src.quantize import (
@@ -558,12 +558,22 @@ def quantize(
   ``default_num_warps``.
   """
   output_lib.check(spec, output)
+  if te_four_over_six_refusal(spec):
+    raise backends.Unsupported(f"the quantize kernel: {te_four_over_six_refusal(spec)}")
   num_warps = num_warps or default_num_warps(spec)
   call, finish = _plan(
     x, spec, output, key, signs, tile, num_warps, interpret, amax, origin, logical_shape, route, staged
   )
   (outs,) = _launch([call], num_warps, interpret, f"fp4_quantize_{spec.fmt.name}_{spec.rounding}")
   return finish(outs)
+
+
+def te_four_over_six_refusal(spec: QuantizeSpec) -> str | None:
+  """Why the kernels do not take ``spec``'s format (Transformer Engine's 4over6 arithmetic,
+  ``four_over_six_reference="te"``: a left-to-right sum per block that the kernels do not run), or None."""
+  if getattr(spec.fmt, "four_over_six_reference", "fp4jax") == "te":
+    return "NVFP4 four_over_six_reference='te' (TE's 4over6 arithmetic) runs only in the XLA reference quantizer"
+  return None
 
 
 def pair_refusal(
@@ -577,6 +587,8 @@ def pair_refusal(
       f"{cols_output.along!r}"
     )
   for name, spec in (("rows", rows), ("cols", cols)):
+    if te_four_over_six_refusal(spec):
+      return f"{name}: {te_four_over_six_refusal(spec)}"
     if spec.block_shape is not None:
       return f"{name} has 16x16 tiles (one direction serves both GEMMs: quantize them alone)"
     if spec.hadamard > MAX_UNIT:
