@@ -187,7 +187,7 @@ class NVFP4Format(FP4Format):
   and #3068, ``transformer_engine/common/cast/nvfp4/quantize_4over6_nvfp4.cuh`` at commit d0067d0d, its default
   path: ``NVTE_NVFP4_4OVER6_E4M3_USE_256`` on, ``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH`` off), every operation IEEE
   fp32 rounded to nearest-even with subnormals (``fp4jax.ieee``), with ``amax`` the tensor's (or the row's) max|x|
-  and ``s_enc = min(1536 / amax, FLT_MAX)`` (1 for amax 0), ``s_dec = 1 / s_enc``:
+  and ``s_enc = min(1536 / amax, FLT_MAX)`` (1 for amax 0), ``s_dec = 1 / s_enc``::
 
       base = f32(f32(amax_b / 6) · s_enc)
       dec6 = rne_e4m3(min(base, 448));   dec4 = rne_e4m3(min(f32(base · 1.5), 448))
