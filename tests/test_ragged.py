@@ -22,26 +22,15 @@ import pytest
 
 import fp4jax
 from fp4jax._src import recipes
-from fp4jax._src.spec import FIXED_SIGNS_SEED
 from tests import oracles
+from tests.test_oracles_dot import _assert_close, _dyadic, _fixed_signs
 
 M, K, N = 120, 64, 128  # Quartet II's backward Hadamard-128 runs along N (dgrad) and the tokens (wgrad)
 SIZES = (37, 0, 70, 9)  # sums to 116 < M: the last 4 rows are in no group
 
 
-def _dyadic(seed, shape, peak):
-  rng = np.random.default_rng(seed)
-  x = rng.integers(-32, 33, shape) / 8.0
-  x[(0,) * len(shape)] = peak
-  return x.astype(np.float32)
-
-
 def _experts(seed):
   return np.stack([_dyadic(seed + e, (K, N), -6.0) for e in range(len(SIZES))])  # each expert's own peak
-
-
-def _fixed_signs(d):
-  return np.asarray(jax.random.rademacher(jax.random.key(FIXED_SIGNS_SEED), (d,), jnp.float32), np.float64)
 
 
 # ------------------------------------------------------------------------------------------------ the oracle
@@ -105,12 +94,6 @@ def _library(recipe, x, w, sizes, dy, key=None):
     return (y, *vjp(dy))
 
   return [np.asarray(t, np.float64) for t in jax.jit(run)(x, w, dy)]
-
-
-def _assert_close(got, want, what):
-  scale = np.max(np.abs(want))
-  assert scale > 0, what
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
 
 
 RECIPES = {name: recipes.deterministic(name) for name in recipes.names() if name != "bf16"}
