@@ -11,10 +11,9 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]  # the checkout first, as the tests run it (autodoc)
-# The notebooks' kernels inherit this environment: the checkout first on their path too, and XLA:CPU's LLVM at -O0,
-# which cut the compile time of a quartet2 linear layer's fwd+bwd by about 40% in one measurement (compiling the
-# quantized training steps dominates the build; the bits are
-# the same: optimization levels do not change IEEE float semantics; fast math is off).
+# The notebooks' kernels inherit this environment: the checkout first on their path too, and XLA:CPU's LLVM at -O0
+# (compiling the quantized training steps dominates the build; optimization levels do not change IEEE float
+# semantics, and fast math is off).
 os.environ["PYTHONPATH"] = os.pathsep.join(
   filter(None, [str(ROOT), str(ROOT / "kernels"), os.environ.get("PYTHONPATH")])
 )
