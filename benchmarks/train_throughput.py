@@ -253,7 +253,7 @@ def profile(entry: Entry, folder: str, steps: int) -> dict:
   """``step_profile.summarize`` of a JAX profiler trace of ``steps`` more steps of ``entry``."""
   with jax.profiler.trace(folder, create_perfetto_trace=True):
     entry.advance(steps)
-  return step_profile.summarize(step_profile.find_trace(folder), steps)
+  return step_profile.summarize(step_profile.find_trace(folder), steps, top=30)
 
 
 def _table(rows: list[dict]) -> str:

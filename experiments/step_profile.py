@@ -7,8 +7,9 @@ The trace is Chrome-trace JSON: processes named by device ("/device:GPU:0", ...)
 other threads of a device, such as "XLA Ops", repeat the kernels at another level and are only counted in
 ``threads``), one complete event ("ph": "X", microsecond ``ts`` and ``dur``) per kernel. Per device: ``busy`` = the
 length of the union of its kernel intervals, ``span`` = first start to last end, ``busy / span`` (below 1: the device
-waits on the host, launches, or the loop), kernel count per step, and the kernels with the most total time (by name:
-XLA names kernels after their fusions).
+waits on the host, launches, or the loop), kernel count per step, the kernels with the most total time (by name:
+XLA names kernels after their fusions), and the kernel time per step of each category of ``CATEGORIES`` (the first
+whose name pattern matches; "other" for none).
 """
 
 from __future__ import annotations
@@ -16,9 +17,26 @@ from __future__ import annotations
 import collections
 import gzip
 import json
+import re
 from pathlib import Path
 
 TRACE_NAME = "perfetto_trace.json.gz"
+# kernel categories, matched in order on the kernel's name (case-insensitive): cuBLAS / cuBLASLt / XLA-Triton GEMMs,
+# cuDNN's fused attention, fp4jax's Pallas kernels (``pl.pallas_call`` named fp4_*), copies, collectives, then
+# XLA's other fusions (elementwise, reductions, converts)
+CATEGORIES = (
+  ("gemm", r"gemm|nvjet|xmma|cutlass|cublas"),
+  ("attention", r"cudnn|sdpa|flash|fmha"),
+  ("pallas", r"^fp4_"),
+  ("copy", r"memcpy|memset|^copy"),
+  ("collective", r"nccl|all.?reduce|all.?gather|reduce.?scatter"),
+  ("fusion", r"fusion|convert|reduce|transpose|slice|broadcast|select|concatenate|scatter|gather"),
+)
+
+
+def category(kernel: str) -> str:
+  """The first of ``CATEGORIES`` whose pattern matches ``kernel``'s name, else "other"."""
+  return next((label for label, pattern in CATEGORIES if re.search(pattern, kernel, re.IGNORECASE)), "other")
 
 
 def find_trace(folder: str | Path) -> Path:
@@ -40,8 +58,9 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
 
 def summarize(trace: str | Path, steps: int, top: int = 15) -> dict:
   """{device name: {"span_ms", "busy_ms", "busy_fraction", "kernels_per_step", "busy_ms_per_step",
-  "top": [[kernel, total ms, calls], ...], "threads": {thread name: [total ms, events]}}} over the devices that ran
-  kernels in ``trace``."""
+  "top": [[kernel, total ms, calls], ...], "ms_per_step_by_category": {category: kernel ms per step},
+  "threads": {thread name: [total ms, events]}}} over the devices that ran kernels in ``trace`` (a category's time
+  sums its kernels' durations, so overlapping kernels count in full)."""
   if steps < 1:
     raise ValueError(f"steps must be >= 1, got {steps}")
   with gzip.open(trace, "rt") as f:
@@ -75,6 +94,9 @@ def summarize(trace: str | Path, steps: int, top: int = 15) -> dict:
       by_name[e["name"]][0] += e["dur"]
       by_name[e["name"]][1] += 1
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    per_category = collections.Counter()
+    for name, (total, _) in by_name.items():
+      per_category[category(name)] += total / 1e3 / steps
     summary[names[pid]] = {
       "span_ms": span / 1e3,
       "busy_ms": busy / 1e3,
@@ -82,6 +104,7 @@ def summarize(trace: str | Path, steps: int, top: int = 15) -> dict:
       "kernels_per_step": len(evs) / steps,
       "busy_ms_per_step": busy / 1e3 / steps,
       "top": [[name, total / 1e3, calls] for name, (total, calls) in ranked],
+      "ms_per_step_by_category": dict(per_category.most_common()),
       "threads": {threads.get(key, str(key[1])): [sum(e["dur"] for e in t) / 1e3, len(t)] for key, t in mine.items()},
     }
   return summary

@@ -40,6 +40,26 @@ def test_summary_counts_stream_kernels_once_and_measures_idle_time(tmp_path):
   assert gpu["kernels_per_step"] == 2
   assert gpu["top"] == [["fusion_1", 0.5, 1], ["gemm", 0.2, 2], ["copy", 0.1, 1]]
   assert gpu["threads"]["XLA Ops"] == [1.0, 1]
+  assert gpu["ms_per_step_by_category"] == pytest.approx({"fusion": 0.25, "gemm": 0.1, "copy": 0.05})
+
+
+@pytest.mark.parametrize(
+  ("kernel", "expected"),
+  [
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nt_n_tilesize256x128x32", "gemm"),
+    ("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_TNT", "gemm"),
+    ("gemm_fusion_dot_176", "gemm"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16", "attention"),
+    ("fp4_quantize_pair", "pallas"),
+    ("memcpy128", "copy"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "collective"),
+    ("loop_convert_slice_fusion", "fusion"),
+    ("input_reduce_fusion_2", "fusion"),
+    ("some_custom_kernel", "other"),
+  ],
+)
+def test_kernel_categories(kernel, expected):
+  assert step_profile.category(kernel) == expected
 
 
 def test_missing_trace_and_bad_steps_are_refused(tmp_path):
