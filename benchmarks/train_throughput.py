@@ -91,8 +91,12 @@ class Entry:
 
 def _compile(step, state, inputs) -> tuple[Callable, float]:
   start = time.perf_counter()
-  compiled = step.lower(state, *inputs[0]).compile()
-  return compiled, time.perf_counter() - start
+  lowered = step.lower(state, *inputs[0])
+  lowered_at = time.perf_counter()
+  compiled = lowered.compile()
+  seconds = time.perf_counter() - start
+  print(f"  traced and lowered in {lowered_at - start:.1f} s, XLA compile {seconds - (lowered_at - start):.1f} s")
+  return compiled, seconds
 
 
 def anchor_entry(

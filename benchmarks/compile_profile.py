@@ -1,0 +1,124 @@
+"""Where the compile time of the experiments' train step goes: tracing and lowering (Python) against XLA's compile,
+and XLA's compile passes from a JAX profiler trace of it.
+
+  python benchmarks/compile_profile.py --recipe nvidia_nvfp4 --variants '{"scan": {}, "unrolled": {"scan_unroll": 2}}' \
+      --overrides '{"n_layers": 2}'
+
+For each variant (ModelConfig overrides over ``--overrides``): ``fp4jax_experiments.train.Trainer`` of ``--model``
+under ``--recipe`` on one device, its train step traced and lowered (seconds), then compiled under
+``jax.profiler.trace``; the host-side events of that trace (XLA's passes, Triton and PTX compiles, as TraceMe
+events) summed by name, the ``--top`` largest (nested events count in full, so a pass and its sub-passes both
+appear). Writes the JSON to ``--out`` (default benchmarks/results/compile_profile.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import gzip
+import json
+import pathlib
+import sys
+import tempfile
+import time
+
+if __package__ in (None, ""):  # run as a script: the repository root makes ``benchmarks`` importable
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax
+
+from benchmarks.benchtools import header
+from benchmarks.linear_trees import commit
+from fp4jax_experiments import step_profile, train
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def host_events(trace: pathlib.Path, top: int) -> list[list]:
+  """[[event name, total ms, count], ...] of the trace's complete events off the devices, Python frames ("$...")
+  left out, the ``top`` largest."""
+  with gzip.open(trace, "rt") as f:
+    data = json.load(f)
+  events = data["traceEvents"] if isinstance(data, dict) else data
+  names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+  totals = collections.defaultdict(lambda: [0.0, 0])
+  for e in events:
+    host = not names.get(e.get("pid"), "").startswith("/device:")
+    if e.get("ph") == "X" and e.get("dur") is not None and host and not e["name"].startswith("$"):
+      totals[e["name"]][0] += e["dur"] / 1e3
+      totals[e["name"]][1] += 1
+  return [[name, ms, n] for name, (ms, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]]
+
+
+def measure(model: str, recipe: str, overrides: dict, seq_len: int, batch: int, top: int) -> dict:
+  config = train.TrainConfig(
+    model=model, recipe=recipe, data="stdlib", batch_size=batch, seq_len=seq_len, tokens=batch * seq_len * 10
+  )
+  trainer = train.Trainer(config, model_overrides=overrides)
+  state = trainer.init_state()
+  tokens, key = trainer.place(trainer.stream.batch(0)), trainer.quant_key(0)
+  start = time.perf_counter()
+  traced = trainer.train_step.trace(state, tokens, key)
+  traced_at = time.perf_counter()
+  lowered = traced.lower()
+  lowered_at = time.perf_counter()
+  with tempfile.TemporaryDirectory() as folder:
+    with jax.profiler.trace(folder, create_perfetto_trace=True):
+      compiled = lowered.compile()
+    compiled_at = time.perf_counter()
+    events = host_events(step_profile.find_trace(folder), top)
+  hlo = compiled.as_text() or ""
+  return {
+    "trace_s": traced_at - start,
+    "lower_s": lowered_at - traced_at,
+    "compile_s": compiled_at - lowered_at,
+    "stablehlo_chars": len(lowered.as_text()),
+    "optimized_hlo_lines": hlo.count("\n"),
+    "custom_calls": hlo.count("custom-call("),
+    "host_events": events,
+  }
+
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--model", default="125M")
+  p.add_argument("--recipe", default="nvidia_nvfp4")
+  p.add_argument("--overrides", default="{}", type=json.loads, help="JSON ModelConfig overrides of every variant")
+  p.add_argument("--variants", default='{"scan": {}}', type=json.loads, help="JSON {label: ModelConfig overrides}")
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--seq-len", type=int, default=1024)
+  p.add_argument("--top", type=int, default=30)
+  p.add_argument("--commit", default=None)
+  p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "compile_profile.json"))
+  args = p.parse_args(argv)
+  rows = {}
+  for label, overrides in args.variants.items():
+    rows[label] = measure(args.model, args.recipe, {**args.overrides, **overrides}, args.seq_len, args.batch, args.top)
+    r = rows[label]
+    print(
+      f"{label}: trace {r['trace_s']:.1f} s, lower {r['lower_s']:.1f} s, compile {r['compile_s']:.1f} s, "
+      f"{r['optimized_hlo_lines']} HLO lines, {r['custom_calls']} custom calls",
+      flush=True,
+    )
+    for name, ms, n in r["host_events"][:12]:
+      print(f"    {ms / 1e3:8.2f} s {n:6d}  {name[:100]}")
+  device = jax.devices()[0]
+  doc = {
+    "benchmark": "compile_profile",
+    "header": header(),
+    "device_kind": device.device_kind,
+    "platform": device.platform,
+    "jax_version": jax.__version__,
+    "commit": args.commit or commit(REPO),
+    "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    "command": "python benchmarks/compile_profile.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    "settings": {"model": args.model, "recipe": args.recipe, "overrides": args.overrides},
+    "variants": rows,
+  }
+  pathlib.Path(args.out).write_text(json.dumps(doc, indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
