@@ -29,8 +29,11 @@ Layout: the blocks run under ``nn.scan`` in up to three stacks that follow that 
 (``layer_stacks``: ``first_blocks``, ``blocks``, ``last_blocks``); every parameter of a stack has a leading layer
 axis (``params["blocks"]["attn"]["q"]["kernel"]`` is (layers, d, d)) and the "params" and "quant" RNG streams are
 split per layer. ``remat=True`` recomputes each block's activations in the backward pass; ``scan_unroll=k`` traces
-k blocks per loop iteration (no loop copies of the stacked tensors, but far longer compiles for the Hadamard
-recipes, hence the default 1).
+k blocks per loop iteration. A device loop over the blocks copies every block's saved activations into (and out of)
+the stacked buffers of the backward pass; unrolled, the blocks are straight-line code without those copies, but
+XLA then compiles every block's kernels apart, and an FP4 block has hundreds (its quantizers' fusions beside the
+Pallas kernels), so an unrolled FP4 model compiles for minutes. ``scan_unroll="auto"`` (the default) unrolls the
+BF16 stacks whole and runs the FP4 stacks one block per iteration (``ModelConfig.stack_unroll``).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import dataclasses
 import functools
 import importlib
 import math
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 import flax.linen as nn
 import jax
@@ -123,7 +126,9 @@ class ModelConfig:
   # on a GPU for bf16/fp16 activations, else XLA (attention_implementation)
   attention_impl: str | None = "auto"
   remat: bool = False  # recompute block activations in the backward pass (less memory, ~1/3 more compute)
-  scan_unroll: int = 1  # blocks per scan iteration (see the module docstring); how, not what, the model computes
+  # blocks per scan iteration, or "auto": BF16 stacks unrolled whole, FP4 stacks one block per iteration (module
+  # docstring, stack_unroll); how, not what, the model computes
+  scan_unroll: int | Literal["auto"] = "auto"
   # fp4jax.dot_general's quantizer backend for the projections: "xla", "pallas" (the fused kernels) or "auto"
   # (the kernels on a GPU that runs them); every backend gives the same bits.
   quantizer_backend: str = "auto"
@@ -136,9 +141,11 @@ class ModelConfig:
   expert_hidden: int = 0
 
   def __post_init__(self):
-    for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size", "scan_unroll"):
+    for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size"):
       if getattr(self, name) <= 0:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    if self.scan_unroll != "auto" and not (isinstance(self.scan_unroll, int) and self.scan_unroll > 0):
+      raise ValueError(f"scan_unroll must be 'auto' or a positive int, got {self.scan_unroll!r}")
     if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
       raise ValueError(
         f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even width (RoPE rotates pairs)"
@@ -182,6 +189,13 @@ class ModelConfig:
   def moe_hidden(self) -> int:
     """Each expert's SwiGLU width: ``expert_hidden``, or ``ffn_hidden`` where that is 0."""
     return self.expert_hidden or self.ffn_hidden
+
+  def stack_unroll(self, stack: LayerStack) -> int:
+    """Blocks per loop iteration of ``stack``: ``scan_unroll`` (at most the stack's length), or for "auto" the whole
+    stack if it is BF16 and 1 otherwise (see the module docstring)."""
+    if self.scan_unroll == "auto":
+      return stack.length if stack.recipe == BF16_RECIPE else 1
+    return min(self.scan_unroll, stack.length)
 
   def layer_recipe(self, layer: int) -> str:
     """The recipe of block ``layer``: BF16 for the first ``bf16_first`` and last ``bf16_last`` blocks."""
@@ -490,14 +504,14 @@ class Block(nn.Module):
 def scanned_blocks(config: ModelConfig, stack: LayerStack, tp: TensorParallel | None = None) -> nn.Module:
   """``stack.length`` blocks as one ``nn.scan``: parameters (and sown "intermediates") stacked on a leading layer
   axis, the "params" and "quant" streams split per layer; each block under ``nn.remat`` if ``config.remat``;
-  ``config.scan_unroll`` blocks per loop iteration."""
+  ``config.stack_unroll(stack)`` blocks per loop iteration."""
   block = nn.remat(Block, prevent_cse=False) if config.remat else Block  # scan already keeps remat's CSE apart
   scan = nn.scan(
     block,
     variable_axes={"params": 0, "intermediates": 0},
     split_rngs={"params": True, "quant": True},
     length=stack.length,
-    unroll=min(config.scan_unroll, stack.length),
+    unroll=config.stack_unroll(stack),
   )
   return scan(config, stack.recipe, tp, name=stack.name)
 

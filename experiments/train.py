@@ -966,9 +966,10 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--remat", action="store_true", help="recompute block activations in the backward pass")
   parser.add_argument(
     "--scan-unroll",
-    type=int,
-    default=1,
-    help="blocks per scan iteration; >= the layer count: no device loop (faster steps, longer compiles)",
+    type=_scan_unroll,
+    default="auto",
+    help="blocks per scan iteration (>= the layer count: no device loop, faster steps, longer compiles), or auto: "
+    "BF16 blocks unrolled, FP4 blocks one per iteration",
   )
   parser.add_argument(
     "--quantizer-backend",
@@ -980,6 +981,19 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
   )
 
 
+def _scan_unroll(text: str) -> int | str:
+  """--scan-unroll's value: "auto" or a positive int."""
+  if text == "auto":
+    return text
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value <= 0:
+    raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {text!r}")
+  return value
+
+
 def execution_overrides(args: argparse.Namespace) -> dict:
   """The ``model_overrides`` of :func:`add_execution_arguments`' flags."""
   return {"remat": args.remat, "scan_unroll": args.scan_unroll, "quantizer_backend": args.quantizer_backend}
@@ -989,7 +1003,7 @@ def execution_to_args(overrides: dict) -> list[str]:
   """The flags that :func:`execution_overrides` turns back into ``overrides``."""
   return (["--remat"] if overrides.get("remat") else []) + [
     "--scan-unroll",
-    str(overrides.get("scan_unroll", 1)),
+    str(overrides.get("scan_unroll", "auto")),
     "--quantizer-backend",
     overrides.get("quantizer_backend", "auto"),
   ]

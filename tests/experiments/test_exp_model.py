@@ -145,9 +145,33 @@ def test_token_embedding_is_the_gather_with_an_fp32_gradient(vocab):
     np.testing.assert_allclose(grad, expected, rtol=0, atol=0.05 * np.abs(expected).max())
 
 
-def test_scan_unroll_must_be_positive():
-  with pytest.raises(ValueError, match="scan_unroll must be positive"):
-    m.model_config("100K", scan_unroll=0)
+@pytest.mark.parametrize("bad", [0, -2, "all", 1.5])
+def test_scan_unroll_must_be_auto_or_positive(bad):
+  with pytest.raises(ValueError, match="scan_unroll must be 'auto' or a positive int"):
+    m.model_config("100K", scan_unroll=bad)
+
+
+def test_auto_unroll_unrolls_the_bf16_stacks_and_loops_over_the_fp4_blocks():
+  """scan_unroll="auto": the BF16 stacks (first, last, or a BF16 model's) are straight-line code, the FP4 stack is a
+  device loop of one block per iteration; an explicit k is capped by the stack's length."""
+  config = m.model_config("100K", n_layers=6, recipe="nvidia_nvfp4", bf16_first=1, bf16_last=2)
+  assert {s.name: config.stack_unroll(s) for s in m.layer_stacks(config)} == {
+    "first_blocks": 1,
+    "blocks": 1,
+    "last_blocks": 2,
+  }
+  assert [dataclasses.replace(config, scan_unroll=2).stack_unroll(s) for s in m.layer_stacks(config)] == [1, 2, 2]
+  tokens = jnp.zeros((1, 8), jnp.int32)
+
+  def loops(config):  # while loops in the lowered forward pass
+    params = m.init_params(config, jax.random.key(0))
+    apply = lambda p: m.Llama(config).apply({"params": p}, tokens, rngs={"quant": jax.random.key(1)})
+    return jax.jit(apply).lower(params).as_text().count("stablehlo.while")
+
+  assert loops(m.model_config("100K", n_layers=3)) == 0
+  assert loops(m.model_config("100K", n_layers=3, scan_unroll=1)) == 1
+  fp4 = m.model_config("100K", n_layers=3, recipe="nvidia_nvfp4")  # its quantizers have loops of their own
+  assert loops(fp4) == loops(dataclasses.replace(fp4, scan_unroll=1)) != loops(dataclasses.replace(fp4, scan_unroll=3))
 
 
 @pytest.mark.parametrize(
@@ -167,7 +191,8 @@ def test_remat_and_unroll_compute_the_same_gradients(recipe, how):
     loss = lambda p: jnp.mean(m.Llama(config).apply({"params": p}, tokens, rngs={"quant": jax.random.key(2)}) ** 2)
     return jax.jit(jax.grad(loss))(params)
 
-  for plain, other in zip(jax.tree.leaves(grads(config)), jax.tree.leaves(grads(dataclasses.replace(config, **how)))):
+  looped = dataclasses.replace(config, scan_unroll=1)
+  for plain, other in zip(jax.tree.leaves(grads(looped)), jax.tree.leaves(grads(dataclasses.replace(config, **how)))):
     np.testing.assert_allclose(plain, other, rtol=1e-5, atol=1e-7)
 
 

@@ -109,6 +109,7 @@ def test_biggest_runs_start_first_and_share_a_device(tmp_path, monkeypatch):
   [
     {"remat": True, "scan_unroll": 6, "quantizer_backend": "pallas"},
     {"remat": False, "scan_unroll": 1, "quantizer_backend": "xla"},
+    {"remat": False, "scan_unroll": "auto", "quantizer_backend": "auto"},
   ],
 )
 def test_execution_flags_reach_the_training_command(tmp_path, overrides):
@@ -125,6 +126,16 @@ def test_execution_flags_reach_the_training_command(tmp_path, overrides):
   assert train.config_from_args(args) == run.config
   assert args.final_eval_batches == "32"
   assert "--final-eval-batches" not in sweep.train_command(run, tmp_path, 3.0, None)
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "two", "1.5"])
+def test_scan_unroll_flag_takes_auto_or_a_positive_int(bad, capsys):
+  parser = argparse.ArgumentParser()
+  train.add_execution_arguments(parser)
+  assert parser.parse_args([]).scan_unroll == "auto" and parser.parse_args(["--scan-unroll", "4"]).scan_unroll == 4
+  with pytest.raises(SystemExit):
+    parser.parse_args(["--scan-unroll", bad])
+  assert "expected 'auto' or a positive integer" in capsys.readouterr().err
 
 
 def test_evaluations_are_collected_from_the_runs_that_wrote_one(tmp_path):
