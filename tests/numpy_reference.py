@@ -142,7 +142,7 @@ def mxfp4_reference(x: np.ndarray, mode: str = "floor", rounding: str = "rtn", b
     e = mx_exponents(np.where(np.isfinite(amax_b), amax_b, 1.0), mode, sigma)
     pre = 0.75 if mode == "floor_headroom" else 1.0
     scaled = (xb.astype(np.float64) * pre * np.exp2(-e.astype(np.float64))).astype(F32)
-    neg = _is_negative(xb)
+    neg = _is_negative(scaled)  # the scaled value's sign: one that underflows to -0 gives code 0 (fp4jax.rounding)
     if rounding == "rtn":
       codes = e2m1_rtn_codes(scaled, neg)
     else:

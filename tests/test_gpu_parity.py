@@ -53,7 +53,9 @@ def parity_configs():
 
 def parity_inputs(seed: int, dtype) -> dict:
   """Heavy-tailed data (Student-t(3), rows scaled by logspace(-30, 30)) and extreme-range data: subnormals, values
-  near FLT_MAX, zero blocks, an Inf block and a NaN block, tiny and huge values in one tensor."""
+  near FLT_MAX, zero blocks, an Inf block and a NaN block, tiny and huge values in one tensor; and negatives of
+  2^-60 .. 2^-20 with a 1e30 every 16 rows and columns: scaled values (about 2^-97 times them) that underflow to -0
+  (code 0x0), are subnormal (0x8, which XLA:CPU's flushed product once made 0x0) or normal."""
   rng = np.random.RandomState(seed)
   heavy = rng.standard_t(3, (128, 256)) * np.logspace(-30, 30, 128)[:, None]
   ext = rng.standard_t(3, (128, 256))
@@ -65,10 +67,12 @@ def parity_inputs(seed: int, dtype) -> dict:
   ext[80, :32], ext[96, 32:64] = np.inf, np.nan
   ext[112, 7] = -np.inf
   tiny_tensor = rng.standard_t(3, (128, 256)) * 1e-37
+  signed_zeros = -np.exp2(rng.uniform(-60, -20, (128, 256)))
+  signed_zeros[:, ::16], signed_zeros[::16, :], signed_zeros[3, 5] = 1e30, 1e30, -0.0
   with np.errstate(over="ignore"):
     return {
       name: np.asarray(a.astype(np.float32)).astype(dtype)
-      for name, a in (("heavy", heavy), ("extreme", ext), ("tiny", tiny_tensor))
+      for name, a in (("heavy", heavy), ("extreme", ext), ("tiny", tiny_tensor), ("signed_zeros", signed_zeros))
     }
 
 

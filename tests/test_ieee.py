@@ -133,9 +133,10 @@ def test_mul_pow2_rn_multiplies_by_one_power_of_two_by_default():
   _same_bits(mul_pow2_rn(jnp.asarray(x), jnp.asarray(k)), (x.astype(np.float64) * np.exp2(k)).astype(np.float32))
 
 
-def test_mul_unflushed_counts_subnormal_factors_at_their_value():
-  """Wherever the IEEE product is normal it is returned (NumPy float64 product rounded once), also for subnormal or
-  negative ``x`` that a flushing backend (XLA on CPU) would count as 0."""
+def test_mul_unflushed_is_the_ieee_product_with_subnormals():
+  """The IEEE product (NumPy float64 product rounded once to float32, gradual underflow) bit for bit: subnormal
+  or negative ``x`` that a flushing backend (XLA on CPU) would count as 0, and subnormal products, whose sign
+  decides an E2M1 zero code's (0x8 for a negative subnormal, 0x0 for -0)."""
   from fp4jax._src.ieee import mul_unflushed
 
   rng = np.random.RandomState(5)
@@ -143,10 +144,16 @@ def test_mul_unflushed_counts_subnormal_factors_at_their_value():
   x = _f32_with_subnormals(rng, n, -149, 20)
   y = _f32_with_subnormals(rng, n, -20, 127)
   x[:4], y[:4] = [1e-45, -1e-45, -3e-39, 5e-39], [2.0**127, 2.0**126, -(2.0**100), -3.0 * 2.0**110]
-  expect = (x.astype(np.float64) * y).astype(np.float32)
-  normal = np.isfinite(expect) & (np.abs(expect) >= np.finfo(np.float32).tiny)
-  assert np.sum(normal & (np.abs(x) < np.finfo(np.float32).tiny) & (x < 0)) > 1000  # negative subnormal x covered
-  _same_bits(np.asarray(jax.jit(mul_unflushed)(x, y))[normal], expect[normal])
+  x[4:7], y[4:7] = [-(2.0**-42), -(2.0**-42), -0.0], [2.0**-108, 2.0**-107, 3.0]  # a tie at 2^-150 -> -0; -2^-149
+  with np.errstate(over="ignore"):
+    expect = (x.astype(np.float64) * y).astype(np.float32)
+  tiny = np.abs(expect) < np.finfo(np.float32).tiny
+  assert np.sum(~tiny & (np.abs(x) < np.finfo(np.float32).tiny) & (x < 0)) > 1000  # negative subnormal x covered
+  assert np.sum(tiny & (expect < 0)) > 500 and np.sum(tiny & (expect == 0) & np.signbit(expect)) > 200
+  _same_bits(np.asarray(jax.jit(mul_unflushed)(x, y)), expect)
+  np.testing.assert_array_equal(
+    np.asarray(mul_unflushed(x[4:7], y[4:7])).view(np.uint32), [0x80000000, 0x80000001, 0x80000000]
+  )
 
 
 def test_exact_subnormal_quotients_halfway_between_two_subnormals_round_to_even():

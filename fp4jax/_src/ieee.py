@@ -18,9 +18,10 @@ back to the backend's own division.
 
 The same integer rounding gives exact products: ``mul_rn`` (any two float32 values, times a power of two),
 ``mul_pow2_rn`` (``x·num·2^k``, num 1 or 3: the MX element scaling) and ``mul_short_rn`` (a product whose first
-factor has at most 7 significant bits: E2M1 values times E4M3 / E8M0 scales, and those times a tensor scale), and
-exact sums: ``add_rn``. XLA on CPU flushes float32 subnormals (inputs and results) to zero and XLA on GPU does not;
-these functions return the IEEE result (subnormals kept) on both.
+factor has at most 7 significant bits: E2M1 values times E4M3 / E8M0 scales, and those times a tensor scale),
+``mul_unflushed`` (the IEEE product by the backend's float multiply where it keeps subnormals, ``mul_rn`` on the
+CPU), and exact sums: ``add_rn``. XLA on CPU flushes float32 subnormals (inputs and results) to zero and XLA on GPU
+does not; these functions return the IEEE result (subnormals kept) on both.
 """
 
 from __future__ import annotations
@@ -139,11 +140,21 @@ def mul_pow2_rn3(x: jnp.ndarray, k: jnp.ndarray) -> jnp.ndarray:
 
 @jax.jit  # a named call in jaxprs: GPU Pallas kernels run it as PTX mul.rn.f32 (fp4jax_kernels.triton_compat)
 def mul_unflushed(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
-  """``x · y`` in float32 with a subnormal ``x`` counted at its value on every backend: computed as
-  ``(x · 2^64) · (y · 2^-64)`` where ``x`` is subnormal (both scalings exact: the first on the bits), so the result
-  is the IEEE product wherever that product is normal. A subnormal product may be flushed to zero (XLA on CPU): only
-  use it where such a product is rounded to 0 anyway (an E2M1 or E4M3 rounding)."""
+  """``x · y`` in float32 rounded once: the IEEE product (nearest, ties to even; subnormal operands and results kept,
+  Inf on overflow), on every backend. So a product that is subnormal keeps its value and sign: the E2M1 code of a
+  negative ``x · enc`` that IEEE rounds to a nonzero subnormal is -0 (0x8) everywhere, and one that IEEE rounds to
+  ±0 (``|x · enc| <= 2^-150``) is +0 (0x0) everywhere.
+
+  On the CPU, whose XLA flushes subnormal operands and results to zero, it is ``mul_rn`` (exact integer arithmetic);
+  elsewhere (a GPU keeps subnormals) the float product, with a subnormal ``x`` first rescaled on its bits as
+  ``(x · 2^64) · (y · 2^-64)`` (both scalings exact) so that a backend flushing subnormal operands still counts it.
+  """
   x, y = jnp.broadcast_arrays(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32))
+  return lax.platform_dependent(x, y, cpu=mul_rn, default=_rescaled_product)
+
+
+def _rescaled_product(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
+  """``x · y`` as a float product, a subnormal ``x`` rescaled: ``(x · 2^64) · (y · 2^-64)``."""
   bits = lax.bitcast_convert_type(x, jnp.uint32)
   sub = (bits & _INF) == 0
   up = (bits & _MANT).astype(jnp.int32).astype(jnp.float32) * jnp.float32(2.0**-85)  # |x| · 2^64, exact

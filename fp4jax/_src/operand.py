@@ -51,7 +51,7 @@ from fp4jax._src.formats import (
   floor_log2,
   pow2,
 )
-from fp4jax._src.ieee import div_rn
+from fp4jax._src.ieee import div_rn, mul_unflushed
 from fp4jax._src.quantize import (
   BlockLayout,
   block_dims,
@@ -120,10 +120,12 @@ def row_amax(x: jax.Array, shard=None) -> jax.Array:
 
 
 def _e2m1_channel(x: jax.Array, pow2_scale: bool, shard=None) -> Operand:
-  """E2M1 with per-row absmax scales: ``values = value(rtn_e2m1(x·γ))`` (E2M1 grid values, exact in bf16) and the
-  per-row decode scale ``1/γ`` correctly rounded (``div_rn``), so the dequantized row is ``value · fl(1/γ)``."""
+  """E2M1 with per-row absmax scales: ``values = value(rtn_e2m1(x·γ))`` (E2M1 grid values, exact in bf16; ``x·γ``
+  the IEEE product with subnormals on every backend, ``mul_unflushed``, so a negative ``x`` gives -0.0 iff
+  ``|x·γ| > 2^-150``) and the per-row decode scale ``1/γ`` correctly rounded (``div_rn``), so the dequantized row is
+  ``value · fl(1/γ)``."""
   g = channel_scale(x, pow2_scale, shard)
-  values = e2m1_decode(rtn_e2m1(x.astype(jnp.float32) * g)).astype(jnp.bfloat16)
+  values = e2m1_decode(rtn_e2m1(mul_unflushed(x.astype(jnp.float32), g))).astype(jnp.bfloat16)
   return Operand(values, div_rn(jnp.float32(1.0), g))
 
 

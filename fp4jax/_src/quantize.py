@@ -10,9 +10,11 @@ Dequantized value of an element: ``f32(value(q) · f32(dec_b)) · s_dec`` (NVFP4
 ``f32(value(q) · 2^e_b) · g`` (MXFP4, ``g`` = 1, or f32(4/3) for the "floor_headroom" mode), each product rounded
 once as IEEE fp32 with subnormals (``fp4jax.ieee.mul_short_rn``: exact integer arithmetic, no backend flushes).
 
-Element scaling: NVFP4 ``x · enc_b`` (fp32, subnormal ``x`` counted at its value: ``fp4jax.ieee.mul_unflushed``);
-MXFP4 ``x · 2^-e_b`` (``x · 0.75 · 2^-e_b`` for "floor_headroom"), rounded once on the float32 bits
-(``fp4jax.ieee.mul_pow2_rn``: subnormal inputs and results as IEEE). E2M1 rounding maps ``|v| < 2^-126`` to ±0.
+Element scaling: NVFP4 ``x · enc_b`` (the IEEE fp32 product, subnormal inputs and results kept on every backend:
+``fp4jax.ieee.mul_unflushed``); MXFP4 ``x · 2^-e_b`` (``x · 0.75 · 2^-e_b`` for "floor_headroom"), rounded once on
+the float32 bits (``fp4jax.ieee.mul_pow2_rn``: subnormal inputs and results as IEEE). E2M1 rounding maps
+``|v| < 2^-126`` to ±0, the sign bit set iff ``v < 0``: a code is negative iff ``x < 0`` and the exact product
+exceeds 2^-150 in magnitude (``fp4jax.rounding``), the same on CPU and GPU.
 
 Four-over-six (NVFP4; Quartet II, Four Over Six arXiv 2512.02010): each block is rounded (RTN) under both block
 targets t = 6 and t = 4 and keeps the one with the smaller error ``E_t`` (``four_over_six_error``, by the format's

@@ -6,7 +6,14 @@ Rules (OCP MX v1.0; NVIDIA PTX ``cvt.rn.satfinite`` / ``cvt.rs``):
 * RTN, E2M1: nearest grid value, ties to the even code; decision points on magnitudes
   [0, .25] -> 0, (.25, .75) -> .5, [.75, 1.25] -> 1, (1.25, 1.75) -> 1.5, [1.75, 2.5] -> 2, (2.5, 3.5) -> 3,
   [3.5, 5] -> 4, > 5 -> 6; saturating at 6 (Inf and NaN too). The sign bit is set for ``x < 0`` (so -0.0 -> code 0,
-  -0.1 -> code 8), as in Transformer Engine's reference ``cast_to_fp4x2``.
+  -0.1 -> code 8, a negative subnormal -> code 8), as in Transformer Engine's reference ``cast_to_fp4x2``
+  (``v < -0.0``), decided on the bits of ``x``.
+* The sign of a zero code: the quantizers round the scaled value ``v = fl(x · s)`` (NVFP4 ``s = enc_b``, MXFP4
+  ``s = 2^-e_b``), the IEEE float32 product rounded once with gradual underflow on every backend
+  (``fp4jax.ieee.mul_unflushed``, ``mul_pow2_rn``). So a code is negative iff ``x < 0`` and the exact
+  ``|x| · s > 2^-150`` (``|x| · s = 2^-150`` is a tie and rounds to the even -0): a negative ``x`` whose ``v`` is
+  subnormal gets 0x8, one whose ``v`` underflows to -0 gets 0x0, on the CPU (whose XLA flushes subnormal products)
+  as on the GPU.
 * SR, E2M1: with ``lo <= |x| < hi`` the neighbouring grid values, round up with probability ``(|x| - lo)/(hi - lo)``,
   up iff a uniform ``u`` (22 bits for |x| >= 1, where the fraction has 22 bits; 24 below) is smaller than it,
   compared exactly. Unbiased inside [-6, 6].

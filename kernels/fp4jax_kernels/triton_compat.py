@@ -13,10 +13,9 @@ to something inexact, so ``kernel_safe(fn)`` traces ``fn`` to a jaxpr and evalua
 * ``mul_short_rn``, ``mul_pow2_rn1`` / ``mul_pow2_rn3`` (``fp4jax.ieee``, named calls): IEEE fp32 products with
   subnormals, emulated in integers so that XLA:CPU's flushing cannot change them; on the GPU each becomes PTX
   ``mul.rn.f32`` (by exact powers of two), the same products.
-* ``mul_unflushed`` (``fp4jax.ieee``, a named call): a product whose subnormal first operand is rescaled by exact
-  powers of two so that XLA:CPU cannot flush it; PTX ``mul.rn.f32`` is the IEEE product, equal to it wherever the
-  product is normal (its contract; a subnormal product only ever meets an E2M1 or E4M3 rounding, which gives 0 for
-  both).
+* ``mul_unflushed`` (``fp4jax.ieee``, a named call): the IEEE fp32 product with subnormals (emulated in integers on
+  the CPU, whose XLA flushes); on the GPU PTX ``mul.rn.f32``, the same product: a subnormal product keeps its sign,
+  which an E2M1 zero code keeps (0x8 for a negative one).
 * ``round`` (ties to even): no Triton lowering; PTX ``cvt.rni.f32.f32`` (round to nearest integer, ties to even).
 * ``sqrt`` (float32): Triton lowers ``math.sqrt`` to the approximate square root; PTX ``sqrt.rn.f32`` is IEEE
   round-to-nearest, as XLA's (QuEST's block standard deviation).

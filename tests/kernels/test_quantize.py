@@ -141,6 +141,28 @@ def test_kernel_matches_reference_bit_for_bit(name, interpret):
   _assert_same(got, reference.quantize(x, spec, key, output=output))
 
 
+def _tiny_products_input(shape, dtype):
+  """A 1e30 every 16 rows and columns (each block's amax, either direction) among negatives of 2^-60 .. 2^-19: the
+  scaled values (about 2^-97 times them) underflow to -0, are subnormal or normal; and a -0.0."""
+  rng = np.random.RandomState(1)
+  x = -np.exp2(rng.uniform(-60, -20, shape)) * rng.uniform(1, 2, shape)
+  x[:, ::16], x[::16, :], x[3, 5] = 1e30, 1e30, -0.0
+  return jnp.asarray(x, jnp.float32).astype(dtype)
+
+
+@pytest.mark.parametrize("name", ["nvfp4_rtn", "nvfp4_sr", "nvfp4_four_over_six_f32", "nvfp4_cols_rtn", "mxfp4_floor"])
+def test_zero_code_signs_match_reference_bit_for_bit(name, interpret):
+  """Negative elements whose scaled value is subnormal get code 0x8, those that underflow to -0 code 0x0
+  (``tests/test_e2m1_zero_sign.py``'s rule): the kernel's IEEE product (PTX ``mul.rn.f32`` on the GPU) and the
+  reference agree."""
+  (spec, output), shape, tile = CASES[name]
+  x, key = _tiny_products_input(shape, jnp.float32 if "f32" in name else jnp.bfloat16), jax.random.key(7)
+  want = reference.quantize(x, spec, key, output=output)
+  codes = np.asarray(want[0].unpacked_codes())
+  assert np.sum(codes == 8) > 50 and np.sum(codes == 0) > 50  # x is negative but for the 1e30s: both zero signs
+  _assert_same(pallas_triton.quantize(x, spec, key, output=output, tile=tile, interpret=interpret), want)
+
+
 ROUTE_CASES = [
   (name, route)
   for name in sorted(CASES)
