@@ -258,3 +258,13 @@ def test_the_kernels_refuse_these_formats_and_auto_falls_back(fmt):
   want = _oracle(np.asarray(x), fmt)[2]
   assert op.values.dtype == fmt.gemm_dtype and float(op.scale) == 1.0
   np.testing.assert_array_equal(_bits(np.asarray(op.values.astype(jnp.float32))), _bits(want))
+
+
+@pytest.mark.parametrize("block", [1, 3, 33])
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+def test_odd_block_sizes_are_blocks_like_any_other(fmt, block):
+  """``BlockFormat.block_size`` is any positive int for E4M3 elements (no pairs to pack, unlike E2M1): odd blocks,
+  and one-element blocks (a scale per element), match the oracle, the last block zero-padded."""
+  f = dataclasses.replace(fmt, block_size=block)
+  assert f.block_size == block
+  _assert_same(_wide_range(8, (3, 2 * block + 1)), f)

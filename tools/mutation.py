@@ -77,6 +77,11 @@ TARGETS = {
   "ieee": ["tests/test_ieee.py"],
   "formats": [
     "tests/test_formats.py",
+    "tests/test_fp8_blocks.py",  # MXFP8Format, FP8BlockFormat, BlockFP8Format against tests/oracles.py
+    "tests/test_four_over_six_metrics.py::test_bad_metric_names_the_field",
+    "tests/test_four_over_six_metrics.py::test_repr_shows_a_metric_other_than_the_default",
+    "tests/test_four_over_six_te.py::test_field_validation",
+    "tests/test_four_over_six_te.py::test_repr_shows_reference_only_when_set",
     "tests/test_rounding.py",
     _N,
     f"{_Q}::test_mxfp4_matches_reference",
