@@ -258,3 +258,35 @@ def test_the_kernels_refuse_these_formats_and_auto_falls_back(fmt):
   want = _oracle(np.asarray(x), fmt)[2]
   assert op.values.dtype == fmt.gemm_dtype and float(op.scale) == 1.0
   np.testing.assert_array_equal(_bits(np.asarray(op.values.astype(jnp.float32))), _bits(want))
+
+
+@pytest.mark.parametrize("block", [1, 3, 33])
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+def test_odd_block_sizes_are_blocks_like_any_other(fmt, block):
+  """``BlockFormat.block_size`` is any positive int for E4M3 elements (no pairs to pack, unlike E2M1): odd blocks,
+  and one-element blocks (a scale per element), match the oracle, the last block zero-padded."""
+  f = dataclasses.replace(fmt, block_size=block)
+  assert f.block_size == block
+  _assert_same(_wide_range(8, (3, 2 * block + 1)), f)
+
+
+def test_default_blocks_are_the_specs_32_and_128_by_hand():
+  """OCP MX v1.0: MXFP8 shares one E8M0 scale per 32 elements; DeepSeek-V3: FP8 block scaling one float32 scale per
+  128. Two neighbouring blocks of different amax, hand-computed: MXFP8 amax 1 -> e = 0 - 8 (bits 119), amax 2^10 ->
+  e = 2 (bits 129); FP8_BLOCK amax 448 -> dec 1, amax 896 -> dec 2."""
+  x = np.zeros((1, 64), F32)
+  x[0, 0], x[0, 32] = 1.0, 1024.0
+  e, s = fp4jax.fp8.quantize_blocks(jnp.asarray(x), fp4jax.MXFP8)
+  np.testing.assert_array_equal(np.asarray(s).view(np.uint8), [[119, 129]])
+  np.testing.assert_array_equal(np.asarray(e).astype(F32)[0, [0, 32]], [256.0, 256.0])
+  x = np.zeros((1, 256), F32)
+  x[0, 0], x[0, 128] = 448.0, -896.0
+  e, s = fp4jax.fp8.quantize_blocks(jnp.asarray(x), fp4jax.FP8_BLOCK)
+  np.testing.assert_array_equal(np.asarray(s), [[1.0, 2.0]])
+  np.testing.assert_array_equal(np.asarray(e).astype(F32)[0, [0, 128]], [448.0, -448.0])
+
+
+def test_block_fp8_repr_names_the_format_then_its_fields():
+  """The documented repr (``Format``'s docstring): the class, ``name=`` first, then every field in order."""
+  assert repr(fp4jax.MXFP8) == "MXFP8Format(name='mxfp8_e4m3', block_size=32, scale_mode='floor')"
+  assert repr(fp4jax.FP8BlockFormat(block_size=64)) == "FP8BlockFormat(name='fp8_e4m3_block', block_size=64)"

@@ -77,6 +77,11 @@ TARGETS = {
   "ieee": ["tests/test_ieee.py"],
   "formats": [
     "tests/test_formats.py",
+    "tests/test_fp8_blocks.py",  # MXFP8Format, FP8BlockFormat, BlockFP8Format against tests/oracles.py
+    "tests/test_four_over_six_metrics.py::test_bad_metric_names_the_field",
+    "tests/test_four_over_six_metrics.py::test_repr_shows_a_metric_other_than_the_default",
+    "tests/test_four_over_six_te.py::test_field_validation",
+    "tests/test_four_over_six_te.py::test_repr_shows_reference_only_when_set",
     "tests/test_rounding.py",
     _N,
     f"{_Q}::test_mxfp4_matches_reference",
@@ -186,15 +191,16 @@ EQUIVALENT = {
     "sets a bit already set: the constant is 0xB504F3 either way",
   ),
   # formats.py
-  "formats:Format:27.0": (
-    "e883126afec68892",
+  "formats:Format:30.0": (
+    "14f39e8c1ba26197",
     "Format: dataclass(repr=True) never replaces a __repr__ defined in the class body (dataclasses: 'If the class "
     "already defines __repr__(), this parameter is ignored'), and Format defines one: same class either way",
   ),
-  "formats:FP4Format:266.0": (
-    "86546ff060bbfff7",
-    "FP4Format.__post_init__: block_size <= 1 and block_size <= 0 differ only at block_size = 1 (an int: bools and "
-    "non-ints raised just before), where block_size % 2 = 1 raises the same ValueError with the same message",
+  "formats:MXFP8Format:157.0": (
+    "3ed3286dec141d97",
+    "MXFP8Format.exponents: the zero test bits == 1 instead of bits == 0 changes only amax_b = 0 and 2^-149, and "
+    "both get -127 either way: floor_log2(0) = -150 and floor_log2(2^-149) = -149, and rceil adds 0 (significand "
+    "m = 0 and 2^23, not above 1.75 * 2^23), so clip(e - 8, -127, 127) = -127, the all-zero block's exponent",
   ),
   # rounding.py
   "rounding:<module>:38.0": (
