@@ -19,9 +19,9 @@ seq_len / median step time, MFU = tokens/s · FLOPs per token / (n · R) (``benc
 ``bench_scaling.matmul_tflops``), ``ratio_to_anchor`` = tokens/s / the anchor's tokens/s on the same n,
 ``scaling_efficiency`` = tokens/s(n) / (n · tokens/s(1)) of the same model and recipe. ``--profile DIR`` traces
 ``--profile-steps`` more steps of each entry with the JAX profiler and adds ``step_profile.summarize`` (top kernels
-by time) to it. An entry that fails (compile or run) is recorded with its ``error``, the others go on, and the
-command exits non-zero after writing the JSON. The JSON is rewritten after each device count, with ``"complete":
-false`` until the last one.
+by time) to it. An entry that fails (compile or run), or whose compile outruns ``--max-compile-s``, is recorded with
+its ``error``, the others go on, and the command exits non-zero after writing the JSON. The JSON is rewritten after
+each device count, with ``"complete": false`` until the last one.
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import pathlib
 import statistics
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -57,6 +59,7 @@ PLACED_BATCHES = 4  # distinct batches (and keys) placed on the devices, cycled 
 BYTE_VOCAB = 256
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "train_throughput.json"
 SMOKE_OUT = REPO / "runs" / "train_throughput_smoke.json"  # runs/ is git-ignored: a smoke run leaves results/ alone
+ABANDONED: list[threading.Thread] = []  # compiles given up by _compile, still running
 
 
 @dataclasses.dataclass
@@ -89,18 +92,47 @@ class Entry:
     return seconds
 
 
-def _compile(step, state, inputs) -> tuple[Callable, float]:
+class CompileTimeout(Exception):
+  """A train step's compile outran ``--max-compile-s``: recorded as the entry's error, the others go on."""
+
+
+def _compile(step, state, inputs, max_seconds: float) -> tuple[Callable, float]:
+  """``step`` lowered and compiled for the first inputs, and the seconds it took; CompileTimeout when that outruns
+  ``max_seconds`` (XLA's compile goes on in a daemon thread, abandoned: ``main`` ends the process with os._exit)."""
   start = time.perf_counter()
   lowered = step.lower(state, *inputs[0])
   lowered_at = time.perf_counter()
-  compiled = lowered.compile()
+  result = {}
+
+  def work():
+    try:
+      result["compiled"] = lowered.compile()
+    except Exception as error:  # noqa: BLE001 (raised again below, in the caller's thread)
+      result["error"] = error
+
+  worker = threading.Thread(target=work, daemon=True)
+  worker.start()
+  worker.join(None if math.isinf(max_seconds) else max(max_seconds - (lowered_at - start), 0.0))
+  if worker.is_alive():
+    ABANDONED.append(worker)
+    raise CompileTimeout(f"compiling the train step took more than --max-compile-s {max_seconds:g} s (abandoned)")
+  if "error" in result:
+    raise result["error"]
+  compiled = result["compiled"]
   seconds = time.perf_counter() - start
   print(f"  traced and lowered in {lowered_at - start:.1f} s, XLA compile {seconds - (lowered_at - start):.1f} s")
   return compiled, seconds
 
 
 def anchor_entry(
-  size: str, n: int, per_device_batch: int, seq_len: int, total_steps: int, spec: str, attention: anchor.Attention
+  size: str,
+  n: int,
+  per_device_batch: int,
+  seq_len: int,
+  total_steps: int,
+  spec: str,
+  attention: anchor.Attention,
+  max_compile_s: float = float("inf"),
 ) -> Entry:
   """The anchor of ``size`` on the first ``n`` devices (data parallel), on ``spec``'s batches."""
   corpus = data.load_corpus(spec)
@@ -114,7 +146,7 @@ def anchor_entry(
   stream = data.BatchStream(corpus.train, per_device_batch * n, seq_len, seed=0)
   state = trainer.init_state(jax.random.key(0))
   inputs = [(trainer.place(stream.batch(s)),) for s in range(PLACED_BATCHES)]
-  compiled, seconds = _compile(trainer.jitted_step(), state, inputs)
+  compiled, seconds = _compile(trainer.jitted_step(), state, inputs, max_compile_s)
   return Entry(
     "anchor",
     model_lib.BF16_RECIPE,
@@ -138,6 +170,7 @@ def experiments_entry(
   total_steps: int,
   spec: str,
   overrides: dict,
+  max_compile_s: float = float("inf"),
 ) -> Entry:
   """``fp4jax_experiments.train.Trainer`` of ``size`` under ``recipe`` on ``bench_scaling``'s data mesh of n, with
   the ModelConfig ``overrides``; recorded as model ``label``."""
@@ -160,7 +193,7 @@ def experiments_entry(
     )
   state = trainer.init_state()
   inputs = [(trainer.place(trainer.stream.batch(s)), trainer.quant_key(s)) for s in range(PLACED_BATCHES)]
-  compiled, seconds = _compile(trainer.train_step, state, inputs)
+  compiled, seconds = _compile(trainer.train_step, state, inputs, max_compile_s)
 
   def step(state, tokens, key):
     state, metrics = compiled(state, tokens, key)
@@ -215,7 +248,9 @@ def run_device_count(n: int, args: argparse.Namespace, variants: dict[str, dict]
     (
       "anchor",
       model_lib.BF16_RECIPE,
-      lambda: anchor_entry(args.model, n, args.batch, args.seq_len, total, args.data, args.anchor_attention),
+      lambda: anchor_entry(
+        args.model, n, args.batch, args.seq_len, total, args.data, args.anchor_attention, args.max_compile_s
+      ),
     )
   ]
   builders += [
@@ -223,7 +258,7 @@ def run_device_count(n: int, args: argparse.Namespace, variants: dict[str, dict]
       label,
       recipe,
       lambda label=label, recipe=recipe, overrides=overrides: experiments_entry(
-        label, recipe, args.model, n, args.batch, args.seq_len, total, args.data, overrides
+        label, recipe, args.model, n, args.batch, args.seq_len, total, args.data, overrides, args.max_compile_s
       ),
     )
     for recipe in args.recipes
@@ -313,6 +348,12 @@ def _parser() -> argparse.ArgumentParser:
     'its label (e.g. \'{"experiments": {}, "scan": {"scan_unroll": 1}}\'); replaces --experiments-overrides',
   )
   p.add_argument("--matmul-size", type=int, default=8192, help="bf16 GEMM of this size³ sets the MFU divisor")
+  p.add_argument(
+    "--max-compile-s",
+    type=float,
+    default=float("inf"),
+    help="give up an entry whose train step compiles for longer (recorded as its error)",
+  )
   p.add_argument("--profile", default=None, help="folder: trace each entry's --profile-steps more steps")
   p.add_argument("--profile-steps", type=int, default=3)
   p.add_argument("--commit", default=None, help="this tree's commit (default: git rev-parse)")
@@ -399,9 +440,16 @@ def main(argv: list[str] | None = None) -> None:
   print(_table(rows))
   failed = [r for r in rows if "error" in r]
   if failed:
-    raise SystemExit(
-      f"{len(failed)} entries failed: " + "; ".join(f"{r['model']} {r['recipe']} on {r['devices']}" for r in failed)
+    print(
+      f"{len(failed)} entries failed: " + "; ".join(f"{r['model']} {r['recipe']} on {r['devices']}" for r in failed),
+      file=sys.stderr,
+      flush=True,
     )
+  if ABANDONED:  # a compile given up still runs in its thread: leave without waiting for it
+    sys.stdout.flush()
+    os._exit(1)
+  if failed:
+    raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -151,3 +152,34 @@ def test_experiments_variants_must_map_labels_to_override_objects(variants, caps
   with pytest.raises(SystemExit):
     train_throughput.main(["--smoke", "--experiments-variants", variants])
   assert "--experiments-variants must map labels other than 'anchor' to JSON objects" in capsys.readouterr().err
+
+
+class _Lowered:
+  def __init__(self, seconds: float, error: Exception | None = None):
+    self.seconds, self.error = seconds, error
+
+  def compile(self):
+    time.sleep(self.seconds)
+    if self.error:
+      raise self.error
+    return "compiled"
+
+
+class _Step:
+  def __init__(self, lowered):
+    self.lowered = lowered
+
+  def lower(self, *args):
+    return self.lowered
+
+
+def test_a_compile_past_the_budget_is_given_up_and_others_are_kept(monkeypatch):
+  monkeypatch.setattr(train_throughput, "ABANDONED", [])
+  compiled, seconds = train_throughput._compile(_Step(_Lowered(0.0)), None, [()], max_seconds=5.0)
+  assert compiled == "compiled" and 0 <= seconds < 5.0
+  start = time.perf_counter()
+  with pytest.raises(train_throughput.CompileTimeout, match="--max-compile-s 0.2"):
+    train_throughput._compile(_Step(_Lowered(3.0)), None, [()], max_seconds=0.2)
+  assert time.perf_counter() - start < 2.5 and len(train_throughput.ABANDONED) == 1
+  with pytest.raises(ValueError, match="bad kernel"):
+    train_throughput._compile(_Step(_Lowered(0.0, ValueError("bad kernel"))), None, [()], max_seconds=5.0)
