@@ -85,24 +85,66 @@ def _train_throughput(doc: dict) -> list[str]:
     + ("" if doc.get("complete", True) else " INCOMPLETE: the run stopped before its last device count.")
     + _variants(s),
     "",
-    "| model | recipe | devices | tokens/s | tokens/s over rounds | ms/step | MFU | / anchor | weak scaling "
-    "| compile s |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| model | recipe | devices | tokens/s | tokens/s over rounds | ms/step | MFU | / anchor | / bf16 "
+    "| weak scaling | compile s |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   fmt = lambda x, spec: "" if x is None else format(x, spec)
+  ok = [r for r in doc["rows"] if "error" not in r]
+  bf16 = {(r["model"], r["devices"]): r for r in ok if r["recipe"] == "bf16"}
   for r in doc["rows"]:
     head = f"| {r['model']} | {r['recipe']} | {r['devices']} |"
     if "error" in r:
-      out.append(f"{head} failed: {r['error'][:100].replace('|', '/')} | | | | | | |")
+      out.append(f"{head} failed: {r['error'][:100].replace('|', '/')} | | | | | | | |")
       continue
     tokens = r["global_batch"] * r["seq_len"]
     per_round = [tokens / t for t in r.get("step_time_rounds_s", [])]
     rng = f"{min(per_round):,.0f}–{max(per_round):,.0f}" if len(per_round) > 1 else "one round"
     eff = fmt(r["scaling_efficiency"], ".1%") if r["devices"] > 1 else ""
+    base = bf16.get((r["model"], r["devices"]))
+    over_bf16 = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}" if base else ""
     out.append(
       f"{head} {r['tokens_per_s']:,.0f} | {rng} | {r['step_time_median_s'] * 1e3:.1f} | {r['mfu']:.1%} | "
-      f"{fmt(r['ratio_to_anchor'], '.2f')} | {eff} | {r['compile_s']:.0f} |"
+      f"{fmt(r['ratio_to_anchor'], '.2f')} | {over_bf16} | {eff} | {r['compile_s']:.0f} |"
     )
+  return out + _step_categories(ok, bf16)
+
+
+def _step_categories(rows: list[dict], bf16: dict) -> list[str]:
+  """Where each profiled entry's step time goes: kernel ms per step by category (``step_profile.CATEGORIES``), and
+  for each non-bf16 row the difference from its model's bf16 row."""
+  profiled = []
+  for r in rows:
+    device = next(iter((r.get("profile") or {}).values()), None)
+    if device and "ms_per_step_by_category" in device:
+      profiled.append((r, device))
+  if not profiled:
+    return []
+  columns = ["gemm", "attention", "pallas", "fusion", "copy", "collective", "other"]
+  out = [
+    "",
+    "GPU kernel time per step by category, from the profile of the same run (ms; a category sums its kernels' "
+    "durations; pallas = fp4jax's Pallas kernels, fusion = XLA's other fusions; "
+    "`experiments/step_profile.py`). Δ bf16 is the row minus its model's bf16 row.",
+    "",
+    "| model | recipe | devices | busy ms/step | kernels/step | " + " | ".join(columns) + " |",
+    "|---|---|---|---|---|" + "---|" * len(columns),
+  ]
+  for r, device in profiled:
+    cat = device["ms_per_step_by_category"]
+    cells = " | ".join(f"{cat.get(c, 0.0):.1f}" for c in columns)
+    out.append(
+      f"| {r['model']} | {r['recipe']} | {r['devices']} | {device['busy_ms_per_step']:.1f} | "
+      f"{device['kernels_per_step']:.0f} | {cells} |"
+    )
+    base = bf16.get((r["model"], r["devices"]))
+    base_device = next(iter((base or {}).get("profile", {}).values()), None)
+    if r["recipe"] != "bf16" and base_device and "ms_per_step_by_category" in base_device:
+      ref = base_device["ms_per_step_by_category"]
+      delta = " | ".join(f"{cat.get(c, 0.0) - ref.get(c, 0.0):+.1f}" for c in columns)
+      busy = device["busy_ms_per_step"] - base_device["busy_ms_per_step"]
+      kernels = device["kernels_per_step"] - base_device["kernels_per_step"]
+      out.append(f"| | Δ bf16 | | {busy:+.1f} | {kernels:+.0f} | {delta} |")
   return out
 
 

@@ -56,12 +56,47 @@ def test_train_throughput_reports_tokens_per_second_of_each_round():
   doc = {"benchmark": "train_throughput", "matmul_tflops": 1.0, "settings": settings, "rows": [row]}
   lines = report.RENDER["train_throughput"](doc)
   assert "| experiments | bf16 | 1 | 133 | 100–200 | 750.0 |" in "\n".join(lines)  # 100 tokens in 1.0 s and 0.5 s
+  assert "by category" not in "\n".join(lines)  # no profile: no category table
   assert "ModelConfig overrides" not in "\n".join(lines)  # defaults only: nothing to say
   settings["experiments_variants"] = {"experiments": {}, "unrolled": {"scan_unroll": 12}}
   text = "\n".join(report.RENDER["train_throughput"](doc))
   assert (
     'Experiments models (ModelConfig overrides): `experiments`: the defaults; `unrolled`: {"scan_unroll": 12}.' in text
   )
+
+
+def test_throughput_report_takes_ratios_to_bf16_and_the_category_differences():
+  def row(recipe, tokens_per_s, categories, busy, kernels):
+    profile = {"/device:GPU:0": {"busy_ms_per_step": busy, "kernels_per_step": kernels}}
+    profile["/device:GPU:0"]["ms_per_step_by_category"] = categories
+    return {
+      "model": "experiments",
+      "recipe": recipe,
+      "devices": 1,
+      "global_batch": 1,
+      "seq_len": 100,
+      "tokens_per_s": tokens_per_s,
+      "step_time_median_s": 100 / tokens_per_s,
+      "step_time_rounds_s": [100 / tokens_per_s],
+      "mfu": 0.5,
+      "ratio_to_anchor": None,
+      "scaling_efficiency": 1.0,
+      "compile_s": 3.0,
+      "profile": profile,
+    }
+
+  rows = [
+    row("bf16", 400.0, {"gemm": 10.0, "fusion": 2.0}, 12.0, 100),
+    row("quartet2", 100.0, {"gemm": 11.0, "pallas": 5.0, "fusion": 7.5}, 23.5, 400),
+  ]
+  settings = {"model": "1M", "per_device_batch": 1, "seq_len": 100, "anchor_attention": "xla"}
+  settings |= {"warmup": 1, "steps": 2, "rounds": 1}
+  doc = {"benchmark": "train_throughput", "matmul_tflops": 1.0, "settings": settings, "rows": rows}
+  text = "\n".join(report.RENDER["train_throughput"](doc))
+  assert "| experiments | quartet2 | 1 | 100 | one round | 1000.0 | 50.0% |  | 0.25 |" in text  # 100 / 400 tok/s
+  # gemm, attention, pallas, fusion, copy, collective, other
+  assert "| experiments | quartet2 | 1 | 23.5 | 400 | 11.0 | 0.0 | 5.0 | 7.5 | 0.0 | 0.0 | 0.0 |" in text
+  assert "| | Δ bf16 | | +11.5 | +300 | +1.0 | +0.0 | +5.0 | +5.5 | +0.0 | +0.0 | +0.0 |" in text
 
 
 def test_a_stale_result_is_labelled_with_its_reason():
