@@ -391,7 +391,8 @@ def all_reduce_sum(grads, dtype: str, axis_name: str):
 def token_sharded_model(model: model_lib.Llama):
   """``model`` with the projections of its FP4 layer stacks running ``fp4jax.sharding.token_sharded(recipe,
   "data")`` (``fp4jax.flax.linen.quantize`` rules on the stacks' paths; BF16 stacks, embedding and LM head as
-  written): inside :func:`data_parallel_value_and_grad` every quantized operand is then the one-device operand."""
+  written), with the model's ``quantizer_backend`` (the kernels quantize each token shard with the collective amax):
+  inside :func:`data_parallel_value_and_grad` every quantized operand is then the one-device operand."""
   cfg = model.config
   stacks = [s for s in model_lib.layer_stacks(cfg) if s.recipe != model_lib.BF16_RECIPE]
   if not stacks:
@@ -402,7 +403,8 @@ def token_sharded_model(model: model_lib.Llama):
       "token-sharded recipes, which fp4jax.ragged_dot (the MoE experts) does not take; use float32"
     )
   recipe = fp4jax.sharding.token_sharded(cfg.recipe, DATA)
-  return fp4jax.flax.quantize(model, [fp4jax.flax.Rule(re.escape(s.name) + "/.*", recipe) for s in stacks], defaults=())
+  rules = [fp4jax.flax.Rule(re.escape(s.name) + "/.*", recipe) for s in stacks]
+  return fp4jax.flax.quantize(model, rules, defaults=(), backend=cfg.quantizer_backend)
 
 
 def data_parallel_value_and_grad(loss_share: Callable, mesh: Mesh, comm_dtype: str):
@@ -422,11 +424,13 @@ def data_parallel_value_and_grad(loss_share: Callable, mesh: Mesh, comm_dtype: s
 
   def local(params, batch, key):
     total_rows = batch.shape[0] * lax.axis_size(DATA)
-    params = lax.pcast(params, DATA, to="varying")  # per-shard gradients: no implicit fp32 psum in the transpose
     loss, grads = jax.value_and_grad(loss_share)(params, batch, key, total_rows)
     return lax.psum(loss, DATA), all_reduce_sum(grads, comm_dtype, DATA)
 
-  return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(DATA, None), P()), out_specs=(P(), P()))
+  # check_vma=False: the FP4 kernels' pallas_call outputs carry no varying-axes type; and without the check the
+  # replicated parameters' gradients get no implicit fp32 psum in the transpose: each shard keeps its own, which
+  # all_reduce_sum then sums in comm_dtype (and the psum'd loss and all-reduced sums are the same on every device)
+  return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(DATA, None), P()), out_specs=(P(), P()), check_vma=False)
 
 
 _COLLECTIVE = re.compile(r"= (.*?) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")

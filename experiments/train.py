@@ -187,15 +187,20 @@ def next_token_loss(logits: jax.Array, tokens: jax.Array, total_rows: int | None
 
 
 def quantizer_backend_for(backend: str, layout: sharding.Layout | None, config: TrainConfig) -> str:
-  """The projections' quantizer backend on ``layout``: ``backend`` as given on one device or under
-  ``deterministic=R`` (each device quantizes whole microbatches); on a mesh of several devices otherwise, "auto"
-  is XLA's quantizers and "pallas" / "native" raise ValueError naming the mesh."""
+  """The projections' quantizer backend on ``layout``: ``backend`` as given on one device, under ``deterministic=R``
+  (each device quantizes whole microbatches) and with a ``grad_comm_dtype`` other than float32 (data parallelism
+  under ``shard_map``: each device quantizes its token shard with the kernels' collective amax,
+  ``sharding.token_sharded_model``); on a mesh of several devices otherwise (XLA's partitioner, which cannot split
+  a kernel), "auto" is XLA's quantizers and "pallas" / "native" raise ValueError naming the mesh."""
   if layout is None or layout.n_devices == 1 or config.deterministic or backend == "xla":
+    return backend
+  if config.grad_comm_dtype != "float32":
     return backend
   if backend != "auto":
     raise ValueError(
       f"quantizer_backend={backend!r} trains on one device, or on a mesh with deterministic=R (--deterministic R: "
-      f"each device quantizes whole microbatches); with the mesh {layout.describe()} use 'auto' or 'xla'"
+      "each device quantizes whole microbatches) or a data-parallel --grad-comm-dtype other than float32 (each "
+      f"device quantizes its token shard); with the mesh {layout.describe()} use 'auto' or 'xla'"
     )
   return "xla"
 

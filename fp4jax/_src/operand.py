@@ -66,6 +66,8 @@ from fp4jax._src.rounding import rtn_bf16, rtn_e2m1
 
 QUANTIZE_OP = "quantize_operand"
 PAIR_OP = "quantize_operand_pair"
+# one device's slice of a sharded operand inside shard_map (fp4jax.sharding): impl(x, spec, key, shard, *, auto)
+SHARDED_QUANTIZE_OP = "quantize_sharded_operand"
 
 
 class Operand(NamedTuple):
@@ -211,7 +213,7 @@ def quantize_operand(
   Returns the ``Operand`` and, for ``estimator="trust_mask"``, the bool mask of unclipped elements, else None.
   ``key`` feeds stochastic rounding / MS-EDEN. ``backend``: ``QUANTIZE_OP``'s implementation (module docstring);
   every backend gives the same bits. ``shard``: an ``fp4jax.sharding.OperandShard`` when ``x`` is one device's slice
-  of a sharded operand inside ``shard_map`` (XLA only; see ``fp4jax.sharding``).
+  of a sharded operand inside ``shard_map`` (see ``fp4jax.sharding``; ``SHARDED_QUANTIZE_OP``).
   """
   backend = _resolve(backend, spec, "fp4jax.operand.quantize_operand")
   if shard is not None:
@@ -237,7 +239,7 @@ def rotate_and_quantize(
   With the Pallas backend one kernel pass does it all: rotation (same butterflies, same bf16 rounding), transpose
   (read ``x``, write the K-major operand; the random bits are ``xt``'s), quantization and the bf16 values; the
   same bits as XLA (QuEST's trust mask too). ``shard``: see ``quantize_operand`` (of the transposed operand when
-  ``transposed``; XLA only).
+  ``transposed``; rotated by XLA).
   """
   backend = _resolve(backend, spec, "fp4jax.operand.rotate_and_quantize")
   if shard is not None:  # checked before rotating, so a straddling Hadamard chunk is named as such
@@ -264,10 +266,16 @@ def _xla_quantize_operand(
 
 
 def _sharded_quantize(x, spec: OperandSpec, key, backend: Backend, shard) -> tuple[Operand, jax.Array | None]:
-  """``_quantize`` of one device's slice of a sharded operand (``fp4jax.sharding``); XLA only."""
-  if backend not in ("auto", "xla"):
-    raise ValueError(f"backend={backend!r} does not take a sharded operand (fp4jax.sharding); use 'xla' or 'auto'")
+  """One device's slice ``x`` (already rotated) of a sharded operand quantized as the logical tensor
+  (``fp4jax.sharding``: the collective amax, random bits at logical indices) by ``SHARDED_QUANTIZE_OP``: the
+  per-shard kernel where it takes the case, else XLA; the same bits."""
   shard.check(x.shape, spec, "fp4jax.operand.quantize_operand")
+  return backends.run(SHARDED_QUANTIZE_OP, backend, x, spec, key, shard, auto=backend == "auto")
+
+
+def _xla_sharded_quantize(x, spec: OperandSpec, key, shard, *, auto: bool) -> tuple[Operand, jax.Array | None]:
+  """``SHARDED_QUANTIZE_OP``'s XLA implementation; it takes every case ``OperandShard.check`` lets through."""
+  del auto
   return _quantize(x, spec, key, shard)
 
 
@@ -358,3 +366,4 @@ def _dot(a: jax.Array, b: jax.Array, precision) -> jax.Array:
 
 backends.register(QUANTIZE_OP, "xla", _xla_quantize_operand)
 backends.register(PAIR_OP, "xla", _unfused_pair)
+backends.register(SHARDED_QUANTIZE_OP, "xla", _xla_sharded_quantize)

@@ -29,11 +29,12 @@ the forward GEMM's over inputs), which are partial sums that the caller adds acr
   take a per-row ``pmax`` when the split cuts the rows; its OCC clamp bounds (per-row quantiles) are taken from the
   whole rows, gathered from the shards (``lax.all_gather``, exact).
 
-Not supported on a sharded operand: the ``"pallas"`` quantizer backend (``ValueError``; ``"auto"`` uses XLA). The
-per-shard quantize kernel (``fp4jax_kernels.quantize.sharded``) runs on this module's description of a sharded
-tensor: one :class:`OperandShard` per split dim (a mesh axis or a tuple of axes), its :func:`placement` (origin and
-logical shape for the random bits), :func:`combine_amax` (the collective NVFP4 amax) and ``OperandShard.check``
-(no straddling block, Hadamard chunk or 16x16 tile).
+A sharded operand goes through ``fp4jax.operand.SHARDED_QUANTIZE_OP``: XLA, or the fused kernel on the local slice
+(``fp4jax_kernels.operand.quantize_sharded_operand``, registered as "pallas") with the collective amax and the
+slice's logical origin, the same bits. The kernels (also ``fp4jax_kernels.quantize.sharded`` for a whole sharded
+array) run on this module's description of a sharded tensor: one :class:`OperandShard` per split dim (a mesh axis
+or a tuple of axes), its :func:`placement` (origin and logical shape for the random bits), :func:`combine_amax` (the
+collective NVFP4 amax) and ``OperandShard.check`` (no straddling block, Hadamard chunk or 16x16 tile).
 
 ``ordered_psum`` is the all-reduce for sums that must not depend on the layout: ``lax.psum`` adds the shards in an
 order the backend picks (a ring or a tree, by message size), ``ordered_psum`` always by the pairwise tree of

@@ -1,6 +1,7 @@
 """The fused quantize kernel as the ``"pallas"`` implementation of ``fp4jax.operand``'s ops, and its limits.
 
-``quantize_operand`` implements ``fp4jax.operand.QUANTIZE_OP`` and ``quantize_operand_pair`` ``PAIR_OP``
+``quantize_operand`` implements ``fp4jax.operand.QUANTIZE_OP``, ``quantize_operand_pair`` ``PAIR_OP`` and
+``quantize_sharded_operand`` ``SHARDED_QUANTIZE_OP`` (one device's slice of a sharded operand, ``fp4jax.sharding``)
 (``register`` puts them in ``fp4jax.backends``' registry; ``import fp4jax_kernels`` calls it). Each checks once
 whether the kernel takes the case and raises ``fp4jax.backends.Unsupported`` with the reason where it does not,
 before tracing anything; ``fp4jax.backends.run`` then falls back to XLA under ``"auto"``.
@@ -21,9 +22,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fp4jax._src import backends
+from fp4jax._src import backends, sharding
 from fp4jax._src.formats import FP4Format
-from fp4jax._src.operand import PAIR_OP, QUANTIZE_OP, Operand
+from fp4jax._src.operand import PAIR_OP, QUANTIZE_OP, SHARDED_QUANTIZE_OP, Operand
 from fp4jax._src.recipes import OperandSpec
 from fp4jax._src.spec import QuantizeSpec
 from fp4jax_kernels.quantize import pallas_triton
@@ -152,7 +153,43 @@ def quantize_operand_pair(x: jax.Array, rows, cols, *, auto: bool):
   return _as_operand(out_r, x.shape), _as_operand(out_c, shape_t)
 
 
+def quantize_sharded_operand(x: jax.Array, spec: OperandSpec, key, shard, *, auto: bool):
+  """``SHARDED_QUANTIZE_OP`` by the fused kernel on this device's slice ``x`` (already rotated) of an operand split
+  as ``shard`` (an ``fp4jax.sharding.OperandShard``) inside ``shard_map``: the kernel's amax pre-pass on the slice,
+  ``fp4jax.sharding.combine_amax`` over the shard's axes (the logical tensor's amax and NaN rule), and the kernel
+  with that amax and the slice's logical origin (random bits at logical indices): the bits of ``fp4jax.operand``'s
+  XLA path. Raises ``Unsupported`` where ``check`` does, and for a split of the rows of an operand with leading dims
+  (the kernel folds them into its rows, which the slice's origin cannot describe)."""
+  check(x.shape, x.dtype, spec, False, auto)
+  along = shard.dim == x.ndim - 1
+  if not along and (shard.dim != x.ndim - 2 or math.prod(x.shape[:-2]) != 1):
+    raise backends.Unsupported(
+      f"the fused quantize kernel folds the leading dims of an operand of shape {x.shape} into its rows, which a "
+      f"split of dim {shard.dim} over {shard.axis_name!r} does not allow"
+    )
+  qspec, output = kernel_args(spec, 0, False)
+  x2 = x.reshape(-1, x.shape[-1])
+  interpret = backends.pallas_interpret()
+  amax = None
+  if qspec.fmt.has_tensor_scale:
+    local = pallas_triton.tensor_amax(x2, qspec, output, None, interpret=interpret)
+    amax = sharding.combine_amax(local, shard.axis_name)
+  origin, logical = sharding.placement((sharding.OperandShard(shard.axis_name, 1 if along else 0),), x2.shape)
+  out = pallas_triton.quantize(
+    x2,
+    qspec,
+    key,
+    output=output,
+    interpret=interpret,
+    amax=amax,
+    origin=jnp.stack([jnp.asarray(o, jnp.int32) for o in origin]),
+    logical_shape=logical,
+  )
+  return _as_operand(out, x.shape)
+
+
 def register() -> None:
   """Register these as the ``"pallas"`` implementations of ``fp4jax.operand``'s ops."""
   backends.register(QUANTIZE_OP, "pallas", quantize_operand)
   backends.register(PAIR_OP, "pallas", quantize_operand_pair)
+  backends.register(SHARDED_QUANTIZE_OP, "pallas", quantize_sharded_operand)

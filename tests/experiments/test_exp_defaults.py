@@ -54,20 +54,24 @@ def test_deterministic_runs_take_xla_attention_unless_asked(corpus):
 
 
 @pytest.mark.parametrize(
-  "backend,layout,deterministic,want",
+  "backend,layout,deterministic,comm,want",
   [
-    ("auto", None, 0, "auto"),
-    ("auto", sharding.Layout(data=1), 0, "auto"),
-    ("auto", sharding.Layout(data=2), 0, "xla"),
-    ("auto", sharding.Layout(model=2), 0, "xla"),
-    ("auto", sharding.Layout(data=2), 2, "auto"),
-    ("pallas", sharding.Layout(data=2), 2, "pallas"),
-    ("xla", sharding.Layout(data=2), 0, "xla"),
-    ("pallas", None, 0, "pallas"),
+    ("auto", None, 0, "float32", "auto"),
+    ("auto", sharding.Layout(data=1), 0, "float32", "auto"),
+    ("auto", sharding.Layout(data=2), 0, "float32", "xla"),
+    ("auto", sharding.Layout(model=2), 0, "float32", "xla"),
+    ("auto", sharding.Layout(data=2), 2, "float32", "auto"),
+    ("pallas", sharding.Layout(data=2), 2, "float32", "pallas"),
+    ("auto", sharding.Layout(data=2), 0, "bfloat16", "auto"),  # shard_map data parallelism: per-shard kernels
+    ("pallas", sharding.Layout(data=2), 0, "bfloat16", "pallas"),
+    ("xla", sharding.Layout(data=2), 0, "float32", "xla"),
+    ("pallas", None, 0, "float32", "pallas"),
   ],
 )
-def test_quantizer_backend_on_a_mesh(backend, layout, deterministic, want):
-  config = train.TrainConfig(model="100K", batch_size=4, seq_len=16, tokens=64, deterministic=deterministic)
+def test_quantizer_backend_on_a_mesh(backend, layout, deterministic, comm, want):
+  config = train.TrainConfig(
+    model="100K", batch_size=4, seq_len=16, tokens=64, deterministic=deterministic, grad_comm_dtype=comm
+  )
   assert train.quantizer_backend_for(backend, layout, config) == want
 
 

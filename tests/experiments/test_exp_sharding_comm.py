@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from test_exp_sharding import LOSS_ATOL, STEP0_ULPS, _layout_check, corpus  # noqa: F401  (corpus: a fixture)
+from test_exp_sharding import LOSS_ATOL, STEP0_ULPS, _layout_check, _run, corpus  # noqa: F401  (corpus: a fixture)
 
 from fp4jax_experiments import sharding, train
 
@@ -211,3 +211,36 @@ def _check_compressed_training(corpus, dtypes, wires):  # noqa: F811
     assert step0_ulps <= STEP0_ULPS["data=4"], r
     np.testing.assert_allclose(losses, reference, rtol=0, atol=LOSS_ATOL, err_msg=str(r))
     assert r["grad_norms"][0] != r["reference_grad_norms"][0], r  # the communicated gradient is not fp32's
+
+
+KERNELS_ON_A_MESH = """
+import json, sys
+import jax
+from fp4jax_experiments import sharding, train
+
+def run(backend):
+  config = train.TrainConfig(model="100K", recipe="nvidia_nvfp4", data=sys.argv[1], batch_size=4, seq_len=32,
+                             tokens=4 * 32 * 2, grad_comm_dtype="bfloat16")
+  overrides = {"n_layers": 1, "d_model": 64, "n_heads": 2, "ffn_hidden": 128, "quantizer_backend": backend}
+  trainer = train.Trainer(config, layout=sharding.Layout(data=2), model_overrides=overrides)
+  state, losses = trainer.init_state(), []
+  inputs = [(trainer.place(trainer.stream.batch(s)), trainer.quant_key(s)) for s in range(2)]
+  kernels = str(trainer.train_step.trace(state, *inputs[0]).jaxpr).count("pallas_call")
+  for tokens, key in inputs:
+    state, metrics = trainer.train_step(state, tokens, key)
+    losses.append(float(metrics["loss"]))
+  return {"losses": losses, "kernels": kernels}
+
+print(json.dumps({backend: run(backend) for backend in ("xla", "pallas")}))
+"""
+
+
+def test_data_parallel_steps_with_the_kernels_per_shard_give_the_xla_losses(corpus):  # noqa: F811
+  """data=2 under shard_map (``--grad-comm-dtype bfloat16``), nvidia_nvfp4 (tensor amax, SR of the gradients at
+  their global indices, 16-point RHT along the tokens): with ``quantizer_backend="pallas"`` every token shard's
+  operands go through the kernels (interpret mode here) with the collective amax, and the two steps' losses equal
+  the XLA quantizers' bit for bit (the same quantized operands, the same program otherwise)."""
+  out = _run(["-c", KERNELS_ON_A_MESH, corpus], devices=2)
+  got = json.loads(out.strip().splitlines()[-1])
+  assert got["xla"]["kernels"] == 0 and got["pallas"]["kernels"] > 0, got
+  assert got["pallas"]["losses"] == got["xla"]["losses"], got

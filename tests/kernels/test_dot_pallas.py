@@ -185,11 +185,12 @@ def test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand(monkeypatc
 
 def test_sharded_operands_take_the_global_amax_where_auto_offers_the_kernels(monkeypatch, pallas_kernels):
   """A token-sharded nvfp4_rtn dot under ``backend="auto"`` where the kernels are on offer (as on an H100, at any
-  size): X and dY, split over the devices, are quantized with the logical tensor's amax (XLA's sharded path), not by
-  the pair kernel on one device's slice; W, whole on every device, still takes the pair kernel. Two token shards
-  bound by ``jax.vmap`` (``fp4jax.sharding``: shard_map or vmap): y, dX (row-local) and the sum of the devices' dW
-  equal the NumPy layer oracle on the whole tensors (tests/oracles.py; dyadic inputs whose peaks sit in shard 0,
-  so shard 1's own amax would give other NVFP4 scales: y, dX, dW over 10% of their largest entry off)."""
+  size): X and dY, split over the devices, are quantized by the per-shard kernel with the logical tensor's amax
+  (``kernel_operand.quantize_sharded_operand``), not with one device's slice's amax; W, whole on every device, takes
+  the pair kernel. Two token shards bound by ``jax.vmap`` (``fp4jax.sharding``: shard_map or vmap): y, dX
+  (row-local) and the sum of the devices' dW equal the NumPy layer oracle on the whole tensors (tests/oracles.py;
+  dyadic inputs whose peaks sit in shard 0, so shard 1's own amax would give other NVFP4 scales: y, dX, dW over 10%
+  of their largest entry off)."""
   monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)
   monkeypatch.setattr(kernel_operand, "AUTO_MIN_ELEMENTS", 0)
   m, k, n, shards = 64, 64, 32, 2  # 32 tokens per shard: whole 16-element wgrad blocks along the tokens
@@ -206,17 +207,29 @@ def test_sharded_operands_take_the_global_amax_where_auto_offers_the_kernels(mon
   want = oracles.layer_grads(recipes.get("nvfp4_rtn"), x, w, dy)
   for got, ref, what in zip((y.reshape(m, n), dx.reshape(m, k), dw.sum(0)), want, ("y", "dx", "dw")):
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)), err_msg=what)
-  assert pallas_kernels(traced.jaxpr.jaxpr) == ["fp4_quantize_pair"]  # W's: the kernels were on offer
+  kernels = pallas_kernels(traced.jaxpr.jaxpr)
+  # W's pair; X, dY, dYᵀ and Xᵀ per shard (sharded operands are quantized one GEMM at a time)
+  assert kernels.count("fp4_quantize_pair") == 1 and kernels.count("fp4_quantize_nvfp4_rtn") == 4, kernels
 
 
-def test_explicit_pallas_refuses_a_sharded_recipe_under_differentiation():
-  """The kernels take no sharded operand (``fp4jax.sharding``: the amax and random bits of the logical tensor): with
-  ``backend="pallas"`` a sharded recipe's forward and backward fail when traced, naming the backend."""
+@pytest.mark.parametrize("recipe_name", ["nvfp4_rtn", "nvidia_nvfp4"])
+def test_explicit_pallas_on_a_sharded_recipe_gives_the_one_device_bits(recipe_name, pallas_kernels):
+  """``backend="pallas"`` with a token-sharded recipe: every sharded operand by the per-shard kernel (collective
+  amax; nvidia_nvfp4's stochastic rounding of dY draws the bits of its logical indices), so y and dX equal the
+  one-device XLA dot on the whole tensors bit for bit, and the devices' dW sum to its dW (up to the fp32 order of
+  the sum over tokens). A per-shard amax or shard-local random bits would change y or dX."""
   x, w, dy = _inputs(64, 64, 32)
-  recipe = fp4jax.sharding.token_sharded("nvfp4_rtn", "data")
+  x = x.at[:32].multiply(8)  # shard 0 holds the peaks: per-shard amaxes would differ from the tensor's
+  recipe = fp4jax.sharding.token_sharded(recipe_name, "data")
   run = jax.vmap(lambda x, dy: _fwd_bwd(recipe, "pallas")(x, w, dy, KEY), axis_name="data")
-  with pytest.raises(ValueError, match="backend='pallas' does not take a sharded operand"):
-    jax.make_jaxpr(run)(x.reshape(2, 32, 64), dy.reshape(2, 32, 32))
+  traced = jax.jit(run).trace(x.reshape(2, 32, 64), dy.reshape(2, 32, 32))
+  y, dx, dw = traced.lower().compile()(x.reshape(2, 32, 64), dy.reshape(2, 32, 32))
+  want_y, want_dx, want_dw = _fwd_bwd(recipe_name, "xla")(x, w, dy, KEY)
+  np.testing.assert_array_equal(np.asarray(y).reshape(64, 32), np.asarray(want_y))
+  np.testing.assert_array_equal(np.asarray(dx).reshape(64, 64), np.asarray(want_dx))
+  scale = np.max(np.abs(np.asarray(want_dw, np.float64)))
+  np.testing.assert_allclose(np.asarray(dw, np.float64).sum(0), np.asarray(want_dw, np.float64), atol=1e-2 * scale)
+  assert len(pallas_kernels(traced.jaxpr.jaxpr)) >= 4  # the sharded X, dY, dYᵀ, Xᵀ at least
 
 
 @pytest.mark.parametrize(
