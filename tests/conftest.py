@@ -2,6 +2,7 @@
 
 import atexit
 import fcntl
+import gc
 import importlib.util
 import json
 import os
@@ -53,6 +54,16 @@ jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE
 jax.config.update(
   "jax_persistent_cache_min_compile_time_secs", float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"])
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_compiled_programs():
+  """After each test module, JAX's in-memory caches (traced, lowered and compiled programs) are dropped: an xdist
+  worker runs many modules, and their executables otherwise accumulate until two workers outgrow the CI machine's
+  memory. Programs compiled again later come from the persistent compilation cache on disk."""
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 def _equations(jaxpr):
