@@ -109,6 +109,28 @@ def test_four_over_six_of_a_tiny_tensor_matches_oracle():
   _assert_same_floats(q.dequantize(jnp.float32), deq, "dequantize")
 
 
+def _subnormal_blocks_tensor() -> np.ndarray:
+  """Student-t(3) · 1e-41, every 7th row · 50: nearly every 16-block's amax is an fp32 subnormal (floor(log2 amax_b)
+  < -127), and the larger rows set the tensor scale."""
+  a = np.random.RandomState(1).standard_t(3, (64, 256)) * 1e-41
+  a[::7] *= 50
+  return a.astype(np.float32)
+
+
+def test_four_over_six_of_blocks_with_subnormal_amax_matches_oracle():
+  """Blocks whose amax is subnormal are scaled by 2^127 rather than 2^-floor(log2 amax_b) for their errors (a float32
+  factor); the oracle scales by 2^-floor(log2 amax_b) in float64. The choices, codes and values agree, with both
+  candidates chosen among these blocks."""
+  a = _subnormal_blocks_tensor()
+  codes, dec, _, deq, use4 = ref.nvfp4_four_over_six_reference(a)
+  subnormal = np.abs(a.reshape(64, -1, 16)).max(-1) < np.float32(2.0**-126)
+  assert subnormal.mean() > 0.9 and 0 < use4[subnormal].mean() < 1
+  q = jax.jit(lambda v: fp4jax.quantize(v, FOUR_OVER_SIX))(a)
+  np.testing.assert_array_equal(np.asarray(q.unpacked_codes()), codes)
+  _assert_same_floats(q.scale_values(), dec, "block scales")
+  _assert_same_floats(q.dequantize(jnp.float32), deq, "dequantize")
+
+
 def test_four_over_six_ties_keep_six():
   """Hand-built blocks (tensor amax A; s_enc = 1536 / A, so a block with amax A has exact scales 256 (t = 6) and
   384 (t = 4)): [A, A/2] is exact under both (tie -> 6), [A, A/3] only under 6 (-> 6), [A, 3A/8] only under 4

@@ -5,6 +5,7 @@ there. Runs only where a GPU is present (the device machine); skipped on CPU-onl
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -81,13 +82,22 @@ def _nan_canonical(y: np.ndarray) -> np.ndarray:
   return np.where(np.isnan(y), np.float32(np.nan), y).view(np.uint32)
 
 
+@functools.cache
+def _parity_functions(fmt, kw_items: tuple) -> tuple:
+  """The jitted quantize and fake_quantize of one config, made once: the inputs share a shape, so each device
+  compiles them once per config and dtype."""
+  kw = dict(kw_items)
+  f = jax.jit(lambda a, k: fp4jax.quantize(a, fmt, key=k, **kw))
+  g = jax.jit(lambda a, k: fp4jax.fake_quantize(a, fmt, key=k, dtype=jnp.float32, **kw))
+  return f, g
+
+
 def parity_outputs(device, x, fmt, kw, key) -> dict:
   """jit on ``device``: codes, scale bits, tensor scale, and fake_quantize's dequantized bits (float32 view)."""
-  f = lambda a, k: fp4jax.quantize(a, fmt, key=k, **kw)
-  g = lambda a, k: fp4jax.fake_quantize(a, fmt, key=k, dtype=jnp.float32, **kw)
+  f, g = _parity_functions(fmt, tuple(sorted(kw.items())))
   xd, kd = jax.device_put(x, device), jax.device_put(key, device)
-  q = jax.jit(f)(xd, kd)
-  y = np.asarray(jax.jit(g)(xd, kd))
+  q = f(xd, kd)
+  y = np.asarray(g(xd, kd))
   return {
     "codes": np.asarray(q.codes),
     "scales": np.asarray(q.scales).view(np.uint8),
@@ -113,8 +123,10 @@ def assert_parity(dev_a, dev_b, seed: int, dtype, configs=None):
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
-def test_property_gpu_matches_cpu_on_heavy_tailed_and_extreme_data(seed, dtype):
-  assert_parity(GPU[0], jax.devices("cpu")[0], seed, dtype)
+@pytest.mark.parametrize("config", parity_configs(), ids=lambda c: c[0])
+def test_property_gpu_matches_cpu_on_heavy_tailed_and_extreme_data(config, seed, dtype):
+  """One config per test, so that workers share the configs."""
+  assert_parity(GPU[0], jax.devices("cpu")[0], seed, dtype, [config])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
@@ -238,3 +250,37 @@ def test_div_rn_under_jit_on_the_gpu_is_the_ieee_quotient():
     const = np.asarray(jax.jit(lambda y: div_rn(jnp.float32(2688.0), y))(b)).view(np.uint32)
   np.testing.assert_array_equal(traced, want)
   np.testing.assert_array_equal(const, want_const)
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize("d", [32, 128])
+def test_rotation_keeps_its_normalization_rounding_before_a_constant_multiply(d, inverse):
+  """``x · H_d / sqrt(d)`` then ``· 0.75`` under jit: the GPU rounds the normalization as the CPU does. XLA would
+  otherwise merge the two constants into one multiply (``0.75/sqrt(d)``) and skip a rounding."""
+  from fp4jax.hadamard import hadamard, inverse_hadamard  # noqa: PLC0415
+
+  fn = inverse_hadamard if inverse else hadamard
+  rng = np.random.RandomState(d + inverse)
+  x = (rng.standard_normal((64, 4 * d)) * np.exp2(rng.randint(-20, 20, (64, 1)))).astype(np.float32)
+  f = jax.jit(lambda v: fn(v, d) * jnp.float32(0.75))
+  out = {}
+  for name, device in (("gpu", GPU[0]), ("cpu", jax.devices("cpu")[0])):
+    with jax.default_device(device):
+      out[name] = np.asarray(f(jax.device_put(x, device))).view(np.uint32)
+  np.testing.assert_array_equal(out["gpu"], out["cpu"])
+
+
+def test_four_over_six_of_blocks_with_subnormal_amax_matches_cpu():
+  """Four-over-six on a tensor whose blocks nearly all have a subnormal amax (their errors scale by 2^127, one float32
+  product in the kernels): GPU bits = CPU bits, for the jitted ``quantize`` (the kernels where "auto" takes them)."""
+  x = np.random.RandomState(1).standard_t(3, (64, 256)) * 1e-41
+  x[::7] *= 50
+  x = x.astype(np.float32)
+  spec = fp4jax.QuantizeSpec(fmt=CASES["nvfp4_4over6"]["fmt"])
+  outs = {}
+  for name, device in (("gpu", GPU[0]), ("cpu", jax.devices("cpu")[0])):
+    with jax.default_device(device):
+      q = jax.jit(lambda v: fp4jax.quantize(v, spec))(jax.device_put(x, device))
+      outs[name] = (np.asarray(q.unpacked_codes()), np.asarray(q.scale_values()).view(np.uint32))
+  for got, want in zip(outs["gpu"], outs["cpu"]):
+    np.testing.assert_array_equal(got, want)

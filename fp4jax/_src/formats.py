@@ -45,7 +45,7 @@ from fp4jax._src.elements import (  # noqa: F401 (re-exported: the encodings' hi
   floor_log2,
   pow2,
 )
-from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_short_rn, mul_unflushed, significand
+from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_pow2_rn_f32, mul_short_rn, mul_unflushed, significand
 
 ScaleMode = Literal["absmax", "four_over_six", "floor", "rceil", "quest", "quest_nearest", "floor_headroom"]
 FourOverSixMetric = Literal["mse", "l1", "max_abs"]
@@ -317,7 +317,7 @@ class MXFP4Format(FP4Format):
     exps = scaling.mx_exponents(amax_b, self.scale_mode, sigma_b)
     pre = scaling.mx_element_prescale(self.scale_mode)
     # x · pre · 2^-e rounded once: pre = 1, or 3/4 = 3 · 2^-2
-    scaled = mul_pow2_rn(xb, -exps, 1) if pre == 1.0 else mul_pow2_rn(xb, jnp.int32(-2) - exps, 3)
+    scaled = mul_pow2_rn_f32(xb, -exps) if pre == 1.0 else mul_pow2_rn(xb, jnp.int32(-2) - exps, 3)
     return scaled, pow2(exps), exps, self.tensor_decode_scale(tensor_scales)
 
   def encode_scales(self, dec, exps):
@@ -489,7 +489,7 @@ class MXFP8Format(BlockFP8Format):
 
   def scale_blocks(self, xb, amax_b):
     e = self.exponents(amax_b)
-    return mul_pow2_rn(xb, -e), pow2(e)
+    return mul_pow2_rn_f32(xb, -e), pow2(e)
 
   def encode_scales(self, dec):
     bits = jnp.where(jnp.isnan(dec), E8M0_NAN_BITS, floor_log2(dec) + E8M0_BIAS).astype(jnp.uint8)

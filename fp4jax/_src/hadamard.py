@@ -253,13 +253,13 @@ def _scaled(chunks: jnp.ndarray, signs: jnp.ndarray, *, d: int, inverse: bool) -
 
 
 def _direct(chunks: jnp.ndarray, signs: jnp.ndarray, *, d: int, inverse: bool) -> jnp.ndarray:
-  """The transform in float32 arithmetic; an ``optimization_barrier`` after the normalization keeps XLA from
-  merging ``1/sqrt(d)`` (not a power of two for d = 32, 128) with a later constant multiply, which would skip its
-  rounding."""
+  """The transform in float32 arithmetic. For d = 32, 128 ``1/sqrt(d)`` is not a power of two: it passes through an
+  ``optimization_barrier`` (a scalar), so XLA sees no constant to merge with a later constant multiply, which would
+  skip the normalization's rounding; the product itself still fuses with its neighbours."""
   norm = jnp.float32(1.0 / math.sqrt(d))
-  y = fwht(chunks if inverse else chunks * signs, d) * norm
   if d in (32, 128):
-    y = lax.optimization_barrier(y)
+    norm = lax.optimization_barrier(norm)
+  y = fwht(chunks if inverse else chunks * signs, d) * norm
   return y * signs if inverse else y
 
 

@@ -17,8 +17,9 @@ overflow to Inf), so the result never depends on a backend flushing subnormals; 
 back to the backend's own division.
 
 The same integer rounding gives exact products: ``mul_rn`` (any two float32 values, times a power of two),
-``mul_pow2_rn`` (``x·num·2^k``, num 1 or 3: the MX element scaling) and ``mul_short_rn`` (a product whose first
-factor has at most 7 significant bits: E2M1 values times E4M3 / E8M0 scales, and those times a tensor scale),
+``mul_pow2_rn`` (``x·num·2^k``, num 1 or 3: the MX element scaling; ``mul_pow2_rn_f32`` where ``2^k`` is a float32),
+``mul_short_rn`` (a product whose first factor has at most 7 significant bits: E2M1 values times E4M3 / E8M0 scales,
+and those times a tensor scale),
 ``mul_unflushed`` (the IEEE product by the backend's float multiply where it keeps subnormals, ``mul_rn`` on the
 CPU), and exact sums: ``add_rn``. XLA on CPU flushes float32 subnormals (inputs and results) to zero and XLA on GPU
 does not; these functions return the IEEE result (subnormals kept) on both.
@@ -136,6 +137,18 @@ def mul_pow2_rn1(x: jnp.ndarray, k: jnp.ndarray) -> jnp.ndarray:
 def mul_pow2_rn3(x: jnp.ndarray, k: jnp.ndarray) -> jnp.ndarray:
   """``mul_pow2_rn(x, k, 3)``."""
   return _mul_pow2(x, k, 3)
+
+
+@jax.jit  # a named call in jaxprs: GPU Pallas kernels run it as one PTX mul.rn.f32 by the float32 2^k
+def mul_pow2_rn_f32(x: jnp.ndarray, k: jnp.ndarray) -> jnp.ndarray:
+  """``mul_pow2_rn(x, k)`` for int32 ``k`` in [-149, 127], where ``2^k`` is a float32 (``pow2(k)``, subnormal below
+  -126): the same bits, the IEEE product ``x · 2^k`` rounded once.
+
+  Every backend computes it as ``mul_pow2_rn``; the range lets a GPU kernel compute it as one IEEE product by
+  ``pow2(k)`` (``mul_pow2_rn`` takes ``k`` up to 254 and needs two). Callers guarantee the range: the E8M0 exponents
+  (in [-127, 127]) and block exponents capped at 127.
+  """
+  return _mul_pow2(jnp.asarray(x, jnp.float32), jnp.asarray(k).astype(jnp.int32), 1)
 
 
 @jax.jit  # a named call in jaxprs: GPU Pallas kernels run it as PTX mul.rn.f32 (fp4jax_kernels.triton_compat)

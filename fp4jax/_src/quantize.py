@@ -20,7 +20,7 @@ Four-over-six (NVFP4; Quartet II, Four Over Six arXiv 2512.02010): each block is
 targets t = 6 and t = 4 and keeps the one with the smaller error ``E_t`` (``four_over_six_error``, by the format's
 ``four_over_six_metric``); a tie (equal ``E_t``) keeps t = 6. ``E_t`` is a fixed sequence of IEEE fp32 operations
 whose products are exact, so no backend's FMA contraction, reduction order or subnormal flushing changes it: per
-element ``d_s = f32(x·2^-F − x̂_t·2^-F)`` (x̂_t the dequantized value, F = floor(log2 amax_b); the power-of-two
+element ``d_s = f32(x·2^-F − x̂_t·2^-F)`` (x̂_t the dequantized value, F = max(floor(log2 amax_b), -127); the
 scalings are exact, the difference rounded once, and exact where x̂_t is 0 or within a factor 2 of x, as RTN gives
 but for the rounding of the scales), ``|d_s| < 2^-40`` counted as 0, then
 
@@ -62,7 +62,7 @@ from fp4jax._src.formats import (
   e2m1_decode,
   floor_log2,
 )
-from fp4jax._src.ieee import add_rn, div_rn, mul_pow2_rn, mul_rn, mul_short_rn, mul_unflushed
+from fp4jax._src.ieee import add_rn, div_rn, mul_pow2_rn, mul_pow2_rn_f32, mul_rn, mul_short_rn, mul_unflushed
 from fp4jax._src.reductions import pairwise_sum
 from fp4jax._src.rounding import rtn_e2m1, rtn_e4m3, sr_e2m1
 from fp4jax._src.spec import QuantizeSpec, Rounding, Signs
@@ -230,9 +230,16 @@ def four_over_six_error(
 ) -> jnp.ndarray:
   """A block's error ``E`` between ``xb`` and its dequantized ``deq`` (keep-dims) by ``metric`` (``"mse"``, ``"l1"``
   or ``"max_abs"``), as specified in the module docstring: on the errors scaled by 2^-floor(log2 amax_b), those
-  below 2^-40 dropped. The same float32 bits on every backend."""
-  k = -floor_log2(amax_b)
-  d = mul_pow2_rn(xb, k) - mul_pow2_rn(deq, k)  # IEEE (xb - deq)·2^k: the scaled values are not subnormal
+  below 2^-40 dropped. The same float32 bits on every backend.
+
+  A block with a subnormal ``amax_b`` (F < -127) is scaled by 2^127 instead of 2^-F, so that the scaling is a
+  product by a float32 (``fp4jax.ieee.mul_pow2_rn_f32``). Both candidates' errors are then those of the 2^-F scaling
+  times the same power of two (2^-2s for "mse", 2^-s otherwise; s = -F - 127 > 0), exactly: each element and its
+  dequantized value are multiples of 2^-149 of the same sign (or zero), so every ``d_s`` is a multiple of 2^-22
+  below 4 (exact, never dropped), and every later operation stays normal, where a power-of-two scaling commutes with
+  rounding. So the choice between the candidates is the same."""
+  k = jnp.minimum(-floor_log2(amax_b), 127)
+  d = mul_pow2_rn_f32(xb, k) - mul_pow2_rn_f32(deq, k)  # IEEE (xb - deq)·2^k: the scaled values are not subnormal
   d = jnp.where(jnp.abs(d) < _ERROR_FLOOR, jnp.float32(0.0), d)
   if metric == "l1":
     return pairwise_sum(jnp.abs(d), axes)

@@ -10,9 +10,9 @@ to something inexact, so ``kernel_safe(fn)`` traces ``fn`` to a jaxpr and evalua
   around a first guess with a fallback to ``div`` for special values. On the GPU the whole call becomes one
   ``div.rn.f32``, the IEEE quotient it emulates: the same bits for every input (its normal-range result is the IEEE
   quotient, its fallback already was this instruction), at a fraction of the instructions.
-* ``mul_short_rn``, ``mul_pow2_rn1`` / ``mul_pow2_rn3`` (``fp4jax.ieee``, named calls): IEEE fp32 products with
-  subnormals, emulated in integers so that XLA:CPU's flushing cannot change them; on the GPU each becomes PTX
-  ``mul.rn.f32`` (by exact powers of two), the same products.
+* ``mul_short_rn``, ``mul_pow2_rn1`` / ``mul_pow2_rn3`` / ``mul_pow2_rn_f32`` (``fp4jax.ieee``, named calls): IEEE
+  fp32 products with subnormals, emulated in integers so that XLA:CPU's flushing cannot change them; on the GPU each
+  becomes PTX ``mul.rn.f32`` (by exact powers of two; one product where ``2^k`` is a float32), the same products.
 * ``mul_unflushed`` (``fp4jax.ieee``, a named call): the IEEE fp32 product with subnormals (emulated in integers on
   the CPU, whose XLA flushes); on the GPU PTX ``mul.rn.f32``, the same product: a subnormal product keeps its sign,
   which an E2M1 zero code keeps (0x8 for a negative one).
@@ -142,6 +142,7 @@ def _named_rules(interpret: bool) -> dict[str, Callable]:
     "mul_short_rn": lambda a, b: _asm(mul, a, b),
     "mul_unflushed": lambda a, b: _asm(mul, a, b),
     "mul_pow2_rn1": _mul_pow2,
+    "mul_pow2_rn_f32": lambda x, k: _asm(mul, x, pow2(k)),
     "mul_pow2_rn3": lambda x, k: _asm(mul, x, _asm(mul, pow2(k), jnp.float32(3.0))),
   }
 
