@@ -240,7 +240,8 @@ print("OK")
 
 
 def test_experts_sharded_over_a_mesh_give_the_one_device_bits():
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  # two host devices (JAX_PLATFORMS=cpu: on a one-GPU machine the GPU would be the only device)
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   proc = subprocess.run(
     [sys.executable, "-c", _MESH_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=600
