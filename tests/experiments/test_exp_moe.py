@@ -25,6 +25,13 @@ def _leaf_count(tree) -> int:
   return sum(x.size for x in jax.tree.leaves(tree))
 
 
+@pytest.fixture(autouse=True)
+def _float32_matmuls():
+  """A GPU runs float32 matmuls as TF32 by default; these tests compare float32 models with float64 NumPy."""
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
 def test_moe_sizes_and_counts_by_hand():
   """1M-moe: 4 blocks of d 128, 4 experts of width 128, top 2. Per block: attention 4·128² = 65536, norms 256,
   router 128·4 = 512, experts 4·3·128·128 = 196608 (of which a token uses 2·3·128·128 = 98304); final norm 128."""
@@ -191,7 +198,7 @@ def test_moe_data_parallel_losses_match_one_device(corpus):
   """The MoE model on data=2 and data=2 FSDP meshes (2 CPU devices, in a subprocess: the device count is fixed
   before jax is imported) trains the one-device losses, up to the order of the sums over a sharded axis (the
   tolerance of test_exp_sharding's LOSS_ATOL)."""
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
   args = ["--checks", "loss", "--recipes", "bf16", "--meshes", "data=2", "data=2:fsdp", "--data", corpus]
   args += ["--model", "1M-moe", "--model-overrides", json.dumps(TINY), "--steps", "3", "--seq-len", "32"]
   proc = subprocess.run(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import fp4jax
@@ -48,6 +49,13 @@ def _numpy_moe(x, router, w_in, w_out):
 def _linen(recipe, **kw):
   model = qlinen.MoE(E, TOP_K, HIDDEN, recipe=recipe, **kw)
   return model, model.init(jax.random.key(0), _x())["params"]
+
+
+@pytest.fixture(autouse=True)
+def _float32_matmuls():
+  """A GPU runs float32 matmuls as TF32 by default; these tests compare float32 models with float64 NumPy."""
+  with jax.default_matmul_precision("highest"):
+    yield
 
 
 def test_linen_moe_equals_a_per_token_numpy_loop():

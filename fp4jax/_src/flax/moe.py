@@ -19,10 +19,11 @@ import jax.numpy as jnp
 
 
 def router_logits(x: jax.Array, kernel: jax.Array) -> jax.Array:
-  """Router logits [t, E] = x [t, d] · kernel [d, E], both in float32. A plain product, not a Dense/Linear layer:
-  ``fp4jax.flax.quantize``'s rules (which take those layers) never reach the router, so routing stays float32 under
-  any rule, a catch-all one included."""
-  return jnp.dot(x.astype(jnp.float32), kernel.astype(jnp.float32))
+  """Router logits [t, E] = x [t, d] · kernel [d, E], both in float32, at float32 precision (``HIGHEST``: a GPU's
+  default float32 matmul is TF32, which would route some tokens differently than the CPU). A plain product, not a
+  Dense/Linear layer: ``fp4jax.flax.quantize``'s rules (which take those layers) never reach the router, so routing
+  stays float32 under any rule, a catch-all one included."""
+  return jnp.dot(x.astype(jnp.float32), kernel.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
 
 
 def route(logits: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
@@ -42,10 +43,11 @@ def dispatch(x: jax.Array, experts: jax.Array, num_experts: int) -> tuple[jax.Ar
 
 
 def combine(ys: jax.Array, order: jax.Array, weights: jax.Array) -> jax.Array:
-  """[t, d]: the sorted expert outputs ``ys`` put back in (token, slot) order and summed with the router weights."""
+  """[t, d]: the sorted expert outputs ``ys`` put back in (token, slot) order and summed with the router weights, as
+  elementwise products and a sum over the k slots in ``ys.dtype`` (not a matmul, which a GPU would run as TF32)."""
   t, k = weights.shape
   unsorted = jnp.zeros_like(ys).at[order].set(ys, unique_indices=True).reshape(t, k, -1)
-  return jnp.einsum("tk,tkd->td", weights.astype(ys.dtype), unsorted)
+  return jnp.sum(weights.astype(ys.dtype)[:, :, None] * unsorted, axis=1)
 
 
 def experts_forward(
