@@ -19,7 +19,6 @@ from fp4jax._src import backends, operand, recipes
 from fp4jax._src.formats import FP4Format
 from fp4jax._src.recipes import OperandSpec
 from tests import oracles
-from tests.test_oracles_dot import _dyadic
 
 DN = (((1,), (1,)), ((), ()))
 KEY = jax.random.key(11)
@@ -194,7 +193,7 @@ def test_sharded_operands_take_the_global_amax_where_auto_offers_the_kernels(mon
   monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)
   monkeypatch.setattr(kernel_operand, "AUTO_MIN_ELEMENTS", 0)
   m, k, n, shards = 64, 64, 32, 2  # 32 tokens per shard: whole 16-element wgrad blocks along the tokens
-  x, w, dy = _dyadic(1, (m, k), 6.0), _dyadic(2, (n, k), -6.0), _dyadic(3, (m, n), 6.0)
+  x, w, dy = oracles.dyadic(1, (m, k), 6.0), oracles.dyadic(2, (n, k), -6.0), oracles.dyadic(3, (m, n), 6.0)
   recipe = fp4jax.sharding.token_sharded("nvfp4_rtn", "data")
 
   def local(x, w, dy):
