@@ -19,6 +19,7 @@ import datetime
 import gzip
 import json
 import pathlib
+import shlex
 import sys
 import tempfile
 import time
@@ -52,6 +53,21 @@ def host_events(trace: pathlib.Path, top: int) -> list[list]:
 
 
 def measure(model: str, recipe: str, overrides: dict, seq_len: int, batch: int, top: int) -> dict:
+  """Trace, lower and compile the experiments' train step once, timing each stage and profiling the compile.
+
+  Args:
+    model: a size of ``fp4jax_experiments.model.SIZES``.
+    recipe: the recipe name.
+    overrides: ``ModelConfig`` fields replacing the size table's (e.g. ``{"scan_unroll": 1}``).
+    seq_len: tokens per row.
+    batch: rows per step.
+    top: how many of XLA's compile passes (host events, by total time) to keep.
+
+  Returns:
+    ``trace_s``, ``lower_s``, ``compile_s`` (wall seconds of each stage), ``stablehlo_chars`` (the lowered
+    program's length), ``optimized_hlo_lines`` and ``custom_calls`` (of the compiled HLO text) and ``host_events``
+    (the compile's ``top`` profiler host events, ``[name, ms, count]``).
+  """
   config = train.TrainConfig(
     model=model, recipe=recipe, data="stdlib", batch_size=batch, seq_len=seq_len, tokens=batch * seq_len * 10
   )
@@ -112,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     "jax_version": jax.__version__,
     "commit": args.commit or commit(REPO),
     "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    "command": "python benchmarks/compile_profile.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    "command": shlex.join(["python", "benchmarks/compile_profile.py", *(sys.argv[1:] if argv is None else argv)]),
     "settings": {"model": args.model, "recipe": args.recipe, "overrides": args.overrides},
     "variants": rows,
   }

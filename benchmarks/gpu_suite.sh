@@ -45,7 +45,7 @@ case "${1:-}" in
     # 8 workers share the GPU (no preallocation): compiling the kernels, not running them, is what takes the time.
     # --dist load overrides pyproject's loadfile, which would run all of test_gpu_parity.py on one worker.
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 400 python -m pytest -v -n 8 --dist load -p no:cacheprovider \
-      tests/test_gpu_parity.py tests/kernels > "$OUT/gpu_tests.log" 2>&1
+      tests/test_gpu_parity.py tests/test_ieee.py tests/kernels > "$OUT/gpu_tests.log" 2>&1
     timeout 100 python benchmarks/kernels_quantize_profile.py > "$OUT/quantize_profile.log" 2>&1
     # the hand-picked tiles, the pre-pass and the transposed routes (--sweep-tiles: the tile x warps sweep instead)
     timeout 90 python benchmarks/kernels_quantize.py > "$OUT/quantize_bench.log" 2>&1

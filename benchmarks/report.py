@@ -20,11 +20,14 @@ import statistics
 import sys
 from collections.abc import Callable
 
+from fp4jax_experiments import step_profile
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MAX_LINES = 500
 # The order of the sections; a result file of a benchmark not listed here is an error (it would not be reported).
 ORDER = ("train_throughput", "linear_trees", "profile_linear", "auto_threshold", "quant_error", "recipe_errors")
+ABANDONED_MARK = "†"  # a train_throughput row measured beside an abandoned compile
 _HEADER = re.compile(r"device: (?P<device>[^;]+)(?:; jax (?P<jax>[^;]+))?(?:; date: (?P<date>.+))?")
 
 
@@ -93,7 +96,8 @@ def _train_throughput(doc: dict) -> list[str]:
   ok = [r for r in doc["rows"] if "error" not in r]
   bf16 = {(r["model"], r["devices"]): r for r in ok if r["recipe"] == "bf16"}
   for r in doc["rows"]:
-    head = f"| {r['model']} | {r['recipe']} | {r['devices']} |"
+    mark = ABANDONED_MARK if r.get("beside_abandoned_compile") else ""
+    head = f"| {r['model']} | {r['recipe']}{mark} | {r['devices']} |"
     if "error" in r:
       out.append(f"{head} failed: {r['error'][:100].replace('|', '/')} | | | | | | | |")
       continue
@@ -107,6 +111,12 @@ def _train_throughput(doc: dict) -> list[str]:
       f"{head} {r['tokens_per_s']:,.0f} | {rng} | {r['step_time_median_s'] * 1e3:.1f} | {r['mfu']:.1%} | "
       f"{fmt(r['ratio_to_anchor'], '.2f')} | {over_bf16} | {eff} | {r['compile_s']:.0f} |"
     )
+  if any(r.get("beside_abandoned_compile") for r in doc["rows"]):
+    out += [
+      "",
+      f"{ABANDONED_MARK} compiled or timed while a compile given up at `--max-compile-s` "
+      f"({s.get('max_compile_s')} s) still ran in the background: its numbers are skewed.",
+    ]
   return out + _step_categories(ok, bf16)
 
 
@@ -120,7 +130,7 @@ def _step_categories(rows: list[dict], bf16: dict) -> list[str]:
       profiled.append((r, device))
   if not profiled:
     return []
-  columns = ["gemm", "attention", "pallas", "fusion", "copy", "collective", "other"]
+  columns = [label for label, _ in step_profile.CATEGORIES] + ["other"]
   out = [
     "",
     "GPU kernel time per step by category, from the profile of the same run (ms; a category sums its kernels' "

@@ -19,9 +19,11 @@ seq_len / median step time, MFU = tokens/s · FLOPs per token / (n · R) (``benc
 ``bench_scaling.matmul_tflops``), ``ratio_to_anchor`` = tokens/s / the anchor's tokens/s on the same n,
 ``scaling_efficiency`` = tokens/s(n) / (n · tokens/s(1)) of the same model and recipe. ``--profile DIR`` traces
 ``--profile-steps`` more steps of each entry with the JAX profiler and adds ``step_profile.summarize`` (top kernels
-by time) to it. An entry that fails (compile or run), or whose compile outruns ``--max-compile-s``, is recorded with
-its ``error``, the others go on, and the command exits non-zero after writing the JSON. The JSON is rewritten after
-each device count, with ``"complete": false`` until the last one.
+by time) to it. An entry that fails (compile or run), or whose tracing, lowering and compiling outrun
+``--max-compile-s``, is recorded with its ``error``, the others go on, and the command exits non-zero after writing
+the JSON. Such a compile goes on in the background: each row records whether it was compiled or timed beside one
+(``beside_abandoned_compile``), which skews its numbers. The JSON is rewritten after each device count, with
+``"complete": false`` until the last one.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import json
 import math
 import os
 import pathlib
+import shlex
 import statistics
 import sys
 import threading
@@ -79,8 +82,10 @@ class Entry:
   done: int = 0
   loss: float = float("nan")
   profile: dict | None = None
+  beside_abandoned_compile: bool = False  # an abandoned compile ran in the background while it compiled or ran
 
   def advance(self, k: int) -> float:
+    self.beside_abandoned_compile |= abandoned_compile_running()
     start = time.perf_counter()
     loss = None
     for _ in range(k):
@@ -89,16 +94,24 @@ class Entry:
     jax.block_until_ready((self.state, loss))
     seconds = time.perf_counter() - start
     self.loss = float(loss)
+    self.beside_abandoned_compile |= abandoned_compile_running()
     return seconds
 
 
+def abandoned_compile_running() -> bool:
+  """Whether a compile given up by ``_compile`` still runs in its thread (it takes CPU from what is timed)."""
+  return any(worker.is_alive() for worker in ABANDONED)
+
+
 class CompileTimeout(Exception):
-  """A train step's compile outran ``--max-compile-s``: recorded as the entry's error, the others go on."""
+  """A train step's tracing, lowering and compiling outran ``--max-compile-s``: recorded as the entry's error, the
+  others go on."""
 
 
 def _compile(step, state, inputs, max_seconds: float) -> tuple[Callable, float]:
-  """``step`` lowered and compiled for the first inputs, and the seconds it took; CompileTimeout when that outruns
-  ``max_seconds`` (XLA's compile goes on in a daemon thread, abandoned: ``main`` ends the process with os._exit)."""
+  """``step`` traced, lowered and compiled for the first inputs, and the seconds all three took; CompileTimeout
+  when they outrun ``max_seconds`` (tracing and lowering run to the end first; XLA's compile goes on in a daemon
+  thread, abandoned: ``main`` ends the process with os._exit)."""
   start = time.perf_counter()
   lowered = step.lower(state, *inputs[0])
   lowered_at = time.perf_counter()
@@ -115,7 +128,10 @@ def _compile(step, state, inputs, max_seconds: float) -> tuple[Callable, float]:
   worker.join(None if math.isinf(max_seconds) else max(max_seconds - (lowered_at - start), 0.0))
   if worker.is_alive():
     ABANDONED.append(worker)
-    raise CompileTimeout(f"compiling the train step took more than --max-compile-s {max_seconds:g} s (abandoned)")
+    raise CompileTimeout(
+      f"tracing, lowering and compiling the train step took more than --max-compile-s {max_seconds:g} s "
+      "(the compile is abandoned, still running in the background)"
+    )
   if "error" in result:
     raise result["error"]
   compiled = result["compiled"]
@@ -219,6 +235,7 @@ def _record(entry: Entry, seq_len: int, rate_tflops: float) -> dict:
     "compile_s": entry.compile_s,
     "flops_per_token": entry.flops_per_token,
     "loss": entry.loss,
+    "beside_abandoned_compile": entry.beside_abandoned_compile,
     **({"profile": entry.profile} if entry.profile is not None else {}),
   }
 
@@ -244,12 +261,13 @@ def add_ratios(rows: list[dict]) -> list[dict]:
 def run_device_count(n: int, args: argparse.Namespace, variants: dict[str, dict], rate: float) -> list[dict]:
   """Every entry on n devices: built and compiled, warmed up, timed in interleaved rounds, optionally profiled."""
   total = args.warmup + args.rounds * args.steps + (args.profile_steps if args.profile else 0)
+  max_compile = float("inf") if args.max_compile_s is None else args.max_compile_s
   builders = [
     (
       "anchor",
       model_lib.BF16_RECIPE,
       lambda: anchor_entry(
-        args.model, n, args.batch, args.seq_len, total, args.data, args.anchor_attention, args.max_compile_s
+        args.model, n, args.batch, args.seq_len, total, args.data, args.anchor_attention, max_compile
       ),
     )
   ]
@@ -258,7 +276,7 @@ def run_device_count(n: int, args: argparse.Namespace, variants: dict[str, dict]
       label,
       recipe,
       lambda label=label, recipe=recipe, overrides=overrides: experiments_entry(
-        label, recipe, args.model, n, args.batch, args.seq_len, total, args.data, overrides, args.max_compile_s
+        label, recipe, args.model, n, args.batch, args.seq_len, total, args.data, overrides, max_compile
       ),
     )
     for recipe in args.recipes
@@ -267,7 +285,9 @@ def run_device_count(n: int, args: argparse.Namespace, variants: dict[str, dict]
   entries, failed = [], []
   for model, recipe, build in builders:
     try:
+      beside = abandoned_compile_running()
       entries.append(build())
+      entries[-1].beside_abandoned_compile |= beside or abandoned_compile_running()
       print(f"{model} {recipe} on {n}: compiled in {entries[-1].compile_s:.1f} s", flush=True)
     except Exception as error:  # noqa: BLE001 (recorded in the JSON; the command exits non-zero)
       failed.append(_failure(model, recipe, n, error))
@@ -315,6 +335,17 @@ def _table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def _positive_seconds(text: str) -> float:
+  """``--max-compile-s``'s value: a finite number of seconds > 0."""
+  try:
+    value = float(text)
+  except ValueError:
+    value = math.nan
+  if not (math.isfinite(value) and value > 0):
+    raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+  return value
+
+
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--model", default="125M", choices=list(model_lib.SIZES))
@@ -350,9 +381,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--matmul-size", type=int, default=8192, help="bf16 GEMM of this size³ sets the MFU divisor")
   p.add_argument(
     "--max-compile-s",
-    type=float,
-    default=float("inf"),
-    help="give up an entry whose train step compiles for longer (recorded as its error)",
+    type=_positive_seconds,
+    default=None,
+    help="give up an entry whose train step takes longer to trace, lower and compile (recorded as its error; "
+    "default: no limit)",
   )
   p.add_argument("--profile", default=None, help="folder: trace each entry's --profile-steps more steps")
   p.add_argument("--profile-steps", type=int, default=3)
@@ -415,7 +447,7 @@ def main(argv: list[str] | None = None) -> None:
     "jax_version": jax.__version__,
     "commit": args.commit or commit(REPO),
     "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
-    "command": " ".join(["python", "benchmarks/train_throughput.py", *(argv if argv is not None else sys.argv[1:])]),
+    "command": shlex.join(["python", "benchmarks/train_throughput.py", *(argv if argv is not None else sys.argv[1:])]),
     "matmul_size": args.matmul_size,
     "matmul_tflops": rate,
     "settings": {
@@ -428,6 +460,7 @@ def main(argv: list[str] | None = None) -> None:
       "data": args.data,
       "anchor_attention": args.anchor_attention,
       "experiments_variants": variants,
+      "max_compile_s": args.max_compile_s,
     },
     "rows": rows,
   }

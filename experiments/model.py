@@ -31,9 +31,9 @@ axis (``params["blocks"]["attn"]["q"]["kernel"]`` is (layers, d, d)) and the "pa
 split per layer. ``remat=True`` recomputes each block's activations in the backward pass; ``scan_unroll=k`` traces
 k blocks per loop iteration. A device loop over the blocks copies every block's saved activations into (and out of)
 the stacked buffers of the backward pass; unrolled, the blocks are straight-line code without those copies, but
-XLA then compiles every block's kernels apart, and an FP4 block has hundreds (its quantizers' fusions beside the
-Pallas kernels), so an unrolled FP4 model compiles for minutes. ``scan_unroll="auto"`` (the default) unrolls the
-BF16 stacks whole and runs the FP4 stacks one block per iteration (``ModelConfig.stack_unroll``).
+XLA then compiles every block's kernels apart, and an FP4 block has many more kernels than a BF16 block (its
+quantizers' fusions beside the Pallas kernels). ``scan_unroll="auto"`` (the default) unrolls the BF16 stacks whole
+and runs the FP4 stacks one block per iteration (``ModelConfig.stack_unroll``).
 """
 
 from __future__ import annotations
@@ -144,8 +144,9 @@ class ModelConfig:
     for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size"):
       if getattr(self, name) <= 0:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-    if self.scan_unroll != "auto" and not (isinstance(self.scan_unroll, int) and self.scan_unroll > 0):
-      raise ValueError(f"scan_unroll must be 'auto' or a positive int, got {self.scan_unroll!r}")
+    unroll = self.scan_unroll
+    if unroll != "auto" and (isinstance(unroll, bool) or not (isinstance(unroll, int) and unroll > 0)):
+      raise ValueError(f"scan_unroll must be 'auto' or a positive int (not a bool), got {unroll!r}")
     if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
       raise ValueError(
         f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even width (RoPE rotates pairs)"
@@ -191,8 +192,15 @@ class ModelConfig:
     return self.expert_hidden or self.ffn_hidden
 
   def stack_unroll(self, stack: LayerStack) -> int:
-    """Blocks per loop iteration of ``stack``: ``scan_unroll`` (at most the stack's length), or for "auto" the whole
-    stack if it is BF16 and 1 otherwise (see the module docstring)."""
+    """Blocks per loop iteration of ``stack`` (``nn.scan``'s ``unroll``).
+
+    Args:
+      stack: one of ``layer_stacks(self)``.
+
+    Returns:
+      ``scan_unroll`` capped at ``stack.length``; for ``"auto"`` the whole stack if it is BF16 and 1 otherwise (see
+      the module docstring).
+    """
     if self.scan_unroll == "auto":
       return stack.length if stack.recipe == BF16_RECIPE else 1
     return min(self.scan_unroll, stack.length)

@@ -35,7 +35,14 @@ CATEGORIES = (
 
 
 def category(kernel: str) -> str:
-  """The first of ``CATEGORIES`` whose pattern matches ``kernel``'s name, else "other"."""
+  """The category of a GPU kernel, by name.
+
+  Args:
+    kernel: the kernel's name in the profiler trace.
+
+  Returns:
+    The label of the first of ``CATEGORIES`` whose pattern matches ``kernel`` (case-insensitive), else "other".
+  """
   return next((label for label, pattern in CATEGORIES if re.search(pattern, kernel, re.IGNORECASE)), "other")
 
 

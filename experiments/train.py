@@ -263,6 +263,10 @@ class Trainer:
     if config.grad_comm_dtype != "float32":
       loss_share = functools.partial(self._loss, model=sharding.token_sharded_model(self.model))
       self.value_and_grad = sharding.data_parallel_value_and_grad(loss_share, self.mesh, config.grad_comm_dtype)
+      # evaluation is the plain sharded jit, whose partitioner cannot split a Pallas kernel: XLA's quantizers there
+      # (the same bits as the kernels)
+      xla_model = model_lib.Llama(dataclasses.replace(self.model_config, quantizer_backend="xla"))
+      self.eval_fn = functools.partial(self._loss, model=xla_model)
     self.state_sharding = sharding.state_shardings(jax.eval_shape(self._init_state), self.mesh, layout)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     rep = sharding.replicated(self.mesh)

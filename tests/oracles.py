@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
 import ml_dtypes
 import numpy as np
 
@@ -22,6 +23,54 @@ F32 = np.float32
 FLT_MAX = F32(np.finfo(np.float32).max)
 E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0
+HALF_SMALLEST_SUBNORMAL = 2.0**-150
+SMALLEST_NORMAL = 2.0**-126
+# signs="fixed" (fp4jax.QuantizeSpec, recipes.deterministic): the Rademacher vector jax.random draws from this seed
+FIXED_SIGNS_SEED = 0x5EED5
+
+
+# ------------------------------------------------------------------------------------------------ test inputs
+
+
+def dyadic(seed, shape, peak) -> np.ndarray:
+  """float32 multiples of 1/8 in [-4, 4] (seeded) with ``x[0, 0] = peak``: with peak ±6 NVFP4's tensor scales are
+  powers of two and every Hadamard sum of them is exact in float32."""
+  rng = np.random.default_rng(seed)
+  x = rng.integers(-32, 33, shape) / 8.0
+  x[0, 0] = peak
+  return x.astype(np.float32)
+
+
+def fixed_signs(d: int) -> np.ndarray:
+  """The ``d`` fixed Hadamard signs (``signs="fixed"``) in float64: the Rademacher draw of ``FIXED_SIGNS_SEED``."""
+  return np.asarray(jax.random.rademacher(jax.random.key(FIXED_SIGNS_SEED), (d,), np.float32), np.float64)
+
+
+def assert_close(got, want, what: str) -> None:
+  """float32 accumulation of exact products against a float64 oracle: rtol 1e-5 and atol 1e-5 of the largest
+  ``|want|`` (which must be nonzero, else the comparison says nothing)."""
+  scale = np.max(np.abs(want))
+  assert scale > 0, what
+  np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
+
+
+# ------------------------------------------------------------------------------------------------ zero-code signs
+
+
+def negative_exactly(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+  """Whether E2M1's code of ``x`` scaled by ``s`` is negative (sign bit 0x8): ``x < 0`` and the exact ``|x| · s``
+  exceeds 2^-150, i.e. the float32 product rounded once with gradual underflow (IEEE) is below zero. A product of
+  two float32 values has at most 48 significant bits and an exponent far inside float64's range: exact here."""
+  product = np.abs(x.astype(np.float64) * s.astype(np.float64))
+  return (x < 0) & (product > HALF_SMALLEST_SUBNORMAL)
+
+
+def nvfp4_enc(dec: np.ndarray, s_dec, shape) -> np.ndarray:
+  """TE's per-element encode scale ``enc_b = min(1 / f32(dec_b · s_dec), FLT_MAX)`` in float32 (NumPy: IEEE), each
+  16-element block's ``dec`` (last axis) repeated over its elements and cut to ``shape``."""
+  with np.errstate(divide="ignore"):
+    enc = np.minimum(F32(1.0) / (dec.astype(F32) * F32(s_dec)), FLT_MAX).astype(F32)
+  return np.repeat(enc, 16, axis=-1)[..., : shape[-1]].reshape(shape)
 
 
 # ------------------------------------------------------------------------------------------------ element roundings

@@ -15,7 +15,7 @@ from fp4jax import recipes
 from fp4jax.formats import E4M3, E5M2, NVFP4
 from fp4jax.recipes import HIGH_PRECISION, REUSE_FORWARD, OperandSpec, Recipe
 from tests import oracles
-from tests.test_oracles_dot import DN, K, M, N, _assert_close, _dyadic, _fixed_signs, _library
+from tests.test_oracles_dot import DN, K, M, N, _library
 
 NV46_L1 = dataclasses.replace(NVFP4, scale_mode="four_over_six", four_over_six_metric="l1")
 EDEN_BWD = OperandSpec(fmt=NVFP4, rounding="eden", hadamard=128, signs="random")
@@ -152,17 +152,17 @@ def test_composed_recipes_equal_the_numpy_layer_oracle(name):
   """The deterministic variant of each composition (RTN, the run's fixed signs) against ``oracles.layer_grads``,
   which reads the operand specs as data: forward, dX and dW (see tests/test_oracles_dot.py)."""
   recipe = recipes.deterministic(_composed()[name])
-  x, w, dy = _dyadic(1, (M, K), 6.0), _dyadic(2, (N, K), -6.0), _dyadic(3, (M, N), 6.0)
+  x, w, dy = oracles.dyadic(1, (M, K), 6.0), oracles.dyadic(2, (N, K), -6.0), oracles.dyadic(3, (M, N), 6.0)
   d_bwd = recipe.dgrad_lhs.hadamard
-  bwd_signs = _fixed_signs(d_bwd) if d_bwd and recipe.dgrad_lhs.signs == "fixed" else None
+  bwd_signs = oracles.fixed_signs(d_bwd) if d_bwd and recipe.dgrad_lhs.signs == "fixed" else None
   want = oracles.layer_grads(recipe, x, w, dy, None, bwd_signs)
   for got, t, what in zip(_library(recipe, x, w, dy), want, ("y", "dx", "dw")):
-    _assert_close(got, t, f"{name}: {what}")
+    oracles.assert_close(got, t, f"{name}: {what}")
 
 
 def test_a_composed_recipe_differs_from_its_base():
   """Power check: the compositions change the numbers (FP8 forward vs NVIDIA's NVFP4 forward)."""
-  x, w, dy = _dyadic(1, (M, K), 6.0), _dyadic(2, (N, K), -6.0), _dyadic(3, (M, N), 6.0)
+  x, w, dy = oracles.dyadic(1, (M, K), 6.0), oracles.dyadic(2, (N, K), -6.0), oracles.dyadic(3, (M, N), 6.0)
   base = _library(recipes.deterministic("nvidia_nvfp4"), x, w, dy)
   composed = _library(recipes.deterministic(_composed()["e4m3_fwd_nvfp4_bwd"]), x, w, dy)
   assert np.max(np.abs(base[0] - composed[0])) > 1e-3 * np.max(np.abs(base[0]))
@@ -174,7 +174,7 @@ def test_random_composed_recipes_run_under_jit_and_grad(name):
   (whose W rotated after the 16x16 forward quantization does not rotate exactly in float32, which the layer oracle
   needs): finite forward and gradients, the key changes the (stochastic) backward only."""
   recipe = _composed()[name]
-  x, w, dy = _dyadic(1, (M, K), 6.0), _dyadic(2, (N, K), -6.0), _dyadic(3, (M, N), 6.0)
+  x, w, dy = oracles.dyadic(1, (M, K), 6.0), oracles.dyadic(2, (N, K), -6.0), oracles.dyadic(3, (M, N), 6.0)
 
   @jax.jit
   def run(key):
@@ -199,7 +199,7 @@ def registered():
 def test_registered_name_works_wherever_a_recipe_name_does(registered):
   assert recipes.names() == (*recipes.PUBLISHED, registered.name)
   assert recipes.get(registered.name) is registered
-  x, w = jnp.asarray(_dyadic(1, (M, K), 6.0)), jnp.asarray(_dyadic(2, (N, K), -6.0))
+  x, w = jnp.asarray(oracles.dyadic(1, (M, K), 6.0)), jnp.asarray(oracles.dyadic(2, (N, K), -6.0))
   key = jax.random.key(0)
   by_name = fp4jax.dot_general(x, w, DN, recipe=registered.name, key=key)
   np.testing.assert_array_equal(by_name, fp4jax.dot_general(x, w, DN, recipe=registered, key=key))

@@ -25,15 +25,7 @@ from tests import numpy_reference as ref
 from tests import oracles
 
 F32 = np.float32
-HALF_SMALLEST_SUBNORMAL = 2.0**-150
-SMALLEST_NORMAL = 2.0**-126
-
-
-def _negative_exactly(x: np.ndarray, s: np.ndarray) -> np.ndarray:
-  """The rule in exact float64: a product of two float32 values has at most 48 significant bits and an exponent far
-  inside float64's range, so it is exact; it rounds to a nonzero float32 iff it exceeds 2^-150."""
-  product = np.abs(x.astype(np.float64) * s.astype(np.float64))
-  return (x < 0) & (product > HALF_SMALLEST_SUBNORMAL)
+HALF_SMALLEST_SUBNORMAL, SMALLEST_NORMAL = oracles.HALF_SMALLEST_SUBNORMAL, oracles.SMALLEST_NORMAL
 
 
 def _tie_block() -> np.ndarray:
@@ -71,13 +63,6 @@ def _assert_coverage(x: np.ndarray, s: np.ndarray):
   assert np.sum(np.signbit(x) & (x == 0)) >= 1  # -0.0
 
 
-def _nvfp4_enc(dec: np.ndarray, s_dec, shape) -> np.ndarray:
-  """TE's enc_b = min(1 / f32(dec_b · s_dec), FLT_MAX) in float32 (NumPy: IEEE), broadcast to the elements."""
-  with np.errstate(divide="ignore"):
-    enc = np.minimum(F32(1.0) / (dec.astype(F32) * F32(s_dec)), ref.FLT_MAX).astype(F32)
-  return np.repeat(enc, 16, axis=-1).reshape(shape)
-
-
 def _codes(q) -> np.ndarray:
   return np.asarray(q.unpacked_codes())
 
@@ -87,9 +72,9 @@ def test_nvfp4_rtn_zero_sign_is_the_exact_product_sign():
   the exact float64 rule; the issue's block gives 0x8 for -1e-10 (product -6e-40, subnormal) and -3e-9."""
   x = _nvfp4_input()
   codes, dec, s_dec, deq = ref.nvfp4_reference(x)
-  enc = _nvfp4_enc(dec, s_dec, x.shape)
+  enc = oracles.nvfp4_enc(dec, s_dec, x.shape)
   _assert_coverage(x, enc)
-  want = (codes & 7) | np.where(_negative_exactly(x, enc), 8, 0).astype(np.uint8)
+  want = (codes & 7) | np.where(oracles.negative_exactly(x, enc), 8, 0).astype(np.uint8)
   np.testing.assert_array_equal(want[0, :4], [7, 8, 8, 0])
   q = jax.jit(lambda a: fp4jax.quantize(a, fp4jax.NVFP4))(x)
   np.testing.assert_array_equal(_codes(q), want)
@@ -104,12 +89,12 @@ def test_nvfp4_sr_zero_sign_is_the_exact_product_sign():
   sign bit from the exact rule."""
   x = _nvfp4_input()
   _, dec, s_dec, _ = ref.nvfp4_reference(x)
-  enc = _nvfp4_enc(dec, s_dec, x.shape)
+  enc = oracles.nvfp4_enc(dec, s_dec, x.shape)
   key = jax.random.key(4)
   bits = np.asarray(fp4jax.bits.random_bits(jax.random.split(key, 3)[1], x.shape))
   v = (x.astype(np.float64) * enc).astype(F32)  # IEEE float32 product with gradual underflow
   with np.errstate(invalid="ignore"):  # the oracle's 0/0 for saturated elements, discarded by its np.where
-    want = ref.e2m1_sr_codes(v, _negative_exactly(x, enc), bits)
+    want = ref.e2m1_sr_codes(v, oracles.negative_exactly(x, enc), bits)
   q = jax.jit(lambda a, k: fp4jax.quantize(a, fp4jax.NVFP4, rounding="sr", key=k))(x, key)
   np.testing.assert_array_equal(_codes(q), want)
 
@@ -118,8 +103,8 @@ def test_nvfp4_four_over_six_zero_sign_is_the_exact_product_sign():
   """Four-over-six: each block's chosen candidate (target 6 or 4, NumPy oracle) scales by its own enc_b."""
   x = _nvfp4_input()
   codes, dec, s_dec, _, _ = ref.nvfp4_four_over_six_reference(x)
-  enc = _nvfp4_enc(dec, s_dec, x.shape)
-  want = (codes & 7) | np.where(_negative_exactly(x, enc), 8, 0).astype(np.uint8)
+  enc = oracles.nvfp4_enc(dec, s_dec, x.shape)
+  want = (codes & 7) | np.where(oracles.negative_exactly(x, enc), 8, 0).astype(np.uint8)
   fmt = dataclasses.replace(fp4jax.NVFP4, scale_mode="four_over_six")
   q = jax.jit(lambda a: fp4jax.quantize(a, fmt))(x)
   np.testing.assert_array_equal(_codes(q), want)
@@ -138,7 +123,7 @@ def test_mxfp4_zero_sign_is_the_exact_scaled_value_sign(rounding):
   x = x.astype(F32)
   e = np.repeat(ref.mx_exponents(np.max(np.abs(x.reshape(4, 2, 32)), -1), "floor"), 32, -1).reshape(x.shape)
   s = np.exp2(-e.astype(np.float64)).astype(F32)
-  negative = _negative_exactly(x, s)
+  negative = oracles.negative_exactly(x, s)
   scaled = np.abs(x.astype(np.float64) * s)
   assert np.sum(negative & (scaled < SMALLEST_NORMAL)) >= 10  # subnormal scaled values
   assert np.sum(negative & (scaled >= SMALLEST_NORMAL)) >= 10

@@ -1,10 +1,13 @@
 """Correctly rounded float32 division (``fp4jax.ieee.div_rn``) against float64 NumPy rounded once to float32."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fp4jax._src import ieee
 from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_rn, mul_short_rn
 
 
@@ -183,3 +186,32 @@ def test_correction_of_exact_significand_quotients_from_guesses_two_off():
     )
     np.testing.assert_array_equal(np.asarray(q), (n // mb).astype(np.uint32))
     np.testing.assert_array_equal(np.asarray(r), np.zeros(mb.size, np.int32))
+
+
+def test_rescaled_product_is_the_ieee_product_where_it_is_normal():
+  """``_rescaled_product`` (``mul_unflushed`` on CUDA and ROCm) against NumPy's float64 product rounded once to
+  float32, on the CPU: random normal products (both signs, the whole exponent range) and subnormal ``x`` whose
+  product is normal, which a flushing multiply would count as 0 (the rescaling ``x · 2^64``, ``y · 2^-64`` is
+  exact). Subnormal results are the backend's (flushed here), so none is included."""
+  rng = np.random.RandomState(9)
+  n = 50_000
+  x = _f32_with_subnormals(rng, n, -149, 60)
+  y = np.where(np.abs(x) < np.finfo(np.float32).tiny, 2.0 ** rng.uniform(60, 127, n), 2.0 ** rng.uniform(-60, 80, n))
+  y = (y * rng.choice([-1.0, 1.0], n)).astype(np.float32)
+  with np.errstate(over="ignore"):
+    expect = (x.astype(np.float64) * y).astype(np.float32)
+  keep = np.abs(expect) >= np.finfo(np.float32).tiny
+  x, y, expect = x[keep], y[keep], expect[keep]
+  assert np.sum(np.abs(x) < np.finfo(np.float32).tiny) > 1000  # subnormal x with normal products
+  assert np.sum(np.isinf(expect)) > 10 and np.sum(np.abs(expect) < 2.0**-100) > 1000  # overflow and small normals
+  _same_bits(np.asarray(jax.jit(ieee._rescaled_product)(x, y)), expect)
+
+
+@pytest.mark.parametrize("platform, integer", [("cpu", True), ("cuda", False), ("rocm", False), ("tpu", True)])
+def test_mul_unflushed_takes_the_float_product_only_on_gpus(platform, integer):
+  """``mul_unflushed`` lowered for each platform: the float product (``_rescaled_product``, no integer multiply) on
+  CUDA and ROCm, whose fp32 multiply keeps subnormal results; ``mul_rn`` (the exact product in uint32 limbs)
+  elsewhere."""
+  x = jnp.ones((4,), jnp.float32)
+  text = ieee.mul_unflushed.trace(x, x).lower(lowering_platforms=(platform,)).as_text()
+  assert bool(re.search(r"stablehlo\.multiply .*tensor<4xui32>", text)) == integer

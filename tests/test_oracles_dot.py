@@ -18,22 +18,10 @@ import pytest
 
 import fp4jax
 from fp4jax._src import recipes
-from fp4jax._src.spec import FIXED_SIGNS_SEED
 from tests import oracles
 
 DN = (((1,), (1,)), ((), ()))
 M, K, N = 128, 64, 128  # Quartet II's backward Hadamard-128 runs along tokens (M) and outputs (N)
-
-
-def _dyadic(seed, shape, peak):
-  rng = np.random.default_rng(seed)
-  x = rng.integers(-32, 33, shape) / 8.0
-  x[0, 0] = peak
-  return x.astype(np.float32)
-
-
-def _fixed_signs(d):
-  return np.asarray(jax.random.rademacher(jax.random.key(FIXED_SIGNS_SEED), (d,), jnp.float32), np.float64)
 
 
 def _library(recipe, x, w, dy):
@@ -42,12 +30,6 @@ def _library(recipe, x, w, dy):
     return (y, *vjp(dy))
 
   return [np.asarray(t, np.float64) for t in jax.jit(run)(x, w, dy)]
-
-
-def _assert_close(got, want, what):
-  scale = np.max(np.abs(want))
-  assert scale > 0, what
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
 
 
 RECIPES = {name: recipes.deterministic(name) for name in recipes.names() if name != "bf16"}
@@ -59,20 +41,20 @@ RECIPES["ms_fp4_fp4_grads"] = recipes.ms_fp4(fp4_gradients=True)
 def test_forward_and_gradients_equal_the_numpy_oracle(name):
   recipe = RECIPES[name]
   assert not recipe.is_random
-  x, w, dy = _dyadic(1, (M, K), 6.0), _dyadic(2, (N, K), -6.0), _dyadic(3, (M, N), 6.0)
+  x, w, dy = oracles.dyadic(1, (M, K), 6.0), oracles.dyadic(2, (N, K), -6.0), oracles.dyadic(3, (M, N), 6.0)
   d_fwd, d_bwd = recipe.fwd_lhs.hadamard, recipe.dgrad_lhs.hadamard
-  fwd_signs = _fixed_signs(d_fwd) if d_fwd and recipe.fwd_lhs.signs == "fixed" else None
-  bwd_signs = _fixed_signs(d_bwd) if d_bwd and recipe.dgrad_lhs.signs == "fixed" else None
+  fwd_signs = oracles.fixed_signs(d_fwd) if d_fwd and recipe.fwd_lhs.signs == "fixed" else None
+  bwd_signs = oracles.fixed_signs(d_bwd) if d_bwd and recipe.dgrad_lhs.signs == "fixed" else None
   want = oracles.layer_grads(recipe, x, w, dy, fwd_signs, bwd_signs)
   got = _library(recipe, x, w, dy)
   for g, t, what in zip(got, want, ("y", "dx", "dw")):
-    _assert_close(g, t, f"{name}: {what}")
+    oracles.assert_close(g, t, f"{name}: {what}")
 
 
 def test_quartet_trust_mask_drops_gradient_and_the_estimators_matter():
   """Power check of the oracle test: on these inputs Quartet's trust mask zeroes some gradient entries and the
   mask-after-rotation order gives a different dX; DGE at the unscaled weights a different dW."""
-  x, w = _dyadic(1, (M, K), 6.0), _dyadic(2, (N, K), -6.0)
+  x, w = oracles.dyadic(1, (M, K), 6.0), oracles.dyadic(2, (N, K), -6.0)
   mask = oracles.quantize(x, recipes.quartet().fwd_lhs).mask
   assert 0 < np.sum(~mask) < mask.size
   w32 = w.astype(np.float32)

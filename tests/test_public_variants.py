@@ -25,7 +25,6 @@ import fp4jax.flax
 from fp4jax._src import recipes
 from tests import numpy_reference as ref
 from tests import oracles
-from tests.test_oracles_dot import _dyadic, _fixed_signs
 
 DN = (((1,), (1,)), ((), ()))
 M, K, N = 32, 64, 32
@@ -46,13 +45,6 @@ def _assert_same_bits(got, want, what: str) -> None:
     np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=what)
 
 
-def _assert_close(got, want, what: str) -> None:
-  """float32 accumulation of exact products against the float64 oracle (as tests/test_oracles_dot.py)."""
-  scale = np.max(np.abs(want))
-  assert scale > 0, what
-  np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
-
-
 @functools.cache
 def _jitted(case: str):
   """The jitted result of ``CASES[case]`` (computed once; the variants compare their bits with it)."""
@@ -62,13 +54,13 @@ def _jitted(case: str):
 
 def _layer_oracle(recipe: recipes.Recipe, x, w, dy):
   d_fwd, d_bwd = recipe.fwd_lhs.hadamard, recipe.dgrad_lhs.hadamard
-  fwd_signs = _fixed_signs(d_fwd) if d_fwd and recipe.fwd_lhs.signs == "fixed" else None
-  bwd_signs = _fixed_signs(d_bwd) if d_bwd and recipe.dgrad_lhs.signs == "fixed" else None
+  fwd_signs = oracles.fixed_signs(d_fwd) if d_fwd and recipe.fwd_lhs.signs == "fixed" else None
+  bwd_signs = oracles.fixed_signs(d_bwd) if d_bwd and recipe.dgrad_lhs.signs == "fixed" else None
   return oracles.layer_grads(recipe, x, w, dy, fwd_signs, bwd_signs)
 
 
 def _operands():
-  return _dyadic(1, (M, K), 6.0), _dyadic(2, (N, K), -6.0), _dyadic(3, (M, N), 6.0)
+  return oracles.dyadic(1, (M, K), 6.0), oracles.dyadic(2, (N, K), -6.0), oracles.dyadic(3, (M, N), 6.0)
 
 
 def _t_data(shape, seed=0):
@@ -97,7 +89,7 @@ def _packed_case(hadamard: int):
   rotation is exact in float32 and the oracle rotates alike)."""
   if not hadamard:
     return fp4jax.packed_matmul, (_t_data((8, 64), 1), fp4jax.quantize(_t_data((64, 24), 2), fp4jax.NVFP4, axis=0))
-  x, w = _dyadic(4, (8, 64), 4.0), _dyadic(5, (64, 24), -4.0)
+  x, w = oracles.dyadic(4, (8, 64), 4.0), oracles.dyadic(5, (64, 24), -4.0)
   wq = fp4jax.quantize(w, fp4jax.NVFP4, axis=0, hadamard=16, hadamard_signs="te")
   rotated = lambda a, b: fp4jax.packed_matmul(fp4jax.quantize(a, fp4jax.NVFP4, hadamard=16, hadamard_signs="te"), b)
   return rotated, (x, wq)
@@ -190,12 +182,14 @@ class PublicVariantsTest(chex.TestCase):
     for name in RECIPES:
       got = self._run(f"dot_{name}")
       for g, t, what in zip(got, _layer_oracle(recipes.deterministic(name), x, w, dy), ("y", "dx", "dw")):
-        _assert_close(g, t, f"{name}: {what}")
+        oracles.assert_close(g, t, f"{name}: {what}")
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_einsum_matches_the_layer_oracle(self):
     x, w, dy = _operands()
-    _assert_close(self._run("einsum"), _layer_oracle(recipes.deterministic("nvidia_nvfp4"), x, w, dy)[0], "einsum")
+    oracles.assert_close(
+      self._run("einsum"), _layer_oracle(recipes.deterministic("nvidia_nvfp4"), x, w, dy)[0], "einsum"
+    )
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_packed_matmul_matches_the_dequantized_product(self):
@@ -203,11 +197,15 @@ class PublicVariantsTest(chex.TestCase):
     (along K: the weight transposed) and multiplied in float64."""
     (x, _), (xh, _) = _packed_case(0)[1], _packed_case(16)[1]
     w = _t_data((64, 24), 2)
-    _assert_close(self._run("packed", same_bits=False), x.astype(np.float64) @ ref.nvfp4_reference(w.T)[3].T, "W4A16")
-    wh = _dyadic(5, (64, 24), -4.0)
+    oracles.assert_close(
+      self._run("packed", same_bits=False), x.astype(np.float64) @ ref.nvfp4_reference(w.T)[3].T, "W4A16"
+    )
+    wh = oracles.dyadic(5, (64, 24), -4.0)
     rot = lambda a: oracles.rotate_last(a, 16, oracles.TE_SIGNS_16)
     a, b = ref.nvfp4_reference(rot(xh))[3], ref.nvfp4_reference(rot(wh.T))[3]
-    _assert_close(self._run("packed_w4a4", same_bits=False), a.astype(np.float64) @ b.T.astype(np.float64), "W4A4")
+    oracles.assert_close(
+      self._run("packed_w4a4", same_bits=False), a.astype(np.float64) @ b.T.astype(np.float64), "W4A4"
+    )
 
   # -------------------------------------------------------------------------------------------- Flax layers
   @chex.variants(with_jit=True, without_jit=True)
@@ -215,7 +213,7 @@ class PublicVariantsTest(chex.TestCase):
     x, w, dy = _operands()
     want = _layer_oracle(recipes.deterministic("nvidia_nvfp4"), x, w, dy)[0]
     for case in [c for c in CASES if c.startswith(("linen_", "nnx_"))]:
-      _assert_close(self._run(case), want, case)
+      oracles.assert_close(self._run(case), want, case)
 
   # -------------------------------------------------------------------------------------------- x64
   def test_eager_quantize_and_dot_general_under_x64_give_the_x32_bits(self):

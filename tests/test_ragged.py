@@ -23,14 +23,13 @@ import pytest
 import fp4jax
 from fp4jax._src import recipes
 from tests import oracles
-from tests.test_oracles_dot import _assert_close, _dyadic, _fixed_signs
 
 M, K, N = 120, 64, 128  # Quartet II's backward Hadamard-128 runs along N (dgrad) and the tokens (wgrad)
 SIZES = (37, 0, 70, 9)  # sums to 116 < M: the last 4 rows are in no group
 
 
 def _experts(seed):
-  return np.stack([_dyadic(seed + e, (K, N), -6.0) for e in range(len(SIZES))])  # each expert's own peak
+  return np.stack([oracles.dyadic(seed + e, (K, N), -6.0) for e in range(len(SIZES))])  # each expert's own peak
 
 
 # ------------------------------------------------------------------------------------------------ the oracle
@@ -103,14 +102,14 @@ RECIPES["ms_fp4_fp4_grads"] = recipes.ms_fp4(fp4_gradients=True)  # per-row E2M1
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_every_recipe_equals_per_group_gemms_on_the_same_quantized_operands(name):
   recipe = RECIPES[name]
-  x, w, dy = _dyadic(1, (M, K), 6.0), _experts(2), _dyadic(3, (M, N), 6.0)
+  x, w, dy = oracles.dyadic(1, (M, K), 6.0), _experts(2), oracles.dyadic(3, (M, N), 6.0)
   d_fwd, d_bwd = recipe.fwd_lhs.hadamard, recipe.dgrad_lhs.hadamard
-  fwd_signs = _fixed_signs(d_fwd) if d_fwd and recipe.fwd_lhs.signs == "fixed" else None
-  bwd_signs = _fixed_signs(d_bwd) if d_bwd and recipe.dgrad_lhs.signs == "fixed" else None
+  fwd_signs = oracles.fixed_signs(d_fwd) if d_fwd and recipe.fwd_lhs.signs == "fixed" else None
+  bwd_signs = oracles.fixed_signs(d_bwd) if d_bwd and recipe.dgrad_lhs.signs == "fixed" else None
   want = _oracle(recipe, x, w, SIZES, dy, fwd_signs, bwd_signs)
   got = _library(recipe, x, w, SIZES, dy)
   for g, t, what in zip(got, want, ("y", "dx", "dw")):
-    _assert_close(g, t, f"{name}: {what}")
+    oracles.assert_close(g, t, f"{name}: {what}")
   assert np.all(got[0][sum(SIZES) :] == 0) and np.all(got[1][sum(SIZES) :] == 0)
 
 
@@ -135,9 +134,9 @@ def test_bf16_equals_lax_ragged_dot_and_its_gradients_bit_for_bit():
 def test_traced_group_sizes_past_m_are_cut_at_row_m_as_jax_does():
   """Under jit the sizes (20, 0, 200) of m = 48 rows act as (20, 0, 28), as in jax.lax.ragged_dot."""
   x, w, dy = (
-    _dyadic(1, (48, 32), 6.0),
-    np.stack([_dyadic(e, (32, 16), 6.0) for e in range(3)]),
-    _dyadic(3, (48, 16), 6.0),
+    oracles.dyadic(1, (48, 32), 6.0),
+    np.stack([oracles.dyadic(e, (32, 16), 6.0) for e in range(3)]),
+    oracles.dyadic(3, (48, 16), 6.0),
   )
 
   def run(sizes, recipe):
@@ -172,7 +171,7 @@ def test_vmap_over_independent_calls_equals_each_call():
 
 
 def test_random_recipes_take_the_key():
-  x, w = _dyadic(1, (40, 32), 6.0), np.stack([_dyadic(e, (32, 16), 6.0) for e in range(2)])
+  x, w = oracles.dyadic(1, (40, 32), 6.0), np.stack([oracles.dyadic(e, (32, 16), 6.0) for e in range(2)])
   sizes = jnp.asarray([17, 23], jnp.int32)
   f = jax.jit(
     jax.grad(lambda x, w, k: jnp.sum(fp4jax.ragged_dot(x, w, sizes, recipe="nvidia_nvfp4", key=k) ** 2), (0, 1))

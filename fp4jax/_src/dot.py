@@ -433,9 +433,8 @@ def _check_backward_runs(static: _Static, x, w, key, fn: str) -> None:
     y, pullback = jax.vjp(lambda a, b: _qdot(static, a, b, key), x, w)
     return pullback(jnp.zeros(y.shape, y.dtype))
 
-  spec = lambda a: None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype)
-  try:
-    jax.eval_shape(vjp, spec(x), spec(w), spec(key))
+  try:  # the arguments themselves: their types carry shard_map's varying axes, which a bare ShapeDtypeStruct lacks
+    jax.eval_shape(vjp, x, w, key)
   except backends_lib.Unsupported as refusal:
     raise backends_lib.Unsupported(
       f"{fn}: backend='pallas' cannot run this layer's backward (x as (batch, tokens, features) = {x.shape}, "

@@ -158,16 +158,20 @@ def mul_unflushed(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
   negative ``x · enc`` that IEEE rounds to a nonzero subnormal is -0 (0x8) everywhere, and one that IEEE rounds to
   ±0 (``|x · enc| <= 2^-150``) is +0 (0x0) everywhere.
 
-  On the CPU, whose XLA flushes subnormal operands and results to zero, it is ``mul_rn`` (exact integer arithmetic);
-  elsewhere (a GPU keeps subnormals) the float product, with a subnormal ``x`` first rescaled on its bits as
-  ``(x · 2^64) · (y · 2^-64)`` (both scalings exact) so that a backend flushing subnormal operands still counts it.
+  Per backend (``lax.platform_dependent``): on CUDA and ROCm GPUs, whose fp32 multiply keeps subnormal results, the
+  float product, with a subnormal ``x`` first rescaled on its bits as ``(x · 2^64) · (y · 2^-64)`` (both scalings
+  exact) so that a backend flushing subnormal operands still counts it (``_rescaled_product``: IEEE only where the
+  backend keeps subnormal results); on the CPU (whose XLA flushes subnormal operands and results to zero) and on
+  any other backend, ``mul_rn`` (exact integer arithmetic, IEEE everywhere).
   """
   x, y = jnp.broadcast_arrays(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32))
-  return lax.platform_dependent(x, y, cpu=mul_rn, default=_rescaled_product)
+  return lax.platform_dependent(x, y, cpu=mul_rn, cuda=_rescaled_product, rocm=_rescaled_product, default=mul_rn)
 
 
 def _rescaled_product(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
-  """``x · y`` as a float product, a subnormal ``x`` rescaled: ``(x · 2^64) · (y · 2^-64)``."""
+  """``x · y`` as a float product, a subnormal ``x`` rescaled: ``(x · 2^64) · (y · 2^-64)``. The IEEE product
+  wherever the backend's fp32 multiply is (subnormal results kept); a backend that flushes subnormal results (XLA
+  on the CPU) flushes a subnormal product here too, but a normal one is exact even for a subnormal ``x``."""
   bits = lax.bitcast_convert_type(x, jnp.uint32)
   sub = (bits & _INF) == 0
   up = (bits & _MANT).astype(jnp.int32).astype(jnp.float32) * jnp.float32(2.0**-85)  # |x| · 2^64, exact

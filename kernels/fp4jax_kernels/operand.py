@@ -77,6 +77,27 @@ def check(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool
     )
 
 
+def varying_axes(x) -> frozenset[str]:
+  """The mesh axes over which ``x`` varies inside ``jax.shard_map`` with ``check_vma=True`` (its type's varying
+  manual axes: ``manual_axis_type.varying`` in newer JAX, ``vma`` in older), else the empty set (``check_vma=False``,
+  ``jax.vmap``, plain ``jit``, or a JAX that types neither)."""
+  aval = jax.typeof(x)
+  manual = getattr(aval, "manual_axis_type", None)
+  return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
+
+
+def check_invarying(x) -> None:
+  """``Unsupported`` where ``x`` varies over mesh axes under ``shard_map(check_vma=True)``: a ``pallas_call``'s
+  outputs carry no varying-axes type, which the check rejects; ``"auto"`` then runs XLA."""
+  axes = varying_axes(x)
+  if axes:
+    raise backends.Unsupported(
+      f"the operand of shape {x.shape} varies over the mesh axes {sorted(axes)} inside jax.shard_map with "
+      "check_vma=True, which a Pallas kernel's outputs cannot type: run the fused kernels inside "
+      "jax.shard_map(..., check_vma=False)"
+    )
+
+
 def kernel_args(spec: OperandSpec, hadamard: int, transposed: bool) -> tuple[QuantizeSpec, KernelOutput]:
   """The fused kernel's quantizer for ``spec`` (with the ``hadamard`` it applies; the operand's own signs, fixed or
   drawn, are passed to it as random ones) and its outputs: bf16 values only (and QuEST's trust mask), no packed
@@ -111,6 +132,7 @@ def quantize_operand(
   ``fused_hadamard``), the same bits. Raises ``Unsupported`` (``check``) where the kernel does not take it."""
   out_shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
   check(out_shape, x.dtype, spec, fused_hadamard, auto)
+  check_invarying(x)
   if transposed and math.prod(x.shape[:-2]) > 1:  # the kernel is 2D: a batch of transposes goes through XLA
     x, transposed = jnp.swapaxes(x, -1, -2), False
   qspec, output = kernel_args(spec, spec.hadamard if fused_hadamard else 0, transposed)
@@ -138,6 +160,7 @@ def quantize_operand_pair(x: jax.Array, rows, cols, *, auto: bool):
     raise backends.Unsupported(f"quantize_pair does not take or speed up rows {rows[0]} and cols {cols[0]}")
   check(x.shape, x.dtype, rows[0], True, auto)
   check(shape_t, x.dtype, cols[0], True, auto)
+  check_invarying(x)
   out_r, out_c = pallas_triton.quantize_pair(
     x.reshape(x.shape[-2:]),
     qrows,
@@ -155,12 +178,31 @@ def quantize_operand_pair(x: jax.Array, rows, cols, *, auto: bool):
 
 def quantize_sharded_operand(x: jax.Array, spec: OperandSpec, key, shard, *, auto: bool):
   """``SHARDED_QUANTIZE_OP`` by the fused kernel on this device's slice ``x`` (already rotated) of an operand split
-  as ``shard`` (an ``fp4jax.sharding.OperandShard``) inside ``shard_map``: the kernel's amax pre-pass on the slice,
-  ``fp4jax.sharding.combine_amax`` over the shard's axes (the logical tensor's amax and NaN rule), and the kernel
-  with that amax and the slice's logical origin (random bits at logical indices): the bits of ``fp4jax.operand``'s
-  XLA path. Raises ``Unsupported`` where ``check`` does, and for a split of the rows of an operand with leading dims
-  (the kernel folds them into its rows, which the slice's origin cannot describe)."""
+  as ``shard`` inside ``shard_map`` (with ``check_vma=False``) or ``jax.vmap``: the kernel's amax pre-pass on the
+  slice, ``fp4jax.sharding.combine_amax`` over the shard's axes (the logical tensor's amax and NaN rule), and the
+  kernel with that amax and the slice's logical origin (random bits at logical indices): the bits of
+  ``fp4jax.operand``'s XLA path.
+
+  Args:
+    x: this device's slice of the operand, already rotated (float32 or bfloat16, blocks along the last axis).
+    spec: the operand's ``OperandSpec``.
+    key: the operand's random key (stochastic rounding), the same on every shard; None for RTN.
+    shard: the ``fp4jax.sharding.OperandShard`` naming the split dim of ``x`` and its mesh axis (or axes).
+    auto: called under ``backend="auto"`` (operands below ``AUTO_MIN_ELEMENTS`` are refused: XLA is as fast).
+
+  Returns:
+    ``(Operand, mask)``: the slice's quantized operand (bf16 values, the logical tensor's scale) and QuEST's trust
+    mask (None for other estimators).
+
+  Raises:
+    fp4jax.backends.Unsupported: where ``check`` refuses ``spec`` or the shape; for a split of the rows of an
+      operand with leading dims (the kernel folds them into its rows, which the slice's origin cannot describe);
+      and where ``x`` varies over mesh axes under ``shard_map(check_vma=True)`` (``check_invarying``: a
+      ``pallas_call``'s outputs carry no varying-axes type). ``"auto"`` then runs XLA; an explicit
+      ``backend="pallas"`` raises it (a ``ValueError``) naming the reason.
+  """
   check(x.shape, x.dtype, spec, False, auto)
+  check_invarying(x)
   along = shard.dim == x.ndim - 1
   if not along and (shard.dim != x.ndim - 2 or math.prod(x.shape[:-2]) != 1):
     raise backends.Unsupported(

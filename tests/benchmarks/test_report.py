@@ -58,6 +58,13 @@ def test_train_throughput_reports_tokens_per_second_of_each_round():
   assert "| experiments | bf16 | 1 | 133 | 100–200 | 750.0 |" in "\n".join(lines)  # 100 tokens in 1.0 s and 0.5 s
   assert "by category" not in "\n".join(lines)  # no profile: no category table
   assert "ModelConfig overrides" not in "\n".join(lines)  # defaults only: nothing to say
+  assert "†" not in "\n".join(lines)  # nothing ran beside an abandoned compile
+  settings["max_compile_s"] = 60.0
+  row["beside_abandoned_compile"] = True
+  text = "\n".join(report.RENDER["train_throughput"](doc))
+  assert "| experiments | bf16† | 1 | 133 |" in text
+  assert "† compiled or timed while a compile given up at `--max-compile-s` (60.0 s) still ran" in text
+  row["beside_abandoned_compile"] = False
   settings["experiments_variants"] = {"experiments": {}, "unrolled": {"scan_unroll": 12}}
   text = "\n".join(report.RENDER["train_throughput"](doc))
   assert (
@@ -94,9 +101,11 @@ def test_throughput_report_takes_ratios_to_bf16_and_the_category_differences():
   doc = {"benchmark": "train_throughput", "matmul_tflops": 1.0, "settings": settings, "rows": rows}
   text = "\n".join(report.RENDER["train_throughput"](doc))
   assert "| experiments | quartet2 | 1 | 100 | one round | 1000.0 | 50.0% |  | 0.25 |" in text  # 100 / 400 tok/s
-  # gemm, attention, pallas, fusion, copy, collective, other
-  assert "| experiments | quartet2 | 1 | 23.5 | 400 | 11.0 | 0.0 | 5.0 | 7.5 | 0.0 | 0.0 | 0.0 |" in text
-  assert "| | Δ bf16 | | +11.5 | +300 | +1.0 | +0.0 | +5.0 | +5.5 | +0.0 | +0.0 | +0.0 |" in text
+  # a column per step_profile category, in its order: gemm, attention, pallas, copy, collective, fusion, other
+  header = "| model | recipe | devices | busy ms/step | kernels/step | gemm | attention | pallas | copy | collective"
+  assert header + " | fusion | other |" in text
+  assert "| experiments | quartet2 | 1 | 23.5 | 400 | 11.0 | 0.0 | 5.0 | 0.0 | 0.0 | 7.5 | 0.0 |" in text
+  assert "| | Δ bf16 | | +11.5 | +300 | +1.0 | +0.0 | +5.0 | +0.0 | +0.0 | +5.5 | +0.0 |" in text
 
 
 def test_a_stale_result_is_labelled_with_its_reason():

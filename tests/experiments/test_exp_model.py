@@ -145,7 +145,7 @@ def test_token_embedding_is_the_gather_with_an_fp32_gradient(vocab):
     np.testing.assert_allclose(grad, expected, rtol=0, atol=0.05 * np.abs(expected).max())
 
 
-@pytest.mark.parametrize("bad", [0, -2, "all", 1.5])
+@pytest.mark.parametrize("bad", [0, -2, "all", 1.5, True, False])
 def test_scan_unroll_must_be_auto_or_positive(bad):
   with pytest.raises(ValueError, match="scan_unroll must be 'auto' or a positive int"):
     m.model_config("100K", scan_unroll=bad)

@@ -226,10 +226,13 @@ def run(backend):
   state, losses = trainer.init_state(), []
   inputs = [(trainer.place(trainer.stream.batch(s)), trainer.quant_key(s)) for s in range(2)]
   kernels = str(trainer.train_step.trace(state, *inputs[0]).jaxpr).count("pallas_call")
+  eval_args = (state["params"], inputs[0][0], trainer.quant_key(0))
+  eval_kernels = str(trainer.eval_loss.trace(*eval_args).jaxpr).count("pallas_call")
   for tokens, key in inputs:
     state, metrics = trainer.train_step(state, tokens, key)
     losses.append(float(metrics["loss"]))
-  return {"losses": losses, "kernels": kernels}
+  evals = [float(trainer.eval_loss(state["params"], tokens, key)) for tokens, key in inputs]
+  return {"losses": losses, "kernels": kernels, "evals": evals, "eval_kernels": eval_kernels}
 
 print(json.dumps({backend: run(backend) for backend in ("xla", "pallas")}))
 """
@@ -239,8 +242,12 @@ def test_data_parallel_steps_with_the_kernels_per_shard_give_the_xla_losses(corp
   """data=2 under shard_map (``--grad-comm-dtype bfloat16``), nvidia_nvfp4 (tensor amax, SR of the gradients at
   their global indices, 16-point RHT along the tokens): with ``quantizer_backend="pallas"`` every token shard's
   operands go through the kernels (interpret mode here) with the collective amax, and the two steps' losses equal
-  the XLA quantizers' bit for bit (the same quantized operands, the same program otherwise)."""
+  the XLA quantizers' bit for bit (the same quantized operands, the same program otherwise). Evaluation
+  (``eval_loss``: the plain sharded jit, which cannot partition a Pallas kernel on a GPU) runs XLA's quantizers
+  either way: no kernel, and the same evaluation losses of the trained parameters."""
   out = _run(["-c", KERNELS_ON_A_MESH, corpus], devices=2)
   got = json.loads(out.strip().splitlines()[-1])
   assert got["xla"]["kernels"] == 0 and got["pallas"]["kernels"] > 0, got
   assert got["pallas"]["losses"] == got["xla"]["losses"], got
+  assert got["xla"]["eval_kernels"] == got["pallas"]["eval_kernels"] == 0, got
+  assert got["pallas"]["evals"] == got["xla"]["evals"] and np.all(np.isfinite(got["xla"]["evals"])), got

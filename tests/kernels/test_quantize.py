@@ -15,6 +15,7 @@ from fp4jax_kernels.quantize import api, pallas_triton, reference
 from fp4jax_kernels.quantize.output import KernelOutput
 
 import fp4jax
+from tests import oracles
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the kernel profiler is a benchmark script
 import kernels_quantize_profile as profile  # noqa: E402
@@ -153,14 +154,32 @@ def _tiny_products_input(shape, dtype):
 @pytest.mark.parametrize("name", ["nvfp4_rtn", "nvfp4_sr", "nvfp4_four_over_six_f32", "nvfp4_cols_rtn", "mxfp4_floor"])
 def test_zero_code_signs_match_reference_bit_for_bit(name, interpret):
   """Negative elements whose scaled value is subnormal get code 0x8, those that underflow to -0 code 0x0
-  (``tests/test_e2m1_zero_sign.py``'s rule): the kernel's IEEE product (PTX ``mul.rn.f32`` on the GPU) and the
-  reference agree."""
+  (``tests/test_e2m1_zero_sign.py``'s rule): the kernel's IEEE product (PTX ``mul.rn.f32`` on the GPU) agrees with
+  the reference bit for bit, and every zero code's sign bit with the exact float64 rule
+  (``oracles.negative_exactly``) at the element's scale."""
   (spec, output), shape, tile = CASES[name]
   x, key = _tiny_products_input(shape, jnp.float32 if "f32" in name else jnp.bfloat16), jax.random.key(7)
   want = reference.quantize(x, spec, key, output=output)
-  codes = np.asarray(want[0].unpacked_codes())
-  assert np.sum(codes == 8) > 50 and np.sum(codes == 0) > 50  # x is negative but for the 1e30s: both zero signs
-  _assert_same(pallas_triton.quantize(x, spec, key, output=output, tile=tile, interpret=interpret), want)
+  got = pallas_triton.quantize(x, spec, key, output=output, tile=tile, interpret=interpret)
+  _assert_same(got, want)
+  # the sign bit of every zero code from the exact float64 rule (not from the reference, which runs the same product)
+  q = got[0]
+  codes = np.asarray(q.unpacked_codes())
+  xq = np.asarray(x, np.float32).T if output.along == "cols" else np.asarray(x, np.float32)
+  zero = (codes & 7) == 0
+  sign = oracles.negative_exactly(xq, _element_scales(q))
+  assert np.sum(zero & sign) > 50 and np.sum(zero & ~sign & (xq < 0)) > 50  # subnormal and underflowing products
+  np.testing.assert_array_equal(codes[zero] == 8, sign[zero])
+
+
+def _element_scales(q) -> np.ndarray:
+  """The factor that scales each element of ``q``'s (rows-major) operand before rounding, from its block scales:
+  NVFP4's ``enc_b = min(1 / f32(dec_b · s_dec), FLT_MAX)`` (TE), MXFP4's ``2^-e_b`` (exact)."""
+  block, n = q.block_shape[-1], q.shape[-1]
+  dec = np.asarray(q.scales.astype(jnp.float32), np.float32)
+  if q.scales.dtype == jnp.float8_e4m3fn:
+    return oracles.nvfp4_enc(dec, np.float32(q.global_scale), q.shape)
+  return np.repeat(1.0 / dec.astype(np.float64), block, axis=-1)[..., :n].astype(np.float32)
 
 
 ROUTE_CASES = [
