@@ -173,6 +173,9 @@ def _linear_trees(doc: dict) -> list[str]:
   ]
   for r in doc["rows"]:
     this, base = r["this_rounds"], r["baseline_rounds"]
+    if not base:  # a recipe the baseline does not have
+      out.append(f"| {r['name']} | {spread(this, '.3f')} | (not in the baseline) | | |")
+      continue
     lo, hi = min(this) / max(base), max(this) / min(base)
     out.append(
       f"| {r['name']} | {spread(this, '.3f')} | {spread(base, '.3f')} | "

@@ -41,7 +41,9 @@ def _train_linen(model, toks, steps=STEPS):
   return params, losses
 
 
-@pytest.mark.parametrize("recipe", recipes.names())
+@pytest.mark.parametrize(
+  "recipe", [pytest.param(r, marks=pytest.mark.slow) if r == "quartet2" else r for r in recipes.names()]
+)
 def test_linen_transformer_trains_under_recipe(recipe):
   toks = fm.tokens(jax.random.key(0))
   params, losses = _train_linen(quantize(fm.LinenTransformer(fm.Config()), [Rule(".*", recipe)]), toks)
