@@ -27,7 +27,7 @@ from fp4jax._src.formats import FP4Format
 from fp4jax._src.operand import PAIR_OP, QUANTIZE_OP, SHARDED_QUANTIZE_OP, Operand
 from fp4jax._src.recipes import OperandSpec
 from fp4jax._src.spec import QuantizeSpec
-from fp4jax_kernels.quantize import pallas_triton
+from fp4jax_kernels.quantize import pallas_triton, sharded
 from fp4jax_kernels.quantize.output import KernelOutput
 
 KERNEL_DTYPES = (jnp.float32, jnp.bfloat16)
@@ -211,22 +211,8 @@ def quantize_sharded_operand(x: jax.Array, spec: OperandSpec, key, shard, *, aut
     )
   qspec, output = kernel_args(spec, 0, False)
   x2 = x.reshape(-1, x.shape[-1])
-  interpret = backends.pallas_interpret()
-  amax = None
-  if qspec.fmt.has_tensor_scale:
-    local = pallas_triton.tensor_amax(x2, qspec, output, None, interpret=interpret)
-    amax = sharding.combine_amax(local, shard.axis_name)
-  origin, logical = sharding.placement((sharding.OperandShard(shard.axis_name, 1 if along else 0),), x2.shape)
-  out = pallas_triton.quantize(
-    x2,
-    qspec,
-    key,
-    output=output,
-    interpret=interpret,
-    amax=amax,
-    origin=jnp.stack([jnp.asarray(o, jnp.int32) for o in origin]),
-    logical_shape=logical,
-  )
+  shards = (sharding.OperandShard(shard.axis_name, 1 if along else 0),)
+  out = sharded.quantize_slice(x2, qspec, key, shards, output=output, interpret=backends.pallas_interpret())
   return _as_operand(out, x.shape)
 
 

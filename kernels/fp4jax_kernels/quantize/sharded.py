@@ -89,6 +89,59 @@ def _check_layout(
   return axes[0], axes[1]
 
 
+def quantize_slice(
+  x_slice: jax.Array,
+  spec: QuantizeSpec,
+  key: jax.Array | None,
+  shards: tuple[sharding.OperandShard, ...],
+  *,
+  output: KernelOutput,
+  interpret: bool,
+  signs: jax.Array | None = None,
+  amax_signs: jax.Array | None = None,
+):
+  """``pallas_triton.quantize`` of one device's 2D slice of a tensor split as ``shards`` (inside ``shard_map``,
+  whose mesh axes they name), with the bits of the whole logical tensor: the slice's tensor amax (its rotated
+  elements under ``amax_signs``; ``stage_and_amax`` where that pays), ``fp4jax.sharding.combine_amax`` over the
+  shards' mesh axes, and the kernel at the slice's logical origin (``fp4jax.sharding.placement``).
+
+  Args:
+    x_slice: this device's slice, 2D.
+    spec: the quantizer.
+    key: the replicated key (None for RTN without random signs).
+    shards: one ``OperandShard`` per split dim of ``x_slice``, naming its mesh axes.
+    output: the kernel's outputs.
+    interpret: run the kernels in interpret mode.
+    signs: the Hadamard signs given to the kernel (None: drawn from ``key``).
+    amax_signs: the Hadamard signs of the amax pre-pass (None: no rotation).
+
+  Returns:
+    ``pallas_triton.quantize``'s result for the slice.
+  """
+  amax = staged = None
+  if spec.fmt.has_tensor_scale:
+    if pallas_triton.prepass_stages(spec, output):
+      staged, local = pallas_triton.stage_and_amax(x_slice, spec, output, amax_signs, interpret=interpret)
+    else:
+      local = pallas_triton.tensor_amax(x_slice, spec, output, amax_signs, interpret=interpret)
+    names = [(shard.axis_name,) if isinstance(shard.axis_name, str) else shard.axis_name for shard in shards]
+    axes = tuple(name for group in names for name in group)
+    amax = sharding.combine_amax(local, axes) if axes else local
+  origin, logical = sharding.placement(shards, x_slice.shape)
+  return pallas_triton.quantize(
+    x_slice,
+    spec,
+    key,
+    output=output,
+    signs=signs,
+    interpret=interpret,
+    amax=amax,
+    origin=jnp.stack([jnp.asarray(o, jnp.int32) for o in origin]),
+    logical_shape=logical,
+    staged=staged,
+  )
+
+
 @functools.partial(jax.jit, static_argnames=("spec", "output", "mesh", "spec_in", "interpret"))
 def quantize_sharded(
   x: jax.Array,
@@ -109,36 +162,20 @@ def quantize_sharded(
   """
   output_lib.check(spec, output)
   row_axes, col_axes = _check_layout(x, spec, output, mesh, spec_in)
-  split_axes = row_axes + col_axes
   shards = tuple(sharding.OperandShard(names, dim) for dim, names in enumerate((row_axes, col_axes)) if names)
   check_quantize_input(x, spec, output.axis)
   block, hadamard = block_dims(spec), spec.hadamard
 
   def per_shard(x_shard, key, signs):
-    amax = staged = None
+    amax_signs = None
     if spec.fmt.has_tensor_scale:
       amax_signs = (
         signs
         if signs is not None
         else spec.sign_vector(split_quantize_key(key, spec.rounding, hadamard, spec.signs)[0])
       )
-      if pallas_triton.prepass_stages(spec, output):
-        staged, local = pallas_triton.stage_and_amax(x_shard, spec, output, amax_signs, interpret=interpret)
-      else:
-        local = pallas_triton.tensor_amax(x_shard, spec, output, amax_signs, interpret=interpret)
-      amax = sharding.combine_amax(local, split_axes) if split_axes else local
-    origin, logical = sharding.placement(shards, x_shard.shape)
-    q, deq, mask, _ = pallas_triton.quantize(
-      x_shard,
-      spec,
-      key,
-      output=output,
-      signs=signs,
-      interpret=interpret,
-      amax=amax,
-      origin=jnp.stack([jnp.asarray(o, jnp.int32) for o in origin]),
-      logical_shape=logical,
-      staged=staged,
+    q, deq, mask, _ = quantize_slice(
+      x_shard, spec, key, shards, output=output, interpret=interpret, signs=signs, amax_signs=amax_signs
     )
     return q.codes, q.scales, q.global_scale, q.signs, deq, mask
 
