@@ -32,6 +32,14 @@ FIXED_SIGNS_SEED = 0x5EED5
 # ------------------------------------------------------------------------------------------------ test inputs
 
 
+def subnormal_blocks_tensor() -> np.ndarray:
+  """Student-t(3) · 1e-41, every 7th row · 50 (64 x 256 float32): nearly every 16-block's amax is an fp32 subnormal
+  (floor(log2 amax_b) < -127), and the larger rows set the tensor scale."""
+  a = np.random.RandomState(1).standard_t(3, (64, 256)) * 1e-41
+  a[::7] *= 50
+  return a.astype(np.float32)
+
+
 def dyadic(seed, shape, peak) -> np.ndarray:
   """float32 multiples of 1/8 in [-4, 4] (seeded) with ``x[0, 0] = peak``: with peak ±6 NVFP4's tensor scales are
   powers of two and every Hadamard sum of them is exact in float32."""

@@ -15,6 +15,7 @@ import pytest
 
 import fp4jax
 from tests import numpy_reference as ref
+from tests import oracles
 
 MX_MODES = ("floor", "rceil", "quest", "quest_nearest", "floor_headroom")
 
@@ -109,19 +110,11 @@ def test_four_over_six_of_a_tiny_tensor_matches_oracle():
   _assert_same_floats(q.dequantize(jnp.float32), deq, "dequantize")
 
 
-def _subnormal_blocks_tensor() -> np.ndarray:
-  """Student-t(3) · 1e-41, every 7th row · 50: nearly every 16-block's amax is an fp32 subnormal (floor(log2 amax_b)
-  < -127), and the larger rows set the tensor scale."""
-  a = np.random.RandomState(1).standard_t(3, (64, 256)) * 1e-41
-  a[::7] *= 50
-  return a.astype(np.float32)
-
-
 def test_four_over_six_of_blocks_with_subnormal_amax_matches_oracle():
   """Blocks whose amax is subnormal are scaled by 2^127 rather than 2^-floor(log2 amax_b) for their errors (a float32
   factor); the oracle scales by 2^-floor(log2 amax_b) in float64. The choices, codes and values agree, with both
   candidates chosen among these blocks."""
-  a = _subnormal_blocks_tensor()
+  a = oracles.subnormal_blocks_tensor()
   codes, dec, _, deq, use4 = ref.nvfp4_four_over_six_reference(a)
   subnormal = np.abs(a.reshape(64, -1, 16)).max(-1) < np.float32(2.0**-126)
   assert subnormal.mean() > 0.9 and 0 < use4[subnormal].mean() < 1

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import fp4jax
+from tests import oracles
 
 GPU = [d for d in jax.devices() if d.platform == "gpu"] if jax.default_backend() == "gpu" else []
 pytestmark = pytest.mark.skipif(not GPU, reason="needs a GPU")
@@ -273,9 +274,7 @@ def test_rotation_keeps_its_normalization_rounding_before_a_constant_multiply(d,
 def test_four_over_six_of_blocks_with_subnormal_amax_matches_cpu():
   """Four-over-six on a tensor whose blocks nearly all have a subnormal amax (their errors scale by 2^127, one float32
   product in the kernels): GPU bits = CPU bits, for the jitted ``quantize`` (the kernels where "auto" takes them)."""
-  x = np.random.RandomState(1).standard_t(3, (64, 256)) * 1e-41
-  x[::7] *= 50
-  x = x.astype(np.float32)
+  x = oracles.subnormal_blocks_tensor()
   spec = fp4jax.QuantizeSpec(fmt=CASES["nvfp4_4over6"]["fmt"])
   outs = {}
   for name, device in (("gpu", GPU[0]), ("cpu", jax.devices("cpu")[0])):
