@@ -6,7 +6,8 @@
 
 In one process, for each device count n of ``--devices``: the anchor (``benchmarks/anchor.py``, bf16) and
 ``fp4jax_experiments.train.Trainer`` under each recipe of ``--recipes`` (its own execution defaults, or
-``--experiments-overrides``; ``bench_scaling``'s data-parallel mesh) are built and their train steps compiled (timed:
+``--experiments-overrides``; ``bench_scaling``'s data-parallel mesh, its gradients all-reduced in
+``--grad-comm-dtype`` on n > 1) are built and their train steps compiled (timed:
 ``compile_s``, lowering included), then all train ``--warmup`` untimed steps, then ``--rounds`` rounds in which each
 trains ``--steps`` steps in turn (dispatched back to back, synchronized once), so that a drift of the device's speed
 hits every entry alike. Global batch n · ``--batch`` rows of ``--seq-len`` tokens (weak scaling), data parallel: the
@@ -52,7 +53,7 @@ import jax
 from benchmarks import anchor
 from benchmarks.benchtools import header
 from benchmarks.linear_trees import commit
-from fp4jax_experiments import bench_scaling, data, step_profile, train
+from fp4jax_experiments import bench_scaling, data, sharding, step_profile, train
 from fp4jax_experiments import model as model_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -83,6 +84,8 @@ class Entry:
   loss: float = float("nan")
   profile: dict | None = None
   beside_abandoned_compile: bool = False  # an abandoned compile ran in the background while it compiled or ran
+  grad_comm_dtype: str = "float32"  # the data-parallel gradient all-reduce's dtype
+  quantizer_backend: str | None = None  # the projections' quantizers as trained (experiments models; None: anchor)
 
   def advance(self, k: int) -> float:
     self.beside_abandoned_compile |= abandoned_compile_running()
@@ -187,9 +190,11 @@ def experiments_entry(
   spec: str,
   overrides: dict,
   max_compile_s: float = float("inf"),
+  grad_comm_dtype: str = "float32",
 ) -> Entry:
   """``fp4jax_experiments.train.Trainer`` of ``size`` under ``recipe`` on ``bench_scaling``'s data mesh of n, with
-  the ModelConfig ``overrides``; recorded as model ``label``."""
+  the ModelConfig ``overrides``, its data-parallel gradients all-reduced in ``grad_comm_dtype`` when n > 1 (one
+  device communicates none: float32 there); recorded as model ``label``."""
   batch = per_device_batch * n
   config = train.TrainConfig(
     model=size,
@@ -200,6 +205,7 @@ def experiments_entry(
     tokens=batch * seq_len * total_steps,
     log_every=1,
     ckpt_every=1,
+    grad_comm_dtype=grad_comm_dtype if n > 1 else "float32",
   )
   trainer = train.Trainer(config, layout=bench_scaling.layout_for("data", n), model_overrides=overrides)
   if trainer.corpus.vocab_size != BYTE_VOCAB:
@@ -215,7 +221,19 @@ def experiments_entry(
     state, metrics = compiled(state, tokens, key)
     return state, metrics["loss"]
 
-  return Entry(label, recipe, n, batch, bench_scaling.flops_per_token(size, seq_len), seconds, step, state, inputs)
+  return Entry(
+    label,
+    recipe,
+    n,
+    batch,
+    bench_scaling.flops_per_token(size, seq_len),
+    seconds,
+    step,
+    state,
+    inputs,
+    grad_comm_dtype=config.grad_comm_dtype,
+    quantizer_backend=trainer.model_config.quantizer_backend,
+  )
 
 
 def _record(entry: Entry, seq_len: int, rate_tflops: float) -> dict:
@@ -236,6 +254,8 @@ def _record(entry: Entry, seq_len: int, rate_tflops: float) -> dict:
     "flops_per_token": entry.flops_per_token,
     "loss": entry.loss,
     "beside_abandoned_compile": entry.beside_abandoned_compile,
+    "grad_comm_dtype": entry.grad_comm_dtype,
+    "quantizer_backend": entry.quantizer_backend,
     **({"profile": entry.profile} if entry.profile is not None else {}),
   }
 
@@ -276,7 +296,17 @@ def run_device_count(n: int, args: argparse.Namespace, variants: dict[str, dict]
       label,
       recipe,
       lambda label=label, recipe=recipe, overrides=overrides: experiments_entry(
-        label, recipe, args.model, n, args.batch, args.seq_len, total, args.data, overrides, max_compile
+        label,
+        recipe,
+        args.model,
+        n,
+        args.batch,
+        args.seq_len,
+        total,
+        args.data,
+        overrides,
+        max_compile,
+        args.grad_comm_dtype,
       ),
     )
     for recipe in args.recipes
@@ -378,6 +408,13 @@ def _parser() -> argparse.ArgumentParser:
     help="JSON object {label: ModelConfig overrides}: several experiments models side by side, each recorded under "
     'its label (e.g. \'{"experiments": {}, "scan": {"scan_unroll": 1}}\'); replaces --experiments-overrides',
   )
+  p.add_argument(
+    "--grad-comm-dtype",
+    default="float32",
+    choices=list(sharding.GRAD_COMM_DTYPES),
+    help="the experiments models' data-parallel gradient all-reduce on n > 1 devices (float32: XLA's partitioner, "
+    "XLA quantizers; bfloat16 / float8_e4m3fn: shard_map, each device's kernels on its token shard)",
+  )
   p.add_argument("--matmul-size", type=int, default=8192, help="bf16 GEMM of this size³ sets the MFU divisor")
   p.add_argument(
     "--max-compile-s",
@@ -461,6 +498,7 @@ def main(argv: list[str] | None = None) -> None:
       "anchor_attention": args.anchor_attention,
       "experiments_variants": variants,
       "max_compile_s": args.max_compile_s,
+      "grad_comm_dtype": args.grad_comm_dtype,
     },
     "rows": rows,
   }

@@ -219,7 +219,7 @@ def test_bad_arguments_raise_clear_errors():
 _MESH_SCRIPT = """
 import jax, jax.numpy as jnp, numpy as np, fp4jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-assert jax.device_count() == 2
+assert jax.device_count() >= 2 and jax.default_backend() == "__PLATFORM__", jax.devices()
 rng = np.random.default_rng(0)
 x = jnp.asarray(rng.normal(size=(64, 32)), jnp.float32)
 w = jnp.asarray(rng.normal(size=(4, 32, 16)), jnp.float32)
@@ -227,7 +227,7 @@ s = jnp.asarray([10, 20, 0, 30], jnp.int32)
 loss = lambda x, w: jnp.sum(fp4jax.ragged_dot(x, w, s, recipe="nvidia_nvfp4", key=jax.random.key(3)) ** 2)
 f = jax.jit(jax.value_and_grad(loss, (0, 1)))
 one = f(x, w)
-mesh = Mesh(np.array(jax.devices()), ("expert",))
+mesh = Mesh(np.array(jax.devices()[:2]), ("expert",))
 ws = jax.device_put(w, NamedSharding(mesh, P("expert")))
 xs = jax.device_put(x, NamedSharding(mesh, P()))
 two = f(xs, ws)
@@ -238,11 +238,24 @@ print("OK")
 """
 
 
-def test_experts_sharded_over_a_mesh_give_the_one_device_bits():
-  # two host devices (JAX_PLATFORMS=cpu: on a one-GPU machine the GPU would be the only device)
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+GPUS = len([d for d in jax.devices() if d.platform == "gpu"]) if jax.default_backend() == "gpu" else 0
+
+
+@pytest.mark.parametrize(
+  "platform",
+  [
+    "cpu",
+    pytest.param("gpu", marks=pytest.mark.skipif(GPUS < 2, reason=f"needs 2 GPUs, {GPUS} visible")),
+  ],
+)
+def test_experts_sharded_over_a_mesh_give_the_one_device_bits(platform):
+  # cpu: two host devices (JAX_PLATFORMS=cpu, else a one-GPU machine's GPU would be the only device); gpu: the
+  # machine's first two GPUs, compiled by XLA:GPU, memory allocated on demand (this process may hold some)
+  if platform == "cpu":
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+  else:
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  proc = subprocess.run(
-    [sys.executable, "-c", _MESH_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=600
-  )
+  script = _MESH_SCRIPT.replace("__PLATFORM__", platform)
+  proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]

@@ -46,6 +46,8 @@ ROW_KEYS = {
   "scaling_efficiency",
   "profile",
   "beside_abandoned_compile",
+  "grad_comm_dtype",
+  "quantizer_backend",
 }
 
 
@@ -69,6 +71,8 @@ def smoke_doc(tmp_path_factory):
       json.dumps({"experiments": {}, "unroll2": {"scan_unroll": 2}}),
       "--max-compile-s",
       "600",
+      "--grad-comm-dtype",
+      "bfloat16",
     ],
     cwd=REPO,
     env=env,
@@ -94,6 +98,7 @@ def test_smoke_writes_every_entry_with_its_metadata(smoke_doc):
     ("unroll2", "bf16", 2),
   ]
   assert doc["settings"]["experiments_variants"] == {"experiments": {}, "unroll2": {"scan_unroll": 2}}
+  assert doc["settings"]["grad_comm_dtype"] == "bfloat16"
   assert doc["settings"]["max_compile_s"] == 600.0 and "--max-compile-s 600" in doc["command"]
   assert '\'{"experiments": {}, "unroll2": {"scan_unroll": 2}}\'' in doc["command"]  # shlex-quoted: re-runnable
   for r in doc["rows"]:
@@ -107,6 +112,10 @@ def test_smoke_writes_every_entry_with_its_metadata(smoke_doc):
     assert abs(r["loss"] - math.log(256)) < 1.0  # a few steps from ln(256): both models train on the same bytes
     assert isinstance(r["profile"], dict)
     assert r["beside_abandoned_compile"] is False  # no compile was given up
+    # bfloat16 gradients on the 2-device mesh (shard_map: the kernels stay on), none to communicate on one device
+    anchor = r["model"] == "anchor"
+    assert r["grad_comm_dtype"] == ("bfloat16" if r["devices"] == 2 and not anchor else "float32")
+    assert r["quantizer_backend"] == (None if anchor else "auto")
   assert len({r["flops_per_token"] for r in doc["rows"]}) == 1  # one shape, one formula
   assert "weak eff" in stdout
 
