@@ -74,9 +74,24 @@ def _variants(settings: dict) -> str:
   return " Experiments models (ModelConfig overrides): " + "; ".join(parts) + "."
 
 
+def _grad_comm(settings: dict, rows: list[dict]) -> str:
+  """How the experiments models on several devices communicated gradients and quantized ("" for float32)."""
+  dtype = settings.get("grad_comm_dtype", "float32")
+  if dtype == "float32":
+    return ""
+  backends = sorted({str(r.get("quantizer_backend")) for r in rows if r["model"] != "anchor" and r["devices"] > 1})
+  return (
+    f" On more than one device the experiments models all-reduce their gradients in {dtype} (`--grad-comm-dtype`: "
+    f"data parallelism under `shard_map`, each device quantizing its token shard; quantizers {', '.join(backends)}); "
+    "the anchor's are float32."
+  )
+
+
 def _train_throughput(doc: dict) -> list[str]:
   s = doc["settings"]
-  title = f"Training throughput, {s['model']}, {s['per_device_batch']} x {s['seq_len']} tokens per device"
+  counts = sorted({r["devices"] for r in doc["rows"]})
+  gpus = " and ".join(map(str, counts)) + (" device" if counts == [1] else " devices")
+  title = f"Training throughput, {s['model']}, {s['per_device_batch']} x {s['seq_len']} tokens per device, {gpus}"
   out = _title(doc, title) + provenance(doc)
   out += [
     "",
@@ -86,7 +101,8 @@ def _train_throughput(doc: dict) -> list[str]:
     f'the rounds, then the range over the rounds; "/ anchor" is a ratio within that one process. MFU is against '
     f"the bf16 GEMM rate measured in the same run ({doc['matmul_tflops']:.0f} TFLOP/s)."
     + ("" if doc.get("complete", True) else " INCOMPLETE: the run stopped before its last device count.")
-    + _variants(s),
+    + _variants(s)
+    + _grad_comm(s, doc["rows"]),
     "",
     "| model | recipe | devices | tokens/s | tokens/s over rounds | ms/step | MFU | / anchor | / bf16 "
     "| weak scaling | compile s |",

@@ -70,6 +70,13 @@ def test_train_throughput_reports_tokens_per_second_of_each_round():
   assert (
     'Experiments models (ModelConfig overrides): `experiments`: the defaults; `unrolled`: {"scan_unroll": 12}.' in text
   )
+  assert "### Training throughput, 1M, 4 x 25 tokens per device, 1 device" in text
+  assert "all-reduce their gradients" not in text  # float32 (the default): nothing to say
+  settings["grad_comm_dtype"] = "bfloat16"
+  doc["rows"] = [row, {**row, "devices": 2, "quantizer_backend": "auto"}]
+  text = "\n".join(report.RENDER["train_throughput"](doc))
+  assert "### Training throughput, 1M, 4 x 25 tokens per device, 1 and 2 devices" in text
+  assert "all-reduce their gradients in bfloat16" in text and "quantizers auto)" in text
 
 
 def test_throughput_report_takes_ratios_to_bf16_and_the_category_differences():
