@@ -147,7 +147,7 @@ def test_one_device_steps_compile_once(corpus):
   import jax
 
   config = train.TrainConfig(
-    model="100K", data=corpus, recipe="nvfp4_rtn", batch_size=4, seq_len=64, tokens=768, deterministic=2
+    model="100K", data=corpus, recipe="bf16", batch_size=4, seq_len=64, tokens=768, deterministic=2
   )
   trainer = train.Trainer(config, model_overrides=OVERRIDES)
   state = trainer.init_state()

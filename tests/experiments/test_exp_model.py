@@ -175,7 +175,12 @@ def test_auto_unroll_unrolls_the_bf16_stacks_and_loops_over_the_fp4_blocks():
 
 
 @pytest.mark.parametrize(
-  "recipe, how", [("bf16", {"remat": True}), ("bf16", {"scan_unroll": 3}), ("nvidia_nvfp4", {"scan_unroll": 8})]
+  "recipe, how",
+  [
+    ("bf16", {"remat": True}),
+    ("bf16", {"scan_unroll": 3}),
+    pytest.param("nvidia_nvfp4", {"scan_unroll": 8}, marks=pytest.mark.slow),  # an unrolled FP4 compile
+  ],
 )
 def test_remat_and_unroll_compute_the_same_gradients(recipe, how):
   """Recomputing or unrolling the blocks changes how, not what: the same gradients, with the same per-layer

@@ -121,7 +121,7 @@ def test_check_layout_rejects_straddling_blocks_and_uneven_splits():
     sharding.check_layout(sharding.Layout(model=2), config("bf16", n_heads=1), 8, 64)
 
 
-@pytest.mark.slow  # default tier: test_exp_train.py::test_quantizer_backend_changes_nothing_but_the_implementation
+@pytest.mark.slow  # default tier: test_exp_sharding_comm.py::test_data_parallel_steps_with_the_kernels_per_shard_...
 def test_training_with_the_pallas_kernels_matches_the_xla_quantizers_bit_for_bit(corpus):
   """The backends check: two training steps of nvidia_nvfp4 (RTN, 16x16 weights, RHT16 + SR gradients) with the
   projections' quantizers run by the Pallas kernels (interpret mode on the CPU) give the XLA path's losses. (The

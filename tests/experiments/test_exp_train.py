@@ -140,6 +140,7 @@ def test_final_evaluation_is_what_evaluate_gives_from_the_checkpoint(corpus, tmp
     train.train(config, tmp_path / "other", quiet=True, final_eval_batches=-1)
 
 
+@pytest.mark.slow  # default tier: test_exp_sharding_comm.py::test_data_parallel_steps_with_the_kernels_per_shard_...
 def test_quantizer_backend_changes_nothing_but_the_implementation(corpus, tmp_path):
   """The fused Pallas quantizers (interpret mode here) train the same curve, bit for bit, as XLA's; the backend
   is not part of the run's identity."""
