@@ -66,33 +66,6 @@ jax.config.update(
 )
 
 
-# The modules whose fixtures or tests take minutes (compile-bound multi-device subprocesses and FP4 training), run
-# first: pytest-xdist's --dist loadfile hands out whole modules in collection order, so a heavy module collected last
-# would leave the other worker idle while it runs.
-HEAVY_FIRST = (
-  "test_shard_numerics.py",
-  "experiments/test_exp_sharding_comm.py",
-  "experiments/test_exp_deterministic.py",
-  "experiments/test_exp_model.py",
-  "kernels/test_quantize.py",
-  "kernels/test_dot_pallas.py",
-  "experiments/test_exp_train.py",
-  "experiments/test_exp_sharding.py",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-  """Stable reorder: the ``HEAVY_FIRST`` modules in that order, then every other module in collection order."""
-  del config
-  rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
-
-  def key(item):
-    rel = Path(os.path.relpath(Path(str(item.path)).resolve(), Path(__file__).resolve().parent)).as_posix()
-    return rank.get(rel, len(HEAVY_FIRST))
-
-  items.sort(key=key)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _release_compiled_programs():
   """After each test module, JAX's in-memory caches (traced, lowered and compiled programs) are dropped: an xdist
