@@ -142,6 +142,9 @@ def test_bad_arguments_are_refused(capsys):
   with pytest.raises(SystemExit):
     train_throughput.main(["--steps", "0"])
   assert "--steps must be >= 1, got 0" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    train_throughput.main(["--grad-comm-dtype", "float16"])
+  assert "--grad-comm-dtype: invalid choice: 'float16'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "inf", "nan", "soon"])

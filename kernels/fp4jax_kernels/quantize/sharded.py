@@ -124,8 +124,7 @@ def quantize_slice(
       staged, local = pallas_triton.stage_and_amax(x_slice, spec, output, amax_signs, interpret=interpret)
     else:
       local = pallas_triton.tensor_amax(x_slice, spec, output, amax_signs, interpret=interpret)
-    names = [(shard.axis_name,) if isinstance(shard.axis_name, str) else shard.axis_name for shard in shards]
-    axes = tuple(name for group in names for name in group)
+    axes = tuple(name for shard in shards for name in _axis_names(shard.axis_name))
     amax = sharding.combine_amax(local, axes) if axes else local
   origin, logical = sharding.placement(shards, x_slice.shape)
   return pallas_triton.quantize(
