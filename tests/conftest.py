@@ -40,10 +40,10 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(tempfile.gettempdir(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 # On a machine without a CUDA plugin (CI's CPUs), XLA:CPU skips LLVM's expensive passes (the loop and SLP vectorizers,
-# unrolling) for this process and the subprocesses that inherit the flags: compiling is most of the suite's time (about
-# a tenth less with it). XLA:CPU compiles without fast-math, so these passes may not reassociate or otherwise change a
-# float result; the bit-exact oracle tests (test_oracles_*, test_quantize, test_ieee, test_four_over_six_te, ...)
-# pass with and without it.
+# unrolling) for this process and the subprocesses that inherit the flags: compiling is most of the suite's time.
+# XLA:CPU compiles without fast-math, so these passes may not reassociate or otherwise change a float result; the
+# bit-exact oracle tests (test_oracles_*, test_quantize, test_ieee, test_four_over_six_te, ...) pass with and without
+# it.
 _CUDA = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
 _CPU_FLAG = "--xla_llvm_disable_expensive_passes=true"
 if not _CUDA and _CPU_FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
