@@ -215,3 +215,29 @@ def test_mul_unflushed_takes_the_float_product_only_on_gpus(platform, integer):
   x = jnp.ones((4,), jnp.float32)
   text = ieee.mul_unflushed.trace(x, x).lower(lowering_platforms=(platform,)).as_text()
   assert bool(re.search(r"stablehlo\.multiply .*tensor<4xui32>", text)) == integer
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("jit", [False, True])
+def test_widen_is_exact_on_every_bit_pattern(dtype, jit):
+  """``ieee.widen`` gives NumPy's exact float32 value of each of the 2^16 bfloat16 / float16 bit patterns
+  (subnormals, zeros of both signs, infinities; NaNs stay NaN)."""
+  x = np.arange(1 << 16, dtype=np.uint16).view(dtype)
+  want = x.astype(np.float32)
+  nan = np.isnan(want)
+  got = np.asarray((jax.jit(ieee.widen) if jit else ieee.widen)(jnp.asarray(x)))
+  assert got.dtype == np.float32
+  np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+  assert np.isnan(got[nan]).all()
+
+
+def test_widen_converts_other_dtypes_and_uses_no_float_conversion_for_bfloat16():
+  """float32 passes unchanged and float64 rounds like ``astype``; a bfloat16 operand lowers to bit casts and a
+  shift, no float conversion that XLA:GPU's excess-precision pass could fold into a producer (the effect itself is
+  checked on a GPU by ``tests/test_gpu_parity.py``)."""
+  f32 = np.float32([1.5, -0.0, 3e-45, np.inf])
+  assert np.asarray(ieee.widen(jnp.asarray(f32))).view(np.uint32).tolist() == f32.view(np.uint32).tolist()
+  text = str(jax.make_jaxpr(ieee.widen)(jnp.zeros(4, jnp.bfloat16)))
+  assert (
+    "bitcast_convert_type" in text and "shift_left" in text and "convert_element_type[new_dtype=float32" not in text
+  )

@@ -44,6 +44,7 @@ from fp4jax._src import checks, estimators
 from fp4jax._src import recipes as recipes_lib
 from fp4jax._src import sharding as sharding_lib
 from fp4jax._src.backends import Backend
+from fp4jax._src.ieee import widen
 from fp4jax._src.operand import (
   Operand,
   channel_scale,
@@ -328,7 +329,7 @@ def _qdot_bwd(static: _Static, res: _Residuals, dy):
     dw = _to_input(dw, r.fwd_rhs, res.mask_w, res.fwd_signs, static.k)
   if r.fwd_rhs.estimator == "dge":
     spec = r.fwd_rhs
-    scaled = res.w.astype(jnp.float32) * channel_scale(res.w, spec.scale_pow2, sharding_lib.operand_shard(r, "fwd_rhs"))
+    scaled = widen(res.w) * channel_scale(res.w, spec.scale_pow2, sharding_lib.operand_shard(r, "fwd_rhs"))
     dw = dw * estimators.dge_derivative(scaled, spec.dge_k, spec.dge_cap)
   return dx.astype(static.lhs_dtype), dw.astype(static.rhs_dtype), None
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp4jax._src.formats import E2M1_MAX
+from fp4jax._src.ieee import widen
 
 
 def trust_mask(x: jax.Array, scale: jax.Array) -> jax.Array:
@@ -34,7 +35,7 @@ def trust_mask(x: jax.Array, scale: jax.Array) -> jax.Array:
   Returns:
     bool array of the broadcast shape of ``x`` and ``scale``: True where ``|x| < 6 · scale`` (False for NaN).
   """
-  return jnp.abs(x.astype(jnp.float32)) < jnp.float32(E2M1_MAX) * scale
+  return jnp.abs(widen(x)) < jnp.float32(E2M1_MAX) * scale
 
 
 def dge_derivative(x: jax.Array, k: float = 5.0, cap: float = 3.0) -> jax.Array:
@@ -64,13 +65,13 @@ def dge_derivative(x: jax.Array, k: float = 5.0, cap: float = 3.0) -> jax.Array:
   """
   if k <= 1:
     raise ValueError(f"dge_derivative: k must be > 1 (a smooth step), got {k}")
-  a = jnp.minimum(jnp.abs(x.astype(jnp.float32)), E2M1_MAX)
+  a = jnp.minimum(jnp.abs(widen(x)), E2M1_MAX)
   two_over_delta = jnp.where(a < 2.0, 4.0, jnp.where(a < 4.0, 2.0, 1.0))
   lo = jnp.where(a < 2.0, jnp.floor(a * 2.0) * 0.5, jnp.where(a < 4.0, 2.0 + jnp.floor(a - 2.0), 4.0))
   t = jnp.abs((a - lo) * two_over_delta - 1.0)
   safe = jnp.where(t > 0, t, 1.0)
   d = jnp.where(t > 0, (1.0 / k) * safe ** (1.0 / k - 1.0), jnp.float32(cap))
-  return jnp.where(jnp.isnan(x), x.astype(jnp.float32), jnp.minimum(d, cap))
+  return jnp.where(jnp.isnan(x), widen(x), jnp.minimum(d, cap))
 
 
 def occ_bounds(x: jax.Array, quantile: float, axis: int = -1) -> tuple[jax.Array, jax.Array]:

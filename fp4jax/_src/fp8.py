@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from fp4jax._src.formats import E4M3, E5M2, FP8Format, floor_log2, pow2
-from fp4jax._src.ieee import div_rn
+from fp4jax._src.ieee import div_rn, widen
 
 __all__ = ["E4M3", "E5M2", "FP8Format", "current_scale", "quantize_fp8", "rtn_e5m2"]
 
@@ -50,7 +50,7 @@ def current_scale(x: jax.Array, fmt: FP8Format, *, pow2_scale: bool = False, ama
   Returns:
     float32 scalar: the encode scale.
   """
-  amax = jnp.max(jnp.abs(x.astype(jnp.float32))) if amax is None else jnp.asarray(amax, jnp.float32)
+  amax = jnp.max(jnp.abs(widen(x))) if amax is None else jnp.asarray(amax, jnp.float32)
   s = div_rn(jnp.float32(fmt.max), jnp.where(amax == 0, jnp.float32(fmt.max), amax))
   if pow2_scale:
     s = pow2(floor_log2(s))
@@ -82,5 +82,5 @@ def quantize_fp8(
   if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
     raise TypeError(f"x must be a floating-point array, got dtype {jnp.asarray(x).dtype}")
   s = current_scale(x, fmt, pow2_scale=pow2_scale, amax=amax)
-  v = fmt.round(x.astype(jnp.float32) * s)
+  v = fmt.round(widen(x) * s)
   return v, div_rn(jnp.float32(1.0), s)

@@ -40,7 +40,7 @@ import numpy as np
 from jax import lax
 
 from fp4jax._src.formats import floor_log2
-from fp4jax._src.ieee import mul_pow2_rn, mul_rn
+from fp4jax._src.ieee import mul_pow2_rn, mul_rn, widen
 from fp4jax._src.rounding import rtn_bf16
 
 SIZES = (16, 32, 64, 128, 256)
@@ -154,7 +154,7 @@ def hadamard(x: jnp.ndarray, d: int, *, axis: int = -1, signs: jnp.ndarray | np.
       (d,).
   """
   check_size(d)
-  chunks, moved_shape, axis = _chunked(x.astype(jnp.float32), d, axis)
+  chunks, moved_shape, axis = _chunked(widen(x), d, axis)
   y = _transform(chunks, _signs_or_ones(signs, d), d, False)
   return jnp.moveaxis(y.reshape(moved_shape), -1, axis)
 
@@ -203,7 +203,7 @@ def inverse_hadamard(
       (d,).
   """
   check_size(d)
-  chunks, moved_shape, axis = _chunked(y.astype(jnp.float32), d, axis)
+  chunks, moved_shape, axis = _chunked(widen(y), d, axis)
   x = _transform(chunks, _signs_or_ones(signs, d), d, True)
   return jnp.moveaxis(x.reshape(moved_shape), -1, axis)
 

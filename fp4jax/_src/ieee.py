@@ -51,6 +51,35 @@ def significand(x: jnp.ndarray):
   return b >> 31, m << shift.astype(jnp.uint32), lsb - shift
 
 
+def widen(x: jnp.ndarray) -> jnp.ndarray:
+  """``x`` as float32: the exact value of a bfloat16 or float16 array by integer operations on its bits, other dtypes
+  by ``astype``. Every quantizer reads its operand through it.
+
+  Why: under ``jit``, XLA may drop a conversion pair float32 -> bfloat16 -> float32 (``--xla_allow_excess_precision``,
+  on by default; XLA:GPU does it across fusions). A quantizer fused with the op that produced its bfloat16 operand
+  would then read the unrounded float32 values, where a kernel reading the operand from memory reads the rounded
+  ones: one program would give different codes with the XLA quantizers and with the Pallas kernels. No pass folds
+  integer operations into the producer's conversion.
+
+  bfloat16: the bits shifted into a float32's high half. float16 (1 sign, 5 exponent, 10 fraction bits, bias 15): a
+  normal ``(-1)^s·1.f·2^(e-15)`` becomes the float32 with exponent ``e + 112`` and fraction ``f << 13``; Inf and NaN
+  (``e = 31``) keep their fraction; zeros and subnormals are ``f · 2^-24`` (``f < 2^10``: an exact float32 product
+  with a normal result), with the sign.
+  """
+  if x.dtype == jnp.bfloat16:
+    return lax.bitcast_convert_type(lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32) << 16, jnp.float32)
+  if x.dtype != jnp.float16:
+    return x.astype(jnp.float32)
+  h = lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+  sign, e, f = (h >> 15) << 31, (h >> 10) & jnp.uint32(0x1F), h & jnp.uint32(0x3FF)
+  e32 = jnp.where(e == 31, jnp.uint32(0xFF), e + jnp.uint32(112))
+  normal = lax.bitcast_convert_type(sign | (e32 << 23) | (f << 13), jnp.float32)
+  small = lax.bitcast_convert_type(
+    sign | lax.bitcast_convert_type(f.astype(jnp.float32) * jnp.float32(2.0**-24), jnp.uint32), jnp.float32
+  )
+  return jnp.where(e == 0, small, normal)
+
+
 def _finite(x: jnp.ndarray) -> jnp.ndarray:
   return (lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0x7FFFFFFF)) < _INF
 

@@ -51,7 +51,7 @@ from fp4jax._src.formats import (
   floor_log2,
   pow2,
 )
-from fp4jax._src.ieee import div_rn, mul_unflushed
+from fp4jax._src.ieee import div_rn, mul_unflushed, widen
 from fp4jax._src.quantize import (
   BlockLayout,
   block_dims,
@@ -106,7 +106,7 @@ def channel_scale(x: jax.Array, pow2_scale: bool, shard=None) -> jax.Array:
   """Per-row E2M1 encode scale along the last axis: γ = 6 / max|x_row| (1 for a zero row, NaN if not finite);
   ``pow2_scale``: 2^floor(log2 γ) (Microsoft FP4's released code). Keepdims. ``shard``: an
   ``fp4jax.sharding.OperandShard``; the max is then over the logical rows."""
-  amax = shard.row_amax(x) if shard else jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+  amax = shard.row_amax(x) if shard else jnp.max(jnp.abs(widen(x)), axis=-1, keepdims=True)
   g = div_rn(jnp.float32(E2M1_MAX), jnp.where(amax == 0, jnp.float32(E2M1_MAX), amax))
   if pow2_scale:
     g = pow2(floor_log2(g))
@@ -117,7 +117,7 @@ def row_amax(x: jax.Array, shard=None) -> jax.Array:
   """max|x| of each row along the last axis (fp32, keepdims), NaN for a row holding NaN or Inf: the amax
   ``fp4jax.quantize`` takes of that row alone. ``shard``: an ``fp4jax.sharding.OperandShard``; the max is then over
   the logical rows."""
-  amax = shard.row_amax(x) if shard else jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+  amax = shard.row_amax(x) if shard else jnp.max(jnp.abs(widen(x)), axis=-1, keepdims=True)
   return jnp.where(jnp.all(jnp.isfinite(x), axis=-1, keepdims=True), amax, jnp.float32(jnp.nan))
 
 
@@ -127,7 +127,7 @@ def _e2m1_channel(x: jax.Array, pow2_scale: bool, shard=None) -> Operand:
   ``|x·γ| > 2^-150``) and the per-row decode scale ``1/γ`` correctly rounded (``div_rn``), so the dequantized row is
   ``value · fl(1/γ)``."""
   g = channel_scale(x, pow2_scale, shard)
-  values = e2m1_decode(rtn_e2m1(mul_unflushed(x.astype(jnp.float32), g))).astype(jnp.bfloat16)
+  values = e2m1_decode(rtn_e2m1(mul_unflushed(widen(x), g))).astype(jnp.bfloat16)
   return Operand(values, div_rn(jnp.float32(1.0), g))
 
 
@@ -146,7 +146,7 @@ def _block_fp4(x: jax.Array, spec: OperandSpec, key, shard=None) -> tuple[Operan
   eden = spec.rounding == "eden"
   scale_where = (lay.scale_origin(where[0]), BlockLayout(where[1], lay.axis, block).scale_shape) if shard else ()
   scale_bits = lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape, *scale_where)) if eden else None
-  xb = lay.to_blocks(x.astype(jnp.float32))
+  xb = lay.to_blocks(widen(x))
   amax = None
   if spec.amax == "row":
     amax = row_amax(x, shard)[..., None]  # (..., rows, 1, 1): broadcasts over the row's blocks

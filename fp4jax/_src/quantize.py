@@ -62,7 +62,7 @@ from fp4jax._src.formats import (
   e2m1_decode,
   floor_log2,
 )
-from fp4jax._src.ieee import add_rn, div_rn, mul_pow2_rn, mul_pow2_rn_f32, mul_rn, mul_short_rn, mul_unflushed
+from fp4jax._src.ieee import add_rn, div_rn, mul_pow2_rn, mul_pow2_rn_f32, mul_rn, mul_short_rn, mul_unflushed, widen
 from fp4jax._src.reductions import pairwise_sum
 from fp4jax._src.rounding import rtn_e2m1, rtn_e4m3, sr_e2m1
 from fp4jax._src.spec import QuantizeSpec, Rounding, Signs
@@ -430,7 +430,7 @@ def _run(x, spec: QuantizeSpec, axis, key):
   k_signs, k_elems, k_scales = split_quantize_key(key, spec.rounding, spec.hadamard, spec.signs)
   signs = spec.sign_vector(k_signs)
   hadamard, fmt, rounding = spec.hadamard, spec.fmt, spec.rounding
-  xf = hadamard_lib.rotated(x, hadamard, axis=axis, signs=signs) if hadamard else x.astype(jnp.float32)
+  xf = hadamard_lib.rotated(x, hadamard, axis=axis, signs=signs) if hadamard else widen(x)
   lay = BlockLayout(x.shape, axis, block_dims(spec))
   bits = lay.to_blocks(bits_lib.random_bits(k_elems, x.shape)) if rounding == "sr" else None
   scale_bits = lay.scales_to_blocks(bits_lib.random_bits(k_scales, lay.scale_shape)) if rounding == "eden" else None
@@ -590,7 +590,7 @@ def fp8_blocks(x: jax.Array, spec: QuantizeSpec, axis: int) -> tuple[BlockLayout
   """``(layout, v, dec)``: ``x`` quantized along ``axis`` by the ``BlockFP8Format`` ``spec.fmt`` in blocks of
   ``spec`` (zero padding to whole blocks), blocked (``BlockFP8Format.quantize_blocks``). ``axis`` normalized."""
   lay = BlockLayout(x.shape, axis, block_dims(spec))
-  v, dec = spec.fmt.quantize_blocks(lay.to_blocks(x.astype(jnp.float32)), lay.red_axes)
+  v, dec = spec.fmt.quantize_blocks(lay.to_blocks(widen(x)), lay.red_axes)
   return lay, v, dec
 
 

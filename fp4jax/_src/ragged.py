@@ -58,6 +58,7 @@ from fp4jax._src import recipes as recipes_lib
 from fp4jax._src import sharding as sharding_lib
 from fp4jax._src.backends import Backend
 from fp4jax._src.dot import _SIGNS_IDS, _fold, _forward_source, _quantize_operand, _Quantized, _Static, _to_input
+from fp4jax._src.ieee import widen
 from fp4jax._src.operand import Operand, channel_scale, product
 from fp4jax._src.recipes import Recipe
 
@@ -247,9 +248,7 @@ def _rdot_bwd(static: _RStatic, res: _Residuals, dy):
     dw = _to_input(dw, r.fwd_rhs, res.mask_w, res.fwd_signs, s.k)
   if r.fwd_rhs.estimator == "dge":
     spec = r.fwd_rhs
-    dw = dw * estimators.dge_derivative(
-      res.w.astype(jnp.float32) * channel_scale(res.w, spec.scale_pow2), spec.dge_k, spec.dge_cap
-    )
+    dw = dw * estimators.dge_derivative(widen(res.w) * channel_scale(res.w, spec.scale_pow2), spec.dge_k, spec.dge_cap)
   return dx.astype(s.lhs_dtype), dw.astype(s.rhs_dtype), None, None
 
 

@@ -54,6 +54,7 @@ from jax import lax
 
 from fp4jax._src import recipes as recipes_lib
 from fp4jax._src.formats import BlockFormat
+from fp4jax._src.ieee import widen
 from fp4jax._src.recipes import OperandSpec, Recipe
 from fp4jax._src.reductions import leading_pairwise_sum
 
@@ -156,7 +157,7 @@ def global_amax(x: jax.Array, axis_name: AxisName) -> jax.Array:
   Returns:
     float32 scalar, the same on every device.
   """
-  x = x.astype(jnp.float32)
+  x = widen(x)
   return combine_amax(jnp.where(jnp.all(jnp.isfinite(x)), jnp.max(jnp.abs(x)), jnp.float32(jnp.inf)), axis_name)
 
 
@@ -271,7 +272,7 @@ class OperandShard:
   def row_amax(self, x: jax.Array) -> jax.Array:
     """max|x| of each logical row along the last axis (keepdims, fp32), NaN for a row holding NaN/Inf when the split
     cuts the rows (:func:`combine_amax` per row); else the local rows' max."""
-    local = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+    local = jnp.max(jnp.abs(widen(x)), axis=-1, keepdims=True)
     if not self._along_rows(x):
       return local
     finite = jnp.all(jnp.isfinite(x), axis=-1, keepdims=True)

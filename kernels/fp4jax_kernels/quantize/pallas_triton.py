@@ -33,6 +33,7 @@ from fp4jax._src import backends, estimators
 from fp4jax._src import bits as bits_lib
 from fp4jax._src import hadamard as hadamard_lib
 from fp4jax._src.formats import F32_INF_BITS
+from fp4jax._src.ieee import widen
 from fp4jax._src.quantize import (
   BlockLayout,
   QTensor,
@@ -381,7 +382,7 @@ def tensor_amax(
   the reference's does.
   """
   if not spec.hadamard or not use_kernel:
-    xf = x.astype(jnp.float32)
+    xf = widen(x)
     if spec.hadamard:
       xf = hadamard_lib.rotated(x, spec.hadamard, axis=output.axis, signs=signs)
     return jnp.where(jnp.all(jnp.isfinite(xf)), jnp.max(jnp.abs(xf)), jnp.float32(jnp.nan))
