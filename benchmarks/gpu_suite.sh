@@ -45,8 +45,9 @@ case "${1:-}" in
     # 15 workers share the GPU (no preallocation): compiling the kernels (and the CPU references), not running them,
     # is what takes the time (445 tests in 319 s on an H200 with 16 cores).
     # --dist load overrides pyproject's loadfile, which would run all of test_gpu_parity.py on one worker.
-    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 450 python -m pytest -v -n 15 --dist load -p no:cacheprovider \
-      tests/test_gpu_parity.py tests/test_ieee.py tests/kernels > "$OUT/gpu_tests.log" 2>&1
+    # -m "slow or not slow": the slow tier's kernel cases too (compiled, they are cheap here)
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 450 python -m pytest -v -n 15 --dist load -m "slow or not slow" \
+      -p no:cacheprovider tests/test_gpu_parity.py tests/test_ieee.py tests/kernels > "$OUT/gpu_tests.log" 2>&1
     ;;
   quantize)
     timeout 100 python benchmarks/kernels_quantize_profile.py > "$OUT/quantize_profile.log" 2>&1

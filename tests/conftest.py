@@ -3,6 +3,7 @@
 import atexit
 import fcntl
 import gc
+import hashlib
 import importlib.util
 import json
 import os
@@ -93,10 +94,10 @@ def jaxpr_equations():
   return _equations
 
 
-def _run_script(script: Path, xla_flags: str, timeout: float) -> str:
+def _run_script(script: Path, xla_flags: str, timeout: float, args: tuple[str, ...]) -> str:
   env = {**os.environ, "XLA_FLAGS": xla_flags, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run(
-    [sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    [sys.executable, str(script), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc.stdout.strip().splitlines()[-1]
@@ -104,9 +105,9 @@ def _run_script(script: Path, xla_flags: str, timeout: float) -> str:
 
 @pytest.fixture(scope="session")
 def script_json(tmp_path_factory):
-  """``script_json(script, xla_flags, timeout)``: the JSON object on the last stdout line of ``python script``, run
-  in the repository on the CPU with ``XLA_FLAGS=xla_flags`` and the checkout importable, computed once per test
-  session.
+  """``script_json(script, xla_flags, timeout, args=())``: the JSON object on the last stdout line of ``python script
+  *args``, run in the repository on the CPU with ``XLA_FLAGS=xla_flags`` and the checkout importable, computed once
+  per test session and ``args``.
 
   Modules whose comparisons need more host devices than this process has run themselves as a script. Under
   ``pytest -n`` each xdist worker holding one of their tests would run that script again; instead the first worker
@@ -114,15 +115,34 @@ def script_json(tmp_path_factory):
   wait for the lock and read it. A failed run stores nothing, so the next worker runs it again and fails alike.
   """
   if "PYTEST_XDIST_WORKER" not in os.environ:
-    return lambda script, xla_flags, timeout: json.loads(_run_script(script, xla_flags, timeout))
+    return lambda script, xla_flags, timeout, args=(): json.loads(_run_script(script, xla_flags, timeout, args))
   shared = tmp_path_factory.getbasetemp().parent  # one folder per session, shared by its workers
 
-  def run_once(script, xla_flags, timeout):
-    stored = shared / f"{Path(script).stem}.json"
+  def run_once(script, xla_flags, timeout, args=()):
+    digest = hashlib.sha256("\0".join(args).encode()).hexdigest()[:12]
+    stored = shared / f"{Path(script).stem}-{digest}.json"
     with open(shared / f"{Path(script).stem}.lock", "w") as lock:
       fcntl.flock(lock, fcntl.LOCK_EX)
       if not stored.exists():
-        stored.write_text(_run_script(script, xla_flags, timeout))
+        stored.write_text(_run_script(script, xla_flags, timeout, args))
     return json.loads(stored.read_text())
 
   return run_once
+
+
+def _selected_params(request, name: str) -> list:
+  module = request.module
+  seen = {}
+  for item in request.session.items:
+    spec = getattr(item, "callspec", None)
+    if getattr(item, "module", None) is module and spec is not None and name in spec.params:
+      seen[spec.params[name]] = None
+  return list(seen)
+
+
+@pytest.fixture(scope="session")
+def selected_params():
+  """``selected_params(request, name)``: the values of the parameter ``name`` among the tests of ``request``'s module
+  that this session runs (after ``-m`` and ``-k``), in first-seen order. A module fixture that computes every case
+  in one subprocess computes only these, so its slow cases' share runs under ``pytest -m slow``."""
+  return _selected_params

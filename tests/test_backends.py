@@ -89,7 +89,9 @@ def test_bad_backend_is_named_by_every_entry():
     operand.quantize_operand(x, recipes.get("nvfp4_rtn").fwd_lhs, None, backend="XLA")
 
 
-@pytest.mark.parametrize("name", recipes.names())
+@pytest.mark.parametrize(
+  "name", [pytest.param(r, marks=pytest.mark.slow) if r in ("quartet", "quartet2") else r for r in recipes.names()]
+)
 def test_auto_is_xla_bit_for_bit_on_this_machine(name, jaxpr_equations):
   """Forward output and both gradients, same key: ``"auto"`` gives XLA's bits; off a GPU that runs the kernels it
   is XLA's program (no Pallas kernel, not even interpreted)."""

@@ -27,6 +27,16 @@ M, K, N = 512, 128, 128  # tokens (128 per shard: quartet2's 128-point Hadamard 
 # FP8 and Microsoft FP4 too: per-tensor FP8 scales, per-row E2M1 scales, DGE and OCC bounds across shards.
 RECIPES = ("nvfp4_rtn", "nvidia_nvfp4", "quartet2", "fp8", "ms_fp4")
 FEATURE_RECIPES = RECIPES + ("quartet",)
+# The default tier's cases (docs/testing.md); the subprocess computes only the selected ones. nvfp4_rtn (the
+# negative controls), nvidia_nvfp4 (2D weight tiles, RHT, SR) and ms_fp4 (per-row scales, OCC, DGE) along the tokens;
+# nvfp4_rtn and quartet (its dX partials through the trust mask and inverse Hadamard) along the features.
+DEFAULT_RECIPES, DEFAULT_FEATURE_RECIPES = ("nvfp4_rtn", "nvidia_nvfp4", "ms_fp4"), ("nvfp4_rtn", "quartet")
+
+
+def _tiered(names, default):
+  return [n if n in default else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
 OPERANDS = ("fwd_lhs", "fwd_rhs", "dgrad_lhs", "dgrad_rhs", "wgrad_lhs", "wgrad_rhs")  # matmul's (a, b) per GEMM
 
 
@@ -49,7 +59,9 @@ def _bits(a) -> np.ndarray:
   return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
-def compute() -> dict:
+def compute(recipes=RECIPES, feature_recipes=FEATURE_RECIPES) -> dict:
+  """Every comparison of the tests below, for the token-sharded ``recipes`` and the feature-sharded
+  ``feature_recipes`` (nvfp4_rtn always: the negative controls)."""
   import jax.numpy as jnp  # noqa: PLC0415
   from jax import lax  # noqa: PLC0415
   from jax.sharding import PartitionSpec as P  # noqa: PLC0415
@@ -112,7 +124,7 @@ def compute() -> dict:
       same[name] = bool(equal(gv, rv, split) and equal(gs, rs, row_split))
     return same
 
-  for name in RECIPES:
+  for name in dict.fromkeys(("nvfp4_rtn", *recipes)):
     ref = jax.device_get(jax.jit(lambda *a, name=name: gemms(fp4jax.recipes.get(name), *a))(x, w, dy, key))
     got = jax.device_get(sharded(fp4jax.sharding.token_sharded(name, "data"))(x, w, dy, key))
     (a, sa), (b, sb) = ref[3][4], ref[3][5]  # the wgrad operands: fp32 reordering bound of dW
@@ -150,7 +162,7 @@ def compute() -> dict:
         jax.jit(jax.shard_map(local, mesh=fmesh, in_specs=(*specs, P()), out_specs=P("model")))(fx, fw, fdy, key)
       )
 
-    for name in FEATURE_RECIPES:
+    for name in dict.fromkeys(("nvfp4_rtn", *feature_recipes)):
       got = split_run(fp4jax.sharding.sharded(name, "model", split))
       ref = jax.device_get(jax.jit(lambda *a, name=name: gemms(fp4jax.recipes.get(name), *a))(fx, fw, fdy, key))
       if name == "nvfp4_rtn":  # negative control: the unmarked recipe takes each shard's own NVFP4 amax
@@ -223,11 +235,13 @@ def compute() -> dict:
 
 # ------------------------------------------------------------------------------------------------ tests
 @pytest.fixture(scope="module")
-def results(script_json):
-  return script_json(__file__, f"--xla_force_host_platform_device_count={SHARDS}", timeout=600)
+def results(script_json, selected_params, request):
+  """``compute`` of the recipes this session's tests select, in one subprocess with 4 CPU devices."""
+  args = (",".join(selected_params(request, "recipe")), ",".join(selected_params(request, "feature_recipe")))
+  return script_json(__file__, f"--xla_force_host_platform_device_count={SHARDS}", timeout=600, args=args)
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", _tiered(RECIPES, DEFAULT_RECIPES))
 def test_every_operand_of_a_token_sharded_dot_is_the_one_device_operand(results, recipe):
   """Forward (X, W), dgrad (dY, Wᵀ), wgrad (dYᵀ, Xᵀ along the sharded tokens): values and tensor scales bit for bit;
   y and dX (row-local) bit for bit; dW differs only by the order of its fp32 sum over tokens: |ΔdW| <=
@@ -246,14 +260,14 @@ def test_the_plain_recipe_under_shard_map_would_be_detected(results):
 
 
 @pytest.mark.parametrize("split", ["outputs", "inputs"])
-@pytest.mark.parametrize("recipe", FEATURE_RECIPES)
-def test_every_operand_of_a_feature_sharded_dot_is_the_one_device_operand(results, split, recipe):
+@pytest.mark.parametrize("feature_recipe", _tiered(FEATURE_RECIPES, DEFAULT_FEATURE_RECIPES))
+def test_every_operand_of_a_feature_sharded_dot_is_the_one_device_operand(results, split, feature_recipe):
   """Column-parallel (outputs split) and row-parallel (inputs split) dots on 2 devices: all six operands bit for bit;
   the results each device holds whole (column: Y, dW slices; row: dX, dW slices) bit for bit; the partial sums over
   the split contraction (column: dX; row: Y) equal the one-device operands' chunk GEMMs bit for bit."""
-  r = results["splits"][f"{split}/{recipe}"]
+  r = results["splits"][f"{split}/{feature_recipe}"]
   assert r["operands"] == {name: True for name in OPERANDS}, r
-  assert len(r) == (3 if (split, recipe) == ("outputs", "quartet") else 4) and all(r.values()), r
+  assert len(r) == (3 if (split, feature_recipe) == ("outputs", "quartet") else 4) and all(r.values()), r
 
 
 @pytest.mark.parametrize("split", ["outputs", "inputs"])
@@ -306,8 +320,10 @@ def test_index_grid_arguments_are_checked(kwargs, match):
     bits.index_grid((4, 4), **kwargs)
 
 
-if __name__ == "__main__":
-  print(json.dumps(compute()))
+if __name__ == "__main__":  # argv: the token-sharded and the feature-sharded recipes, comma-separated
+  import sys  # noqa: PLC0415
+
+  print(json.dumps(compute(*(tuple(filter(None, arg.split(","))) for arg in sys.argv[1:3]))))
 
 
 def _ordered_psum_on(stacked: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ def test_one_device_records_and_efficiencies(tmp_path, capsys):
       "--model",
       "100K",
       "--recipes",
-      "bf16,nvfp4_rtn",
+      "bf16",
       "--devices",
       "1",
       "--per-device-batch",
@@ -32,7 +32,7 @@ def test_one_device_records_and_efficiencies(tmp_path, capsys):
     ]
   )
   records = json.loads(out.read_text())
-  assert [r["recipe"] for r in records] == ["bf16", "nvfp4_rtn"]
+  assert [r["recipe"] for r in records] == ["bf16"]  # the FP4 models' steps: test_exp_train, test_exp_sharding
   for r in records:
     assert r["compile_s"] > 0 and r["step_time_s"] > 0 and r["scaling_efficiency"] == 1.0
     assert r["tokens_per_s"] == pytest.approx(2 * 64 / r["step_time_s"])

@@ -201,7 +201,7 @@ def test_remat_and_unroll_compute_the_same_gradients(recipe, how):
     np.testing.assert_allclose(plain, other, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("recipe", ["nvidia_nvfp4", "quartet2"])
+@pytest.mark.parametrize("recipe", ["nvidia_nvfp4", pytest.param("quartet2", marks=pytest.mark.slow)])
 def test_fp4_model_keeps_first_and_last_blocks_in_bf16(recipe):
   pytest.importorskip("fp4jax.flax.linen")
   from fp4jax._src.flax.linen import DotGeneral

@@ -137,13 +137,15 @@ def test_training_with_the_pallas_kernels_matches_the_xla_quantizers_bit_for_bit
 
 
 # ------------------------------------------------------------------------------------------------ 8 CPU devices
-def test_quantized_operands_are_bit_identical_for_every_recipe_and_layout():
-  """Every quantized operand of every recipe, its rows / contraction axis split over data=4 or data=2 x model=2
-  (also splits that cut 128-point Hadamard chunks), equals the one-device operand bit for bit."""
-  records = _layout_check("--checks", "operands", "--meshes", "data=4", "data=2,model=2")
+@pytest.mark.parametrize("mesh", ["data=2,model=2", pytest.param("data=4", marks=pytest.mark.slow)])
+def test_quantized_operands_are_bit_identical_for_every_recipe_and_layout(mesh):
+  """Every quantized operand of every recipe, its rows / contraction axis split over the mesh (data=2 x model=2:
+  both kinds of split; data=4: splits that cut 128-point Hadamard chunks), equals the one-device operand bit for
+  bit."""
+  records = _layout_check("--checks", "operands", "--meshes", mesh)
   recipes = {r["recipe"] for r in records}
   assert recipes == set(__import__("fp4jax").recipes.names()) - {"bf16"}
-  assert len({(r["mesh"], r["sharding"]) for r in records}) == 4
+  assert len({(r["mesh"], r["sharding"]) for r in records}) == 2
   assert all(r["equal"] for r in records), [r for r in records if not r["equal"]]
 
 

@@ -238,6 +238,7 @@ print(json.dumps({backend: run(backend) for backend in ("xla", "pallas")}))
 """
 
 
+@pytest.mark.slow
 def test_data_parallel_steps_with_the_kernels_per_shard_give_the_xla_losses(corpus):  # noqa: F811
   """data=2 under shard_map (``--grad-comm-dtype bfloat16``), nvidia_nvfp4 (tensor amax, SR of the gradients at
   their global indices, 16-point RHT along the tokens): with ``quantizer_backend="pallas"`` every token shard's

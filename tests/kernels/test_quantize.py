@@ -133,7 +133,34 @@ def _assert_same(got, want):
     np.testing.assert_array_equal(np.asarray(mg), np.asarray(mw))
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# The default tier's cases (interpret mode compiles each kernel on the CPU, about 5 s a case); `pytest -m slow` and
+# the GPU suite (benchmarks/gpu_suite.sh kernels, compiled) run every case. Each feature (rounding, Hadamard, 2D
+# tiles, 4/6, MS-EDEN, MX, columns, transposed values, ragged edges) keeps a default case.
+DEFAULT_CASES = (
+  "nvfp4_rtn",
+  "nvfp4_rtn_f32_ragged",
+  "nvfp4_sr",
+  "nvfp4_rht16_te_sr",
+  "nvfp4_four_over_six_f32",
+  "nvfp4_ms_eden",
+  "mxfp4_floor",
+  "mxfp4_quest_h32",
+  "nvfp4_2d",
+  "nvfp4_cols_rtn",
+  "nvfp4_xt_rht16_sr_values",
+)
+
+
+def _tiered(cases, default=DEFAULT_CASES):
+  """``cases`` (names, or tuples whose first item is the name) with those outside ``default`` marked slow."""
+  name = lambda c: c[0] if isinstance(c, tuple) else c  # noqa: E731
+  return [
+    c if name(c) in default else pytest.param(*(c if isinstance(c, tuple) else (c,)), marks=pytest.mark.slow)
+    for c in cases
+  ]
+
+
+@pytest.mark.parametrize("name", _tiered(sorted(CASES)))
 def test_kernel_matches_reference_bit_for_bit(name, interpret):
   (spec, output), shape, tile = CASES[name]
   dtype = jnp.float32 if "f32" in name else jnp.bfloat16
@@ -190,7 +217,7 @@ ROUTE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, route", ROUTE_CASES)
+@pytest.mark.parametrize("name, route", _tiered(ROUTE_CASES))
 def test_routes_give_the_same_bits(name, route, interpret):
   """Every route of the transposed and rotated specs (XLA's transpose; the kernel's input staged by the amax
   pre-pass, transposed and rotated; the tile transposed and rotated in the kernel): bit-identical to the
@@ -245,7 +272,7 @@ PAIR_CASES = {  # name: ((rows spec, output), (cols spec, output), shape, tile, 
 }
 
 
-@pytest.mark.parametrize("name", sorted(PAIR_CASES))
+@pytest.mark.parametrize("name", _tiered(sorted(PAIR_CASES), ("nvidia_dy", "nvidia_x_packed")))
 def test_pair_matches_two_quantizes_bit_for_bit(name, interpret):
   """``quantize_pair``: both directions from one pre-pass and one kernel, each bit-identical to the reference
   (and so to ``quantize`` of that direction alone), with its own key and signs."""
@@ -517,7 +544,10 @@ UNIT_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(UNIT_CASES))
+@pytest.mark.parametrize(
+  "name",
+  _tiered(sorted(UNIT_CASES), ("nvfp4_rtn_ragged", "nvfp4_rht16_te_sr", "nvfp4_four_over_six", "mxfp4_quest_h32")),
+)
 def test_whole_unit_loads_match_reference_bit_for_bit(name, interpret):
   """One warp, so that these small tiles hold a unit per thread: the kernel loads each block (or Hadamard chunk)
   into one thread (``load_units``), in pieces of 16 bytes, and still gives the reference's bits."""
