@@ -131,11 +131,11 @@ def script_json(tmp_path_factory):
 
 
 def _selected_params(request, name: str) -> list:
-  module = request.module
   seen = {}
   for item in request.session.items:
     spec = getattr(item, "callspec", None)
-    if getattr(item, "module", None) is module and spec is not None and name in spec.params:
+    uses = request.fixturename in getattr(item, "fixturenames", ())
+    if getattr(item, "module", None) is request.module and uses and spec is not None and name in spec.params:
       seen[spec.params[name]] = None
   return list(seen)
 
@@ -143,6 +143,7 @@ def _selected_params(request, name: str) -> list:
 @pytest.fixture(scope="session")
 def selected_params():
   """``selected_params(request, name)``: the values of the parameter ``name`` among the tests of ``request``'s module
-  that this session runs (after ``-m`` and ``-k``), in first-seen order. A module fixture that computes every case
-  in one subprocess computes only these, so its slow cases' share runs under ``pytest -m slow``."""
+  that use ``request``'s fixture and that this session runs (after ``-m`` and ``-k``), in first-seen order. A module
+  fixture that computes every case in one subprocess computes only these, so its slow cases' share runs under
+  ``pytest -m slow``."""
   return _selected_params

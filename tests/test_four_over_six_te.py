@@ -81,8 +81,15 @@ def _random(seed, shape=(64, 128)):
   return x.astype(F32)
 
 
-@pytest.mark.parametrize("tiles", [False, True])
-@pytest.mark.parametrize("metric", ["l1", "mse"])
+@pytest.mark.parametrize(
+  "metric, tiles",
+  [
+    ("mse", False),
+    ("l1", True),
+    pytest.param("l1", False, marks=pytest.mark.slow),
+    pytest.param("mse", True, marks=pytest.mark.slow),
+  ],
+)
 def test_random_tensors(metric, tiles):
   for seed in range(3):
     _check_against_oracle(_random(seed), metric, tiles)

@@ -101,8 +101,14 @@ def _pspec(spec_in):
   return P(*spec_in)
 
 
-def compute() -> dict:
-  """Every comparison, as JSON-able records (run with 8 devices)."""
+# The default tier's cases (every case under `pytest -m slow`; the subprocess computes the selected ones): RTN with
+# the outputs' shardings, SR with the 16-point RHT along rows and columns, and the transposed, rotated values.
+DEFAULT_CASES = ("nvfp4_rtn", "nvfp4_sr_rht16_te", "nvfp4_cols_sr_rht16_te", "nvfp4_xt_sr_rht16_values_signs_mask")
+
+
+def compute(names=tuple(CASES)) -> dict:
+  """Every comparison of the cases ``names`` (and the sharding checks' own cases), as JSON-able records (run with 8
+  devices)."""
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
   from fp4jax_kernels.quantize import pallas_triton, reference, sharded  # noqa: PLC0415
@@ -111,7 +117,8 @@ def compute() -> dict:
   mesh = jax.make_mesh(*MESH, axis_types=(jax.sharding.AxisType.Auto,) * 2)
   key = jax.random.key(7)
   out = {"cases": [], "errors": {}}
-  for name, (kw, shape, layouts) in CASES.items():
+  for name in dict.fromkeys((*DEFAULT_CASES[:3], *names)):  # the first three: test_outputs_are_sharded_like_x...
+    (kw, shape, layouts) = CASES[name]
     (spec, output), x = _spec(kw), _input(shape)
     signs = jax.random.rademacher(jax.random.key(9), (16,), jnp.float32) if "signs" in name else None
     want = reference.quantize(x, spec, key, output=output, signs=signs)
@@ -195,11 +202,12 @@ XLA_FLAGS = (
 
 
 @pytest.fixture(scope="module")
-def results(script_json):
-  return script_json(__file__, XLA_FLAGS, timeout=SUBPROCESS_TIMEOUT_S)
+def results(script_json, selected_params, request):
+  args = (",".join(selected_params(request, "name")),)
+  return script_json(__file__, XLA_FLAGS, timeout=SUBPROCESS_TIMEOUT_S, args=args)
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [n if n in DEFAULT_CASES else pytest.param(n, marks=pytest.mark.slow) for n in CASES])
 def test_sharded_kernel_is_bit_identical_to_one_device(results, name):
   records = [r for r in results["cases"] if r["case"] == name]
   assert len(records) == 1 + len(CASES[name][2])
@@ -287,5 +295,7 @@ def test_shards_with_a_hadamard_are_rotated_once(name, stages):
   assert sum("fp4_quantize" in m for m in modules) == 1
 
 
-if __name__ == "__main__":
-  print(json.dumps(compute()))
+if __name__ == "__main__":  # argv: the cases, comma-separated
+  import sys  # noqa: PLC0415
+
+  print(json.dumps(compute(tuple(filter(None, sys.argv[1].split(","))) if len(sys.argv) > 1 else tuple(CASES))))
