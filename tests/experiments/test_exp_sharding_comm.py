@@ -156,9 +156,10 @@ def test_runs_saved_before_the_flag_resume(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ 8 CPU devices
+@pytest.mark.slow
 def test_data_parallel_training_with_fp8_gradients(corpus):  # noqa: F811
-  """The default tier's representative of the test below: float8_e4m3fn only (the scaled wire format: shared
-  amax, flush to zero; bfloat16 is a plain cast), one compile less."""
+  """The cheaper form of the test below: float8_e4m3fn only (the scaled wire format: shared amax, flush to zero;
+  bfloat16 is a plain cast), one compile less."""
   _check_compressed_training(corpus, ["float8_e4m3fn"], ["f8E4M3FN"])
 
 
