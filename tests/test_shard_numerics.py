@@ -28,9 +28,9 @@ M, K, N = 512, 128, 128  # tokens (128 per shard: quartet2's 128-point Hadamard 
 RECIPES = ("nvfp4_rtn", "nvidia_nvfp4", "quartet2", "fp8", "ms_fp4")
 FEATURE_RECIPES = RECIPES + ("quartet",)
 # The default tier's cases (docs/testing.md); the subprocess computes only the selected ones. nvfp4_rtn (the
-# negative controls), nvidia_nvfp4 (2D weight tiles, RHT, SR) and ms_fp4 (per-row scales, OCC, DGE) along the tokens;
-# nvfp4_rtn and quartet (its dX partials through the trust mask and inverse Hadamard) along the features.
-DEFAULT_RECIPES, DEFAULT_FEATURE_RECIPES = ("nvfp4_rtn", "nvidia_nvfp4", "ms_fp4"), ("nvfp4_rtn", "quartet")
+# negative controls) and nvidia_nvfp4 (2D weight tiles, RHT, SR at global indices) along the tokens; nvfp4_rtn and
+# quartet (its dX partials through the trust mask and inverse Hadamard) along the features.
+DEFAULT_RECIPES, DEFAULT_FEATURE_RECIPES = ("nvfp4_rtn", "nvidia_nvfp4"), ("nvfp4_rtn", "quartet")
 
 
 def _tiered(names, default):
