@@ -382,9 +382,7 @@ def tensor_amax(
   the reference's does.
   """
   if not spec.hadamard or not use_kernel:
-    xf = widen(x)
-    if spec.hadamard:
-      xf = hadamard_lib.rotated(x, spec.hadamard, axis=output.axis, signs=signs)
+    xf = hadamard_lib.rotated(x, spec.hadamard, axis=output.axis, signs=signs) if spec.hadamard else widen(x)
     return jnp.where(jnp.all(jnp.isfinite(xf)), jnp.max(jnp.abs(xf)), jnp.float32(jnp.nan))
   return _amax_call(x, spec, output, signs, interpret, stage=False)[0]
 
