@@ -66,7 +66,8 @@ from fp4jax._src.rounding import rtn_bf16, rtn_e2m1
 
 QUANTIZE_OP = "quantize_operand"
 PAIR_OP = "quantize_operand_pair"
-# one device's slice of a sharded operand inside shard_map (fp4jax.sharding): impl(x, spec, key, shard, *, auto)
+# one device's slice of a sharded operand inside shard_map (fp4jax.sharding):
+# impl(x, spec, key, signs, shard, *, fused_hadamard, transposed, auto), as QUANTIZE_OP's with the shard
 SHARDED_QUANTIZE_OP = "quantize_sharded_operand"
 
 
@@ -217,9 +218,10 @@ def quantize_operand(
   """
   backend = _resolve(backend, spec, "fp4jax.operand.quantize_operand")
   if shard is not None:
-    return _sharded_quantize(x, spec, key, backend, shard)
+    shard.check(x.shape, spec, "fp4jax.operand.quantize_operand")
+  op, sharded = (QUANTIZE_OP, ()) if shard is None else (SHARDED_QUANTIZE_OP, (shard,))
   return backends.run(
-    QUANTIZE_OP, backend, x, spec, key, None, fused_hadamard=False, transposed=False, auto=backend == "auto"
+    op, backend, x, spec, key, None, *sharded, fused_hadamard=False, transposed=False, auto=backend == "auto"
   )
 
 
@@ -239,43 +241,29 @@ def rotate_and_quantize(
   With the Pallas backend one kernel pass does it all: rotation (same butterflies, same bf16 rounding), transpose
   (read ``x``, write the K-major operand; the random bits are ``xt``'s), quantization and the bf16 values; the
   same bits as XLA (QuEST's trust mask too). ``shard``: see ``quantize_operand`` (of the transposed operand when
-  ``transposed``; rotated by XLA).
+  ``transposed``); the per-shard kernel also transposes and rotates the slice in its pass.
   """
   backend = _resolve(backend, spec, "fp4jax.operand.rotate_and_quantize")
   if shard is not None:  # checked before rotating, so a straddling Hadamard chunk is named as such
     shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
     shard.check(shape, spec, "fp4jax.operand.rotate_and_quantize")
-    x = jnp.swapaxes(x, -1, -2) if transposed else x
-    return _sharded_quantize(rotate(x, spec.hadamard, signs) if spec.hadamard else x, spec, key, backend, shard)
+  op, sharded = (QUANTIZE_OP, ()) if shard is None else (SHARDED_QUANTIZE_OP, (shard,))
   return backends.run(
-    QUANTIZE_OP, backend, x, spec, key, signs, fused_hadamard=True, transposed=transposed, auto=backend == "auto"
+    op, backend, x, spec, key, signs, *sharded, fused_hadamard=True, transposed=transposed, auto=backend == "auto"
   )
 
 
 def _xla_quantize_operand(
-  x: jax.Array, spec: OperandSpec, key, signs, *, fused_hadamard: bool, transposed: bool, auto: bool
+  x: jax.Array, spec: OperandSpec, key, signs, shard=None, *, fused_hadamard: bool, transposed: bool, auto: bool
 ) -> tuple[Operand, jax.Array | None]:
-  """``QUANTIZE_OP``'s XLA implementation: transpose (``transposed``), rotate (``fused_hadamard`` and
-  ``spec.hadamard``), then ``_quantize``; it takes every case."""
+  """``QUANTIZE_OP``'s XLA implementation, and with ``shard`` ``SHARDED_QUANTIZE_OP``'s: transpose
+  (``transposed``), rotate (``fused_hadamard`` and ``spec.hadamard``), then ``_quantize``; it takes every case
+  (sharded: every case ``OperandShard.check`` lets through)."""
   del auto
   if transposed:
     x = jnp.swapaxes(x, -1, -2)
   if fused_hadamard and spec.hadamard:
     x = rotate(x, spec.hadamard, signs)
-  return _quantize(x, spec, key)
-
-
-def _sharded_quantize(x, spec: OperandSpec, key, backend: Backend, shard) -> tuple[Operand, jax.Array | None]:
-  """One device's slice ``x`` (already rotated) of a sharded operand quantized as the logical tensor
-  (``fp4jax.sharding``: the collective amax, random bits at logical indices) by ``SHARDED_QUANTIZE_OP``: the
-  per-shard kernel where it takes the case, else XLA; the same bits."""
-  shard.check(x.shape, spec, "fp4jax.operand.quantize_operand")
-  return backends.run(SHARDED_QUANTIZE_OP, backend, x, spec, key, shard, auto=backend == "auto")
-
-
-def _xla_sharded_quantize(x, spec: OperandSpec, key, shard, *, auto: bool) -> tuple[Operand, jax.Array | None]:
-  """``SHARDED_QUANTIZE_OP``'s XLA implementation; it takes every case ``OperandShard.check`` lets through."""
-  del auto
   return _quantize(x, spec, key, shard)
 
 
@@ -366,4 +354,4 @@ def _dot(a: jax.Array, b: jax.Array, precision) -> jax.Array:
 
 backends.register(QUANTIZE_OP, "xla", _xla_quantize_operand)
 backends.register(PAIR_OP, "xla", _unfused_pair)
-backends.register(SHARDED_QUANTIZE_OP, "xla", _xla_sharded_quantize)
+backends.register(SHARDED_QUANTIZE_OP, "xla", _xla_quantize_operand)

@@ -176,18 +176,26 @@ def quantize_operand_pair(x: jax.Array, rows, cols, *, auto: bool):
   return _as_operand(out_r, x.shape), _as_operand(out_c, shape_t)
 
 
-def quantize_sharded_operand(x: jax.Array, spec: OperandSpec, key, shard, *, auto: bool):
-  """``SHARDED_QUANTIZE_OP`` by the fused kernel on this device's slice ``x`` (already rotated) of an operand split
-  as ``shard`` inside ``shard_map`` (with ``check_vma=False``) or ``jax.vmap``: the kernel's amax pre-pass on the
-  slice, ``fp4jax.sharding.combine_amax`` over the shard's axes (the logical tensor's amax and NaN rule), and the
-  kernel with that amax and the slice's logical origin (random bits at logical indices): the bits of
+def quantize_sharded_operand(
+  x: jax.Array, spec: OperandSpec, key, signs, shard, *, fused_hadamard: bool, transposed: bool, auto: bool
+):
+  """``SHARDED_QUANTIZE_OP`` by the fused kernel on this device's slice ``x`` of an operand split as ``shard``
+  inside ``shard_map`` (with ``check_vma=False``) or ``jax.vmap``: as ``quantize_operand``, the slice transposed
+  (``transposed``) and rotated (``fused_hadamard``) in the kernel's pass, with the kernel's amax pre-pass (of the
+  rotated slice) on the slice, ``fp4jax.sharding.combine_amax`` over the shard's axes (the logical tensor's amax and
+  NaN rule), and the kernel at the slice's logical origin (random bits at logical indices): the bits of
   ``fp4jax.operand``'s XLA path.
 
   Args:
-    x: this device's slice of the operand, already rotated (float32 or bfloat16, blocks along the last axis).
+    x: this device's slice of the operand before the transpose (float32 or bfloat16; after the transpose and the
+      rotation, blocks along the last axis).
     spec: the operand's ``OperandSpec``.
-    key: the operand's random key (stochastic rounding), the same on every shard; None for RTN.
-    shard: the ``fp4jax.sharding.OperandShard`` naming the split dim of ``x`` and its mesh axis (or axes).
+    key: the operand's random key (stochastic rounding, MS-EDEN), the same on every shard; None for RTN.
+    signs: the GEMM's Hadamard signs (``spec.signs`` random or fixed), the same on every shard; None otherwise.
+    shard: the ``fp4jax.sharding.OperandShard`` naming the split dim of the operand (in its transposed layout when
+      ``transposed``) and its mesh axis (or axes).
+    fused_hadamard: rotate the slice by ``spec.hadamard`` (else it comes rotated).
+    transposed: quantize ``swapaxes(x, -1, -2)`` (a backward GEMM's Xᵀ or dYᵀ).
     auto: called under ``backend="auto"`` (operands below ``AUTO_MIN_ELEMENTS`` are refused: XLA is as fast).
 
   Returns:
@@ -196,24 +204,38 @@ def quantize_sharded_operand(x: jax.Array, spec: OperandSpec, key, shard, *, aut
 
   Raises:
     fp4jax.backends.Unsupported: where ``check`` refuses ``spec`` or the shape; for a split of the rows of an
-      operand with leading dims (the kernel folds them into its rows, which the slice's origin cannot describe);
-      and where ``x`` varies over mesh axes under ``shard_map(check_vma=True)`` (``check_invarying``: a
-      ``pallas_call``'s outputs carry no varying-axes type). ``"auto"`` then runs XLA; an explicit
-      ``backend="pallas"`` raises it (a ``ValueError``) naming the reason.
+      operand with leading dims (the kernel folds them into its rows, which the slice's origin cannot describe;
+      a batch of transposes is transposed by XLA first); and where ``x`` varies over mesh axes under
+      ``shard_map(check_vma=True)`` (``check_invarying``: a ``pallas_call``'s outputs carry no varying-axes type).
+      ``"auto"`` then runs XLA; an explicit ``backend="pallas"`` raises it (a ``ValueError``) naming the reason.
   """
-  check(x.shape, x.dtype, spec, False, auto)
+  out_shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
+  check(out_shape, x.dtype, spec, fused_hadamard, auto)
   check_invarying(x)
+  if transposed and math.prod(x.shape[:-2]) > 1:  # the kernel is 2D: a batch of transposes goes through XLA
+    x, transposed = jnp.swapaxes(x, -1, -2), False
   along = shard.dim == x.ndim - 1
   if not along and (shard.dim != x.ndim - 2 or math.prod(x.shape[:-2]) != 1):
     raise backends.Unsupported(
-      f"the fused quantize kernel folds the leading dims of an operand of shape {x.shape} into its rows, which a "
+      f"the fused quantize kernel folds the leading dims of an operand of shape {out_shape} into its rows, which a "
       f"split of dim {shard.dim} over {shard.axis_name!r} does not allow"
     )
-  qspec, output = kernel_args(spec, 0, False)
-  x2 = x.reshape(-1, x.shape[-1])
-  shards = (sharding.OperandShard(shard.axis_name, 1 if along else 0),)
-  out = sharded.quantize_slice(x2, qspec, key, shards, output=output, interpret=backends.pallas_interpret())
-  return _as_operand(out, x.shape)
+  qspec, output = kernel_args(spec, spec.hadamard if fused_hadamard else 0, transposed)
+  x2 = x.reshape(x.shape[-2:]) if transposed else x.reshape(-1, x.shape[-1])
+  # the split dim of the slice the kernel reads (x's layout: a transposed operand's split dim swapped)
+  shards = (sharding.OperandShard(shard.axis_name, int(along != transposed)),)
+  kernel_signs = _signs(qspec, signs)
+  out = sharded.quantize_slice(
+    x2,
+    qspec,
+    key,
+    shards,
+    output=output,
+    interpret=backends.pallas_interpret(),
+    signs=kernel_signs,
+    amax_signs=sharded.prepass_signs(qspec, key, kernel_signs),
+  )
+  return _as_operand(out, out_shape)
 
 
 def register() -> None:

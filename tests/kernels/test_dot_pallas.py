@@ -215,22 +215,36 @@ def test_sharded_operands_take_the_global_amax_where_auto_offers_the_kernels(mon
   assert kernels.count("fp4_quantize_pair") == 1 and kernels.count("fp4_quantize_nvfp4_rtn") == 4, kernels
 
 
-@pytest.mark.parametrize("recipe_name", ["nvfp4_rtn", "nvidia_nvfp4"])
-def test_explicit_pallas_on_a_sharded_recipe_gives_the_one_device_bits(recipe_name, pallas_kernels):
+@pytest.mark.parametrize(
+  "recipe_name, shape",
+  [
+    ("nvfp4_rtn", (64, 64, 32)),
+    ("nvidia_nvfp4", (64, 64, 32)),
+    # MS-EDEN's 128-point rotations: 128 tokens per shard, 128 outputs
+    pytest.param("quartet2", (256, 128, 128), marks=pytest.mark.slow),
+  ],
+)
+def test_explicit_pallas_on_a_sharded_recipe_gives_the_one_device_bits(
+  recipe_name, shape, pallas_kernels, jaxpr_equations
+):
   """``backend="pallas"`` with a token-sharded recipe: every sharded operand by the per-shard kernel (collective
   amax; nvidia_nvfp4's stochastic rounding of dY draws the bits of its logical indices), so y and dX equal the
   one-device XLA dot on the whole tensors bit for bit, and the devices' dW sum to its dW (up to the fp32 order of
-  the sum over tokens). A per-shard amax or shard-local random bits would change y or dX."""
-  x, w, dy = _inputs(64, 64, 32)
-  x = x.at[:32].multiply(8)  # shard 0 holds the peaks: per-shard amaxes would differ from the tensor's
+  the sum over tokens). A per-shard amax or shard-local random bits would change y or dX. The kernels transpose and
+  rotate the slices themselves (nvidia_nvfp4's Xᵀ and dYᵀ, quartet2's MS-EDEN ones): the program runs no XLA
+  Hadamard (``fp4jax.hadamard``'s transform, a ``custom_jvp``), and nvidia_nvfp4's kernels all read stored bfloat16
+  tensors, none an XLA-rotated float32 copy."""
+  m, k, n = shape
+  x, w, dy = _inputs(m, k, n)
+  x = x.at[: m // 2].multiply(8)  # shard 0 holds the peaks: per-shard amaxes would differ from the tensor's
   recipe = fp4jax.sharding.token_sharded(recipe_name, "data")
   run = jax.vmap(lambda x, dy: _fwd_bwd(recipe, "pallas")(x, w, dy, KEY), axis_name="data")
-  traced = jax.jit(run).trace(x.reshape(2, 32, 64), dy.reshape(2, 32, 32))
-  y, dx, dw = traced.lower().compile()(x.reshape(2, 32, 64), dy.reshape(2, 32, 32))
+  traced = jax.jit(run).trace(x.reshape(2, m // 2, k), dy.reshape(2, m // 2, n))
+  y, dx, dw = traced.lower().compile()(x.reshape(2, m // 2, k), dy.reshape(2, m // 2, n))
   want_y, want_dx, want_dw = _fwd_bwd(recipe_name, "xla")(x, w, dy, KEY)
-  np.testing.assert_array_equal(np.asarray(y).reshape(64, 32), np.asarray(want_y))
-  np.testing.assert_array_equal(np.asarray(dx).reshape(64, 64), np.asarray(want_dx))
-  # the same products over the 64 tokens, summed in fp32 in another order (K·eps32 of the largest entry: K terms,
+  np.testing.assert_array_equal(np.asarray(y).reshape(m, n), np.asarray(want_y))
+  np.testing.assert_array_equal(np.asarray(dx).reshape(m, k), np.asarray(want_dx))
+  # the same products over the m tokens, summed in fp32 in another order (K·eps32 of the largest entry: K terms,
   # whose |sum| is a few times max|dW| here), then each shard's partial and the one-device dW rounded once to
   # bf16 (w's dtype: unit roundoff 2^-8 of each of the three values)
   assert dw.dtype == want_dw.dtype == jnp.bfloat16
@@ -239,6 +253,11 @@ def test_explicit_pallas_on_a_sharded_recipe_gives_the_one_device_bits(recipe_na
   bound = 2.0**-8 * (np.abs(parts).sum(0) + np.abs(want_dw)) + fp32_sums
   assert np.all(np.abs(parts.sum(0) - want_dw) <= bound), np.max(np.abs(parts.sum(0) - want_dw) / bound)
   assert len(pallas_kernels(traced.jaxpr.jaxpr)) >= 4  # the sharded X, dY, dYᵀ, Xᵀ at least
+  equations = list(jaxpr_equations(traced.jaxpr.jaxpr))
+  assert not [e for e in equations if e.primitive.name == "custom_jvp_call"]
+  read = [e.invars[0].aval.dtype for e in equations if e.primitive.name == "pallas_call"]
+  # quartet2 also re-quantizes float32 operands, as one device does
+  assert recipe_name == "quartet2" or all(dtype == jnp.bfloat16 for dtype in read), read
 
 
 @pytest.mark.parametrize(

@@ -141,6 +141,17 @@ def quantize_slice(
   )
 
 
+def prepass_signs(spec: QuantizeSpec, key: jax.Array | None, signs: jax.Array | None) -> jax.Array | None:
+  """The sign vector with which ``quantize_slice``'s amax pre-pass rotates the slice, as the kernel will: ``signs``
+  where given, else the kernel's own (``spec.sign_vector`` of its key split); None without a tensor scale (no
+  pre-pass) or without a Hadamard."""
+  if not spec.fmt.has_tensor_scale:
+    return None
+  if signs is not None:
+    return signs
+  return spec.sign_vector(split_quantize_key(key, spec.rounding, spec.hadamard, spec.signs)[0])
+
+
 @functools.partial(jax.jit, static_argnames=("spec", "output", "mesh", "spec_in", "interpret"))
 def quantize_sharded(
   x: jax.Array,
@@ -166,15 +177,15 @@ def quantize_sharded(
   block, hadamard = block_dims(spec), spec.hadamard
 
   def per_shard(x_shard, key, signs):
-    amax_signs = None
-    if spec.fmt.has_tensor_scale:
-      amax_signs = (
-        signs
-        if signs is not None
-        else spec.sign_vector(split_quantize_key(key, spec.rounding, hadamard, spec.signs)[0])
-      )
     q, deq, mask, _ = quantize_slice(
-      x_shard, spec, key, shards, output=output, interpret=interpret, signs=signs, amax_signs=amax_signs
+      x_shard,
+      spec,
+      key,
+      shards,
+      output=output,
+      interpret=interpret,
+      signs=signs,
+      amax_signs=prepass_signs(spec, key, signs),
     )
     return q.codes, q.scales, q.global_scale, q.signs, deq, mask
 
