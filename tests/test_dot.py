@@ -126,7 +126,14 @@ def test_nvidia_forward_uses_2d_weight_tiles_and_reuses_them_for_dgrad():
   np.testing.assert_allclose(dx, jnp.matmul(dy, w2d, precision="highest"), rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("name", [n for n in recipes.names() if recipes.get(n).is_random])
+@pytest.mark.parametrize(
+  "name",
+  [
+    pytest.param(n, marks=pytest.mark.slow) if n == "quartet2" else n
+    for n in recipes.names()
+    if recipes.get(n).is_random
+  ],
+)
 def test_random_recipes_need_a_key_and_are_deterministic_given_one(name):
   m, k, n = SHAPES.get(name, (32, 64, 64))
   x, w, dy = _normal(1, (m, k)), _normal(2, (n, k)), _normal(3, (m, n))

@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import fp4jax
@@ -176,13 +177,27 @@ class PublicVariantsTest(chex.TestCase):
     _assert_same_bits(fq, deq, "fake_quantize")
 
   # -------------------------------------------------------------------------------------------- GEMMs
-  @chex.variants(with_jit=True, without_jit=True)
-  def test_dot_general_forward_and_gradients_match_the_layer_oracle(self):
+  def _check_dots(self, names):
     x, w, dy = _operands()
-    for name in RECIPES:
+    for name in names:
       got = self._run(f"dot_{name}")
       for g, t, what in zip(got, _layer_oracle(recipes.deterministic(name), x, w, dy), ("y", "dx", "dw")):
         oracles.assert_close(g, t, f"{name}: {what}")
+
+  @chex.variants(with_jit=True)
+  def test_dot_general_forward_and_gradients_match_the_layer_oracle(self):
+    self._check_dots(RECIPES)
+
+  @chex.variants(without_jit=True)
+  def test_eager_dot_general_matches_the_layer_oracle(self):
+    """Eagerly, nvidia_nvfp4 (SR, the random Hadamard, 2D weight tiles) in the default tier; every recipe in the
+    slow test below."""
+    self._check_dots(("nvidia_nvfp4",))
+
+  @chex.variants(without_jit=True)
+  @pytest.mark.slow
+  def test_eager_dot_general_of_every_recipe_matches_the_layer_oracle(self):
+    self._check_dots(RECIPES)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_einsum_matches_the_layer_oracle(self):

@@ -30,7 +30,7 @@ FEATURE_RECIPES = RECIPES + ("quartet",)
 # The default tier's cases (docs/testing.md); the subprocess computes only the selected ones. nvfp4_rtn (the
 # negative controls) and nvidia_nvfp4 (2D weight tiles, RHT, SR at global indices) along the tokens; nvfp4_rtn and
 # quartet (its dX partials through the trust mask and inverse Hadamard) along the features.
-DEFAULT_RECIPES, DEFAULT_FEATURE_RECIPES = ("nvfp4_rtn", "nvidia_nvfp4"), ("nvfp4_rtn", "quartet")
+DEFAULT_RECIPES, DEFAULT_FEATURE_RECIPES = ("nvfp4_rtn", "nvidia_nvfp4"), ("nvidia_nvfp4",)
 
 
 def _tiered(names, default):

@@ -167,7 +167,9 @@ def test_moe_partition_specs():
     assert sorted(found) == sorted(["kernel", "w_in", "w_out"] * 3)  # the parameters and AdamW's mu and nu
 
 
-@pytest.mark.parametrize("recipe", ["bf16", "nvidia_nvfp4", pytest.param("quartet2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  "recipe", ["bf16", *(pytest.param(r, marks=pytest.mark.slow) for r in ("nvidia_nvfp4", "quartet2"))]
+)
 def test_moe_model_trains_under_recipe(corpus, recipe):
   """A one-block MoE model learns the byte corpus: the loss of its last steps falls well below the first's."""
   config = train.TrainConfig(

@@ -68,7 +68,8 @@ def _inputs(m, k, n):
 
 
 @pytest.mark.parametrize(
-  "name", [pytest.param(r, marks=pytest.mark.slow) if r == "quartet2" else r for r in sorted(RECIPE_SHAPES)]
+  "name",
+  [pytest.param(r, marks=pytest.mark.slow) if r in ("quartet", "quartet2") else r for r in sorted(RECIPE_SHAPES)],
 )
 def test_pallas_backend_matches_xla_bit_for_bit(name, pallas_kernels):
   recipe = recipes.get(name)
