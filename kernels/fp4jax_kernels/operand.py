@@ -224,16 +224,8 @@ def quantize_sharded_operand(
   x2 = x.reshape(x.shape[-2:]) if transposed else x.reshape(-1, x.shape[-1])
   # the split dim of the slice the kernel reads (x's layout: a transposed operand's split dim swapped)
   shards = (sharding.OperandShard(shard.axis_name, int(along != transposed)),)
-  kernel_signs = _signs(qspec, signs)
   out = sharded.quantize_slice(
-    x2,
-    qspec,
-    key,
-    shards,
-    output=output,
-    interpret=backends.pallas_interpret(),
-    signs=kernel_signs,
-    amax_signs=sharded.prepass_signs(qspec, key, kernel_signs),
+    x2, qspec, key, shards, output=output, interpret=backends.pallas_interpret(), signs=_signs(qspec, signs)
   )
   return _as_operand(out, out_shape)
 

@@ -98,11 +98,10 @@ def quantize_slice(
   output: KernelOutput,
   interpret: bool,
   signs: jax.Array | None = None,
-  amax_signs: jax.Array | None = None,
 ):
   """``pallas_triton.quantize`` of one device's 2D slice of a tensor split as ``shards`` (inside ``shard_map``,
-  whose mesh axes they name), with the bits of the whole logical tensor: the slice's tensor amax (its rotated
-  elements under ``amax_signs``; ``stage_and_amax`` where that pays), ``fp4jax.sharding.combine_amax`` over the
+  whose mesh axes they name), with the bits of the whole logical tensor: the slice's tensor amax (of its elements
+  rotated as the kernel rotates them; ``stage_and_amax`` where that pays), ``fp4jax.sharding.combine_amax`` over the
   shards' mesh axes, and the kernel at the slice's logical origin (``fp4jax.sharding.placement``).
 
   Args:
@@ -112,14 +111,17 @@ def quantize_slice(
     shards: one ``OperandShard`` per split dim of ``x_slice``, naming its mesh axes.
     output: the kernel's outputs.
     interpret: run the kernels in interpret mode.
-    signs: the Hadamard signs given to the kernel (None: drawn from ``key``).
-    amax_signs: the Hadamard signs of the amax pre-pass (None: no rotation).
+    signs: the Hadamard signs given to the kernel (None: the kernel's own, ``spec.sign_vector`` of its key split).
 
   Returns:
     ``pallas_triton.quantize``'s result for the slice.
   """
   amax = staged = None
-  if spec.fmt.has_tensor_scale:
+  if spec.fmt.has_tensor_scale:  # the pre-pass rotates with the kernel's signs
+    if signs is None:
+      amax_signs = spec.sign_vector(split_quantize_key(key, spec.rounding, spec.hadamard, spec.signs)[0])
+    else:
+      amax_signs = signs
     if pallas_triton.prepass_stages(spec, output):
       staged, local = pallas_triton.stage_and_amax(x_slice, spec, output, amax_signs, interpret=interpret)
     else:
@@ -139,17 +141,6 @@ def quantize_slice(
     logical_shape=logical,
     staged=staged,
   )
-
-
-def prepass_signs(spec: QuantizeSpec, key: jax.Array | None, signs: jax.Array | None) -> jax.Array | None:
-  """The sign vector with which ``quantize_slice``'s amax pre-pass rotates the slice, as the kernel will: ``signs``
-  where given, else the kernel's own (``spec.sign_vector`` of its key split); None without a tensor scale (no
-  pre-pass) or without a Hadamard."""
-  if not spec.fmt.has_tensor_scale:
-    return None
-  if signs is not None:
-    return signs
-  return spec.sign_vector(split_quantize_key(key, spec.rounding, spec.hadamard, spec.signs)[0])
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "output", "mesh", "spec_in", "interpret"))
@@ -177,16 +168,7 @@ def quantize_sharded(
   block, hadamard = block_dims(spec), spec.hadamard
 
   def per_shard(x_shard, key, signs):
-    q, deq, mask, _ = quantize_slice(
-      x_shard,
-      spec,
-      key,
-      shards,
-      output=output,
-      interpret=interpret,
-      signs=signs,
-      amax_signs=prepass_signs(spec, key, signs),
-    )
+    q, deq, mask, _ = quantize_slice(x_shard, spec, key, shards, output=output, interpret=interpret, signs=signs)
     return q.codes, q.scales, q.global_scale, q.signs, deq, mask
 
   in_spec = P(row_axes or None, col_axes or None)
