@@ -228,17 +228,19 @@ def _quantize_both(static: _Static, x, key, rows: str, cols: str, signs_rows, si
   """``x`` quantized as operand ``rows`` (e.g. ``"dgrad_lhs"``) and, transposed, as operand ``cols`` (e.g.
   ``"wgrad_lhs"``) by one kernel for both (``fp4jax.operand.rotate_and_quantize_both``), the bits each GEMM would
   draw. None where that kernel does not run (the XLA backend, a pair the kernels refuse or do not speed up, a ragged
-  Hadamard chunk, sharded recipes): each GEMM then quantizes its own operand."""
+  Hadamard chunk): each GEMM then quantizes its own operand. A sharded recipe's slice is quantized by the pair with
+  each direction's shard (the logical tensor's amaxes and random bits)."""
   r = static.recipe
   spec_r, spec_c = getattr(r, rows), getattr(r, cols)
   ragged = (spec_r.hadamard and x.shape[-1] % spec_r.hadamard) or (spec_c.hadamard and x.shape[-2] % spec_c.hadamard)
-  if ragged or any(sharding_lib.operand_shard(r, name) for name in (rows, cols)):
+  if ragged:
     return None
   both = rotate_and_quantize_both(
     x,
     (spec_r, _fold(key, _KEY_IDS[rows]), signs_rows),
     (spec_c, _fold(key, _KEY_IDS[cols]), signs_cols),
     backend=static.backend,
+    shards=(sharding_lib.operand_shard(r, rows), sharding_lib.operand_shard(r, cols)),
   )
   return None if both is None else _Both(_Quantized(*both[0]), _Quantized(*both[1]))
 

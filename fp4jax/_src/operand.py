@@ -180,6 +180,7 @@ def rotate_and_quantize_both(
   cols: tuple[OperandSpec, jax.Array | None, jax.Array | None],
   *,
   backend: Backend = "auto",
+  shards: tuple = (None, None),
 ) -> tuple[tuple[Operand, jax.Array | None], tuple[Operand, jax.Array | None]] | None:
   """``(rotate_and_quantize(x, *rows), rotate_and_quantize(x, *cols, transposed=True))``, each ``(spec, key,
   signs)``, by one implementation of ``PAIR_OP`` for both: one tensor quantized for two GEMMs (X for the forward and
@@ -187,17 +188,26 @@ def rotate_and_quantize_both(
   and one kernel read ``x`` twice in all instead of four times), the same bits. None where no implementation
   quantizes both at once (XLA; the kernels where they refuse the pair or it does not pay): each GEMM then quantizes
   its own operand. A named backend other than ``"xla"`` falls back to None too (the single operands keep it), whether
-  it refuses the pair or has no implementation of it (``"native"``)."""
+  it refuses the pair or has no implementation of it (``"native"``).
+
+  ``shards``: ``(rows, cols)``, each direction's ``fp4jax.sharding.OperandShard`` (the columns' in the transposed
+  layout) when ``x`` is one device's slice of a sharded tensor inside ``shard_map``, as ``rotate_and_quantize``'s
+  ``shard``: the pair then gives the bits of the sharded single quantizations (the logical tensor's amaxes, random
+  bits at logical indices)."""
   backend = backends.check(backend, "fp4jax.operand.rotate_and_quantize_both")
+  shape_t = x.shape[:-2] + (x.shape[-1], x.shape[-2])
+  for (spec, *_), shard, shape in zip((rows, cols), shards, (x.shape, shape_t)):
+    if shard is not None:  # a straddling block or Hadamard chunk is named before any kernel is tried
+      shard.check(shape, spec, "fp4jax.operand.rotate_and_quantize_both")
   backends.load_plugins()
   impls = backends.registered(PAIR_OP)
   order = tuple(name for name in dict.fromkeys(backends.candidates(backend) + ("xla",)) if name in impls)
-  return backends.run(PAIR_OP, backend, x, rows, cols, auto=backend == "auto", order=order)
+  return backends.run(PAIR_OP, backend, x, rows, cols, auto=backend == "auto", shards=tuple(shards), order=order)
 
 
-def _unfused_pair(x, rows, cols, *, auto: bool) -> None:
+def _unfused_pair(x, rows, cols, *, auto: bool, shards) -> None:
   """``PAIR_OP``'s XLA implementation: none fused (XLA fuses what it can); each GEMM quantizes its operand."""
-  del x, rows, cols, auto
+  del x, rows, cols, auto, shards
 
 
 def _resolve(backend: Backend, spec: OperandSpec, where: str) -> Backend:

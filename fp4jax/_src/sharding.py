@@ -306,6 +306,12 @@ class OperandShard:
       )
 
 
+def mesh_axes(shards) -> tuple[str, ...]:
+  """The mesh axes of ``shards`` (``OperandShard``s, each naming one axis or a tuple of them), in order: the axes a
+  tensor split as ``shards`` say is combined over (``combine_amax``)."""
+  return tuple(name for s in shards for name in ((s.axis_name,) if isinstance(s.axis_name, str) else s.axis_name))
+
+
 def placement(shards, shape: tuple[int, ...]) -> tuple[tuple, tuple[int, ...]]:
   """(origin, logical shape) of a local array of ``shape`` whose dims ``s.dim`` are split as ``shards`` say.
 

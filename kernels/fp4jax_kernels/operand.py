@@ -143,14 +143,35 @@ def quantize_operand(
   return _as_operand(out, out_shape)
 
 
-def quantize_operand_pair(x: jax.Array, rows, cols, *, auto: bool):
+def _pair_shards(shape: tuple[int, ...], shards) -> tuple[sharding.OperandShard, ...]:
+  """The split of the 2D kernel input of ``quantize_pair`` from the two directions' shards ``(rows, cols)`` (each an
+  ``OperandShard`` of its operand's layout, the columns' transposed, or None): () for an unsplit tensor. Raises
+  ``Unsupported`` unless both name the same split of one of ``x``'s last two dims."""
+  rows, cols = shards
+  if rows is None and cols is None:
+    return ()
+  last = len(shape) - 1
+  cols_dim = None if cols is None else {last: last - 1, last - 1: last}.get(cols.dim, cols.dim)
+  if rows is None or cols is None or (rows.axis_name, rows.dim) != (cols.axis_name, cols_dim) or rows.dim < last - 1:
+    raise backends.Unsupported(
+      f"quantize_pair takes one split of x's last two dims shared by both directions, got rows {rows}, cols {cols} "
+      f"for x of shape {shape}"
+    )
+  return (sharding.OperandShard(rows.axis_name, rows.dim - (last - 1), rows.label),)
+
+
+def quantize_operand_pair(x: jax.Array, rows, cols, *, auto: bool, shards=(None, None)):
   """``PAIR_OP`` by ``pallas_triton.quantize_pair``: ``x`` quantized as ``rows = (spec, key, signs)`` and,
-  transposed, as ``cols``, in one pre-pass and one kernel. Raises ``Unsupported`` unless ``x`` is 2D (leading dims
-  of size 1), fusing the two pays (``pallas_triton.pair_pays``) and the kernel takes both directions (``check``,
-  evaluated last: where the pair is refused earlier, each GEMM's own ``quantize_operand`` checks its operand once)."""
+  transposed, as ``cols``, in one pre-pass and one kernel. ``shards``: each direction's ``OperandShard`` when ``x``
+  is one device's slice of a sharded tensor (the kernel then combines the amaxes over the mesh axes and hashes
+  logical indices: the bits of ``SHARDED_QUANTIZE_OP`` on each direction). Raises ``Unsupported`` unless ``x`` is
+  2D (leading dims of size 1), a split is one dim of both directions (``_pair_shards``), fusing the two pays
+  (``pallas_triton.pair_pays``) and the kernel takes both directions (``check``, evaluated last: where the pair is
+  refused earlier, each GEMM's own ``quantize_operand`` checks its operand once)."""
   shape_t = x.shape[:-2] + (x.shape[-1], x.shape[-2])
   if math.prod(x.shape[:-2]) != 1:
     raise backends.Unsupported(f"quantize_pair is 2D: x of shape {x.shape} has leading dims")
+  pair_shards = _pair_shards(x.shape, shards)
   if not all(isinstance(spec.fmt, FP4Format) for spec, _, _ in (rows, cols)):
     raise backends.Unsupported(f"quantize_pair writes block-scaled FP4 only, got {rows[0].fmt!r} / {cols[0].fmt!r}")
   qrows, rows_output = kernel_args(rows[0], rows[0].hadamard, False)
@@ -172,6 +193,7 @@ def quantize_operand_pair(x: jax.Array, rows, cols, *, auto: bool):
     rows_signs=_signs(qrows, rows[2]),
     cols_signs=_signs(qcols, cols[2]),
     interpret=backends.pallas_interpret(),
+    shards=pair_shards,
   )
   return _as_operand(out_r, x.shape), _as_operand(out_c, shape_t)
 

@@ -29,7 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from fp4jax._src import backends, estimators
+from fp4jax._src import backends, estimators, sharding
 from fp4jax._src import bits as bits_lib
 from fp4jax._src import hadamard as hadamard_lib
 from fp4jax._src.formats import F32_INF_BITS
@@ -612,7 +612,7 @@ def pair_config(cols: QuantizeSpec) -> tuple[tuple[int, int], int]:
 
 
 @functools.partial(
-  jax.jit, static_argnames=("rows", "cols", "rows_output", "cols_output", "tile", "num_warps", "interpret")
+  jax.jit, static_argnames=("rows", "cols", "rows_output", "cols_output", "tile", "num_warps", "interpret", "shards")
 )
 def quantize_pair(
   x: jax.Array,
@@ -628,6 +628,7 @@ def quantize_pair(
   tile=None,
   num_warps: int | None = None,
   interpret: bool = False,
+  shards: tuple[sharding.OperandShard, ...] = (),
 ) -> tuple[Quantized, Quantized]:
   """``(quantize(x, rows, rows_key, output=rows_output, signs=rows_signs), quantize(x, cols, cols_key,
   output=cols_output, signs=cols_signs))`` bit for bit, in one pre-pass and one kernel: a tensor quantized along its
@@ -643,6 +644,13 @@ def quantize_pair(
   ``pair_refusal`` names the pairs it does not take (16x16 tiles, a Hadamard over 32 points), ``pair_pays`` those
   it speeds up. ``tile`` (a tile of ``x`` holding whole units of both directions) and ``num_warps`` default to
   ``pair_config(cols)``.
+
+  ``shards`` (one ``fp4jax.sharding.OperandShard`` per split dim of ``x``, naming its mesh axes): ``x`` is one
+  device's slice of a logical tensor inside ``shard_map`` (or a named ``jax.vmap``), as for
+  ``sharded.quantize_slice``; the pre-pass's amaxes are combined over the shards' axes
+  (``fp4jax.sharding.combine_amax``: the logical tensor's amaxes and NaN rule) and both directions hash the logical
+  indices of their elements and scales from the slice's origin (``fp4jax.sharding.placement``): the bits of the
+  pair of the whole tensor, sliced. Blocks and Hadamard chunks must not straddle shards (the caller checks).
   """
   output_lib.check(rows, rows_output)
   output_lib.check(cols, cols_output)
@@ -671,9 +679,14 @@ def quantize_pair(
       plans.append(_amax_plan(x, spec, amax_output, drawn, False, tile))
     partials = _launch(plans, num_warps, interpret, "fp4_pair_amax")
     amaxes = {name: jnp.max(partial) for (name, *_), (partial,) in zip(nvfp4, partials)}
+  origin = logical = None
+  if shards:
+    amaxes = {name: sharding.combine_amax(amax, sharding.mesh_axes(shards)) for name, amax in amaxes.items()}
+    offsets, logical = sharding.placement(shards, x.shape)
+    origin = jnp.stack([jnp.asarray(o, jnp.int32) for o in offsets])
   calls, finishes = zip(
     *(
-      _plan(x, spec, output, key, signs, tile, num_warps, interpret, amaxes.get(name), None, None, "kernel", None)
+      _plan(x, spec, output, key, signs, tile, num_warps, interpret, amaxes.get(name), origin, logical, "kernel", None)
       for name, spec, output, key, signs in directions
     )
   )

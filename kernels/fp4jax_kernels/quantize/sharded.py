@@ -126,7 +126,7 @@ def quantize_slice(
       staged, local = pallas_triton.stage_and_amax(x_slice, spec, output, amax_signs, interpret=interpret)
     else:
       local = pallas_triton.tensor_amax(x_slice, spec, output, amax_signs, interpret=interpret)
-    axes = tuple(name for shard in shards for name in _axis_names(shard.axis_name))
+    axes = sharding.mesh_axes(shards)
     amax = sharding.combine_amax(local, axes) if axes else local
   origin, logical = sharding.placement(shards, x_slice.shape)
   return pallas_triton.quantize(
