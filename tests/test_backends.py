@@ -89,9 +89,11 @@ def test_bad_backend_is_named_by_every_entry():
     operand.quantize_operand(x, recipes.get("nvfp4_rtn").fwd_lhs, None, backend="XLA")
 
 
-@pytest.mark.parametrize(
-  "name", [pytest.param(r, marks=pytest.mark.slow) if r in ("quartet", "quartet2") else r for r in recipes.names()]
-)
+# slow tier; default representative: tests/kernels/test_dot_pallas.py::test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_
+# takes_the_operand (nvidia_nvfp4's forward and backward under "auto", and large operands, call no Pallas kernel off a
+# GPU: "auto" is XLA's program there, hence its bits)
+@pytest.mark.slow
+@pytest.mark.parametrize("name", recipes.names())
 def test_auto_is_xla_bit_for_bit_on_this_machine(name, jaxpr_equations):
   """Forward output and both gradients, same key: ``"auto"`` gives XLA's bits; off a GPU that runs the kernels it
   is XLA's program (no Pallas kernel, not even interpreted)."""

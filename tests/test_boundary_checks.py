@@ -32,8 +32,11 @@ def test_dot_general_and_einsum_reject_what_is_not_one_prng_key(key, error):
 
 
 def test_dot_general_takes_typed_and_raw_keys():
-  y_typed = fp4jax.dot_general(X, W, DN, recipe="quartet2", key=jax.random.key(1))
-  y_raw = fp4jax.dot_general(X, W, DN, recipe="quartet2", key=jax.random.PRNGKey(1))
+  """Both keys pass the boundary check and the whole forward is traced with them (abstractly: the result's shape is
+  all this checks, and jax.eval_shape gives it without compiling quartet2's forward)."""
+  typed, raw = jax.random.key(1), jax.random.PRNGKey(1)
+  y_typed = jax.eval_shape(lambda: fp4jax.dot_general(X, W, DN, recipe="quartet2", key=typed))
+  y_raw = jax.eval_shape(lambda: fp4jax.dot_general(X, W, DN, recipe="quartet2", key=raw))
   assert y_typed.shape == y_raw.shape == (8, 16)
 
 

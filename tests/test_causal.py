@@ -87,6 +87,9 @@ def test_nvfp4_row_amax_is_each_row_quantized_alone_numpy_oracle():
   assert not np.array_equal(_bits(tensor), _bits(want))
 
 
+# slow tier; default representative: test_nvfp4_row_amax_is_each_row_quantized_alone_numpy_oracle (each row
+# quantized alone, bit for bit against the NumPy oracle); the slow tier adds leading dims, ragged blocks, 4/6
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "fmt", [fp4jax.NVFP4, dataclasses.replace(fp4jax.NVFP4, scale_mode="four_over_six")], ids=["absmax", "four_over_six"]
 )
@@ -130,7 +133,10 @@ def test_fp8_row_amax_numpy_oracle():
 @pytest.mark.parametrize(
   "spec",
   [
-    OperandSpec(fmt=dataclasses.replace(fp4jax.MXFP4, scale_mode="quest"), estimator="trust_mask"),
+    pytest.param(  # slow tier; default representative: [e2m1_channel_occ] (per-row scales and quantiles)
+      OperandSpec(fmt=dataclasses.replace(fp4jax.MXFP4, scale_mode="quest"), estimator="trust_mask"),
+      marks=pytest.mark.slow,
+    ),
     OperandSpec(fmt=recipes.E2M1_CHANNEL, clip="occ"),
   ],
   ids=["mxfp4_quest", "e2m1_channel_occ"],
@@ -170,7 +176,16 @@ def _changed_row(x: np.ndarray, row: int) -> np.ndarray:
   return y
 
 
-@pytest.mark.parametrize("name", ["nvidia_nvfp4", "nvfp4_rtn", "quartet2", "fp8", "ms_fp4"])
+# slow tier; default representative: [fp8], the cheapest compile: causal() is one mechanism for every recipe (a per-row
+# Operand.scale, test_dot.py::test_per_row_scales_scale_the_output_rows_and_columns), and NVFP4's per-row tensor
+# scales are each row quantized alone (test_nvfp4_row_amax_is_each_row_quantized_alone_numpy_oracle)
+@pytest.mark.parametrize(
+  "name",
+  [
+    n if n == "fp8" else pytest.param(n, marks=pytest.mark.slow)
+    for n in ("nvidia_nvfp4", "nvfp4_rtn", "quartet2", "fp8", "ms_fp4")
+  ],
+)
 def test_dot_general_rows_are_independent_under_causal(name):
   """Y = X·W with causal(recipe): scaling up token 5 leaves every other token's output bit-identical; with the
   per-tensor recipe (all but ms_fp4, per-token already) other tokens' outputs move."""
@@ -214,7 +229,10 @@ def test_dot_general_forward_and_gradients_with_row_amax_oracle():
   assert not np.allclose(y_tensor, xq.astype(np.float64) @ wq, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", [pytest.param("nvidia_nvfp4", marks=pytest.mark.slow), "quartet2"])
+# slow tier; default representative: test_dot_general_forward_and_gradients_with_row_amax_oracle (causal fp8: dW
+# from the per-token-scaled forward X, dX as without causal, against the oracle)
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["nvidia_nvfp4", "quartet2"])
 def test_dot_general_gradients_flow_under_causal(name):
   """The per-row scale reaches the backward operands made from the forward tensor (quartet2's X̂ᵀ from the forward
   NVFP4 X) and nothing else: nvidia_nvfp4's backward reads the layer input, so its gradients are the default
@@ -236,6 +254,10 @@ def test_dot_general_gradients_flow_under_causal(name):
 
 
 # ------------------------------------------------------------------------------------------------ Flax layers
+# slow tier; default representative: test_dot_general_rows_are_independent_under_causal[fp8] (a causal recipe's rows
+# in fp4jax.dot_general) and tests/flax/test_flax_layers.py::test_wrappers_match_flax_layers_with_fp4jax_dots (linen
+# and nnx layers give fp4jax.dot_general's bits)
+@pytest.mark.slow
 def test_flax_layers_take_the_causal_recipe():
   """linen Dense and nnx Linear with causal(nvidia_nvfp4): changing one token leaves the others' outputs
   bit-identical; with the recipe's name they move."""

@@ -147,7 +147,9 @@ def test_table_shows_format_options_and_operand_options():
 
 
 # ------------------------------------------------------------------------------------------------ running
-@pytest.mark.parametrize("name", ["e4m3_fwd_nvfp4_bwd", "quartet2_l1"])
+@pytest.mark.parametrize(  # slow tier; default representative: [e4m3_fwd_nvfp4_bwd] (forward, dgrad, wgrad parts)
+  "name", ["e4m3_fwd_nvfp4_bwd", pytest.param("quartet2_l1", marks=pytest.mark.slow)]
+)
 def test_composed_recipes_equal_the_numpy_layer_oracle(name):
   """The deterministic variant of each composition (RTN, the run's fixed signs) against ``oracles.layer_grads``,
   which reads the operand specs as data: forward, dX and dW (see tests/test_oracles_dot.py)."""
@@ -160,6 +162,9 @@ def test_composed_recipes_equal_the_numpy_layer_oracle(name):
     oracles.assert_close(got, t, f"{name}: {what}")
 
 
+# slow tier; default representative: test_compose_applies_base_then_gemms_then_operands (the parts replace the
+# base's) and test_composed_recipes_equal_the_numpy_layer_oracle[e4m3_fwd_nvfp4_bwd] (the dot runs those parts)
+@pytest.mark.slow
 def test_a_composed_recipe_differs_from_its_base():
   """Power check: the compositions change the numbers (FP8 forward vs NVIDIA's NVFP4 forward)."""
   x, w, dy = oracles.dyadic(1, (M, K), 6.0), oracles.dyadic(2, (N, K), -6.0), oracles.dyadic(3, (M, N), 6.0)
@@ -168,7 +173,9 @@ def test_a_composed_recipe_differs_from_its_base():
   assert np.max(np.abs(base[0] - composed[0])) > 1e-3 * np.max(np.abs(base[0]))
 
 
-@pytest.mark.parametrize("name", ["quest_nvfp4_sr_rht", "nvidia_eden"])
+@pytest.mark.parametrize(  # slow tier; default representative: [quest_nvfp4_sr_rht] (SR and random RHT backward)
+  "name", ["quest_nvfp4_sr_rht", pytest.param("nvidia_eden", marks=pytest.mark.slow)]
+)
 def test_random_composed_recipes_run_under_jit_and_grad(name):
   """QuEST-style NVFP4 forward (trust mask) with SR + RHT backward, and NVIDIA's forward with MS-EDEN gradients
   (whose W rotated after the 16x16 forward quantization does not rotate exactly in float32, which the layer oracle
@@ -205,9 +212,9 @@ def test_registered_name_works_wherever_a_recipe_name_does(registered):
   np.testing.assert_array_equal(by_name, fp4jax.dot_general(x, w, DN, recipe=registered, key=key))
   from fp4jax.flax import linen as fp4_linen
 
-  dense = fp4_linen.Dense(8, recipe=registered.name)
-  params = dense.init(jax.random.key(0), jnp.ones((4, 16)))
-  assert dense.apply(params, jnp.ones((4, 16)), rngs={"quant": key}).shape == (4, 8)
+  dense = fp4_linen.Dense(8, recipe=registered.name)  # traced abstractly: the layer resolves the name when traced
+  params = jax.eval_shape(dense.init, jax.random.key(0), jnp.ones((4, 16)))
+  assert jax.eval_shape(lambda p: dense.apply(p, jnp.ones((4, 16)), rngs={"quant": key}), params).shape == (4, 8)
 
 
 def test_register_refuses_published_names_and_duplicates(registered):

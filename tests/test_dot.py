@@ -49,13 +49,21 @@ CASES = [  # (lhs shape, rhs shape, dimension_numbers)
 ]
 
 
+def _cases(keep: int) -> list:
+  """``CASES`` with all but ``CASES[keep]`` in the slow tier (each case compiles its own pair of programs)."""
+  slow = pytest.mark.slow  # slow tier; default representative: CASES[keep] (see each test's decorator)
+  return [case if i == keep else pytest.param(*case, marks=slow) for i, case in enumerate(CASES)]
+
+
 def _nonnegative(dn, lhs_shape, rhs_shape):
   """lax.dot_general wants non-negative dims; fp4jax accepts negative ones."""
   norm = lambda pair: tuple(tuple(d % len(s) for d in dims) for dims, s in zip(pair, (lhs_shape, rhs_shape)))
   return norm(dn[0]), norm(dn[1])
 
 
-@pytest.mark.parametrize("lhs_shape, rhs_shape, dn", CASES)
+# default: CASES[3], negative and interleaved contracting dims; test_canonicalization_through_the_custom_vjp keeps
+# CASES[4], two batch dims in another order
+@pytest.mark.parametrize("lhs_shape, rhs_shape, dn", _cases(3))
 def test_bf16_recipe_is_lax_dot_general_bit_for_bit(lhs_shape, rhs_shape, dn):
   a, b = _normal(1, lhs_shape, jnp.bfloat16), _normal(2, rhs_shape, jnp.bfloat16)
   dn_lax = _nonnegative(dn, lhs_shape, rhs_shape)
@@ -71,7 +79,7 @@ def test_bf16_recipe_is_lax_dot_general_bit_for_bit(lhs_shape, rhs_shape, dn):
     np.testing.assert_array_equal(gi, gi_ref)
 
 
-@pytest.mark.parametrize("lhs_shape, rhs_shape, dn", CASES)
+@pytest.mark.parametrize("lhs_shape, rhs_shape, dn", _cases(4))  # default: two batch dims in another order
 def test_canonicalization_through_the_custom_vjp(lhs_shape, rhs_shape, dn):
   """A rotation-only recipe runs the full custom VJP (rotate, GEMMs, inverse mapping): equal to lax up to f32."""
   a, b = _normal(1, lhs_shape), _normal(2, rhs_shape)
@@ -100,6 +108,9 @@ def _fq(x, axis, **kw):
   return fp4jax.fake_quantize(x, fp4jax.NVFP4, axis=axis, dtype=jnp.float32, **kw)
 
 
+# slow tier; default representative: test_oracles_dot.py::test_forward_and_gradients_equal_the_numpy_oracle[nvfp4_rtn]
+# (the oracle quantizes each GEMM's operands along that GEMM's contraction axis)
+@pytest.mark.slow
 def test_each_gemm_quantizes_both_operands_along_its_own_contraction_axis():
   """nvfp4_rtn: fwd Q_K(X)·Q_K(W)ᵀ, dgrad Q_N(dY)·Q_N(W), wgrad Q_M(dY)ᵀ·Q_M(X), against fake_quantize."""
   x, w, dy = _normal(1, (32, 64)), _normal(2, (48, 64)), _normal(3, (32, 48))
@@ -115,6 +126,9 @@ def test_each_gemm_quantizes_both_operands_along_its_own_contraction_axis():
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
+# slow tier; default representative: test_oracles_dot.py::test_forward_and_gradients_equal_the_numpy_oracle
+# [nvidia_nvfp4] (the oracle quantizes W in 16x16 tiles forward and reuses them in dgrad, as the recipe's specs say)
+@pytest.mark.slow
 def test_nvidia_forward_uses_2d_weight_tiles_and_reuses_them_for_dgrad():
   x, w, dy = _normal(1, (32, 64)), _normal(2, (48, 64)), _normal(3, (32, 48))
   # With dY's SR removed, dgrad is exactly dY·Ŵ with the forward's 2D tiles.
@@ -126,10 +140,10 @@ def test_nvidia_forward_uses_2d_weight_tiles_and_reuses_them_for_dgrad():
   np.testing.assert_allclose(dx, jnp.matmul(dy, w2d, precision="highest"), rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # slow tier; default representative: [nvidia_nvfp4] (the key handling is the dot's)
   "name",
   [
-    pytest.param(n, marks=pytest.mark.slow) if n == "quartet2" else n
+    n if n == "nvidia_nvfp4" else pytest.param(n, marks=pytest.mark.slow)
     for n in recipes.names()
     if recipes.get(n).is_random
   ],
@@ -167,8 +181,8 @@ def _stacked_loss(name, key):
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
 
-@pytest.mark.parametrize(  # quartet2: the slowest compile; its layer is checked against the NumPy oracle by default
-  "name", [pytest.param(r, marks=pytest.mark.slow) if r == "quartet2" else r for r in recipes.names()]
+@pytest.mark.parametrize(  # slow tier; default representative: [nvidia_nvfp4] (SR, RHT, 2D tiles, a key per layer)
+  "name", [r if r == "nvidia_nvfp4" else pytest.param(r, marks=pytest.mark.slow) for r in recipes.names()]
 )
 def test_every_recipe_under_jit_grad_vmap_scan_checkpoint(name):
   d = 128 if name == "quartet2" else 64  # Quartet II's backward RHT-128 runs along tokens and outputs
@@ -267,14 +281,17 @@ def test_bad_arguments():
     fp4jax.dot_general(x, w, DN, recipe="nvfp4_rtn", backend="cuda")
 
 
+_SLOW = pytest.mark.slow  # slow tier; default representative: "bsk,nk->nbs" (free dims of a batch, output permuted)
+
+
 @pytest.mark.parametrize(
   "spec, a_shape, b_shape",
   [
-    ("bsk,nk->bsn", (2, 16, 32), (24, 32)),
+    pytest.param("bsk,nk->bsn", (2, 16, 32), (24, 32), marks=_SLOW),
     ("bsk,nk->nbs", (2, 16, 32), (24, 32)),
-    ("bik,bjk->bij", (3, 16, 32), (3, 8, 32)),
-    ("ik,jk", (16, 32), (8, 32)),  # implicit output: "ij"
-    ("ikz,jk->ij", (16, 32, 3), (8, 32)),  # z summed out of a first
+    pytest.param("bik,bjk->bij", (3, 16, 32), (3, 8, 32), marks=_SLOW),
+    pytest.param("ik,jk", (16, 32), (8, 32), marks=_SLOW),  # implicit output: "ij"
+    pytest.param("ikz,jk->ij", (16, 32, 3), (8, 32), marks=_SLOW),  # z summed out of a first
   ],
 )
 def test_einsum_matches_jnp_einsum(spec, a_shape, b_shape):

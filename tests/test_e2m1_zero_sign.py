@@ -110,7 +110,8 @@ def test_nvfp4_four_over_six_zero_sign_is_the_exact_product_sign():
   np.testing.assert_array_equal(_codes(q), want)
 
 
-@pytest.mark.parametrize("rounding", ["rtn", "sr"])
+# slow tier; default representative: [rtn] (the sign rule under SR: test_nvfp4_sr_zero_sign_is_the_exact_product_sign)
+@pytest.mark.parametrize("rounding", ["rtn", pytest.param("sr", marks=pytest.mark.slow)])
 def test_mxfp4_zero_sign_is_the_exact_scaled_value_sign(rounding):
   """MXFP4 scales by 2^-e_b (exact on the bits, subnormals kept): x = -2^-149 in a block of amax 2^127 has the
   exact scaled value -2^-274, which rounds to -0: code 0x0; a scaled value that stays subnormal gives 0x8."""

@@ -38,6 +38,12 @@ def _tiny(rng, shape, lo=-140, hi=-127):
   return x.astype(F32)
 
 
+def _sizes_128():
+  """``H.SIZES`` with all but 128 (MS-EDEN's rotation) in the slow tier: each size compiles its own programs."""
+  slow = pytest.mark.slow  # slow tier; default representative: d = 128, MS-EDEN's size (see each test's decorator)
+  return [d if d == 128 else pytest.param(d, marks=slow) for d in H.SIZES]
+
+
 def _rotation_inputs(d, signs, inverse):
   """Rows of 2d elements: all subnormal; subnormal mixed with normal values up to 2^96 (the exactness bound) in one
   chunk; tiny rows beside normal rows; a zero row; a row with Inf and one with NaN; a subnormal chunk with two 2^90
@@ -57,7 +63,7 @@ def _rotation_inputs(d, signs, inverse):
 
 
 @pytest.mark.parametrize("inverse", [False, True])
-@pytest.mark.parametrize("d", H.SIZES)
+@pytest.mark.parametrize("d", _sizes_128())
 def test_rotation_is_ieee_with_subnormals_on_every_backend(d, inverse):
   """Bits of ``hadamard`` / ``inverse_hadamard`` (under jit, with random signs) equal NumPy's float32 butterfly with
   gradual underflow, subnormal inputs, partial sums and results included; Inf/NaN chunks give Inf/NaN as IEEE."""
@@ -72,7 +78,7 @@ def test_rotation_is_ieee_with_subnormals_on_every_backend(d, inverse):
 
 
 @pytest.mark.parametrize("inverse", [False, True])
-@pytest.mark.parametrize("d", H.SIZES)
+@pytest.mark.parametrize("d", _sizes_128())
 def test_the_direct_rotation_other_backends_run_is_the_same_ieee_transform(d, inverse):
   """The float32 path that backends other than the CPU run (``_direct``: a GPU keeps subnormals natively) gives the
   NumPy IEEE bits wherever this CPU's flushing cannot interfere: inputs, partial sums and results all normal (rows
@@ -89,7 +95,7 @@ def test_the_direct_rotation_other_backends_run_is_the_same_ieee_transform(d, in
   _assert_same_floats(got, ref.hadamard_ieee(x, d, signs, inverse), f"d={d} inverse={inverse}")
 
 
-@pytest.mark.parametrize("d", H.SIZES)
+@pytest.mark.parametrize("d", _sizes_128())  # d = 128: bit for bit wherever the result is normal
 def test_rotation_commutes_with_powers_of_two(d):
   """``hadamard(x) = fl(hadamard(x·2^j)·2^-j)`` for x out of the subnormal range after scaling: bit for bit where
   the normalization is a power of two (d = 16, 64, 256, one rounding either way) and wherever the result is normal."""

@@ -129,8 +129,19 @@ def _sorted_rank(x, rank, axis):
   return jax.lax.slice_in_dim(jnp.sort(x, axis=axis), rank, rank + 1, axis=axis % x.ndim)
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
-@pytest.mark.parametrize("n", [1, 7, 200, 4099])
+def _occ_cases():
+  """(n, dtype): by default one row of 1 (bfloat16) and rows of 4099 (float32, every radix pass)."""
+  slow = pytest.mark.slow  # slow tier; default representative: [1-bfloat16] and [4099-float32]
+  dtypes = (jnp.bfloat16, jnp.float16, jnp.float32)
+  keep = {(1, jnp.bfloat16), (4099, jnp.float32)}
+  return [
+    pytest.param(n, d, marks=() if (n, d) in keep else slow, id=f"{n}-{jnp.dtype(d).name}")
+    for n in (1, 7, 200, 4099)
+    for d in dtypes
+  ]
+
+
+@pytest.mark.parametrize("n, dtype", _occ_cases())
 def test_occ_bounds_are_the_sorted_rows_order_statistics(dtype, n):
   """The radix select gives the values a sort puts at the bound ranks: ties, ±0 (equal), ±Inf, NaN (after +Inf)."""
   rng = np.random.default_rng(n)
@@ -175,6 +186,9 @@ def test_trust_mask_boundary():
   np.testing.assert_array_equal(estimators.trust_mask(x, s), [True, True, True, False, False, False])
 
 
+# slow tier; default representative: test_trust_mask_boundary (the mask's rule) and
+# test_oracles_dot.py::test_forward_and_gradients_equal_the_numpy_oracle[quartet] (quartet's masked dX, bit for bit)
+@pytest.mark.slow
 def test_quartet_trust_mask_marks_exactly_the_saturated_elements():
   spec = quartet().fwd_lhs
   x = jax.random.normal(jax.random.key(1), (8, 64)).at[0, 3].set(30.0)
@@ -236,14 +250,17 @@ def test_swapping_a_per_row_scaled_operand_dequantizes_it():
   np.testing.assert_array_equal(swapped.dequantize(), jnp.swapaxes(op.dequantize(), -1, -2))
 
 
+_SLOW = pytest.mark.slow  # slow tier; default representative: [spec0] (NVFP4 SR: codes, scales and the key's bits)
+
+
 @pytest.mark.parametrize(
   "spec",
   [
     OperandSpec(fmt=NVFP4, rounding="sr"),
-    OperandSpec(fmt=NVFP4, rounding="eden"),
-    OperandSpec(fmt=NVFP4, block_shape=(16, 16)),
-    OperandSpec(fmt=dataclasses.replace(NVFP4, scale_mode="four_over_six")),
-    OperandSpec(fmt=dataclasses.replace(MXFP4, scale_mode="floor_headroom"), rounding="sr"),
+    pytest.param(OperandSpec(fmt=NVFP4, rounding="eden"), marks=_SLOW),
+    pytest.param(OperandSpec(fmt=NVFP4, block_shape=(16, 16)), marks=_SLOW),
+    pytest.param(OperandSpec(fmt=dataclasses.replace(NVFP4, scale_mode="four_over_six")), marks=_SLOW),
+    pytest.param(OperandSpec(fmt=dataclasses.replace(MXFP4, scale_mode="floor_headroom"), rounding="sr"), marks=_SLOW),
   ],
 )
 def test_block_operand_is_quantize_unpacked(spec):

@@ -78,7 +78,9 @@ def test_fp8_formats_derive_their_grid_from_the_fields():
   np.testing.assert_array_equal(np.asarray(e5m2.round(jnp.asarray(x))), oracles.rne_e5m2(x).astype(np.float32))
 
 
-@pytest.mark.parametrize("block", [8, 16, 64])
+@pytest.mark.parametrize(  # slow tier; default representative: [8] (a block size below the hardware's, 16 per row)
+  "block", [8, *(pytest.param(b, marks=pytest.mark.slow) for b in (16, 64))]
+)
 def test_a_new_block_size_is_one_instance(block):
   """An MX-like format with other blocks is one instance (``MXFP4Format(block_size=...)``); quantize follows the OCP
   floor rule per block: e = floor(log2 amax_b) - 2 (-127 for a zero block), v = rne_e2m1(clamp(x·2^-e, ±6))·2^e."""
@@ -220,7 +222,9 @@ def test_format_class_constants_follow_the_specs():
       fp4jax.QuantizeSpec(fmt=fmt, rounding="eden")
 
 
-@pytest.mark.parametrize("fmt", [formats.NVFP4, formats.MXFP4])
+@pytest.mark.parametrize(  # slow tier; default representative: [fmt0] (NVFP4: 16 taken, 32 and 64 refused)
+  "fmt", [formats.NVFP4, pytest.param(formats.MXFP4, marks=pytest.mark.slow)]
+)
 def test_the_gemm_kernels_take_the_hardware_block_size_only(fmt):
   """The kernels decode the hardware's blocks (16 for NVFP4, 32 for MXFP4): any other block size is refused."""
   from fp4jax_kernels.gemm import api

@@ -47,8 +47,12 @@ HAND_BLOCKS = {  # block: (errors, map-to-6 | map-to-4) -> the scale each metric
 }
 
 
+SHAPE = (64, 256)  # of every 1D test's tensor: each metric's quantizer programs are compiled once for the module
+
+
 def _hand_tensor():
-  x = np.zeros((1, 16 * (1 + len(HAND_BLOCKS))), F32)
+  """Row 0: the block of 1536 and ``HAND_BLOCKS``, one per 16-element block; every other element zero."""
+  x = np.zeros(SHAPE, F32)
   x[0, 0] = 1536.0
   for i, (block, _) in enumerate(HAND_BLOCKS.values(), start=1):
     x[0, 16 * i : 16 * i + len(block)] = block
@@ -60,14 +64,16 @@ def test_hand_built_blocks_where_the_metrics_disagree(metric):
   x = _hand_tensor()
   scales, deq = _quantized(x, _fmt(metric))
   want = [256.0] + [picks[metric] for _, picks in HAND_BLOCKS.values()]  # 1536/6 (exact for both: a tie); HAND_BLOCKS
+  want += [0.0] * (scales.shape[1] - len(want))  # the zero blocks after them
   np.testing.assert_array_equal(scales[0], want)
+  np.testing.assert_array_equal(scales[1:], 0.0)
   vals, s_dec, dec = oracles.nvfp4(x, four_over_six=True, metric=metric)
   assert s_dec == 1.0
   np.testing.assert_array_equal(dec[0], want)
   np.testing.assert_array_equal(deq, oracles.fl(oracles.fl(vals) * s_dec))
 
 
-def _random(seed, shape=(64, 256)):
+def _random(seed, shape=SHAPE):
   rng = np.random.default_rng(seed)
   x = (rng.standard_normal(shape) * np.exp2(rng.integers(-4, 5, (shape[0], 1)))).astype(F32)
   x[:, ::7] *= 3.0  # heavier tails: some blocks prefer the map-to-4 scale
@@ -75,7 +81,9 @@ def _random(seed, shape=(64, 256)):
 
 
 @pytest.mark.parametrize("metric", METRICS)
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(  # slow tier; default representative: [0-*] (every metric, another random tensor)
+  "seed", [0, pytest.param(1, marks=pytest.mark.slow)]
+)
 def test_matches_the_oracle_on_random_blocks(metric, seed):
   x = _random(seed)
   scales, deq = _quantized(x, _fmt(metric))
@@ -96,12 +104,14 @@ def test_the_metrics_choose_differently_on_random_blocks():
     assert np.any(chosen[a] != chosen[b]), (a, b)
 
 
-def test_two_dimensional_tiles_match_the_oracle():
+@pytest.mark.parametrize(  # slow tier; default representative: [l1] (mse, max_abs: the 1D tests above)
+  "metric", [pytest.param(m, marks=pytest.mark.slow) if m != "l1" else m for m in METRICS]
+)
+def test_two_dimensional_tiles_match_the_oracle(metric):
   x = _random(2, (64, 128))
-  for metric in METRICS:
-    q = fp4jax.quantize(jnp.asarray(x), _fmt(metric), block_shape=(16, 16), hadamard=0)
-    _, _, dec = oracles.nvfp4(x, tiles=True, four_over_six=True, metric=metric)
-    np.testing.assert_array_equal(np.asarray(q.scales.astype(jnp.float32)), dec, err_msg=metric)
+  q = fp4jax.quantize(jnp.asarray(x), _fmt(metric), block_shape=(16, 16), hadamard=0)
+  _, _, dec = oracles.nvfp4(x, tiles=True, four_over_six=True, metric=metric)
+  np.testing.assert_array_equal(np.asarray(q.scales.astype(jnp.float32)), dec, err_msg=metric)
 
 
 @pytest.mark.parametrize(

@@ -52,56 +52,67 @@ HAND = {
   "mae_4_mse_6": ([12.0, 9.0, 9.0, 9.0, 7.5, 7.5], {"l1": 3.0, "mse": 2.0}),
   "tie_keeps_6": ([12.0, 6.0, 3.0], {"l1": 2.0, "mse": 2.0}),
 }
+# Every tensor here is SHAPE (its row 0 holds the hand-built blocks, the other rows zeros): the quantizer's programs
+# (each metric and block shape a slow compile of the per-operation IEEE emulation) are compiled once for the module.
+SHAPE = (32, 64)
+
+
+def _row0(*blocks) -> np.ndarray:
+  """A zero ``SHAPE`` tensor whose row 0 holds ``blocks[i]`` at the start of 16-element block ``i``."""
+  x = np.zeros(SHAPE, F32)
+  for i, b in enumerate(blocks):
+    x[0, 16 * i : 16 * i + len(b)] = b
+  return x
 
 
 @pytest.mark.parametrize("name", sorted(HAND))
-@pytest.mark.parametrize("metric", ["l1", "mse"])
+@pytest.mark.parametrize(  # slow tier; default representative: the [l1-*] cases (the same blocks, TE's MAE)
+  "metric", ["l1", pytest.param("mse", marks=pytest.mark.slow)]
+)
 def test_hand_blocks(name, metric):
   block, want = HAND[name]
-  x = np.zeros((1, 32), F32)
-  x[0, 0] = 1536.0
-  x[0, 16 : 16 + len(block)] = block
+  x = _row0([1536.0], block)
   scales = _check_against_oracle(x, metric)
   assert scales[0, 1] == want[metric]
 
 
+# slow tier; default representative: test_hand_blocks[l1-mae_4_mse_6] (TE's MAE keeps 3 on this block) and
+# test_four_over_six_metrics.py::test_hand_built_blocks_where_the_metrics_disagree[mse] (fp4jax's MSE keeps 2 on it)
+@pytest.mark.slow
 def test_te_mae_differs_from_fp4jax_default_mse():
-  x = np.zeros((1, 32), F32)
-  x[0, 0] = 1536.0
-  x[0, 16:22] = HAND["mae_4_mse_6"][0]
+  x = _row0([1536.0], HAND["mae_4_mse_6"][0])
   te, _, _ = _quantize(x, _fmt("l1"))
   default, _, _ = _quantize(x, dataclasses.replace(fp4jax.NVFP4, scale_mode="four_over_six"))
   assert (te[0, 1], default[0, 1]) == (3.0, 2.0)
 
 
-def _random(seed, shape=(64, 128)):
+def _random(seed, shape=SHAPE):
   rng = np.random.default_rng(seed)
   x = rng.standard_normal(shape) * np.exp(rng.uniform(-6, 6, (shape[0], 1)))
   x[rng.random(shape) < 0.1] = 0.0
   return x.astype(F32)
 
 
-@pytest.mark.parametrize(
-  "metric, tiles",
-  [
-    ("mse", False),
-    ("l1", True),
-    pytest.param("l1", False, marks=pytest.mark.slow),
-    pytest.param("mse", True, marks=pytest.mark.slow),
-  ],
-)
+def _l1_blocks_by_default():
+  """(metric, tiles) of the random and tiny tensors: l1 in 1D blocks by default, the program test_hand_blocks[l1-*]
+  compiles (every metric and block shape is a slow compile of the per-operation IEEE emulation)."""
+  slow = pytest.mark.slow  # slow tier; default representative: [l1-False] (l1, 1D blocks)
+  cases = [(m, t) for m in ("mse", "l1") for t in (False, True)]
+  return [pytest.param(m, t, marks=() if (m, t) == ("l1", False) else slow) for m, t in cases]
+
+
+@pytest.mark.parametrize("metric, tiles", _l1_blocks_by_default())
 def test_random_tensors(metric, tiles):
   for seed in range(3):
     _check_against_oracle(_random(seed), metric, tiles)
 
 
-@pytest.mark.parametrize("metric", [pytest.param("l1", marks=pytest.mark.slow), "mse"])
-def test_tiny_tensor_subnormal_intermediates(metric):
+@pytest.mark.parametrize("metric, tiles", _l1_blocks_by_default())
+def test_tiny_tensor_subnormal_intermediates(metric, tiles):
   """amax 1e-36: x̂, the differences and their squares are subnormal float32 (XLA on CPU would flush them)."""
-  x = _random(5, (32, 64)) * F32(1e-36) / F32(np.max(np.abs(_random(5, (32, 64)))))
+  x = _random(5) * F32(1e-36) / F32(np.max(np.abs(_random(5))))
   assert np.any((x != 0) & (np.abs(x) < np.finfo(F32).tiny))
-  _check_against_oracle(x, metric)
-  _check_against_oracle(x, metric, tiles=True)
+  _check_against_oracle(x, metric, tiles)
 
 
 def test_te_scale_order_differs_from_fp4jax_candidates():
@@ -111,13 +122,15 @@ def test_te_scale_order_differs_from_fp4jax_candidates():
   s_enc, _ = oracles.nvfp4_tensor_scales(F32(1000.0), 6.0 * 256.0)
   te_base, own_base = (F32(781.25) / F32(6.0)) * s_enc, F32(781.25) * (s_enc * F32(1.0 / 6.0))
   assert (oracles.rne_e4m3(te_base), oracles.rne_e4m3(own_base)) == (192.0, 208.0)
-  x = np.zeros((1, 32), F32)
-  x[0, 0], x[0, 16] = 1000.0, 781.25
+  x = _row0([1000.0], [781.25])
   te = _check_against_oracle(x, "l1")
   own, _, _ = _quantize(x, _fmt("l1", "fp4jax"))
   assert te[0, 1] != own[0, 1]
 
 
+# slow tier; default representative: every default test here checks the jitted quantize (block and tensor scales)
+# and the op-by-op fake_quantize (values) against one oracle, so jitted and eager TE 4/6 agree bit for bit
+@pytest.mark.slow
 def test_under_jit():
   x = _random(7)
   fmt = _fmt("l1")

@@ -81,8 +81,19 @@ FORMATS = [_mx("floor"), _mx("rceil"), fp4jax.FP8_BLOCK]
 IDS = ["mxfp8_floor", "mxfp8_rceil", "fp8_block"]
 
 
+_SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
-@pytest.mark.parametrize("shape, axis", [((64, 256), -1), ((3, 45), -1), ((300, 5), 0), ((2, 7, 200), 1)])
+@pytest.mark.parametrize(  # slow tier; default representative: shape3 ((2, 7, 200) along the middle axis, ragged)
+  "shape, axis",
+  [
+    pytest.param((64, 256), -1, marks=_SLOW),
+    pytest.param((3, 45), -1, marks=_SLOW),
+    pytest.param((300, 5), 0, marks=_SLOW),
+    ((2, 7, 200), 1),
+  ],
+)
 def test_random_data_over_the_float32_range_matches_the_oracle(fmt, shape, axis):
   """Partial blocks (45, 300, 200 are no multiples of 32 / 128) are zero-padded as in the oracle."""
   got = _assert_same(_wide_range(1, shape), fmt, axis)
@@ -201,7 +212,9 @@ def test_non_finite_blocks_become_nan_never_finite(fmt, bad):
   assert np.all(np.isfinite(got[2][0, fmt.block_size :])) and np.all(np.isfinite(got[2][1]))
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+@pytest.mark.parametrize(  # slow tier; default representative: [mxfp8_floor] (the op-by-op program of one format)
+  "fmt", [f if i == "mxfp8_floor" else pytest.param(f, marks=_SLOW) for f, i in zip(FORMATS, IDS)], ids=IDS
+)
 def test_same_bits_under_jit_and_eagerly(fmt):
   x = jnp.asarray(_wide_range(5, (4, 300)))
   jitted = _library(x, fmt)
@@ -246,7 +259,9 @@ def test_bad_arguments_raise_naming_them(call, error, match):
     call()
 
 
-@pytest.mark.parametrize("fmt", [fp4jax.MXFP8, fp4jax.FP8_BLOCK])
+@pytest.mark.parametrize(  # slow tier; default representative: [fmt0] (MXFP8; both formats are BlockFP8Format)
+  "fmt", [fp4jax.MXFP8, pytest.param(fp4jax.FP8_BLOCK, marks=_SLOW)]
+)
 def test_the_kernels_refuse_these_formats_and_auto_falls_back(fmt):
   """The fused quantize kernel raises ``backends.Unsupported`` for block-scaled FP8 (named backend: no fallback);
   ``"auto"`` gives the XLA operand (on this CPU XLA is the only candidate; on a GPU the refusal sends it there)."""
@@ -260,8 +275,18 @@ def test_the_kernels_refuse_these_formats_and_auto_falls_back(fmt):
   np.testing.assert_array_equal(_bits(np.asarray(op.values.astype(jnp.float32))), _bits(want))
 
 
-@pytest.mark.parametrize("block", [1, 3, 33])
-@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+def _odd_block_cases():
+  """(fmt, block): by default each format with one of the odd sizes (1, 3, 33), each size once."""
+  slow = _SLOW  # slow tier; default representative: [mxfp8_floor-1], [mxfp8_rceil-3], [fp8_block-33]
+  keep = {("mxfp8_floor", 1), ("mxfp8_rceil", 3), ("fp8_block", 33)}
+  return [
+    pytest.param(f, b, marks=() if (i, b) in keep else slow, id=f"{i}-{b}")
+    for f, i in zip(FORMATS, IDS)
+    for b in (1, 3, 33)
+  ]
+
+
+@pytest.mark.parametrize("fmt, block", _odd_block_cases())
 def test_odd_block_sizes_are_blocks_like_any_other(fmt, block):
   """``BlockFormat.block_size`` is any positive int for E4M3 elements (no pairs to pack, unlike E2M1): odd blocks,
   and one-element blocks (a scale per element), match the oracle, the last block zero-padded."""

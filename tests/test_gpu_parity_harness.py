@@ -3,6 +3,7 @@ with itself (CPU vs CPU), so its inputs, configurations and comparisons are exer
 
 import jax
 import numpy as np
+import pytest
 
 from tests import test_gpu_parity as parity
 
@@ -20,7 +21,11 @@ def test_inputs_hold_the_extreme_values():
   assert finite.max() > 1e38 and ((finite > 0) & (finite < np.finfo(np.float32).tiny)).any()
 
 
-def test_harness_runs_on_cpu_against_itself():
+@pytest.mark.parametrize(  # slow tier; default representative: [mxfp4_rceil_sr_ax-1] (inputs, key, every comparison)
+  "name", [pytest.param("nvfp4_four_over_six_rtn_ax0", marks=pytest.mark.slow), "mxfp4_rceil_sr_ax-1"]
+)
+def test_harness_runs_on_cpu_against_itself(name):
   cpu = jax.devices("cpu")[0]
-  configs = [c for c in parity.parity_configs() if c[0] in ("nvfp4_four_over_six_rtn_ax0", "mxfp4_rceil_sr_ax-1")]
+  configs = [c for c in parity.parity_configs() if c[0] == name]
+  assert len(configs) == 1  # (an empty list would mean every config)
   parity.assert_parity(cpu, cpu, 0, np.float32, configs)

@@ -17,7 +17,13 @@ U = 2.0**-24  # unit roundoff of float32 (round to nearest)
 SQRT2_F32 = np.uint32(0x3FB504F3).view(F32)  # float32(sqrt 2), correctly rounded (sqrt 2 = 1.0110101000001001111...)
 
 
-@pytest.mark.parametrize("d", H.SIZES)
+def _sizes(*default):
+  """``sizes`` with all but ``default`` in the slow tier (each size compiles its own programs)."""
+  slow = pytest.mark.slow  # slow tier; default representative: the sizes ``default`` (see each test's decorator)
+  return [d if d in default else pytest.param(d, marks=slow) for d in H.SIZES]
+
+
+@pytest.mark.parametrize("d", _sizes(16))  # default: d = 16 (TE's RHT)
 def test_matches_matrix_definition_and_inverts(d):
   rng = np.random.RandomState(d)
   x = rng.randn(3, 2 * d).astype(np.float32)
@@ -30,7 +36,9 @@ def test_matches_matrix_definition_and_inverts(d):
   np.testing.assert_allclose(np.asarray(H.inverse_hadamard(y, d, signs=s)), x, atol=1e-5 * np.abs(x).max())
 
 
-@pytest.mark.parametrize("d", [16, 32, 128])
+@pytest.mark.parametrize(  # slow tier; default representative: [16]
+  "d", [16, *(pytest.param(d, marks=pytest.mark.slow) for d in (32, 128))]
+)
 def test_fwht_of_parts_adds_the_same_floats_in_the_same_order(d):
   """``fwht_parts`` (the chunk as d arrays, as the kernels' strided loads hold it) gives ``fwht``'s bits on inputs
   spread over 60 binades, where any other summation order rounds differently somewhere."""
@@ -46,6 +54,9 @@ def test_sylvester_recursion():
   np.testing.assert_array_equal(h4, np.block([[h2, h2], [h2, -h2]]))
 
 
+# slow tier; default representative: test_middle_axis_of_a_3d_array_against_the_numpy_rotation (chunks along another
+# axis than the last, named positively and negatively, against the NumPy rotation)
+@pytest.mark.slow
 def test_along_other_axes_equals_transposed_call():
   x = np.random.RandomState(0).randn(64, 5, 3).astype(np.float32)
   a = np.asarray(H.hadamard(x, 32, axis=0))
@@ -106,7 +117,7 @@ def test_errors(call, match):
     call()
 
 
-@pytest.mark.parametrize("d", H.SIZES)
+@pytest.mark.parametrize("d", _sizes(32))  # default: d = 32, where XLA merged the multiplies without the fence
 def test_rotation_keeps_its_rounding_under_a_later_constant_multiply(d):
   """A jitted rotate-then-scale equals rotating and scaling in two jits: XLA must not merge 1/sqrt(d) with the 3/4
   (MXFP4 headroom) into one multiply. Without the fence in ``fp4jax.hadamard.rotated`` this fails for d = 32 and
@@ -137,7 +148,9 @@ def _wht_bound(x, d, extra=0):
 
 
 @pytest.mark.parametrize("inverse", [False, True])
-@pytest.mark.parametrize("d", [16, 32, 64, 128])
+@pytest.mark.parametrize(  # slow tier; default representative: d = 32 and 128 (the hand-rounded float32(sqrt 2) norms)
+  "d", [*(pytest.param(d, marks=pytest.mark.slow) for d in (16, 64)), 32, 128]
+)
 def test_direct_transform_equals_the_float64_oracle_and_scales_one_hots_exactly(d, inverse):
   """``_direct`` (the float32 branch every backend but the CPU runs; called here directly) on normal-range data:
   within the float32 error bound of the float64 ``(x ⊙ s) · H_d / sqrt(d)`` (inverse: ``(x · H_d / sqrt(d)) ⊙ s``),
@@ -157,7 +170,7 @@ def test_direct_transform_equals_the_float64_oracle_and_scales_one_hots_exactly(
   np.testing.assert_array_equal(got, (signs * _norm_f32(d)).astype(F32))
 
 
-@pytest.mark.parametrize("d", H.SIZES)
+@pytest.mark.parametrize("d", _sizes(32))  # default: d = 32, 1/sqrt(d) not a power of two
 def test_direct_transform_keeps_its_rounding_under_a_later_constant_multiply(d):
   """Jitted ``_direct`` then ``· 3/4`` equals the two in separate jits: the optimization barrier stops XLA from
   merging f32(1/sqrt(d)) with the 3/4 where 1/sqrt(d) is not a power of two (d = 32, 128)."""
@@ -186,7 +199,7 @@ def _extreme_chunks(d):
 
 
 @pytest.mark.parametrize("inverse", [False, True])
-@pytest.mark.parametrize("d", H.SIZES)
+@pytest.mark.parametrize("d", _sizes(256))  # default: d = 256, whose constant chunks reach the headroom's bound
 def test_extreme_exponent_chunks_equal_the_ieee_oracle(d, inverse):
   """``hadamard`` / ``inverse_hadamard`` bits (the CPU's 2^k-scaled path) equal NumPy's IEEE float32 butterfly with
   subnormals (``tests/numpy_reference.py``) on chunks at the bottom and the top of the float32 range: constant chunks
@@ -210,7 +223,9 @@ def _transform_derivative_oracle(x, s, tx, ts, d, inverse):
 
 
 @pytest.mark.parametrize("inverse", [False, True])
-@pytest.mark.parametrize("d", [16, 32, 128])
+@pytest.mark.parametrize(  # slow tier; default representative: d = 32 (1/sqrt(d) not a power of two)
+  "d", [pytest.param(16, marks=pytest.mark.slow), 32, pytest.param(128, marks=pytest.mark.slow)]
+)
 def test_jvp_and_vjp_in_the_input_and_the_signs_equal_the_linear_oracle(d, inverse):
   """``jax.jvp`` of ``hadamard`` / ``inverse_hadamard`` in both ``x`` and ``signs`` (a tangent of the signs is any
   vector) equals the float64 oracle within the float32 error bound: forward, ``tx ⊙ s + x ⊙ ts`` rounds twice before

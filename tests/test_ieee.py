@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fp4jax._src import ieee
-from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_rn, mul_short_rn
+from fp4jax._src.ieee import div_rn, mul_pow2_rn, mul_pow2_rn_f32, mul_rn, mul_short_rn
 
 
 def test_random_quotients_are_correctly_rounded():
@@ -134,6 +134,20 @@ def test_mul_pow2_rn_multiplies_by_one_power_of_two_by_default():
   x = np.array([1.5, -3.0, 1e-40, 7.0], np.float32)
   k = np.array([3, -2, 10, 0], np.int32)
   _same_bits(mul_pow2_rn(jnp.asarray(x), jnp.asarray(k)), (x.astype(np.float64) * np.exp2(k)).astype(np.float32))
+
+
+def test_mul_pow2_rn_f32_is_the_ieee_product_over_its_exponent_range():
+  """``x · 2^k`` for every ``k`` in [-149, 127] (2^k a float32, subnormal below -126): the NumPy float64 product
+  (exact) rounded once to float32 with gradual underflow, bit for bit; normal, subnormal and special ``x``."""
+  rng = np.random.default_rng(3)
+  k = np.arange(-149, 128, dtype=np.int32).repeat(8)
+  x = rng.integers(0, 2**32, k.size, dtype=np.uint64).astype(np.uint32).view(np.float32).copy()
+  x[::8] = np.float32(1.0) + np.float32(2**-23) * rng.integers(0, 2**23, x[::8].size)  # the full significand
+  x[1::8] = np.float32(2**-149) * rng.integers(1, 2**23, x[1::8].size)  # subnormal x
+  x[:3] = np.float32([np.inf, -0.0, np.nan])
+  with np.errstate(all="ignore"):
+    expect = (x.astype(np.float64) * np.exp2(k.astype(np.float64))).astype(np.float32)
+  _same_bits(mul_pow2_rn_f32(jnp.asarray(x), jnp.asarray(k)), expect)
 
 
 def test_mul_unflushed_is_the_ieee_product_with_subnormals():

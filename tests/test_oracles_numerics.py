@@ -19,6 +19,7 @@ from tests import numpy_reference, oracles
 
 F32 = np.float32
 NVFP4_46 = dataclasses.replace(fp4jax.NVFP4, scale_mode="four_over_six")
+RANDOM_SHAPE = (64, 256)  # the four-over-six tests' tensors: their quantizer programs are compiled once
 
 
 def _quantized(x, fmt, **kw):
@@ -41,11 +42,12 @@ def test_four_over_six_picks_each_candidate_and_keeps_6_on_ties():
   [12, 6]: both exact (error 0): tie, 6 kept.   [12, 0.5]: 0.25 -> 0 vs 0.1667 -> 0, error 0.25 each: tie, 6 kept.
   """
   blocks = [[1536.0], [12.0, 9.0], [12.0, 1.0], [12.0, 6.0], [12.0, 0.5], [-12.0, -9.0, 3.0], [12.0, -6.0, 0.5]]
-  x = np.zeros((1, 16 * len(blocks)), F32)
+  x = np.zeros(RANDOM_SHAPE, F32)  # row 0 holds the blocks; the shape of the random test's, whose programs it shares
   for i, b in enumerate(blocks):
     x[0, 16 * i : 16 * i + len(b)] = b
   scales, deq = _quantized(x, NVFP4_46)
-  np.testing.assert_array_equal(scales[0, 1:], [3.0, 2.0, 2.0, 2.0, 3.0, 2.0])  # by hand, see the docstring
+  np.testing.assert_array_equal(scales[0, 1 : len(blocks)], [3.0, 2.0, 2.0, 2.0, 3.0, 2.0])  # by hand, see docstring
+  assert not np.any(scales[0, len(blocks) :]) and not np.any(scales[1:])  # the zero blocks
   vals, s_dec, dec = oracles.nvfp4(x, four_over_six=True)
   assert s_dec == 1.0
   np.testing.assert_array_equal(scales, dec)
@@ -55,7 +57,7 @@ def test_four_over_six_picks_each_candidate_and_keeps_6_on_ties():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_four_over_six_matches_the_oracle_on_random_blocks(seed):
   rng = np.random.default_rng(seed)
-  x = (rng.standard_normal((64, 256)) * np.exp2(rng.integers(-4, 5, (64, 1)))).astype(F32)
+  x = (rng.standard_normal(RANDOM_SHAPE) * np.exp2(rng.integers(-4, 5, (64, 1)))).astype(F32)
   x[:, ::7] *= 3.0  # heavier tails: some blocks prefer the map-to-4 scale
   scales, deq = _quantized(x, NVFP4_46)
   vals, s_dec, dec = oracles.nvfp4(x, four_over_six=True)

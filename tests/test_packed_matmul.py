@@ -40,7 +40,10 @@ def _bound(a, b):
   return (a.shape[-1] + 2) * U * (np.abs(a) @ np.abs(b)) + 1e-30
 
 
-@pytest.mark.parametrize("fmt", [fp4jax.NVFP4, fp4jax.MXFP4], ids=lambda f: f.name)
+# slow tier; default representative: [mxfp4] (NVFP4 weights: the tests below, e.g. test_gradient_wrt_x_is_*)
+@pytest.mark.parametrize(
+  "fmt", [pytest.param(fp4jax.NVFP4, marks=pytest.mark.slow), fp4jax.MXFP4], ids=lambda f: f.name
+)
 def test_weight_only_product_is_x_times_the_decoded_weight(fmt):
   w = _w(fmt=fmt)
   x = jax.random.normal(jax.random.key(0), (2, 3, 64))
@@ -58,6 +61,9 @@ def test_quantized_activations_product_is_the_decoded_product():
   assert (np.abs(y - xd @ np_dequantize_k_rows(w)) <= _bound(xd, np_dequantize_k_rows(w))).all()
 
 
+# slow tier; default representative: test_public_variants.py's test_packed_matmul_matches_the_dequantized_product
+# (W4A4 in the 16-point Hadamard domain against the NumPy oracle, jitted and eager)
+@pytest.mark.slow
 def test_hadamard_domain_product_equals_the_unrotated_product():
   """x and w rotated with the same 16-point signs: (x̂H)(ŵH)ᵀ = x̂ŵᵀ (H orthogonal), up to fp32 rounding."""
   w = _w(hadamard=16, hadamard_signs="te")
@@ -121,14 +127,21 @@ class MLP(nn.Module):
     return nn.Dense(8, name="head")(x)
 
 
-@pytest.mark.parametrize("recipe", ["nvfp4_rtn", "nvidia_nvfp4"])
+def _init(x):
+  """The MLP's params: a ``QuantizedModule``'s are the module's own, the same tree and values (``qmodel.init`` would
+  also run the quantized forward, eagerly: most of these tests' time)."""
+  return MLP().init(jax.random.key(1), x)["params"]
+
+
+# slow tier; default representative: [nvidia_nvfp4] (nvfp4_rtn's forward is nvidia_nvfp4's without the 2D tiles)
+@pytest.mark.parametrize("recipe", [pytest.param("nvfp4_rtn", marks=pytest.mark.slow), "nvidia_nvfp4"])
 def test_packed_apply_equals_the_quantized_model_on_unpacked_weights(recipe):
   """Packed inference vs the quantized model run on ``unpack(pack(params))`` (the head kept high precision): for
   NVFP4, re-quantizing an unpacked weight gives back its codes and scales, so both multiply the same FP4 operands,
   fp32 rounding apart (tolerance: 2^-16 of the output scale, far below one FP4 code step)."""
   qmodel = fq.quantize(MLP(), [fq.Rule("head", None), fq.Rule(".*", recipe)], defaults=())
   x = jax.random.normal(jax.random.key(0), (6, 64))
-  params = qmodel.init(jax.random.key(1), x)["params"]
+  params = _init(x)
   packed = fq.pack(params, qmodel)
   assert {k for k, v in packed.items() if isinstance(v["kernel"], fp4jax.QTensor)} == {"up", "mid"}
   y = fq.packed.apply(qmodel, {"params": packed}, x)
@@ -145,7 +158,7 @@ def test_packed_apply_of_quartet_multiplies_the_packed_operands_in_the_hadamard_
   forward quantizes them, both operands' rotated-domain values, whose product is the unrotated one)."""
   qmodel = fq.quantize(MLP(), [fq.Rule("head", None), fq.Rule(".*", "quartet")], defaults=())
   x = jax.random.normal(jax.random.key(0), (6, 64))
-  params = qmodel.init(jax.random.key(1), x)["params"]
+  params = _init(x)
   packed = fq.pack(params, qmodel)
   with jax.default_matmul_precision("highest"):  # fp32 GEMMs, not TF32, on a GPU
     y = fq.packed.apply(qmodel, {"params": packed}, x)
@@ -177,7 +190,7 @@ def test_packed_apply_refuses_what_it_cannot_run():
     fq.packed.apply(MLP(), {"params": {}}, jnp.ones((1, 64)))
   qmodel = fq.quantize(MLP(), [fq.Rule(".*", "ms_fp4")], defaults=())
   x = jnp.ones((2, 64))
-  params = qmodel.init(jax.random.key(1), x)["params"]
+  params = _init(x)
   packed = fq.pack(params, select="up/kernel")
   with pytest.raises(ValueError, match="block-scaled FP4 activations"):
     fq.packed.apply(qmodel, {"params": packed}, x)
@@ -208,7 +221,8 @@ def _with_params(model, params):
   return model
 
 
-@pytest.mark.parametrize("recipe", ["nvfp4_rtn", "nvidia_nvfp4"])
+# slow tier; default representative: [nvidia_nvfp4] (nvfp4_rtn's forward is nvidia_nvfp4's without the 2D tiles)
+@pytest.mark.parametrize("recipe", [pytest.param("nvfp4_rtn", marks=pytest.mark.slow), "nvidia_nvfp4"])
 def test_packed_nnx_equals_the_quantized_model_on_unpacked_weights(recipe):
   """As the linen test: for NVFP4, re-quantizing an unpacked weight gives back its codes and scales, so both
   multiply the same FP4 operands and differ by fp32 rounding only (accumulation order, a last-bit tensor scale):

@@ -27,8 +27,9 @@ settings.register_profile("fp4jax", max_examples=40, deadline=None)
 settings.load_profile("fp4jax")
 
 
+# slow tier; default representative: [fmt0] (MXFP4's own floor scales; rceil's error bound: test_mxfp4_rceil_*)
 @given(tensors)
-@pytest.mark.parametrize("fmt", [MX, RCEIL])
+@pytest.mark.parametrize("fmt", [MX, pytest.param(RCEIL, marks=pytest.mark.slow)])
 def test_mx_quantize_is_idempotent(fmt, x):
   """Power-of-two block scales are reproduced from a dequantized block, so Q(Q(x)) = Q(x)."""
   y = fp4jax.fake_quantize(x, fmt)
@@ -44,8 +45,11 @@ def test_nvfp4_element_rounding_is_idempotent(x):
   np.testing.assert_array_equal(np.asarray(again), np.where(np.asarray(codes) == 8, 0, np.asarray(codes)))  # -0 -> +0
 
 
+# slow tier; default representative: [fmt2] (four-over-six: NVFP4's scales and its choice of 4 or 6 per block)
 @given(hnp.arrays(np.float32, (16,), elements=finite))
-@pytest.mark.parametrize("fmt", [NV, MX, FOUR_SIX])
+@pytest.mark.parametrize(
+  "fmt", [pytest.param(NV, marks=pytest.mark.slow), pytest.param(MX, marks=pytest.mark.slow), FOUR_SIX]
+)
 def test_monotone_within_a_block(fmt, x):
   x = np.sort(x)[None]
   y = np.asarray(fp4jax.fake_quantize(x, fmt))[0]
@@ -72,6 +76,9 @@ def test_mxfp4_rceil_error_bound(x):
   assert np.all(np.abs(x - np.asarray(q.dequantize(jnp.float32))) <= s)
 
 
+# slow tier; default representative: test_oracles_numerics.py's test_four_over_six_picks_each_candidate_and_keeps_6_*
+# and test_four_over_six_matches_the_oracle_on_random_blocks (the lower-error scale of 4 and 6 per block, bit for bit)
+@pytest.mark.slow
 @given(tensors)
 def test_four_over_six_never_worse_per_block(x):
   a = np.asarray(fp4jax.fake_quantize(x, FOUR_SIX)).reshape(4, 4, 16)
@@ -89,6 +96,16 @@ def test_four_over_six_never_worse_per_block(x):
   assert np.all(err(a) <= err(np.asarray(b)) * (1 + 1e-5) + 1e-30)
 
 
+SAMPLES = (256, 2048)  # two sample sizes, each of its own keys: split(key(n), n)
+
+
+def _samples(f):
+  """``f`` (vmapped over keys) of the ``SAMPLES`` sizes' keys, as float64: one call on the keys concatenated, so one
+  compile for both sizes (each sample is its own key's)."""
+  keys = [jax.random.split(jax.random.key(n), n) for n in SAMPLES]
+  return np.split(np.asarray(f(jnp.concatenate(keys)), np.float64), [SAMPLES[0]])
+
+
 def _chi2_unbiased(samples, x):
   """Sum over elements of (mean − x)² / (s²/N) and its degrees of freedom (elements with s² > 0)."""
   n = samples.shape[0]
@@ -98,7 +115,8 @@ def _chi2_unbiased(samples, x):
   return float(np.sum((m[ok] - x[ok]) ** 2 / (v[ok] / n))), int(ok.sum())
 
 
-@pytest.mark.parametrize("fmt", [NV, MX])
+# slow tier; default representative: [fmt0] (NVFP4; the same SR rounding: test_rounding.py's test_sr_e2m1_*)
+@pytest.mark.parametrize("fmt", [NV, pytest.param(MX, marks=pytest.mark.slow)])
 def test_sr_quantizer_is_unbiased_at_two_sample_sizes(fmt):
   """E_key[Q_sr(x)] = x: chi² of the mean against x within 5 sigma at N = 256 and 2048, max error shrinking ~ 1/sqrt(N).
 
@@ -109,8 +127,7 @@ def test_sr_quantizer_is_unbiased_at_two_sample_sizes(fmt):
   x[:, ::32] = 2.5  # every block's max is the same exact value, so no element of any block clips
   f = jax.jit(jax.vmap(lambda k: fp4jax.fake_quantize(x, fmt, rounding="sr", key=k)))
   errs = []
-  for n in (256, 2048):
-    s = np.asarray(f(jax.random.split(jax.random.key(n), n)), np.float64)
+  for n, s in zip(SAMPLES, _samples(f)):
     chi2, dof = _chi2_unbiased(s, x.astype(np.float64))
     assert abs(chi2 - dof) < 5 * np.sqrt(2 * dof), (n, chi2, dof)
     errs.append(np.sqrt(np.mean((s.mean(0) - x) ** 2)))
@@ -124,8 +141,7 @@ def test_ms_eden_is_unbiased_and_rtn_is_not():
   f = jax.jit(jax.vmap(lambda k: fp4jax.fake_quantize(x, NV, rounding="eden", key=k)))
   g = jax.jit(jax.vmap(lambda k: fp4jax.fake_quantize(x, NV, hadamard=128, key=k)))
   xx = float(np.sum(x.astype(np.float64) ** 2))
-  for n in (256, 2048):
-    s = np.asarray(f(jax.random.split(jax.random.key(n), n)), np.float64)
+  for n, s in zip(SAMPLES, _samples(f)):
     chi2, dof = _chi2_unbiased(s, x.astype(np.float64))
     assert abs(chi2 - dof) < 5 * np.sqrt(2 * dof), (n, chi2, dof)
     mis = 1 - (s * x).sum((1, 2)) / xx

@@ -186,6 +186,15 @@ class PublicVariantsTest(chex.TestCase):
 
   @chex.variants(with_jit=True)
   def test_dot_general_forward_and_gradients_match_the_layer_oracle(self):
+    """Jitted, nvidia_nvfp4 (the eager test's recipe: 2D weight tiles, the 16-point Hadamard) in the default tier;
+    every recipe in the slow test below."""
+    self._check_dots(("nvidia_nvfp4",))
+
+  @chex.variants(with_jit=True)
+  # slow tier; default representative: test_dot_general_forward_and_gradients_match_the_layer_oracle (nvidia_nvfp4)
+  # and tests/test_oracles_dot.py (each recipe's jitted forward and gradients against the NumPy oracle)
+  @pytest.mark.slow
+  def test_dot_general_of_every_recipe_matches_the_layer_oracle(self):
     self._check_dots(RECIPES)
 
   @chex.variants(without_jit=True)
@@ -195,6 +204,7 @@ class PublicVariantsTest(chex.TestCase):
     self._check_dots(("nvidia_nvfp4",))
 
   @chex.variants(without_jit=True)
+  # slow tier; default representative: test_eager_dot_general_matches_the_layer_oracle (nvidia_nvfp4, eagerly)
   @pytest.mark.slow
   def test_eager_dot_general_of_every_recipe_matches_the_layer_oracle(self):
     self._check_dots(RECIPES)
@@ -223,12 +233,23 @@ class PublicVariantsTest(chex.TestCase):
     )
 
   # -------------------------------------------------------------------------------------------- Flax layers
-  @chex.variants(with_jit=True, without_jit=True)
-  def test_flax_layers_apply_matches_the_layer_oracle(self):
+  def _check_flax(self, cases):
     x, w, dy = _operands()
     want = _layer_oracle(recipes.deterministic("nvidia_nvfp4"), x, w, dy)[0]
-    for case in [c for c in CASES if c.startswith(("linen_", "nnx_"))]:
+    for case in cases:
       oracles.assert_close(self._run(case), want, case)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_flax_layers_apply_matches_the_layer_oracle(self):
+    """linen's Dense, a model quantized by rules and NNX's Linear in the default tier; every layer in the slow test
+    below."""
+    self._check_flax(("linen_Dense", "linen_quantized_model", "nnx_Linear"))
+
+  @chex.variants(with_jit=True, without_jit=True)
+  # slow tier; default representative: test_flax_layers_apply_matches_the_layer_oracle (one layer of each API)
+  @pytest.mark.slow
+  def test_every_flax_layer_applies_as_the_layer_oracle(self):
+    self._check_flax([c for c in CASES if c.startswith(("linen_", "nnx_"))])
 
   # -------------------------------------------------------------------------------------------- x64
   def test_eager_quantize_and_dot_general_under_x64_give_the_x32_bits(self):

@@ -26,7 +26,10 @@ def _edge_tensor(rows, cols, seed=0):
   return x
 
 
-@pytest.mark.parametrize("shape", [(32, 64), (16, 16), (48, 304), (7, 160)])
+# slow tier; default representative: [shape3] (7 rows of 10 blocks, each row its own magnitude; the other shapes)
+@pytest.mark.parametrize(
+  "shape", [pytest.param(s, marks=pytest.mark.slow) for s in [(32, 64), (16, 16), (48, 304)]] + [(7, 160)]
+)
 def test_nvfp4_bit_exact_with_te_reference(shape):
   x = _edge_tensor(*shape)
   codes, dec, s_dec, deq = ref.nvfp4_reference(x)
@@ -112,8 +115,15 @@ def test_mxfp4_floor_headroom_never_clips_and_decodes_with_4_3():
   assert v.max() < 6 and np.all(v.max(-1) >= 3)
 
 
+# slow tier; default representative: [fmt3--2-shape3] (NVFP4 along the middle axis of a 3D tensor, 20 -> 32)
 @pytest.mark.parametrize(
-  "fmt,axis,shape", [(NV, -1, (5, 37)), (NV, 0, (37, 5)), (MX, 1, (2, 70, 3)), (NV, -2, (3, 20, 9))]
+  "fmt,axis,shape",
+  [
+    pytest.param(NV, -1, (5, 37), marks=pytest.mark.slow),
+    pytest.param(NV, 0, (37, 5), marks=pytest.mark.slow),
+    pytest.param(MX, 1, (2, 70, 3), marks=pytest.mark.slow),
+    (NV, -2, (3, 20, 9)),
+  ],
 )
 def test_ragged_lengths_are_zero_padded_and_cropped(fmt, axis, shape):
   x = np.random.RandomState(3).randn(*shape).astype(np.float32)
@@ -150,7 +160,8 @@ def test_qtensor_is_a_pytree_and_jits():
   assert packed_nbytes(q) == 16 * 32 + 16 * 4 + 4
 
 
-@pytest.mark.parametrize("fmt_mode", ["absmax", "four_over_six"])
+# slow tier; default representative: [absmax] (four-over-six's scale choice: tests/test_oracles_numerics.py)
+@pytest.mark.parametrize("fmt_mode", ["absmax", pytest.param("four_over_six", marks=pytest.mark.slow)])
 def test_2d_blocks_quantize_w_and_wt_identically(fmt_mode):
   w = np.random.RandomState(5).randn(40, 72).astype(np.float32)
   fmt = dataclasses.replace(NV, scale_mode=fmt_mode)
@@ -165,16 +176,21 @@ def test_2d_blocks_quantize_w_and_wt_identically(fmt_mode):
   np.testing.assert_array_equal(np.asarray(q.dequantize(jnp.float32)), a)
 
 
+# slow tier; default representative: [kwargs3] (the rotated=True branch too); RTN and SR with a key: the quantizer
+# tests of test_public_variants.py (dequantize(quantize(x)) and fake_quantize(x), each the oracle's bits)
 @pytest.mark.parametrize(
   "kwargs",
   [
-    dict(rounding="rtn"),
-    dict(rounding="sr", key=KEY),
-    dict(rounding="eden", key=KEY),
+    pytest.param(dict(rounding="rtn"), marks=pytest.mark.slow),
+    pytest.param(dict(rounding="sr", key=KEY), marks=pytest.mark.slow),
+    pytest.param(dict(rounding="eden", key=KEY), marks=pytest.mark.slow),
     dict(rounding="rtn", hadamard=16, hadamard_signs="te"),
-    dict(rounding="sr", hadamard=32, key=KEY, fmt=MX),
-    dict(rounding="rtn", fmt=dataclasses.replace(MX, scale_mode="quest"), hadamard=32, hadamard_signs="none"),
-    dict(rounding="rtn", fmt=dataclasses.replace(NV, scale_mode="four_over_six")),
+    pytest.param(dict(rounding="sr", hadamard=32, key=KEY, fmt=MX), marks=pytest.mark.slow),
+    pytest.param(
+      dict(rounding="rtn", fmt=dataclasses.replace(MX, scale_mode="quest"), hadamard=32, hadamard_signs="none"),
+      marks=pytest.mark.slow,
+    ),
+    pytest.param(dict(rounding="rtn", fmt=dataclasses.replace(NV, scale_mode="four_over_six")), marks=pytest.mark.slow),
   ],
 )
 def test_dequantize_equals_fake_quantize_and_same_key_same_bits(kwargs):
@@ -191,6 +207,9 @@ def test_dequantize_equals_fake_quantize_and_same_key_same_bits(kwargs):
     )
 
 
+# slow tier; default representative: test_public_variants.py's test_quantize_and_fake_quantize_mxfp4_sr_match_ocp_*
+# (every SR decision is the key's bits, bits.random_bits: the same draw for NVFP4) and test_dot.py's random-recipe keys
+@pytest.mark.slow
 def test_different_keys_give_different_bits():
   x = jnp.asarray(np.random.RandomState(7).randn(8, 64), jnp.float32)
   a = fp4jax.fake_quantize(x, NV, rounding="sr", key=jax.random.key(1))
@@ -208,8 +227,9 @@ def test_te_rht_matches_matrix_definition_and_rounds_bf16_once():
   np.testing.assert_array_equal(np.asarray(q.dequantize(jnp.float32, rotated=True)), expect)
 
 
-@pytest.mark.parametrize("hadamard_size", [None, 16])
-@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+# slow tier; default representative: [fmt0-float32-16] and [fmt1-float32-16] (NVFP4's tensor scale, MXFP4's block)
+@pytest.mark.parametrize("hadamard_size", [pytest.param(None, marks=pytest.mark.slow), 16])
+@pytest.mark.parametrize("dtype", [np.float32, pytest.param(jnp.bfloat16, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("fmt", [NV, MX])
 def test_nan_and_inf_never_become_finite(fmt, dtype, hadamard_size):
   x = np.random.RandomState(9).randn(4, 64).astype(np.float32)
@@ -254,6 +274,9 @@ def test_bad_arguments_raise_clear_errors(call, match):
     call()
 
 
+# slow tier; default representative: tests/test_oracles_numerics.py's QuEST scales (test_quest_scales_a_block_whose_*,
+# test_mx_exponents_equal_the_oracle_at_their_boundaries[quest], [quest_nearest])
+@pytest.mark.slow
 def test_quest_scales_reproduce_published_relative_mse():
   """QuEST on N(0,1) after H32: floor-rounded scale ≈ 27.4e-3, nearest power of two ≈ 12.7e-3 (FP4-REFERENCE §4)."""
   x = jax.random.normal(jax.random.key(10), (512, 1024))

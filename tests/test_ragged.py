@@ -99,8 +99,14 @@ RECIPES = {name: recipes.deterministic(name) for name in recipes.names() if name
 RECIPES["ms_fp4_fp4_grads"] = recipes.ms_fp4(fp4_gradients=True)  # per-row E2M1 scales along the tokens
 
 
+# The default tier's case: quartet (MXFP4 with QuEST scales, its 32-point Hadamard: a 32-token wgrad unit, operands
+# from the forward through the inverse rotation and the trust mask).
+DEFAULT_RECIPES = ("quartet",)
+
+
+# slow tier; default representative: [quartet] (the other recipes' quantizers: tests/test_oracles_dot.py)
 @pytest.mark.parametrize(
-  "name", [pytest.param(n, marks=pytest.mark.slow) if n == "quartet2" else n for n in sorted(RECIPES)]
+  "name", [n if n in DEFAULT_RECIPES else pytest.param(n, marks=pytest.mark.slow) for n in sorted(RECIPES)]
 )
 def test_every_recipe_equals_per_group_gemms_on_the_same_quantized_operands(name):
   recipe = RECIPES[name]
@@ -146,14 +152,26 @@ def test_traced_group_sizes_past_m_are_cut_at_row_m_as_jax_does():
     y, vjp = jax.vjp(f, x, w)
     return (y, *vjp(dy))
 
-  past = jax.jit(run, static_argnums=1)(jnp.asarray([20, 0, 200], jnp.int32), "nvfp4_rtn")
-  cut = _library("nvfp4_rtn", x, w, (20, 0, 28), dy)
+  traced = jax.jit(run, static_argnums=1)  # one program for both sizes (a concrete size runs the same ops)
+  past = traced(jnp.asarray([20, 0, 200], jnp.int32), "nvfp4_rtn")
+  cut = traced(jnp.asarray([20, 0, 28], jnp.int32), "nvfp4_rtn")
   for a, b in zip(past, cut):
-    np.testing.assert_array_equal(np.asarray(a, np.float64), b)
+    np.testing.assert_array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64))
   lax = jax.lax.ragged_dot(x, w, jnp.asarray([20, 0, 200], jnp.int32))
   np.testing.assert_array_equal(lax, jax.lax.ragged_dot(x, w, jnp.asarray([20, 0, 28], jnp.int32)))
 
 
+def _nvidia_loss(x, w, sizes, key):
+  return jnp.sum(fp4jax.ragged_dot(x, w, sizes, recipe="nvidia_nvfp4", key=key) ** 2)
+
+
+# One compile for both tests below (x (40, 32), 2 experts (32, 16), traced group sizes, the key an argument).
+_NVIDIA_VALUE_AND_GRAD = jax.jit(jax.value_and_grad(_nvidia_loss, (0, 1)))
+
+
+# slow tier; default representative: test_traced_group_sizes_past_m_are_cut_at_row_m_as_jax_does (the same jitted
+# grouped dot) and tests/test_dot.py::test_every_recipe_under_jit_grad_vmap_scan_checkpoint (fp4jax's dots under vmap)
+@pytest.mark.slow
 def test_vmap_over_independent_calls_equals_each_call():
   rng = np.random.default_rng(4)
   xs = jnp.asarray(rng.normal(size=(2, 40, 32)), jnp.float32)
@@ -161,13 +179,9 @@ def test_vmap_over_independent_calls_equals_each_call():
   sizes = jnp.asarray([[10, 30], [25, 13]], jnp.int32)
   key = jax.random.key(7)
 
-  def loss(x, w, s):
-    return jnp.sum(fp4jax.ragged_dot(x, w, s, recipe="nvidia_nvfp4", key=key) ** 2)
-
-  grad = jax.jit(jax.value_and_grad(loss, (0, 1)))
-  batched = jax.jit(jax.vmap(jax.value_and_grad(loss, (0, 1)), (0, None, 0)))(xs, w, sizes)
+  batched = jax.jit(jax.vmap(jax.value_and_grad(_nvidia_loss, (0, 1)), (0, None, 0, None)))(xs, w, sizes, key)
   for i in range(2):
-    one = grad(xs[i], w, sizes[i])
+    one = _NVIDIA_VALUE_AND_GRAD(xs[i], w, sizes[i], key)
     for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(batched)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b)[i])
 
@@ -175,10 +189,7 @@ def test_vmap_over_independent_calls_equals_each_call():
 def test_random_recipes_take_the_key():
   x, w = oracles.dyadic(1, (40, 32), 6.0), np.stack([oracles.dyadic(e, (32, 16), 6.0) for e in range(2)])
   sizes = jnp.asarray([17, 23], jnp.int32)
-  f = jax.jit(
-    jax.grad(lambda x, w, k: jnp.sum(fp4jax.ragged_dot(x, w, sizes, recipe="nvidia_nvfp4", key=k) ** 2), (0, 1))
-  )
-  a, b, c = (f(x, w, jax.random.key(s)) for s in (0, 0, 1))
+  a, b, c = (_NVIDIA_VALUE_AND_GRAD(x, w, sizes, jax.random.key(s))[1] for s in (0, 0, 1))  # (dx, dw)
   np.testing.assert_array_equal(a[1], b[1])
   assert not np.array_equal(a[1], c[1])
 
@@ -246,7 +257,9 @@ GPUS = len([d for d in jax.devices() if d.platform == "gpu"]) if jax.default_bac
 @pytest.mark.parametrize(
   "platform",
   [
-    "cpu",
+    # slow tier; default representative: an integration run (a 2-device mesh); its parts: the [gpu] case on the GPU
+    # host, test_every_recipe_equals_per_group_gemms_on_the_same_quantized_operands and test_vmap_over_independent_*
+    pytest.param("cpu", marks=pytest.mark.slow),
     pytest.param("gpu", marks=pytest.mark.skipif(GPUS < 2, reason=f"needs 2 GPUs, {GPUS} visible")),
   ],
 )

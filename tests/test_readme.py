@@ -14,9 +14,16 @@ def _blocks():
 
 
 def test_readme_has_examples():
-  assert len(_blocks()) >= 2
+  """At least two examples, each valid Python (running them, two training loops, is the slow test below)."""
+  blocks = _blocks()
+  assert len(blocks) >= 2
+  for block in blocks:
+    compile(block, str(README), "exec")
 
 
+# slow tier; default representative: an integration run (two training loops); its parts: test_public_variants.py
+# (quantize, dot_general, the linen and NNX layers) and tests/flax/ (training, packing); test_readme_has_examples
+@pytest.mark.slow
 def test_readme_examples_run():
   pytest.importorskip("orbax.checkpoint")
   namespace: dict = {}

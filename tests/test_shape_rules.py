@@ -42,15 +42,22 @@ def _ints(seed, shape):
 
 
 def _grads(fn, x, w, dy):
-  y, vjp = jax.vjp(fn, jnp.asarray(x), jnp.asarray(w))
-  return (np.asarray(y, np.float64), *(np.asarray(g, np.float64) for g in vjp(jnp.asarray(dy))))
+  """(y, dx, dw) of ``fn``'s forward and VJP, jitted (one compile instead of eager op-by-op dispatch: about a third of
+  the time; eager equals jitted bit for bit, tests/test_public_variants.py)."""
+
+  def run(x, w, dy):
+    y, vjp = jax.vjp(fn, x, w)
+    return (y, *vjp(dy))
+
+  return tuple(np.asarray(t, np.float64) for t in jax.jit(run)(jnp.asarray(x), jnp.asarray(w), jnp.asarray(dy)))
 
 
 ROTATE_ONLY = OperandSpec(hadamard=16, signs="fixed")
 ROTATE_ONLY_FROM_FWD = dataclasses.replace(ROTATE_ONLY, source="forward")
 
 
-@pytest.mark.parametrize("source", [ROTATE_ONLY, ROTATE_ONLY_FROM_FWD])
+# slow tier; default representative: [source1] (the input-sourced backward operands: test_single_element_*)
+@pytest.mark.parametrize("source", [pytest.param(ROTATE_ONLY, marks=pytest.mark.slow), ROTATE_ONLY_FROM_FWD])
 def test_ragged_hadamard_chunks_cancel_in_every_gemm(source):
   """Rotation without quantization on M = 24, N = 40, K = 20 (none a multiple of 16): all three GEMMs must give the
   plain products (the padded rotation is orthogonal and cancels; from-forward operands go back through the inverse
@@ -84,6 +91,9 @@ def test_ragged_rht_gemms_match_numpy_nvfp4_oracle():
   np.testing.assert_allclose(dx, dy.astype(np.float64) @ w, rtol=1e-6)  # dgrad unquantized
 
 
+# slow tier; default representative: test_properties.py::test_ms_eden_is_unbiased_and_rtn_is_not (MS-EDEN after a
+# random RHT-128), test_ragged_hadamard_chunks_cancel_in_every_gemm (ragged chunks padded, every GEMM)
+@pytest.mark.slow
 def test_ragged_tokens_and_outputs_keep_the_backward_unbiased():
   """MS-EDEN after a random 128-point RHT on M = 40 and N = 24 tokens/outputs (both padded to 128): the mean over
   keys of dX and dW approaches dY·W and dYᵀ·X within 6 standard errors of the sample mean."""
@@ -104,14 +114,16 @@ def test_ragged_tokens_and_outputs_keep_the_backward_unbiased():
     assert np.all(sem > 0)  # the backward is quantized: the samples differ
 
 
+# slow tier; default representative: [nvidia_nvfp4-dot_general] (K = 7 padded to 16-blocks, 16x16 weight tiles and
+# the 16-point RHT on ragged tokens); einsum lowers to the same dot_general (test_dot.py's einsum tests)
 @pytest.mark.parametrize(
   "name, call",
   [
-    pytest.param(n, "dot_general", marks=pytest.mark.slow) if n == "quartet2" else (n, "dot_general")
+    (n, "dot_general") if n == "nvidia_nvfp4" else pytest.param(n, "dot_general", marks=pytest.mark.slow)
     for n in recipes.names()
     if not recipes.get(n).is_identity
   ]
-  + [("quartet2", "einsum")],
+  + [pytest.param("quartet2", "einsum", marks=pytest.mark.slow)],
 )
 def test_ragged_shapes_train_with_every_recipe(name, call):
   """M, N, K = 3, 5, 7 (batched): forward and both gradients finite and of the input shapes."""
@@ -175,7 +187,13 @@ def _sharded_call(recipe, split, size, call):
   return jax.vmap(f, axis_name="d"), jax.vmap(grads, axis_name="d"), x, w
 
 
-_RULE_CASES = [(n, r) for n in recipes.names() for r in sorted(EXPECTED_RULES[n])]
+# slow tier; default representative: nvidia_nvfp4's four rules (a forward 2D-tile rule, a backward-only rule on the
+# tokens), both calls; every recipe's rules themselves: test_shape_rules_state_each_recipes_units
+_RULE_CASES = [
+  (n, r) if n == "nvidia_nvfp4" else pytest.param(n, r, marks=pytest.mark.slow)
+  for n in recipes.names()
+  for r in sorted(EXPECTED_RULES[n])
+]
 _LABELS = {
   "dot_general": {"tokens": "lhs dims (0,)", "outputs": "rhs dims (0,)", "inputs": "lhs dims (1,)"},
   "einsum": {"tokens": "a's 'm'", "outputs": "b's 'n'", "inputs": "a's 'k'"},

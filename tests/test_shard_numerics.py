@@ -27,14 +27,28 @@ M, K, N = 512, 128, 128  # tokens (128 per shard: quartet2's 128-point Hadamard 
 # FP8 and Microsoft FP4 too: per-tensor FP8 scales, per-row E2M1 scales, DGE and OCC bounds across shards.
 RECIPES = ("nvfp4_rtn", "nvidia_nvfp4", "quartet2", "fp8", "ms_fp4")
 FEATURE_RECIPES = RECIPES + ("quartet",)
-# The default tier's cases (docs/testing.md); the subprocess computes only the selected ones. nvfp4_rtn (the
-# negative controls) and nvidia_nvfp4 (2D weight tiles, RHT, SR at global indices) along the tokens; nvfp4_rtn and
-# quartet (its dX partials through the trust mask and inverse Hadamard) along the features.
-DEFAULT_RECIPES, DEFAULT_FEATURE_RECIPES = ("nvfp4_rtn", "nvidia_nvfp4"), ("nvidia_nvfp4",)
+SPLITS = ("outputs", "inputs")
+# The default tier's cases (docs/testing.md); the subprocess computes only the selected ones. Along the tokens
+# nvfp4_rtn (computed anyway: the negative controls) and nvidia_nvfp4 (2D weight tiles, RHT, SR at global indices);
+# along the features nvfp4_rtn on the inputs split (row-parallel: the forward's contraction split, Y partials).
+DEFAULT_RECIPES, DEFAULT_FEATURE_RECIPES, DEFAULT_SPLITS = ("nvidia_nvfp4",), ("nvfp4_rtn",), ("inputs",)
 
 
 def _tiered(names, default):
+  # slow tier; default representative: the cases in DEFAULT_RECIPES, DEFAULT_FEATURE_RECIPES and DEFAULT_SPLITS
   return [n if n in default else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+def _feature_cases():
+  """(recipe, split) of the feature-sharded test: DEFAULT_FEATURE_RECIPES x DEFAULT_SPLITS by default, the rest
+  slow."""
+  default = lambda name, split: name in DEFAULT_FEATURE_RECIPES and split in DEFAULT_SPLITS  # noqa: E731
+  # slow tier; default representative: [nvfp4_rtn-inputs]
+  return [
+    (name, split) if default(name, split) else pytest.param(name, split, marks=pytest.mark.slow)
+    for name in FEATURE_RECIPES
+    for split in SPLITS
+  ]
 
 
 OPERANDS = ("fwd_lhs", "fwd_rhs", "dgrad_lhs", "dgrad_rhs", "wgrad_lhs", "wgrad_rhs")  # matmul's (a, b) per GEMM
@@ -59,9 +73,10 @@ def _bits(a) -> np.ndarray:
   return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
-def compute(recipes=RECIPES, feature_recipes=FEATURE_RECIPES) -> dict:
-  """Every comparison of the tests below, for the token-sharded ``recipes`` and the feature-sharded
-  ``feature_recipes`` (nvfp4_rtn always: the negative controls)."""
+def compute(recipes=RECIPES, feature_recipes=FEATURE_RECIPES, splits=SPLITS, public=("nvidia_nvfp4",)) -> dict:
+  """Every comparison of the tests below, for the token-sharded ``recipes``, the feature-sharded ``feature_recipes``
+  on the feature ``splits`` (nvfp4_rtn always: the negative controls) and the public ``dot_general`` under the
+  ``public`` recipes (none: not run)."""
   import jax.numpy as jnp  # noqa: PLC0415
   from jax import lax  # noqa: PLC0415
   from jax.sharding import PartitionSpec as P  # noqa: PLC0415
@@ -153,7 +168,7 @@ def compute(recipes=RECIPES, feature_recipes=FEATURE_RECIPES) -> dict:
     "inputs": (P(None, None, "model"), P(None, None, "model"), P()),
   }
   out["splits"] = {}
-  for split, specs in split_specs.items():
+  for split, specs in ((s, split_specs[s]) for s in splits):
     dims = fp4jax.sharding.SPLIT_DIMS[split]
 
     def split_run(recipe, specs=specs):
@@ -209,16 +224,18 @@ def compute(recipes=RECIPES, feature_recipes=FEATURE_RECIPES) -> dict:
     y, f = jax.vjp(lambda a, b: fp4jax.dot_general(a, b, dn, recipe=recipe, key=key), lhs, rhs)
     return (y, *f(cot))
 
-  ref = jax.jit(lambda *a: vjp("nvidia_nvfp4", *a))(lhs, rhs, cot, key)
-  recipe = fp4jax.sharding.token_sharded("nvidia_nvfp4", "data")
-  local = lambda a, b, c, k: vjp(recipe, a, lax.pcast(b, "data", to="varying"), c, k)[:2]  # noqa: E731
-  got = jax.jit(
-    jax.shard_map(local, mesh=mesh, in_specs=(P("data"), P(), P("data"), P()), out_specs=(P("data"), P("data")))
-  )(lhs, rhs, cot, key)
-  out["public_dot_general"] = {
-    "y": bool(np.array_equal(_bits(got[0]), _bits(ref[0]))),
-    "dx": bool(np.array_equal(_bits(got[1]), _bits(ref[1]))),
-  }
+  out["public_dot_general"] = {}
+  for name in public:
+    ref = jax.jit(lambda *a, name=name: vjp(name, *a))(lhs, rhs, cot, key)
+    recipe = fp4jax.sharding.token_sharded(name, "data")
+    local = lambda a, b, c, k, recipe=recipe: vjp(recipe, a, lax.pcast(b, "data", to="varying"), c, k)[:2]  # noqa: E731
+    got = jax.jit(
+      jax.shard_map(local, mesh=mesh, in_specs=(P("data"), P(), P("data"), P()), out_specs=(P("data"), P("data")))
+    )(lhs, rhs, cot, key)
+    out["public_dot_general"][name] = {
+      "y": bool(np.array_equal(_bits(got[0]), _bits(ref[0]))),
+      "dx": bool(np.array_equal(_bits(got[1]), _bits(ref[1]))),
+    }
 
   # NaN in one shard of X: the forward X operand's tensor scale is NaN on every device, as on one device.
   bad = x.at[0, M - 3, 5].set(jnp.nan)
@@ -236,8 +253,9 @@ def compute(recipes=RECIPES, feature_recipes=FEATURE_RECIPES) -> dict:
 # ------------------------------------------------------------------------------------------------ tests
 @pytest.fixture(scope="module")
 def results(script_json, selected_params, request):
-  """``compute`` of the recipes this session's tests select, in one subprocess with 4 CPU devices."""
-  args = (",".join(selected_params(request, "recipe")), ",".join(selected_params(request, "feature_recipe")))
+  """``compute`` of the recipes and splits this session's tests select, in one subprocess with 4 CPU devices."""
+  names = ("recipe", "feature_recipe", "split", "public_recipe")
+  args = tuple(",".join(selected_params(request, name)) for name in names)
   return script_json(__file__, f"--xla_force_host_platform_device_count={SHARDS}", timeout=600, args=args)
 
 
@@ -259,9 +277,8 @@ def test_the_plain_recipe_under_shard_map_would_be_detected(results):
   assert plain["fwd_rhs"] and plain["dgrad_rhs"], plain
 
 
-@pytest.mark.parametrize("split", ["outputs", "inputs"])
-@pytest.mark.parametrize("feature_recipe", _tiered(FEATURE_RECIPES, DEFAULT_FEATURE_RECIPES))
-def test_every_operand_of_a_feature_sharded_dot_is_the_one_device_operand(results, split, feature_recipe):
+@pytest.mark.parametrize("feature_recipe, split", _feature_cases())  # the slow cases: _feature_cases
+def test_every_operand_of_a_feature_sharded_dot_is_the_one_device_operand(results, feature_recipe, split):
   """Column-parallel (outputs split) and row-parallel (inputs split) dots on 2 devices: all six operands bit for bit;
   the results each device holds whole (column: Y, dW slices; row: dX, dW slices) bit for bit; the partial sums over
   the split contraction (column: dX; row: Y) equal the one-device operands' chunk GEMMs bit for bit."""
@@ -270,7 +287,7 @@ def test_every_operand_of_a_feature_sharded_dot_is_the_one_device_operand(result
   assert len(r) == (3 if (split, feature_recipe) == ("outputs", "quartet") else 4) and all(r.values()), r
 
 
-@pytest.mark.parametrize("split", ["outputs", "inputs"])
+@pytest.mark.parametrize("split", _tiered(SPLITS, DEFAULT_SPLITS))
 def test_the_unmarked_recipe_under_a_feature_split_would_be_detected(results, split):
   """Negative control: without the mark the operands the split cuts take each shard's NVFP4 amax and differ."""
   plain = results["splits"][f"{split}/plain"]
@@ -279,8 +296,11 @@ def test_the_unmarked_recipe_under_a_feature_split_would_be_detected(results, sp
   assert all(plain[name] for name in OPERANDS if name not in cut), plain
 
 
-def test_public_dot_general_with_a_3d_lhs_split_over_its_batch(results):
-  assert results["public_dot_general"] == {"y": True, "dx": True}
+# slow tier; default representative: test_every_operand_of_a_token_sharded_dot_is_the_one_device_operand[nvidia_nvfp4]
+@pytest.mark.parametrize("public_recipe", [pytest.param("nvidia_nvfp4", marks=pytest.mark.slow)])
+def test_public_dot_general_with_a_3d_lhs_split_over_its_batch(results, public_recipe):
+  """End to end: the public ``dot_general`` under ``shard_map`` (the operands' checks above run its VJP rules)."""
+  assert results["public_dot_general"][public_recipe] == {"y": True, "dx": True}
 
 
 def test_nonfinite_element_in_one_shard_makes_every_tensor_scale_nan(results):
@@ -320,10 +340,10 @@ def test_index_grid_arguments_are_checked(kwargs, match):
     bits.index_grid((4, 4), **kwargs)
 
 
-if __name__ == "__main__":  # argv: the token-sharded and the feature-sharded recipes, comma-separated
+if __name__ == "__main__":  # argv: the token-sharded and feature-sharded recipes, the splits, the public recipes
   import sys  # noqa: PLC0415
 
-  print(json.dumps(compute(*(tuple(filter(None, arg.split(","))) for arg in sys.argv[1:3]))))
+  print(json.dumps(compute(*(tuple(filter(None, arg.split(","))) for arg in sys.argv[1:5]))))
 
 
 def _ordered_psum_on(stacked: np.ndarray) -> np.ndarray:

@@ -91,13 +91,20 @@ def test_keyword_form_builds_the_spec_with_its_defaults():
     QuantizeSpec.of(NVFP4, hadamard_signs="fresh")
 
 
+# slow tier; default representative: [spec0-kwargs0] (SR with random Hadamard signs: the key's bits and signs)
 @pytest.mark.parametrize(
   "spec, kwargs",
   [
     (QuantizeSpec(NVFP4, rounding="sr", hadamard=16, signs="random"), dict(rounding="sr", hadamard=16)),
-    (QuantizeSpec(NVFP4, rounding="eden", hadamard=128, signs="random"), dict(rounding="eden")),
-    (QuantizeSpec(MXFP4, hadamard=32, signs="none"), dict(hadamard=32, hadamard_signs="none")),
-    (recipes.nvidia_nvfp4().fwd_rhs, dict(block_shape=(16, 16))),  # a recipe's operand is a spec
+    pytest.param(
+      QuantizeSpec(NVFP4, rounding="eden", hadamard=128, signs="random"), dict(rounding="eden"), marks=pytest.mark.slow
+    ),
+    pytest.param(
+      QuantizeSpec(MXFP4, hadamard=32, signs="none"), dict(hadamard=32, hadamard_signs="none"), marks=pytest.mark.slow
+    ),
+    pytest.param(
+      recipes.nvidia_nvfp4().fwd_rhs, dict(block_shape=(16, 16)), marks=pytest.mark.slow
+    ),  # a recipe's operand is a spec
   ],
 )
 def test_spec_form_equals_keyword_form_bit_for_bit(spec, kwargs):
@@ -138,7 +145,8 @@ def test_fixed_signs_need_no_key_and_are_the_runs_constant_vector():
   np.testing.assert_array_equal(np.asarray(q.signs), np.asarray(want))
 
 
-@pytest.mark.parametrize("fn", [fp4jax.quantize, fp4jax.fake_quantize])
+# slow tier; default representative: [quantize] (both functions resolve their arguments in quantize._spec_of)
+@pytest.mark.parametrize("fn", [fp4jax.quantize, pytest.param(fp4jax.fake_quantize, marks=pytest.mark.slow)])
 def test_the_format_by_keyword_is_the_keyword_form_and_once_only(fn):
   x = jax.random.normal(jax.random.key(2), (4, 64))
   a = fn(x, fmt=MXFP4, rounding="sr", key=KEY)

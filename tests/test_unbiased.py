@@ -83,7 +83,13 @@ def _check_unbiased(samples, target):
 
 @pytest.mark.parametrize(
   "name, shape",
-  [("quartet", (32, 64, 64)), ("quartet2", (128, 64, 128))],  # backward Hadamards (32, 128) must divide M and N
+  [
+    # slow tier; default representative: test_nvidia_dgrad_unbiased_when_no_block_saturates (SR through a dot's
+    # backward), test_properties.py::test_ms_eden_is_unbiased_and_rtn_is_not, and quartet's backward against the
+    # NumPy oracle (tests/test_oracles_dot.py)
+    pytest.param("quartet", (32, 64, 64), marks=pytest.mark.slow),  # backward Hadamards (32, 128) must divide M, N
+    pytest.param("quartet2", (128, 64, 128), marks=pytest.mark.slow),
+  ],
 )
 def test_backward_unbiased(name, shape):
   recipe = recipes.get(name)
@@ -143,6 +149,8 @@ def test_rtn_backward_bias_floor():
     assert np.linalg.norm(s[0] - t[0]) / np.linalg.norm(t[0]) > 0.05
 
 
+# slow tier; default representative: test_properties.py::test_ms_eden_is_unbiased_and_rtn_is_not, test_rtn_backward_*
+@pytest.mark.slow
 def test_random_rotation_does_not_remove_rtn_bias():
   """Quartet II's backward with RTN instead of MS-EDEN: the random RHT-128 signs make samples differ, yet the mean
   converges to a biased value (RTN shrinks values), unlike MS-EDEN in ``test_backward_unbiased``."""

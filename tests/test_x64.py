@@ -17,6 +17,9 @@ import pytest
 
 import fp4jax
 
+# slow tier; default representative: test_public_variants.py's test_eager_quantize_and_dot_general_under_x64_*
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = ("nvidia_nvfp4",)  # 2D weight tiles, SR and a 16-point RHT in its backward
 DN = (((1,), (1,)), ((), ()))

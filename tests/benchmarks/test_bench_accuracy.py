@@ -6,6 +6,9 @@ from benchmarks import accuracy, report
 from fp4jax_experiments import quant_error_table
 
 
+# slow tier; default representative: every quantizer against tests/oracles.py (tests/test_oracles_*.py) and the
+# committed document's table (test_report.py::test_committed_benchmarks_md_is_what_the_report_generates)
+@pytest.mark.slow
 def test_quant_error_document_has_every_quantizer_and_renders():
   where = accuracy.provenance("abc1234", "python benchmarks/accuracy.py --commit abc1234")
   doc = accuracy.quant_error(rows=64, keys=2, where=where)

@@ -54,7 +54,7 @@ def _np_forward(params, tokens, cfg):
 def test_forward_equals_numpy_in_fp32():
   cfg = anchor.AnchorConfig(n_layers=2, d_model=32, n_heads=4, ffn_hidden=48, vocab_size=40, dtype=jnp.float32)
   # weights of unit-scale effect (std 1/sqrt(fan-in)) and gains away from 1, so that every part shows in the logits
-  shapes = jax.tree.map(lambda a: a.shape, anchor.init_params(cfg, jax.random.key(0)))
+  shapes = jax.tree.map(lambda a: a.shape, jax.eval_shape(lambda: anchor.init_params(cfg, jax.random.key(0))))
   rng = np.random.default_rng(0)
   params = jax.tree.map(
     lambda s: (rng.normal(size=s) / math.sqrt(s[0]) if len(s) == 2 else rng.uniform(0.5, 1.5, s)).astype(np.float32),
@@ -70,7 +70,7 @@ def test_forward_equals_numpy_in_fp32():
   shifted = want - want.max(-1, keepdims=True)
   log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
   want_loss = -np.take_along_axis(log_probs, batch[:, 1:, None], -1).mean()
-  assert float(anchor.loss_fn(params, batch, cfg)) == pytest.approx(want_loss, rel=1e-5)
+  assert float(jax.jit(anchor.loss_fn, static_argnums=2)(params, batch, cfg)) == pytest.approx(want_loss, rel=1e-5)
 
 
 DENSE = [name for name, row in model_lib.SIZES.items() if not row.num_experts]
@@ -108,6 +108,8 @@ def test_flops_per_token_is_6n_plus_attention():
   assert anchor.flops_per_token(cfg, 256) == 6 * n + 12 * 4 * 128 * 256
 
 
+# slow tier; default representative: test_forward_equals_numpy_in_fp32 (the forward and loss_fn against NumPy)
+@pytest.mark.slow
 def test_loss_at_init_is_ln_vocab():
   """Logits z = x·W_head with RMSNorm(x) of unit RMS and W_head ~ N(0, σ²): z_j ~ N(0, s²), s² = σ²·d, so
   E[CE] = E[logsumexp z − z_target] ≈ ln V + s²/2 (second order in s) for targets independent of W_head; the mean
@@ -119,6 +121,8 @@ def test_loss_at_init_is_ln_vocab():
   assert abs(loss - (math.log(256) + s**2 / 2)) < 5 * s / math.sqrt(batch[:, 1:].size) + s**2
 
 
+# slow tier; default representative: test_every_projection_gemm_of_the_bf16_train_step_is_bf16 (the step's program)
+@pytest.mark.slow
 def test_training_steps_reduce_the_loss_on_a_repeated_batch():
   cfg = anchor.anchor_config("100K")
   trainer = anchor.Trainer(cfg, anchor.make_optimizer(3e-3, 12), anchor.data_mesh(1))

@@ -16,6 +16,8 @@ def profile_linear(monkeypatch):
   return importlib.import_module("profile_linear")
 
 
+# slow tier; default representative: test_report_renders_busy_time_per_step_and_the_top_kernel (its document's table)
+@pytest.mark.slow
 def test_cpu_run_writes_a_document_with_every_recipe(tmp_path, profile_linear):
   out = tmp_path / "p.json"
   profile_linear.main(

@@ -85,6 +85,10 @@ def smoke_doc(tmp_path_factory):
   return json.loads(out.read_text()), proc.stdout
 
 
+# slow tier; default representative: an end-to-end run of the command (2 devices); its parts:
+# test_ratios_are_to_the_anchor_and_to_one_device, test_bad_arguments_are_refused,
+# test_a_compile_past_the_budget_is_given_up_and_others_are_kept
+@pytest.mark.slow
 def test_smoke_writes_every_entry_with_its_metadata(smoke_doc):
   doc, stdout = smoke_doc
   assert TOP_KEYS <= set(doc) and doc["benchmark"] == "train_throughput" and doc["complete"] is True
@@ -154,6 +158,8 @@ def test_max_compile_s_must_be_a_positive_finite_number(value, capsys):
   assert f"--max-compile-s: must be a finite number of seconds > 0, got '{value}'" in capsys.readouterr().err
 
 
+# slow tier; default representative: test_report.py::test_train_throughput_reports_tokens_per_second_of_each_round
+@pytest.mark.slow
 def test_report_renders_one_table_row_per_entry(smoke_doc):
   from benchmarks import report
 

@@ -7,6 +7,9 @@ import pytest
 from fp4jax_experiments import bench_scaling
 
 
+# slow tier; default representative: a benchmark run; its parts: test_efficiencies_are_per_recipe_and_mesh,
+# test_flops_per_token_counts_only_the_experts_a_token_runs_through
+@pytest.mark.slow
 def test_one_device_records_and_efficiencies(tmp_path, capsys):
   out = tmp_path / "bench.json"
   bench_scaling.main(
@@ -54,6 +57,9 @@ def test_too_many_devices_is_refused(capsys):
   assert "--devices 1,64: only" in capsys.readouterr().err
 
 
+# slow tier; default representative: a benchmark run; its microbatched step: test_exp_deterministic.py's
+# test_losses_and_trained_state_are_bit_identical_on_a_dp_fsdp_tp_mesh[bf16]
+@pytest.mark.slow
 def test_deterministic_points_run_their_microbatches(tmp_path, monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "")  # the flag appends its XLA flags to the environment (restored after)
   out = tmp_path / "bench.json"

@@ -60,6 +60,9 @@ def test_eta_is_the_mean_time_of_the_timed_steps():
     eta.add(-1.0, 1)
 
 
+# slow tier; default representative: a training run; its parts: test_eta_is_the_mean_time_of_the_timed_steps and
+# test_progress_is_a_bar_on_a_terminal_and_plain_lines_elsewhere
+@pytest.mark.slow
 def test_training_prints_the_compile_and_times_only_the_steps_after_it(corpus, tmp_path, capsys, monkeypatch):
   windows = []
   add = cli.Eta.add

@@ -30,6 +30,9 @@ def recipe_module(tmp_path, monkeypatch):
     recipes.unregister(name)
 
 
+# slow tier; default representative: an FP4 training run; its parts: test_a_recipe_that_does_not_load_names_why (the
+# module:attr loader) and tests/test_compose.py::test_random_composed_recipes_run_under_jit_and_grad
+@pytest.mark.slow
 def test_trains_a_composed_recipe_named_module_attr(corpus, tmp_path, recipe_module):
   name = f"{recipe_module}:E4M3_FWD_NVFP4_BWD"
   config = train.TrainConfig(

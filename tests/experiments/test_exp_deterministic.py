@@ -97,16 +97,26 @@ def _check_bit_identical(corpus, meshes, described, recipe="nvidia_nvfp4"):  # n
     assert r["losses"][-1] < r["losses"][0], r  # it trains
 
 
-@pytest.mark.parametrize("recipe", ["nvfp4_rtn", pytest.param("nvidia_nvfp4", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  "recipe",
+  [
+    "bf16",
+    # slow tier; default representative: [bf16] (this mesh and checks), tests/test_shard_numerics.py (FP4 operands)
+    pytest.param("nvfp4_rtn", marks=pytest.mark.slow),
+    pytest.param("nvidia_nvfp4", marks=pytest.mark.slow),
+  ],
+)
 def test_losses_and_trained_state_are_bit_identical_on_a_dp_fsdp_tp_mesh(corpus, recipe):  # noqa: F811
   """The default tier's representative of the test below: one mesh with every kind of split at once, data=2 x
   model=2 with FSDP (2 microbatches per data device, parameters sharded over data, two Megatron shards), against
   the one-device run of the same two shards: one compile of each (of six for the four layouts below). By default
-  under nvfp4_rtn (tensor amaxes across the shards, the cheaper compile); nvidia_nvfp4 adds SR and the random
-  Hadamard at global indices."""
+  under bf16 (the microbatch sums, the FSDP gathers and the Megatron partial sums in a fixed order; two BF16
+  compiles); nvfp4_rtn adds the quantizers' tensor amaxes across the shards, nvidia_nvfp4 SR and the random Hadamard
+  at global indices (each an FP4 train-step compile of minutes on the CPU)."""
   _check_bit_identical(corpus, ["data=2,model=2:fsdp"], ["data=2,model=2 fsdp"], recipe)
 
 
+# slow tier; default representative: test_losses_and_trained_state_are_bit_identical_on_a_dp_fsdp_tp_mesh[bf16]
 @pytest.mark.slow
 def test_losses_and_trained_state_are_bit_identical_on_every_layout(corpus):  # noqa: F811
   """One device against data=4 and data=2 with FSDP; two Megatron shards (--tensor-shards 2) on one device
@@ -144,6 +154,9 @@ def test_pallas_quantizers_with_tensor_shards_are_refused_by_the_cli(capsys):
   assert "with --tensor-shards the operands split over the shards are quantized by XLA" in capsys.readouterr().err
 
 
+# slow tier; default representative: test_losses_and_trained_state_are_bit_identical_on_a_dp_fsdp_tp_mesh[bf16] (the
+# microbatched step under shard_map)
+@pytest.mark.slow
 def test_one_device_steps_compile_once(corpus):
   """The microbatched step runs under shard_map on a 1x1 mesh; its state is placed there from the start, so the
   second and third steps (each fed the previous step's output) lower nothing: JAX reports no jaxpr-to-MLIR lowering

@@ -43,8 +43,8 @@ def test_quartet_shapes_and_swiglu_width():
 
 
 def test_forward_shape_dtype_and_causality():
-  config = m.model_config("1M", vocab_size=64)
-  params = m.init_params(config, jax.random.key(0))
+  config = m.model_config("100K", vocab_size=64, n_heads=2)  # two blocks of two heads
+  params = jax.jit(m.init_params, static_argnums=0)(config, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
   forward = jax.jit(m.Llama(config).apply)
   logits = forward({"params": params}, tokens)
@@ -101,7 +101,7 @@ def test_scanned_stacks_equal_blocks_applied_one_by_one():
   """The scan runs layer i of a stack with slice i of the stacked parameters, in order. In fp32: in bf16, XLA's
   fusions differ between the scanned and the unrolled program and move roundings by an ulp."""
   config = m.model_config("100K", n_layers=3, bf16_first=1, vocab_size=64, dtype=jnp.float32)
-  params = m.init_params(config, jax.random.key(0))
+  params = jax.jit(m.init_params, static_argnums=0)(config, jax.random.key(0))
   assert params["blocks"]["attn"]["q"]["kernel"].shape == (2, 64, 64)
   assert params["first_blocks"]["mlp_norm"]["scale"].shape == (1, 64)
   assert not np.allclose(params["blocks"]["attn"]["q"]["kernel"][0], params["blocks"]["attn"]["q"]["kernel"][1])
@@ -151,6 +151,9 @@ def test_scan_unroll_must_be_auto_or_positive(bad):
     m.model_config("100K", scan_unroll=bad)
 
 
+# slow tier; default representative: test_scanned_stacks_equal_blocks_applied_one_by_one (the stacks as "auto" runs
+# them) and test_layer_stacks_follow_the_bf16_policy (the stacks it unrolls or loops over)
+@pytest.mark.slow
 def test_auto_unroll_unrolls_the_bf16_stacks_and_loops_over_the_fp4_blocks():
   """scan_unroll="auto": the BF16 stacks (first, last, or a BF16 model's) are straight-line code, the FP4 stack is a
   device loop of one block per iteration; an explicit k is capped by the stack's length."""
@@ -174,12 +177,14 @@ def test_auto_unroll_unrolls_the_bf16_stacks_and_loops_over_the_fp4_blocks():
   assert loops(fp4) == loops(dataclasses.replace(fp4, scan_unroll=1)) != loops(dataclasses.replace(fp4, scan_unroll=3))
 
 
+# slow tier; default representative: test_scanned_stacks_equal_blocks_applied_one_by_one (the stacks' blocks in order)
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "recipe, how",
   [
     ("bf16", {"remat": True}),
     ("bf16", {"scan_unroll": 3}),
-    pytest.param("nvidia_nvfp4", {"scan_unroll": 8}, marks=pytest.mark.slow),  # an unrolled FP4 compile
+    ("nvidia_nvfp4", {"scan_unroll": 8}),  # an unrolled FP4 compile
   ],
 )
 def test_remat_and_unroll_compute_the_same_gradients(recipe, how):
@@ -201,7 +206,10 @@ def test_remat_and_unroll_compute_the_same_gradients(recipe, how):
     np.testing.assert_allclose(plain, other, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("recipe", ["nvidia_nvfp4", pytest.param("quartet2", marks=pytest.mark.slow)])
+# slow tier; default representative: test_layer_stacks_follow_the_bf16_policy (the plan), test_exp_moe.py's
+# test_moe_layer_recipes_follow_the_bf16_policy (the model's stacks take it), test_exp_causal.py [fp8] (quantized run)
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["nvidia_nvfp4", "quartet2"])
 def test_fp4_model_keeps_first_and_last_blocks_in_bf16(recipe):
   pytest.importorskip("fp4jax.flax.linen")
   from fp4jax._src.flax.linen import DotGeneral
@@ -234,6 +242,9 @@ def test_fp4_model_keeps_first_and_last_blocks_in_bf16(recipe):
   assert 0 < float(jnp.mean((logits - reference) ** 2)) < float(jnp.mean(reference**2))
 
 
+# slow tier; default representative: none cheaper (an FP4 model compile); the layers it lists follow the plan of
+# test_layer_stacks_follow_the_bf16_policy
+@pytest.mark.slow
 def test_projection_quant_errors_name_every_fp4_layer():
   pytest.importorskip("fp4jax.flax.linen")
   from fp4jax_experiments import diagnostics

@@ -74,6 +74,8 @@ def test_bad_moe_config_names_the_field(field, changes):
     m.model_config("1M-moe", **changes)
 
 
+# slow tier; default representative: test_moe_parameter_count_matches_initialized_model (the same init's shapes)
+@pytest.mark.slow
 def test_moe_init_scales_and_per_layer_stacks():
   """w_in ~ N(0, 0.02²), w_out ~ N(0, (0.02/sqrt(2L))²): sample std within 6 standard errors (std/sqrt(2n))."""
   config = m.model_config("1M-moe")
@@ -84,13 +86,18 @@ def test_moe_init_scales_and_per_layer_stacks():
     assert not np.allclose(values[0], values[1])  # each layer its own draw
 
 
-def test_moe_scan_equals_blocks_one_by_one_and_splits_quant_per_layer():
-  """The scanned MoE stack runs layer i with parameter slice i (fp32, bf16 recipe: ``jax.lax.ragged_dot``), and
-  under an FP4 recipe each layer's MoE draws its own "quant" key."""
+def _two_layer_moe():
+  """A two-block fp32 MoE model (bf16 recipe), its parameters and a batch of tokens."""
   config = m.model_config("1M-moe", n_layers=2, d_model=64, n_heads=1, expert_hidden=64, vocab_size=64)
   config = dataclasses.replace(config, dtype=jnp.float32)
-  params = m.init_params(config, jax.random.key(0))
+  params = jax.jit(m.init_params, static_argnums=0)(config, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
+  return config, params, tokens
+
+
+def test_moe_scan_equals_blocks_one_by_one():
+  """The scanned MoE stack runs layer i with parameter slice i (fp32, bf16 recipe: ``jax.lax.ragged_dot``)."""
+  config, params, tokens = _two_layer_moe()
 
   def unrolled(params, tokens):
     h = nn.Embed(64, config.d_model, dtype=config.dtype).apply({"params": params["embed"]}, tokens)
@@ -102,6 +109,13 @@ def test_moe_scan_equals_blocks_one_by_one_and_splits_quant_per_layer():
   scanned = jax.jit(m.Llama(config).apply)({"params": params}, tokens)
   np.testing.assert_allclose(scanned, jax.jit(unrolled)(params, tokens), rtol=1e-5, atol=1e-6)
 
+
+# slow tier; default representative: test_moe_layer_recipes_follow_the_bf16_policy (the stacks' recipes); the key
+# split is nn.scan's, as in test_exp_model.py::test_fp4_model_keeps_first_and_last_blocks_in_bf16 (slow too)
+@pytest.mark.slow
+def test_moe_scan_splits_quant_per_layer():
+  """Under an FP4 recipe each layer's MoE draws its own "quant" key (an FP4 MoE forward compile)."""
+  config, params, tokens = _two_layer_moe()
   fp4 = dataclasses.replace(config, recipe="nvidia_nvfp4", dtype=jnp.bfloat16)
 
   def record(next_fun, args, kwargs, context):
@@ -167,9 +181,10 @@ def test_moe_partition_specs():
     assert sorted(found) == sorted(["kernel", "w_in", "w_out"] * 3)  # the parameters and AdamW's mu and nu
 
 
-@pytest.mark.parametrize(
-  "recipe", ["bf16", *(pytest.param(r, marks=pytest.mark.slow) for r in ("nvidia_nvfp4", "quartet2"))]
-)
+# slow tier; default representative: an integration run; its parts: test_moe_scan_equals_blocks_one_by_one, the
+# Trainer's run in test_exp_train_trust.py, tests/flax/test_moe.py::test_linen_moe_equals_a_per_token_numpy_loop
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["bf16", "nvidia_nvfp4", "quartet2"])
 def test_moe_model_trains_under_recipe(corpus, recipe):
   """A one-block MoE model learns the byte corpus: the loss of its last steps falls well below the first's."""
   config = train.TrainConfig(
@@ -195,6 +210,7 @@ def test_moe_model_trains_under_recipe(corpus, recipe):
   assert np.mean(losses[-3:]) < 0.75 * np.mean(losses[:2]), losses
 
 
+# slow tier; default representative: test_exp_sharding.py::test_sharded_losses_match_one_device[bf16-meshes0]
 @pytest.mark.slow
 def test_moe_data_parallel_losses_match_one_device(corpus):
   """The MoE model on data=2 and data=2 FSDP meshes (2 CPU devices, in a subprocess: the device count is fixed

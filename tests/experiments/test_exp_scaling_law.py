@@ -40,6 +40,8 @@ def test_noise_free_fit_recovers_the_law_and_the_efficiencies():
   assert eff == pytest.approx(EFF, rel=1e-3)
 
 
+# slow tier; default representative: test_noise_free_fit_recovers_the_law_and_the_efficiencies (fit_efficiency)
+@pytest.mark.slow
 def test_tied_efficiency_is_recovered_from_one_ratio_per_size():
   """One D/N ratio: the tied eff comes out within a narrow interval that covers the truth."""
   n = np.array(list(SIZES.values()))
@@ -74,6 +76,8 @@ def test_chinchilla_form_is_gamma_one_and_fixed_parameters_stay():
     sl.fit_law(n, d, chinchilla(n, d), fixed={"delta": 1.0})
 
 
+# slow tier; default representative: test_noise_free_fit_recovers_the_law_and_the_efficiencies (the fits it repeats)
+@pytest.mark.slow
 def test_bootstrap_intervals_cover_the_truth_under_noise_and_report_is_written(tmp_path):
   results = _results(noise=0.002)
   exponents = {"alpha": TRUE.alpha, "beta": TRUE.beta, "gamma": TRUE.gamma}  # the free fit is tested above
@@ -106,6 +110,9 @@ def test_fit_needs_bf16_runs_and_valid_inputs():
     sl.fit_law([1.0, -1.0], [1.0, 1.0], [1.0, 1.0])
 
 
+# slow tier; default representative: an end-to-end run of the command; its fits:
+# test_noise_free_fit_recovers_the_law_and_the_efficiencies
+@pytest.mark.slow
 def test_main_writes_the_fit_and_every_plot(tmp_path, capsys):
   """The command on a sweep's JSONL (records with their validation curves): fit, table and three plots."""
   rows = [

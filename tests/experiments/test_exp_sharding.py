@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 # a tensor-parallel shard (d_model / 2 = 128). Batch 8 x seq 64: 128 tokens per shard at data=4.
 OVERRIDES = {"n_layers": 1, "d_model": 256, "n_heads": 2, "ffn_hidden": 256}
 FOUR_LAYOUTS = ["data=4", "data=4:fsdp", "model=2", "data=2,model=2"]
+DEFAULT_LAYOUTS = ["data=4:fsdp"]  # data parallelism and FSDP in one two-compile run
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,9 @@ def corpus(tmp_path_factory):
 
 
 def _run(args, devices=8, timeout=600, env=None):
-  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", **(env or {})}
+  # conftest's XLA:CPU flags kept (compile time), the host device count added
+  flags = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), f"--xla_force_host_platform_device_count={devices}"]))
+  env = {**os.environ, "XLA_FLAGS": flags, **(env or {})}
   proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc.stdout
@@ -121,7 +124,8 @@ def test_check_layout_rejects_straddling_blocks_and_uneven_splits():
     sharding.check_layout(sharding.Layout(model=2), config("bf16", n_heads=1), 8, 64)
 
 
-@pytest.mark.slow  # default tier: test_exp_sharding_comm.py::test_data_parallel_steps_with_the_kernels_per_shard_...
+# slow tier; default representative: tests/kernels/test_dot_pallas.py::test_pallas_backend_matches_xla_bit_for_bit
+@pytest.mark.slow
 def test_training_with_the_pallas_kernels_matches_the_xla_quantizers_bit_for_bit(corpus):
   """The backends check: two training steps of nvidia_nvfp4 (RTN, 16x16 weights, RHT16 + SR gradients) with the
   projections' quantizers run by the Pallas kernels (interpret mode on the CPU) give the XLA path's losses. (The
@@ -137,7 +141,9 @@ def test_training_with_the_pallas_kernels_matches_the_xla_quantizers_bit_for_bit
 
 
 # ------------------------------------------------------------------------------------------------ 8 CPU devices
-@pytest.mark.parametrize("mesh", ["data=2,model=2", pytest.param("data=4", marks=pytest.mark.slow)])
+# slow tier; default representative: tests/test_shard_numerics.py (each operand of the token- and feature-sharded dot)
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["data=2,model=2", "data=4"])
 def test_quantized_operands_are_bit_identical_for_every_recipe_and_layout(mesh):
   """Every quantized operand of every recipe, its rows / contraction axis split over the mesh (data=2 x model=2:
   both kinds of split; data=4: splits that cut 128-point Hadamard chunks), equals the one-device operand bit for
@@ -162,6 +168,8 @@ print(int(jnp.sum(per_shard != jax.jit(q)(x))))
 """
 
 
+# slow tier; default representative: test_shard_numerics.py::test_the_plain_recipe_under_shard_map_would_be_detected
+@pytest.mark.slow
 def test_per_shard_quantization_would_be_detected():
   """Negative control: a quantizer that saw only its shard (local NVFP4 tensor amax) differs from the logical one,
   so the bit-equality above is a real check of global numerics."""
@@ -180,13 +188,15 @@ LOSS_ATOL = 5e-3
 STEP0_ULPS = {"data=4": 256, "data=4 fsdp": 256}
 
 
-# nvidia_nvfp4 is slow (two FP4 train-step compiles); by default its sharded losses are checked bit for bit on this
-# mesh with --deterministic (test_exp_deterministic.py) and within LOSS_ATOL on data=4 (test_exp_sharding_comm.py).
+# By default bf16 on data=4 with FSDP (two compiles); the other three layouts (five compiles in all) and nvidia_nvfp4
+# (two FP4 train-step compiles) run in the slow tier.
 @pytest.mark.parametrize(
   "recipes,meshes",
   [
-    ("bf16", FOUR_LAYOUTS),
+    # slow tier; default representative: test_exp_deterministic.py's [bf16] DP x TP x FSDP mesh (bit for bit)
+    pytest.param("bf16", DEFAULT_LAYOUTS, marks=pytest.mark.slow),
     pytest.param("nvidia_nvfp4", ["data=2,model=2:fsdp"], marks=pytest.mark.slow),
+    pytest.param("bf16", [m for m in FOUR_LAYOUTS if m not in DEFAULT_LAYOUTS], marks=pytest.mark.slow),
   ],
 )
 def test_sharded_losses_match_one_device(corpus, recipes, meshes):
@@ -235,6 +245,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+# slow tier; default representative: an integration run (2 processes, gloo); sharded training:
+# test_exp_deterministic's [bf16]
+@pytest.mark.slow
 def test_two_processes_with_jax_distributed_match_one_process(corpus, tmp_path):
   """Two CPU processes x 2 devices (jax.distributed.initialize, gloo collectives) train like one 4-device process:
   the same loss up to the all-reduce's summation order (gloo's ring vs the in-process reduction)."""

@@ -57,6 +57,10 @@ def test_bad_train_config_names_the_argument(corpus):
     _config(corpus, tokens=10)
 
 
+# slow tier; default representative: test_pause_and_resume_in_process_and_config_mismatch, test_exp_train_trust.py's
+# test_sigint_checkpoints_the_current_step_and_the_rerun_resumes_exactly (the resumed curve and state, bit for bit);
+# the loss falls: test_exp_deterministic.py's [bf16] case, test_exp_sharding.py's [bf16-meshes0] reference
+@pytest.mark.slow
 def test_loss_goes_down_and_resume_after_kill_reproduces_the_curve(corpus, tmp_path):
   config = _config(corpus, tokens=16 * 8 * 64)
   reference = train.train(config, tmp_path / "reference", quiet=True)
@@ -140,7 +144,8 @@ def test_final_evaluation_is_what_evaluate_gives_from_the_checkpoint(corpus, tmp
     train.train(config, tmp_path / "other", quiet=True, final_eval_batches=-1)
 
 
-@pytest.mark.slow  # default tier: test_exp_sharding_comm.py::test_data_parallel_steps_with_the_kernels_per_shard_...
+# slow tier; default representative: tests/kernels/test_dot_pallas.py::test_pallas_backend_matches_xla_bit_for_bit
+@pytest.mark.slow
 def test_quantizer_backend_changes_nothing_but_the_implementation(corpus, tmp_path):
   """The fused Pallas quantizers (interpret mode here) train the same curve, bit for bit, as XLA's; the backend
   is not part of the run's identity."""

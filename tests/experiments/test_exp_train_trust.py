@@ -95,6 +95,10 @@ def _args(corpus, out):
   return ["--out", str(out), *train.config_to_args(_config(corpus))]
 
 
+# slow tier; default representative: test_sigint_checkpoints_the_current_step_and_the_rerun_resumes_exactly (an
+# interrupted run resumes bit for bit) and, for a checkpoint cut off mid-write,
+# test_a_truncated_checkpoint_file_falls_back_and_a_corrupt_run_restores_nothing
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0])
 def test_kill_9_during_a_step_and_during_a_checkpoint_write_then_resume_is_bit_exact(
   corpus, reference, tmp_path, seed, capsys

@@ -40,7 +40,13 @@ def _expected_relative_mse(recipe, x, w):
   return total
 
 
-@pytest.mark.parametrize("recipe", recipes.names())
+@pytest.mark.parametrize(
+  "recipe",
+  # slow tier; default representative: [quartet] (an FP4 recipe whose forward rotates: both branches of the expected
+  # error); bf16's identity by test_bf16_recipe_is_exactly_flax, nvfp4_rtn's layers by
+  # test_wrappers_match_flax_layers_with_fp4jax_dots
+  [r if r == "quartet" else pytest.param(r, marks=pytest.mark.slow) for r in recipes.names()],
+)
 def test_linen_dense_is_fp4jax_dot_general_with_the_recipes_error(recipe):
   x, w = _data()
   layer = nn.Dense(N, use_bias=False, dot_general_cls=functools.partial(ql.DotGeneral, recipe=recipe))
@@ -115,6 +121,22 @@ def test_linen_quant_stream_gives_distinct_bits_per_layer_and_step():
   assert not np.array_equal(ga, ga3)  # a new key per step gives new bits
 
 
+def test_linen_random_recipe_without_quant_stream_is_named_while_tracing():
+  """The tracing half of the slow test below: a random recipe without the "quant" stream raises naming it, RTN and
+  init need none, and the deterministic variant of the recipe draws no bits."""
+  x, w = _data()
+  params = {"params": {"kernel": w}}
+  layer = ql.Dense(N, use_bias=False, recipe="nvidia_nvfp4")
+  with pytest.raises(ValueError, match=r"'nvidia_nvfp4'.*'quant' RNG stream"):
+    jax.eval_shape(lambda: layer.apply(params, x))  # the error is raised while tracing
+  jax.eval_shape(lambda: ql.Dense(N, use_bias=False, recipe="nvfp4_rtn").apply(params, x))  # RTN: no stream needed
+  jax.eval_shape(lambda: layer.init(jax.random.key(0), x))  # init: keys from the "params" stream
+  assert not recipes.deterministic(recipes.get("nvidia_nvfp4")).is_random
+
+
+# slow tier; default representative: test_linen_random_recipe_without_quant_stream_is_named_while_tracing (its tracing
+# checks) and test_nnx_quant_stream_and_eval_mode (the deterministic layer runs without a stream)
+@pytest.mark.slow
 def test_linen_random_recipe_needs_quant_stream_unless_deterministic():
   x, w = _data()
   params = {"params": {"kernel": w}}
@@ -160,6 +182,21 @@ def test_nnx_quant_stream_and_eval_mode():
   bare(x)
 
 
+def test_backend_field_reaches_dot_general():
+  """The tracing half of the slow test below: linen Dense and nnx Linear with backend="pallas" call the fused kernels
+  (``pallas_call`` in their jaxprs)."""
+  m, k, n = 32, 64, 32
+  kx, kw = jax.random.split(jax.random.key(5))
+  x, w = jax.random.normal(kx, (m, k), jnp.bfloat16), jax.random.normal(kw, (k, n), jnp.bfloat16)
+  dense = ql.Dense(n, use_bias=False, recipe="nvfp4_rtn", backend="pallas")
+  linear = qn.Linear(k, n, use_bias=False, recipe="nvfp4_rtn", backend="pallas", rngs=nnx.Rngs(0))
+  assert "pallas_call" in str(jax.make_jaxpr(lambda x: dense.apply({"params": {"kernel": w}}, x))(x))
+  assert "pallas_call" in str(jax.make_jaxpr(lambda x: linear(x))(x))  # the field reaches fp4jax.dot_general
+
+
+# slow tier; default representative: test_backend_field_reaches_dot_general (the field reaches the dot) and
+# tests/kernels/test_dot_pallas.py::test_pallas_backend_matches_xla_bit_for_bit[nvidia_nvfp4] (that dot's bits)
+@pytest.mark.slow
 def test_backend_field_reaches_dot_general_and_pallas_gives_the_same_bits():
   """linen Dense and nnx Linear with backend="pallas" (the fused quantize kernels; Pallas interpret mode on CPU):
   outputs and kernel/input gradients bit-identical to backend="xla" for nvidia_nvfp4 (SR and RHT-16 in the

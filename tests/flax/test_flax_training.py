@@ -3,6 +3,9 @@
 Each run: 4 Adam steps (lr 1e-2) on one fixed batch of 128 tokens, fp32 master weights, bf16 compute. The loss
 starts at ~ln(64) = 4.16; memorizing one batch lowers it by far more than the 0.1 asserted, for every recipe
 (quantization noise in the loss is ~1e-3 at this size).
+
+Whole training runs (a train-step compile each, 9 to 70 s on a CPU): the slow tier's (`pytest -m slow`), except
+one FP4 run by default: NNX under quartet (QuEST's trust mask, the random Hadamard, the "quant" stream).
 """
 
 import flax_models as fm
@@ -16,6 +19,12 @@ from fp4jax._src import recipes
 from fp4jax.flax import Rule, quantize, summary
 
 STEPS, LR, MIN_DROP = 4, 1e-2, 0.1
+
+# slow tier; default representative: test_nnx_transformer_trains_under_recipe[quartet] (an FP4 step end to end) and
+# the parts of a step, in tests/flax/test_flax_layers.py (each layer is fp4jax.dot_general with the recipe's error;
+# FP4 gradients with the "quant" stream per layer and per step, under jax.jit and nnx.jit),
+# tests/flax/test_flax_rules.py (the rules' layer plan, linen and NNX) and tests/flax/test_moe.py
+SLOW = pytest.mark.slow
 
 
 def _train_linen(model, toks, steps=STEPS):
@@ -41,12 +50,8 @@ def _train_linen(model, toks, steps=STEPS):
   return params, losses
 
 
-@pytest.mark.parametrize(
-  "recipe",  # nvfp4_rtn, quartet and quartet2 train through the NNX layers in the default tier (docs/testing.md)
-  [
-    pytest.param(r, marks=pytest.mark.slow) if r in ("nvfp4_rtn", "quartet", "quartet2") else r for r in recipes.names()
-  ],
-)
+@SLOW
+@pytest.mark.parametrize("recipe", recipes.names())
 def test_linen_transformer_trains_under_recipe(recipe):
   toks = fm.tokens(jax.random.key(0))
   params, losses = _train_linen(quantize(fm.LinenTransformer(fm.Config()), [Rule(".*", recipe)]), toks)
@@ -55,6 +60,7 @@ def test_linen_transformer_trains_under_recipe(recipe):
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))  # fp32 master weights
 
 
+@SLOW
 def test_linen_scan_remat_transformer_trains():
   """nn.scan over nn.remat blocks: one layer path ("blocks/block/down") carries the recipe to every block; the
   "quant" stream is split across the scanned blocks (one quantized projection keeps the compile short)."""
@@ -72,12 +78,7 @@ def test_linen_scan_remat_transformer_trains():
   assert losses[-1] < losses[0] - MIN_DROP, losses
 
 
-@pytest.mark.parametrize(  # the other recipes train through linen in the default tier (docs/testing.md)
-  "recipe",
-  [
-    r if r in ("nvfp4_rtn", "quartet", "quartet2") else pytest.param(r, marks=pytest.mark.slow) for r in recipes.names()
-  ],
-)
+@pytest.mark.parametrize("recipe", [pytest.param(r, marks=() if r == "quartet" else SLOW) for r in recipes.names()])
 def test_nnx_transformer_trains_under_recipe(recipe):
   """The attention output and MLP down projections run the recipe (half of the linen test's quantized GEMMs: the
   NNX mechanics under test, the stream through nnx.jit and nnx.value_and_grad, are per layer, the compile is not)."""

@@ -3,6 +3,7 @@ recipe, against ``fp4jax.ragged_dot`` on tokens the test sorts itself."""
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from flax import nnx
 
 import fp4jax
+import fp4jax.flax as fq
 from fp4jax.flax import linen as qlinen
 from fp4jax.flax import nnx as qnnx
 
@@ -97,6 +99,9 @@ def test_fp4_moe_runs_the_experts_through_ragged_dot_on_the_sorted_tokens():
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+# slow tier; default representative: test_fp4_moe_runs_the_experts_through_ragged_dot_on_the_sorted_tokens (the FP4
+# experts), tests/test_ragged.py (fp4jax.ragged_dot's gradients) and tests/flax/test_flax_layers.py's stream tests
+@pytest.mark.slow
 def test_linen_and_nnx_train_under_a_random_recipe():
   """nvidia_nvfp4 (SR, a key per grouped GEMM): gradients reach the router and both expert weights; NNX's stream
   advances, so two steps draw different bits."""
@@ -112,28 +117,40 @@ def test_linen_and_nnx_train_under_a_random_recipe():
   assert np.any(g1.w_in[...] != 0) and not np.array_equal(g1.w_in[...], g2.w_in[...])
 
 
+class _Net(nn.Module):
+  """A dense projection feeding a bf16 MoE layer."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(D, use_bias=False, name="proj")(x)
+    return h, qlinen.MoE(E, TOP_K, HIDDEN, recipe="bf16", name="moe")(h)
+
+
+def test_rules_plan_the_dense_layers_and_never_the_router():
+  """The tracing half of the slow test below: a catch-all rule plans ``proj`` alone (linen), and NNX's MoE holds no
+  quantizable layer."""
+  x = _x()
+  params = _Net().init(jax.random.key(0), x)
+  quantized = fq.quantize(_Net(), [fq.Rule(".*", "nvfp4_rtn")], defaults=())
+  assert list(quantized.plan(lambda: _Net().apply(params, x))) == ["proj"]
+  layer = qnnx.MoE(D, HIDDEN, E, TOP_K, recipe="bf16", rngs=nnx.Rngs(0))
+  assert "router" not in "".join(qnnx.layers(layer))
+
+
+# slow tier; default representative: test_rules_plan_the_dense_layers_and_never_the_router (the plan the rules give)
+@pytest.mark.slow
 def test_rules_never_reach_the_router():
   """A catch-all rule quantizes the dense layers only: the router is a float32 product, not a Dense/Linear, so the
   plan lists only ``proj`` (linen) / the quantizable Linear (NNX), and the routed MoE output of the rule-quantized
   model equals the bf16 MoE applied to the quantized projection's output."""
-  import flax.linen as nn
-
-  import fp4jax.flax as fq
-
-  class Net(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      h = nn.Dense(D, use_bias=False, name="proj")(x)
-      return h, qlinen.MoE(E, TOP_K, HIDDEN, recipe="bf16", name="moe")(h)
-
   x = _x()
-  params = Net().init(jax.random.key(0), x)
-  quantized = fq.quantize(Net(), [fq.Rule(".*", "nvfp4_rtn")], defaults=())
-  assert list(quantized.plan(lambda: Net().apply(params, x))) == ["proj"]
+  params = _Net().init(jax.random.key(0), x)
+  quantized = fq.quantize(_Net(), [fq.Rule(".*", "nvfp4_rtn")], defaults=())
+  assert list(quantized.plan(lambda: _Net().apply(params, x))) == ["proj"]
   h, y = quantized.apply(params, x)
   moe = qlinen.MoE(E, TOP_K, HIDDEN, recipe="bf16")
   want = moe.apply({"params": params["params"]["moe"]}, h)
   np.testing.assert_array_equal(np.asarray(y), np.asarray(want))
-  assert not np.array_equal(np.asarray(h), np.asarray(Net().apply(params, x)[0]))  # proj did quantize
+  assert not np.array_equal(np.asarray(h), np.asarray(_Net().apply(params, x)[0]))  # proj did quantize
   layer = qnnx.MoE(D, HIDDEN, E, TOP_K, recipe="bf16", rngs=nnx.Rngs(0))
   assert "router" not in "".join(qnnx.layers(layer))  # NNX: no quantizable layer inside the MoE

@@ -15,6 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from fp4jax_kernels import operand as kernel_operand
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 import fp4jax
 from fp4jax._src import backends, operand, recipes
@@ -69,7 +72,8 @@ def _inputs(m, k, n):
 
 @pytest.mark.parametrize(
   "name",
-  [pytest.param(r, marks=pytest.mark.slow) if r in ("quartet", "quartet2") else r for r in sorted(RECIPE_SHAPES)],
+  # slow tier; default representative: [nvidia_nvfp4] (SR, RHT16 and the pair kernel in one dot)
+  [r if r == "nvidia_nvfp4" else pytest.param(r, marks=pytest.mark.slow) for r in sorted(RECIPE_SHAPES)],
 )
 def test_pallas_backend_matches_xla_bit_for_bit(name, pallas_kernels):
   recipe = recipes.get(name)
@@ -88,6 +92,9 @@ def test_pallas_backend_matches_xla_bit_for_bit(name, pallas_kernels):
     np.testing.assert_array_equal(g, r, err_msg=f"{name} {what}")
 
 
+# slow tier; default representative: test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand (no pair for a
+# batch, a kernel per batched operand) and test_pallas_backend_matches_xla_bit_for_bit[nvidia_nvfp4] (the dot's bits)
+@pytest.mark.slow
 def test_batched_dot_falls_back_to_one_quantize_per_operand(pallas_kernels):
   """With batch dims (B > 1) the pair kernel (2D) is not used; every operand still takes its own kernel and the
   result is the XLA path's, bit for bit."""
@@ -128,6 +135,9 @@ def test_forward_alone_quantizes_x_once(pallas_kernels):
   ],
   ids=["sr_3d", "tiles16x16_3d", "ms_eden_3d"],
 )
+# slow tier; default representative: test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand (folded shapes
+# and whole tiles per batch taken by the kernel) and test_pallas_backend_matches_xla_bit_for_bit[nvidia_nvfp4] (bits)
+@pytest.mark.slow
 def test_folded_operand_matches_xla(spec, shape):
   """Operands with leading dims are folded into rows for the kernel; random bits and tiles stay the XLA path's."""
   x = jax.random.normal(jax.random.key(5), shape, jnp.float32)
@@ -212,14 +222,16 @@ def test_sharded_operands_take_the_global_amax_where_auto_offers_the_kernels(mon
   for got, ref, what in zip((y.reshape(m, n), dx.reshape(m, k), dw.sum(0)), want, ("y", "dx", "dw")):
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)), err_msg=what)
   kernels = pallas_kernels(traced.jaxpr.jaxpr)
-  # W's pair; X, dY, dYᵀ and Xᵀ per shard (sharded operands are quantized one GEMM at a time)
-  assert kernels.count("fp4_quantize_pair") == 1 and kernels.count("fp4_quantize_nvfp4_rtn") == 4, kernels
+  # W's pair, and each shard's X (for Y and dW) and dY (for dX and dW) by one pair kernel with the combined amaxes
+  assert kernels.count("fp4_quantize_pair") == 3 and not kernels.count("fp4_quantize_nvfp4_rtn"), kernels
 
 
 @pytest.mark.parametrize(
   "recipe_name, shape",
   [
-    ("nvfp4_rtn", (64, 64, 32)),
+    # slow tier; default representative: [nvidia_nvfp4] (the collective amax and SR bits at logical indices) and
+    # test_sharded_operands_take_the_global_amax_where_auto_offers_the_kernels (nvfp4_rtn against the NumPy oracle)
+    pytest.param("nvfp4_rtn", (64, 64, 32), marks=pytest.mark.slow),
     ("nvidia_nvfp4", (64, 64, 32)),
     # MS-EDEN's 128-point rotations: 128 tokens per shard, 128 outputs
     pytest.param("quartet2", (256, 128, 128), marks=pytest.mark.slow),
@@ -253,7 +265,9 @@ def test_explicit_pallas_on_a_sharded_recipe_gives_the_one_device_bits(
   fp32_sums = x.shape[0] * np.finfo(np.float32).eps * np.max(np.abs(want_dw))
   bound = 2.0**-8 * (np.abs(parts).sum(0) + np.abs(want_dw)) + fp32_sums
   assert np.all(np.abs(parts.sum(0) - want_dw) <= bound), np.max(np.abs(parts.sum(0) - want_dw) / bound)
-  assert len(pallas_kernels(traced.jaxpr.jaxpr)) >= 4  # the sharded X, dY, dYᵀ, Xᵀ at least
+  quantizers = [name for name in pallas_kernels(traced.jaxpr.jaxpr) if name.startswith("fp4_quantize")]
+  # the sharded X, dY, dYᵀ, Xᵀ at least (a pair kernel quantizes two of them)
+  assert sum(2 if name.startswith("fp4_quantize_pair") else 1 for name in quantizers) >= 4, quantizers
   equations = list(jaxpr_equations(traced.jaxpr.jaxpr))
   assert not [e for e in equations if e.primitive.name == "custom_jvp_call"]
   read = [e.invars[0].aval.dtype for e in equations if e.primitive.name == "pallas_call"]
@@ -264,9 +278,11 @@ def test_explicit_pallas_on_a_sharded_recipe_gives_the_one_device_bits(
 @pytest.mark.parametrize(
   "recipe, shape, match",
   [
-    ("ms_fp4", (16, 64, 16), "e2m1_channel"),
+    # slow tier; default representative: the [fp8] case (the same error path) and the refusals of
+    # test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand (E2M1_CHANNEL, partial blocks)
+    pytest.param("ms_fp4", (16, 64, 16), "e2m1_channel", marks=pytest.mark.slow),
     ("fp8", (16, 64, 16), "fp8_e4m3"),
-    ("nvfp4_rtn", (16, 40, 16), "whole number of 16-element blocks"),
+    pytest.param("nvfp4_rtn", (16, 40, 16), "whole number of 16-element blocks", marks=pytest.mark.slow),
   ],
 )
 def test_explicit_pallas_refuses_what_the_kernel_cannot_take(recipe, shape, match):
@@ -298,7 +314,12 @@ def test_core_import_does_not_load_pallas():
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-@pytest.mark.parametrize("name", sorted(RECIPE_SHAPES))
+@pytest.mark.parametrize(
+  "name",
+  # slow tier; default representative: [nvfp4_rtn] (the composed dot), each kernel's own lowering in
+  # tests/kernels/test_quantize.py::test_kernel_lowers_to_triton
+  [r if r == "nvfp4_rtn" else pytest.param(r, marks=pytest.mark.slow) for r in sorted(RECIPE_SHAPES)],
+)
 def test_pallas_dot_lowers_for_cuda(name, monkeypatch):
   """The composed fwd+bwd (folded shapes, default tiles, fused Hadamards) lowers every kernel to Triton (on CPU, by
   lowering for CUDA with interpret mode off)."""
@@ -351,7 +372,7 @@ def run(backend, check_vma):
   specs = dict(in_specs=(rows, P(), rows), out_specs=(rows, rows, P()))
   f = jax.jit(jax.shard_map(local, mesh=mesh, check_vma=check_vma, **specs))
   try:
-    kernels = kernel_names(f.trace(x, w, dy).jaxpr.jaxpr).count("fp4_quantize_nvfp4_rtn")
+    kernels = kernel_names(f.trace(x, w, dy).jaxpr.jaxpr).count("fp4_quantize_pair")
     return [np.asarray(t).tolist() for t in f(x, w, dy)], kernels, None
   except ValueError as e:
     return None, None, str(e)
@@ -375,6 +396,9 @@ def shard_map_runs():
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# slow tier; default representative: test_shard_map_with_check_vma_offers_auto_no_kernel (the fallback, traced on a
+# one-device mesh) and test_sharded_operands_take_the_global_amax_where_auto_offers_the_kernels (the per-shard kernel)
+@pytest.mark.slow
 def test_shard_map_with_check_vma_falls_back_to_xla_under_auto(shard_map_runs):
   """Inside ``shard_map(check_vma=True)`` (JAX's default) a ``pallas_call``'s untyped outputs would fail the check:
   ``"auto"`` (the kernels on offer) refuses the per-shard kernel (``Unsupported``) and runs XLA, the same bits as
@@ -386,15 +410,46 @@ def test_shard_map_with_check_vma_falls_back_to_xla_under_auto(shard_map_runs):
   want = oracles.layer_grads(recipes.get("nvfp4_rtn"), x, w, dy)  # the script's inputs
   for got, ref, what in zip(xla, want, ("y", "dx", "dw")):
     oracles.assert_close(np.asarray(got), ref, what)
-  for name, kernels in (("auto_True", 0), ("auto_False", 4), ("pallas_False", 4)):
+  for name, kernels in (("auto_True", 0), ("auto_False", 3), ("pallas_False", 3)):
     got, count, error = shard_map_runs[name]
     assert error is None, (name, error)
-    assert count == kernels, (name, count)  # X, dY, dYᵀ and Xᵀ per shard where the kernel runs
+    assert count == kernels, (name, count)  # W's pair kernel, and each shard's X and dY pairs where the kernels run
     for a, b, what in zip(got, xla, ("y", "dx", "dw")):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"{name} {what}")
 
 
-def test_explicit_pallas_in_shard_map_with_check_vma_names_check_vma_false(shard_map_runs):
-  """``backend="pallas"`` has no fallback: inside ``shard_map(check_vma=True)`` it raises, naming the fix."""
-  _, _, error = shard_map_runs["pallas_True"]
-  assert error is not None and "backend='pallas'" in error and "check_vma=False" in error, error
+def _shard_map_jaxpr(backend, check_vma):
+  """The token-sharded nvfp4_rtn dot of ``_SHARD_MAP_SCRIPT``'s ``run`` inside ``jax.shard_map`` on a one-device mesh
+  of this process, traced (not compiled): the varying-axes types under ``check_vma=True`` are those of any mesh."""
+  mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+  recipe = fp4jax.sharding.token_sharded("nvfp4_rtn", "data")
+  x, w, dy = oracles.dyadic(1, (64, 64), 6.0), oracles.dyadic(2, (32, 64), -6.0), oracles.dyadic(3, (64, 32), 6.0)
+
+  def local(x, w, dy):
+    if check_vma:  # W's gradient is a partial sum per shard: under check_vma=True W must be typed as varying
+      w = lax.pvary(w, "data") if hasattr(lax, "pvary") else lax.pcast(w, "data", to="varying")
+    y, vjp = jax.vjp(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=recipe, backend=backend), x, w)
+    dx, dw = vjp(dy)
+    return y, dx, lax.psum(dw, "data")
+
+  rows = P("data", None)
+  specs = dict(in_specs=(rows, P(), rows), out_specs=(rows, rows, P()))
+  return jax.jit(jax.shard_map(local, mesh=mesh, check_vma=check_vma, **specs)).trace(x, w, dy).jaxpr.jaxpr
+
+
+def test_shard_map_with_check_vma_offers_auto_no_kernel(monkeypatch, pallas_kernels):
+  """Traced in this process: inside ``shard_map(check_vma=True)`` ``"auto"`` (the kernels on offer) runs no kernel
+  (XLA); the same program with ``check_vma=False`` takes the kernels. The slow test above runs both on two devices,
+  against the NumPy oracle."""
+  monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)  # as on an H100
+  monkeypatch.setattr(kernel_operand, "AUTO_MIN_ELEMENTS", 0)
+  assert not pallas_kernels(_shard_map_jaxpr("auto", True))
+  assert pallas_kernels(_shard_map_jaxpr("auto", False))
+
+
+def test_explicit_pallas_in_shard_map_with_check_vma_names_check_vma_false():
+  """``backend="pallas"`` has no fallback: inside ``shard_map(check_vma=True)`` it raises, naming the fix (traced in
+  this process, on a one-device mesh)."""
+  with pytest.raises(ValueError) as error:
+    _shard_map_jaxpr("pallas", True)
+  assert "backend='pallas'" in str(error.value) and "check_vma=False" in str(error.value), error.value

@@ -20,7 +20,12 @@ def _rel(y, r):
 
 @pytest.mark.parametrize(
   "fmt,hadamard,dtype",
-  [(fp4jax.NVFP4, 0, jnp.float32), (FOUR_OVER_SIX, 0, jnp.bfloat16), (fp4jax.NVFP4, 16, jnp.bfloat16)],
+  [
+    # slow tier; default representative: [rht16] (the in-kernel quantization with the Hadamard; the cheapest case)
+    pytest.param(fp4jax.NVFP4, 0, jnp.float32, marks=pytest.mark.slow),
+    pytest.param(FOUR_OVER_SIX, 0, jnp.bfloat16, marks=pytest.mark.slow),
+    (fp4jax.NVFP4, 16, jnp.bfloat16),
+  ],
   ids=["rtn", "4over6_bf16", "rht16"],
 )
 def test_fused_forward_matches_quantize_then_dot(fmt, hadamard, dtype, interpret):

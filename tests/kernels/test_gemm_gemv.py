@@ -24,10 +24,12 @@ def _rel(y, r):
   "m,n,k,split_k,bk",
   [
     (1, 80, 256, None, None),
-    (1, 100, 96, 1, None),
-    (3, 40, 512, 2, 64),
-    (8, 64, 1024, 4, None),
-    (1, 130, 2048, None, 128),
+    # slow tier; default representative: [1-80-256-None-None] (the default config; split_k=1 and two rows in
+    # test_gemv_word_sums_are_exact_so_integer_products_match_bit_for_bit)
+    pytest.param(1, 100, 96, 1, None, marks=pytest.mark.slow),
+    pytest.param(3, 40, 512, 2, 64, marks=pytest.mark.slow),
+    pytest.param(8, 64, 1024, 4, None, marks=pytest.mark.slow),
+    pytest.param(1, 130, 2048, None, 128, marks=pytest.mark.slow),
   ],
 )
 def test_gemv_matches_the_xla_path(m, n, k, split_k, bk, interpret):
@@ -38,6 +40,9 @@ def test_gemv_matches_the_xla_path(m, n, k, split_k, bk, interpret):
   assert _rel(y, reference.matmul(a, b, out_dtype=jnp.float32)) < 1e-6
 
 
+# slow tier; default representative: test_gemv_matches_the_xla_path[1-80-256-None-None] (the GEMV multiplies the stored
+# codes and scales alike in either domain)
+@pytest.mark.slow
 def test_gemv_in_the_hadamard_domain_matches(interpret):
   a, b = _operands(1, 64, 256, hadamard=16, key=jax.random.key(7))
   y = gemv.matmul(a, b, out_dtype=jnp.float32, interpret=interpret)
@@ -94,8 +99,10 @@ def _packed(m, n, k, fmt=fp4jax.NVFP4):
     (1, 256, fp4jax.NVFP4, "fp4_gemv_nvfp4"),
     (2, 256, fp4jax.NVFP4, "fp4_gemv_nvfp4"),
     (3, 256, fp4jax.NVFP4, "fp4_dequant_matmul_nvfp4"),
-    (256, 1, fp4jax.NVFP4, "fp4_dequant_matmul_nvfp4"),
-    (1, 256, fp4jax.MXFP4, "fp4_dequant_matmul_mxfp4"),
+    # slow tier; default representative: the [1-], [2-] and [3-256-...] cases (the two-row boundary) and
+    # test_gemv_rejects_what_it_does_not_cover (no MXFP4 GEMV)
+    pytest.param(256, 1, fp4jax.NVFP4, "fp4_dequant_matmul_nvfp4", marks=pytest.mark.slow),
+    pytest.param(1, 256, fp4jax.MXFP4, "fp4_dequant_matmul_mxfp4", marks=pytest.mark.slow),
   ],
 )
 def test_pallas_entry_sends_up_to_two_rows_to_the_gemv(m, n, fmt, kernel, monkeypatch):
@@ -109,6 +116,10 @@ def test_pallas_entry_sends_up_to_two_rows_to_the_gemv(m, n, fmt, kernel, monkey
 
 
 @pytest.mark.parametrize("m", [1, 5])
+# slow tier; default representative: in test_packed_matmul_kernels.py, test_pallas_packed_matmul_folds_leading_dims and
+# test_pallas_packed_matmul_matches_the_decoded_product[tiles] (fp4jax.packed_matmul on the kernels); this module's
+# GEMV tests and test_pallas_entry_sends_up_to_two_rows_to_the_gemv (one row to the GEMV)
+@pytest.mark.slow
 def test_packed_matmul_on_pallas_matches_dequantize_then_dot(m):
   """``fp4jax.packed_matmul(backend="pallas")`` (interpret mode off a GPU: the GEMV for one row, the tensor-core
   kernel for five) against NumPy's float64 product of the dequantized operands: fp32 summation order only."""

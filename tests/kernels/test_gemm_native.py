@@ -72,7 +72,13 @@ def test_word_decoder_gives_every_element_times_every_scale_exactly():
     np.testing.assert_array_equal(np.signbit(got), np.broadcast_to((row_codes >= 8)[:, None, :], got.shape))
 
 
-@pytest.mark.parametrize("fmt", [fp4jax.NVFP4, fp4jax.MXFP4], ids=lambda f: f.name)
+@pytest.mark.parametrize(
+  "fmt",
+  # slow tier; default representative: [mxfp4] here, NVFP4 by test_pallas_gemm_split_k_matches[2] and
+  # test_pallas_gemm_swapped_product_matches[5] (the same comparison, other tiles)
+  [pytest.param(fp4jax.NVFP4, marks=pytest.mark.slow), fp4jax.MXFP4],
+  ids=lambda f: f.name,
+)
 def test_pallas_gemm_matches_dequantize_dot(fmt, interpret):
   # Products value·scale are exact in the operand dtype (float16 / bfloat16); only fp32 summation order and the
   # epilogue alpha differ (~1 ulp).
@@ -87,6 +93,10 @@ def test_pallas_gemm_matches_dequantize_dot(fmt, interpret):
   [(fp4jax.NVFP4, 1), (fp4jax.NVFP4, 2), (fp4jax.NVFP4, 4), (fp4jax.NVFP4, 8), (fp4jax.MXFP4, 2)],
   ids=lambda v: getattr(v, "name", v),
 )
+# slow tier; default representative: test_pallas_gemm_split_k_matches[2] (NVFP4, one dot per chunk: skinny tiles),
+# test_pallas_gemm_swapped_product_matches[5] (two: 64-row tiles), test_pallas_gemm_matches_dequantize_dot[mxfp4]
+# (MXFP4's two halves) and test_word_decoder_gives_every_element_times_every_scale_exactly (the 8 parts, exactly)
+@pytest.mark.slow
 def test_pallas_gemm_every_dot_split_matches(fmt, dots, interpret):
   """The decoded parts joined into 1, 2, 4 or 8 dots per K chunk: the same sums in another order."""
   a, b = _operands(fmt, k=256)
@@ -161,13 +171,19 @@ def test_pallas_gemm_default_config_fits_skinny_gemms(m, k, want):
   assert pallas_triton.default_config(m, k) == want
 
 
+# slow tier; default representative: test_pallas_gemm_swapped_product_matches[5] (m=5 with the default config)
+@pytest.mark.slow
 def test_pallas_gemm_skinny_default_tile_matches(interpret):
   a, b = _operands(fp4jax.NVFP4, m=5, n=24, k=64)
   y = pallas_triton.matmul(a, b, out_dtype=jnp.float32, num_warps=4, interpret=interpret)
   assert y.shape == (5, 24) and _rel(y, reference.matmul(a, b, out_dtype=jnp.float32)) < 1e-6
 
 
-@pytest.mark.parametrize("m", [1, 5, 32])
+@pytest.mark.parametrize(
+  "m",
+  # slow tier; default representative: [5] (a few ragged rows, every swap setting)
+  [pytest.param(1, marks=pytest.mark.slow), 5, pytest.param(32, marks=pytest.mark.slow)],
+)
 def test_pallas_gemm_swapped_product_matches(m, interpret):
   """A few rows of A: by default the kernel computes (dq(B)·dq(A)ᵀ)ᵀ, B's rows in the tiles; the same sums."""
   a, b = _operands(fp4jax.NVFP4, m=m, n=80, k=256)
@@ -185,7 +201,8 @@ def test_swapped_config_tiles_b_rows_by_64():
   assert pallas_triton.swapped_config(32, 96) == ((64, 32, 32), 4, 4)
 
 
-@pytest.mark.parametrize("split_k", [2, 4])
+# slow tier; default representative: [2] (the partials summed after the kernel)
+@pytest.mark.parametrize("split_k", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_pallas_gemm_split_k_matches(split_k, interpret):
   """K sliced over a third grid axis, the fp32 partials summed after the kernel; ragged M."""
   a, b = _operands(fp4jax.NVFP4, m=5, n=40, k=512)
@@ -202,7 +219,9 @@ def test_default_split_k_fills_the_gpu_only_for_skinny_gemms(m, n, k, want):
   assert pallas_triton.default_split_k(m, n, k, pallas_triton.default_config(m, k)[0]) == want
 
 
-@pytest.mark.parametrize("m", [16, 256])
+# slow tier; default representative: [256] (split-K 1 and 2 lowered); the skinny tile's kernel lowered by
+# test_gemm_gemv.py::test_pallas_entry_sends_up_to_two_rows_to_the_gemv[3-256-...]
+@pytest.mark.parametrize("m", [pytest.param(16, marks=pytest.mark.slow), 256])
 def test_pallas_gemm_lowers_to_triton(m):
   """The even/odd nibble dots, the skinny tile and split-K lower to Triton (checked on CPU by lowering for CUDA)."""
   a, b = _operands(fp4jax.NVFP4, m=m, n=256, k=512)

@@ -38,9 +38,12 @@ def _rel(y, want):
 @pytest.mark.parametrize(
   "m,fmt,extra",
   [
-    (1, fp4jax.NVFP4, {}),  # the GEMV
+    # slow tier; default representative: [tiles] and test_pallas_packed_matmul_folds_leading_dims (1D blocks) through
+    # the tensor-core kernel, the GEMV by test_gemm_gemv.py's tests and its entry's dispatch
+    pytest.param(1, fp4jax.NVFP4, {}, marks=pytest.mark.slow),  # the GEMV
     (5, fp4jax.NVFP4, {"block_shape": (16, 16)}),  # NVIDIA's 16x16 weight tiles, the tensor-core kernel
-    (3, fp4jax.MXFP4, {"hadamard": 32, "hadamard_signs": "none"}),  # Quartet: MXFP4 in a 32-point Hadamard domain
+    # Quartet: MXFP4 in a 32-point Hadamard domain
+    pytest.param(3, fp4jax.MXFP4, {"hadamard": 32, "hadamard_signs": "none"}, marks=pytest.mark.slow),
   ],
   ids=["gemv", "tiles", "mxfp4-hadamard"],
 )
@@ -60,6 +63,9 @@ def test_pallas_packed_matmul_folds_leading_dims():
   assert y.shape == (2, 3, 24) and _rel(y, want) < 1e-6
 
 
+# slow tier; default representative: test_pallas_packed_matmul_matches_the_decoded_product[tiles] (16x16 weight tiles
+# laid out K-major for the tensor-core kernel, its product against the NumPy decode)
+@pytest.mark.slow
 def test_k_major_is_the_same_codes_and_scales_laid_out_again():
   w = fp4jax.quantize(jax.random.normal(jax.random.key(1), (64, 40)), fp4jax.NVFP4, axis=0, block_shape=(16, 16))
   b = api.k_major(w)
@@ -81,6 +87,9 @@ def test_kernels_refuse_weight_only_and_named_backends_say_so():
     fp4jax.packed_matmul(x32, w32, backend="pallas")
 
 
+# slow tier; default representative: test_kernels_refuse_weight_only_and_named_backends_say_so (the refusals "auto"
+# falls back on), test_gemm_native.py::test_auto_tries_what_the_device_runs_fastest_first (its order on each device)
+@pytest.mark.slow
 def test_auto_on_a_gpu_takes_the_kernel_for_fp4_activations_and_xla_otherwise(monkeypatch):
   """``"auto"`` on an H100 (faked): the Pallas kernel for quantized activations and K a whole number of blocks; XLA
   for an array x (weight-only) and for a ragged K."""
@@ -92,6 +101,9 @@ def test_auto_on_a_gpu_takes_the_kernel_for_fp4_activations_and_xla_otherwise(mo
   assert not on_kernel(q((4, 250)), q((250, 32), axis=0))
 
 
+# slow tier; default representative: test_gemm_native.py::test_native_matmul_lowers_for_cuda (the scaled_matmul
+# lowering this entry calls)
+@pytest.mark.slow
 def test_native_packed_matmul_lowers_for_cuda():
   w = fp4jax.quantize(jax.random.normal(jax.random.key(1), (128, 128)), fp4jax.NVFP4, axis=0)
   x = fp4jax.quantize(jax.random.normal(jax.random.key(0), (128, 128)), fp4jax.NVFP4)

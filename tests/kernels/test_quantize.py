@@ -133,33 +133,28 @@ def _assert_same(got, want):
     np.testing.assert_array_equal(np.asarray(mg), np.asarray(mw))
 
 
-# The default tier's cases (interpret mode compiles each kernel on the CPU, about 5 s a case); `pytest -m slow` and
-# the GPU suite (benchmarks/gpu_suite.sh kernels, compiled) run every case. Each feature (rounding, Hadamard, 2D
-# tiles, 4/6, MS-EDEN, MX, columns, transposed values, ragged edges) keeps a default case.
-DEFAULT_CASES = (
-  "nvfp4_rtn",
-  "nvfp4_rtn_f32_ragged",
-  "nvfp4_sr",
-  "nvfp4_rht16_te_sr",
-  "nvfp4_four_over_six_f32",
-  "nvfp4_ms_eden",
-  "mxfp4_floor",
-  "mxfp4_quest_h32",
-  "nvfp4_2d",
-  "nvfp4_cols_rtn",
-  "nvfp4_xt_rht16_sr_values",
-)
+# The default tier's kernel cases (interpret mode compiles each kernel on the CPU, 5 to 20 s a case); `pytest -m slow`
+# and the GPU suite (benchmarks/gpu_suite.sh kernels, compiled) run every case. Across this module the default tier
+# compiles one case of each kernel path: RTN along the rows and MS-EDEN's staged 128-point rotation (these two), SR
+# with RHT16 transposed in the kernel (the routes test), QuEST's MXFP4 and its trust mask (the explicit-signs test),
+# ragged edges with whole-unit loads (the whole-unit test), an MXFP4 NaN block; four-over-six in
+# test_quantize_four_over_six_metrics.py, 16x16 tiles in test_dot_pallas.py's nvidia_nvfp4 dot.
+DEFAULT_CASES = ("nvfp4_rtn", "nvfp4_ms_eden")
 
 
 def _tiered(cases, default=DEFAULT_CASES):
-  """``cases`` (names, or tuples whose first item is the name) with those outside ``default`` marked slow."""
+  """``cases`` (names, or tuples whose first item is the name) with those outside ``default`` (names, or whole
+  tuples) marked slow."""
   name = lambda c: c[0] if isinstance(c, tuple) else c  # noqa: E731
   return [
-    c if name(c) in default else pytest.param(*(c if isinstance(c, tuple) else (c,)), marks=pytest.mark.slow)
+    c
+    if name(c) in default or c in default
+    else pytest.param(*(c if isinstance(c, tuple) else (c,)), marks=pytest.mark.slow)
     for c in cases
   ]
 
 
+# slow tier; default representative: [nvfp4_rtn], [nvfp4_ms_eden] and the cases of the tests named at DEFAULT_CASES
 @pytest.mark.parametrize("name", _tiered(sorted(CASES)))
 def test_kernel_matches_reference_bit_for_bit(name, interpret):
   (spec, output), shape, tile = CASES[name]
@@ -178,7 +173,11 @@ def _tiny_products_input(shape, dtype):
   return jnp.asarray(x, jnp.float32).astype(dtype)
 
 
-@pytest.mark.parametrize("name", ["nvfp4_rtn", "nvfp4_sr", "nvfp4_four_over_six_f32", "nvfp4_cols_rtn", "mxfp4_floor"])
+@pytest.mark.parametrize(
+  "name",
+  # slow tier; default representative: [nvfp4_rtn] (its kernel compiled once for this test and the one above)
+  _tiered(["nvfp4_rtn", "nvfp4_sr", "nvfp4_four_over_six_f32", "nvfp4_cols_rtn", "mxfp4_floor"]),
+)
 def test_zero_code_signs_match_reference_bit_for_bit(name, interpret):
   """Negative elements whose scaled value is subnormal get code 0x8, those that underflow to -0 code 0x0
   (``tests/test_e2m1_zero_sign.py``'s rule): the kernel's IEEE product (PTX ``mul.rn.f32`` on the GPU) agrees with
@@ -217,7 +216,9 @@ ROUTE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, route", _tiered(ROUTE_CASES))
+# slow tier; default representative: [nvfp4_xt_rht16_sr_values-kernel] (the tile transposed and rotated in the kernel,
+# the rotated amax pre-pass kernel); the staged route by test_kernel_matches_reference_bit_for_bit[nvfp4_ms_eden]
+@pytest.mark.parametrize("name, route", _tiered(ROUTE_CASES, (("nvfp4_xt_rht16_sr_values", "kernel"),)))
 def test_routes_give_the_same_bits(name, route, interpret):
   """Every route of the transposed and rotated specs (XLA's transpose; the kernel's input staged by the amax
   pre-pass, transposed and rotated; the tile transposed and rotated in the kernel): bit-identical to the
@@ -272,7 +273,10 @@ PAIR_CASES = {  # name: ((rows spec, output), (cols spec, output), shape, tile, 
 }
 
 
-@pytest.mark.parametrize("name", _tiered(sorted(PAIR_CASES), ("nvidia_dy", "nvidia_x_packed")))
+@pytest.mark.parametrize("name", sorted(PAIR_CASES))
+# slow tier; default representative: test_dot_pallas.py::test_pallas_backend_matches_xla_bit_for_bit[nvidia_nvfp4]
+# (nvidia_nvfp4's X and dY through the pair kernel in its dot, bit for bit as the XLA quantizers)
+@pytest.mark.slow
 def test_pair_matches_two_quantizes_bit_for_bit(name, interpret):
   """``quantize_pair``: both directions from one pre-pass and one kernel, each bit-identical to the reference
   (and so to ``quantize`` of that direction alone), with its own key and signs."""
@@ -324,6 +328,9 @@ def test_pair_refuses_what_it_cannot_fuse(rows, cols, match):
     )
 
 
+# slow tier; default representative: test_pair_refuses_what_it_cannot_fuse and test_dot_pallas.py's
+# test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand ("auto"'s pair only where it pays, not in a batch)
+@pytest.mark.slow
 def test_pair_api_picks_the_reference_off_gpu_and_refused_pairs():
   """``api.quantize_pair``'s ``"auto"``: the kernel only on a GPU that runs it and for a pair it speeds up."""
   rows, cols = _k(N, dequantize=V), _k(N, along="rows_of_transpose", dequantize=V)
@@ -344,9 +351,18 @@ def test_pair_api_picks_the_reference_off_gpu_and_refused_pairs():
   assert pallas_triton.pair_pays(*_pair(rows, cols)) and pallas_triton.pair_pays(*_pair(_k(N), rht16))
 
 
-@pytest.mark.parametrize("along", ["rows", "rows_of_transpose"])
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("hadamard", [16, 128])
+@pytest.mark.parametrize(
+  "hadamard, dtype, along",
+  [
+    (h, d, a) if (h, d, a) == (16, jnp.bfloat16, "rows_of_transpose") else pytest.param(h, d, a, marks=pytest.mark.slow)
+    for h in (16, 128)
+    for d in (jnp.bfloat16, jnp.float32)
+    for a in ("rows", "rows_of_transpose")
+  ],
+  # slow tier; default representative: [16-bfloat16-rows_of_transpose] (RHT16 loaded in parts, transposed, rounded to
+  # bf16); MS-EDEN's 128-point staging by test_kernel_matches_reference_bit_for_bit[nvfp4_ms_eden] (its default route)
+  ids=lambda v: jnp.dtype(v).name if not isinstance(v, (int, str)) else str(v),
+)
 def test_prepass_stages_the_rotated_input_and_the_amax(along, dtype, hadamard, interpret):
   """``stage_and_amax`` on a ragged shape: the tensor rotated as ``fp4jax.hadamard.rotated`` does (rounded to
   ``x.dtype``), transposed for the transposed direction, and the rotated amax of the XLA pre-pass. RHT16 (loaded
@@ -386,7 +402,13 @@ def test_routes_are_named_and_fall_back_where_nothing_is_staged():
     pallas_triton.stage_and_amax(jnp.ones((16, 64)), *_k(N), None, interpret=True)
 
 
-@pytest.mark.parametrize("fmt", [M, N], ids=lambda f: f.name)
+@pytest.mark.parametrize(
+  "fmt",
+  # slow tier; default representative: [mxfp4] (the kernel on a NaN block, bit for bit as the reference), the NaN
+  # tensor amax's rule by test_minmax_substitutes_propagate_nan (the kernels' max) and tests/test_quantize.py (the core)
+  [M, pytest.param(N, marks=pytest.mark.slow)],
+  ids=lambda f: f.name,
+)
 def test_nan_block_keeps_nan_scale(fmt, interpret):
   """MXFP4: the block holding NaN gets the NaN scale. NVFP4: the tensor amax is NaN, so every scale is NaN. Codes
   agree with the reference too (Triton's NaN-dropping max/min would clip NaN to ±6)."""
@@ -429,10 +451,13 @@ def test_bad_input_is_named(bad, match):
   [
     "nvfp4_rtn",
     "nvfp4_ms_eden",
-    "nvfp4_cols_rht16_sr",
+    # slow tier; default representative: [nvfp4_xt_rht16_sr_values] and [nvfp4_ms_eden] (the columns' kernels are
+    # the transposed directions' with another output layout)
+    pytest.param("nvfp4_cols_rht16_sr", marks=pytest.mark.slow),
     "nvfp4_four_over_six_f32",
-    "mxfp4_quest_h32",
-    "nvfp4_cols_ms_eden",
+    # slow tier; default representative: test_quest_std_uses_the_ieee_square_root_in_triton (this kernel in Triton IR)
+    pytest.param("mxfp4_quest_h32", marks=pytest.mark.slow),
+    pytest.param("nvfp4_cols_ms_eden", marks=pytest.mark.slow),
     "nvfp4_xt_rht16_sr_values",
   ],
 )
@@ -505,6 +530,9 @@ def test_correctly_rounded_division_is_one_ieee_instruction_in_triton():
   assert module.count("div.rn.f32") == 1 and "arith.divf" not in module
 
 
+# slow tier; default representative: test_dot_pallas.py::test_pallas_backend_matches_xla_bit_for_bit[nvidia_nvfp4] (its
+# kernels write the bf16 values only, bit for bit as the XLA path) and test_ragged_edge_blocks_are_masked_in_triton
+@pytest.mark.slow
 def test_values_only_writes_the_packed_kernels_values_and_nothing_else(interpret):
   """``packed=False``: the same bf16 values and decode scale as the packed kernel, no QTensor, one kernel output."""
   (spec, output), shape, tile = CASES["nvfp4_values_only_ragged"]
@@ -546,7 +574,8 @@ UNIT_CASES = {
 
 @pytest.mark.parametrize(
   "name",
-  _tiered(sorted(UNIT_CASES), ("nvfp4_rtn_ragged", "nvfp4_rht16_te_sr", "nvfp4_four_over_six", "mxfp4_quest_h32")),
+  # slow tier; default representative: [nvfp4_rtn_ragged] (a ragged shape, the trust mask, 16-element units)
+  _tiered(sorted(UNIT_CASES), ("nvfp4_rtn_ragged",)),
 )
 def test_whole_unit_loads_match_reference_bit_for_bit(name, interpret):
   """One warp, so that these small tiles hold a unit per thread: the kernel loads each block (or Hadamard chunk)
@@ -644,6 +673,9 @@ def test_randomized_shapes_on_gpu(seed):
 
 
 @pytest.mark.parametrize("along, nonfinite", [("rows", None), ("cols", None), ("rows", jnp.inf), ("rows", jnp.nan)])
+# slow tier; default representative: test_routes_give_the_same_bits[nvfp4_xt_rht16_sr_values-kernel] (this kernel's
+# amax sets the tensor scale compared bit for bit) and test_nan_block_keeps_nan_scale[nvfp4] (NaN -> NaN tensor scale)
+@pytest.mark.slow
 def test_rotated_amax_prepass_matches_xla(along, nonfinite, interpret):
   spec = _k(N, rounding="sr", hadamard=16, signs="te", along=along)
   x = _input((40, 512) if along == "rows" else (48, 512), jnp.bfloat16)  # rows: a ragged last tile of chunks
@@ -682,10 +714,13 @@ def test_clz_substitute_is_exact():
 @pytest.mark.parametrize(
   "job, shape, tile",
   [
-    (
+    # slow tier; default representative: [quest_mask_rtn_no_key] (explicit signs; MXFP4 QuEST and its trust mask, bit
+    # for bit as the reference)
+    pytest.param(
       _k(N, rounding="sr", hadamard=16, signs="random", along="rows_of_transpose", dequantize=V),
       (64, 32),
       (64, 32),
+      marks=pytest.mark.slow,
     ),
     (_k(QUEST, hadamard=32, signs="random", trust_mask=True), (16, 64), (16, 64)),
   ],

@@ -13,7 +13,9 @@ from fp4jax_kernels.quantize.output import KernelOutput
 import fp4jax
 
 
-@pytest.mark.parametrize("metric", ["l1", "max_abs"])
+# slow tier; default representative: [max_abs] (the metric is a field of the foundation's block numerics, which the
+# kernel runs whatever its value)
+@pytest.mark.parametrize("metric", [pytest.param("l1", marks=pytest.mark.slow), "max_abs"])
 def test_kernel_matches_reference_for_each_metric(metric, interpret):
   fmt = dataclasses.replace(fp4jax.NVFP4, scale_mode="four_over_six", four_over_six_metric=metric)
   spec, output = fp4jax.QuantizeSpec(fmt), KernelOutput(dequantize="block_scaled_only")
@@ -31,6 +33,25 @@ def test_kernel_matches_reference_for_each_metric(metric, interpret):
   )
 
 
+def _te_spec():
+  fmt = dataclasses.replace(
+    fp4jax.NVFP4, scale_mode="four_over_six", four_over_six_metric="l1", four_over_six_reference="te"
+  )
+  return fp4jax.QuantizeSpec(fmt), KernelOutput(dequantize="block_scaled_only")
+
+
+def test_kernel_refuses_te_reference(interpret):
+  """The kernel raises the typed ``backends.Unsupported`` for TE's 4over6 arithmetic before it traces anything (the
+  first check of the slow test below, which also compiles the reference ``"auto"`` falls back to)."""
+  spec, output = _te_spec()
+  x = jnp.ones((32, 64), jnp.float32)
+  with pytest.raises(fp4jax.backends.Unsupported, match="four_over_six_reference='te'"):
+    pallas_triton.quantize(x, spec, None, output=output, tile=(16, 64), interpret=interpret)
+
+
+# slow tier; default representative: test_kernel_refuses_te_reference (the refusal), and on a CPU "auto" is the
+# reference whatever the spec (test_quantize.py::test_api_auto_uses_reference_on_cpu_and_accepts_names)
+@pytest.mark.slow
 def test_kernel_refuses_te_reference_and_auto_falls_back(interpret):
   """TE's 4over6 arithmetic (``four_over_six_reference="te"``) runs only in the reference: the kernel raises the
   typed ``backends.Unsupported`` and ``backend="auto"`` gives the reference's bits."""

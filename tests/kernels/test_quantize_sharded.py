@@ -101,8 +101,8 @@ def _pspec(spec_in):
   return P(*spec_in)
 
 
-# The default tier's cases (every case under `pytest -m slow`; the subprocess computes the selected ones): RTN with
-# the outputs' shardings, SR with the 16-point RHT along rows and columns, and the transposed, rotated values.
+# The cases the subprocess always computes (test_outputs_are_sharded_like_x_and_transposed_along_cols reads their
+# layouts) besides the selected ones; the subprocess's tests are all in the slow tier (see the tests below).
 DEFAULT_CASES = ("nvfp4_rtn", "nvfp4_sr_rht16_te", "nvfp4_cols_sr_rht16_te", "nvfp4_xt_sr_rht16_values_signs_mask")
 
 
@@ -201,13 +201,19 @@ XLA_FLAGS = (
 )
 
 
+# The subprocess's tests (the 8-device comparisons, about two minutes of interpret-mode compiles) are the slow tier's.
+# Default representative: in test_dot_pallas.py, test_explicit_pallas_on_a_sharded_recipe_gives_the_one_device_bits
+# [nvidia_nvfp4] (per-shard kernels with the collective amax and SR bits at logical indices, bit for bit as one
+# device) and test_sharded_operands_take_the_global_amax_where_auto_offers_the_kernels (against the NumPy oracle);
+# here, test_shards_with_a_hadamard_are_rotated_once (quantize_sharded on a mesh, lowered for CUDA).
 @pytest.fixture(scope="module")
 def results(script_json, selected_params, request):
   args = (",".join(selected_params(request, "name")),)
   return script_json(__file__, XLA_FLAGS, timeout=SUBPROCESS_TIMEOUT_S, args=args)
 
 
-@pytest.mark.parametrize("name", [n if n in DEFAULT_CASES else pytest.param(n, marks=pytest.mark.slow) for n in CASES])
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow  # slow tier; default representative: see `results`
 def test_sharded_kernel_is_bit_identical_to_one_device(results, name):
   records = [r for r in results["cases"] if r["case"] == name]
   assert len(records) == 1 + len(CASES[name][2])
@@ -216,6 +222,7 @@ def test_sharded_kernel_is_bit_identical_to_one_device(results, name):
     assert flags and all(flags.values()), r
 
 
+@pytest.mark.slow  # slow tier; default representative: see `results`
 def test_outputs_are_sharded_like_x_and_transposed_along_cols(results):
   by = {(r["case"], r["spec_in"]): r for r in results["cases"] if r["vs"] == "reference"}
   assert by[("nvfp4_rtn", repr(BOTH))]["codes_spec"] == repr(("b", "a"))
@@ -226,17 +233,20 @@ def test_outputs_are_sharded_like_x_and_transposed_along_cols(results):
 
 
 @pytest.mark.parametrize("bad", ["nan", "inf"])
+@pytest.mark.slow  # slow tier; default representative: see `results`; test_quantize.py::test_nan_block_keeps_nan_scale
 def test_nonfinite_element_in_one_shard_makes_the_tensor_scale_nan(results, bad):
   r = results[f"{bad}_in_one_shard"]
   assert np.isnan(r["tensor_scale"]) and r["all_scales_nan"] and r["all_dequantized_nan"], r
   assert r["codes"] and r["scales"] and r["global_scale"], r
 
 
+@pytest.mark.slow  # slow tier; default representative: see `results`
 def test_per_shard_kernel_without_global_amax_and_indices_differs(results):
   """Negative control: the equality above needs the collective amax and the logical indices."""
   assert results["per_shard_defaults_codes_differ"] > 0
 
 
+@pytest.mark.slow  # slow tier; default representative: see `results`
 def test_straddling_or_uneven_layouts_are_rejected(results):
   errors = results["errors"]
   assert "shape (32, 256)" in errors["straddle_hadamard"] and "('a', 'b')" in errors["straddle_hadamard"]
