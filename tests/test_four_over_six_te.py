@@ -173,6 +173,7 @@ def test_add_rn_matches_ieee():
   sub = (rng.integers(0, 2**23, n).astype(np.uint32).view(F32) * rng.choice(F32([-1, 1]), n)).astype(F32)
   a[40_000:60_000], b[50_000:70_000] = sub[:20_000], sub[20_000:40_000]  # subnormals, both and one
   a[80_000:80_100], b[80_050:80_150] = F32(0.0), F32(-0.0)
+  a[80_200:80_300], b[80_200:80_300] = F32(-0.0), F32(-0.0)  # -0 + -0 = -0, the one negative zero sum
   with np.errstate(all="ignore"):
     want = a + b
   got = np.asarray(jax.jit(add_rn)(a, b))

@@ -198,13 +198,16 @@ class PublicVariantsTest(chex.TestCase):
     self._check_dots(RECIPES)
 
   @chex.variants(without_jit=True)
+  # slow tier; default representative: test_eager_quantize_and_dot_general_under_x64_give_the_x32_bits (the eager
+  # forward dot, the same bits as jitted) and the jitted dot's forward and gradients against the layer oracle
+  @pytest.mark.slow
   def test_eager_dot_general_matches_the_layer_oracle(self):
     """Eagerly, nvidia_nvfp4 (SR, the random Hadamard, 2D weight tiles) in the default tier; every recipe in the
     slow test below."""
     self._check_dots(("nvidia_nvfp4",))
 
   @chex.variants(without_jit=True)
-  # slow tier; default representative: test_eager_dot_general_matches_the_layer_oracle (nvidia_nvfp4, eagerly)
+  # slow tier; default representative: test_eager_quantize_and_dot_general_under_x64_give_the_x32_bits (eagerly)
   @pytest.mark.slow
   def test_eager_dot_general_of_every_recipe_matches_the_layer_oracle(self):
     self._check_dots(RECIPES)

@@ -258,7 +258,7 @@ GPUS = len([d for d in jax.devices() if d.platform == "gpu"]) if jax.default_bac
   "platform",
   [
     # slow tier; default representative: an integration run (a 2-device mesh); its parts: the [gpu] case on the GPU
-    # host, test_every_recipe_equals_per_group_gemms_on_the_same_quantized_operands and test_vmap_over_independent_*
+    # host and test_every_recipe_equals_per_group_gemms_on_the_same_quantized_operands
     pytest.param("cpu", marks=pytest.mark.slow),
     pytest.param("gpu", marks=pytest.mark.skipif(GPUS < 2, reason=f"needs 2 GPUs, {GPUS} visible")),
   ],

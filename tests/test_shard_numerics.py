@@ -29,8 +29,8 @@ RECIPES = ("nvfp4_rtn", "nvidia_nvfp4", "quartet2", "fp8", "ms_fp4")
 FEATURE_RECIPES = RECIPES + ("quartet",)
 SPLITS = ("outputs", "inputs")
 # The default tier's cases (docs/testing.md); the subprocess computes only the selected ones. Along the tokens
-# nvfp4_rtn (computed anyway: the negative controls) and nvidia_nvfp4 (2D weight tiles, RHT, SR at global indices);
-# along the features nvfp4_rtn on the inputs split (row-parallel: the forward's contraction split, Y partials).
+# nvidia_nvfp4 (2D weight tiles, RHT, SR at global indices; nvfp4_rtn is computed for the negative control); along
+# the features nvfp4_rtn on the inputs split (row-parallel: the forward's contraction split, Y partials).
 DEFAULT_RECIPES, DEFAULT_FEATURE_RECIPES, DEFAULT_SPLITS = ("nvidia_nvfp4",), ("nvfp4_rtn",), ("inputs",)
 
 

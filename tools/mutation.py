@@ -107,6 +107,18 @@ TARGETS = {
 # is no reason
 EQUIVALENT = {
   # ieee.py
+  "ieee:add_rn:177.0": (
+    "10eb14992786de46",
+    "add_rn: swap on mb >= ma instead of mb > ma (equal exponents) changes only operands of equal magnitude: with "
+    "equal signs the sum is symmetric, with opposite signs p = (m1 << 6) - (m2 << 6) = 0 with shift 0 (no sticky), "
+    "so zero holds and the sign is sa & sb whichever operand is first",
+  ),
+  "ieee:add_rn:319.0": (
+    "10eb14992786de46",
+    "add_rn: shift clipped at 32 instead of 31 changes only l1 - l2 >= 32, where small = m2 << 6 < 2^30: with 31 the "
+    "mask is 2^31 - 1 and small >> 31 = 0; with 32, XLA's uint32 shifts by >= 32 give 0, so the mask is 0 - 1 = "
+    "2^32 - 1 and small >> 32 = 0: the same sticky (small != 0) and aligned (0)",
+  ),
   "ieee:significand:51.0": (
     "dfdf99ae485fda5a",
     "significand: shift clip 23 -> 24 only reaches x = 0 (clz(0) = 32); m << 24 is still 0 and the lsb "

@@ -210,7 +210,7 @@ def test_moe_model_trains_under_recipe(corpus, recipe):
   assert np.mean(losses[-3:]) < 0.75 * np.mean(losses[:2]), losses
 
 
-# slow tier; default representative: test_exp_sharding.py::test_sharded_losses_match_one_device[bf16-meshes0]
+# slow tier; default representative: test_exp_deterministic.py's [bf16] case (data-parallel training, bit for bit)
 @pytest.mark.slow
 def test_moe_data_parallel_losses_match_one_device(corpus):
   """The MoE model on data=2 and data=2 FSDP meshes (2 CPU devices, in a subprocess: the device count is fixed

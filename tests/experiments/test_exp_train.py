@@ -59,7 +59,7 @@ def test_bad_train_config_names_the_argument(corpus):
 
 # slow tier; default representative: test_pause_and_resume_in_process_and_config_mismatch, test_exp_train_trust.py's
 # test_sigint_checkpoints_the_current_step_and_the_rerun_resumes_exactly (the resumed curve and state, bit for bit);
-# the loss falls: test_exp_deterministic.py's [bf16] case, test_exp_sharding.py's [bf16-meshes0] reference
+# the loss falls: test_exp_deterministic.py's [bf16] case
 @pytest.mark.slow
 def test_loss_goes_down_and_resume_after_kill_reproduces_the_curve(corpus, tmp_path):
   config = _config(corpus, tokens=16 * 8 * 64)

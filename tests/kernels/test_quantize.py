@@ -135,10 +135,10 @@ def _assert_same(got, want):
 
 # The default tier's kernel cases (interpret mode compiles each kernel on the CPU, 5 to 20 s a case); `pytest -m slow`
 # and the GPU suite (benchmarks/gpu_suite.sh kernels, compiled) run every case. Across this module the default tier
-# compiles one case of each kernel path: RTN along the rows and MS-EDEN's staged 128-point rotation (these two), SR
-# with RHT16 transposed in the kernel (the routes test), QuEST's MXFP4 and its trust mask (the explicit-signs test),
-# ragged edges with whole-unit loads (the whole-unit test), an MXFP4 NaN block; four-over-six in
-# test_quantize_four_over_six_metrics.py, 16x16 tiles in test_dot_pallas.py's nvidia_nvfp4 dot.
+# compiles one case of each kernel path: RTN along the rows and MS-EDEN's staged 128-point rotation (these two), QuEST's
+# MXFP4 and its trust mask (the explicit-signs test), ragged edges with whole-unit loads (the whole-unit test), an MXFP4
+# NaN block; SR with RHT16 transposed in the pair kernel and 16x16 tiles in test_dot_pallas.py's nvidia_nvfp4 dot,
+# four-over-six in test_quantize_four_over_six_metrics.py.
 DEFAULT_CASES = ("nvfp4_rtn", "nvfp4_ms_eden")
 
 
@@ -216,9 +216,10 @@ ROUTE_CASES = [
 ]
 
 
-# slow tier; default representative: [nvfp4_xt_rht16_sr_values-kernel] (the tile transposed and rotated in the kernel,
-# the rotated amax pre-pass kernel); the staged route by test_kernel_matches_reference_bit_for_bit[nvfp4_ms_eden]
-@pytest.mark.parametrize("name, route", _tiered(ROUTE_CASES, (("nvfp4_xt_rht16_sr_values", "kernel"),)))
+# slow tier; default representative: the staged route by test_kernel_matches_reference_bit_for_bit[nvfp4_ms_eden]
+# slow tier; default representative: test_dot_pallas.py::test_pallas_backend_matches_xla_bit_for_bit[nvidia_nvfp4]
+# (SR with RHT16 along the transposed tensor, in the pair kernel, bit for bit the XLA dot)
+@pytest.mark.parametrize("name, route", _tiered(ROUTE_CASES, ()))
 def test_routes_give_the_same_bits(name, route, interpret):
   """Every route of the transposed and rotated specs (XLA's transpose; the kernel's input staged by the amax
   pre-pass, transposed and rotated; the tile transposed and rotated in the kernel): bit-identical to the
@@ -354,13 +355,14 @@ def test_pair_api_picks_the_reference_off_gpu_and_refused_pairs():
 @pytest.mark.parametrize(
   "hadamard, dtype, along",
   [
-    (h, d, a) if (h, d, a) == (16, jnp.bfloat16, "rows_of_transpose") else pytest.param(h, d, a, marks=pytest.mark.slow)
+    pytest.param(h, d, a, marks=pytest.mark.slow)
     for h in (16, 128)
     for d in (jnp.bfloat16, jnp.float32)
     for a in ("rows", "rows_of_transpose")
   ],
-  # slow tier; default representative: [16-bfloat16-rows_of_transpose] (RHT16 loaded in parts, transposed, rounded to
-  # bf16); MS-EDEN's 128-point staging by test_kernel_matches_reference_bit_for_bit[nvfp4_ms_eden] (its default route)
+  # slow tier; default representative: MS-EDEN's 128-point staging by
+  # test_kernel_matches_reference_bit_for_bit[nvfp4_ms_eden] (its default route), and RHT16 transposed in the
+  # nvidia_nvfp4 dot of test_dot_pallas.py::test_pallas_backend_matches_xla_bit_for_bit[nvidia_nvfp4]
   ids=lambda v: jnp.dtype(v).name if not isinstance(v, (int, str)) else str(v),
 )
 def test_prepass_stages_the_rotated_input_and_the_amax(along, dtype, hadamard, interpret):
@@ -673,8 +675,9 @@ def test_randomized_shapes_on_gpu(seed):
 
 
 @pytest.mark.parametrize("along, nonfinite", [("rows", None), ("cols", None), ("rows", jnp.inf), ("rows", jnp.nan)])
-# slow tier; default representative: test_routes_give_the_same_bits[nvfp4_xt_rht16_sr_values-kernel] (this kernel's
-# amax sets the tensor scale compared bit for bit) and test_nan_block_keeps_nan_scale[nvfp4] (NaN -> NaN tensor scale)
+# slow tier; default representative: test_dot_pallas.py::test_pallas_backend_matches_xla_bit_for_bit[nvidia_nvfp4] (the
+# pair kernel's rotated amax sets the tensor scale of the bits compared) and test_minmax_substitutes_propagate_nan
+# (the kernels' max keeps NaN: a NaN tensor scale)
 @pytest.mark.slow
 def test_rotated_amax_prepass_matches_xla(along, nonfinite, interpret):
   spec = _k(N, rounding="sr", hadamard=16, signs="te", along=along)
