@@ -387,7 +387,8 @@ def shard_map_runs():
   """The token-sharded nvfp4_rtn dot (y, dX, psum'd dW) inside ``jax.shard_map`` on a 2-device CPU mesh (a
   subprocess: the device count is fixed before jax starts), for each backend and ``check_vma``: ``{name: (results,
   number of per-shard kernel calls in the jaxpr, error message or None)}``."""
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  # two host CPU devices on any machine (a GPU host's one GPU would leave the mesh a device short)
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   proc = subprocess.run(
     [sys.executable, "-c", _SHARD_MAP_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=600
