@@ -124,14 +124,17 @@ def test_linen_quant_stream_gives_distinct_bits_per_layer_and_step():
 def test_linen_random_recipe_without_quant_stream_is_named_while_tracing():
   """The tracing half of the slow test below: a random recipe without the "quant" stream raises naming it, RTN and
   init need none, and the deterministic variant of the recipe draws no bits."""
-  x, w = _data()
+  _check_quant_stream_is_named_while_tracing(*_data())
+  assert not recipes.deterministic(recipes.get("nvidia_nvfp4")).is_random
+
+
+def _check_quant_stream_is_named_while_tracing(x, w):
   params = {"params": {"kernel": w}}
   layer = ql.Dense(N, use_bias=False, recipe="nvidia_nvfp4")
   with pytest.raises(ValueError, match=r"'nvidia_nvfp4'.*'quant' RNG stream"):
     jax.eval_shape(lambda: layer.apply(params, x))  # the error is raised while tracing
   jax.eval_shape(lambda: ql.Dense(N, use_bias=False, recipe="nvfp4_rtn").apply(params, x))  # RTN: no stream needed
   jax.eval_shape(lambda: layer.init(jax.random.key(0), x))  # init: keys from the "params" stream
-  assert not recipes.deterministic(recipes.get("nvidia_nvfp4")).is_random
 
 
 # slow tier; default representative: test_linen_random_recipe_without_quant_stream_is_named_while_tracing (its tracing
@@ -140,11 +143,7 @@ def test_linen_random_recipe_without_quant_stream_is_named_while_tracing():
 def test_linen_random_recipe_needs_quant_stream_unless_deterministic():
   x, w = _data()
   params = {"params": {"kernel": w}}
-  layer = ql.Dense(N, use_bias=False, recipe="nvidia_nvfp4")
-  with pytest.raises(ValueError, match=r"'nvidia_nvfp4'.*'quant' RNG stream"):
-    jax.eval_shape(lambda: layer.apply(params, x))  # the error is raised while tracing
-  jax.eval_shape(lambda: ql.Dense(N, use_bias=False, recipe="nvfp4_rtn").apply(params, x))  # RTN: no stream needed
-  jax.eval_shape(lambda: layer.init(jax.random.key(0), x))  # init: keys from the "params" stream
+  _check_quant_stream_is_named_while_tracing(x, w)
   eval_layer = ql.Dense(N, use_bias=False, recipe="nvidia_nvfp4", deterministic=True)
   run = recipes.deterministic(recipes.get("nvidia_nvfp4"))
   assert not run.is_random
