@@ -210,14 +210,16 @@ def test_fp8_round_every_value_midpoint_and_neighbour_matches_ml_dtypes(fmt, dty
 def test_format_class_constants_follow_the_specs():
   """NVFP4 (NVIDIA): E4M3 block scales under an FP32 tensor scale, 16-element hardware blocks; MXFP4 (OCP MX v1.0):
   E8M0 scales, no tensor scale, 32-element blocks; only QuEST reads block standard deviations; MS-EDEN's scale rule
-  is NVFP4's with absmax scales only."""
+  is NVFP4's with absmax scales only; only four-over-six rounds each block under two block scalings."""
   nv, nv46 = formats.NVFP4, formats.NVFP4Format(scale_mode="four_over_six")
   assert (nv.has_tensor_scale, nv.native_block_size, nv.scale_dtype) == (True, 16, jnp.float8_e4m3fn)
   assert (formats.MXFP4.has_tensor_scale, formats.MXFP4.native_block_size) == (False, 32)
   assert (nv.takes_eden, nv46.takes_eden, nv.needs_block_std, nv46.needs_block_std) == (True, False, False, False)
+  assert (nv.block_scale_candidates, nv46.block_scale_candidates) == (1, 2)
   for mode in formats.MXFP4Format.scale_modes:
     fmt = formats.MXFP4Format(scale_mode=mode)
     assert not fmt.takes_eden and fmt.needs_block_std == mode.startswith("quest")
+    assert fmt.block_scale_candidates == 1
     with pytest.raises(ValueError, match="rounding='eden' is MS-EDEN for NVFP4"):
       fp4jax.QuantizeSpec(fmt=fmt, rounding="eden")
 

@@ -132,6 +132,11 @@ class FP4Format(BlockFormat):
     """Whether the block scale rule reads each block's standard deviation (QuEST)."""
     return False
 
+  @property
+  def block_scale_candidates(self) -> int:
+    """How many block scalings the quantizer rounds each block under before keeping one (1; four-over-six: 2)."""
+    return 1
+
   def tensor_scales(self, amax: jax.Array, rounding: str) -> tuple[jax.Array, jax.Array] | None:
     """``(s_enc, s_dec)``, the fp32 tensor encode / decode scales from the tensor ``amax``; None without one."""
     del amax, rounding
@@ -248,6 +253,10 @@ class NVFP4Format(FP4Format):
   @property
   def takes_eden(self) -> bool:
     return self.scale_mode == "absmax"
+
+  @property
+  def block_scale_candidates(self) -> int:
+    return 2 if self.scale_mode == "four_over_six" else 1
 
   def scale_rule(self, rounding: str) -> str:
     """The tensor/block scale rule: MS-EDEN's for ``rounding="eden"``, else ``scale_mode``."""

@@ -60,7 +60,6 @@ from fp4jax._src.formats import (
   FourOverSixMetric,
   FP4Format,
   e2m1_decode,
-  floor_log2,
 )
 from fp4jax._src.ieee import add_rn, div_rn, mul_pow2_rn, mul_pow2_rn_f32, mul_rn, mul_short_rn, mul_unflushed, widen
 from fp4jax._src.reductions import pairwise_sum
@@ -229,8 +228,8 @@ def four_over_six_error(
   xb: jnp.ndarray, deq: jnp.ndarray, amax_b: jnp.ndarray, axes: tuple[int, ...], metric: FourOverSixMetric = "mse"
 ) -> jnp.ndarray:
   """A block's error ``E`` between ``xb`` and its dequantized ``deq`` (keep-dims) by ``metric`` (``"mse"``, ``"l1"``
-  or ``"max_abs"``), as specified in the module docstring: on the errors scaled by 2^-floor(log2 amax_b), those
-  below 2^-40 dropped. The same float32 bits on every backend.
+  or ``"max_abs"``), as specified in the module docstring: on the errors scaled by 2^-floor(log2 amax_b) (``amax_b``
+  the block's max|x|, keep-dims), those below 2^-40 dropped. The same float32 bits on every backend.
 
   A block with a subnormal ``amax_b`` (F < -127) is scaled by 2^127 instead of 2^-F, so that the scaling is a
   product by a float32 (``fp4jax.ieee.mul_pow2_rn_f32``). Both candidates' errors are then those of the 2^-F scaling
@@ -238,7 +237,7 @@ def four_over_six_error(
   dequantized value are multiples of 2^-149 of the same sign (or zero), so every ``d_s`` is a multiple of 2^-22
   below 4 (exact, never dropped), and every later operation stays normal, where a power-of-two scaling commutes with
   rounding. So the choice between the candidates is the same."""
-  k = jnp.minimum(-floor_log2(amax_b), 127)
+  k = 127 - ((lax.bitcast_convert_type(amax_b, jnp.int32) >> 23) & 0xFF)  # min(-F, 127): 127 - the biased exponent
   d = mul_pow2_rn_f32(xb, k) - mul_pow2_rn_f32(deq, k)  # IEEE (xb - deq)·2^k: the scaled values are not subnormal
   d = jnp.where(jnp.abs(d) < _ERROR_FLOOR, jnp.float32(0.0), d)
   if metric == "l1":

@@ -633,9 +633,10 @@ def test_default_route_follows_the_hadamard():
 
 
 def test_default_tile_is_wider_for_rtn_along_rows():
-  """(16, 512) for RTN along the rows without a Hadamard, (32, 256) for 16x16 tiles, (16, 256) otherwise
-  (BENCHMARKS.md §5 at 83b474b)."""
+  """(16, 512) for RTN along the rows without a Hadamard and with one block scaling, (32, 256) for 16x16 tiles,
+  (16, 256) otherwise (BENCHMARKS.md §5 at 83b474b; four-over-six: the sweep in CHANGELOG, eleventh session)."""
   assert pallas_triton.default_tile(*_k(N)) == (16, 512)
+  assert pallas_triton.default_tile(*_k(N46)) == (16, 256)
   assert pallas_triton.default_tile(*_k(N, block_shape=(16, 16))) == (32, 256)
   assert pallas_triton.default_tile(*_k(N, rounding="sr")) == (16, 256)
   assert pallas_triton.default_tile(*CASES["nvfp4_rht16_random_rtn"][0]) == (16, 256)
@@ -643,8 +644,10 @@ def test_default_tile_is_wider_for_rtn_along_rows():
 
 
 def test_default_num_warps_follows_the_tile_sweep():
-  """8 warps for MS-EDEN's 128-point rotation, 4 elsewhere (BENCHMARKS.md §5 at 83b474b)."""
+  """8 warps for MS-EDEN's 128-point rotation and four-over-six's two block scalings, 4 elsewhere (BENCHMARKS.md §5
+  at 83b474b)."""
   assert pallas_triton.default_num_warps(CASES["nvfp4_ms_eden"][0][0]) == 8
+  assert pallas_triton.default_num_warps(CASES["nvfp4_four_over_six_f32"][0][0]) == 8
   assert pallas_triton.default_num_warps(CASES["nvfp4_rht16_te_sr"][0][0]) == 4
   assert pallas_triton.default_num_warps(CASES["nvfp4_rtn"][0][0]) == 4
 

@@ -420,12 +420,13 @@ def _check(x, spec: QuantizeSpec, output: KernelOutput, tile):
 
 def default_tile(spec: QuantizeSpec, output: KernelOutput) -> tuple[int, int]:
   """(block_rows, block_cols): wide along the quantized axis (coalesced loads), 16·256 elements, or 16·512 for RTN
-  along the rows without a Hadamard (the one case where the wider tile pays); 16x16 tiles along the rows take (32, 256),
-  two tile rows."""
+  along the rows without a Hadamard and with one block scaling (the one case where the wider tile pays); 16x16 tiles
+  along the rows take (32, 256), two tile rows."""
   unit = max(output_lib.unit(spec), 16)
   if spec.block_shape is not None and not output.transposed:
     return (32, max(256, unit))
-  wide = spec.rounding == "rtn" and not spec.hadamard and not output.transposed
+  one_scaling = spec.fmt.block_scale_candidates == 1
+  wide = spec.rounding == "rtn" and not spec.hadamard and one_scaling and not output.transposed
   along = max(512 if wide else 256, unit)
   return (along, 32) if output.transposed else (16, along)
 
@@ -437,8 +438,8 @@ def prepass_tile(spec: QuantizeSpec, output: KernelOutput) -> tuple[int, int]:
 
 
 def default_num_warps(spec: QuantizeSpec) -> int:
-  """8 for a 128-point Hadamard (MS-EDEN), else 4."""
-  return 8 if spec.hadamard >= 128 else 4
+  """8 for a 128-point Hadamard (MS-EDEN) or more than one block scaling per block (four-over-six), else 4."""
+  return 8 if spec.hadamard >= 128 or spec.fmt.block_scale_candidates > 1 else 4
 
 
 def _check_shard(x, spec: QuantizeSpec, output: KernelOutput, amax, logical_shape):
