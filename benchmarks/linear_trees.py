@@ -2,7 +2,7 @@
 
 Runs ``benchmarks/bench_linear.py --backends auto`` alternately from this checkout and from ``--baseline`` (a folder
 holding another commit's ``fp4jax``, ``kernels`` and ``benchmarks``), ``--rounds`` times each, in separate processes
-on the same GPU, and writes one JSON document under ``benchmarks/results/``: per recipe the median ms of each tree
+on the same GPU (each round swaps which tree runs first), and writes one JSON document under ``benchmarks/results/``: per recipe the median ms of each tree
 over the rounds, every round's value and the ratio this tree / baseline.
 
     python benchmarks/linear_trees.py --baseline .baseline --rounds 2     # on a GPU
@@ -63,8 +63,10 @@ def main(argv=None):
   }
   ms: dict[str, dict[str, list[float]]] = {"this": {}, "baseline": {}}
   header = None
-  for _ in range(args.rounds):
-    for tree, (root, path) in trees.items():
+  for r in range(args.rounds):
+    order = list(trees) if r % 2 == 0 else list(reversed(trees))  # alternate which tree runs first in a round
+    for tree in order:
+      root, path = trees[tree]
       doc = run_tree(root, path, args.bench_args)
       header = header or doc["header"]
       for row in doc["rows"]:
