@@ -2,8 +2,9 @@
 
 Runs ``benchmarks/bench_linear.py --backends auto`` alternately from this checkout and from ``--baseline`` (a folder
 holding another commit's ``fp4jax``, ``kernels`` and ``benchmarks``), ``--rounds`` times each, in separate processes
-on the same GPU (each round swaps which tree runs first), and writes one JSON document under ``benchmarks/results/``: per recipe the median ms of each tree
-over the rounds, every round's value and the ratio this tree / baseline.
+on the same GPU (each round swaps which tree runs first), and writes one JSON document under
+``benchmarks/results/`` after every round: per recipe the median ms of each tree over the rounds, every round's
+value and the ratio this tree / baseline.
 
     python benchmarks/linear_trees.py --baseline .baseline --rounds 2     # on a GPU
 """
@@ -72,6 +73,15 @@ def main(argv=None):
       for row in doc["rows"]:
         if "ms" in row:
           ms[tree].setdefault(row["name"], []).append(row["ms"])
+    rows = write(args, argv, header, ms, rounds=r + 1)  # after every round: a run cut short keeps what it measured
+  print("| linear fwd+bwd, default arguments | this ms | baseline ms | this / baseline |")
+  print("|---|---|---|---|")
+  for row in rows:
+    print(f"| {row['name']} | {row['this_ms']:.3f} | {row['baseline_ms']:.3f} | {row['ratio']:.3f} |")
+
+
+def write(args, argv, header, ms, rounds: int) -> list[dict]:
+  """Write the JSON document of the ``rounds`` completed rounds to ``args.out``; returns its rows."""
   rows = []
   for name in ms["this"]:
     this, other = statistics.median(ms["this"][name]), statistics.median(ms["baseline"].get(name, [float("nan")]))
@@ -92,14 +102,12 @@ def main(argv=None):
     "baseline_commit": args.baseline_commit,
     "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
     "command": " ".join(["python", "benchmarks/linear_trees.py", *(argv if argv is not None else sys.argv[1:])]),
+    "rounds": rounds,
     "rows": rows,
   }
   pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
   pathlib.Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-  print("| linear fwd+bwd, default arguments | this ms | baseline ms | this / baseline |")
-  print("|---|---|---|---|")
-  for r in rows:
-    print(f"| {r['name']} | {r['this_ms']:.3f} | {r['baseline_ms']:.3f} | {r['ratio']:.3f} |")
+  return rows
 
 
 if __name__ == "__main__":
