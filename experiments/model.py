@@ -33,7 +33,11 @@ k blocks per loop iteration. A device loop over the blocks copies every block's 
 the stacked buffers of the backward pass; unrolled, the blocks are straight-line code without those copies, but
 XLA then compiles every block's kernels apart, and an FP4 block has many more kernels than a BF16 block (its
 quantizers' fusions beside the Pallas kernels). ``scan_unroll="auto"`` (the default) unrolls the BF16 stacks whole
-and runs the FP4 stacks one block per iteration (``ModelConfig.stack_unroll``).
+and runs the FP4 stacks one block per iteration (``ModelConfig.stack_unroll``). With ``recompute_elementwise`` (the
+default) the backward pass recomputes each RMSNorm and the SwiGLU product ``silu(gate) ⊙ up`` from their bf16 inputs
+instead of saving their intermediates (per block six float32 and three bf16 activations of the norms and the
+SiLU), so fewer activations are written, and copied through a layer loop's stacked buffers; the forward values are
+the same, the gradients agree to the last bits of the recomputed float32 reductions.
 """
 
 from __future__ import annotations
@@ -126,6 +130,9 @@ class ModelConfig:
   # on a GPU for bf16/fp16 activations, else XLA (attention_implementation)
   attention_impl: str | None = "auto"
   remat: bool = False  # recompute block activations in the backward pass (less memory, ~1/3 more compute)
+  # recompute RMSNorm and the SwiGLU product from their bf16 inputs in the backward pass instead of saving their
+  # float32 and elementwise intermediates (module docstring); False saves them (more memory traffic)
+  recompute_elementwise: bool = True
   # blocks per scan iteration, or "auto": BF16 stacks unrolled whole, FP4 stacks one block per iteration (module
   # docstring, stack_unroll); how, not what, the model computes
   scan_unroll: int | Literal["auto"] = "auto"
@@ -397,8 +404,16 @@ def _projection(
   )
 
 
-def _norm(config: ModelConfig, name: str) -> nn.RMSNorm:
-  return nn.RMSNorm(epsilon=config.norm_eps, dtype=config.dtype, param_dtype=config.param_dtype, name=name)
+_RecomputedRMSNorm = nn.remat(nn.RMSNorm, prevent_cse=False)
+
+
+def _norm(config: ModelConfig, name: str) -> nn.Module:
+  norm = _RecomputedRMSNorm if config.recompute_elementwise else nn.RMSNorm
+  return norm(epsilon=config.norm_eps, dtype=config.dtype, param_dtype=config.param_dtype, name=name)
+
+
+def _swiglu_product(gate: jax.Array, up: jax.Array) -> jax.Array:
+  return nn.silu(gate) * up
 
 
 def attention_implementation(config: ModelConfig, platform: str | None = None) -> str:
@@ -455,7 +470,8 @@ class SwiGLU(nn.Module):
     gate = _projection(cfg, self.recipe, hidden, "gate", tp=tp, split="outputs")(x)
     up = _projection(cfg, self.recipe, hidden, "up", tp=tp, split="outputs")(x)
     out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-    out = _projection(cfg, self.recipe, cfg.d_model, "down", out_std, tp, "inputs")(nn.silu(gate) * up)
+    product = jax.checkpoint(_swiglu_product, prevent_cse=False) if cfg.recompute_elementwise else _swiglu_product
+    out = _projection(cfg, self.recipe, cfg.d_model, "down", out_std, tp, "inputs")(product(gate, up))
     return tp.exit(out) if tp else out
 
 
