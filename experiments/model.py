@@ -133,6 +133,7 @@ class ModelConfig:
   # recompute RMSNorm and the SwiGLU product from their bf16 inputs in the backward pass instead of saving their
   # float32 and elementwise intermediates (module docstring); False saves them (more memory traffic)
   recompute_elementwise: bool = True
+  recompute_swiglu: bool = True
   # blocks per scan iteration, or "auto": BF16 stacks unrolled whole, FP4 stacks one block per iteration (module
   # docstring, stack_unroll); how, not what, the model computes
   scan_unroll: int | Literal["auto"] = "auto"
@@ -470,7 +471,7 @@ class SwiGLU(nn.Module):
     gate = _projection(cfg, self.recipe, hidden, "gate", tp=tp, split="outputs")(x)
     up = _projection(cfg, self.recipe, hidden, "up", tp=tp, split="outputs")(x)
     out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-    product = jax.checkpoint(_swiglu_product, prevent_cse=False) if cfg.recompute_elementwise else _swiglu_product
+    product = jax.checkpoint(_swiglu_product, prevent_cse=False) if cfg.recompute_swiglu else _swiglu_product
     out = _projection(cfg, self.recipe, cfg.d_model, "down", out_std, tp, "inputs")(product(gate, up))
     return tp.exit(out) if tp else out
 
