@@ -26,7 +26,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MAX_LINES = 500
 # The order of the sections; a result file of a benchmark not listed here is an error (it would not be reported).
-ORDER = ("train_throughput", "linear_trees", "profile_linear", "auto_threshold", "quant_error", "recipe_errors")
+ORDER = (
+  "train_throughput",
+  "loss_curves",
+  "linear_trees",
+  "profile_linear",
+  "auto_threshold",
+  "quant_error",
+  "recipe_errors",
+)
 ABANDONED_MARK = "†"  # a train_throughput row measured beside an abandoned compile
 _HEADER = re.compile(r"device: (?P<device>[^;]+)(?:; jax (?P<jax>[^;]+))?(?:; date: (?P<date>.+))?")
 
@@ -60,9 +68,12 @@ def spread(values: list[float], spec: str) -> str:
 
 
 def _title(doc: dict, title: str) -> list[str]:
+  """The section's heading (STALE and the reason for a file with a ``"stale"`` field), then the file's ``"note"``
+  (what a reader needs to read its settings against today's code), if any."""
+  note = [f"**Note:** {doc['note']}", ""] if "note" in doc else []
   if "stale" in doc:
-    return [f"### STALE: {title}", "", f"**Stale:** {doc['stale']}", ""]
-  return [f"### {title}", ""]
+    return [f"### STALE: {title}", "", f"**Stale:** {doc['stale']}", "", *note]
+  return [f"### {title}", "", *note]
 
 
 def _variants(settings: dict) -> str:
@@ -279,6 +290,26 @@ def _recipe_errors(doc: dict) -> list[str]:
   return out
 
 
+def _loss_curves(doc: dict) -> list[str]:
+  st = doc["settings"]
+  out = _title(doc, f"Loss curves of ModelConfig variants, {st['model']} {st['recipe']}, {st['steps']} steps")
+  out += provenance(doc)
+  variants = "; ".join(f"`{label}`: {json.dumps(over)}" for label, over in st["variants"].items())
+  out += [
+    "",
+    f"`fp4jax_experiments.train.Trainer`, batch {st['batch']} x {st['seq_len']}, the same data, seed and keys, "
+    f"{st['rounds']} runs of each variant (`label#run`) in one process on one device. Variants: {variants}. Two runs "
+    "of one variant differ by the device's run-to-run noise only; a variant keeps the curve where its difference "
+    "from another is no larger.",
+    "",
+    "| runs | mean abs difference | largest | at the last step |",
+    "|---|---|---|---|",
+  ]
+  for d in doc["differences"]:
+    out.append(f"| {d['a']} vs {d['b']} | {d['mean_abs']:.4f} | {d['max_abs']:.4f} | {d['last']:+.4f} |")
+  return out
+
+
 RENDER: dict[str, Callable[[dict], list[str]]] = {
   "train_throughput": _train_throughput,
   "linear_trees": _linear_trees,
@@ -286,6 +317,7 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
   "auto_threshold": _auto_threshold,
   "quant_error": _quant_error,
   "recipe_errors": _recipe_errors,
+  "loss_curves": _loss_curves,
 }
 
 INTRO = [

@@ -33,11 +33,14 @@ k blocks per loop iteration. A device loop over the blocks copies every block's 
 the stacked buffers of the backward pass; unrolled, the blocks are straight-line code without those copies, but
 XLA then compiles every block's kernels apart, and an FP4 block has many more kernels than a BF16 block (its
 quantizers' fusions beside the Pallas kernels). ``scan_unroll="auto"`` (the default) unrolls the BF16 stacks whole
-and runs the FP4 stacks one block per iteration (``ModelConfig.stack_unroll``). With ``recompute_elementwise`` (the
-default) the backward pass recomputes each RMSNorm and the SwiGLU product ``silu(gate) ⊙ up`` from their bf16 inputs
-instead of saving their intermediates (per block six float32 and three bf16 activations of the norms and the
-SiLU), so fewer activations are written, and copied through a layer loop's stacked buffers; the forward values are
-the same, the gradients agree to the last bits of the recomputed float32 reductions.
+and runs the FP4 stacks one block per iteration (``ModelConfig.stack_unroll``).
+
+``recompute`` (how, not what): the backward pass recomputes each RMSNorm (``"norms"``), and also the SwiGLU product
+``silu(gate) ⊙ up`` (``"norms_swiglu"``), from their bf16 inputs instead of saving their intermediates (per block
+six float32 activations of the norms, three bf16 of the SiLU): fewer activations written, and copied through a
+layer loop's stacked buffers. The forward values are the same bits; the gradients differ in last bits where XLA
+fuses the recomputation differently (on a GPU it can also keep in float32 what the saved bf16 intermediates
+rounded).
 """
 
 from __future__ import annotations
@@ -110,6 +113,9 @@ def swiglu_hidden(d_model: int, multiple: int) -> int:
   return multiple * math.ceil(8 * d_model / 3 / multiple)
 
 
+Recompute = Literal["none", "norms", "norms_swiglu"]
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Shape, precision policy and recipe of a model. Build from the size table with :func:`model_config`."""
@@ -130,10 +136,9 @@ class ModelConfig:
   # on a GPU for bf16/fp16 activations, else XLA (attention_implementation)
   attention_impl: str | None = "auto"
   remat: bool = False  # recompute block activations in the backward pass (less memory, ~1/3 more compute)
-  # recompute RMSNorm and the SwiGLU product from their bf16 inputs in the backward pass instead of saving their
-  # float32 and elementwise intermediates (module docstring); False saves them (more memory traffic)
-  recompute_elementwise: bool = True
-  recompute_swiglu: bool = True
+  # the elementwise parts the backward pass recomputes from their bf16 inputs instead of saving their intermediates:
+  # "none", "norms" (RMSNorm) or "norms_swiglu" (and silu(gate) ⊙ up); module docstring
+  recompute: Recompute = "none"
   # blocks per scan iteration, or "auto": BF16 stacks unrolled whole, FP4 stacks one block per iteration (module
   # docstring, stack_unroll); how, not what, the model computes
   scan_unroll: int | Literal["auto"] = "auto"
@@ -152,6 +157,8 @@ class ModelConfig:
     for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size"):
       if getattr(self, name) <= 0:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    if self.recompute not in get_args(Recompute):
+      raise ValueError(f"recompute must be one of {get_args(Recompute)}, got {self.recompute!r}")
     unroll = self.scan_unroll
     if unroll != "auto" and (isinstance(unroll, bool) or not (isinstance(unroll, int) and unroll > 0)):
       raise ValueError(f"scan_unroll must be 'auto' or a positive int (not a bool), got {unroll!r}")
@@ -409,7 +416,7 @@ _RecomputedRMSNorm = nn.remat(nn.RMSNorm, prevent_cse=False)
 
 
 def _norm(config: ModelConfig, name: str) -> nn.Module:
-  norm = _RecomputedRMSNorm if config.recompute_elementwise else nn.RMSNorm
+  norm = nn.RMSNorm if config.recompute == "none" else _RecomputedRMSNorm
   return norm(epsilon=config.norm_eps, dtype=config.dtype, param_dtype=config.param_dtype, name=name)
 
 
@@ -471,7 +478,8 @@ class SwiGLU(nn.Module):
     gate = _projection(cfg, self.recipe, hidden, "gate", tp=tp, split="outputs")(x)
     up = _projection(cfg, self.recipe, hidden, "up", tp=tp, split="outputs")(x)
     out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-    product = jax.checkpoint(_swiglu_product, prevent_cse=False) if cfg.recompute_swiglu else _swiglu_product
+    swiglu = cfg.recompute == "norms_swiglu"
+    product = jax.checkpoint(_swiglu_product, prevent_cse=False) if swiglu else _swiglu_product
     out = _projection(cfg, self.recipe, cfg.d_model, "down", out_std, tp, "inputs")(product(gate, up))
     return tp.exit(out) if tp else out
 

@@ -48,7 +48,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Literal, Self
+from typing import Literal, Self, get_args
 
 import jax
 import jax.numpy as jnp
@@ -981,6 +981,13 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     "BF16 blocks unrolled, FP4 blocks one per iteration",
   )
   parser.add_argument(
+    "--recompute",
+    default="none",
+    choices=list(get_args(model_lib.Recompute)),
+    help="elementwise parts the backward pass recomputes from their bf16 inputs instead of saving: none, norms "
+    "(RMSNorm) or norms_swiglu (and the SwiGLU product); less memory traffic",
+  )
+  parser.add_argument(
     "--quantizer-backend",
     default="auto",
     choices=list(model_lib.QUANTIZER_BACKENDS),
@@ -1005,7 +1012,12 @@ def _scan_unroll(text: str) -> int | str:
 
 def execution_overrides(args: argparse.Namespace) -> dict:
   """The ``model_overrides`` of :func:`add_execution_arguments`' flags."""
-  return {"remat": args.remat, "scan_unroll": args.scan_unroll, "quantizer_backend": args.quantizer_backend}
+  return {
+    "remat": args.remat,
+    "scan_unroll": args.scan_unroll,
+    "recompute": args.recompute,
+    "quantizer_backend": args.quantizer_backend,
+  }
 
 
 def execution_to_args(overrides: dict) -> list[str]:
@@ -1013,6 +1025,8 @@ def execution_to_args(overrides: dict) -> list[str]:
   return (["--remat"] if overrides.get("remat") else []) + [
     "--scan-unroll",
     str(overrides.get("scan_unroll", "auto")),
+    "--recompute",
+    overrides.get("recompute", "none"),
     "--quantizer-backend",
     overrides.get("quantizer_backend", "auto"),
   ]

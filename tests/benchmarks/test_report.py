@@ -137,3 +137,15 @@ def test_sections_follow_the_report_order(tmp_path):
   (tmp_path / "a.json").write_text(json.dumps(_trees_doc()))
   (tmp_path / "b.json").write_text(json.dumps({"benchmark": "train_throughput"}))
   assert [d["benchmark"] for d in report.load(tmp_path)] == ["train_throughput", "linear_trees"]
+
+
+def test_a_note_follows_the_heading_of_its_section():
+  doc = _trees_doc() | {"note": "measured where the option had another name"}
+  lines = report.RENDER["linear_trees"](doc)
+  assert lines[:4] == [
+    "### One linear layer fwd+bwd, this commit against bbb",
+    "",
+    "**Note:** measured where the option had another name",
+    "",
+  ]
+  assert "**Note:**" not in "\n".join(report.RENDER["linear_trees"](_trees_doc()))

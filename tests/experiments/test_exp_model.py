@@ -1,12 +1,15 @@
 """Model: parameter counts per size, shapes, causality, RoPE, per-layer recipe policy."""
 
+import contextlib
 import dataclasses
+import io
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.ad_checkpoint import print_saved_residuals
 
 from fp4jax_experiments import model as m
 
@@ -143,6 +146,44 @@ def test_token_embedding_is_the_gather_with_an_fp32_gradient(vocab):
     np.testing.assert_allclose(grad, expected, rtol=2**-8 + 2**-16, atol=1e-6)
   else:  # 64 sequential bf16 additions per row
     np.testing.assert_allclose(grad, expected, rtol=0, atol=0.05 * np.abs(expected).max())
+
+
+def _block_residuals(recompute: str, recipe: str = "bf16"):
+  """(saved residuals as "dtype[shape]" of one Block's forward, the block's output, its gradients) under
+  ``recompute``: batch 2 x 16 tokens, d 64, SwiGLU width 128."""
+  config = m.ModelConfig(n_layers=2, d_model=64, n_heads=2, ffn_hidden=128, recipe=recipe, recompute=recompute)
+  block = m.Block(config, recipe)
+  h = jax.random.normal(jax.random.key(0), (2, 16, 64)).astype(jnp.bfloat16)
+  params = block.init({"params": jax.random.key(1), "quant": jax.random.key(2)}, h)
+  f = lambda p, h: block.apply(p, h, rngs={"quant": jax.random.key(3)})[0].astype(jnp.float32).sum()
+  text = io.StringIO()
+  with contextlib.redirect_stdout(text):  # one line per residual: "f32[2,16,64] output of ..."
+    print_saved_residuals(f, params, h)
+  saved = [line.split(" ")[0] for line in text.getvalue().splitlines()]
+  return saved, jax.jit(f)(params, h), jax.jit(jax.grad(f, argnums=(0, 1)))(params, h)
+
+
+def test_recompute_saves_only_the_bf16_inputs_of_the_norms_and_the_swiglu_product():
+  """recompute="none" saves each RMSNorm's float32 intermediates (three (B, S, d) activations per norm, two norms)
+  and the SiLU's three bf16 (B, S, h) ones; "norms" saves none of the float32 ones, "norms_swiglu" none of either.
+  The forward is the same bits; the gradients (bf16 recipe, CPU) agree to two bf16 ulps of their largest element."""
+  runs = {r: _block_residuals(r) for r in ("none", "norms", "norms_swiglu")}
+  count = lambda r, what: runs[r][0].count(what)
+  assert [count(r, "f32[2,16,64]") for r in runs] == [6, 0, 0]
+  assert count("none", "bf16[2,16,128]") - count("norms_swiglu", "bf16[2,16,128]") == 3  # silu's intermediates
+  assert count("norms", "bf16[2,16,128]") == count("none", "bf16[2,16,128]")
+  for r in ("norms", "norms_swiglu"):
+    assert runs[r][1] == runs["none"][1]
+    for a, b in zip(jax.tree.leaves(runs["none"][2]), jax.tree.leaves(runs[r][2]), strict=True):
+      a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+      # bf16 gradients whose terms differ by the roundings of the recomputed norm's input gradient (one bf16 ulp,
+      # 2^-7 relative, each) and the residual stream's two paths: two ulps at the top binade
+      assert np.max(np.abs(a - b)) <= 2.0**-6 * np.max(np.abs(a)), (r, float(np.max(np.abs(a - b))))
+
+
+def test_recompute_must_be_a_known_mode():
+  with pytest.raises(ValueError, match=r"recompute must be one of \('none', 'norms', 'norms_swiglu'\), got 'all'"):
+    m.model_config("100K", recompute="all")
 
 
 @pytest.mark.parametrize("bad", [0, -2, "all", 1.5, True, False])
