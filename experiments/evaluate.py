@@ -12,7 +12,9 @@ write ``{"name", "model", "recipe", "tokens", "step", "steps", "batch_losses": [
 :func:`gaps` pairs each recipe with the baseline run (BF16 by default; ``--baseline RECIPE`` compares two FP4
 recipes directly) of the same size and token count on the same batches: gap = mean_i (loss_i − loss_base_i), error
 = t_{0.975, n−1} · sd_i / √n (Student's t 95% interval over the n validation batches; 2.04 for n = 32). The
-interval covers the sampling of validation text only, not the run-to-run variance of training (seeds).
+interval covers the sampling of validation text only, not the run-to-run variance of training (seeds): runs of
+several seeds (``fp4jax-sweep --seeds``; each record's ``seed``) pair with the baseline run of their own seed, and
+:func:`seeded_gaps` gives each cell's mean gap over seeds with Student's t interval over the seeds.
 """
 
 from __future__ import annotations
@@ -44,13 +46,18 @@ def batch_losses(folder: Path, n_batches: int, cache_dir: str | None = None) -> 
   return train.evaluation_record(folder.name, config, step, trainer.batch_losses(state["params"], n_batches))
 
 
+def _seed(record: dict) -> int:
+  """A record's training seed (records written before seeds were recorded: 0, the default every run used)."""
+  return record.get("seed", 0)
+
+
 def gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
-  """Loss gap of every other record to the ``baseline`` recipe's record of the same model and tokens, paired over
-  batches (groups without a baseline run are left out)."""
-  base = {(r["model"], r["tokens"]): r for r in records if r["recipe"] == baseline}
+  """Loss gap of every other record to the ``baseline`` recipe's record of the same model, tokens and seed, paired
+  over batches (groups without a baseline run are left out)."""
+  base = {(r["model"], r["tokens"], _seed(r)): r for r in records if r["recipe"] == baseline}
   rows = []
   for r in records:
-    ref = base.get((r["model"], r["tokens"]))
+    ref = base.get((r["model"], r["tokens"], _seed(r)))
     if r["recipe"] == baseline or ref is None:
       continue
     if len(r["batch_losses"]) != len(ref["batch_losses"]):
@@ -66,6 +73,7 @@ def gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
         "model": r["model"],
         "tokens": r["tokens"],
         "recipe": r["recipe"],
+        "seed": _seed(r),
         "loss": float(np.mean(r["batch_losses"])),
         "baseline_loss": float(np.mean(ref["batch_losses"])),
         "gap": float(d.mean()),
@@ -75,8 +83,55 @@ def gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
   return rows
 
 
+def seeded_gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
+  """Per (model, tokens, recipe): the :func:`gaps` of its seeds (each paired with the baseline run of the same
+  seed), their mean, and ``ci95`` = t_{0.975, n−1} · sd / √n over the n seeds (the run-to-run variance of training;
+  None for one seed). With ``baseline`` another recipe, this is the paired per-seed difference of two recipes."""
+  groups: dict[tuple, list[dict]] = {}
+  for row in gaps(records, baseline):
+    groups.setdefault((row["model"], row["tokens"], row["recipe"]), []).append(row)
+  out = []
+  for (model, tokens, recipe), rows in groups.items():
+    rows = sorted(rows, key=lambda row: row["seed"])
+    g = np.asarray([row["gap"] for row in rows])
+    ci = float(scipy.stats.t.ppf(0.975, g.size - 1) * g.std(ddof=1) / math.sqrt(g.size)) if g.size > 1 else None
+    out.append(
+      {
+        "model": model,
+        "tokens": tokens,
+        "recipe": recipe,
+        "seeds": [row["seed"] for row in rows],
+        "gap": float(g.mean()),
+        "ci95": ci,
+        "per_seed": rows,
+      }
+    )
+  return out
+
+
+def seeded_gaps_markdown(records: Sequence[dict], baseline: str = BF16_RECIPE) -> str:
+  """The :func:`seeded_gaps` table, by model size, tokens, then mean gap: the mean gap with its 95% interval over
+  seeds, and each seed's gap with its interval over validation batches."""
+  lines = [
+    f"| model | tokens | recipe | seeds | gap to {baseline}, mean (95% CI over seeds) "
+    "| per seed (95% CI over batches) |",
+    "|---|---|---|---|---|---|",
+  ]
+  for row in sorted(seeded_gaps(records, baseline), key=lambda g: (size_rank(g["model"]), g["tokens"], g["gap"])):
+    ci = f" ± {row['ci95']:.4f}" if row["ci95"] is not None else " (one seed)"
+    per_seed = ", ".join(f"s{r['seed']}: {r['gap']:+.4f} ± {r['ci95']:.4f}" for r in row["per_seed"])
+    lines.append(
+      f"| {row['model']} | {row['tokens'] / 1e6:.1f}M | {row['recipe']} | {len(row['seeds'])} "
+      f"| {row['gap']:+.4f}{ci} | {per_seed} |"
+    )
+  return "\n".join(lines) + "\n"
+
+
 def gaps_markdown(records: Sequence[dict], baseline: str = BF16_RECIPE) -> str:
-  """The :func:`gaps` table, by model size, tokens, then gap, unfinished runs marked."""
+  """The :func:`gaps` table, by model size, tokens, then gap, unfinished runs marked; records of more than one seed
+  get :func:`seeded_gaps_markdown` instead."""
+  if len({_seed(r) for r in records}) > 1:
+    return seeded_gaps_markdown(records, baseline)
   names = {(r["model"], r["tokens"], r["recipe"]): r for r in records}
   lines = [f"| model | tokens | recipe | val loss | gap to {baseline} (95% CI) | steps |", "|---|---|---|---|---|---|"]
   for row in sorted(gaps(records, baseline), key=lambda g: (size_rank(g["model"]), g["tokens"], g["gap"])):

@@ -4,7 +4,8 @@
       --recipes bf16 nvfp4_rtn nvidia_nvfp4 quartet quartet2 ms_fp4 --data linux --max-minutes 9 --devices 0,1,2,3
 
 Run ``{size}-r{ratio}-{recipe}`` trains D = ratio · N tokens (N = non-embedding parameters, the Quartet convention;
-D rounded down to whole steps) in ``OUT/{name}``. Each invocation skips finished runs (``summary.json``), resumes
+D rounded down to whole steps) in ``OUT/{name}``; ``--seeds 0 1 2`` trains each cell once per seed, as
+``{size}-r{ratio}-{recipe}-s{seed}``. Each invocation skips finished runs (``summary.json``), resumes
 unfinished ones from their checkpoints, and stops launching when ``--max-minutes`` is nearly spent; each launched
 run gets the remaining time as its own ``--max-minutes`` and pauses cleanly, so a piece ends before the budget.
 ``--devices 0,1`` runs one training process per GPU at once (``CUDA_VISIBLE_DEVICES``); ``--gpus-per-run 2`` gives
@@ -47,8 +48,22 @@ class Run:
   config: train.TrainConfig
 
 
-def plan(base: train.TrainConfig, sizes: Sequence[str], ratios: Sequence[float], recipes: Sequence[str]) -> list[Run]:
-  """Every (size, ratio, recipe) as a :class:`Run`, tokens = ratio · N rounded down to whole steps."""
+def plan(
+  base: train.TrainConfig,
+  sizes: Sequence[str],
+  ratios: Sequence[float],
+  recipes: Sequence[str],
+  seeds: Sequence[int] | None = None,
+) -> list[Run]:
+  """Every (size, ratio, recipe) as a :class:`Run`, tokens = ratio · N rounded down to whole steps; with ``seeds``,
+  each of them once per seed (``TrainConfig.seed``: initialization, data order and quantization keys), named
+  ``{size}-r{ratio}-{recipe}-s{seed}``; without, ``base.seed`` and no suffix.
+
+  Raises:
+    ValueError: a ratio is not positive, or ``seeds`` is empty or repeats a seed.
+  """
+  if seeds is not None and (not seeds or len(set(seeds)) != len(seeds)):
+    raise ValueError(f"seeds: expected distinct seeds, got {list(seeds)}")
   runs = []
   for size in sizes:
     n = model_lib.parameter_count(model_lib.model_config(size))["non_embedding"]
@@ -58,7 +73,10 @@ def plan(base: train.TrainConfig, sizes: Sequence[str], ratios: Sequence[float],
       tokens = int(ratio * n) // base.tokens_per_step * base.tokens_per_step
       for recipe in recipes:
         config = dataclasses.replace(base, model=size, recipe=recipe, tokens=tokens)
-        runs.append(Run(f"{size}-r{ratio:g}-{recipe}", config))
+        if seeds is None:
+          runs.append(Run(f"{size}-r{ratio:g}-{recipe}", config))
+        else:
+          runs += [Run(f"{size}-r{ratio:g}-{recipe}-s{s}", dataclasses.replace(config, seed=s)) for s in seeds]
   return runs
 
 
@@ -208,6 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--sizes", nargs="+", required=True, choices=list(model_lib.SIZES), help="model sizes")
   parser.add_argument("--ratios", nargs="+", type=float, required=True, help="tokens per parameter, e.g. 25 100")
   parser.add_argument("--recipes", nargs="+", required=True, help="recipes, e.g. bf16 nvidia_nvfp4 quartet2")
+  parser.add_argument(
+    "--seeds",
+    nargs="+",
+    type=int,
+    default=None,
+    help="train every cell once per seed (runs named ...-s{seed}); default: --seed only, no suffix",
+  )
   parser.add_argument("--max-minutes", type=float, default=9.0, help="minutes of this piece; rerun to continue")
   parser.add_argument(
     "--devices",
@@ -243,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
   args = parser.parse_args(argv)
   try:
     base = train.config_from_args(args)
-    runs = plan(base, args.sizes, args.ratios, args.recipes)
+    runs = plan(base, args.sizes, args.ratios, args.recipes, args.seeds)
   except ValueError as err:
     parser.error(str(err))
   devices = [d.strip() for d in args.devices.split(",") if d.strip()]

@@ -622,6 +622,7 @@ def evaluation_record(name: str, config: TrainConfig, step: int, batch_losses: l
     "model": config.model,
     "recipe": config.recipe,
     "tokens": config.tokens,
+    "seed": config.seed,
     "step": step,
     "steps": config.steps,
     "batch_losses": batch_losses,

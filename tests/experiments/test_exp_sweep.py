@@ -1,6 +1,7 @@
 """Sweep: grid planning, CLI round trip of configs, skip / resume / device scheduling."""
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -21,6 +22,22 @@ def test_plan_covers_the_grid_with_tokens_per_parameter():
   assert run.config.tokens % BASE.tokens_per_step == 0 and 0 <= 100 * n - run.config.tokens < BASE.tokens_per_step
   with pytest.raises(ValueError, match="ratios"):
     sweep.plan(BASE, ["1M"], [0], ["bf16"])
+
+
+def test_seeds_repeat_every_cell_under_its_own_seed():
+  runs = sweep.plan(BASE, ["1M"], [10], ["bf16", "quartet2"], seeds=[0, 1, 2])
+  assert [r.name for r in runs] == [f"1M-r10-{rc}-s{s}" for rc in ("bf16", "quartet2") for s in (0, 1, 2)]
+  assert [r.config.seed for r in runs] == [0, 1, 2, 0, 1, 2]
+  unseeded = {r.name: r.config for r in sweep.plan(BASE, ["1M"], [10], ["bf16", "quartet2"])}
+  for r in runs:  # the same cell as the unseeded plan's, but for the seed
+    assert dataclasses.replace(r.config, seed=BASE.seed) == unseeded[r.name.rsplit("-s", 1)[0]]
+  for bad in ([], [1, 1]):
+    with pytest.raises(ValueError, match="seeds: expected distinct seeds"):
+      sweep.plan(BASE, ["1M"], [10], ["bf16"], seeds=bad)
+  args = sweep.build_parser().parse_args(["--out", "o", "--sizes", "1M", "--ratios", "10", "--recipes", "bf16"])
+  assert args.seeds is None
+  assert sweep.build_parser().parse_args(["--out", "o", "--sizes", "1M", "--ratios", "10", "--recipes", "bf16",
+                                          "--seeds", "3", "4"]).seeds == [3, 4]  # fmt: skip
 
 
 def test_config_survives_the_command_line():
@@ -220,3 +237,29 @@ def test_gaps_pair_each_recipe_with_bf16_over_the_same_batches():
   np.testing.assert_allclose(rows["quartet2"]["gap"], np.mean([-0.1, 0.1, -0.4]))
   np.testing.assert_allclose(rows["quartet2"]["baseline_loss"], np.mean([2.2, 3.2, 4.6]))
   assert "gap to nvidia_nvfp4 (95% CI)" in evaluate.gaps_markdown(records, "nvidia_nvfp4")
+
+
+def test_seeded_gaps_pair_each_seed_with_its_own_baseline_and_average_over_seeds():
+  from fp4jax_experiments import evaluate
+
+  def record(recipe, seed, losses):
+    name = f"1M-r10-{recipe}-s{seed}"
+    return {"name": name, "model": "1M", "recipe": recipe, "tokens": 100, "seed": seed, "step": 5, "steps": 5,
+            "batch_losses": losses}  # fmt: skip
+
+  bf16 = {0: [2.0, 3.0], 1: [2.5, 3.5], 2: [1.0, 2.0]}
+  # quartet2's per-seed gaps to the bf16 run of the same seed: 0.1, 0.3, 0.2 (hand-built);
+  # against another seed's bf16 run they would be 0.6 or -0.9
+  q2 = {0: [2.1, 3.1], 1: [2.8, 3.8], 2: [1.2, 2.2]}
+  records = [record("bf16", s, v) for s, v in bf16.items()] + [record("quartet2", s, v) for s, v in q2.items()]
+  (row,) = evaluate.seeded_gaps(records)
+  assert (row["recipe"], row["seeds"]) == ("quartet2", [0, 1, 2])
+  np.testing.assert_allclose([r["gap"] for r in row["per_seed"]], [0.1, 0.3, 0.2])
+  np.testing.assert_allclose(row["gap"], 0.2)
+  np.testing.assert_allclose(row["ci95"], 4.302653 * 0.1 / np.sqrt(3))  # t(2) 97.5% from tables; sd of 0.1, 0.3, 0.2
+  table = evaluate.gaps_markdown(records)
+  assert "| 1M | 0.0M | quartet2 | 3 | +0.2000 ± 0.2484 | s0: +0.1000 ± 0.0000, s1: +0.3000 ± 0.0000," in table
+  (one,) = evaluate.seeded_gaps(records[:1] + records[3:4])  # one seed: no interval over seeds
+  assert one["ci95"] is None and "(one seed)" in evaluate.seeded_gaps_markdown(records[:1] + records[3:4])
+  old = [{k: v for k, v in r.items() if k != "seed"} for r in (records[0], records[3])]  # records without a seed
+  assert [r["seed"] for r in evaluate.gaps(old)] == [0]
