@@ -11,8 +11,9 @@ and the tied efficiency eff = eff_N = eff_D: the recipe trains like BF16 with ef
 tied one is a single number, set by the size of the loss gaps; eff_N and eff_D apart are told from each other only
 through how the gaps change with N and D (α ≠ β), so a small, noisy grid leaves them loose where the tied eff is not.
 Any base parameter can be held fixed (e.g. α, β, γ from the published fit when a grid is too small to identify them).
-Bootstrap: resample the BF16 runs and the recipe's runs with replacement (multinomial weights), refit both stages from
-the point estimate (the base refits once, shared by every recipe), report the 2.5 / 97.5 percentiles.
+Bootstrap: resample the BF16 runs and the recipe's runs with replacement (multinomial weights; on a seeded grid, whose
+(N, D) cells hold one run per seed, the seeds within each cell), refit both stages from the point estimate (the base
+refits once, shared by every recipe), report the 2.5 / 97.5 percentiles.
 
   fp4jax-scaling-law experiments/results/sweep.jsonl --out experiments/results/fit
 """
@@ -197,18 +198,34 @@ def fit_efficiency(law: LossLaw, N, D, L, weights=None, tied: bool = False) -> t
   return float(eff[0]), float(eff[-1])
 
 
-def _resampling_weights(seed: int, sizes: Sequence[int], samples: int) -> list[jnp.ndarray]:
-  """Multinomial weights (``samples`` rows) resampling each group of runs with replacement, one stream seeded by
-  ``seed``, groups in order: the base runs first, so the base weights (and refits) are every recipe's."""
+def _cell_weights(rng: np.random.Generator, n: np.ndarray, d: np.ndarray, samples: int) -> np.ndarray:
+  """(samples, runs) multinomial weights of one group of runs with sizes ``n`` and tokens ``d``: the runs resampled
+  with replacement from the whole group where every (N, D) cell holds one run; otherwise within each cell, which then
+  holds one run per seed: the bootstrap over seeds (a cell of one run keeps its weight 1)."""
+  cells = np.stack([np.asarray(n), np.asarray(d)], axis=1)
+  _, inverse, counts = np.unique(cells, axis=0, return_inverse=True, return_counts=True)
+  inverse = inverse.ravel()
+  if counts.max() == 1:
+    return rng.multinomial(inverse.size, np.ones(inverse.size) / inverse.size, samples)
+  weights = np.zeros((samples, inverse.size))
+  for cell, k in enumerate(counts):
+    weights[:, inverse == cell] = rng.multinomial(k, np.ones(k) / k, samples)
+  return weights
+
+
+def _resampling_weights(seed: int, groups: Sequence[tuple], samples: int) -> list[jnp.ndarray]:
+  """Multinomial weights (``samples`` rows) resampling each group of runs (``(N, D)`` arrays) with replacement
+  (``_cell_weights``), one stream seeded by ``seed``, groups in order: the base runs first, so the base weights
+  (and refits) are every recipe's."""
   rng = np.random.default_rng(seed)
-  return [jnp.asarray(rng.multinomial(n, np.ones(n) / n, samples), jnp.float32) for n in sizes]
+  return [jnp.asarray(_cell_weights(rng, n, d, samples), jnp.float32) for n, d in groups]
 
 
 def base_refits(base_runs, law: LossLaw, fixed: dict | None = None, samples: int = 200, seed: int = 0) -> jnp.ndarray:
   """θ refitted on each bootstrap resample of the base runs (``samples`` rows), from the point estimate ``law``."""
   free_mask, fixed_theta = _fixed(fixed)
   bn, bd, bl = _arrays(*base_runs)
-  (w_base,) = _resampling_weights(seed, [bl.size], samples)
+  (w_base,) = _resampling_weights(seed, [base_runs[:2]], samples)
   tile = lambda a: jnp.broadcast_to(a, (samples, *a.shape))  # noqa: E731
   theta0 = _theta(dataclasses.asdict(law))
   thetas, _ = _minimize(_base_objective(free_mask, fixed_theta), tile(theta0), tile(bn), tile(bd), tile(bl), w_base)
@@ -228,7 +245,7 @@ def bootstrap(
   """
   free_mask, _ = _fixed(fixed)
   rn, rd, rl = _arrays(*recipe_runs)
-  _, w_rec = _resampling_weights(seed, [np.size(base_runs[0]), rl.size], thetas.shape[0])
+  _, w_rec = _resampling_weights(seed, [base_runs[:2], recipe_runs[:2]], thetas.shape[0])
 
   def eff_fit(theta, weights):
     objective = _eff_objective(theta)
@@ -295,18 +312,21 @@ def analyze(results: list[dict], fixed: dict | None = None, samples: int = 200, 
 
 
 def gaps_to_bf16(results: list[dict]) -> list[dict]:
-  """Per (model, tokens): each recipe's final validation loss minus BF16's (runs with BF16 blocks excluded)."""
-  base = {(r["model"], r["tokens"]): r["val_loss"] for r in results if r["recipe"] == BF16}
+  """Per (model, tokens, seed): each recipe's final validation loss minus BF16's of the same seed (runs with BF16
+  blocks excluded; a record without a seed is seed 0)."""
+  cell = lambda r: (r["model"], r["tokens"], r.get("seed", 0))  # noqa: E731
+  base = {cell(r): r["val_loss"] for r in results if r["recipe"] == BF16}
   return [
     {
       "model": r["model"],
       "tokens": r["tokens"],
       "recipe": r["recipe"],
+      "seed": r.get("seed", 0),
       "val_loss": r["val_loss"],
-      "gap": r["val_loss"] - base[(r["model"], r["tokens"])],
+      "gap": r["val_loss"] - base[cell(r)],
     }
     for r in results
-    if r["recipe"] != BF16 and (r["model"], r["tokens"]) in base
+    if r["recipe"] != BF16 and cell(r) in base
   ]
 
 
@@ -329,8 +349,10 @@ def markdown(report: dict, gaps: list[dict]) -> str:
       f"{ci(e, 'eff')} | {e['eff_bootstrap_finite']:.0%} |"
     )
   lines += ["", "| model | tokens | recipe | val loss | gap to bf16 |", "|---|---|---|---|---|"]
+  seeded = len({g.get("seed", 0) for g in gaps}) > 1  # several seeds: each row names its run's
+  label = lambda g: f"{g['recipe']} (seed {g.get('seed', 0)})" if seeded else g["recipe"]  # noqa: E731
   lines += [
-    f"| {g['model']} | {g['tokens']:,} | {g['recipe']} | {g['val_loss']:.4f} | {g['gap']:+.4f} |"
+    f"| {g['model']} | {g['tokens']:,} | {label(g)} | {g['val_loss']:.4f} | {g['gap']:+.4f} |"
     for g in sorted(gaps, key=lambda g: (model_lib.size_rank(g["model"]), g["tokens"], g["gap"]))
   ]
   return "\n".join(lines) + "\n"

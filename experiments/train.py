@@ -837,6 +837,7 @@ def _train(
     "tokens": step * config.tokens_per_step,
     "model": config.model,
     "recipe": config.recipe,
+    "seed": config.seed,
     "bf16_first": config.bf16_first,
     "bf16_last": config.bf16_last,
     "params": counts["total"],

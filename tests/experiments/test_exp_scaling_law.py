@@ -133,3 +133,30 @@ def test_main_writes_the_fit_and_every_plot(tmp_path, capsys):
   with pytest.raises(SystemExit):
     sl.main([str(results), "--out", str(tmp_path / "none"), "--sizes", "5M"])
   assert "--sizes: no runs of ['5M']" in capsys.readouterr().err
+
+
+def test_bootstrap_resamples_runs_or_on_a_seeded_grid_the_seeds_within_each_cell():
+  """One run per (N, D) cell: every resample draws the group's runs with replacement (the sequence of multinomial
+  draws of one generator, as before seeds); two seeds per cell: each cell's two runs are redrawn within the cell,
+  so every resample keeps each cell's total weight 2."""
+  n = np.array([1e6, 1e6, 3e6, 3e6])
+  d = np.array([1e7, 2e7, 1e7, 2e7])
+  w_base, w_rec = sl._resampling_weights(5, [(n, d), (n[:3], d[:3])], samples=50)
+  rng = np.random.default_rng(5)  # the oracle: whole-group draws in group order
+  np.testing.assert_array_equal(w_base, rng.multinomial(4, np.ones(4) / 4, 50))
+  np.testing.assert_array_equal(w_rec, rng.multinomial(3, np.ones(3) / 3, 50))
+  seeded_n, seeded_d = np.repeat(n, 2), np.repeat(d, 2)  # cells (run 2i, run 2i + 1)
+  (w,) = sl._resampling_weights(5, [(seeded_n, seeded_d)], samples=200)
+  np.testing.assert_array_equal(np.asarray(w).reshape(200, 4, 2).sum(-1), 2.0)
+  assert {0.0, 1.0, 2.0} <= set(np.unique(np.asarray(w)))  # both runs of a cell, or one twice
+  mixed = sl._resampling_weights(5, [(np.append(seeded_n, 5e6), np.append(seeded_d, 1e7))], samples=20)[0]
+  np.testing.assert_array_equal(np.asarray(mixed)[:, -1], 1.0)  # a cell of one run keeps its weight
+
+
+def test_gaps_pair_each_seed_with_the_bf16_run_of_its_seed():
+  row = lambda recipe, seed, loss: {"model": "1M", "tokens": 10, "recipe": recipe, "seed": seed, "val_loss": loss}
+  results = [row("bf16", 0, 2.0), row("bf16", 1, 3.0), row("quartet", 0, 2.5), row("quartet", 1, 3.1)]
+  assert [(g["seed"], g["gap"]) for g in sl.gaps_to_bf16(results)] == [(0, 0.5), (1, pytest.approx(0.1))]
+  report = {form: dataclasses.asdict(TRUE) for form in ("quartet", "chinchilla")} | {"recipes": {}}
+  assert "| 1M | 10 | quartet (seed 1) | 3.1000 | +0.1000 |" in sl.markdown(report, sl.gaps_to_bf16(results))
+  assert "| 1M | 10 | quartet | 2.5000 | +0.5000 |" in sl.markdown(report, sl.gaps_to_bf16(results[::2]))
