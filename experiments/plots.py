@@ -47,8 +47,15 @@ def loss_curves_figure(curves: Mapping[str, Sequence[dict]], title: str = "") ->
 
 
 def val_curves_by_size(results: Sequence[dict], path: str | Path, title: str = "") -> Path:
+  """:func:`val_curves_by_size_figure`, saved to ``path``."""
+  return _save(val_curves_by_size_figure(results, title), path)
+
+
+def val_curves_by_size_figure(results: Sequence[dict], title: str = "") -> matplotlib.figure.Figure:
   """Validation loss against tokens (sweep result records): one panel per (model size, D/N), sizes in rows and
-  token budgets in columns, one line per recipe with a color per recipe; the y-range shows the late phase."""
+  token budgets in columns, a color per recipe; the y-range shows the late phase. A recipe with one run per panel is
+  its curve; with several (seeds) evaluated at the same tokens, their mean with a band from their minimum to their
+  maximum."""
   sizes = sorted(
     {r["model"] for r in results}, key=lambda m: min(r["non_embedding_params"] for r in results if r["model"] == m)
   )
@@ -62,8 +69,18 @@ def val_curves_by_size(results: Sequence[dict], path: str | Path, title: str = "
     for ax, tokens_budget in zip(row, budgets[size]):
       finals, lows = [], []
       for i, recipe in enumerate(recipes):
-        for r in (r for r in results if r["model"] == size and r["recipe"] == recipe and r["tokens"] == tokens_budget):
-          tokens, loss = zip(*r["val_curve"][1:])  # from the first evaluation after step 0
+        runs = [r for r in results if r["model"] == size and r["recipe"] == recipe and r["tokens"] == tokens_budget]
+        curves = [list(zip(*r["val_curve"][1:])) for r in runs]  # (tokens, losses) from the first evaluation on
+        if len(curves) > 1 and all(c[0] == curves[0][0] for c in curves):
+          losses = np.array([c[1] for c in curves])
+          mean = losses.mean(axis=0)
+          label = f"{recipe} ({mean[-1]:.3f}, {len(runs)} seeds)"
+          ax.plot(curves[0][0], mean, "o-", ms=2, lw=1, color=f"C{i}", label=label)
+          ax.fill_between(curves[0][0], losses.min(axis=0), losses.max(axis=0), color=f"C{i}", alpha=0.25, lw=0)
+          finals.append(losses[:, -1].max())
+          lows.append(losses.min())
+          continue
+        for tokens, loss in curves:
           ax.plot(tokens, loss, "o-", ms=2, lw=1, color=f"C{i}", label=f"{recipe} ({loss[-1]:.3f})")
           finals.append(loss[-1])
           lows.append(min(loss))
@@ -76,7 +93,7 @@ def val_curves_by_size(results: Sequence[dict], path: str | Path, title: str = "
       ax.grid(alpha=0.3)
       ax.legend(fontsize=7)
   fig.tight_layout()
-  return _save(fig, path)
+  return fig
 
 
 def loss_vs_compute(

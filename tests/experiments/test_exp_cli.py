@@ -118,3 +118,24 @@ def test_loss_plot_labels_train_and_validation_and_shows_the_whole_curve():
   assert low <= 2.9 and high >= 5.6  # the first evaluation (5.6) and the lowest train loss are inside
   left, right = ax.get_xlim()
   assert left <= 0 and right >= 300
+
+
+def test_val_curves_show_the_mean_over_seeds_with_a_band():
+  """Three seeds of one recipe: their mean curve (hand-computed) and a band from their minimum to their maximum;
+  one run of another recipe: its own curve, no band."""
+
+  def run(recipe, seed, losses):
+    curve = [[0, 5.6]] + [[t, loss] for t, loss in zip((100, 200), losses)]
+    return {"model": "1M", "recipe": recipe, "seed": seed, "tokens": 200, "non_embedding_params": 20,
+            "val_curve": curve}  # fmt: skip
+
+  results = [run("quartet2", 0, (3.0, 2.0)), run("quartet2", 1, (3.2, 2.3)), run("quartet2", 2, (3.4, 2.6))]
+  results.append(run("bf16", 0, (2.9, 1.9)))
+  ax = plots.val_curves_by_size_figure(results).axes[0]
+  labels = [t.get_text() for t in ax.get_legend().get_texts()]
+  assert labels == ["bf16 (1.900)", "quartet2 (2.300, 3 seeds)"]
+  mean = next(line for line in ax.get_lines() if line.get_label().startswith("quartet2"))
+  assert list(mean.get_xdata()) == [100, 200] and list(mean.get_ydata()) == pytest.approx([3.2, 2.3])
+  (band,) = ax.collections  # one band: quartet2's
+  ys = band.get_paths()[0].vertices[:, 1]
+  assert min(ys) == pytest.approx(2.0) and max(ys) == pytest.approx(3.4)
