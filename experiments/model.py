@@ -36,11 +36,11 @@ quantizers' fusions beside the Pallas kernels). ``scan_unroll="auto"`` (the defa
 and runs the FP4 stacks one block per iteration (``ModelConfig.stack_unroll``).
 
 ``recompute`` (how, not what): the backward pass recomputes each RMSNorm (``"norms"``), and also the SwiGLU product
-``silu(gate) ⊙ up`` (``"norms_swiglu"``), from their bf16 inputs instead of saving their intermediates (per block
-six float32 activations of the norms, three bf16 of the SiLU): fewer activations written, and copied through a
-layer loop's stacked buffers. The forward values are the same bits; the gradients differ in last bits where XLA
-fuses the recomputation differently (on a GPU it can also keep in float32 what the saved bf16 intermediates
-rounded).
+``silu(gate) ⊙ up`` of a dense block (``"norms_swiglu"``), from their bf16 inputs instead of saving their
+intermediates (per block six float32 activations of the norms, three bf16 of the SiLU): fewer activations written,
+and copied through a layer loop's stacked buffers. The forward values are the same bits; the gradients differ in
+last bits where XLA fuses the recomputation differently (on a GPU it can also keep in float32 what the saved bf16
+intermediates rounded).
 """
 
 from __future__ import annotations
