@@ -27,9 +27,10 @@ parameters live in scanned stacks (``model.STACK_NAMES``) with a leading layer a
 
 Every optimizer-state leaf shaped like a parameter takes that parameter's spec. Gradient all-reduces happen inside
 the wgrad GEMMs, whose accumulator is fp32 (``fp4jax.operand.matmul``), so gradients are reduced in fp32 before the
-fp32 master update. ``--grad-comm-dtype bfloat16|float8_e4m3fn`` (pure data parallelism only) instead
+fp32 master update. ``--grad-comm-dtype bfloat16|float8_e4m3fn`` (data parallelism, with or without FSDP) instead
 differentiates each data shard's share of the loss under ``jax.shard_map`` and all-reduces the gradients in that
-dtype (:func:`data_parallel_value_and_grad`, :func:`all_reduce_sum`); its FP4 projections run
+dtype (:func:`data_parallel_value_and_grad`, :func:`all_reduce_sum`; with ``--fsdp`` the sharded parameters are
+all-gathered in the shard and their gradients reduce-scattered, :func:`reduce_gradients`); its FP4 projections run
 ``fp4jax.sharding.token_sharded`` recipes, so their quantized operands are still those of the global program.
 
 Mixture-of-experts models (``ModelConfig.num_experts`` > 0) run data parallel and FSDP only: ``check_layout``
@@ -307,16 +308,16 @@ GRAD_COMM_DTYPES = ("float32", "bfloat16", "float8_e4m3fn")
 def check_grad_comm(dtype: str, layout: Layout | None) -> None:
   """Raise ValueError unless gradients can be communicated in ``dtype`` (``--grad-comm-dtype``) on ``layout``.
 
-  float32 (the default) works everywhere. bfloat16 / float8_e4m3fn replace the data-parallel all-reduce, so they
-  need a pure data-parallel mesh: a data axis of size > 1, no model axis (tensor-parallel gradients are reduced
-  inside the row-parallel GEMMs) and no FSDP (its gradients are reduce-scattered, not all-reduced).
+  float32 (the default) works everywhere. bfloat16 / float8_e4m3fn replace the data-parallel all-reduce (with
+  ``--fsdp``, the reduce-scatter of the sharded parameters' gradients), so they need a data-parallel mesh: a data
+  axis of size > 1 and no model axis (tensor-parallel gradients are reduced inside the row-parallel GEMMs).
   """
   if dtype not in GRAD_COMM_DTYPES:
     raise ValueError(f"--grad-comm-dtype must be one of {GRAD_COMM_DTYPES}, got {dtype!r}")
-  if dtype != "float32" and (layout is None or layout.data == 1 or layout.model > 1 or layout.fsdp):
+  if dtype != "float32" and (layout is None or layout.data == 1 or layout.model > 1):
     raise ValueError(
-      f"--grad-comm-dtype {dtype} compresses the data-parallel gradient all-reduce: it needs a pure "
-      "data-parallel mesh (--mesh data=N with N > 1, no model axis, no --fsdp), got "
+      f"--grad-comm-dtype {dtype} compresses the data-parallel gradient all-reduce: it needs a "
+      "data-parallel mesh (--mesh data=N with N > 1, no model axis; --fsdp allowed), got "
       f"{'one device' if layout is None else '--mesh ' + layout.describe()}"
     )
 
@@ -363,6 +364,33 @@ def _all_reduce_sum_leaf(g: jax.Array, dtype: str, axis_name: str) -> jax.Array:
   return comm_decode(lax.psum(comm_encode(g, dtype, amax, n), axis_name), dtype, amax, n)
 
 
+def _reduce_scatter_sum_leaf(g: jax.Array, dtype: str, axis_name: str, dim: int) -> jax.Array:
+  if dtype == "float32":
+    return lax.psum_scatter(g.astype(jnp.float32), axis_name, scatter_dimension=dim, tiled=True)
+  n, amax = lax.axis_size(axis_name), None
+  if dtype == "float8_e4m3fn":
+    amax = fp4jax.sharding.global_amax(g, axis_name)
+  payload = lax.psum_scatter(comm_encode(g, dtype, amax, n), axis_name, scatter_dimension=dim, tiled=True)
+  return comm_decode(payload, dtype, amax, n)
+
+
+def reduce_gradients(grads, specs, dtype: str, axis_name: str):
+  """Each gradient leaf summed over the devices of ``axis_name``, communicated in ``dtype`` as
+  :func:`all_reduce_sum` specifies: where its ``PartitionSpec`` in ``specs`` shards a dimension over
+  ``axis_name`` (FSDP), reduce-scattered along that dimension (each device keeps its slice of the sum, the same
+  values as the all-reduced sum's slice), else all-reduced. fp32 out. Call inside ``jax.shard_map``."""
+  if dtype not in GRAD_COMM_DTYPES:
+    raise ValueError(f"dtype must be one of {GRAD_COMM_DTYPES}, got {dtype!r}")
+
+  def one(g, spec):
+    dims = [i for i, name in enumerate(spec) if name == axis_name]
+    if not dims:
+      return _all_reduce_sum_leaf(g, dtype, axis_name)
+    return _reduce_scatter_sum_leaf(g, dtype, axis_name, dims[0])
+
+  return jax.tree.map(one, grads, specs, is_leaf=lambda x: isinstance(x, P))
+
+
 def all_reduce_sum(grads, dtype: str, axis_name: str):
   """Sum over the devices of mesh axis ``axis_name`` of each gradient leaf, communicated in ``dtype``; fp32 out.
 
@@ -407,12 +435,15 @@ def token_sharded_model(model: model_lib.Llama):
   return fp4jax.flax.quantize(model, rules, defaults=(), backend=cfg.quantizer_backend)
 
 
-def data_parallel_value_and_grad(loss_share: Callable, mesh: Mesh, comm_dtype: str):
+def data_parallel_value_and_grad(loss_share: Callable, mesh: Mesh, comm_dtype: str, param_specs=None):
   """``(params, batch, key) -> (loss, grads)`` for ``jax.jit``: each data shard differentiates its share of the
   loss, ``loss_share(params, rows, key, total_rows)`` (the sum of its rows' losses divided by what the global
   mean divides by, e.g. ``total_rows · seq``), under ``jax.shard_map``; the shares' gradients are summed by
   :func:`all_reduce_sum` in ``comm_dtype``, the loss by an fp32 ``psum``. Parameters replicated, batch
-  ``P("data", None)``, key replicated.
+  ``P("data", None)``, key replicated. With ``param_specs`` (FSDP: a ``PartitionSpec`` per parameter leaf, some
+  sharded over "data"), the parameters come in sharded, each shard all-gathers them whole (exact) before its
+  forward, and their gradients leave reduce-scattered in ``comm_dtype`` (:func:`reduce_gradients`): the same
+  values as the all-reduced ones, each device keeping its slice.
 
   Each shard's backward then starts from the global program's cotangent (1/(B·T) per token, not 1/(B/n·T)),
   every shard uses the same key, and the model's FP4 dots must run token-sharded recipes
@@ -422,15 +453,25 @@ def data_parallel_value_and_grad(loss_share: Callable, mesh: Mesh, comm_dtype: s
   the GEMM's bf16 input dtype, the all-reduce) and the deliberate rounding of the communicated gradient.
   """
 
+  def gather(x, spec):
+    dims = [i for i, name in enumerate(spec) if name == DATA]
+    return lax.all_gather(x, DATA, axis=dims[0], tiled=True) if dims else x
+
   def local(params, batch, key):
     total_rows = batch.shape[0] * lax.axis_size(DATA)
+    if param_specs is not None:
+      params = jax.tree.map(gather, params, param_specs, is_leaf=lambda x: isinstance(x, P))
     loss, grads = jax.value_and_grad(loss_share)(params, batch, key, total_rows)
-    return lax.psum(loss, DATA), all_reduce_sum(grads, comm_dtype, DATA)
+    if param_specs is None:
+      return lax.psum(loss, DATA), all_reduce_sum(grads, comm_dtype, DATA)
+    return lax.psum(loss, DATA), reduce_gradients(grads, param_specs, comm_dtype, DATA)
 
   # check_vma=False: the FP4 kernels' pallas_call outputs carry no varying-axes type; and without the check the
   # replicated parameters' gradients get no implicit fp32 psum in the transpose: each shard keeps its own, which
   # all_reduce_sum then sums in comm_dtype (and the psum'd loss and all-reduced sums are the same on every device)
-  return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(DATA, None), P()), out_specs=(P(), P()), check_vma=False)
+  specs = P() if param_specs is None else param_specs
+  in_specs, out_specs = (specs, P(DATA, None), P()), (P(), specs)
+  return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
 _COLLECTIVE = re.compile(r"= (.*?) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")

@@ -262,7 +262,11 @@ class Trainer:
     self.mesh = sharding.make_mesh(layout)
     if config.grad_comm_dtype != "float32":
       loss_share = functools.partial(self._loss, model=sharding.token_sharded_model(self.model))
-      self.value_and_grad = sharding.data_parallel_value_and_grad(loss_share, self.mesh, config.grad_comm_dtype)
+      specs = None
+      if layout.fsdp:  # the parameters' partition specs: sharded in, all-gathered whole, gradients reduce-scattered
+        params = jax.eval_shape(self._init_state)["params"]
+        specs = jax.tree_util.tree_map_with_path(lambda p, x: sharding.leaf_spec(p, x.shape, layout), params)
+      self.value_and_grad = sharding.data_parallel_value_and_grad(loss_share, self.mesh, config.grad_comm_dtype, specs)
       # evaluation is the plain sharded jit, whose partitioner cannot split a Pallas kernel: XLA's quantizers there
       # (the same bits as the kernels)
       xla_model = model_lib.Llama(dataclasses.replace(self.model_config, quantizer_backend="xla"))
@@ -946,7 +950,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, steps: bool = False) -
     "--grad-comm-dtype",
     default=defaults.grad_comm_dtype,
     choices=list(sharding.GRAD_COMM_DTYPES),
-    help="dtype of the data-parallel gradient all-reduce (bfloat16 / float8_e4m3fn: --mesh data=N)",
+    help="dtype of the data-parallel gradient all-reduce (bfloat16 / float8_e4m3fn: --mesh data=N, with or "
+    "without --fsdp)",
   )
   parser.add_argument(
     "--deterministic",

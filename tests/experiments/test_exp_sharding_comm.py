@@ -94,6 +94,23 @@ def test_all_reduced_sum_is_on_the_grid_and_within_the_rounding_bound(dtype, uni
     assert np.all(got[tiny] == 0)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8_e4m3fn"])
+def test_reduce_scattered_slices_are_the_all_reduced_sum_slices(dtype):
+  """FSDP's gradients (a leaf sharded over "data" along its columns) reduce-scattered in ``dtype``: every shard's
+  slice equals that slice of the all-reduced sum bit for bit (the same wire rounding, scale and sum); a replicated
+  leaf is all-reduced."""
+  from jax.sharding import PartitionSpec as P
+
+  g = _grads(4, shape=(8, 16))
+  specs = {"w": P(None, "data"), "b": P()}
+  reduce = lambda x: sharding.reduce_gradients({"w": x, "b": x[0]}, specs, dtype, "data")  # noqa: E731
+  out = jax.jit(jax.vmap(reduce, axis_name="data"))(g)
+  full, row = _reduce(g, dtype), _reduce(g[:, 0], dtype)  # the leaves all-reduced, each with its own FP8 scale
+  for shard in range(4):
+    np.testing.assert_array_equal(np.asarray(out["w"][shard]), full[:, 4 * shard : 4 * (shard + 1)])
+    np.testing.assert_array_equal(np.asarray(out["b"][shard]), row)
+
+
 def test_fp32_all_reduce_is_the_plain_sum():
   """Four fp32 terms: the reduction's result is within 3 roundings (2^-24 relative to Σ|g| each) of the exact sum."""
   g = _grads(4)
@@ -129,13 +146,14 @@ def test_flag_is_rejected_where_it_does_not_apply(capsys, tmp_path):
     train.TrainConfig(grad_comm_dtype="float16")
   sharding.check_grad_comm("float32", None)
   sharding.check_grad_comm("bfloat16", sharding.Layout(data=4))
+  sharding.check_grad_comm("float8_e4m3fn", sharding.Layout(data=2, fsdp=True))
   for layout, shown in [
     (None, "one device"),
     (sharding.Layout(model=2), "--mesh model=2"),
     (sharding.Layout(data=2, model=2), "--mesh data=2,model=2"),
-    (sharding.Layout(data=2, fsdp=True), "--mesh data=2 fsdp"),
+    (sharding.Layout(data=2, model=2, fsdp=True), "--mesh data=2,model=2 fsdp"),
   ]:
-    with pytest.raises(ValueError, match=f"--grad-comm-dtype float8_e4m3fn .*pure data-parallel.*got {shown}"):
+    with pytest.raises(ValueError, match=f"--grad-comm-dtype float8_e4m3fn .*data-parallel mesh.*got {shown}"):
       sharding.check_grad_comm("float8_e4m3fn", layout)
   with pytest.raises(SystemExit):
     train.main(["--grad-comm-dtype", "bfloat16", "--out", str(tmp_path / "run")])
@@ -253,3 +271,54 @@ def test_data_parallel_steps_with_the_kernels_per_shard_give_the_xla_losses(corp
   assert got["pallas"]["losses"] == got["xla"]["losses"], got
   assert got["xla"]["eval_kernels"] == got["pallas"]["eval_kernels"] == 0, got
   assert got["pallas"]["evals"] == got["xla"]["evals"] and np.all(np.isfinite(got["xla"]["evals"])), got
+
+
+FSDP_ON_A_MESH = """
+import json, re, sys
+import jax, numpy as np
+from fp4jax_experiments import sharding, train
+
+def run(fsdp):
+  config = train.TrainConfig(model="100K", recipe="nvidia_nvfp4", data=sys.argv[1], batch_size=4, seq_len=32,
+                             tokens=4 * 32 * 2, grad_comm_dtype="bfloat16")
+  overrides = {"n_layers": 1, "d_model": 64, "n_heads": 2, "ffn_hidden": 128, "quantizer_backend": "xla"}
+  trainer = train.Trainer(config, layout=sharding.Layout(data=2, fsdp=fsdp), model_overrides=overrides)
+  state, losses = trainer.init_state(), []
+  inputs = [(trainer.place(trainer.stream.batch(s)), trainer.quant_key(s)) for s in range(2)]
+  lowered = trainer.train_step.lower(state, *inputs[0])
+  hlo = lowered.compile().as_text()
+  # the reduce-scatters the program asks for (XLA:CPU then reduces in f32)
+  pattern = r'"stablehlo\\.reduce_scatter".*?\\}\\) : \\(tensor<(?:[0-9]+x)*([a-zA-Z0-9]+)>'
+  wire = re.findall(pattern, lowered.as_text(), re.S)
+  loss, grads = jax.jit(trainer.value_and_grad)(state["params"], *inputs[0])
+  grads = [np.asarray(g).tolist() for g in jax.tree.leaves(grads)]
+  for tokens, key in inputs:
+    state, metrics = trainer.train_step(state, tokens, key)
+    losses.append(float(metrics["loss"]))
+  kernel = state["params"]["blocks"]["mlp"]["up"]["kernel"]
+  params = [np.asarray(x).tolist() for x in jax.tree.leaves(state["params"])]
+  collectives = {op: sorted(d) for op, d in sharding.collective_dtypes(hlo).items()}
+  return {"losses": losses, "grads": grads, "params": params, "collectives": collectives,
+          "sharding": str(kernel.sharding.spec), "reduce_scatter_wire": sorted(set(wire))}
+
+print(json.dumps({"dp": run(False), "fsdp": run(True)}))
+"""
+
+
+# slow tier; default representative: test_reduce_scattered_slices_are_the_all_reduced_sum_slices (FSDP's gradient
+# reduction, every wire dtype) and test_flag_is_rejected_where_it_does_not_apply (the flag takes --fsdp)
+@pytest.mark.slow
+def test_fsdp_under_shard_map_gives_data_parallel_bits(corpus):  # noqa: F811
+  """data=2, bf16 gradients on the wire, nvidia_nvfp4: with --fsdp the parameters stay sharded over the data axis,
+  each shard all-gathers them whole (exact) and reduce-scatters their gradients in bf16 (the same rounded sums as
+  the all-reduce's slices), so the gradients and the losses equal plain data parallelism's bit for bit. The
+  trained parameters agree to float32 rounding: the optimizer's global-norm clip sums the squared gradients per
+  shard first (another fp32 order), which scales every update by a factor a few ulps apart."""
+  got = json.loads(_run(["-c", FSDP_ON_A_MESH, corpus], devices=2).strip().splitlines()[-1])
+  assert got["fsdp"]["grads"] == got["dp"]["grads"]
+  assert got["fsdp"]["losses"] == got["dp"]["losses"] and np.all(np.isfinite(got["dp"]["losses"])), got["dp"]
+  for a, b in zip(got["fsdp"]["params"], got["dp"]["params"], strict=True):
+    np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=2e-6, atol=1e-9)
+  assert "data" in got["fsdp"]["sharding"] and "data" not in got["dp"]["sharding"], (got["fsdp"], got["dp"])
+  assert got["fsdp"]["reduce_scatter_wire"] == ["bf16"] and got["dp"]["reduce_scatter_wire"] == []
+  assert "all-gather" in got["fsdp"]["collectives"] and "reduce-scatter" not in got["dp"]["collectives"]
