@@ -13,6 +13,7 @@
 #                                          # process, then across processes); RECIPES=a,b picks the recipes
 #   bash benchmarks/gpu_suite.sh tp-cost   # 2 GPUs: what --tensor-shards 2 costs at 125M
 #   bash benchmarks/gpu_suite.sh training  # 1 GPU: XLA vs Pallas quantizers, losses step by step, then the 125M step
+#   bash benchmarks/gpu_suite.sh recompute # 1 GPU: ModelConfig.recompute's loss curves (bf16, 200 steps) and FP4 speed
 #
 # Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
 set -u -o pipefail
@@ -119,6 +120,16 @@ case "${1:-}" in
         > "$OUT/train_$backend.log" 2>&1
     done
     ;;
+  recompute)
+    # ModelConfig.recompute: the 125M bf16 loss curve of each mode against the saved one, two runs each (the GPU's
+    # run-to-run noise), then the FP4 steps' throughput side by side in one process
+    timeout 250 python benchmarks/loss_curves.py --rounds 2 --out "$OUT/loss_curves.json" \
+      --variants '{"none": {"recompute": "none"}, "norms": {"recompute": "norms"}}' > "$OUT/loss_curves.log" 2>&1
+    variants='{"experiments": {}, "norms": {"recompute": "norms"}, "norms_swiglu": {"recompute": "norms_swiglu"}}'
+    timeout 330 python benchmarks/train_throughput.py --devices 1 --recipes nvidia_nvfp4,quartet2 --rounds 2 --steps 8 \
+      --experiments-variants "$variants" --out "$OUT/train_throughput_recompute.json" \
+      > "$OUT/train_throughput_recompute.log" 2>&1
+    ;;
   tp)
     # --deterministic 2 --tensor-shards 2 (Megatron shards, ordered sums): the mesh's shards against one GPU running
     # both (jax.vmap), losses and state; then two processes, one GPU and (with 2+ GPUs) model=2, else one GPU twice.
@@ -148,7 +159,7 @@ case "${1:-}" in
       --out "$OUT/tp_cost_default.json" > "$OUT/tp_cost_default.log" 2>&1
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_suite.sh kernels|gemm|multi|scaling|deterministic|tp|tp-cost|training" >&2
+    echo "usage: bash benchmarks/gpu_suite.sh PIECE (the pieces are listed at the top of this file)" >&2
     exit 2
     ;;
 esac
