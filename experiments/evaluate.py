@@ -46,18 +46,13 @@ def batch_losses(folder: Path, n_batches: int, cache_dir: str | None = None) -> 
   return train.evaluation_record(folder.name, config, step, trainer.batch_losses(state["params"], n_batches))
 
 
-def _seed(record: dict) -> int:
-  """A record's training seed (records written before seeds were recorded: 0, the default every run used)."""
-  return record.get("seed", 0)
-
-
 def gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
   """Loss gap of every other record to the ``baseline`` recipe's record of the same model, tokens and seed, paired
   over batches (groups without a baseline run are left out)."""
-  base = {(r["model"], r["tokens"], _seed(r)): r for r in records if r["recipe"] == baseline}
+  base = {(r["model"], r["tokens"], train.record_seed(r)): r for r in records if r["recipe"] == baseline}
   rows = []
   for r in records:
-    ref = base.get((r["model"], r["tokens"], _seed(r)))
+    ref = base.get((r["model"], r["tokens"], train.record_seed(r)))
     if r["recipe"] == baseline or ref is None:
       continue
     if len(r["batch_losses"]) != len(ref["batch_losses"]):
@@ -73,7 +68,7 @@ def gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
         "model": r["model"],
         "tokens": r["tokens"],
         "recipe": r["recipe"],
-        "seed": _seed(r),
+        "seed": train.record_seed(r),
         "loss": float(np.mean(r["batch_losses"])),
         "baseline_loss": float(np.mean(ref["batch_losses"])),
         "gap": float(d.mean()),
@@ -130,7 +125,7 @@ def seeded_gaps_markdown(records: Sequence[dict], baseline: str = BF16_RECIPE) -
 def gaps_markdown(records: Sequence[dict], baseline: str = BF16_RECIPE) -> str:
   """The :func:`gaps` table, by model size, tokens, then gap, unfinished runs marked; records of more than one seed
   get :func:`seeded_gaps_markdown` instead."""
-  if len({_seed(r) for r in records}) > 1:
+  if len({train.record_seed(r) for r in records}) > 1:
     return seeded_gaps_markdown(records, baseline)
   names = {(r["model"], r["tokens"], r["recipe"]): r for r in records}
   lines = [f"| model | tokens | recipe | val loss | gap to {baseline} (95% CI) | steps |", "|---|---|---|---|---|---|"]

@@ -33,6 +33,7 @@ import numpy as np
 import optax
 
 from fp4jax_experiments import model as model_lib
+from fp4jax_experiments import train
 
 PARAMS = ("A", "alpha", "B", "beta", "E", "gamma")
 LOG_PARAMS = ("A", "B", "E")  # fitted as logarithms (positive)
@@ -314,14 +315,14 @@ def analyze(results: list[dict], fixed: dict | None = None, samples: int = 200, 
 def gaps_to_bf16(results: list[dict]) -> list[dict]:
   """Per (model, tokens, seed): each recipe's final validation loss minus BF16's of the same seed (runs with BF16
   blocks excluded; a record without a seed is seed 0)."""
-  cell = lambda r: (r["model"], r["tokens"], r.get("seed", 0))  # noqa: E731
+  cell = lambda r: (r["model"], r["tokens"], train.record_seed(r))  # noqa: E731
   base = {cell(r): r["val_loss"] for r in results if r["recipe"] == BF16}
   return [
     {
       "model": r["model"],
       "tokens": r["tokens"],
       "recipe": r["recipe"],
-      "seed": r.get("seed", 0),
+      "seed": train.record_seed(r),
       "val_loss": r["val_loss"],
       "gap": r["val_loss"] - base[cell(r)],
     }
@@ -349,8 +350,8 @@ def markdown(report: dict, gaps: list[dict]) -> str:
       f"{ci(e, 'eff')} | {e['eff_bootstrap_finite']:.0%} |"
     )
   lines += ["", "| model | tokens | recipe | val loss | gap to bf16 |", "|---|---|---|---|---|"]
-  seeded = len({g.get("seed", 0) for g in gaps}) > 1  # several seeds: each row names its run's
-  label = lambda g: f"{g['recipe']} (seed {g.get('seed', 0)})" if seeded else g["recipe"]  # noqa: E731
+  seeded = len({train.record_seed(g) for g in gaps}) > 1  # several seeds: each row names its run's
+  label = lambda g: f"{g['recipe']} (seed {train.record_seed(g)})" if seeded else g["recipe"]  # noqa: E731
   lines += [
     f"| {g['model']} | {g['tokens']:,} | {label(g)} | {g['val_loss']:.4f} | {g['gap']:+.4f} |"
     for g in sorted(gaps, key=lambda g: (model_lib.size_rank(g["model"]), g["tokens"], g["gap"]))

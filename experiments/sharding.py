@@ -355,23 +355,24 @@ def comm_decode(total: jax.Array, dtype: str, amax: jax.Array | None, n: int) ->
   return rtn_e4m3(total) * div_rn(jnp.float32(_pow2_ceil(n)) * amax, jnp.float32(fp8.E4M3.max))
 
 
-def _all_reduce_sum_leaf(g: jax.Array, dtype: str, axis_name: str) -> jax.Array:
+def _sharded_dim(spec: P, axis_name: str) -> int | None:
+  """The dimension that ``spec`` shards over ``axis_name``, or None."""
+  return next((i for i, name in enumerate(spec) if name == axis_name), None)
+
+
+def _sum_leaf(g: jax.Array, dtype: str, axis_name: str, dim: int | None = None) -> jax.Array:
+  """The sum of ``g`` over ``axis_name`` communicated in ``dtype`` (:func:`all_reduce_sum`): all-reduced, or with
+  ``dim`` reduce-scattered along it (each device keeps its slice of the same sum)."""
+  if dim is None:
+    reduce = lambda x: lax.psum(x, axis_name)  # noqa: E731
+  else:
+    reduce = lambda x: lax.psum_scatter(x, axis_name, scatter_dimension=dim, tiled=True)  # noqa: E731
   if dtype == "float32":
-    return lax.psum(g.astype(jnp.float32), axis_name)
+    return reduce(g.astype(jnp.float32))
   n, amax = lax.axis_size(axis_name), None
   if dtype == "float8_e4m3fn":
     amax = fp4jax.sharding.global_amax(g, axis_name)
-  return comm_decode(lax.psum(comm_encode(g, dtype, amax, n), axis_name), dtype, amax, n)
-
-
-def _reduce_scatter_sum_leaf(g: jax.Array, dtype: str, axis_name: str, dim: int) -> jax.Array:
-  if dtype == "float32":
-    return lax.psum_scatter(g.astype(jnp.float32), axis_name, scatter_dimension=dim, tiled=True)
-  n, amax = lax.axis_size(axis_name), None
-  if dtype == "float8_e4m3fn":
-    amax = fp4jax.sharding.global_amax(g, axis_name)
-  payload = lax.psum_scatter(comm_encode(g, dtype, amax, n), axis_name, scatter_dimension=dim, tiled=True)
-  return comm_decode(payload, dtype, amax, n)
+  return comm_decode(reduce(comm_encode(g, dtype, amax, n)), dtype, amax, n)
 
 
 def reduce_gradients(grads, specs, dtype: str, axis_name: str):
@@ -381,13 +382,7 @@ def reduce_gradients(grads, specs, dtype: str, axis_name: str):
   values as the all-reduced sum's slice), else all-reduced. fp32 out. Call inside ``jax.shard_map``."""
   if dtype not in GRAD_COMM_DTYPES:
     raise ValueError(f"dtype must be one of {GRAD_COMM_DTYPES}, got {dtype!r}")
-
-  def one(g, spec):
-    dims = [i for i, name in enumerate(spec) if name == axis_name]
-    if not dims:
-      return _all_reduce_sum_leaf(g, dtype, axis_name)
-    return _reduce_scatter_sum_leaf(g, dtype, axis_name, dims[0])
-
+  one = lambda g, spec: _sum_leaf(g, dtype, axis_name, _sharded_dim(spec, axis_name))  # noqa: E731
   return jax.tree.map(one, grads, specs, is_leaf=lambda x: isinstance(x, P))
 
 
@@ -413,7 +408,7 @@ def all_reduce_sum(grads, dtype: str, axis_name: str):
   """
   if dtype not in GRAD_COMM_DTYPES:
     raise ValueError(f"dtype must be one of {GRAD_COMM_DTYPES}, got {dtype!r}")
-  return jax.tree.map(lambda g: _all_reduce_sum_leaf(g, dtype, axis_name), grads)
+  return jax.tree.map(lambda g: _sum_leaf(g, dtype, axis_name), grads)
 
 
 def token_sharded_model(model: model_lib.Llama):
@@ -454,8 +449,8 @@ def data_parallel_value_and_grad(loss_share: Callable, mesh: Mesh, comm_dtype: s
   """
 
   def gather(x, spec):
-    dims = [i for i, name in enumerate(spec) if name == DATA]
-    return lax.all_gather(x, DATA, axis=dims[0], tiled=True) if dims else x
+    dim = _sharded_dim(spec, DATA)
+    return x if dim is None else lax.all_gather(x, DATA, axis=dim, tiled=True)
 
   def local(params, batch, key):
     total_rows = batch.shape[0] * lax.axis_size(DATA)
@@ -463,8 +458,10 @@ def data_parallel_value_and_grad(loss_share: Callable, mesh: Mesh, comm_dtype: s
       params = jax.tree.map(gather, params, param_specs, is_leaf=lambda x: isinstance(x, P))
     loss, grads = jax.value_and_grad(loss_share)(params, batch, key, total_rows)
     if param_specs is None:
-      return lax.psum(loss, DATA), all_reduce_sum(grads, comm_dtype, DATA)
-    return lax.psum(loss, DATA), reduce_gradients(grads, param_specs, comm_dtype, DATA)
+      grads = all_reduce_sum(grads, comm_dtype, DATA)
+    else:
+      grads = reduce_gradients(grads, param_specs, comm_dtype, DATA)
+    return lax.psum(loss, DATA), grads
 
   # check_vma=False: the FP4 kernels' pallas_call outputs carry no varying-axes type; and without the check the
   # replicated parameters' gradients get no implicit fp32 psum in the transpose: each shard keeps its own, which

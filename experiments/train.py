@@ -262,16 +262,15 @@ class Trainer:
     self.mesh = sharding.make_mesh(layout)
     if config.grad_comm_dtype != "float32":
       loss_share = functools.partial(self._loss, model=sharding.token_sharded_model(self.model))
-      specs = None
-      if layout.fsdp:  # the parameters' partition specs: sharded in, all-gathered whole, gradients reduce-scattered
-        params = jax.eval_shape(self._init_state)["params"]
-        specs = jax.tree_util.tree_map_with_path(lambda p, x: sharding.leaf_spec(p, x.shape, layout), params)
-      self.value_and_grad = sharding.data_parallel_value_and_grad(loss_share, self.mesh, config.grad_comm_dtype, specs)
       # evaluation is the plain sharded jit, whose partitioner cannot split a Pallas kernel: XLA's quantizers there
       # (the same bits as the kernels)
       xla_model = model_lib.Llama(dataclasses.replace(self.model_config, quantizer_backend="xla"))
       self.eval_fn = functools.partial(self._loss, model=xla_model)
     self.state_sharding = sharding.state_shardings(jax.eval_shape(self._init_state), self.mesh, layout)
+    if config.grad_comm_dtype != "float32":
+      # with --fsdp the parameters enter sharded (all-gathered whole in each shard, gradients reduce-scattered)
+      specs = jax.tree.map(lambda s: s.spec, self.state_sharding["params"]) if layout.fsdp else None
+      self.value_and_grad = sharding.data_parallel_value_and_grad(loss_share, self.mesh, config.grad_comm_dtype, specs)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     rep = sharding.replicated(self.mesh)
     self.train_step = jax.jit(
@@ -385,7 +384,7 @@ def _checksums(folder: Path) -> dict[str, str]:
   }
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
   """Write ``text`` to ``path`` through a synced temporary file and an atomic rename."""
   tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
   with open(tmp, "w") as f:
@@ -445,7 +444,7 @@ class RunFolder:
           "use another --out or the same arguments to resume"
         )
     elif self.primary:
-      _write_atomic(self.config_file, json.dumps(mine, indent=1) + "\n")
+      write_atomic(self.config_file, json.dumps(mine, indent=1) + "\n")
 
   def step_dir(self, step: int) -> Path:
     return self.path / "ckpt" / str(step)
@@ -562,7 +561,7 @@ class RunFolder:
       if not bool(_ALL_FINITE(state)):
         raise CheckpointError(f"checkpoint {step} ({self.step_dir(step)}) holds non-finite values")
       if self.primary:
-        _write_atomic(self.metrics, kept.decode())
+        write_atomic(self.metrics, kept.decode())
       self.window = _window_from_record(body["window"])
       if not self.quiet:
         self._say(f"resuming from step {step} (checkpoint {self.step_dir(step)})")
@@ -606,7 +605,7 @@ class RunFolder:
     self._pending = None
     if self.primary:
       manifest = {"body": body, "sha256": _sha256_bytes(json.dumps(body, sort_keys=True).encode())}
-      _write_atomic(self.step_dir(body["step"]) / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+      write_atomic(self.step_dir(body["step"]) / MANIFEST, json.dumps(manifest, indent=1) + "\n")
 
   def log(self, record: dict) -> None:
     if not self.primary:
@@ -617,6 +616,12 @@ class RunFolder:
   def close(self) -> None:
     self._finish_pending(wait=True)
     self.checkpoints.close()
+
+
+def record_seed(record: dict) -> int:
+  """The training seed of an evaluation record or run summary (those written before seeds were recorded: 0, the
+  default every such run used)."""
+  return record.get("seed", 0)
 
 
 def evaluation_record(name: str, config: TrainConfig, step: int, batch_losses: list[float]) -> dict:
@@ -862,7 +867,7 @@ def _train(
     if folder.primary:
       (folder.path / FINAL_EVAL).write_text(json.dumps(record) + "\n")
   if status != "paused" and folder.primary:
-    _write_atomic(folder.summary, json.dumps(summary, indent=1) + "\n")
+    write_atomic(folder.summary, json.dumps(summary, indent=1) + "\n")
   if not quiet:
     print(
       f"{status}: recipe={config.recipe} model={config.model} step={step}/{config.steps} "
