@@ -21,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 
+from fp4jax_experiments import train
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -106,7 +108,7 @@ def write(args, argv, header, ms, rounds: int) -> list[dict]:
     "rows": rows,
   }
   pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-  pathlib.Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+  train.write_atomic(pathlib.Path(args.out), json.dumps(doc, indent=1) + "\n")
   return rows
 
 

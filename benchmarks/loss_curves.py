@@ -76,8 +76,12 @@ def main(argv=None):
   p.add_argument("--commit", default=None, help="this tree's commit (default: git rev-parse)")
   p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "loss_curves.json"))
   args = p.parse_args(argv)
-  if not isinstance(args.variants, dict) or not args.variants:
-    p.error(f"--variants must be a non-empty JSON object of ModelConfig overrides, got {args.variants!r}")
+  variants = args.variants
+  if not isinstance(variants, dict) or not variants or not all(isinstance(v, dict) for v in variants.values()):
+    p.error(f"--variants must be a non-empty JSON object of ModelConfig overrides, got {variants!r}")
+  for flag in ("steps", "rounds"):
+    if getattr(args, flag) < 1:
+      p.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
   doc = {
     "benchmark": "loss_curves",
     "header": header(),
@@ -93,7 +97,7 @@ def main(argv=None):
       doc["runs"][name] = curve(args.model, args.recipe, args.batch, args.seq_len, args.steps, overrides)
       doc["differences"] = differences(doc["runs"])
       pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-      pathlib.Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+      train.write_atomic(pathlib.Path(args.out), json.dumps(doc, indent=1) + "\n")
       print(f"{name}: loss {doc['runs'][name][0]:.4f} -> {doc['runs'][name][-1]:.4f}", flush=True)
   for d in doc["differences"]:
     print(f"{d['a']} vs {d['b']}: mean |Δ| {d['mean_abs']:.4f}, max {d['max_abs']:.4f}, last {d['last']:+.4f}")

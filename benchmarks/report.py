@@ -188,14 +188,13 @@ def _step_categories(rows: list[dict], bf16: dict) -> list[str]:
 def _linear_trees(doc: dict) -> list[str]:
   n = len(doc["rows"][0]["this_rounds"]) if doc["rows"] else 0
   out = _title(doc, f"One linear layer fwd+bwd, this commit against {doc['baseline_commit']}") + provenance(doc)
-  order = " (each round swapping which tree runs first)" if "rounds" in doc else ""  # result files since cba4208
   out += [
     "",
     f'X 8192x4096, W 4096x4096, bf16, default arguments (`backend="auto"`), `benchmarks/bench_linear.py` run '
-    f"{n} times from each tree, alternately{order}, each run in its own process on the same GPU. Times are the "
-    "median over "
-    "the runs with the range in brackets. The ratio is ACROSS PROCESSES: the median of this commit's runs over the "
-    "median of the baseline's; its range pairs the extremes (fastest over slowest, slowest over fastest).",
+    f"{n} times from each tree, alternately (each round swapping which tree runs first), each run in its own "
+    "process on the same GPU. Times are the median over the runs with the range in brackets. The ratio is ACROSS "
+    "PROCESSES: the median of this commit's runs over the median of the baseline's; its range pairs the extremes "
+    "(fastest over slowest, slowest over fastest).",
     "",
     f"| row | {doc['commit']} ms | {doc['baseline_commit']} ms | ratio | ratio range |",
     "|---|---|---|---|---|",

@@ -1,8 +1,10 @@
 """benchmarks/loss_curves.py: every step's loss per variant and run, and the differences between runs (CPU, tiny)."""
 
 import json
+import re
 
 import numpy as np
+import pytest
 
 from benchmarks import loss_curves, report
 
@@ -23,3 +25,19 @@ def test_runs_record_every_loss_and_their_differences(tmp_path):
   text = "\n".join(report.RENDER["loss_curves"](doc))
   assert "| none#1 vs none#2 | 0.0000 | 0.0000 | +0.0000 |" in text
   assert 'Variants: `none`: {"recompute": "none"}; `norms`: {"recompute": "norms"}.' in text
+
+
+@pytest.mark.parametrize(
+  ("argv", "match"),
+  [
+    (["--variants", "[]"], "--variants must be a non-empty JSON object of ModelConfig overrides, got \\[\\]"),
+    (["--variants", '{"a": 1}'], "--variants must be a non-empty JSON object"),
+    (["--variants", "{}", "--steps", "1"], "--variants must be a non-empty JSON object"),
+    (["--variants", '{"a": {}}', "--rounds", "0"], "--rounds must be at least 1, got 0"),
+    (["--variants", '{"a": {}}', "--steps", "0"], "--steps must be at least 1, got 0"),
+  ],
+)
+def test_bad_arguments_are_refused_naming_the_flag(argv, match, capsys):
+  with pytest.raises(SystemExit):
+    loss_curves.main(argv)
+  assert re.search(match, capsys.readouterr().err)

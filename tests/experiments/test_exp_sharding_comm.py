@@ -111,6 +111,13 @@ def test_reduce_scattered_slices_are_the_all_reduced_sum_slices(dtype):
     np.testing.assert_array_equal(np.asarray(out["b"][shard]), row)
 
 
+def test_reduce_gradients_refuses_an_unknown_wire_dtype():
+  from jax.sharding import PartitionSpec as P
+
+  with pytest.raises(ValueError, match=r"dtype must be one of \('float32', 'bfloat16', 'float8_e4m3fn'\), got 'f16'"):
+    sharding.reduce_gradients({"w": np.zeros(2)}, {"w": P()}, "f16", "data")
+
+
 def test_fp32_all_reduce_is_the_plain_sum():
   """Four fp32 terms: the reduction's result is within 3 roundings (2^-24 relative to Σ|g| each) of the exact sum."""
   g = _grads(4)
