@@ -59,7 +59,11 @@ def main(argv=None):
   p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "linear_trees.json"))
   p.add_argument("bench_args", nargs="*", help="passed to bench_linear.py (after --)")
   args = p.parse_args(argv)
+  if args.rounds < 1:
+    p.error(f"--rounds must be at least 1, got {args.rounds}")
   base = pathlib.Path(args.baseline).resolve()
+  if not (base / "benchmarks" / "bench_linear.py").is_file():
+    p.error(f"--baseline {args.baseline}: expected a folder holding another commit's benchmarks/bench_linear.py")
   trees = {
     "this": (REPO, os.environ.get("PYTHONPATH", "")),
     "baseline": (base, f"{base}{os.pathsep}{base / 'kernels'}"),
