@@ -85,7 +85,6 @@ def measure(
   ``step_profile.summarize``. ``microbatches_per_device`` L > 0: ``--deterministic n·L`` (data / fsdp), or
   ``--deterministic L --tensor-shards n`` (model)."""
   execution = {"quantizer_backend": "auto", **(execution or {})}
-  quantizer_backend = execution["quantizer_backend"]
   batch = per_device_batch * (n if kind != "model" else 1)
   config = train.TrainConfig(
     model=model,
@@ -99,11 +98,6 @@ def measure(
     deterministic=microbatches_per_device * (n if kind != "model" else 1),
     tensor_shards=n if kind == "model" and microbatches_per_device else 1,
   )
-  if n > 1 and quantizer_backend not in ("auto", "xla") and not microbatches_per_device:
-    raise ValueError(
-      f"quantizer_backend={quantizer_backend!r} runs on one device; use --devices 1, or "
-      "--microbatches-per-device (each device then quantizes whole microbatches)"
-    )
   trainer = train.Trainer(config, layout=layout_for(kind, n), model_overrides=execution)
   state = trainer.init_state()
   inputs = [(trainer.place(trainer.stream.batch(s)), trainer.quant_key(s)) for s in range(steps + warmup)]

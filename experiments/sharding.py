@@ -27,14 +27,17 @@ parameters live in scanned stacks (``model.STACK_NAMES``) with a leading layer a
 
 Every optimizer-state leaf shaped like a parameter takes that parameter's spec. Gradient all-reduces happen inside
 the wgrad GEMMs, whose accumulator is fp32 (``fp4jax.operand.matmul``), so gradients are reduced in fp32 before the
-fp32 master update. ``--grad-comm-dtype bfloat16|float8_e4m3fn`` (data parallelism, with or without FSDP) instead
-differentiates each data shard's share of the loss under ``jax.shard_map`` and all-reduces the gradients in that
-dtype (:func:`data_parallel_value_and_grad`, :func:`all_reduce_sum`; with ``--fsdp`` the sharded parameters are
-all-gathered in the shard and their gradients reduce-scattered, :func:`reduce_gradients`); its FP4 projections run
-``fp4jax.sharding.token_sharded`` recipes, so their quantized operands are still those of the global program.
+fp32 master update. Data parallelism (with or without FSDP) of an FP4 model, by default (the Pallas quantizer
+kernels cannot be split by the partitioner), and with ``--grad-comm-dtype bfloat16|float8_e4m3fn``, instead
+differentiates each data shard's share of the loss under ``jax.shard_map`` and all-reduces the gradients in the
+``--grad-comm-dtype`` (:func:`data_parallel_value_and_grad`, :func:`all_reduce_sum`; with ``--fsdp`` the sharded
+parameters are all-gathered in the shard and their gradients reduce-scattered, :func:`reduce_gradients`); its FP4
+projections run ``fp4jax.sharding.token_sharded`` recipes, so their quantized operands are still those of the global
+program (``experiments.train.token_sharded_data_parallel`` says when).
 
 Mixture-of-experts models (``ModelConfig.num_experts`` > 0) run data parallel and FSDP only: ``check_layout``
-refuses a model axis, :func:`token_sharded_model` (``--grad-comm-dtype`` other than float32) an FP4 MoE stack.
+refuses a model axis, :func:`token_sharded_model` (``--grad-comm-dtype`` other than float32) an FP4 MoE stack; with
+float32 gradients they keep the plain ``jit``.
 
 ``check_layout`` rejects, before anything is compiled, a layout that does not split the model evenly or whose shard
 along a quantized GEMM axis is not a whole number of the recipe's blocks and Hadamard chunks (a block or a

@@ -12,18 +12,20 @@ Rerunning the same command resumes from the newest checkpoint, drops metric reco
 the uninterrupted run bit for bit: batches are a function of the step, the "quant" key of step s is
 fold_in(key(seed), s), and every record of step s is written before the checkpoint of step s.
 ``--max-minutes`` pauses (checkpoint, exit 0, status "paused") before the budget runs out. ``--quantizer-backend
-pallas|auto`` quantizes with the fused Pallas kernels (one device, or any mesh with ``--deterministic``; the same
-bits as XLA's quantizers, so, like the mesh, it is not part of config.json).
+pallas|auto`` quantizes with the fused Pallas kernels (one device, a data-parallel mesh, or any mesh with
+``--deterministic``; the same bits as XLA's quantizers, so, like the mesh, it is not part of config.json).
 
 Several devices (``experiments.sharding``): ``--mesh data=4`` (data parallel), ``--mesh data=4 --fsdp`` (parameters and
 optimizer state sharded over the data axis), ``--mesh data=2,model=2`` (with Megatron-style tensor parallelism). The
 layout is not part of config.json: a run may resume on another mesh. Several hosts: start the same command on every
 host with ``--distributed --coordinator HOST0:PORT --num-processes N --process-id I`` (``jax.distributed.initialize``;
 on SLURM / Open MPI the three values can be left out), a ``--mesh`` spanning all devices of all hosts, and an
-``--out`` on a filesystem they share; process 0 writes the metrics. ``--grad-comm-dtype bfloat16|float8_e4m3fn`` (with
-``--mesh data=N`` only) all-reduces the gradients in that dtype (``sharding.all_reduce_sum``; each data shard
-differentiates its share of the loss under ``shard_map`` with token-sharded FP4 recipes, so the quantized operands
-stay those of one device); the default float32 keeps the fp32 all-reduce of the global program.
+``--out`` on a filesystem they share; process 0 writes the metrics. On a data-parallel mesh (``--mesh data=N``, with
+or without ``--fsdp``) an FP4 model without MoE experts trains under ``shard_map``: each data shard differentiates its
+share of the loss with token-sharded FP4 recipes, quantized by the kernels, so the quantized operands stay those of
+one device (:func:`token_sharded_data_parallel`); the gradients are all-reduced in ``--grad-comm-dtype`` (float32,
+or bfloat16 / float8_e4m3fn: ``sharding.all_reduce_sum``). ``--quantizer-backend xla``, a model axis and MoE models
+keep the plain sharded ``jit`` of the global program, with XLA's quantizers.
 
 ``--deterministic R`` (``experiments.deterministic``; part of config.json, since it changes the numerics): each step
 is R fixed microbatches whose losses and gradients are added in a fixed order, so the loss curve and the trained
@@ -186,21 +188,46 @@ def next_token_loss(logits: jax.Array, tokens: jax.Array, total_rows: int | None
   return ce.mean() if total_rows is None else ce.sum() / (total_rows * tokens.shape[1])
 
 
-def quantizer_backend_for(backend: str, layout: sharding.Layout | None, config: TrainConfig) -> str:
-  """The projections' quantizer backend on ``layout``: ``backend`` as given on one device, under ``deterministic=R``
-  (each device quantizes whole microbatches) and with a ``grad_comm_dtype`` other than float32 (data parallelism
-  under ``shard_map``: each device quantizes its token shard with the kernels' collective amax,
-  ``sharding.token_sharded_model``); on a mesh of several devices otherwise (XLA's partitioner, which cannot split
-  a kernel), "auto" is XLA's quantizers and "pallas" / "native" raise ValueError naming the mesh."""
+def token_sharded_data_parallel(layout: sharding.Layout | None, config: TrainConfig, model_config) -> bool:
+  """Whether a step on ``layout`` differentiates each data shard's share of the loss under ``jax.shard_map`` with
+  token-sharded FP4 recipes (``sharding.data_parallel_value_and_grad``, ``sharding.token_sharded_model``: each device
+  quantizes its token shard with the collective amax, so the operands are one device's) instead of the plain sharded
+  ``jit``.
+
+  Only on a data-parallel mesh (several devices, no model axis; FSDP allowed) outside ``deterministic=R``. There it
+  is needed for a ``grad_comm_dtype`` other than float32, and it is the default for a model with FP4 projections
+  (``model_config``: a ``model.ModelConfig``) whose quantizer backend is not "xla" and that has no MoE experts:
+  XLA's partitioner cannot split the quantizer kernels, so the plain ``jit`` would run XLA's quantizers.
+  """
+  if layout is None or layout.n_devices == 1 or layout.model > 1 or config.deterministic:
+    return False
+  if config.grad_comm_dtype != "float32":
+    return True
+  return has_fp4_blocks(model_config) and model_config.quantizer_backend != "xla" and not model_config.num_experts
+
+
+def has_fp4_blocks(model_config) -> bool:
+  """Whether some block of ``model_config`` (a ``model.ModelConfig``) runs an FP4 recipe, i.e. has quantizers."""
+  return any(s.recipe != model_lib.BF16_RECIPE for s in model_lib.layer_stacks(model_config))
+
+
+def quantizer_backend_for(backend: str, layout: sharding.Layout | None, config: TrainConfig, model_config) -> str:
+  """The projections' quantizer backend on ``layout``: ``backend`` as given on one device, for a model without FP4
+  blocks (nothing to quantize), under ``deterministic=R`` (each device quantizes whole microbatches) and where
+  :func:`token_sharded_data_parallel` holds for ``model_config`` with ``backend`` (data parallelism under
+  ``shard_map``: each device quantizes its token shard with the kernels' collective amax); on a mesh of several
+  devices otherwise (a model axis, MoE experts: XLA's partitioner, which cannot split a kernel), "auto" is XLA's
+  quantizers and "pallas" / "native" raise ValueError naming the mesh."""
   if layout is None or layout.n_devices == 1 or config.deterministic or backend == "xla":
     return backend
-  if config.grad_comm_dtype != "float32":
+  asked = dataclasses.replace(model_config, quantizer_backend=backend)
+  if not has_fp4_blocks(model_config) or token_sharded_data_parallel(layout, config, asked):
     return backend
   if backend != "auto":
     raise ValueError(
       f"quantizer_backend={backend!r} trains on one device, or on a mesh with deterministic=R (--deterministic R: "
-      "each device quantizes whole microbatches) or a data-parallel --grad-comm-dtype other than float32 (each "
-      f"device quantizes its token shard); with the mesh {layout.describe()} use 'auto' or 'xla'"
+      "each device quantizes whole microbatches), or data parallel without MoE experts (no model axis: each device "
+      f"quantizes its token shard); with the mesh {layout.describe()} use 'auto' or 'xla'"
     )
   return "xla"
 
@@ -232,8 +259,9 @@ class Trainer:
       causal_amax=config.causal_amax,
     )
     fields.update(model_overrides or {})
-    fields["quantizer_backend"] = quantizer_backend_for(fields.get("quantizer_backend", "auto"), layout, config)
-    self.model_config = model_lib.model_config(config.model, **fields)
+    asked = model_lib.model_config(config.model, **fields)
+    backend = quantizer_backend_for(asked.quantizer_backend, layout, config, asked)
+    self.model_config = dataclasses.replace(asked, quantizer_backend=backend)
     model_lib.projection_dot_cls(config.recipe)  # fail now, not after the data and compile, if fp4jax lacks it
     self.model = model_lib.Llama(self.model_config)
     self.schedule = optimizer.lr_schedule(config.peak_lr, config.steps, config.warmup_frac)
@@ -260,14 +288,15 @@ class Trainer:
     if not config.deterministic:
       sharding.check_layout(layout, self.model_config, config.batch_size, config.seq_len)
     self.mesh = sharding.make_mesh(layout)
-    if config.grad_comm_dtype != "float32":
+    token_sharded = token_sharded_data_parallel(layout, config, self.model_config)
+    if token_sharded:
       loss_share = functools.partial(self._loss, model=sharding.token_sharded_model(self.model))
       # evaluation is the plain sharded jit, whose partitioner cannot split a Pallas kernel: XLA's quantizers there
       # (the same bits as the kernels)
       xla_model = model_lib.Llama(dataclasses.replace(self.model_config, quantizer_backend="xla"))
       self.eval_fn = functools.partial(self._loss, model=xla_model)
     self.state_sharding = sharding.state_shardings(jax.eval_shape(self._init_state), self.mesh, layout)
-    if config.grad_comm_dtype != "float32":
+    if token_sharded:
       # with --fsdp the parameters enter sharded (all-gathered whole in each shard, gradients reduce-scattered)
       specs = jax.tree.map(lambda s: s.spec, self.state_sharding["params"]) if layout.fsdp else None
       self.value_and_grad = sharding.data_parallel_value_and_grad(loss_share, self.mesh, config.grad_comm_dtype, specs)
@@ -1118,7 +1147,10 @@ def main(argv: list[str] | None = None) -> None:
   except ValueError as err:
     parser.error(str(err))
   try:
-    args.quantizer_backend = quantizer_backend_for(args.quantizer_backend, layout, config)
+    shape = model_lib.model_config(
+      config.model, recipe=config.recipe, bf16_first=config.bf16_first, bf16_last=config.bf16_last
+    )
+    args.quantizer_backend = quantizer_backend_for(args.quantizer_backend, layout, config, shape)
   except ValueError as err:
     parser.error(f"--quantizer-backend: {err}")
   if args.quantizer_backend == "pallas" and config.tensor_shards > 1:

@@ -53,32 +53,72 @@ def test_deterministic_runs_take_xla_attention_unless_asked(corpus):
   assert _trainer(corpus).model_config.attention_impl == "auto"
 
 
+FP4, BF16, MOE = ("100K", "nvidia_nvfp4"), ("100K", "bf16"), ("1M-moe", "nvidia_nvfp4")
+
+
 @pytest.mark.parametrize(
-  "backend,layout,deterministic,comm,want",
+  "model,backend,layout,deterministic,comm,want",
   [
-    ("auto", None, 0, "float32", "auto"),
-    ("auto", sharding.Layout(data=1), 0, "float32", "auto"),
-    ("auto", sharding.Layout(data=2), 0, "float32", "xla"),
-    ("auto", sharding.Layout(model=2), 0, "float32", "xla"),
-    ("auto", sharding.Layout(data=2), 2, "float32", "auto"),
-    ("pallas", sharding.Layout(data=2), 2, "float32", "pallas"),
-    ("auto", sharding.Layout(data=2), 0, "bfloat16", "auto"),  # shard_map data parallelism: per-shard kernels
-    ("pallas", sharding.Layout(data=2), 0, "bfloat16", "pallas"),
-    ("xla", sharding.Layout(data=2), 0, "float32", "xla"),
-    ("pallas", None, 0, "float32", "pallas"),
+    (FP4, "auto", None, 0, "float32", "auto"),
+    (FP4, "auto", sharding.Layout(data=1), 0, "float32", "auto"),
+    # a data-parallel mesh: shard_map data parallelism, every token shard quantized by the kernels
+    (FP4, "auto", sharding.Layout(data=2), 0, "float32", "auto"),
+    (FP4, "pallas", sharding.Layout(data=2), 0, "float32", "pallas"),
+    (FP4, "auto", sharding.Layout(data=2, fsdp=True), 0, "float32", "auto"),
+    (FP4, "auto", sharding.Layout(data=2), 0, "bfloat16", "auto"),
+    (FP4, "pallas", sharding.Layout(data=2), 0, "bfloat16", "pallas"),
+    # XLA's partitioner: a model axis, MoE experts
+    (FP4, "auto", sharding.Layout(model=2), 0, "float32", "xla"),
+    (FP4, "auto", sharding.Layout(data=2, model=2), 0, "float32", "xla"),
+    (MOE, "auto", sharding.Layout(data=2), 0, "float32", "xla"),
+    # deterministic: each device quantizes whole microbatches
+    (FP4, "auto", sharding.Layout(model=2), 2, "float32", "auto"),
+    (FP4, "pallas", sharding.Layout(data=2), 2, "float32", "pallas"),
+    (FP4, "xla", sharding.Layout(data=2), 0, "float32", "xla"),
+    (FP4, "pallas", None, 0, "float32", "pallas"),
+    (BF16, "pallas", sharding.Layout(model=2), 0, "float32", "pallas"),  # nothing to quantize
   ],
 )
-def test_quantizer_backend_on_a_mesh(backend, layout, deterministic, comm, want):
+def test_quantizer_backend_on_a_mesh(model, backend, layout, deterministic, comm, want):
+  size, recipe = model
   config = train.TrainConfig(
-    model="100K", batch_size=4, seq_len=16, tokens=64, deterministic=deterministic, grad_comm_dtype=comm
+    model=size, recipe=recipe, batch_size=4, seq_len=16, tokens=64, deterministic=deterministic, grad_comm_dtype=comm
   )
-  assert train.quantizer_backend_for(backend, layout, config) == want
+  shape = model_lib.model_config(size, recipe=recipe)
+  assert train.quantizer_backend_for(backend, layout, config, shape) == want
 
 
 @pytest.mark.parametrize("backend", ["pallas", "native"])
-def test_kernel_quantizers_on_a_mesh_without_deterministic_are_refused(corpus, backend):
-  with pytest.raises(ValueError, match=rf"quantizer_backend='{backend}' trains on one device.*mesh data=2"):
-    _trainer(corpus, sharding.Layout(data=2), {"quantizer_backend": backend})
+@pytest.mark.parametrize("layout", [sharding.Layout(model=2), sharding.Layout(data=2, model=2)])
+def test_kernel_quantizers_on_a_model_axis_without_deterministic_are_refused(backend, layout):
+  """(MoE models refuse the kernels on any layout: ``model.ModelConfig``'s own check.)"""
+  config = train.TrainConfig(model="100K", recipe="nvidia_nvfp4", batch_size=4, seq_len=16, tokens=64)
+  shape = model_lib.model_config("100K", recipe="nvidia_nvfp4")
+  refusal = rf"quantizer_backend='{backend}' trains on one device.*mesh {layout.describe()}"
+  with pytest.raises(ValueError, match=refusal):
+    train.quantizer_backend_for(backend, layout, config, shape)
+
+
+@pytest.mark.parametrize(
+  "model,backend,layout,comm,want",
+  [
+    (FP4, "auto", sharding.Layout(data=2), "float32", True),
+    (FP4, "auto", sharding.Layout(data=2, fsdp=True), "float32", True),
+    (FP4, "xla", sharding.Layout(data=2), "float32", False),
+    (FP4, "xla", sharding.Layout(data=2), "bfloat16", True),  # the wire dtype needs shard_map
+    (BF16, "auto", sharding.Layout(data=2), "float32", False),
+    (BF16, "auto", sharding.Layout(data=2), "bfloat16", True),
+    (MOE, "auto", sharding.Layout(data=2), "float32", False),
+    (FP4, "auto", sharding.Layout(model=2), "float32", False),
+    (FP4, "auto", sharding.Layout(data=1), "float32", False),
+    (FP4, "auto", None, "float32", False),
+  ],
+)
+def test_which_steps_run_data_parallel_under_shard_map(model, backend, layout, comm, want):
+  size, recipe = model
+  config = train.TrainConfig(model=size, recipe=recipe, batch_size=4, seq_len=16, tokens=64, grad_comm_dtype=comm)
+  shape = model_lib.model_config(size, recipe=recipe, quantizer_backend=backend)
+  assert train.token_sharded_data_parallel(layout, config, shape) is want
 
 
 def test_model_config_is_frozen_with_the_new_fields():

@@ -246,35 +246,51 @@ from fp4jax_experiments import sharding, train
 
 def run(backend):
   config = train.TrainConfig(model="100K", recipe="nvidia_nvfp4", data=sys.argv[1], batch_size=4, seq_len=32,
-                             tokens=4 * 32 * 2, grad_comm_dtype="bfloat16")
+                             tokens=4 * 32 * 2, grad_comm_dtype=sys.argv[2])
   overrides = {"n_layers": 1, "d_model": 64, "n_heads": 2, "ffn_hidden": 128, "quantizer_backend": backend}
   trainer = train.Trainer(config, layout=sharding.Layout(data=2), model_overrides=overrides)
   state, losses = trainer.init_state(), []
   inputs = [(trainer.place(trainer.stream.batch(s)), trainer.quant_key(s)) for s in range(2)]
-  kernels = str(trainer.train_step.trace(state, *inputs[0]).jaxpr).count("pallas_call")
+  step = str(trainer.train_step.trace(state, *inputs[0]).jaxpr)
+  kernels, shard_map = step.count("pallas_call"), "shard_map" in step
+  if sys.argv[3] == "trace":
+    return {"kernels": kernels, "shard_map": shard_map, "backend": trainer.model_config.quantizer_backend}
   eval_args = (state["params"], inputs[0][0], trainer.quant_key(0))
   eval_kernels = str(trainer.eval_loss.trace(*eval_args).jaxpr).count("pallas_call")
   for tokens, key in inputs:
     state, metrics = trainer.train_step(state, tokens, key)
     losses.append(float(metrics["loss"]))
   evals = [float(trainer.eval_loss(state["params"], tokens, key)) for tokens, key in inputs]
-  return {"losses": losses, "kernels": kernels, "evals": evals, "eval_kernels": eval_kernels}
+  return {"losses": losses, "kernels": kernels, "shard_map": shard_map, "evals": evals, "eval_kernels": eval_kernels}
 
 print(json.dumps({backend: run(backend) for backend in ("xla", "pallas")}))
 """
 
 
+def test_fp4_data_parallel_steps_take_the_kernels_by_default(corpus):  # noqa: F811
+  """data=2 with float32 gradients (the default): an FP4 model's step runs under shard_map with a kernel per
+  quantized token shard; with quantizer_backend="xla" it stays the plain sharded jit with XLA's quantizers (traced
+  only; the slow-tier test below trains both)."""
+  got = json.loads(_run(["-c", KERNELS_ON_A_MESH, corpus, "float32", "trace"], devices=2).strip().splitlines()[-1])
+  assert got["pallas"]["shard_map"] and got["pallas"]["kernels"] > 0, got
+  assert not got["xla"]["shard_map"] and got["xla"]["kernels"] == 0, got
+  assert got["pallas"]["backend"] == "pallas" and got["xla"]["backend"] == "xla", got
+
+
 @pytest.mark.slow
 def test_data_parallel_steps_with_the_kernels_per_shard_give_the_xla_losses(corpus):  # noqa: F811
-  """data=2 under shard_map (``--grad-comm-dtype bfloat16``), nvidia_nvfp4 (tensor amax, SR of the gradients at
-  their global indices, 16-point RHT along the tokens): with ``quantizer_backend="pallas"`` every token shard's
-  operands go through the kernels (interpret mode here) with the collective amax, and the two steps' losses equal
-  the XLA quantizers' bit for bit (the same quantized operands, the same program otherwise). Evaluation
-  (``eval_loss``: the plain sharded jit, which cannot partition a Pallas kernel on a GPU) runs XLA's quantizers
-  either way: no kernel, and the same evaluation losses of the trained parameters."""
-  out = _run(["-c", KERNELS_ON_A_MESH, corpus], devices=2)
+  """data=2 under shard_map (here with ``--grad-comm-dtype bfloat16``, so that both backends take that path),
+  nvidia_nvfp4 (tensor amax, SR of the gradients at their global indices, 16-point RHT along the tokens): with
+  ``quantizer_backend="pallas"`` every token shard's operands go through the kernels (interpret mode here) with the
+  collective amax, and the two steps' losses equal the XLA quantizers' bit for bit (the same quantized operands, the
+  same program otherwise). Evaluation (``eval_loss``: the plain sharded jit, which cannot partition a Pallas kernel
+  on a GPU) runs XLA's quantizers either way: no kernel, and the same evaluation losses of the trained parameters.
+  (The float32 default takes the same shard_map step: the test above; its losses against one device:
+  test_exp_sharding.py's data=4 layouts.)"""
+  out = _run(["-c", KERNELS_ON_A_MESH, corpus, "bfloat16", "train"], devices=2)
   got = json.loads(out.strip().splitlines()[-1])
   assert got["xla"]["kernels"] == 0 and got["pallas"]["kernels"] > 0, got
+  assert got["xla"]["shard_map"] and got["pallas"]["shard_map"], got
   assert got["pallas"]["losses"] == got["xla"]["losses"], got
   assert got["xla"]["eval_kernels"] == got["pallas"]["eval_kernels"] == 0, got
   assert got["pallas"]["evals"] == got["xla"]["evals"] and np.all(np.isfinite(got["xla"]["evals"])), got

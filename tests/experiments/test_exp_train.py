@@ -160,8 +160,11 @@ def test_quantizer_backend_changes_nothing_but_the_implementation(corpus, tmp_pa
     train.Trainer(config, model_overrides={"quantizer_backend": "triton"})
 
 
-def test_cli_refuses_kernel_quantizers_on_a_mesh(corpus, tmp_path, capsys):
+def test_cli_refuses_kernel_quantizers_on_a_model_axis(corpus, tmp_path, capsys):
+  """Refused before the data or the mesh: a model axis without --deterministic runs XLA's partitioner."""
+  args = ["--data", corpus, "--recipe", "nvidia_nvfp4", "--mesh", "model=2", "--quantizer-backend", "pallas"]
   with pytest.raises(SystemExit):
-    train.main(["--data", corpus, "--mesh", "data=2", "--quantizer-backend", "pallas", "--out", str(tmp_path)])
+    train.main([*args, "--out", str(tmp_path)])
   err = capsys.readouterr().err
   assert "--quantizer-backend: quantizer_backend='pallas' trains on one device" in err and "--deterministic R" in err
+  assert "mesh model=2" in err
