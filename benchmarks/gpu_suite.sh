@@ -126,7 +126,8 @@ case "${1:-}" in
     timeout 250 python benchmarks/loss_curves.py --rounds 2 --out "$OUT/loss_curves.json" \
       --variants '{"none": {"recompute": "none"}, "norms": {"recompute": "norms"}}' > "$OUT/loss_curves.log" 2>&1
     variants='{"experiments": {}, "norms": {"recompute": "norms"}, "norms_swiglu": {"recompute": "norms_swiglu"}}'
-    timeout 330 python benchmarks/train_throughput.py --devices 1 --recipes nvidia_nvfp4,quartet2 --rounds 2 --steps 8 \
+    # nvidia_nvfp4 only: with quartet2 too (70 s per compile on an H100) the piece outran its 330 s
+    timeout 330 python benchmarks/train_throughput.py --devices 1 --recipes nvidia_nvfp4 --rounds 2 --steps 8 \
       --experiments-variants "$variants" --out "$OUT/train_throughput_recompute.json" \
       > "$OUT/train_throughput_recompute.log" 2>&1
     ;;
