@@ -412,8 +412,9 @@ def _parser() -> argparse.ArgumentParser:
     "--grad-comm-dtype",
     default="float32",
     choices=list(sharding.GRAD_COMM_DTYPES),
-    help="the experiments models' data-parallel gradient all-reduce on n > 1 devices (float32: XLA's partitioner, "
-    "XLA quantizers; bfloat16 / float8_e4m3fn: shard_map, each device's kernels on its token shard)",
+    help="the experiments models' data-parallel gradient all-reduce on n > 1 devices (an FP4 model trains under "
+    "shard_map with each device's kernels on its token shard, whatever the dtype; a bf16 model under XLA's "
+    "partitioner for float32)",
   )
   p.add_argument("--matmul-size", type=int, default=8192, help="bf16 GEMM of this size³ sets the MFU divisor")
   p.add_argument(
