@@ -14,9 +14,11 @@ see ``fp4jax.sharding``); ``--runs-per-device 2`` runs two processes per GPU (ea
 memory: small models leave a GPU idle during compilation and between kernel launches); without ``--devices``, runs
 go one after another on the default device. Runs start in decreasing order of training compute (N·D), so the
 longest are not left for last. ``--results FILE`` writes one JSON line per finished run (its summary and
-validation curve), the input of ``fp4jax-scaling-law``. ``--final-eval-batches 32 --eval-results FILE`` has each
-run evaluate 32 validation batches as it finishes, while its weights are on the device, and writes those per-batch
-losses (``fp4jax-evaluate``'s records, for its gap table) to FILE. Runs share JAX's persistent
+validation curve), the input of ``fp4jax-scaling-law``; it is rewritten each time a run's process ends, so a piece
+stopped from outside keeps the runs that finished (``--eval-results`` likewise). ``--final-eval-batches 32
+--eval-results FILE`` has each run evaluate 32 validation batches as it finishes, while its weights are on the
+device, and writes those per-batch losses (``fp4jax-evaluate``'s records, for its gap table) to FILE. Runs share
+JAX's persistent
 compilation cache in ``OUT/.jax-cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set), so a resumed piece does not
 compile again.
 """
@@ -151,9 +153,11 @@ def execute(
   cache_dir: str | None = None,
   command: Callable[[Run, Path, float, str | None], list[str]] = train_command,
   runs_per_device: int = 1,
+  on_exit: Callable[[], None] | None = None,
 ) -> dict[str, str]:
   """Launch the unfinished runs (partial ones first, then by decreasing N·D) on free device slots until the budget
-  is nearly spent.
+  is nearly spent. ``on_exit()`` is called each time a launched run's process ends (finished, paused or failed),
+  e.g. to rewrite the results files, so that a piece stopped from outside keeps what finished before.
 
   Returns {run name: state after this piece}.
   """
@@ -172,6 +176,8 @@ def execute(
         del running[slot]
         if proc.returncode:
           print(f"{run.name}: exit status {proc.returncode}, see {out / run.name / 'train.log'}", file=sys.stderr)
+        if on_exit is not None:
+          on_exit()
     minutes_left = (deadline - time.monotonic()) / 60
     if minutes_left < STARTUP_MINUTES:
       pending = []
@@ -283,24 +289,41 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
       parser.error(str(err))
     command = functools.partial(command, mesh=f"data={args.gpus_per_run}")
+  write = functools.partial(write_results, args.out, runs, args.results, args.eval_results)
   states = execute(
-    runs, args.out, args.max_minutes, devices, args.cache_dir, command=command, runs_per_device=args.runs_per_device
+    runs,
+    args.out,
+    args.max_minutes,
+    devices,
+    args.cache_dir,
+    command=command,
+    runs_per_device=args.runs_per_device,
+    on_exit=write,
   )
   counts = {state: sum(s == state for s in states.values()) for state in ("finished", "partial", "new")}
   print(
     f"sweep {args.out}: {counts['finished']}/{len(runs)} finished, {counts['partial']} partial, "
     f"{counts['new']} not started" + ("" if counts["finished"] == len(runs) else "; rerun to continue")
   )
+  results, records = write()
   if args.results:
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    results = collect(args.out, runs)
-    args.results.write_text("".join(json.dumps(r) + "\n" for r in results))
-    print(f"wrote {len(results)} results to {args.results}")
+    print(f"wrote {results} results to {args.results}")
   if args.eval_results:
-    args.eval_results.parent.mkdir(parents=True, exist_ok=True)
-    records = collect_evaluations(args.out, runs)
-    args.eval_results.write_text("".join(json.dumps(r) + "\n" for r in records))
-    print(f"wrote {len(records)} evaluations to {args.eval_results}")
+    print(f"wrote {records} evaluations to {args.eval_results}")
+
+
+def write_results(out: Path, runs: Sequence[Run], results: Path | None, eval_results: Path | None) -> tuple[int, int]:
+  """Rewrite ``results`` (:func:`collect`) and ``eval_results`` (:func:`collect_evaluations`), each JSONL, from the
+  finished runs in ``out`` (each file only if given; ``train.write_atomic``: a reader never sees half a file).
+  Returns the numbers of result and evaluation records written."""
+  counts = []
+  for path, records in ((results, collect), (eval_results, collect_evaluations)):
+    lines = records(out, runs) if path else []
+    if path:
+      path.parent.mkdir(parents=True, exist_ok=True)
+      train.write_atomic(path, "".join(json.dumps(r) + "\n" for r in lines))
+    counts.append(len(lines))
+  return counts[0], counts[1]
 
 
 if __name__ == "__main__":

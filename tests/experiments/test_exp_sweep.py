@@ -76,6 +76,36 @@ def test_execute_skips_finished_resumes_partial_and_spreads_over_devices(tmp_pat
   assert (tmp_path / "100K-r10-bf16" / "launches.txt").read_text() == "0\n"
 
 
+FAKE_TRAINER_WITH_RECORDS = (
+  FAKE_TRAINER
+  + """
+(folder / "metrics.jsonl").write_text(json.dumps({"kind": "val", "step": 1, "tokens": 9, "val_loss": 1.0}) + "\\n")
+if folder.name.endswith("bf16"):
+    (folder / "final_eval.json").write_text(json.dumps({"name": folder.name, "batch_losses": [1.0]}))
+"""
+)
+
+
+def test_results_are_rewritten_as_each_run_ends(tmp_path):
+  """The results files follow the runs: after the first process ends they hold its run (if finished), so a piece
+  killed from outside (a device's time limit) keeps what finished before."""
+  runs = sweep.plan(BASE, ["100K"], [10, 20], ["bf16", "quartet2"])  # the fake finishes the bf16 runs only
+  results, evals, seen = tmp_path / "out" / "results.jsonl", tmp_path / "evals.jsonl", []
+
+  def on_exit():
+    sweep.write_results(tmp_path / "sweep", runs, results, evals)
+    seen.append([json.loads(line)["name"] for line in results.read_text().splitlines()])
+
+  command = lambda run, folder, minutes, cache: [sys.executable, "-c", FAKE_TRAINER_WITH_RECORDS, str(folder)]  # noqa: E731
+  sweep.execute(runs, tmp_path / "sweep", max_minutes=5, command=command, on_exit=on_exit)
+  assert len(seen) == 4  # one rewrite per ended process, one process at a time (no --devices)
+  finished = ["100K-r10-bf16", "100K-r20-bf16"]
+  assert seen[-1] == finished and all(set(names) <= set(finished) for names in seen)
+  assert [len(names) for names in seen] == sorted(len(names) for names in seen) and seen[0] != finished
+  assert [json.loads(line)["name"] for line in evals.read_text().splitlines()] == finished
+  assert sweep.write_results(tmp_path / "sweep", runs, None, None) == (0, 0)
+
+
 def test_nothing_launches_without_budget(tmp_path):
   runs = sweep.plan(BASE, ["100K"], [10], ["bf16"])
   states = sweep.execute(runs, tmp_path, max_minutes=0.5, command=_fake_command)
