@@ -24,8 +24,9 @@ on SLURM / Open MPI the three values can be left out), a ``--mesh`` spanning all
 or without ``--fsdp``) an FP4 model without MoE experts trains under ``shard_map``: each data shard differentiates its
 share of the loss with token-sharded FP4 recipes, quantized by the kernels, so the quantized operands stay those of
 one device (:func:`token_sharded_data_parallel`); the gradients are all-reduced in ``--grad-comm-dtype`` (float32,
-or bfloat16 / float8_e4m3fn: ``sharding.all_reduce_sum``). ``--quantizer-backend xla``, a model axis and MoE models
-keep the plain sharded ``jit`` of the global program, with XLA's quantizers.
+or bfloat16 / float8_e4m3fn: ``sharding.all_reduce_sum``). On a model axis alone (``--mesh model=T``) it runs as T
+Megatron shards under ``shard_map`` (:func:`tensor_parallel_shards`). ``--quantizer-backend xla``, meshes with both
+axes and MoE models keep the plain sharded ``jit`` of the global program, with XLA's quantizers.
 
 ``--deterministic R`` (``experiments.deterministic``; part of config.json, since it changes the numerics): each step
 is R fixed microbatches whose losses and gradients are added in a fixed order, so the loss curve and the trained
@@ -206,6 +207,19 @@ def token_sharded_data_parallel(layout: sharding.Layout | None, config: TrainCon
   return has_fp4_blocks(model_config) and model_config.quantizer_backend != "xla" and not model_config.num_experts
 
 
+def tensor_parallel_shards(layout: sharding.Layout | None, config: TrainConfig, model_config) -> bool:
+  """Whether a step on ``layout`` runs the model written out as Megatron shards under ``jax.shard_map`` over the
+  model axis (``model.TensorParallel``: FP4 recipes marked with their split, ``fp4jax.sharding.sharded``, so every
+  quantized operand is the one-device operand, and the kernels quantize the shards' slices) instead of the plain
+  sharded ``jit``: the default for a model with FP4 blocks and a quantizer backend other than "xla" on a mesh with
+  a model axis and no data axis, outside ``deterministic=R`` (which has its own shard_map step). A mesh with both
+  axes keeps the partitioned ``jit`` (XLA's quantizers): the recipes take one split each, not tokens and features
+  at once."""
+  if layout is None or layout.model == 1 or layout.data > 1 or config.deterministic:
+    return False
+  return has_fp4_blocks(model_config) and model_config.quantizer_backend != "xla"
+
+
 def has_fp4_blocks(model_config) -> bool:
   """Whether some block of ``model_config`` (a ``model.ModelConfig``) runs an FP4 recipe, i.e. has quantizers."""
   return any(s.recipe != model_lib.BF16_RECIPE for s in model_lib.layer_stacks(model_config))
@@ -215,14 +229,18 @@ def quantizer_backend_for(backend: str, layout: sharding.Layout | None, config: 
   """The projections' quantizer backend on ``layout``: ``backend`` as given on one device, for a model without FP4
   blocks (nothing to quantize), under ``deterministic=R`` (each device quantizes whole microbatches) and where
   :func:`token_sharded_data_parallel` holds for ``model_config`` with ``backend`` (data parallelism under
-  ``shard_map``: each device quantizes its token shard with the kernels' collective amax); on a mesh of several
-  devices otherwise (a model axis, MoE experts: XLA's partitioner, which cannot split a kernel), "auto" is XLA's
-  quantizers and "pallas" / "native" raise ValueError naming the mesh."""
+  ``shard_map``: each device quantizes its token shard with the kernels' collective amax); "auto" where
+  :func:`tensor_parallel_shards` holds (a model axis alone: the kernels quantize the shards' slices they take, XLA
+  the others); on a mesh of several devices otherwise (data and model axes together, MoE experts: XLA's
+  partitioner, which cannot split a kernel), "auto" is XLA's quantizers and "pallas" / "native" raise ValueError
+  naming the mesh."""
   if layout is None or layout.n_devices == 1 or config.deterministic or backend == "xla":
     return backend
   asked = dataclasses.replace(model_config, quantizer_backend=backend)
   if not has_fp4_blocks(model_config) or token_sharded_data_parallel(layout, config, asked):
     return backend
+  if backend == "auto" and tensor_parallel_shards(layout, config, asked):
+    return backend  # the kernels on the slices they take, XLA on the others ("pallas" would raise on those)
   if backend != "auto":
     raise ValueError(
       f"quantizer_backend={backend!r} trains on one device, or on a mesh with deterministic=R (--deterministic R: "
@@ -295,6 +313,8 @@ class Trainer:
       # (the same bits as the kernels)
       xla_model = model_lib.Llama(dataclasses.replace(self.model_config, quantizer_backend="xla"))
       self.eval_fn = functools.partial(self._loss, model=xla_model)
+    if tensor_parallel_shards(layout, config, self.model_config):
+      self._tensor_parallel_steps(layout)
     self.state_sharding = sharding.state_shardings(jax.eval_shape(self._init_state), self.mesh, layout)
     if token_sharded:
       # with --fsdp the parameters enter sharded (all-gathered whole in each shard, gradients reduce-scattered)
@@ -334,6 +354,21 @@ class Trainer:
       loss = deterministic.over_model_shards(loss, specs, P(), shards, mesh)
     self.value_and_grad = deterministic.microbatched(value_and_grad, mesh, config.deterministic, specs, (P(), specs))
     self.eval_fn = deterministic.microbatched(loss, mesh, config.deterministic, specs)
+
+  def _tensor_parallel_steps(self, layout: sharding.Layout) -> None:
+    """The loss and gradients of the model written out as ``layout.model`` Megatron shards (``model.TensorParallel``),
+    shard s on device s under ``jax.shard_map``, the whole batch and the key on every device
+    (:func:`tensor_parallel_shards`). The shards' sums are the pairwise tree of ``fp4jax.sharding.sum_from_shards``."""
+    shards = layout.model
+    tp = model_lib.Llama(self.model_config, model_lib.TensorParallel(sharding.MODEL, shards))
+    specs = deterministic.param_specs(jax.eval_shape(self._init_state)["params"], shards)
+    loss = functools.partial(self._loss, model=tp)
+    # check_vma=False: the kernels' pallas_call outputs carry no varying-axes type; the replicated parameters'
+    # gradients are the same on every shard (Megatron's conjugate operators), so none is summed over the shards
+    self.value_and_grad = jax.shard_map(
+      jax.value_and_grad(loss), mesh=self.mesh, in_specs=(specs, P(), P()), out_specs=(P(), specs), check_vma=False
+    )
+    self.eval_fn = jax.shard_map(loss, mesh=self.mesh, in_specs=(specs, P(), P()), out_specs=P(), check_vma=False)
 
   def _init_state(self) -> dict:
     params = model_lib.init_params(self.model_config, self.key, self.config.seq_len)

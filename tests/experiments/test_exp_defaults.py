@@ -67,8 +67,9 @@ FP4, BF16, MOE = ("100K", "nvidia_nvfp4"), ("100K", "bf16"), ("1M-moe", "nvidia_
     (FP4, "auto", sharding.Layout(data=2, fsdp=True), 0, "float32", "auto"),
     (FP4, "auto", sharding.Layout(data=2), 0, "bfloat16", "auto"),
     (FP4, "pallas", sharding.Layout(data=2), 0, "bfloat16", "pallas"),
-    # XLA's partitioner: a model axis, MoE experts
-    (FP4, "auto", sharding.Layout(model=2), 0, "float32", "xla"),
+    # a model axis alone: the Megatron shards under shard_map, the kernels on the slices they take
+    (FP4, "auto", sharding.Layout(model=2), 0, "float32", "auto"),
+    # XLA's partitioner: data and model axes together, MoE experts
     (FP4, "auto", sharding.Layout(data=2, model=2), 0, "float32", "xla"),
     (MOE, "auto", sharding.Layout(data=2), 0, "float32", "xla"),
     # deterministic: each device quantizes whole microbatches
@@ -119,6 +120,28 @@ def test_which_steps_run_data_parallel_under_shard_map(model, backend, layout, c
   config = train.TrainConfig(model=size, recipe=recipe, batch_size=4, seq_len=16, tokens=64, grad_comm_dtype=comm)
   shape = model_lib.model_config(size, recipe=recipe, quantizer_backend=backend)
   assert train.token_sharded_data_parallel(layout, config, shape) is want
+
+
+@pytest.mark.parametrize(
+  "model,backend,layout,deterministic,want",
+  [
+    (FP4, "auto", sharding.Layout(model=2), 0, True),
+    (FP4, "pallas", sharding.Layout(model=2), 0, True),  # (quantizer_backend_for refuses it first)
+    (FP4, "xla", sharding.Layout(model=2), 0, False),
+    (FP4, "auto", sharding.Layout(data=2, model=2), 0, False),
+    (FP4, "auto", sharding.Layout(model=2), 2, False),  # --deterministic: its own shard_map step
+    (BF16, "auto", sharding.Layout(model=2), 0, False),
+    (FP4, "auto", sharding.Layout(data=2), 0, False),
+    (FP4, "auto", None, 0, False),
+  ],
+)
+def test_which_steps_run_tensor_parallel_shards(model, backend, layout, deterministic, want):
+  size, recipe = model
+  config = train.TrainConfig(
+    model=size, recipe=recipe, batch_size=4, seq_len=16, tokens=64, deterministic=deterministic
+  )
+  shape = model_lib.model_config(size, recipe=recipe, quantizer_backend=backend)
+  assert train.tensor_parallel_shards(layout, config, shape) is want
 
 
 def test_model_config_is_frozen_with_the_new_fields():

@@ -199,6 +199,8 @@ STEP0_ULPS = {"data=4": 256, "data=4 fsdp": 256}
     pytest.param("bf16", [m for m in FOUR_LAYOUTS if m not in DEFAULT_LAYOUTS], marks=pytest.mark.slow),
     # an FP4 model on a data-parallel mesh: the shard_map step with token-sharded recipes (the default there)
     pytest.param("nvidia_nvfp4", ["data=4"], marks=pytest.mark.slow),
+    # an FP4 model on a model axis alone: the Megatron shards under shard_map (the default there)
+    pytest.param("nvidia_nvfp4", ["model=2"], marks=pytest.mark.slow),
   ],
 )
 def test_sharded_losses_match_one_device(corpus, recipes, meshes):
@@ -224,6 +226,35 @@ def test_sharded_losses_match_one_device(corpus, recipes, meshes):
     if r["mesh"] in STEP0_ULPS:
       assert abs(int(losses[:1].view(np.int32)[0]) - int(reference[:1].view(np.int32)[0])) <= STEP0_ULPS[r["mesh"]]
     assert set(r["collectives"].get("all-reduce", [])) <= {"f32", "pred", "s32", "u32"}, r["collectives"]
+
+
+TENSOR_PARALLEL_STEP = """
+import json, sys
+from fp4jax_experiments import sharding, train
+
+def run(backend):
+  config = train.TrainConfig(model="100K", recipe="nvidia_nvfp4", data=sys.argv[1], batch_size=4, seq_len=32,
+                             tokens=4 * 32 * 2)
+  overrides = {"n_layers": 1, "d_model": 64, "n_heads": 2, "ffn_hidden": 128, "quantizer_backend": backend}
+  trainer = train.Trainer(config, layout=sharding.Layout(model=2), model_overrides=overrides)
+  state = trainer.init_state()
+  step = str(trainer.train_step.trace(state, trainer.place(trainer.stream.batch(0)), trainer.quant_key(0)).jaxpr)
+  # the NVFP4 tensor amax of a split operand is a pmax over the shards (fp4jax.sharding.combine_amax)
+  return {"shard_map": "shard_map" in step, "collective_amax": "pmax" in step,
+          "backend": trainer.model_config.quantizer_backend}
+
+print(json.dumps({backend: run(backend) for backend in ("auto", "xla")}))
+"""
+
+
+def test_fp4_tensor_parallel_steps_run_the_megatron_shards_by_default(corpus):
+  """--mesh model=2 without --deterministic, nvidia_nvfp4: the traced step runs the Megatron shards under shard_map
+  (recipes marked with their split: each operand quantized as the logical tensor, by the kernels where they take
+  the slice), with quantizer_backend "auto"; with "xla" it stays the partitioned jit (traced only; the losses
+  against one device: the slow tier's [nvidia_nvfp4-meshes4])."""
+  got = json.loads(_run(["-c", TENSOR_PARALLEL_STEP, corpus], devices=2).strip().splitlines()[-1])
+  assert got["auto"] == {"shard_map": True, "collective_amax": True, "backend": "auto"}, got
+  assert got["xla"] == {"shard_map": False, "collective_amax": False, "backend": "xla"}, got
 
 
 def test_differing_leaves_names_the_parameters_that_differ():
