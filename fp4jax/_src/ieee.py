@@ -156,6 +156,48 @@ def _mul_pow2(x: jnp.ndarray, k: jnp.ndarray, num: int) -> jnp.ndarray:
   return jnp.where(_finite(x), y, x)
 
 
+_SAFE_MIN = np.int32(0x01000000)  # bits of 2^-125: a float result at least this large is normal, never flushed
+_MAG = np.int32(0x7FFFFFFF)
+
+
+def _magnitude_bits(x: jnp.ndarray) -> jnp.ndarray:
+  return lax.bitcast_convert_type(x, jnp.int32) & _MAG
+
+
+def _normal_or_zero(x: jnp.ndarray) -> jnp.ndarray:
+  """Finite and not subnormal: what XLA:CPU's float arithmetic reads as written (it flushes subnormal operands)."""
+  mag = _magnitude_bits(x)
+  return (mag == 0) | ((mag >= np.int32(0x00800000)) & (mag < np.int32(0x7F800000)))
+
+
+def _unflushed_result(r: jnp.ndarray, zero: jnp.ndarray) -> jnp.ndarray:
+  """A float result that XLA:CPU computed as IEEE does: at least 2^-125 and finite (normal, so not flushed; 2^-125,
+  not 2^-126, so that no tininess rule is involved), or zero where the exact result is zero (``zero``)."""
+  mag = _magnitude_bits(r)
+  return jnp.where(zero, mag == 0, (mag >= _SAFE_MIN) & (mag < np.int32(0x7F800000)))
+
+
+def _cpu_native_or(exact, native, safe, *args):
+  """On the CPU, the float op ``native(*args)`` where ``safe(*args, result)`` holds for every element (normal
+  operands and results, where XLA:CPU's float arithmetic is IEEE: nothing to flush), else ``exact(*args)`` (integer
+  arithmetic, IEEE with subnormals), chosen for the whole tensor by one ``lax.cond``; the same bits either way, and
+  the integer path's work only where a subnormal can occur. Elsewhere ``exact``."""
+
+  def cpu(*xs):
+    r = native(*xs)
+    return lax.cond(jnp.all(safe(*xs, r)), lambda: r, lambda: exact(*xs))
+
+  return lax.platform_dependent(*args, cpu=cpu, default=exact)
+
+
+def _is_zero(x: jnp.ndarray) -> jnp.ndarray:
+  return _magnitude_bits(x) == 0
+
+
+def _product_safe(a, b, r):
+  return _normal_or_zero(a) & _normal_or_zero(b) & _unflushed_result(r, _is_zero(a) | _is_zero(b))
+
+
 @jax.jit  # named calls in jaxprs: GPU Pallas kernels run them as PTX mul.rn.f32 (fp4jax_kernels.triton_compat)
 def mul_pow2_rn1(x: jnp.ndarray, k: jnp.ndarray) -> jnp.ndarray:
   """``mul_pow2_rn(x, k, 1)``."""
@@ -177,7 +219,20 @@ def mul_pow2_rn_f32(x: jnp.ndarray, k: jnp.ndarray) -> jnp.ndarray:
   ``pow2(k)`` (``mul_pow2_rn`` takes ``k`` up to 254 and needs two). Callers guarantee the range: the E8M0 exponents
   (in [-127, 127]) and block exponents capped at 127.
   """
-  return _mul_pow2(jnp.asarray(x, jnp.float32), jnp.asarray(k).astype(jnp.int32), 1)
+  x, k = jnp.broadcast_arrays(jnp.asarray(x, jnp.float32), jnp.asarray(k).astype(jnp.int32))
+  return _cpu_native_or(_mul_pow2_exact, _mul_pow2_float, _mul_pow2_safe, x, k)
+
+
+def _mul_pow2_exact(x, k):
+  return _mul_pow2(x, k, 1)
+
+
+def _mul_pow2_float(x, k):  # 2^k built on its bits: a normal float32 for k >= -126 (the only k used, _mul_pow2_safe)
+  return x * lax.bitcast_convert_type((jnp.maximum(k, -126) + 127) << 23, jnp.float32)
+
+
+def _mul_pow2_safe(x, k, r):
+  return (k >= -126) & _normal_or_zero(x) & _unflushed_result(r, _is_zero(x))
 
 
 @jax.jit  # a named call in jaxprs: GPU Pallas kernels run it as PTX mul.rn.f32 (fp4jax_kernels.triton_compat)
@@ -190,11 +245,13 @@ def mul_unflushed(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
   Per backend (``lax.platform_dependent``): on CUDA and ROCm GPUs, whose fp32 multiply keeps subnormal results, the
   float product, with a subnormal ``x`` first rescaled on its bits as ``(x · 2^64) · (y · 2^-64)`` (both scalings
   exact) so that a backend flushing subnormal operands still counts it (``_rescaled_product``: IEEE only where the
-  backend keeps subnormal results); on the CPU (whose XLA flushes subnormal operands and results to zero) and on
-  any other backend, ``mul_rn`` (exact integer arithmetic, IEEE everywhere).
+  backend keeps subnormal results); on the CPU (whose XLA flushes subnormal operands and results to zero) the float
+  product where no operand or product of the tensor is subnormal, else ``mul_rn`` (``_cpu_native_or``); on any other
+  backend ``mul_rn`` (exact integer arithmetic, IEEE everywhere).
   """
   x, y = jnp.broadcast_arrays(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32))
-  return lax.platform_dependent(x, y, cpu=mul_rn, cuda=_rescaled_product, rocm=_rescaled_product, default=mul_rn)
+  cpu = lambda x, y: _cpu_native_or(mul_rn, lax.mul, _product_safe, x, y)  # noqa: E731
+  return lax.platform_dependent(x, y, cpu=cpu, cuda=_rescaled_product, rocm=_rescaled_product, default=mul_rn)
 
 
 def _rescaled_product(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
@@ -212,8 +269,13 @@ def _rescaled_product(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
 def mul_short_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
   """``a · b`` in float32 rounded once (nearest, ties to even; subnormal operands and results kept, Inf on overflow)
   for finite ``a`` with at most 7 significant bits (an E2M1 value, an E4M3 or E8M0 scale, or their product) and
-  any ``b``. Exact integer arithmetic (a 7 x 24-bit product); non-finite operands use the float product."""
+  any ``b``. Exact integer arithmetic (a 7 x 24-bit product); non-finite operands use the float product. On the
+  CPU the float product where no operand or product of the tensor is subnormal (``_cpu_native_or``)."""
   a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+  return _cpu_native_or(_mul_short_exact, lax.mul, _product_safe, a, b)
+
+
+def _mul_short_exact(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
   sa, ma, la = significand(a)
   sb, mb, lb = significand(b)
   y = round_pack(sa ^ sb, (ma >> 17) * mb, la + lb + jnp.int32(17))
@@ -282,8 +344,18 @@ def add_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
 @jax.jit  # a named call in jaxprs: GPU Pallas kernels run it as PTX div.rn.f32 (fp4jax_kernels.triton_compat)
 def div_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
   """``a / b`` in float32, correctly rounded (nearest, ties to even) for finite nonzero operands, subnormal operands
-  and quotients included (IEEE: gradual underflow, Inf on overflow); zeros, Inf and NaN use the backend's division."""
+  and quotients included (IEEE: gradual underflow, Inf on overflow); zeros, Inf and NaN use the backend's division.
+  On the CPU, whose float32 division is IEEE but flushes subnormals, the float quotient where no operand or quotient
+  of the tensor is subnormal, no divisor zero (``_cpu_native_or``)."""
   a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+  return _cpu_native_or(_div_exact, lax.div, _quotient_safe, a, b)
+
+
+def _quotient_safe(a, b, r):
+  return _normal_or_zero(a) & _normal_or_zero(b) & ~_is_zero(b) & _unflushed_result(r, _is_zero(a))
+
+
+def _div_exact(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
   sa, ma, la = significand(a)
   sb, mb, lb = significand(b)
   small = ma < mb
