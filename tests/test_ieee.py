@@ -259,12 +259,10 @@ def test_widen_converts_other_dtypes_and_uses_no_float_conversion_for_bfloat16()
 
 # ------------------------------------------------------------------------------------------------ the CPU float path
 def _ieee(name, a, b):
-  """The IEEE float32 result, subnormals kept (the oracle): the exact float64 product (or the float64 quotient,
-  whose double rounding is innocuous for 24-bit operands) rounded once to float32; ``b`` is k for mul_pow2_rn_f32."""
+  """The IEEE float32 product, subnormals kept (the oracle): the exact float64 product rounded once to float32;
+  ``b`` is k for mul_pow2_rn_f32."""
   a64 = a.astype(np.float64)
-  with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
-    if name == "div_rn":
-      return (a64 / b).astype(np.float32)
+  with np.errstate(over="ignore", under="ignore", invalid="ignore"):
     if name == "mul_pow2_rn_f32":
       return (a64 * np.exp2(b.astype(np.float64))).astype(np.float32)
     return (a64 * b).astype(np.float32)
@@ -281,13 +279,10 @@ def _operands(name, n, rng, lo, hi):
   if name == "mul_pow2_rn_f32":
     return a, rng.randint(max(lo // 2, -126), min(hi // 2, 127), n).astype(np.int32)
   b = (rng.uniform(1, 2, n) * np.exp2(rng.randint(lo // 2, hi // 2, n))).astype(np.float32)
-  if name == "div_rn":
-    b = np.float32(1) / b
   return a, b
 
 
 OPS = {
-  "div_rn": (ieee.div_rn, ieee._quotient_safe),
   "mul_short_rn": (ieee.mul_short_rn, ieee._product_safe),
   "mul_unflushed": (ieee.mul_unflushed, ieee._product_safe),
   "mul_pow2_rn_f32": (ieee.mul_pow2_rn_f32, ieee._mul_pow2_safe),
@@ -296,13 +291,12 @@ OPS = {
 
 @pytest.mark.parametrize("name", list(OPS))
 def test_cpu_float_path_gives_the_ieee_bits_where_nothing_is_subnormal(name):
-  """A tensor whose operands and results are all normal (or zero) takes XLA:CPU's float op (the predicate holds for
+  """A tensor whose operands and results are all normal (or zero) takes XLA:CPU's float product (the predicate holds for
   every element) and gives the oracle's bits, zeros and signs included."""
   fn, safe = OPS[name]
   a, b = _operands(name, 100_000, np.random.RandomState(1), -100, 100)
   a[:3] = [0.0, -0.0, 0.0]  # zero operands: signed zero results
-  if name != "div_rn":
-    b[3] = 0 if name == "mul_pow2_rn_f32" else -0.0
+  b[3] = 0 if name == "mul_pow2_rn_f32" else -0.0
   r = fn(jnp.asarray(a), jnp.asarray(b))
   assert bool(jnp.all(safe(jnp.asarray(a), jnp.asarray(b), r)))
   np.testing.assert_array_equal(np.asarray(r).view(np.uint32), _ieee(name, a, b).view(np.uint32))
@@ -321,22 +315,18 @@ def test_one_subnormal_sends_the_whole_tensor_to_the_integer_path(name, where):
     a[7] = tiny  # a subnormal operand
   elif name == "mul_pow2_rn_f32":
     a[7], b[7] = np.float32(1.375), -140 if where == "result" else -126
-  elif name == "div_rn":  # 1.5·2^-126 (normal, below 2^-125), or 1.5·2^-140 (subnormal)
-    a[7], b[7] = np.float32(1.5 * 2.0**-100), np.float32(2.0**26 if where == "edge" else 2.0**40)
-  else:
+  else:  # 1.5·2^-126 (normal, below 2^-125), or 1.5·2^-140 (subnormal)
     a[7], b[7] = np.float32(1.5), np.float32(2.0**-126 if where == "edge" else 2.0**-140)
   r = fn(jnp.asarray(a), jnp.asarray(b))
-  assert not bool(jnp.all(safe(jnp.asarray(a), jnp.asarray(b), lax_mul_or_div(name, a, b))))
+  assert not bool(jnp.all(safe(jnp.asarray(a), jnp.asarray(b), lax_mul(name, a, b))))
   expect = _ieee(name, a, b)
   assert expect[7] != 0
   np.testing.assert_array_equal(np.asarray(r).view(np.uint32), expect.view(np.uint32))
 
 
-def lax_mul_or_div(name, a, b):
-  """XLA:CPU's float op itself (flushing), the result the predicate judges."""
+def lax_mul(name, a, b):
+  """XLA:CPU's float product itself (flushing), the result the predicate judges."""
   a, b = jnp.asarray(a), jnp.asarray(b)
-  if name == "div_rn":
-    return jax.jit(jax.lax.div)(a, b)
   if name == "mul_pow2_rn_f32":
     return jax.jit(ieee._mul_pow2_float)(a, b)
   return jax.jit(jax.lax.mul)(a, b)
