@@ -1067,9 +1067,9 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     "--quantizer-backend",
     default="auto",
     choices=list(model_lib.QUANTIZER_BACKENDS),
-    help="the FP4 quantizers: auto (the fused kernels on a GPU that runs them, XLA on a CPU or "
-    "a --mesh without --deterministic), xla, or pallas (same bits; one device, or a mesh "
-    "with --deterministic)",
+    help="the FP4 quantizers: auto (the fused kernels on a GPU that runs them, XLA on a CPU or on a mesh "
+    "with both data and model axes without --deterministic), xla, or pallas (same bits; one device, a "
+    "data-parallel mesh, or any mesh with --deterministic)",
   )
 
 
