@@ -18,9 +18,8 @@ validation curve), the input of ``fp4jax-scaling-law``; it is rewritten each tim
 stopped from outside keeps the runs that finished (``--eval-results`` likewise). ``--final-eval-batches 32
 --eval-results FILE`` has each run evaluate 32 validation batches as it finishes, while its weights are on the
 device, and writes those per-batch losses (``fp4jax-evaluate``'s records, for its gap table) to FILE. Runs share
-JAX's persistent
-compilation cache in ``OUT/.jax-cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set), so a resumed piece does not
-compile again.
+JAX's persistent compilation cache in ``OUT/.jax-cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set), so a resumed
+piece does not compile again.
 """
 
 from __future__ import annotations

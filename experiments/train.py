@@ -347,9 +347,7 @@ class Trainer:
     mesh = sharding.make_mesh(layout)
     loss, value_and_grad, specs = self._loss, self.value_and_grad, P()
     if shards > 1:
-      tp = model_lib.Llama(self.model_config, model_lib.TensorParallel(sharding.MODEL, shards))
-      specs = deterministic.param_specs(jax.eval_shape(self._init_state)["params"], shards)
-      loss = functools.partial(self._loss, model=tp)
+      loss, specs = self._megatron_loss(shards)
       value_and_grad = deterministic.over_model_shards(jax.value_and_grad(loss), specs, (P(), specs), shards, mesh)
       loss = deterministic.over_model_shards(loss, specs, P(), shards, mesh)
     self.value_and_grad = deterministic.microbatched(value_and_grad, mesh, config.deterministic, specs, (P(), specs))
@@ -359,16 +357,21 @@ class Trainer:
     """The loss and gradients of the model written out as ``layout.model`` Megatron shards (``model.TensorParallel``),
     shard s on device s under ``jax.shard_map``, the whole batch and the key on every device
     (:func:`tensor_parallel_shards`). The shards' sums are the pairwise tree of ``fp4jax.sharding.sum_from_shards``."""
-    shards = layout.model
-    tp = model_lib.Llama(self.model_config, model_lib.TensorParallel(sharding.MODEL, shards))
-    specs = deterministic.param_specs(jax.eval_shape(self._init_state)["params"], shards)
-    loss = functools.partial(self._loss, model=tp)
+    loss, specs = self._megatron_loss(layout.model)
     # check_vma=False: the kernels' pallas_call outputs carry no varying-axes type; the replicated parameters'
     # gradients are the same on every shard (Megatron's conjugate operators), so none is summed over the shards
     self.value_and_grad = jax.shard_map(
       jax.value_and_grad(loss), mesh=self.mesh, in_specs=(specs, P(), P()), out_specs=(P(), specs), check_vma=False
     )
     self.eval_fn = jax.shard_map(loss, mesh=self.mesh, in_specs=(specs, P(), P()), out_specs=P(), check_vma=False)
+
+  def _megatron_loss(self, shards: int):
+    """``(loss, specs)``: the loss of the model written out as ``shards`` Megatron shards (``model.TensorParallel``,
+    one shard's computation with collectives over the axis "model") and each parameter leaf's ``PartitionSpec``
+    over that axis."""
+    tp = model_lib.Llama(self.model_config, model_lib.TensorParallel(sharding.MODEL, shards))
+    specs = deterministic.param_specs(jax.eval_shape(self._init_state)["params"], shards)
+    return functools.partial(self._loss, model=tp), specs
 
   def _init_state(self) -> dict:
     params = model_lib.init_params(self.model_config, self.key, self.config.seq_len)
@@ -929,7 +932,7 @@ def _train(
       folder.path.name, config, step, trainer.batch_losses(state["params"], final_eval_batches)
     )
     if folder.primary:
-      (folder.path / FINAL_EVAL).write_text(json.dumps(record) + "\n")
+      write_atomic(folder.path / FINAL_EVAL, json.dumps(record) + "\n")
   if status != "paused" and folder.primary:
     write_atomic(folder.summary, json.dumps(summary, indent=1) + "\n")
   if not quiet:

@@ -166,17 +166,24 @@ def _magnitude_bits(x: jnp.ndarray) -> jnp.ndarray:
   return lax.bitcast_convert_type(x, jnp.int32) & _MAG
 
 
+def _is_zero(x: jnp.ndarray) -> jnp.ndarray:
+  return _magnitude_bits(x) == 0
+
+
+def _finite_at_least(x: jnp.ndarray, smallest_bits) -> jnp.ndarray:
+  mag = _magnitude_bits(x)
+  return (mag >= smallest_bits) & (mag < np.int32(0x7F800000))
+
+
 def _normal_or_zero(x: jnp.ndarray) -> jnp.ndarray:
   """Finite and not subnormal: what XLA:CPU's float arithmetic reads as written (it flushes subnormal operands)."""
-  mag = _magnitude_bits(x)
-  return (mag == 0) | ((mag >= np.int32(0x00800000)) & (mag < np.int32(0x7F800000)))
+  return _is_zero(x) | _finite_at_least(x, np.int32(0x00800000))
 
 
 def _unflushed_result(r: jnp.ndarray, zero: jnp.ndarray) -> jnp.ndarray:
   """A float result that XLA:CPU computed as IEEE does: at least 2^-125 and finite (normal, so not flushed; 2^-125,
   not 2^-126, so that no tininess rule is involved), or zero where the exact result is zero (``zero``)."""
-  mag = _magnitude_bits(r)
-  return jnp.where(zero, mag == 0, (mag >= _SAFE_MIN) & (mag < np.int32(0x7F800000)))
+  return jnp.where(zero, _is_zero(r), _finite_at_least(r, _SAFE_MIN))
 
 
 def _cpu_native_or(exact, native, safe, *args):
@@ -190,10 +197,6 @@ def _cpu_native_or(exact, native, safe, *args):
     return lax.cond(jnp.all(safe(*xs, r)), lambda: r, lambda: exact(*xs))
 
   return lax.platform_dependent(*args, cpu=cpu, default=exact)
-
-
-def _is_zero(x: jnp.ndarray) -> jnp.ndarray:
-  return _magnitude_bits(x) == 0
 
 
 def _product_safe(a, b, r):
@@ -347,9 +350,8 @@ def add_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
 def div_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
   """``a / b`` in float32, correctly rounded (nearest, ties to even) for finite nonzero operands, subnormal operands
   and quotients included (IEEE: gradual underflow, Inf on overflow); zeros, Inf and NaN use the backend's division.
-  Integer arithmetic on every backend, the CPU included: XLA:CPU's float quotient of normal operands, taken where
-  nothing is subnormal as the products are (``_cpu_native_or``), differed from IEEE inside fused MS-EDEN code
-  (tests/test_eden_tiny.py), so no float division decides a result here."""
+  Integer arithmetic on every backend, the CPU included (no ``_cpu_native_or`` float path: XLA:CPU's float quotient
+  is not relied on to be IEEE inside fused code)."""
   a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
   sa, ma, la = significand(a)
   sb, mb, lb = significand(b)
