@@ -30,6 +30,7 @@ ORDER = (
   "train_throughput",
   "loss_curves",
   "linear_trees",
+  "cpu_quantizers",
   "profile_linear",
   "auto_threshold",
   "quant_error",
@@ -309,6 +310,26 @@ def _loss_curves(doc: dict) -> list[str]:
   return out
 
 
+def _cpu_quantizers(doc: dict) -> list[str]:
+  st = doc["settings"]
+  out = _title(doc, f"XLA quantizers on the CPU, this commit against {doc['baseline_commit']}") + provenance(doc)
+  out += [
+    "",
+    f'`fp4jax.operand.rotate_and_quantize(..., backend="xla")` under `jax.jit` of a {st["rows"]}x{st["cols"]} '
+    f"bfloat16 tensor, the median of {st['repeats']} calls per run, {st['rounds']} runs from each tree in alternating "
+    "processes (`benchmarks/cpu_quantizers.py`). Times are the median over the runs with the range in brackets; the "
+    "ratio is ACROSS PROCESSES. Same output: every run of both trees gave the same checksum of the quantized outputs.",
+    "",
+    f"| recipe operand | {doc['commit']} ms | {doc['baseline_commit']} ms | ratio | same output |",
+    "|---|---|---|---|---|",
+  ]
+  for r in doc["rows"]:
+    this = f"{r['this_ms']:.1f} ({min(r['this_rounds']):.1f}–{max(r['this_rounds']):.1f})"
+    base = f"{r['baseline_ms']:.1f} ({min(r['baseline_rounds']):.1f}–{max(r['baseline_rounds']):.1f})"
+    out.append(f"| {r['name']} | {this} | {base} | {r['ratio']:.3f} | {'yes' if r['same_output'] else 'NO'} |")
+  return out
+
+
 RENDER: dict[str, Callable[[dict], list[str]]] = {
   "train_throughput": _train_throughput,
   "linear_trees": _linear_trees,
@@ -317,6 +338,7 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
   "quant_error": _quant_error,
   "recipe_errors": _recipe_errors,
   "loss_curves": _loss_curves,
+  "cpu_quantizers": _cpu_quantizers,
 }
 
 INTRO = [

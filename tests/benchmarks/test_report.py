@@ -36,6 +36,16 @@ def test_linear_trees_reports_the_range_over_rounds_and_a_ratio_across_processes
   assert "ACROSS PROCESSES" in text
 
 
+def test_cpu_quantizers_reports_medians_their_ranges_and_whether_the_outputs_agree():
+  row = {"name": "quartet2 fwd_lhs", "this_ms": 2.0, "baseline_ms": 8.0, "ratio": 0.25, "this_rounds": [1.0, 3.0],
+         "baseline_rounds": [6.0, 10.0], "same_output": False}  # fmt: skip
+  doc = {"benchmark": "cpu_quantizers", "commit": "aaa", "baseline_commit": "bbb", "command": "c", "rows": [row],
+         "settings": {"rows": 4, "cols": 8, "repeats": 3, "rounds": 2}}  # fmt: skip
+  text = "\n".join(report.RENDER["cpu_quantizers"](doc))
+  assert "| quartet2 fwd_lhs | 2.0 (1.0–3.0) | 8.0 (6.0–10.0) | 0.250 | NO |" in text
+  assert "4x8 bfloat16" in text and "ACROSS PROCESSES" in text
+
+
 def test_train_throughput_reports_tokens_per_second_of_each_round():
   row = {
     "model": "experiments",
