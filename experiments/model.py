@@ -302,10 +302,14 @@ class TensorParallel:
   activation dtype), and x enters by ``copy_to_shards``, whose backward adds the shards' gradients the same way;
   the FP4 dots run ``fp4jax.sharding.sharded`` recipes (outputs split for column-parallel, inputs for
   row-parallel), so every quantized operand is the logical tensor's. Everything outside the blocks is replicated.
+  ``tokens``: the mesh axis the batch is also split over (data parallelism beside the tensor parallelism), whose
+  split the recipes are marked with first (``fp4jax.sharding.token_sharded``); None: every shard sees the whole
+  batch.
   """
 
   axis: str
   shards: int
+  tokens: str | None = None
 
   def __post_init__(self):
     if self.shards < 1:
@@ -360,12 +364,16 @@ def projection_dot_cls(
   """The ``dot_general_cls`` for a projection under ``recipe`` (``resolve_recipe``: a registered name or
   ``"module:attr"``): None (flax's plain dot) for BF16, else fp4jax's with quantizer ``backend``; ``causal``:
   ``fp4jax.recipes.causal(recipe)`` (per-token amax); with ``tp``, the recipe marked ``fp4jax.sharding.sharded``
-  along ``split`` ("outputs" or "inputs") over ``tp.axis``."""
+  along ``split`` ("outputs" or "inputs") over ``tp.axis`` (after the tokens over ``tp.tokens``, if it names an
+  axis)."""
   if recipe == BF16_RECIPE:
     return None
   resolve_recipe(recipe)
   base = fp4jax.recipes.causal(recipe) if causal else recipe
-  marked = base if tp is None else fp4jax.sharding.sharded(base, tp.axis, split)
+  if tp is None:
+    return functools.partial(DotGeneral, recipe=base, backend=backend)
+  tokens = base if tp.tokens is None else fp4jax.sharding.token_sharded(base, tp.tokens)
+  marked = fp4jax.sharding.sharded(tokens, tp.axis, split)
   return functools.partial(DotGeneral, recipe=marked, backend=backend)
 
 

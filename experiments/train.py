@@ -24,9 +24,10 @@ on SLURM / Open MPI the three values can be left out), a ``--mesh`` spanning all
 or without ``--fsdp``) an FP4 model without MoE experts trains under ``shard_map``: each data shard differentiates its
 share of the loss with token-sharded FP4 recipes, quantized by the kernels, so the quantized operands stay those of
 one device (:func:`token_sharded_data_parallel`); the gradients are all-reduced in ``--grad-comm-dtype`` (float32,
-or bfloat16 / float8_e4m3fn: ``sharding.all_reduce_sum``). On a model axis alone (``--mesh model=T``) it runs as T
-Megatron shards under ``shard_map`` (:func:`tensor_parallel_shards`). ``--quantizer-backend xla``, meshes with both
-axes and MoE models keep the plain sharded ``jit`` of the global program, with XLA's quantizers.
+or bfloat16 / float8_e4m3fn: ``sharding.all_reduce_sum``). On a model axis (``--mesh model=T``, or
+``data=D,model=T`` without ``--fsdp``) it runs as T Megatron shards under ``shard_map``, token-sharded too beside a
+data axis (:func:`tensor_parallel_shards`). ``--quantizer-backend xla``, ``--fsdp`` beside a model axis and MoE
+models keep the plain sharded ``jit`` of the global program, with XLA's quantizers.
 
 ``--deterministic R`` (``experiments.deterministic``; part of config.json, since it changes the numerics): each step
 is R fixed microbatches whose losses and gradients are added in a fixed order, so the loss curve and the trained
@@ -58,6 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from fp4jax_experiments import cli, data, deterministic, diagnostics, optimizer, sharding
@@ -212,10 +214,14 @@ def tensor_parallel_shards(layout: sharding.Layout | None, config: TrainConfig, 
   model axis (``model.TensorParallel``: FP4 recipes marked with their split, ``fp4jax.sharding.sharded``, so every
   quantized operand is the one-device operand, and the kernels quantize the shards' slices) instead of the plain
   sharded ``jit``: the default for a model with FP4 blocks and a quantizer backend other than "xla" on a mesh with
-  a model axis and no data axis, outside ``deterministic=R`` (which has its own shard_map step). A mesh with both
-  axes keeps the partitioned ``jit`` (XLA's quantizers): the recipes take one split each, not tokens and features
-  at once."""
-  if layout is None or layout.model == 1 or layout.data > 1 or config.deterministic:
+  a model axis, outside ``deterministic=R`` (which has its own shard_map step). With a data axis too, the batch is
+  split over it, the recipes are marked with the tokens as well (each shard's operands are its blocks of the
+  one-device operands) and the data shards' gradients are summed in float32; there a mesh with ``--fsdp`` or a
+  model with MoE experts (``fp4jax.ragged_dot`` takes no sharded recipe) keeps the partitioned ``jit`` (XLA's
+  quantizers)."""
+  if layout is None or layout.model == 1 or config.deterministic:
+    return False
+  if layout.data > 1 and (layout.fsdp or model_config.num_experts):
     return False
   return has_fp4_blocks(model_config) and model_config.quantizer_backend != "xla"
 
@@ -230,10 +236,10 @@ def quantizer_backend_for(backend: str, layout: sharding.Layout | None, config: 
   blocks (nothing to quantize), under ``deterministic=R`` (each device quantizes whole microbatches) and where
   :func:`token_sharded_data_parallel` holds for ``model_config`` with ``backend`` (data parallelism under
   ``shard_map``: each device quantizes its token shard with the kernels' collective amax); "auto" where
-  :func:`tensor_parallel_shards` holds (a model axis alone: the kernels quantize the shards' slices they take, XLA
-  the others); on a mesh of several devices otherwise (data and model axes together, MoE experts: XLA's
-  partitioner, which cannot split a kernel), "auto" is XLA's quantizers and "pallas" / "native" raise ValueError
-  naming the mesh."""
+  :func:`tensor_parallel_shards` holds (a model axis, with or without a data axis: the kernels quantize the
+  shards' slices they take, XLA the others); on a mesh of several devices otherwise (FSDP or MoE experts beside a
+  model axis: XLA's partitioner, which cannot split a kernel), "auto" is XLA's quantizers and "pallas" / "native"
+  raise ValueError naming the mesh."""
   if layout is None or layout.n_devices == 1 or config.deterministic or backend == "xla":
     return backend
   asked = dataclasses.replace(model_config, quantizer_backend=backend)
@@ -355,9 +361,21 @@ class Trainer:
 
   def _tensor_parallel_steps(self, layout: sharding.Layout) -> None:
     """The loss and gradients of the model written out as ``layout.model`` Megatron shards (``model.TensorParallel``),
-    shard s on device s under ``jax.shard_map``, the whole batch and the key on every device
-    (:func:`tensor_parallel_shards`). The shards' sums are the pairwise tree of ``fp4jax.sharding.sum_from_shards``."""
-    loss, specs = self._megatron_loss(layout.model)
+    shard s on the devices of model index s under ``jax.shard_map``, the key on every device
+    (:func:`tensor_parallel_shards`). The shards' sums are the pairwise tree of ``fp4jax.sharding.sum_from_shards``.
+    The whole batch on every device; with a data axis, its rows split over it, each data shard differentiating its
+    share of the loss (``sharding.data_parallel_value_and_grad``, float32 sums over "data")."""
+    data = layout.data > 1
+    loss, specs = self._megatron_loss(layout.model, tokens=sharding.DATA if data else None)
+    if data:
+      self.value_and_grad = sharding.data_parallel_value_and_grad(loss, self.mesh, self.config.grad_comm_dtype, specs)
+
+      def shares(params, batch, key):
+        return lax.psum(loss(params, batch, key, batch.shape[0] * lax.axis_size(sharding.DATA)), sharding.DATA)
+
+      in_specs = (specs, P(sharding.DATA, None), P())
+      self.eval_fn = jax.shard_map(shares, mesh=self.mesh, in_specs=in_specs, out_specs=P(), check_vma=False)
+      return
     # check_vma=False: the kernels' pallas_call outputs carry no varying-axes type; the replicated parameters'
     # gradients are the same on every shard (Megatron's conjugate operators), so none is summed over the shards
     self.value_and_grad = jax.shard_map(
@@ -365,11 +383,11 @@ class Trainer:
     )
     self.eval_fn = jax.shard_map(loss, mesh=self.mesh, in_specs=(specs, P(), P()), out_specs=P(), check_vma=False)
 
-  def _megatron_loss(self, shards: int):
+  def _megatron_loss(self, shards: int, tokens: str | None = None):
     """``(loss, specs)``: the loss of the model written out as ``shards`` Megatron shards (``model.TensorParallel``,
-    one shard's computation with collectives over the axis "model") and each parameter leaf's ``PartitionSpec``
-    over that axis."""
-    tp = model_lib.Llama(self.model_config, model_lib.TensorParallel(sharding.MODEL, shards))
+    one shard's computation with collectives over the axis "model"; its recipes also marked with the tokens split
+    over the axis ``tokens``, if given) and each parameter leaf's ``PartitionSpec`` over that axis."""
+    tp = model_lib.Llama(self.model_config, model_lib.TensorParallel(sharding.MODEL, shards, tokens))
     specs = deterministic.param_specs(jax.eval_shape(self._init_state)["params"], shards)
     return functools.partial(self._loss, model=tp), specs
 
@@ -1070,9 +1088,9 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     "--quantizer-backend",
     default="auto",
     choices=list(model_lib.QUANTIZER_BACKENDS),
-    help="the FP4 quantizers: auto (the fused kernels on a GPU that runs them, XLA on a CPU or on a mesh "
-    "with both data and model axes without --deterministic), xla, or pallas (same bits; one device, a "
-    "data-parallel mesh, or any mesh with --deterministic)",
+    help="the FP4 quantizers: auto (the fused kernels on a GPU that runs them, XLA on a CPU or with --fsdp "
+    "beside a model axis without --deterministic), xla, or pallas (same bits; one device, a data-parallel "
+    "mesh, or any mesh with --deterministic)",
   )
 
 

@@ -51,6 +51,9 @@ def _feature_cases():
   ]
 
 
+# Two splits at once on a 2x2 mesh: the tokens over "data" and the outputs or inputs over "model"
+TWO_SPLITS = tuple(f"{name}:{split}" for name in FEATURE_RECIPES for split in SPLITS)
+DEFAULT_TWO_SPLITS = ("nvidia_nvfp4:outputs",)
 OPERANDS = ("fwd_lhs", "fwd_rhs", "dgrad_lhs", "dgrad_rhs", "wgrad_lhs", "wgrad_rhs")  # matmul's (a, b) per GEMM
 
 
@@ -73,10 +76,12 @@ def _bits(a) -> np.ndarray:
   return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
-def compute(recipes=RECIPES, feature_recipes=FEATURE_RECIPES, splits=SPLITS, public=("nvidia_nvfp4",)) -> dict:
+def compute(
+  recipes=RECIPES, feature_recipes=FEATURE_RECIPES, splits=SPLITS, public=("nvidia_nvfp4",), two_splits=TWO_SPLITS
+) -> dict:
   """Every comparison of the tests below, for the token-sharded ``recipes``, the feature-sharded ``feature_recipes``
-  on the feature ``splits`` (nvfp4_rtn always: the negative controls) and the public ``dot_general`` under the
-  ``public`` recipes (none: not run)."""
+  on the feature ``splits`` (nvfp4_rtn always: the negative controls), the public ``dot_general`` under the
+  ``public`` recipes (none: not run) and the ``two_splits`` cases ("recipe:split": tokens and that feature split)."""
   import jax.numpy as jnp  # noqa: PLC0415
   from jax import lax  # noqa: PLC0415
   from jax.sharding import PartitionSpec as P  # noqa: PLC0415
@@ -237,6 +242,56 @@ def compute(recipes=RECIPES, feature_recipes=FEATURE_RECIPES, splits=SPLITS, pub
       "dx": bool(np.array_equal(_bits(got[1]), _bits(ref[1]))),
     }
 
+  # Tokens over "data" and the outputs (column-parallel) or inputs (row-parallel) over "model" on a 2x2 mesh: each
+  # device's operand is its block of the one-device operand (a dY or X cut along both of its dims). Negative
+  # control: the recipe marked with the tokens only gives the operands the model axis cuts each shard's own amax.
+  mesh2 = jax.make_mesh((2, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  tx, tw, tdy = _inputs(m=256, k=256, n=256)  # 128 tokens and 128 features per device: quartet2's Hadamard fits
+  specs2 = {
+    "outputs": (P(None, "data"), P(None, "model"), P(None, "data", "model")),
+    "inputs": (P(None, "data", "model"), P(None, None, "model"), P(None, "data")),
+  }
+
+  def blocks(got_ops, ref_ops, split):
+    """Per operand: every device's values and scale equal its block of the one-device operand."""
+    cuts = {name: {} for name in OPERANDS}  # operand -> {dim: mesh position index (0: data, 1: model)}
+    for position, kind in enumerate(("tokens", split)):
+      for name, dim in fp4jax.sharding.SPLIT_DIMS[kind].items():
+        cuts[name][dim] = position
+    same = {}
+    for name, (gv, gs), (rv, rs) in zip(OPERANDS, got_ops, ref_ops):
+      gv, gs, rv, rs = (np.asarray(a) for a in (gv, gs, rv, rs))
+      ok = True
+      for where in np.ndindex(2, 2):
+        want_v, want_s = rv, rs
+        for dim, position in cuts[name].items():
+          n = gv.shape[2 + dim]
+          take = slice(where[position] * n, (where[position] + 1) * n)
+          want_v = want_v[(slice(None),) * dim + (take,)]
+          if rs.ndim == 3 and dim == 1:  # per-row (B, R, 1) scales: their rows are cut with the operand's
+            want_s = want_s[:, take]
+        ok &= np.array_equal(_bits(gv[where]), _bits(want_v)) and np.array_equal(_bits(gs[where]), _bits(want_s))
+      same[name] = bool(ok)
+    return same
+
+  out["two_splits"] = {}
+  for case in dict.fromkeys(("nvfp4_rtn:inputs", *two_splits)):  # nvfp4_rtn:inputs: the negative control's
+    name, split = case.split(":")
+
+    def two_run(recipe, split=split):
+      local = lambda *a: jax.tree.map(lambda t: t[None, None], gemms(recipe, *a)[3])  # noqa: E731
+      return jax.device_get(
+        jax.jit(jax.shard_map(local, mesh=mesh2, in_specs=(*specs2[split], P()), out_specs=P("data", "model")))(
+          tx, tw, tdy, key
+        )
+      )
+
+    tokens = fp4jax.sharding.token_sharded(name, "data")
+    ref = jax.device_get(jax.jit(lambda *a, name=name: gemms(fp4jax.recipes.get(name), *a))(tx, tw, tdy, key))[3]
+    out["two_splits"][case] = blocks(two_run(fp4jax.sharding.sharded(tokens, "model", split)), ref, split)
+    if case == "nvfp4_rtn:inputs":
+      out["two_splits"][f"{case}/tokens only"] = blocks(two_run(tokens), ref, split)
+
   # NaN in one shard of X: the forward X operand's tensor scale is NaN on every device, as on one device.
   bad = x.at[0, M - 3, 5].set(jnp.nan)
   scales = jax.device_get(sharded(fp4jax.sharding.token_sharded("nvfp4_rtn", "data"))(bad, w, dy, key))[3][0][1]
@@ -254,7 +309,7 @@ def compute(recipes=RECIPES, feature_recipes=FEATURE_RECIPES, splits=SPLITS, pub
 @pytest.fixture(scope="module")
 def results(script_json, selected_params, request):
   """``compute`` of the recipes and splits this session's tests select, in one subprocess with 4 CPU devices."""
-  names = ("recipe", "feature_recipe", "split", "public_recipe")
+  names = ("recipe", "feature_recipe", "split", "public_recipe", "two_split")
   args = tuple(",".join(selected_params(request, name)) for name in names)
   return script_json(__file__, f"--xla_force_host_platform_device_count={SHARDS}", timeout=600, args=args)
 
@@ -303,6 +358,24 @@ def test_public_dot_general_with_a_3d_lhs_split_over_its_batch(results, public_r
   assert results["public_dot_general"][public_recipe] == {"y": True, "dx": True}
 
 
+@pytest.mark.parametrize("two_split", _tiered(TWO_SPLITS, DEFAULT_TWO_SPLITS))
+def test_every_operand_under_tokens_and_a_feature_split_is_its_block_of_the_one_device_operand(results, two_split):
+  """Data parallelism with Megatron tensor parallelism on a 2x2 mesh (tokens over "data", the outputs or inputs over
+  "model"; ``sharded(token_sharded(r, "data"), "model", split)``): each device's six operands, values and scales,
+  are its block of the one-device operands bit for bit, dY (column-parallel) and X (row-parallel) cut along both
+  dims, their amax combined over both axes."""
+  assert results["two_splits"][two_split] == {name: True for name in OPERANDS}, results["two_splits"][two_split]
+
+
+def test_a_recipe_marked_with_the_tokens_only_under_two_splits_would_be_detected(results):
+  """Negative control: marked with the tokens alone, the operands the model axis also cuts take each model shard's
+  own NVFP4 amax and differ from one device's; the operands it does not cut stay equal."""
+  plain = results["two_splits"]["nvfp4_rtn:inputs/tokens only"]
+  cut = fp4jax.sharding.SPLIT_DIMS["inputs"]
+  assert not any(plain[name] for name in cut), plain
+  assert all(plain[name] for name in OPERANDS if name not in cut), plain
+
+
 def test_nonfinite_element_in_one_shard_makes_every_tensor_scale_nan(results):
   scales = results["nan_in_one_shard_scales"]
   assert len(scales) == SHARDS and all(np.isnan(scales)), scales
@@ -340,10 +413,10 @@ def test_index_grid_arguments_are_checked(kwargs, match):
     bits.index_grid((4, 4), **kwargs)
 
 
-if __name__ == "__main__":  # argv: the token-sharded and feature-sharded recipes, the splits, the public recipes
+if __name__ == "__main__":  # argv: the token- and feature-sharded recipes, the splits, the public recipes, two splits
   import sys  # noqa: PLC0415
 
-  print(json.dumps(compute(*(tuple(filter(None, arg.split(","))) for arg in sys.argv[1:5]))))
+  print(json.dumps(compute(*(tuple(filter(None, arg.split(","))) for arg in sys.argv[1:6]))))
 
 
 def _ordered_psum_on(stacked: np.ndarray) -> np.ndarray:

@@ -124,12 +124,13 @@ def _check_shapes(recipe: Recipe, lhs, rhs, canon: _Canonical, fn: str, labels) 
   if not isinstance(recipe, sharding_lib.ShardedRecipe):
     return  # on one device a ragged dim is zero-padded (blocks: fp4jax.quantize; Hadamard chunks: _pad_chunks)
   sizes = dict(zip(recipes_lib.DIMS, (canon.bmk[1], canon.bnk[1], canon.bmk[2])))
+  axes = dict(recipe.splits)
   for rule in recipe.shape_rules:
     n = sizes[rule.dim]
-    if rule.dim == recipe.split and n % rule.multiple:
+    if rule.dim in axes and n % rule.multiple:
       raise ValueError(
         f"{fn}(recipe={recipe.name!r}): {_dim_label(rule.dim, *canon.dims[rule.dim], labels)} = {n} on each "
-        f"device of {recipe.shard_axis!r} must be a multiple of {rule.multiple} for {rule.describe(recipe.name)}: "
+        f"device of {axes[rule.dim]!r} must be a multiple of {rule.multiple} for {rule.describe(recipe.name)}: "
         "a unit would straddle two devices; use fewer shards or a larger dim"
       )
 

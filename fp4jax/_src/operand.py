@@ -106,7 +106,7 @@ def inverse_rotate(g: jax.Array, d: int, signs: jax.Array | None) -> jax.Array:
 def channel_scale(x: jax.Array, pow2_scale: bool, shard=None) -> jax.Array:
   """Per-row E2M1 encode scale along the last axis: γ = 6 / max|x_row| (1 for a zero row, NaN if not finite);
   ``pow2_scale``: 2^floor(log2 γ) (Microsoft FP4's released code). Keepdims. ``shard``: an
-  ``fp4jax.sharding.OperandShard``; the max is then over the logical rows."""
+  ``fp4jax.sharding.ShardedOperand``; the max is then over the logical rows."""
   amax = shard.row_amax(x) if shard else jnp.max(jnp.abs(widen(x)), axis=-1, keepdims=True)
   g = div_rn(jnp.float32(E2M1_MAX), jnp.where(amax == 0, jnp.float32(E2M1_MAX), amax))
   if pow2_scale:
@@ -116,7 +116,7 @@ def channel_scale(x: jax.Array, pow2_scale: bool, shard=None) -> jax.Array:
 
 def row_amax(x: jax.Array, shard=None) -> jax.Array:
   """max|x| of each row along the last axis (fp32, keepdims), NaN for a row holding NaN or Inf: the amax
-  ``fp4jax.quantize`` takes of that row alone. ``shard``: an ``fp4jax.sharding.OperandShard``; the max is then over
+  ``fp4jax.quantize`` takes of that row alone. ``shard``: an ``fp4jax.sharding.ShardedOperand``; the max is then over
   the logical rows."""
   amax = shard.row_amax(x) if shard else jnp.max(jnp.abs(widen(x)), axis=-1, keepdims=True)
   return jnp.where(jnp.all(jnp.isfinite(x), axis=-1, keepdims=True), amax, jnp.float32(jnp.nan))
@@ -136,7 +136,7 @@ def _block_fp4(x: jax.Array, spec: OperandSpec, key, shard=None) -> tuple[Operan
   """Block-scaled FP4 along the last axis with ``fp4jax.quantize``'s block numerics and random bits (the same codes
   and scales as ``quantize(x, ...)``), kept unpacked: ``values = value(q) · dec_b`` (exact in bf16), ``scale`` the
   tensor decode scale; for ``estimator="trust_mask"`` also ``estimators.trust_mask(x, dec_b · scale)``.
-  ``shard``: an ``fp4jax.sharding.OperandShard``: the NVFP4 tensor amax is the logical tensor's and the random bits
+  ``shard``: an ``fp4jax.sharding.ShardedOperand``: the NVFP4 tensor amax is the logical tensor's and the random bits
   hash logical indices."""
   check_quantize_input(x, spec, -1)
   block = block_dims(spec)
@@ -190,7 +190,7 @@ def rotate_and_quantize_both(
   its own operand. A named backend other than ``"xla"`` falls back to None too (the single operands keep it), whether
   it refuses the pair or has no implementation of it (``"native"``).
 
-  ``shards``: ``(rows, cols)``, each direction's ``fp4jax.sharding.OperandShard`` (the columns' in the transposed
+  ``shards``: ``(rows, cols)``, each direction's ``fp4jax.sharding.ShardedOperand`` (the columns' in the transposed
   layout) when ``x`` is one device's slice of a sharded tensor inside ``shard_map``, as ``rotate_and_quantize``'s
   ``shard``: the pair then gives the bits of the sharded single quantizations (the logical tensor's amaxes, random
   bits at logical indices)."""
@@ -223,7 +223,7 @@ def quantize_operand(
 
   Returns the ``Operand`` and, for ``estimator="trust_mask"``, the bool mask of unclipped elements, else None.
   ``key`` feeds stochastic rounding / MS-EDEN. ``backend``: ``QUANTIZE_OP``'s implementation (module docstring);
-  every backend gives the same bits. ``shard``: an ``fp4jax.sharding.OperandShard`` when ``x`` is one device's slice
+  every backend gives the same bits. ``shard``: an ``fp4jax.sharding.ShardedOperand`` when ``x`` is one device's slice
   of a sharded operand inside ``shard_map`` (see ``fp4jax.sharding``; ``SHARDED_QUANTIZE_OP``).
   """
   backend = _resolve(backend, spec, "fp4jax.operand.quantize_operand")
@@ -268,7 +268,7 @@ def _xla_quantize_operand(
 ) -> tuple[Operand, jax.Array | None]:
   """``QUANTIZE_OP``'s XLA implementation, and with ``shard`` ``SHARDED_QUANTIZE_OP``'s: transpose
   (``transposed``), rotate (``fused_hadamard`` and ``spec.hadamard``), then ``_quantize``; it takes every case
-  (sharded: every case ``OperandShard.check`` lets through)."""
+  (sharded: every case ``ShardedOperand.check`` lets through)."""
   del auto
   if transposed:
     x = jnp.swapaxes(x, -1, -2)

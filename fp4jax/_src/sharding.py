@@ -1,16 +1,17 @@
 """``fp4jax.dot_general`` inside ``jax.shard_map`` with the numerics of the logical (unsharded) program.
 
-Inside ``shard_map`` each device runs the dot on its slice of one GEMM axis: the tokens M (data parallelism), the
-outputs N (Megatron's column-parallel layers: q, k, v, gate, up) or the inputs K (row-parallel: o, down). A
-quantizer would then see only its shard: the NVFP4 tensor amax would be per shard, and random bits would hash
-shard-local element indices. ``sharded(recipe, axis_name, split)`` (``token_sharded`` for the tokens) marks a recipe
-as running there; ``fp4jax.dot_general`` (and any Flax layer that takes a recipe: the mark travels with the
-``Recipe`` object) then quantizes every operand that the split cuts exactly as one device quantizes the logical
-tensor:
+Inside ``shard_map`` each device runs the dot on its slice of one or more GEMM axes: the tokens M (data
+parallelism), the outputs N (Megatron's column-parallel layers: q, k, v, gate, up) or the inputs K (row-parallel: o,
+down), each over its own mesh axis. A quantizer would then see only its shard: the NVFP4 tensor amax would be per
+shard, and random bits would hash shard-local element indices. ``sharded(recipe, axis_name, split)``
+(``token_sharded`` for the tokens) marks a recipe as running there, and marks compose (tokens over "data" and
+outputs over "model": data parallelism beside Megatron's); ``fp4jax.dot_general`` (and any Flax layer that takes a
+recipe: the mark travels with the ``Recipe`` object) then quantizes every operand that the splits cut exactly as
+one device quantizes the logical tensor:
 
 * NVFP4 tensor amax: the local max|x| (+Inf if the shard holds NaN/Inf: XLA's max, and so ``pmax``, may drop NaN,
-  no max drops +Inf), ``lax.pmax`` over ``axis_name``, and NaN if that is not finite; a max is exact in any order,
-  so this is the logical tensor's amax (and its NaN rule: ``fp4jax.quantize.quantize_blocks``).
+  no max drops +Inf), ``lax.pmax`` over the mesh axes that cut the operand, and NaN if that is not finite; a max is
+  exact in any order, so this is the logical tensor's amax (and its NaN rule: ``fp4jax.quantize.quantize_blocks``).
 * Random bits (stochastic rounding per element, MS-EDEN per scale): ``fp4jax.bits`` hashes of the element's (the
   scale's) logical row-major index, from the shard's origin ``lax.axis_index(axis_name) · local length`` along the
   split dim. Keys, Hadamard signs included, must be the same on every shard: do not fold the shard index in.
@@ -34,7 +35,8 @@ A sharded operand goes through ``fp4jax.operand.SHARDED_QUANTIZE_OP``: XLA, or t
 slice's logical origin, the same bits. The kernels (also ``fp4jax_kernels.quantize.sharded`` for a whole sharded
 array) run on this module's description of a sharded tensor: one :class:`OperandShard` per split dim (a mesh axis
 or a tuple of axes), its :func:`placement` (origin and logical shape for the random bits), :func:`combine_amax` (the
-collective NVFP4 amax) and ``OperandShard.check`` (no straddling block, Hadamard chunk or 16x16 tile).
+collective NVFP4 amax) and ``OperandShard.check`` (no straddling block, Hadamard chunk or 16x16 tile); a
+:class:`ShardedOperand` holds an operand's shards and takes the logical tensor's statistics from them.
 
 ``ordered_psum`` is the all-reduce for sums that must not depend on the layout: ``lax.psum`` adds the shards in an
 order the backend picks (a ring or a tree, by message size), ``ordered_psum`` always by the pairwise tree of
@@ -70,43 +72,57 @@ AxisName = str | tuple[str, ...]  # a mesh axis, or several (major to minor: lax
 
 @dataclasses.dataclass(frozen=True)
 class ShardedRecipe(Recipe):
-  """A ``Recipe`` whose dots run inside ``shard_map`` (or ``jax.vmap`` with an axis name) with one GEMM axis split
-  over the named axis ``shard_axis``: ``split`` is "tokens" (M), "outputs" (N) or "inputs" (K)."""
+  """A ``Recipe`` whose dots run inside ``shard_map`` (or ``jax.vmap`` with axis names) with GEMM axes split over
+  mesh axes: ``splits`` holds one ``(split, axis)`` pair per split GEMM axis, ``split`` being "tokens" (M),
+  "outputs" (N) or "inputs" (K) and ``axis`` a mesh axis name; each split and each axis appears at most once (data
+  parallelism with Megatron tensor parallelism: tokens over "data" and outputs or inputs over "model")."""
 
-  shard_axis: str = ""
-  split: str = "tokens"
+  splits: tuple[tuple[str, str], ...] = ()
 
   def __post_init__(self):
     super().__post_init__()
-    if not isinstance(self.shard_axis, str) or not self.shard_axis:
-      raise ValueError(f"ShardedRecipe.shard_axis must be a mesh axis name, got {self.shard_axis!r}")
-    if self.split not in SPLIT_DIMS:
-      raise ValueError(f"ShardedRecipe.split must be one of {tuple(SPLIT_DIMS)}, got {self.split!r}")
+    if not isinstance(self.splits, tuple) or not self.splits:
+      raise ValueError(f"ShardedRecipe.splits must be a non-empty tuple of (split, axis) pairs, got {self.splits!r}")
+    for pair in self.splits:
+      if not (isinstance(pair, tuple) and len(pair) == 2):
+        raise ValueError(f"ShardedRecipe.splits: each entry must be a (split, axis) pair, got {pair!r}")
+      split, axis = pair
+      if split not in SPLIT_DIMS:
+        raise ValueError(f"ShardedRecipe.splits: split must be one of {tuple(SPLIT_DIMS)}, got {split!r}")
+      if not isinstance(axis, str) or not axis:
+        raise ValueError(f"ShardedRecipe.splits: the {split} split's axis must be a mesh axis name, got {axis!r}")
+    for what, names in (("split", [p[0] for p in self.splits]), ("mesh axis", [p[1] for p in self.splits])):
+      twice = sorted({n for n in names if names.count(n) > 1})
+      if twice:
+        raise ValueError(f"ShardedRecipe.splits {self.splits!r}: {what} {twice[0]!r} appears twice")
 
 
 def sharded(recipe: str | Recipe, axis_name: str, split: str) -> ShardedRecipe:
-  """``recipe`` marked as running with one GEMM axis cut into equal contiguous slices over ``axis_name``.
+  """``recipe`` marked as running with one more GEMM axis cut into equal contiguous slices over ``axis_name``.
 
   ``split`` is "tokens" (the lhs's leading free dim, data parallelism), "outputs" (the rhs's free dims,
   column-parallel) or "inputs" (the contracting dims, row-parallel); device ``lax.axis_index(axis_name)`` holds its
   slice. The dot's own output is then this device's slice (tokens, outputs) or partial sum (inputs: the caller adds
-  the partials, e.g. by :func:`sum_from_shards`).
+  the partials, e.g. by :func:`sum_from_shards`). A ``recipe`` that is already a :class:`ShardedRecipe` keeps its
+  splits and gains this one: ``sharded(token_sharded(r, "data"), "model", "outputs")`` is a column-parallel layer
+  under data parallelism.
 
   Args:
-    recipe: a recipe name (``fp4jax.recipes.names()``) or a ``Recipe``.
+    recipe: a recipe name (``fp4jax.recipes.names()``) or a ``Recipe`` (a ``ShardedRecipe`` too).
     axis_name: the mesh axis name (a non-empty string) the split runs over.
     split: ``"tokens"``, ``"outputs"`` or ``"inputs"``.
 
   Returns:
-    A ``ShardedRecipe`` with ``recipe``'s fields, ``shard_axis=axis_name`` and ``split``.
+    A ``ShardedRecipe`` with ``recipe``'s fields and splits, and ``(split, axis_name)`` last.
 
   Raises:
-    ValueError: an unknown recipe name, an empty or non-string ``axis_name``, or an unknown ``split``.
+    ValueError: an unknown recipe name, an empty or non-string ``axis_name``, an unknown ``split``, or a split or
+      axis that ``recipe`` already has.
   """
   base = recipes_lib.get(recipe)
-  return ShardedRecipe(
-    **{f.name: getattr(base, f.name) for f in dataclasses.fields(Recipe)}, shard_axis=axis_name, split=split
-  )
+  earlier = base.splits if isinstance(base, ShardedRecipe) else ()
+  fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Recipe)}
+  return ShardedRecipe(**fields, splits=(*earlier, (split, axis_name)))
 
 
 def token_sharded(recipe: str | Recipe, axis_name: str) -> ShardedRecipe:
@@ -258,31 +274,6 @@ class OperandShard:
   dim: int
   label: str = "tokens"
 
-  def placement(self, shape: tuple[int, ...]) -> tuple[tuple, tuple[int, ...]]:
-    """(origin, logical shape) of a local array of ``shape``: where its element 0 sits in the logical tensor."""
-    return placement((self,), shape)
-
-  def global_amax(self, x: jax.Array) -> jax.Array:
-    """max|x| over the logical tensor, NaN if any shard holds NaN/Inf (:func:`global_amax`)."""
-    return global_amax(x, self.axis_name)
-
-  def _along_rows(self, x: jax.Array) -> bool:
-    return self.dim == x.ndim - 1  # the split cuts the rows of the last (quantized) axis
-
-  def row_amax(self, x: jax.Array) -> jax.Array:
-    """max|x| of each logical row along the last axis (keepdims, fp32), NaN for a row holding NaN/Inf when the split
-    cuts the rows (:func:`combine_amax` per row); else the local rows' max."""
-    local = jnp.max(jnp.abs(widen(x)), axis=-1, keepdims=True)
-    if not self._along_rows(x):
-      return local
-    finite = jnp.all(jnp.isfinite(x), axis=-1, keepdims=True)
-    return combine_amax(jnp.where(finite, local, jnp.float32(jnp.inf)), self.axis_name)
-
-  def whole_rows(self, x: jax.Array) -> jax.Array:
-    """The logical rows of ``x`` along its last axis: ``lax.all_gather`` of the shards when the split cuts them
-    (exact), else ``x``."""
-    return lax.all_gather(x, self.axis_name, axis=x.ndim - 1, tiled=True) if self._along_rows(x) else x
-
   def check(self, shape: tuple[int, ...], spec: OperandSpec, what: str) -> None:
     """ValueError unless ``spec`` quantizes a local operand of ``shape`` (quantized along its last dim) exactly as the
     logical tensor: no straddling block / Hadamard chunk, no per-tensor or per-row statistic across shards."""
@@ -304,6 +295,48 @@ class OperandShard:
         f"{head}: {n} local {self.label} are not a multiple of lcm({names}) = {unit}, so a block or "
         "Hadamard chunk would straddle two devices; use fewer shards or a larger split dim"
       )
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedOperand:
+  """A GEMM operand that is one device's slice of a logical tensor, cut along each ``OperandShard.dim`` of
+  ``shards`` (distinct dims: the tokens over one mesh axis and the outputs or inputs over another, say). Its
+  methods are the logical tensor's statistics, which ``fp4jax.operand`` takes instead of the slice's."""
+
+  shards: tuple[OperandShard, ...]
+
+  def placement(self, shape: tuple[int, ...]) -> tuple[tuple, tuple[int, ...]]:
+    """(origin, logical shape) of a local array of ``shape``: where its element 0 sits in the logical tensor."""
+    return placement(self.shards, shape)
+
+  def global_amax(self, x: jax.Array) -> jax.Array:
+    """max|x| over the logical tensor, NaN if any shard holds NaN/Inf (:func:`global_amax` over every axis)."""
+    return global_amax(x, mesh_axes(self.shards))
+
+  def _row_axes(self, x: jax.Array) -> tuple[str, ...]:
+    """The mesh axes that cut the rows of ``x``'s last (quantized) axis."""
+    return mesh_axes(s for s in self.shards if s.dim == x.ndim - 1)
+
+  def row_amax(self, x: jax.Array) -> jax.Array:
+    """max|x| of each logical row along the last axis (keepdims, fp32), NaN for a row holding NaN/Inf when a split
+    cuts the rows (:func:`combine_amax` per row over those axes); else the local rows' max."""
+    local = jnp.max(jnp.abs(widen(x)), axis=-1, keepdims=True)
+    axes = self._row_axes(x)
+    if not axes:
+      return local
+    finite = jnp.all(jnp.isfinite(x), axis=-1, keepdims=True)
+    return combine_amax(jnp.where(finite, local, jnp.float32(jnp.inf)), axes)
+
+  def whole_rows(self, x: jax.Array) -> jax.Array:
+    """The logical rows of ``x`` along its last axis: ``lax.all_gather`` of the shards when a split cuts them
+    (exact), else ``x``."""
+    axes = self._row_axes(x)
+    return lax.all_gather(x, axes, axis=x.ndim - 1, tiled=True) if axes else x
+
+  def check(self, shape: tuple[int, ...], spec: OperandSpec, what: str) -> None:
+    """``OperandShard.check`` of each split dim."""
+    for shard in self.shards:
+      shard.check(shape, spec, what)
 
 
 def mesh_axes(shards) -> tuple[str, ...]:
@@ -333,9 +366,14 @@ def placement(shards, shape: tuple[int, ...]) -> tuple[tuple, tuple[int, ...]]:
   return tuple(origin), tuple(logical)
 
 
-def operand_shard(recipe: Recipe, operand: str) -> OperandShard | None:
-  """The shard of ``operand`` ("fwd_lhs", ..., "wgrad_rhs") of ``fp4jax.dot``'s canonical form under ``recipe``:
-  None unless ``recipe`` is a :class:`ShardedRecipe` whose split cuts the operand."""
-  if not isinstance(recipe, ShardedRecipe) or operand not in SPLIT_DIMS[recipe.split]:
+def operand_shard(recipe: Recipe, operand: str) -> ShardedOperand | None:
+  """The sharding of ``operand`` ("fwd_lhs", ..., "wgrad_rhs") of ``fp4jax.dot``'s canonical form under ``recipe``:
+  None unless ``recipe`` is a :class:`ShardedRecipe` one of whose splits cuts the operand."""
+  if not isinstance(recipe, ShardedRecipe):
     return None
-  return OperandShard(recipe.shard_axis, SPLIT_DIMS[recipe.split][operand], recipe.split)
+  shards = tuple(
+    OperandShard(axis, SPLIT_DIMS[split][operand], split)
+    for split, axis in recipe.splits
+    if operand in SPLIT_DIMS[split]
+  )
+  return ShardedOperand(shards) if shards else None

@@ -143,21 +143,36 @@ def quantize_operand(
   return _as_operand(out, out_shape)
 
 
-def _pair_shards(shape: tuple[int, ...], shards) -> tuple[sharding.OperandShard, ...]:
-  """The split of the 2D kernel input of ``quantize_pair`` from the two directions' shards ``(rows, cols)`` (each an
-  ``OperandShard`` of its operand's layout, the columns' transposed, or None): () for an unsplit tensor. Raises
-  ``Unsupported`` unless both name the same split of one of ``x``'s last two dims."""
-  rows, cols = shards
-  if rows is None and cols is None:
+def _slice_shards(shard, ndim: int, transposed: bool, what: str) -> tuple[sharding.OperandShard, ...]:
+  """The split dims of the 2D kernel input (``x`` with its leading dims of size 1 or folded into the rows) from the
+  ``fp4jax.sharding.ShardedOperand`` ``shard`` of an operand of rank ``ndim`` (in its transposed layout when
+  ``transposed``): () for None. Raises ``Unsupported`` for a split of a dim outside the last two (``what``: the
+  operand, for the message)."""
+  if shard is None:
     return ()
-  last = len(shape) - 1
-  cols_dim = None if cols is None else {last: last - 1, last - 1: last}.get(cols.dim, cols.dim)
-  if rows is None or cols is None or (rows.axis_name, rows.dim) != (cols.axis_name, cols_dim) or rows.dim < last - 1:
+  out = []
+  for s in shard.shards:
+    if s.dim < ndim - 2:
+      raise backends.Unsupported(
+        f"the fused quantize kernel folds the leading dims of {what} into its rows, which a split of dim {s.dim} "
+        f"over {s.axis_name!r} does not allow"
+      )
+    along = s.dim == ndim - 1  # the operand's quantized axis: the kernel input's columns, or rows if transposed
+    out.append(sharding.OperandShard(s.axis_name, int(along != transposed), s.label))
+  return tuple(sorted(out, key=lambda s: s.dim))
+
+
+def _pair_shards(shape: tuple[int, ...], shards) -> tuple[sharding.OperandShard, ...]:
+  """The split of the 2D kernel input of ``quantize_pair`` from the two directions' shards ``(rows, cols)`` (each a
+  ``ShardedOperand`` of its operand's layout, the columns' transposed, or None): () for an unsplit tensor. Raises
+  ``Unsupported`` unless both name the same splits of ``x``'s last two dims."""
+  rows, cols = (_slice_shards(s, len(shape), t, f"x of shape {shape}") for s, t in zip(shards, (False, True)))
+  if [(s.axis_name, s.dim) for s in rows] != [(s.axis_name, s.dim) for s in cols]:
     raise backends.Unsupported(
-      f"quantize_pair takes one split of x's last two dims shared by both directions, got rows {rows}, cols {cols} "
-      f"for x of shape {shape}"
+      f"quantize_pair takes splits of x's last two dims shared by both directions, got rows {shards[0]}, cols "
+      f"{shards[1]} for x of shape {shape}"
     )
-  return (sharding.OperandShard(rows.axis_name, rows.dim - (last - 1), rows.label),)
+  return rows
 
 
 def quantize_operand_pair(x: jax.Array, rows, cols, *, auto: bool, shards=(None, None)):
@@ -214,8 +229,8 @@ def quantize_sharded_operand(
     spec: the operand's ``OperandSpec``.
     key: the operand's random key (stochastic rounding, MS-EDEN), the same on every shard; None for RTN.
     signs: the GEMM's Hadamard signs (``spec.signs`` random or fixed), the same on every shard; None otherwise.
-    shard: the ``fp4jax.sharding.OperandShard`` naming the split dim of the operand (in its transposed layout when
-      ``transposed``) and its mesh axis (or axes).
+    shard: the ``fp4jax.sharding.ShardedOperand`` naming the split dims of the operand (in its transposed layout
+      when ``transposed``) and their mesh axes.
     fused_hadamard: rotate the slice by ``spec.hadamard`` (else it comes rotated).
     transposed: quantize ``swapaxes(x, -1, -2)`` (a backward GEMM's Xᵀ or dYᵀ).
     auto: called under ``backend="auto"`` (operands below ``AUTO_MIN_ELEMENTS`` are refused: XLA is as fast).
@@ -236,16 +251,15 @@ def quantize_sharded_operand(
   check_invarying(x)
   if transposed and math.prod(x.shape[:-2]) > 1:  # the kernel is 2D: a batch of transposes goes through XLA
     x, transposed = jnp.swapaxes(x, -1, -2), False
-  along = shard.dim == x.ndim - 1
-  if not along and (shard.dim != x.ndim - 2 or math.prod(x.shape[:-2]) != 1):
+  if math.prod(x.shape[:-2]) != 1 and any(s.dim == x.ndim - 2 for s in shard.shards):
     raise backends.Unsupported(
       f"the fused quantize kernel folds the leading dims of an operand of shape {out_shape} into its rows, which a "
-      f"split of dim {shard.dim} over {shard.axis_name!r} does not allow"
+      f"split of its rows ({shard}) does not allow"
     )
+  # the split dims of the slice the kernel reads (x's layout: a transposed operand's split dims swapped)
+  shards = _slice_shards(shard, x.ndim, transposed, f"an operand of shape {out_shape}")
   qspec, output = kernel_args(spec, spec.hadamard if fused_hadamard else 0, transposed)
   x2 = x.reshape(x.shape[-2:]) if transposed else x.reshape(-1, x.shape[-1])
-  # the split dim of the slice the kernel reads (x's layout: a transposed operand's split dim swapped)
-  shards = (sharding.OperandShard(shard.axis_name, int(along != transposed)),)
   out = sharded.quantize_slice(
     x2, qspec, key, shards, output=output, interpret=backends.pallas_interpret(), signs=_signs(qspec, signs)
   )

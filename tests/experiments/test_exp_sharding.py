@@ -201,6 +201,8 @@ STEP0_ULPS = {"data=4": 256, "data=4 fsdp": 256}
     pytest.param("nvidia_nvfp4", ["data=4"], marks=pytest.mark.slow),
     # an FP4 model on a model axis alone: the Megatron shards under shard_map (the default there)
     pytest.param("nvidia_nvfp4", ["model=2"], marks=pytest.mark.slow),
+    # and beside a data axis: the Megatron shards with token-sharded recipes, the batch split over "data"
+    pytest.param("nvidia_nvfp4", ["data=2,model=2"], marks=pytest.mark.slow),
   ],
 )
 def test_sharded_losses_match_one_device(corpus, recipes, meshes):
@@ -232,18 +234,21 @@ TENSOR_PARALLEL_STEP = """
 import json, sys
 from fp4jax_experiments import sharding, train
 
-def run(backend):
+def run(backend, layout):
   config = train.TrainConfig(model="100K", recipe="nvidia_nvfp4", data=sys.argv[1], batch_size=4, seq_len=32,
                              tokens=4 * 32 * 2)
   overrides = {"n_layers": 1, "d_model": 64, "n_heads": 2, "ffn_hidden": 128, "quantizer_backend": backend}
-  trainer = train.Trainer(config, layout=sharding.Layout(model=2), model_overrides=overrides)
+  trainer = train.Trainer(config, layout=sharding.parse_mesh(layout), model_overrides=overrides)
   state = trainer.init_state()
-  step = str(trainer.train_step.trace(state, trainer.place(trainer.stream.batch(0)), trainer.quant_key(0)).jaxpr)
-  # the NVFP4 tensor amax of a split operand is a pmax over the shards (fp4jax.sharding.combine_amax)
+  jaxpr = trainer.train_step.trace(state, trainer.place(trainer.stream.batch(0)), trainer.quant_key(0)).jaxpr
+  step = str(jaxpr)
+  # the NVFP4 tensor amax of a split operand is a pmax over the shards (fp4jax.sharding.combine_amax); beside a data
+  # axis the amax of an operand split both ways is one pmax over both axes, and the step's batch is split over "data"
   return {"shard_map": "shard_map" in step, "collective_amax": "pmax" in step,
-          "backend": trainer.model_config.quantizer_backend}
+          "amax_over_both_axes": "axes=('data', 'model')" in step, "backend": trainer.model_config.quantizer_backend}
 
-print(json.dumps({backend: run(backend) for backend in ("auto", "xla")}))
+print(json.dumps({f"{backend} {layout}": run(backend, layout) for layout in ("model=2", "data=2,model=2")
+                  for backend in ("auto", "xla")}))
 """
 
 
@@ -252,9 +257,12 @@ def test_fp4_tensor_parallel_steps_run_the_megatron_shards_by_default(corpus):
   (recipes marked with their split: each operand quantized as the logical tensor, by the kernels where they take
   the slice), with quantizer_backend "auto"; with "xla" it stays the partitioned jit (traced only; the losses
   against one device: the slow tier's [nvidia_nvfp4-meshes4])."""
-  got = json.loads(_run(["-c", TENSOR_PARALLEL_STEP, corpus], devices=2).strip().splitlines()[-1])
-  assert got["auto"] == {"shard_map": True, "collective_amax": True, "backend": "auto"}, got
-  assert got["xla"] == {"shard_map": False, "collective_amax": False, "backend": "xla"}, got
+  got = json.loads(_run(["-c", TENSOR_PARALLEL_STEP, corpus], devices=4).strip().splitlines()[-1])
+  for layout, both in (("model=2", False), ("data=2,model=2", True)):
+    want = {"shard_map": True, "collective_amax": True, "amax_over_both_axes": both, "backend": "auto"}
+    assert got[f"auto {layout}"] == want, got
+    xla = {"shard_map": False, "collective_amax": False, "amax_over_both_axes": False, "backend": "xla"}
+    assert got[f"xla {layout}"] == xla, got
 
 
 def test_differing_leaves_names_the_parameters_that_differ():

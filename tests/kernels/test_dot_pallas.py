@@ -275,6 +275,41 @@ def test_explicit_pallas_on_a_sharded_recipe_gives_the_one_device_bits(
   assert recipe_name == "quartet2" or all(dtype == jnp.bfloat16 for dtype in read), read
 
 
+def test_explicit_pallas_with_tokens_and_outputs_split_gives_the_one_device_bits(pallas_kernels):
+  """Data parallelism with a column-parallel layer (``sharded(token_sharded(r, "data"), "model", "outputs")``, a
+  2x2 grid bound by nested ``jax.vmap``), nvidia_nvfp4 by the kernels: X cut by "data", W by "model", dY by both.
+  Each device's y is its block of the one-device XLA y bit for bit (X's and W's amaxes combined over their axes);
+  the model shards' dX partials and the data shards' dW partials add up to the one-device dX and dW within the
+  rounding of each partial to bf16 and the fp32 order of the sums (dY's amax over both axes and its stochastic
+  rounding at logical indices: a shard-local amax or bit index moves whole FP4 steps, far beyond that)."""
+  m, k, n = 64, 64, 64  # 32 tokens and 32 outputs per device: whole 16-element blocks and 16x16 weight tiles
+  x, w, dy = _inputs(m, k, n)
+  x = x.at[: m // 2].multiply(8)  # the peaks in data shard 0, and in W's model shard 0 and dY's block (0, 0)
+  w, dy = w.at[: n // 2].multiply(8), dy.at[: m // 2, : n // 2].multiply(8)
+  recipe = fp4jax.sharding.sharded(fp4jax.sharding.token_sharded("nvidia_nvfp4", "data"), "model", "outputs")
+  inner = jax.vmap(lambda x, w, dy: _fwd_bwd(recipe, "pallas")(x, w, dy, KEY), (None, 0, 0), axis_name="model")
+  run = jax.jit(jax.vmap(inner, (0, None, 0), axis_name="data"))
+  args = (
+    x.reshape(2, m // 2, k),
+    w.reshape(2, n // 2, k),
+    dy.reshape(2, m // 2, 2, n // 2).transpose(0, 2, 1, 3),  # [data, model]: dY's block (tokens, outputs)
+  )
+  traced = run.trace(*args)
+  y, dx, dw = (np.asarray(a) for a in traced.lower().compile()(*args))
+  want_y, want_dx, want_dw = (np.asarray(a) for a in _fwd_bwd("nvidia_nvfp4", "xla")(x, w, dy, KEY))
+  np.testing.assert_array_equal(y.transpose(0, 2, 1, 3).reshape(m, n), want_y)
+  # (partials [summed axis], want): dX summed over the model shards, dW over the data shards
+  for parts, want in (
+    (dx.astype(np.float64).transpose(1, 0, 2, 3).reshape(2, m, k), want_dx),
+    (dw.astype(np.float64).reshape(2, n, k), want_dw),
+  ):
+    want = want.astype(np.float64)
+    bound = 2.0**-8 * (np.abs(parts).sum(0) + np.abs(want)) + max(m, n) * np.finfo(np.float32).eps * np.abs(want).max()
+    assert np.all(np.abs(parts.sum(0) - want) <= bound), np.max(np.abs(parts.sum(0) - want) / bound)
+  quantizers = [name for name in pallas_kernels(traced.jaxpr.jaxpr) if name.startswith("fp4_quantize")]
+  assert sum(2 if name.startswith("fp4_quantize_pair") else 1 for name in quantizers) >= 4, quantizers
+
+
 @pytest.mark.parametrize(
   "recipe, shape, match",
   [
