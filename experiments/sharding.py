@@ -433,6 +433,18 @@ def token_sharded_model(model: model_lib.Llama):
   return fp4jax.flax.quantize(model, rules, defaults=(), backend=cfg.quantizer_backend)
 
 
+def gather_params(params, param_specs):
+  """Inside ``jax.shard_map``: each parameter leaf all-gathered (exact) along the dim its ``PartitionSpec`` in
+  ``param_specs`` shards over "data" (FSDP), so that a data shard holds it whole there; dims sharded over "model"
+  stay this device's slice; leaves not sharded over "data" as they are."""
+
+  def gather(x, spec):
+    dim = _sharded_dim(spec, DATA)
+    return x if dim is None else lax.all_gather(x, DATA, axis=dim, tiled=True)
+
+  return jax.tree.map(gather, params, param_specs, is_leaf=lambda x: isinstance(x, P))
+
+
 def data_parallel_value_and_grad(loss_share: Callable, mesh: Mesh, comm_dtype: str, param_specs=None):
   """``(params, batch, key) -> (loss, grads)`` for ``jax.jit``: each data shard differentiates its share of the
   loss, ``loss_share(params, rows, key, total_rows)`` (the sum of its rows' losses divided by what the global
@@ -451,14 +463,10 @@ def data_parallel_value_and_grad(loss_share: Callable, mesh: Mesh, comm_dtype: s
   the GEMM's bf16 input dtype, the all-reduce) and the deliberate rounding of the communicated gradient.
   """
 
-  def gather(x, spec):
-    dim = _sharded_dim(spec, DATA)
-    return x if dim is None else lax.all_gather(x, DATA, axis=dim, tiled=True)
-
   def local(params, batch, key):
     total_rows = batch.shape[0] * lax.axis_size(DATA)
     if param_specs is not None:
-      params = jax.tree.map(gather, params, param_specs, is_leaf=lambda x: isinstance(x, P))
+      params = gather_params(params, param_specs)
     loss, grads = jax.value_and_grad(loss_share)(params, batch, key, total_rows)
     if param_specs is None:
       grads = all_reduce_sum(grads, comm_dtype, DATA)

@@ -25,9 +25,9 @@ or without ``--fsdp``) an FP4 model without MoE experts trains under ``shard_map
 share of the loss with token-sharded FP4 recipes, quantized by the kernels, so the quantized operands stay those of
 one device (:func:`token_sharded_data_parallel`); the gradients are all-reduced in ``--grad-comm-dtype`` (float32,
 or bfloat16 / float8_e4m3fn: ``sharding.all_reduce_sum``). On a model axis (``--mesh model=T``, or
-``data=D,model=T`` without ``--fsdp``) it runs as T Megatron shards under ``shard_map``, token-sharded too beside a
-data axis (:func:`tensor_parallel_shards`). ``--quantizer-backend xla``, ``--fsdp`` beside a model axis and MoE
-models keep the plain sharded ``jit`` of the global program, with XLA's quantizers.
+``data=D,model=T``, with or without ``--fsdp``) it runs as T Megatron shards under ``shard_map``, token-sharded
+too beside a data axis (:func:`tensor_parallel_shards`). ``--quantizer-backend xla`` and MoE models keep the plain
+sharded ``jit`` of the global program, with XLA's quantizers.
 
 ``--deterministic R`` (``experiments.deterministic``; part of config.json, since it changes the numerics): each step
 is R fixed microbatches whose losses and gradients are added in a fixed order, so the loss curve and the trained
@@ -216,12 +216,12 @@ def tensor_parallel_shards(layout: sharding.Layout | None, config: TrainConfig, 
   sharded ``jit``: the default for a model with FP4 blocks and a quantizer backend other than "xla" on a mesh with
   a model axis, outside ``deterministic=R`` (which has its own shard_map step). With a data axis too, the batch is
   split over it, the recipes are marked with the tokens as well (each shard's operands are its blocks of the
-  one-device operands) and the data shards' gradients are summed in float32; there a mesh with ``--fsdp`` or a
-  model with MoE experts (``fp4jax.ragged_dot`` takes no sharded recipe) keeps the partitioned ``jit`` (XLA's
-  quantizers)."""
+  one-device operands) and the data shards' gradients are summed in float32 (with ``--fsdp``, reduce-scattered to
+  the parameters' shards); there a model with MoE experts (``fp4jax.ragged_dot`` takes no sharded recipe) keeps
+  the partitioned ``jit`` (XLA's quantizers)."""
   if layout is None or layout.model == 1 or config.deterministic:
     return False
-  if layout.data > 1 and (layout.fsdp or model_config.num_experts):
+  if layout.data > 1 and model_config.num_experts:
     return False
   return has_fp4_blocks(model_config) and model_config.quantizer_backend != "xla"
 
@@ -237,9 +237,9 @@ def quantizer_backend_for(backend: str, layout: sharding.Layout | None, config: 
   :func:`token_sharded_data_parallel` holds for ``model_config`` with ``backend`` (data parallelism under
   ``shard_map``: each device quantizes its token shard with the kernels' collective amax); "auto" where
   :func:`tensor_parallel_shards` holds (a model axis, with or without a data axis: the kernels quantize the
-  shards' slices they take, XLA the others); on a mesh of several devices otherwise (FSDP or MoE experts beside a
-  model axis: XLA's partitioner, which cannot split a kernel), "auto" is XLA's quantizers and "pallas" / "native"
-  raise ValueError naming the mesh."""
+  shards' slices they take, XLA the others); on a mesh of several devices otherwise (MoE experts on a mesh: XLA's
+  partitioner, which cannot split a kernel), "auto" is XLA's quantizers and "pallas" / "native" raise ValueError
+  naming the mesh."""
   if layout is None or layout.n_devices == 1 or config.deterministic or backend == "xla":
     return backend
   asked = dataclasses.replace(model_config, quantizer_backend=backend)
@@ -364,13 +364,17 @@ class Trainer:
     shard s on the devices of model index s under ``jax.shard_map``, the key on every device
     (:func:`tensor_parallel_shards`). The shards' sums are the pairwise tree of ``fp4jax.sharding.sum_from_shards``.
     The whole batch on every device; with a data axis, its rows split over it, each data shard differentiating its
-    share of the loss (``sharding.data_parallel_value_and_grad``, float32 sums over "data")."""
+    share of the loss (``sharding.data_parallel_value_and_grad``, float32 sums over "data"; with ``--fsdp`` the
+    parameters enter sharded over both axes and each data shard gathers its Megatron slices whole)."""
     data = layout.data > 1
     loss, specs = self._megatron_loss(layout.model, tokens=sharding.DATA if data else None)
     if data:
+      params = jax.eval_shape(self._init_state)["params"]
+      specs = jax.tree_util.tree_map_with_path(lambda path, leaf: sharding.leaf_spec(path, leaf.shape, layout), params)
       self.value_and_grad = sharding.data_parallel_value_and_grad(loss, self.mesh, self.config.grad_comm_dtype, specs)
 
       def shares(params, batch, key):
+        params = sharding.gather_params(params, specs)
         return lax.psum(loss(params, batch, key, batch.shape[0] * lax.axis_size(sharding.DATA)), sharding.DATA)
 
       in_specs = (specs, P(sharding.DATA, None), P())
@@ -1088,9 +1092,8 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     "--quantizer-backend",
     default="auto",
     choices=list(model_lib.QUANTIZER_BACKENDS),
-    help="the FP4 quantizers: auto (the fused kernels on a GPU that runs them, XLA on a CPU or with --fsdp "
-    "beside a model axis without --deterministic), xla, or pallas (same bits; one device, a data-parallel "
-    "mesh, or any mesh with --deterministic)",
+    help="the FP4 quantizers: auto (the fused kernels on a GPU that runs them, XLA on a CPU), xla, or pallas "
+    "(same bits; one device, a data-parallel mesh, or any mesh with --deterministic)",
   )
 
 

@@ -71,8 +71,8 @@ FP4, BF16, MOE = ("100K", "nvidia_nvfp4"), ("100K", "bf16"), ("1M-moe", "nvidia_
     # take (beside a data axis, token-sharded too)
     (FP4, "auto", sharding.Layout(model=2), 0, "float32", "auto"),
     (FP4, "auto", sharding.Layout(data=2, model=2), 0, "float32", "auto"),
-    # XLA's partitioner: FSDP beside a model axis, MoE experts
-    (FP4, "auto", sharding.Layout(data=2, model=2, fsdp=True), 0, "float32", "xla"),
+    (FP4, "auto", sharding.Layout(data=2, model=2, fsdp=True), 0, "float32", "auto"),
+    # XLA's partitioner: MoE experts
     (MOE, "auto", sharding.Layout(data=2), 0, "float32", "xla"),
     (MOE, "auto", sharding.Layout(data=2, model=2), 0, "float32", "xla"),
     # deterministic: each device quantizes whole microbatches
@@ -132,7 +132,7 @@ def test_which_steps_run_data_parallel_under_shard_map(model, backend, layout, c
     (FP4, "pallas", sharding.Layout(model=2), 0, True),  # (quantizer_backend_for refuses it first)
     (FP4, "xla", sharding.Layout(model=2), 0, False),
     (FP4, "auto", sharding.Layout(data=2, model=2), 0, True),  # token-sharded too
-    (FP4, "auto", sharding.Layout(data=2, model=2, fsdp=True), 0, False),
+    (FP4, "auto", sharding.Layout(data=2, model=2, fsdp=True), 0, True),
     (MOE, "auto", sharding.Layout(data=2, model=2), 0, False),
     (FP4, "auto", sharding.Layout(model=2), 2, False),  # --deterministic: its own shard_map step
     (BF16, "auto", sharding.Layout(model=2), 0, False),

@@ -238,7 +238,8 @@ def run(backend, layout):
   config = train.TrainConfig(model="100K", recipe="nvidia_nvfp4", data=sys.argv[1], batch_size=4, seq_len=32,
                              tokens=4 * 32 * 2)
   overrides = {"n_layers": 1, "d_model": 64, "n_heads": 2, "ffn_hidden": 128, "quantizer_backend": backend}
-  trainer = train.Trainer(config, layout=sharding.parse_mesh(layout), model_overrides=overrides)
+  mesh, _, fsdp = layout.partition(" ")
+  trainer = train.Trainer(config, layout=sharding.parse_mesh(mesh, fsdp=bool(fsdp)), model_overrides=overrides)
   state = trainer.init_state()
   jaxpr = trainer.train_step.trace(state, trainer.place(trainer.stream.batch(0)), trainer.quant_key(0)).jaxpr
   step = str(jaxpr)
@@ -247,18 +248,19 @@ def run(backend, layout):
   return {"shard_map": "shard_map" in step, "collective_amax": "pmax" in step,
           "amax_over_both_axes": "axes=('data', 'model')" in step, "backend": trainer.model_config.quantizer_backend}
 
-print(json.dumps({f"{backend} {layout}": run(backend, layout) for layout in ("model=2", "data=2,model=2")
-                  for backend in ("auto", "xla")}))
+print(json.dumps({f"{backend} {layout}": run(backend, layout)
+                  for layout in ("model=2", "data=2,model=2", "data=2,model=2 fsdp") for backend in ("auto", "xla")}))
 """
 
 
 def test_fp4_tensor_parallel_steps_run_the_megatron_shards_by_default(corpus):
-  """--mesh model=2 without --deterministic, nvidia_nvfp4: the traced step runs the Megatron shards under shard_map
-  (recipes marked with their split: each operand quantized as the logical tensor, by the kernels where they take
-  the slice), with quantizer_backend "auto"; with "xla" it stays the partitioned jit (traced only; the losses
-  against one device: the slow tier's [nvidia_nvfp4-meshes4])."""
+  """--mesh model=2, data=2,model=2 and data=2,model=2 --fsdp without --deterministic, nvidia_nvfp4: the traced
+  step runs the Megatron shards under shard_map (recipes marked with their split, and beside a data axis with the
+  tokens too: each operand quantized as the logical tensor, the amax of an operand cut both ways over both axes, by
+  the kernels where they take the slice), with quantizer_backend "auto"; with "xla" it stays the partitioned jit
+  (traced only; the losses against one device: the slow tier's [nvidia_nvfp4-meshes4], -meshes5 and -meshes1)."""
   got = json.loads(_run(["-c", TENSOR_PARALLEL_STEP, corpus], devices=4).strip().splitlines()[-1])
-  for layout, both in (("model=2", False), ("data=2,model=2", True)):
+  for layout, both in (("model=2", False), ("data=2,model=2", True), ("data=2,model=2 fsdp", True)):
     want = {"shard_map": True, "collective_amax": True, "amax_over_both_axes": both, "backend": "auto"}
     assert got[f"auto {layout}"] == want, got
     xla = {"shard_map": False, "collective_amax": False, "amax_over_both_axes": False, "backend": "xla"}
