@@ -63,11 +63,17 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
   return total
 
 
+SHORT_US = 5.0  # a kernel shorter than this is launch-bound: its launch and tail cost about as much as its work
+
+
 def summarize(trace: str | Path, steps: int, top: int = 15) -> dict:
   """{device name: {"span_ms", "busy_ms", "busy_fraction", "kernels_per_step", "busy_ms_per_step",
-  "top": [[kernel, total ms, calls], ...], "ms_per_step_by_category": {category: kernel ms per step},
-  "threads": {thread name: [total ms, events]}}} over the devices that ran kernels in ``trace`` (a category's time
-  sums its kernels' durations, so overlapping kernels count in full)."""
+  "top": [[kernel, total ms, calls], ...], "most_launched": [[kernel, calls per step, mean µs], ...],
+  "short_kernels": {"under_us", "per_step", "ms_per_step"}, "ms_per_step_by_category": {category: kernel ms per
+  step}, "threads": {thread name: [total ms, events]}}} over the devices that ran kernels in ``trace`` (a category's
+  time sums its kernels' durations, so overlapping kernels count in full). ``top`` ranks kernels by total time,
+  ``most_launched`` by launches; ``short_kernels`` counts the kernels under ``SHORT_US`` microseconds (where a step
+  pays in launches rather than in work)."""
   if steps < 1:
     raise ValueError(f"steps must be >= 1, got {steps}")
   with gzip.open(trace, "rt") as f:
@@ -101,6 +107,8 @@ def summarize(trace: str | Path, steps: int, top: int = 15) -> dict:
       by_name[e["name"]][0] += e["dur"]
       by_name[e["name"]][1] += 1
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    launched = sorted(by_name.items(), key=lambda kv: (-kv[1][1], kv[0]))[:top]
+    short = [e["dur"] for e in evs if e["dur"] < SHORT_US]
     per_category = collections.Counter()
     for name, (total, _) in by_name.items():
       per_category[category(name)] += total / 1e3 / steps
@@ -111,6 +119,8 @@ def summarize(trace: str | Path, steps: int, top: int = 15) -> dict:
       "kernels_per_step": len(evs) / steps,
       "busy_ms_per_step": busy / 1e3 / steps,
       "top": [[name, total / 1e3, calls] for name, (total, calls) in ranked],
+      "most_launched": [[name, calls / steps, total / calls] for name, (total, calls) in launched],
+      "short_kernels": {"under_us": SHORT_US, "per_step": len(short) / steps, "ms_per_step": sum(short) / 1e3 / steps},
       "ms_per_step_by_category": dict(per_category.most_common()),
       "threads": {threads.get(key, str(key[1])): [sum(e["dur"] for e in t) / 1e3, len(t)] for key, t in mine.items()},
     }

@@ -28,6 +28,9 @@ def test_summary_counts_stream_kernels_once_and_measures_idle_time(tmp_path):
     kernel(7, 0, 100, "gemm"),
     kernel(7, 300, 100, "gemm"),
     kernel(7, 500, 500, "fusion_1"),
+    kernel(7, 1000, 2, "tiny"),  # launch-bound (< 5 µs), three launches
+    kernel(7, 1010, 3, "tiny"),
+    kernel(7, 1020, 1, "tiny"),
     kernel(8, 50, 100, "copy"),  # overlaps the first gemm: busy counts it once
     kernel(9, 0, 1000, "the whole step again"),  # not a stream: left out of the kernels
     {"ph": "X", "pid": 2, "tid": 1, "ts": 0, "dur": 5000, "name": "python"},  # host: not a device
@@ -35,12 +38,20 @@ def test_summary_counts_stream_kernels_once_and_measures_idle_time(tmp_path):
   summary = step_profile.summarize(step_profile.find_trace(_trace(tmp_path, events)), steps=2)
   assert list(summary) == ["/device:GPU:0"]
   gpu = summary["/device:GPU:0"]
-  assert gpu["span_ms"] == pytest.approx(1.0) and gpu["busy_ms"] == pytest.approx(0.75)
-  assert gpu["busy_fraction"] == pytest.approx(0.75) and gpu["busy_ms_per_step"] == pytest.approx(0.375)
-  assert gpu["kernels_per_step"] == 2
-  assert gpu["top"] == [["fusion_1", 0.5, 1], ["gemm", 0.2, 2], ["copy", 0.1, 1]]
+  assert gpu["span_ms"] == pytest.approx(1.021) and gpu["busy_ms"] == pytest.approx(0.756)
+  assert gpu["busy_fraction"] == pytest.approx(0.756 / 1.021) and gpu["busy_ms_per_step"] == pytest.approx(0.378)
+  assert gpu["kernels_per_step"] == 3.5
+  assert gpu["top"] == [["fusion_1", 0.5, 1], ["gemm", 0.2, 2], ["copy", 0.1, 1], ["tiny", pytest.approx(0.006), 3]]
+  # by launches: tiny 3 (1.5 per step, mean 2 µs), gemm 2, then copy and fusion_1 (1 each, by name)
+  assert gpu["most_launched"] == [
+    ["tiny", 1.5, 2.0],
+    ["gemm", 1.0, 100.0],
+    ["copy", 0.5, 100.0],
+    ["fusion_1", 0.5, 500.0],
+  ]
+  assert gpu["short_kernels"] == {"under_us": 5.0, "per_step": 1.5, "ms_per_step": pytest.approx(0.003)}
   assert gpu["threads"]["XLA Ops"] == [1.0, 1]
-  assert gpu["ms_per_step_by_category"] == pytest.approx({"fusion": 0.25, "gemm": 0.1, "copy": 0.05})
+  assert gpu["ms_per_step_by_category"] == pytest.approx({"fusion": 0.25, "gemm": 0.1, "copy": 0.05, "other": 0.003})
 
 
 @pytest.mark.parametrize(
