@@ -10,6 +10,7 @@ computes every comparison and prints them as JSON. It captures the operands each
 plain functions; the public ``dot_general`` is checked end to end on a 3D lhs.
 """
 
+import dataclasses
 import functools
 import json
 
@@ -444,3 +445,29 @@ def test_ordered_psum_keeps_nan_and_inf_and_rejects_odd_device_counts():
   assert np.isnan(total[1]) and total[4] == np.inf and np.all(total[[0, 2, 3, 5]] == 4)
   with pytest.raises(ValueError, match="3 devices, expected a power of two"):
     _ordered_psum_on(np.ones((3, 2), np.float32))
+
+
+def test_sharded_marks_compose_and_refuse_a_split_or_an_axis_twice():
+  """``sharded`` adds a split to a sharded recipe and keeps the recipe's fields; each operand is cut by the splits
+  that SPLIT_DIMS names for it (dY of a column-parallel layer under data parallelism by both)."""
+  from fp4jax._src import sharding as sharding_lib  # noqa: PLC0415
+
+  both = fp4jax.sharding.sharded(fp4jax.sharding.token_sharded("nvidia_nvfp4", "data"), "model", "outputs")
+  assert both.splits == (("tokens", "data"), ("outputs", "model"))
+  assert both.fwd_lhs == fp4jax.recipes.get("nvidia_nvfp4").fwd_lhs and both.name == "nvidia_nvfp4"
+  cuts = {name: sharding_lib.operand_shard(both, name) for name in OPERANDS}
+  assert [(s.axis_name, s.dim) for s in cuts["dgrad_lhs"].shards] == [("data", 1), ("model", 2)]
+  assert [(s.axis_name, s.dim) for s in cuts["fwd_lhs"].shards] == [("data", 1)]
+  assert [(s.axis_name, s.dim) for s in cuts["wgrad_lhs"].shards] == [("data", 2), ("model", 1)]
+  assert cuts["dgrad_rhs"].shards[0].axis_name == "model" and sharding_lib.operand_shard(both, "fwd_rhs") is not None
+  assert sharding_lib.operand_shard(fp4jax.recipes.get("nvidia_nvfp4"), "fwd_lhs") is None
+  with pytest.raises(ValueError, match="split 'tokens' appears twice"):
+    fp4jax.sharding.token_sharded(fp4jax.sharding.token_sharded("nvfp4_rtn", "data"), "pod")
+  with pytest.raises(ValueError, match="mesh axis 'data' appears twice"):
+    fp4jax.sharding.sharded(fp4jax.sharding.token_sharded("nvfp4_rtn", "data"), "data", "inputs")
+  with pytest.raises(ValueError, match="split must be one of"):
+    fp4jax.sharding.sharded("nvfp4_rtn", "model", "columns")
+  with pytest.raises(ValueError, match="axis must be a mesh axis name"):
+    fp4jax.sharding.sharded("nvfp4_rtn", "", "outputs")
+  with pytest.raises(ValueError, match="non-empty tuple"):
+    fp4jax.sharding.ShardedRecipe(**{f.name: getattr(both, f.name) for f in dataclasses.fields(fp4jax.recipes.Recipe)})
