@@ -324,8 +324,7 @@ def _cpu_quantizers(doc: dict) -> list[str]:
     "|---|---|---|---|---|",
   ]
   for r in doc["rows"]:
-    this = f"{r['this_ms']:.1f} ({min(r['this_rounds']):.1f}–{max(r['this_rounds']):.1f})"
-    base = f"{r['baseline_ms']:.1f} ({min(r['baseline_rounds']):.1f}–{max(r['baseline_rounds']):.1f})"
+    this, base = spread(r["this_rounds"], ".1f"), spread(r["baseline_rounds"], ".1f")
     out.append(f"| {r['name']} | {this} | {base} | {r['ratio']:.3f} | {'yes' if r['same_output'] else 'NO'} |")
   return out
 

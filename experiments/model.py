@@ -369,11 +369,11 @@ def projection_dot_cls(
   if recipe == BF16_RECIPE:
     return None
   resolve_recipe(recipe)
-  base = fp4jax.recipes.causal(recipe) if causal else recipe
-  if tp is None:
-    return functools.partial(DotGeneral, recipe=base, backend=backend)
-  tokens = base if tp.tokens is None else fp4jax.sharding.token_sharded(base, tp.tokens)
-  marked = fp4jax.sharding.sharded(tokens, tp.axis, split)
+  marked = fp4jax.recipes.causal(recipe) if causal else recipe
+  if tp is not None and tp.tokens is not None:
+    marked = fp4jax.sharding.token_sharded(marked, tp.tokens)
+  if tp is not None:
+    marked = fp4jax.sharding.sharded(marked, tp.axis, split)
   return functools.partial(DotGeneral, recipe=marked, backend=backend)
 
 

@@ -319,9 +319,9 @@ class Trainer:
       # (the same bits as the kernels)
       xla_model = model_lib.Llama(dataclasses.replace(self.model_config, quantizer_backend="xla"))
       self.eval_fn = functools.partial(self._loss, model=xla_model)
+    self.state_sharding = sharding.state_shardings(jax.eval_shape(self._init_state), self.mesh, layout)
     if tensor_parallel_shards(layout, config, self.model_config):
       self._tensor_parallel_steps(layout)
-    self.state_sharding = sharding.state_shardings(jax.eval_shape(self._init_state), self.mesh, layout)
     if token_sharded:
       # with --fsdp the parameters enter sharded (all-gathered whole in each shard, gradients reduce-scattered)
       specs = jax.tree.map(lambda s: s.spec, self.state_sharding["params"]) if layout.fsdp else None
@@ -353,7 +353,7 @@ class Trainer:
     mesh = sharding.make_mesh(layout)
     loss, value_and_grad, specs = self._loss, self.value_and_grad, P()
     if shards > 1:
-      loss, specs = self._megatron_loss(shards)
+      loss, specs = self._megatron_loss(shards), self._megatron_specs(shards)
       value_and_grad = deterministic.over_model_shards(jax.value_and_grad(loss), specs, (P(), specs), shards, mesh)
       loss = deterministic.over_model_shards(loss, specs, P(), shards, mesh)
     self.value_and_grad = deterministic.microbatched(value_and_grad, mesh, config.deterministic, specs, (P(), specs))
@@ -366,11 +366,9 @@ class Trainer:
     The whole batch on every device; with a data axis, its rows split over it, each data shard differentiating its
     share of the loss (``sharding.data_parallel_value_and_grad``, float32 sums over "data"; with ``--fsdp`` the
     parameters enter sharded over both axes and each data shard gathers its Megatron slices whole)."""
-    data = layout.data > 1
-    loss, specs = self._megatron_loss(layout.model, tokens=sharding.DATA if data else None)
-    if data:
-      params = jax.eval_shape(self._init_state)["params"]
-      specs = jax.tree_util.tree_map_with_path(lambda path, leaf: sharding.leaf_spec(path, leaf.shape, layout), params)
+    if layout.data > 1:
+      loss = self._megatron_loss(layout.model, tokens=sharding.DATA)
+      specs = jax.tree.map(lambda s: s.spec, self.state_sharding["params"])  # Megatron's, and FSDP's with --fsdp
       self.value_and_grad = sharding.data_parallel_value_and_grad(loss, self.mesh, self.config.grad_comm_dtype, specs)
 
       def shares(params, batch, key):
@@ -380,6 +378,7 @@ class Trainer:
       in_specs = (specs, P(sharding.DATA, None), P())
       self.eval_fn = jax.shard_map(shares, mesh=self.mesh, in_specs=in_specs, out_specs=P(), check_vma=False)
       return
+    loss, specs = self._megatron_loss(layout.model), self._megatron_specs(layout.model)
     # check_vma=False: the kernels' pallas_call outputs carry no varying-axes type; the replicated parameters'
     # gradients are the same on every shard (Megatron's conjugate operators), so none is summed over the shards
     self.value_and_grad = jax.shard_map(
@@ -388,12 +387,15 @@ class Trainer:
     self.eval_fn = jax.shard_map(loss, mesh=self.mesh, in_specs=(specs, P(), P()), out_specs=P(), check_vma=False)
 
   def _megatron_loss(self, shards: int, tokens: str | None = None):
-    """``(loss, specs)``: the loss of the model written out as ``shards`` Megatron shards (``model.TensorParallel``,
-    one shard's computation with collectives over the axis "model"; its recipes also marked with the tokens split
-    over the axis ``tokens``, if given) and each parameter leaf's ``PartitionSpec`` over that axis."""
+    """The loss of the model written out as ``shards`` Megatron shards (``model.TensorParallel``, one shard's
+    computation with collectives over the axis "model"; its recipes also marked with the tokens split over the axis
+    ``tokens``, if given)."""
     tp = model_lib.Llama(self.model_config, model_lib.TensorParallel(sharding.MODEL, shards, tokens))
-    specs = deterministic.param_specs(jax.eval_shape(self._init_state)["params"], shards)
-    return functools.partial(self._loss, model=tp), specs
+    return functools.partial(self._loss, model=tp)
+
+  def _megatron_specs(self, shards: int):
+    """Each parameter leaf's ``PartitionSpec`` over the model axis of ``shards`` Megatron shards."""
+    return deterministic.param_specs(jax.eval_shape(self._init_state)["params"], shards)
 
   def _init_state(self) -> dict:
     params = model_lib.init_params(self.model_config, self.key, self.config.seq_len)
