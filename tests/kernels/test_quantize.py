@@ -478,13 +478,14 @@ def test_kernel_lowers_to_triton(name):
 
 def _assert_masked(module: str, stores: int):
   """Every tensor load and store of ``module`` is masked, but one-element blocks (a grid of partial results is
-  never ragged) and 1D loads (slices of the Hadamard sign vector, a whole-array block)."""
+  never ragged) and 1D loads and stores (slices of the Hadamard sign vector, the NVFP4 tensor scales: whole-array
+  blocks)."""
   accesses = [
     l.split(":")[0]
     for l in module.splitlines()
     if ("tt.store" in l or ("tt.load" in l and "tensor<" in l))
     and "tensor<1x1x" not in l
-    and not re.search(r"tt\.load .*: tensor<\d+x!tt\.ptr", l)
+    and not re.search(r"tt\.(load|store) .*: tensor<\d+x!tt\.ptr", l)
   ]
   assert sum("tt.store" in a for a in accesses) == stores
   for access in accesses:  # tt.load %ptr, %mask, %other / tt.store %ptr, %value, %mask
@@ -524,12 +525,15 @@ def test_quest_std_uses_the_ieee_square_root_in_triton():
 
 def test_correctly_rounded_division_is_one_ieee_instruction_in_triton():
   """``fp4jax.ieee.div_rn`` (a long division around a first guess, for XLA) becomes one PTX ``div.rn.f32`` inside a
-  kernel, the IEEE quotient it emulates: the RTN kernel's one division per block (``1 / (dec_b · s_dec)``)."""
+  kernel, the IEEE quotient it emulates: the RTN kernel's division per block (``1 / (dec_b · s_dec)``) and its two
+  tensor scales (``s_enc = 2688 / amax``, ``s_dec = 1 / s_enc``), which it computes from the amax, so that the
+  program around the kernel runs none of the long division's integer arithmetic."""
   spec = fp4jax.QuantizeSpec(fp4jax.NVFP4)
-  (module,) = triton_ir.triton_modules(
-    lambda x: pallas_triton.quantize(x, spec, amax=jnp.float32(1.0)), jnp.ones((64, 256), jnp.bfloat16)
-  )
-  assert module.count("div.rn.f32") == 1 and "arith.divf" not in module
+  fn, x = lambda x: pallas_triton.quantize(x, spec, amax=jnp.float32(1.0)), jnp.ones((64, 256), jnp.bfloat16)
+  (module,) = triton_ir.triton_modules(fn, x)
+  assert module.count("div.rn.f32") == 3 and "arith.divf" not in module
+  glue = jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  assert "div_rn" not in glue and "stablehlo.divide" not in glue
 
 
 # slow tier; default representative: test_dot_pallas.py::test_pallas_backend_matches_xla_bit_for_bit[nvidia_nvfp4] (its

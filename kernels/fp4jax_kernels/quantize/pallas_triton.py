@@ -9,7 +9,10 @@ evaluated in the kernel, so every rounding and scale rule of ``fp4jax.quantize``
 directions write K-major; ``route`` says where the transposition and rotation happen (in the kernel, by XLA's
 transpose, or in the amax pre-pass). Each thread holds whole blocks (or Hadamard chunks of up to 32 elements) in
 registers (``load_units``, ``load_rotated``). NVFP4's tensor amax is a separate reduction before the kernel
-(``tensor_amax``): current scaling must see every element before the first code is final. Bytes moved per element:
+(``tensor_amax``): current scaling must see every element before the first code is final. The kernel takes that
+amax, computes the tensor scales from it in every program (``fmt.tensor_scales``: two divisions, PTX ``div.rn.f32``)
+and writes the decode scale for the GEMM, so XLA runs none of the exact division's integer arithmetic around it
+(about 500 ops per division, which had cost compile time and small kernels). Bytes moved per element:
 2·sizeof(x) + 1/2 (codes) + 1/16 (scales), + 2 (bf16 dequantized) and 1 (trust mask) when asked for; the
 ``"prepass"`` route adds 2·sizeof(x) (the staged input) to rotate once instead of twice. ``quantize_pair`` quantizes
 a tensor along its rows and, transposed, its columns in one pre-pass and one kernel, reading ``x`` twice, not four
@@ -185,9 +188,9 @@ def _kernel(
   ``x`` row-major, i.e. the output column-major.
   """
   it = iter(refs)
-  x_ref, tscale_ref, eseed_ref, sseed_ref, origin_ref = next(it), next(it), next(it), next(it), next(it)
+  x_ref, amax_ref, eseed_ref, sseed_ref, origin_ref = next(it), next(it), next(it), next(it), next(it)
   signs_ref = next(it) if has_signs else None
-  out_refs = {name: next(it) for name, _ in out_shapes}  # codes and scales (if output.packed), deq, mask: as asked
+  out_refs = {name: next(it) for name, _ in out_shapes}  # codes and scales (if output.packed), deq, mask, gscale
   out_shapes = dict(out_shapes)
   i, j = pl.program_id(0), pl.program_id(1)
   if in_parts:
@@ -221,8 +224,10 @@ def _kernel(
   lay = BlockLayout((r, c), 1, block)
   xb = x.reshape(lay.blocked)
   bits = None if bits is None else bits.reshape(lay.blocked)
-  blocks = lambda xb, b, sb, *ts: quantize_blocks(xb, lay, spec.fmt, spec.rounding, b, sb, tensor_scales=ts)
-  codes, dec, gscale, exps = safe(blocks)(xb, bits, sbits, tscale_ref[0], tscale_ref[1])
+  # NVFP4's tensor scales from the tensor amax, in every program (two divisions: PTX div.rn.f32 on the GPU), so that
+  # no scalar integer arithmetic of the exact divisions runs as XLA glue around the kernel
+  blocks = lambda xb, b, sb, amax: quantize_blocks(xb, lay, spec.fmt, spec.rounding, b, sb, amax=amax)
+  codes, dec, gscale, exps = safe(blocks)(xb, bits, sbits, amax_ref[0])
 
   def store(name, value):
     ref, full = out_refs[name], out_shapes[name]
@@ -236,6 +241,11 @@ def _kernel(
     store("deq", safe(decode_blocks)(codes, dec, tensor_scale).reshape(r, c).astype(out_refs["deq"].dtype))
   if output.trust_mask:
     store("mask", estimators.trust_mask(xb, dec * gscale).reshape(r, c).astype(jnp.uint8))
+  if "gscale" in out_refs:  # the tensor decode scale for the GEMM, the same value in every program
+
+    @pl.when((i == 0) & (j == 0))
+    def _():
+      out_refs["gscale"][...] = jnp.broadcast_to(gscale, out_refs["gscale"].shape)
 
 
 # ------------------------------------------------------------------------------------------------ wrapper
@@ -739,13 +749,7 @@ def _plan(
     amax = jnp.float32(0.0)
   elif amax is None:
     amax = tensor_amax(x_in, spec, KernelOutput() if pre_transposed else output, signs, interpret=interpret)
-  amax = jnp.asarray(amax, jnp.float32)
-  if spec.fmt.has_tensor_scale:  # once here, not once per tile in the kernel
-    # materialized once for the kernel and every later reader (the GEMM's scale): XLA would otherwise copy the
-    # scalar integer arithmetic of the exact divisions into each consumer, as separate small kernels
-    tensor_scales = lax.optimization_barrier(jnp.stack(spec.fmt.tensor_scales(amax, spec.rounding)))
-  else:
-    tensor_scales = jnp.ones((2,), jnp.float32)  # MXFP4 has no tensor scale: its block numerics ignore these
+  amax = jnp.broadcast_to(jnp.asarray(amax, jnp.float32), (2,))  # the kernel computes the tensor scales from it
   origin = jnp.zeros((2,), jnp.int32) if origin is None else jnp.asarray(origin, jnp.int32).reshape(2)
 
   bs, two_d = spec.fmt.block_size, spec.block_shape is not None
@@ -777,12 +781,16 @@ def _plan(
     outputs["deq"] = (*per_row((out_rows, n_axis), (t_rows, t_axis)), deq_dtype)
   if output.trust_mask:
     outputs["mask"] = (*per_row((out_rows, n_axis), (t_rows, t_axis)), jnp.uint8)
+  if spec.fmt.has_tensor_scale:
+    outputs["gscale"] = ((2,), (2,), jnp.float32)
   out_shape = [jax.ShapeDtypeStruct(shape, dtype) for shape, _, dtype in outputs.values()]
-  out_specs = [
-    pl.BlockSpec(block, lambda i, j, n=len(block): index(i, j) + (0,) * (n - 2))  # noqa: B008 (binds n per spec)
-    for _, block, _ in outputs.values()
-  ]
   whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
+  out_specs = [
+    whole(2)
+    if name == "gscale"
+    else pl.BlockSpec(block, lambda i, j, n=len(block): index(i, j) + (0,) * (n - 2))  # noqa: B008 (binds n)
+    for name, (_, block, _) in outputs.items()
+  ]
   grid = (pl.cdiv(x_in.shape[0], x_tile[0]), pl.cdiv(n_axis if unit else x_in.shape[1], x_tile[1]))
   transpose_tile = output.transposed and route == "kernel"
   in_parts = transpose_tile and rotate and rotates_in_parts(spec)
@@ -794,7 +802,7 @@ def _plan(
     x_in, x_spec = chunk_view(x_in, spec.hadamard, True), chunk_block_spec(x_tile, spec.hadamard, True)
   else:
     x_spec = pl.BlockSpec(x_tile, lambda i, j: (i, j))
-  args = [x_in, tensor_scales, eseed, sseed, origin]
+  args = [x_in, amax, eseed, sseed, origin]
   in_specs = [x_spec, whole(2), whole(2), whole(2), whole(2)]
   if kernel_signs is not None:
     args.append(kernel_signs)
@@ -820,7 +828,6 @@ def _plan(
     spec=spec,
     output=output,
     names=tuple(outputs),
-    tensor_scales=tensor_scales,
     signs=signs,
     shape=(out_rows, n_axis),
     block=block,
@@ -830,11 +837,12 @@ def _plan(
 
 
 def _finish(
-  outs, *, spec: QuantizeSpec, output: KernelOutput, names, tensor_scales, signs, shape, block, hadamard, dtype
+  outs, *, spec: QuantizeSpec, output: KernelOutput, names, signs, shape, block, hadamard, dtype
 ) -> Quantized:
   """The kernel's outputs (in ``names`` order) as ``Quantized``."""
   got = {name: out.reshape(out.shape[0], -1) for name, out in zip(names, outs)}
-  gscale = jnp.asarray(spec.fmt.tensor_decode_scale(tensor_scales), jnp.float32)
+  # NVFP4: the kernel's tensor decode scale; MXFP4's is a constant (its format ignores the tensor scales)
+  gscale = got.pop("gscale")[0, 0] if "gscale" in got else jnp.float32(spec.fmt.tensor_decode_scale(None))
   qt = None
   if output.packed:
     qt = QTensor(
