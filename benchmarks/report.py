@@ -163,17 +163,20 @@ def _step_categories(rows: list[dict], bf16: dict) -> list[str]:
     "",
     "GPU kernel time per step by category, from the profile of the same run (ms; a category sums its kernels' "
     "durations; pallas = fp4jax's Pallas kernels, fusion = XLA's other fusions; "
-    "`experiments/step_profile.py`). Δ bf16 is the row minus its model's bf16 row.",
+    "`experiments/step_profile.py`). Δ bf16 is the row minus its model's bf16 row. short: the kernels under "
+    f"{step_profile.SHORT_US:g} µs per step and their ms (blank where the profile predates the count).",
     "",
-    "| model | recipe | devices | busy ms/step | kernels/step | " + " | ".join(columns) + " |",
-    "|---|---|---|---|---|" + "---|" * len(columns),
+    "| model | recipe | devices | busy ms/step | kernels/step | short | " + " | ".join(columns) + " |",
+    "|---|---|---|---|---|---|" + "---|" * len(columns),
   ]
   for r, device in profiled:
     cat = device["ms_per_step_by_category"]
     cells = " | ".join(f"{cat.get(c, 0.0):.1f}" for c in columns)
+    short = device.get("short_kernels")
+    short = f"{short['per_step']:,.0f} ({short['ms_per_step']:.1f})" if short else ""
     out.append(
       f"| {r['model']} | {r['recipe']} | {r['devices']} | {device['busy_ms_per_step']:.1f} | "
-      f"{device['kernels_per_step']:.0f} | {cells} |"
+      f"{device['kernels_per_step']:.0f} | {short} | {cells} |"
     )
     base = bf16.get((r["model"], r["devices"]))
     base_device = next(iter((base or {}).get("profile", {}).values()), None)
@@ -182,7 +185,7 @@ def _step_categories(rows: list[dict], bf16: dict) -> list[str]:
       delta = " | ".join(f"{cat.get(c, 0.0) - ref.get(c, 0.0):+.1f}" for c in columns)
       busy = device["busy_ms_per_step"] - base_device["busy_ms_per_step"]
       kernels = device["kernels_per_step"] - base_device["kernels_per_step"]
-      out.append(f"| | Δ bf16 | | {busy:+.1f} | {kernels:+.0f} | {delta} |")
+      out.append(f"| | Δ bf16 | | {busy:+.1f} | {kernels:+.0f} | | {delta} |")
   return out
 
 

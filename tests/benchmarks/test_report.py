@@ -90,9 +90,11 @@ def test_train_throughput_reports_tokens_per_second_of_each_round():
 
 
 def test_throughput_report_takes_ratios_to_bf16_and_the_category_differences():
-  def row(recipe, tokens_per_s, categories, busy, kernels):
+  def row(recipe, tokens_per_s, categories, busy, kernels, short=None):
     profile = {"/device:GPU:0": {"busy_ms_per_step": busy, "kernels_per_step": kernels}}
     profile["/device:GPU:0"]["ms_per_step_by_category"] = categories
+    if short:
+      profile["/device:GPU:0"]["short_kernels"] = {"under_us": 5.0, "per_step": short[0], "ms_per_step": short[1]}
     return {
       "model": "experiments",
       "recipe": recipe,
@@ -111,18 +113,20 @@ def test_throughput_report_takes_ratios_to_bf16_and_the_category_differences():
 
   rows = [
     row("bf16", 400.0, {"gemm": 10.0, "fusion": 2.0}, 12.0, 100),
-    row("quartet2", 100.0, {"gemm": 11.0, "pallas": 5.0, "fusion": 7.5}, 23.5, 400),
+    row("quartet2", 100.0, {"gemm": 11.0, "pallas": 5.0, "fusion": 7.5}, 23.5, 400, short=(2894.4, 4.46)),
   ]
   settings = {"model": "1M", "per_device_batch": 1, "seq_len": 100, "anchor_attention": "xla"}
   settings |= {"warmup": 1, "steps": 2, "rounds": 1}
   doc = {"benchmark": "train_throughput", "matmul_tflops": 1.0, "settings": settings, "rows": rows}
   text = "\n".join(report.RENDER["train_throughput"](doc))
   assert "| experiments | quartet2 | 1 | 100 | one round | 1000.0 | 50.0% |  | 0.25 |" in text  # 100 / 400 tok/s
-  # a column per step_profile category, in its order: gemm, attention, pallas, copy, collective, fusion, other
-  header = "| model | recipe | devices | busy ms/step | kernels/step | gemm | attention | pallas | copy | collective"
-  assert header + " | fusion | other |" in text
-  assert "| experiments | quartet2 | 1 | 23.5 | 400 | 11.0 | 0.0 | 5.0 | 0.0 | 0.0 | 7.5 | 0.0 |" in text
-  assert "| | Δ bf16 | | +11.5 | +300 | +1.0 | +0.0 | +5.0 | +0.0 | +0.0 | +5.5 | +0.0 |" in text
+  # the short kernels (count and ms per step; blank without the count), then a column per step_profile category in
+  # its order: gemm, attention, pallas, copy, collective, fusion, other
+  header = "| model | recipe | devices | busy ms/step | kernels/step | short | gemm | attention | pallas | copy"
+  assert header + " | collective | fusion | other |" in text
+  assert "| experiments | bf16 | 1 | 12.0 | 100 |  | 10.0 |" in text
+  assert "| experiments | quartet2 | 1 | 23.5 | 400 | 2,894 (4.5) | 11.0 | 0.0 | 5.0 | 0.0 | 0.0 | 7.5 | 0.0 |" in text
+  assert "| | Δ bf16 | | +11.5 | +300 | | +1.0 | +0.0 | +5.0 | +0.0 | +0.0 | +5.5 | +0.0 |" in text
 
 
 def test_a_stale_result_is_labelled_with_its_reason():
