@@ -344,6 +344,30 @@ def test_every_operand_and_signs_draw_folds_its_own_key():
   assert len(set(ids)) == len(ids) == 8
 
 
+@pytest.mark.parametrize("backend", ["xla", "pallas"])
+def test_random_operands_draw_with_the_documented_folded_keys(backend):
+  """The module docstring's derivation: operand ``name`` rounds with ``fold_in(key, _KEY_IDS[name])`` (fwd_lhs 1,
+  fwd_rhs 2, dgrad_lhs 3). The oracle quantizes each operand alone with that key (``fp4jax.fake_quantize``) and
+  multiplies in float64; a wrong id or key gives other bits (stochastic rounding) and misses by far more than the
+  float32 accumulation."""
+  sr = OperandSpec(fmt=fp4jax.NVFP4, rounding="sr")
+  r = Recipe("sr_three", fwd_lhs=sr, fwd_rhs=sr, dgrad_lhs=sr)
+  x, w, dy = _normal(0, (64, 128)), _normal(1, (32, 128)), _normal(2, (64, 32))
+  key = jax.random.key(5)
+  y, vjp = jax.vjp(lambda a, b: fp4jax.dot_general(a, b, DN, recipe=r, key=key, backend=backend), x, w)
+  dx, _ = vjp(dy)
+  q = lambda t, i: np.asarray(
+    fp4jax.fake_quantize(t, fp4jax.QuantizeSpec(fp4jax.NVFP4, rounding="sr"), key=jax.random.fold_in(key, i)),
+    np.float64,
+  )
+  qx, qw, qdy = q(x, 1), q(w, 2), q(dy, 3)
+  np.testing.assert_allclose(np.asarray(y, np.float64), qx @ qw.T, rtol=1e-5, atol=1e-5 * np.abs(qx @ qw.T).max())
+  ref_dx = qdy @ np.asarray(w, np.float64)  # dgrad_rhs: W as given (bf16 recipe slot)
+  np.testing.assert_allclose(np.asarray(dx, np.float64), ref_dx, rtol=1e-5, atol=1e-5 * np.abs(ref_dx).max())
+  other = q(x, 2) @ qw.T  # the same with fwd_lhs drawing fwd_rhs's key: a different result
+  assert np.abs(other - qx @ qw.T).max() > 1e-3 * np.abs(qx @ qw.T).max()
+
+
 def test_stochastic_forward_operands_of_one_tensor_round_independently():
   """dot_general(x, x) with stochastic rounding on both forward operands: Q1(x)·Q2(x)ᵀ is symmetric only if both
   drew the same bits (the same folded key)."""

@@ -59,8 +59,18 @@ _KEY_IDS = {"fwd_lhs": 1, "fwd_rhs": 2, "dgrad_lhs": 3, "dgrad_rhs": 4, "wgrad_l
 _SIGNS_IDS = {"fwd": 7, "bwd": 8}
 
 
-def _fold(key, idx: int):
-  return None if key is None else jax.random.fold_in(key, idx)
+def _derive_keys(key):
+  """The call's keys ``fold_in(key, i)`` for every id of ``_KEY_IDS`` and ``_SIGNS_IDS`` (1..8), as one batch: one
+  vectorized threefry instead of one per operand and signs draw, the same keys (None without a key)."""
+  if key is None:
+    return None
+  ids = jnp.arange(1, len(_KEY_IDS) + len(_SIGNS_IDS) + 1, dtype=jnp.uint32)
+  return jax.vmap(jax.random.fold_in, (None, 0))(key, ids)
+
+
+def _fold(keys, idx: int):
+  """``fold_in(key, idx)`` from the batch ``_derive_keys(key)`` (None without a key)."""
+  return None if keys is None else keys[idx - 1]
 
 
 # ------------------------------------------------------------------------------------------------ canonical form
@@ -171,7 +181,7 @@ class _Residuals(NamedTuple):
   mask_x: jax.Array | None  # X's forward trust mask (``estimator="trust_mask"``), else None
   mask_w: jax.Array | None  # W's forward trust mask, else None
   fwd_signs: jax.Array | None  # the forward GEMM's Hadamard sign vector (None without a Hadamard)
-  key: jax.Array | None  # the call's PRNG key, from which the backward derives its operands' keys and signs
+  keys: jax.Array | None  # the call's derived keys (``_derive_keys``): the backward's operands' keys and signs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,21 +195,22 @@ class _Static:
   k: int | None = None  # K of the canonical X (B, M, K) and W (B, N, K), to crop ``_pad_chunks``; None: no crop
 
 
-def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, key, signs, transposed=(False, False)) -> list[_Quantized]:
+def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, keys, signs, transposed=(False, False)) -> list[_Quantized]:
   """Rotate (if the GEMM has a Hadamard) and quantize both operands; an ``Operand`` argument is used as given.
 
   ``transposed[i]``: the GEMM's operand is ``swapaxes(lhs or rhs, -1, -2)``, which the quantizer reads untransposed
   (the Pallas kernel writes it K-major in the same pass; see ``fp4jax.operand.rotate_and_quantize``).
   """
   return [
-    _quantize_operand(static, f"{gemm}_{side}", x, key, signs, t)
+    _quantize_operand(static, f"{gemm}_{side}", x, keys, signs, t)
     for side, x, t in (("lhs", lhs, transposed[0]), ("rhs", rhs, transposed[1]))
   ]
 
 
-def _quantize_operand(static: _Static, name: str, x, key, signs, transposed: bool = False) -> _Quantized:
+def _quantize_operand(static: _Static, name: str, x, keys, signs, transposed: bool = False) -> _Quantized:
   """Operand ``name`` (e.g. ``"fwd_lhs"``) of ``_quantize_gemm``: ``x`` rotated and quantized along its contraction
-  axis (the second-to-last when ``transposed``) with the key ``fold_in(key, _KEY_IDS[name])``; an ``Operand`` is
+  axis (the second-to-last when ``transposed``) with the key ``fold_in(key, _KEY_IDS[name])`` (from ``keys``, the
+  call's ``_derive_keys``); an ``Operand`` is
   used as given."""
   if isinstance(x, Operand):
     return _Quantized(x, None)
@@ -207,7 +218,7 @@ def _quantize_operand(static: _Static, name: str, x, key, signs, transposed: boo
   shard = sharding_lib.operand_shard(static.recipe, name)  # None unless the recipe is sharded
   if shard is None:
     x = _pad_chunks(x, spec.hadamard, -2 if transposed else -1)
-  k = _fold(key, _KEY_IDS[name])
+  k = _fold(keys, _KEY_IDS[name])
   return _Quantized(*rotate_and_quantize(x, spec, k, signs, backend=static.backend, transposed=transposed, shard=shard))
 
 
@@ -225,7 +236,7 @@ def _pad_chunks(x, d: int, axis: int):
   return jnp.pad(x, pad)
 
 
-def _quantize_both(static: _Static, x, key, rows: str, cols: str, signs_rows, signs_cols) -> _Both | None:
+def _quantize_both(static: _Static, x, keys, rows: str, cols: str, signs_rows, signs_cols) -> _Both | None:
   """``x`` quantized as operand ``rows`` (e.g. ``"dgrad_lhs"``) and, transposed, as operand ``cols`` (e.g.
   ``"wgrad_lhs"``) by one kernel for both (``fp4jax.operand.rotate_and_quantize_both``), the bits each GEMM would
   draw. None where that kernel does not run (the XLA backend, a pair the kernels refuse or do not speed up, a ragged
@@ -238,8 +249,8 @@ def _quantize_both(static: _Static, x, key, rows: str, cols: str, signs_rows, si
     return None
   both = rotate_and_quantize_both(
     x,
-    (spec_r, _fold(key, _KEY_IDS[rows]), signs_rows),
-    (spec_c, _fold(key, _KEY_IDS[cols]), signs_cols),
+    (spec_r, _fold(keys, _KEY_IDS[rows]), signs_rows),
+    (spec_c, _fold(keys, _KEY_IDS[cols]), signs_cols),
     backend=static.backend,
     shards=(sharding_lib.operand_shard(r, rows), sharding_lib.operand_shard(r, cols)),
   )
@@ -276,21 +287,22 @@ def _qdot_fwd(static: _Static, x, w, key, for_backward: bool = True) -> tuple[ja
   weight-gradient GEMM (W: the forward and the data-gradient GEMM; ``_quantize_both``), the backward's operand is
   made here and kept instead of X (W)."""
   r = static.recipe
-  signs = r.fwd_lhs.sign_vector(_fold(key, _SIGNS_IDS["fwd"]))
-  bwd_key = _fold(key, _SIGNS_IDS["bwd"])
+  keys = _derive_keys(key)
+  signs = r.fwd_lhs.sign_vector(_fold(keys, _SIGNS_IDS["fwd"]))
+  bwd_key = _fold(keys, _SIGNS_IDS["bwd"])
   keep_x = r.wgrad_rhs.source == "input"
   keep_w = r.dgrad_rhs.source == "input" or r.fwd_rhs.estimator == "dge"
   x_both = w_both = None
   if for_backward and keep_x:
-    x_both = _quantize_both(static, x, key, "fwd_lhs", "wgrad_rhs", signs, r.wgrad_lhs.sign_vector(bwd_key))
+    x_both = _quantize_both(static, x, keys, "fwd_lhs", "wgrad_rhs", signs, r.wgrad_lhs.sign_vector(bwd_key))
   if for_backward and r.dgrad_rhs.source == "input" and r.fwd_rhs.estimator != "dge":  # DGE's backward reads W
-    w_both = _quantize_both(static, w, key, "fwd_rhs", "dgrad_rhs", signs, r.dgrad_lhs.sign_vector(bwd_key))
+    w_both = _quantize_both(static, w, keys, "fwd_rhs", "dgrad_rhs", signs, r.dgrad_lhs.sign_vector(bwd_key))
   fx, fw = _quantize_gemm(
     static,
     "fwd",
     x if x_both is None else x_both.rows.operand,
     w if w_both is None else w_both.rows.operand,
-    key,
+    keys,
     signs,
   )
   mask_x = fx.mask if x_both is None else x_both.rows.mask
@@ -304,28 +316,28 @@ def _qdot_fwd(static: _Static, x, w, key, for_backward: bool = True) -> tuple[ja
     mask_x=mask_x,
     mask_w=mask_w,
     fwd_signs=signs,
-    key=key,
+    keys=keys,
   )
   return y, res
 
 
 def _qdot_bwd(static: _Static, res: _Residuals, dy):
-  key = res.key
+  keys = res.keys
   r = static.recipe
-  bwd_key = _fold(key, _SIGNS_IDS["bwd"])
+  bwd_key = _fold(keys, _SIGNS_IDS["bwd"])
   dgrad_signs, wgrad_signs = r.dgrad_lhs.sign_vector(bwd_key), r.wgrad_lhs.sign_vector(bwd_key)
-  both = _quantize_both(static, dy, key, "dgrad_lhs", "wgrad_lhs", dgrad_signs, wgrad_signs)
+  both = _quantize_both(static, dy, keys, "dgrad_lhs", "wgrad_lhs", dgrad_signs, wgrad_signs)
   dy_dgrad, dy_wgrad = (dy, dy) if both is None else (both.rows.operand, both.cols.operand)
   # dgrad: dX (B, M, K) = dY (B, M, N) . W (B, N, K), contraction over N.
   a, b = _quantize_gemm(
-    static, "dgrad", dy_dgrad, _forward_source(r.dgrad_rhs, res.w, res.wq), key, dgrad_signs, (False, True)
+    static, "dgrad", dy_dgrad, _forward_source(r.dgrad_rhs, res.w, res.wq), keys, dgrad_signs, (False, True)
   )
   dx = matmul(a.operand, b.operand, static.precision)
   if r.dgrad_rhs.source == "forward":
     dx = _to_input(dx, r.fwd_lhs, res.mask_x, res.fwd_signs, static.k)
   # wgrad: dW (B, N, K) = dYᵀ (B, N, M) . X (B, M, K), contraction over M.
   a, b = _quantize_gemm(
-    static, "wgrad", dy_wgrad, _forward_source(r.wgrad_rhs, res.x, res.xq), key, wgrad_signs, (True, True)
+    static, "wgrad", dy_wgrad, _forward_source(r.wgrad_rhs, res.x, res.xq), keys, wgrad_signs, (True, True)
   )
   dw = matmul(a.operand, b.operand, static.precision)
   if r.wgrad_rhs.source == "forward":

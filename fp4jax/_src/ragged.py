@@ -57,7 +57,16 @@ from fp4jax._src import checks, estimators
 from fp4jax._src import recipes as recipes_lib
 from fp4jax._src import sharding as sharding_lib
 from fp4jax._src.backends import Backend
-from fp4jax._src.dot import _SIGNS_IDS, _fold, _forward_source, _quantize_operand, _Quantized, _Static, _to_input
+from fp4jax._src.dot import (
+  _SIGNS_IDS,
+  _derive_keys,
+  _fold,
+  _forward_source,
+  _quantize_operand,
+  _Quantized,
+  _Static,
+  _to_input,
+)
 from fp4jax._src.ieee import widen
 from fp4jax._src.operand import Operand, channel_scale, product
 from fp4jax._src.recipes import Recipe
@@ -150,7 +159,7 @@ def _tokens_unit(recipe: Recipe) -> int:
 def _experts(static: _Static, name: str, w, key, signs, transposed: bool = False) -> _Quantized:
   """Operand ``name`` of every expert, each its own tensor with key ``fold_in(key, e)``: a batch (g, ...) of
   ``_quantize_operand`` results (scalar scales become (g,), per-row ones (g, rows, 1))."""
-  one = lambda w, k: _quantize_operand(static, name, w, k, signs, transposed)
+  one = lambda w, k: _quantize_operand(static, name, w, _derive_keys(k), signs, transposed)
   if key is None:
     return jax.vmap(lambda w: one(w, None))(w)
   keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(_num_experts(w), dtype=jnp.uint32))
@@ -206,8 +215,9 @@ def _rdot_fwd(static: _RStatic, x, w, group_sizes, key):
   s, r = static.base, static.base.recipe
   groups = _groups(group_sizes, x.shape[0], static.unit)
   x = jnp.where((groups.gid < w.shape[0])[:, None], x, jnp.zeros((), x.dtype))
-  signs = r.fwd_lhs.sign_vector(_fold(key, _SIGNS_IDS["fwd"]))
-  fx = _quantize_operand(s, "fwd_lhs", x, key, signs)
+  keys = _derive_keys(key)
+  signs = r.fwd_lhs.sign_vector(_fold(keys, _SIGNS_IDS["fwd"]))
+  fx = _quantize_operand(s, "fwd_lhs", x, keys, signs)
   fw = _experts(s, "fwd_rhs", w, key, signs)
   y = _rows_matmul(fx.operand, fw.operand, groups, s.precision).astype(s.out_dtype)
   keep_x = r.wgrad_rhs.source == "input"
@@ -230,19 +240,20 @@ def _rdot_bwd(static: _RStatic, res: _Residuals, dy):
   g = _num_experts(res.w if res.wq is None else res.wq)
   groups = _groups(res.group_sizes, dy.shape[0], static.unit)
   dy = jnp.where((groups.gid < g)[:, None], dy, jnp.zeros((), dy.dtype))
-  bwd_key = _fold(key, _SIGNS_IDS["bwd"])
+  keys = _derive_keys(key)
+  bwd_key = _fold(keys, _SIGNS_IDS["bwd"])
   dgrad_signs, wgrad_signs = r.dgrad_lhs.sign_vector(bwd_key), r.wgrad_lhs.sign_vector(bwd_key)
   # dgrad: dX (m, k), row r = dY[r] (n) . W_e (n, k), contraction over n.
-  a = _quantize_operand(s, "dgrad_lhs", dy, key, dgrad_signs)
+  a = _quantize_operand(s, "dgrad_lhs", dy, keys, dgrad_signs)
   w_src = jax.vmap(functools.partial(_forward_source, r.dgrad_rhs))(res.w, res.wq)
   b = _experts(s, "dgrad_rhs", w_src, key, dgrad_signs, transposed=True)
   dx = _rows_matmul(a.operand, b.operand, groups, s.precision)
   if r.dgrad_rhs.source == "forward":
     dx = _to_input(dx, r.fwd_lhs, res.mask_x, res.fwd_signs, s.k)
   # wgrad: dW_e (n, k) = dY_eᵀ (n, tokens of e) . X_e (tokens of e, k), on the padded token layout.
-  a = _quantize_operand(s, "wgrad_lhs", _to_tokens(dy, groups), key, wgrad_signs, transposed=True)
+  a = _quantize_operand(s, "wgrad_lhs", _to_tokens(dy, groups), keys, wgrad_signs, transposed=True)
   x_src = _forward_source(r.wgrad_rhs, _to_tokens(res.x, groups) if res.xq is None else None, _xq_tokens(res, groups))
-  b = _quantize_operand(s, "wgrad_rhs", x_src, key, wgrad_signs, transposed=True)
+  b = _quantize_operand(s, "wgrad_rhs", x_src, keys, wgrad_signs, transposed=True)
   dw = _tokens_matmul(a.operand, b.operand, groups, s.precision)
   if r.wgrad_rhs.source == "forward":
     dw = _to_input(dw, r.fwd_rhs, res.mask_w, res.fwd_signs, s.k)
