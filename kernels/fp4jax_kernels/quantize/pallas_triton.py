@@ -785,12 +785,8 @@ def _plan(
     outputs["gscale"] = ((2,), (2,), jnp.float32)
   out_shape = [jax.ShapeDtypeStruct(shape, dtype) for shape, _, dtype in outputs.values()]
   whole = lambda n: pl.BlockSpec((n,), lambda i, j: (0,))
-  out_specs = [
-    whole(2)
-    if name == "gscale"
-    else pl.BlockSpec(block, lambda i, j, n=len(block): index(i, j) + (0,) * (n - 2))  # noqa: B008 (binds n)
-    for name, (_, block, _) in outputs.items()
-  ]
+  tiled = lambda block: pl.BlockSpec(block, lambda i, j: index(i, j) + (0,) * (len(block) - 2))
+  out_specs = [whole(2) if name == "gscale" else tiled(block) for name, (_, block, _) in outputs.items()]
   grid = (pl.cdiv(x_in.shape[0], x_tile[0]), pl.cdiv(n_axis if unit else x_in.shape[1], x_tile[1]))
   transpose_tile = output.transposed and route == "kernel"
   in_parts = transpose_tile and rotate and rotates_in_parts(spec)
