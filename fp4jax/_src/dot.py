@@ -209,9 +209,8 @@ def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, keys, signs, transposed
 
 def _quantize_operand(static: _Static, name: str, x, keys, signs, transposed: bool = False) -> _Quantized:
   """Operand ``name`` (e.g. ``"fwd_lhs"``) of ``_quantize_gemm``: ``x`` rotated and quantized along its contraction
-  axis (the second-to-last when ``transposed``) with the key ``fold_in(key, _KEY_IDS[name])`` (from ``keys``, the
-  call's ``_derive_keys``); an ``Operand`` is
-  used as given."""
+  axis (the second-to-last when ``transposed``) with the key ``fold_in(key, _KEY_IDS[name])``, taken from ``keys``
+  (the call's ``_derive_keys``); an ``Operand`` is used as given."""
   if isinstance(x, Operand):
     return _Quantized(x, None)
   spec = getattr(static.recipe, name)

@@ -11,8 +11,8 @@ transpose, or in the amax pre-pass). Each thread holds whole blocks (or Hadamard
 registers (``load_units``, ``load_rotated``). NVFP4's tensor amax is a separate reduction before the kernel
 (``tensor_amax``): current scaling must see every element before the first code is final. The kernel takes that
 amax, computes the tensor scales from it in every program (``fmt.tensor_scales``: two divisions, PTX ``div.rn.f32``)
-and writes the decode scale for the GEMM, so XLA runs none of the exact division's integer arithmetic around it
-(about 500 ops per division, which had cost compile time and small kernels). Bytes moved per element:
+and writes the decode scale for the GEMM, so XLA runs none of the exact division's integer arithmetic around it.
+Bytes moved per element:
 2·sizeof(x) + 1/2 (codes) + 1/16 (scales), + 2 (bf16 dequantized) and 1 (trust mask) when asked for; the
 ``"prepass"`` route adds 2·sizeof(x) (the staged input) to rotate once instead of twice. ``quantize_pair`` quantizes
 a tensor along its rows and, transposed, its columns in one pre-pass and one kernel, reading ``x`` twice, not four
@@ -836,9 +836,10 @@ def _finish(
   outs, *, spec: QuantizeSpec, output: KernelOutput, names, signs, shape, block, hadamard, dtype
 ) -> Quantized:
   """The kernel's outputs (in ``names`` order) as ``Quantized``."""
-  got = {name: out.reshape(out.shape[0], -1) for name, out in zip(names, outs)}
+  got = dict(zip(names, outs))
   # NVFP4: the kernel's tensor decode scale; MXFP4's is a constant (its format ignores the tensor scales)
-  gscale = got.pop("gscale")[0, 0] if "gscale" in got else jnp.float32(spec.fmt.tensor_decode_scale(None))
+  gscale = got.pop("gscale")[0] if "gscale" in got else jnp.float32(spec.fmt.tensor_decode_scale(None))
+  got = {name: out.reshape(out.shape[0], -1) for name, out in got.items()}
   qt = None
   if output.packed:
     qt = QTensor(
