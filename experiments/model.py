@@ -40,7 +40,9 @@ and runs the FP4 stacks one block per iteration (``ModelConfig.stack_unroll``).
 intermediates (per block six float32 activations of the norms, three bf16 of the SiLU): fewer activations written,
 and copied through a layer loop's stacked buffers. The forward values are the same bits; the gradients differ in
 last bits where XLA fuses the recomputation differently (on a GPU it can also keep in float32 what the saved bf16
-intermediates rounded).
+intermediates rounded). ``"auto"`` (the default) recomputes both in the FP4 blocks, whose layer loop
+zero-fills, writes and reads back a stacked buffer for every saved activation, and nothing in the BF16 blocks
+(unrolled) or the final norm: a BF16 model computes the same program as with ``"none"``.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def swiglu_hidden(d_model: int, multiple: int) -> int:
   return multiple * math.ceil(8 * d_model / 3 / multiple)
 
 
-Recompute = Literal["none", "norms", "norms_swiglu"]
+Recompute = Literal["auto", "none", "norms", "norms_swiglu"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,8 +139,9 @@ class ModelConfig:
   attention_impl: str | None = "auto"
   remat: bool = False  # recompute block activations in the backward pass (less memory, ~1/3 more compute)
   # the elementwise parts the backward pass recomputes from their bf16 inputs instead of saving their intermediates:
-  # "none", "norms" (RMSNorm) or "norms_swiglu" (and silu(gate) ⊙ up); module docstring
-  recompute: Recompute = "none"
+  # "none", "norms" (RMSNorm), "norms_swiglu" (and silu(gate) ⊙ up), or "auto": "norms_swiglu" in FP4 blocks and
+  # "none" in BF16 blocks (module docstring, block_recompute)
+  recompute: Recompute = "auto"
   # blocks per scan iteration, or "auto": BF16 stacks unrolled whole, FP4 stacks one block per iteration (module
   # docstring, stack_unroll); how, not what, the model computes
   scan_unroll: int | Literal["auto"] = "auto"
@@ -219,6 +222,20 @@ class ModelConfig:
     if self.scan_unroll == "auto":
       return stack.length if stack.recipe == BF16_RECIPE else 1
     return min(self.scan_unroll, stack.length)
+
+  def block_recompute(self, recipe: str) -> Literal["none", "norms", "norms_swiglu"]:
+    """What a block under ``recipe`` recomputes in its backward pass.
+
+    Args:
+      recipe: the block's recipe (``layer_recipe``).
+
+    Returns:
+      ``recompute``; for ``"auto"`` "norms_swiglu" in an FP4 block and "none" in a BF16 block (see the module
+      docstring).
+    """
+    if self.recompute == "auto":
+      return "none" if recipe == BF16_RECIPE else "norms_swiglu"
+    return self.recompute
 
   def layer_recipe(self, layer: int) -> str:
     """The recipe of block ``layer``: BF16 for the first ``bf16_first`` and last ``bf16_last`` blocks."""
@@ -423,8 +440,8 @@ def _projection(
 _RecomputedRMSNorm = nn.remat(nn.RMSNorm, prevent_cse=False)
 
 
-def _norm(config: ModelConfig, name: str) -> nn.Module:
-  norm = nn.RMSNorm if config.recompute == "none" else _RecomputedRMSNorm
+def _norm(config: ModelConfig, recipe: str, name: str) -> nn.Module:
+  norm = nn.RMSNorm if config.block_recompute(recipe) == "none" else _RecomputedRMSNorm
   return norm(epsilon=config.norm_eps, dtype=config.dtype, param_dtype=config.param_dtype, name=name)
 
 
@@ -486,7 +503,7 @@ class SwiGLU(nn.Module):
     gate = _projection(cfg, self.recipe, hidden, "gate", tp=tp, split="outputs")(x)
     up = _projection(cfg, self.recipe, hidden, "up", tp=tp, split="outputs")(x)
     out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-    swiglu = cfg.recompute == "norms_swiglu"
+    swiglu = cfg.block_recompute(self.recipe) == "norms_swiglu"
     product = jax.checkpoint(_swiglu_product, prevent_cse=False) if swiglu else _swiglu_product
     out = _projection(cfg, self.recipe, cfg.d_model, "down", out_std, tp, "inputs")(product(gate, up))
     return tp.exit(out) if tp else out
@@ -538,8 +555,8 @@ class Block(nn.Module):
         f"num_experts={self.config.num_experts}: tensor parallelism (TensorParallel, --tensor-shards) is not "
         "supported for mixture-of-experts blocks; use a dense model or data parallelism"
       )
-    h = h + Attention(self.config, self.recipe, self.tp, name="attn")(_norm(self.config, "attn_norm")(h))
-    return h + _mlp(self.config, self.recipe, self.tp)(_norm(self.config, "mlp_norm")(h)), None
+    h = h + Attention(self.config, self.recipe, self.tp, name="attn")(_norm(self.config, self.recipe, "attn_norm")(h))
+    return h + _mlp(self.config, self.recipe, self.tp)(_norm(self.config, self.recipe, "mlp_norm")(h)), None
 
 
 def scanned_blocks(config: ModelConfig, stack: LayerStack, tp: TensorParallel | None = None) -> nn.Module:
@@ -602,7 +619,7 @@ class Llama(nn.Module):
     h = TokenEmbedding(cfg, name="embed")(tokens)
     for stack in layer_stacks(cfg):
       h, _ = scanned_blocks(cfg, stack, self.tp)(h)
-    h = _norm(cfg, "final_norm")(h)
+    h = _norm(cfg, BF16_RECIPE, "final_norm")(h)  # the final norm and the head run in BF16 under every recipe
     logits = nn.Dense(
       cfg.vocab_size,
       use_bias=False,

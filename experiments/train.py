@@ -1085,10 +1085,11 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
   )
   parser.add_argument(
     "--recompute",
-    default="none",
+    default="auto",
     choices=list(get_args(model_lib.Recompute)),
     help="elementwise parts the backward pass recomputes from their bf16 inputs instead of saving: none, norms "
-    "(RMSNorm) or norms_swiglu (and the SwiGLU product); less memory traffic",
+    "(RMSNorm), norms_swiglu (and the SwiGLU product; less memory traffic), or auto: norms_swiglu in FP4 blocks, "
+    "none in BF16 blocks",
   )
   parser.add_argument(
     "--quantizer-backend",
@@ -1128,7 +1129,7 @@ def execution_to_args(overrides: dict) -> list[str]:
     "--scan-unroll",
     str(overrides.get("scan_unroll", "auto")),
     "--recompute",
-    overrides.get("recompute", "none"),
+    overrides.get("recompute", "auto"),
     "--quantizer-backend",
     overrides.get("quantizer_backend", "auto"),
   ]

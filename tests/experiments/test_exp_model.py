@@ -148,9 +148,9 @@ def test_token_embedding_is_the_gather_with_an_fp32_gradient(vocab):
     np.testing.assert_allclose(grad, expected, rtol=0, atol=0.05 * np.abs(expected).max())
 
 
-def _block_residuals(recompute: str, recipe: str = "bf16"):
-  """(saved residuals as "dtype[shape]" of one Block's forward, the block's output, its gradients) under
-  ``recompute``: batch 2 x 16 tokens, d 64, SwiGLU width 128."""
+def _block_residuals(recompute: str, recipe: str = "bf16", grads: bool = True):
+  """(saved residuals as "dtype[shape]" of one Block's forward, the block's output, its gradients or None without
+  ``grads``) under ``recompute``: batch 2 x 16 tokens, d 64, SwiGLU width 128."""
   config = m.ModelConfig(n_layers=2, d_model=64, n_heads=2, ffn_hidden=128, recipe=recipe, recompute=recompute)
   block = m.Block(config, recipe)
   h = jax.random.normal(jax.random.key(0), (2, 16, 64)).astype(jnp.bfloat16)
@@ -160,7 +160,7 @@ def _block_residuals(recompute: str, recipe: str = "bf16"):
   with contextlib.redirect_stdout(text):  # one line per residual: "f32[2,16,64] output of ..."
     print_saved_residuals(f, params, h)
   saved = [line.split(" ")[0] for line in text.getvalue().splitlines()]
-  return saved, jax.jit(f)(params, h), jax.jit(jax.grad(f, argnums=(0, 1)))(params, h)
+  return saved, jax.jit(f)(params, h), jax.jit(jax.grad(f, argnums=(0, 1)))(params, h) if grads else None
 
 
 def test_recompute_saves_only_the_bf16_inputs_of_the_norms_and_the_swiglu_product():
@@ -181,8 +181,37 @@ def test_recompute_saves_only_the_bf16_inputs_of_the_norms_and_the_swiglu_produc
       assert np.max(np.abs(a - b)) <= 2.0**-6 * np.max(np.abs(a)), (r, float(np.max(np.abs(a - b))))
 
 
+def test_auto_recompute_is_norms_swiglu_in_fp4_blocks_and_none_in_bf16_blocks():
+  """The default: an FP4 block saves what "norms_swiglu" saves (no float32 norm intermediates, the SiLU's three
+  fewer), a BF16 block what "none" saves, with the same output and gradient bits as "none"."""
+  assert m.ModelConfig(n_layers=1, d_model=64, n_heads=2, ffn_hidden=128).recompute == "auto"
+  bf16_auto, bf16_none = _block_residuals("auto"), _block_residuals("none")
+  assert bf16_auto[0] == bf16_none[0] and bf16_auto[0].count("f32[2,16,64]") == 6
+  assert bf16_auto[1] == bf16_none[1]
+  for a, b in zip(jax.tree.leaves(bf16_auto[2]), jax.tree.leaves(bf16_none[2]), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  fp4_auto, fp4_none = (_block_residuals(r, "nvidia_nvfp4", grads=False) for r in ("auto", "none"))
+  assert fp4_auto[0] == _block_residuals("norms_swiglu", "nvidia_nvfp4", grads=False)[0]
+  assert fp4_auto[0].count("f32[2,16,64]") == 0 and fp4_none[0].count("f32[2,16,64]") == 6
+  assert fp4_none[0].count("bf16[2,16,128]") - fp4_auto[0].count("bf16[2,16,128]") == 3
+  assert fp4_auto[1] == fp4_none[1]  # the forward: same bits
+
+
+def test_the_final_norm_recomputes_only_when_asked():
+  """The final norm is outside the FP4 stacks: "auto" leaves it saved, an explicit "norms" recomputes it."""
+  config = lambda r: m.ModelConfig(
+    n_layers=1, d_model=64, n_heads=2, ffn_hidden=128, recipe="nvidia_nvfp4", recompute=r
+  )
+  assert config("auto").block_recompute(m.BF16_RECIPE) == "none"
+  assert config("norms").block_recompute(m.BF16_RECIPE) == "norms"
+  assert config("auto").block_recompute("nvidia_nvfp4") == "norms_swiglu"
+  assert config("none").block_recompute("nvidia_nvfp4") == "none"
+
+
 def test_recompute_must_be_a_known_mode():
-  with pytest.raises(ValueError, match=r"recompute must be one of \('none', 'norms', 'norms_swiglu'\), got 'all'"):
+  with pytest.raises(
+    ValueError, match=r"recompute must be one of \('auto', 'none', 'norms', 'norms_swiglu'\), got 'all'"
+  ):
     m.model_config("100K", recompute="all")
 
 
