@@ -51,6 +51,7 @@ import dataclasses
 import functools
 import importlib
 import math
+from collections.abc import Callable
 from typing import Any, Literal, get_args
 
 import flax.linen as nn
@@ -145,6 +146,10 @@ class ModelConfig:
   # blocks per scan iteration, or "auto": BF16 stacks unrolled whole, FP4 stacks one block per iteration (module
   # docstring, stack_unroll); how, not what, the model computes
   scan_unroll: int | Literal["auto"] = "auto"
+  # a data-parallel step under shard_map (experiments.train) sums each block's parameter gradients over the devices
+  # "per_block", inside the backward pass's layer loop (float32 and bfloat16 gradients: the same sums), or
+  # "after_backward", all at once; how, not what; ignored elsewhere
+  grad_sum: Literal["per_block", "after_backward"] = "per_block"
   # fp4jax.dot_general's quantizer backend for the projections: "xla", "pallas" (the fused kernels) or "auto"
   # (the kernels on a GPU that runs them); every backend gives the same bits.
   quantizer_backend: str = "auto"
@@ -160,6 +165,8 @@ class ModelConfig:
     for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size"):
       if getattr(self, name) <= 0:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    if self.grad_sum not in ("per_block", "after_backward"):
+      raise ValueError(f"grad_sum must be 'per_block' or 'after_backward', got {self.grad_sum!r}")
     if self.recompute not in get_args(Recompute):
       raise ValueError(f"recompute must be one of {get_args(Recompute)}, got {self.recompute!r}")
     unroll = self.scan_unroll
@@ -559,11 +566,16 @@ class Block(nn.Module):
     return h + _mlp(self.config, self.recipe, self.tp)(_norm(self.config, self.recipe, "mlp_norm")(h)), None
 
 
-def scanned_blocks(config: ModelConfig, stack: LayerStack, tp: TensorParallel | None = None) -> nn.Module:
+def scanned_blocks(
+  config: ModelConfig, stack: LayerStack, tp: TensorParallel | None = None, grad_sum: Callable | None = None
+) -> nn.Module:
   """``stack.length`` blocks as one ``nn.scan``: parameters (and sown "intermediates") stacked on a leading layer
   axis, the "params" and "quant" streams split per layer; each block under ``nn.remat`` if ``config.remat``;
-  ``config.stack_unroll(stack)`` blocks per loop iteration."""
+  ``config.stack_unroll(stack)`` blocks per loop iteration. ``grad_sum`` (see :class:`Llama`) takes each block's
+  own parameters (``{"params": ...}``, one layer's slice) inside the loop."""
   block = nn.remat(Block, prevent_cse=False) if config.remat else Block  # scan already keeps remat's CSE apart
+  if grad_sum is not None:
+    block = nn.map_variables(block, "params", trans_in_fn=grad_sum, init=True)
   scan = nn.scan(
     block,
     variable_axes={"params": 0, "intermediates": 0},
@@ -610,6 +622,10 @@ class Llama(nn.Module):
 
   config: ModelConfig
   tp: TensorParallel | None = None
+  # an identity on each block's parameters whose backward sums their gradients over the data-parallel devices
+  # (``sharding.sum_in_backward``), applied inside the layer loop: the sums of a block's gradients start as soon as
+  # its backward has made them, while the loop goes on to the blocks before it
+  block_grad_sum: Callable | None = None
 
   @nn.compact
   def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -618,7 +634,7 @@ class Llama(nn.Module):
       raise ValueError(f"tokens must have shape (batch, seq), got {tokens.shape}")
     h = TokenEmbedding(cfg, name="embed")(tokens)
     for stack in layer_stacks(cfg):
-      h, _ = scanned_blocks(cfg, stack, self.tp)(h)
+      h, _ = scanned_blocks(cfg, stack, self.tp, self.block_grad_sum)(h)
     h = _norm(cfg, BF16_RECIPE, "final_norm")(h)  # the final norm and the head run in BF16 under every recipe
     logits = nn.Dense(
       cfg.vocab_size,

@@ -51,9 +51,10 @@ JAX call; the mesh then spans the devices of all processes, and every process mu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import jax
 import jax.numpy as jnp
@@ -414,6 +415,38 @@ def all_reduce_sum(grads, dtype: str, axis_name: str):
   return jax.tree.map(lambda g: _sum_leaf(g, dtype, axis_name), grads)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def sum_in_backward(tree, dtype: str, axis_name: str):
+  """The identity on ``tree``; in the backward pass each cotangent leaf is summed over the devices of mesh axis
+  ``axis_name``, communicated in ``dtype`` (float32 or bfloat16, as :func:`all_reduce_sum`: elementwise, so summing
+  a block's slice where it is made gives that slice of the sum of the whole stacked gradient). Call inside
+  ``jax.shard_map``; ``model.Llama(block_grad_sum=...)`` applies it to each block's parameters."""
+  return tree
+
+
+def _sum_in_backward_fwd(tree, dtype, axis_name):
+  return tree, None
+
+
+def _sum_in_backward_bwd(dtype, axis_name, _, cotangents):
+  return (jax.tree.map(lambda g: _sum_leaf(g, dtype, axis_name).astype(g.dtype), cotangents),)
+
+
+sum_in_backward.defvjp(_sum_in_backward_fwd, _sum_in_backward_bwd)
+
+
+def block_grad_sum(dtype: str, axis_name: str = DATA) -> Callable:
+  """The ``model.Llama.block_grad_sum`` of a data-parallel step whose gradients travel in ``dtype``.
+
+  Raises:
+    ValueError: ``dtype`` not float32 or bfloat16 (float8's shared scale is a per-tensor amax: summing each
+      block's slice would scale it by that slice's amax instead of the stacked tensor's).
+  """
+  if dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"per-block gradient sums take float32 or bfloat16 gradients, got {dtype!r}")
+  return functools.partial(sum_in_backward, dtype=dtype, axis_name=axis_name)
+
+
 def token_sharded_model(model: model_lib.Llama):
   """``model`` with the projections of its FP4 layer stacks running ``fp4jax.sharding.token_sharded(recipe,
   "data")`` (``fp4jax.flax.linen.quantize`` rules on the stacks' paths; BF16 stacks, embedding and LM head as
@@ -445,7 +478,9 @@ def gather_params(params, param_specs):
   return jax.tree.map(gather, params, param_specs, is_leaf=lambda x: isinstance(x, P))
 
 
-def data_parallel_value_and_grad(loss_share: Callable, mesh: Mesh, comm_dtype: str, param_specs=None):
+def data_parallel_value_and_grad(
+  loss_share: Callable, mesh: Mesh, comm_dtype: str, param_specs=None, summed: Collection[str] = ()
+):
   """``(params, batch, key) -> (loss, grads)`` for ``jax.jit``: each data shard differentiates its share of the
   loss, ``loss_share(params, rows, key, total_rows)`` (the sum of its rows' losses divided by what the global
   mean divides by, e.g. ``total_rows · seq``), under ``jax.shard_map``; the shares' gradients are summed by
@@ -461,7 +496,12 @@ def data_parallel_value_and_grad(loss_share: Callable, mesh: Mesh, comm_dtype: s
   is reduced over the shards and random bits follow global token indices (``fp4jax.sharding``). What differs from
   the global program is the order of the sums over tokens (each shard's fp32 wgrad partial sum and its rounding to
   the GEMM's bf16 input dtype, the all-reduce) and the deliberate rounding of the communicated gradient.
+
+  ``summed``: the top-level parameter names (layer stacks) whose gradients ``loss_share``'s model already sums over
+  "data" in its backward pass (:func:`block_grad_sum`); they are left out of the sum after it. Not with FSDP.
   """
+  if summed and param_specs is not None:
+    raise ValueError("summed: per-block gradient sums are all-reduces; with FSDP (param_specs) they reduce-scatter")
 
   def local(params, batch, key):
     total_rows = batch.shape[0] * lax.axis_size(DATA)
@@ -469,7 +509,8 @@ def data_parallel_value_and_grad(loss_share: Callable, mesh: Mesh, comm_dtype: s
       params = gather_params(params, param_specs)
     loss, grads = jax.value_and_grad(loss_share)(params, batch, key, total_rows)
     if param_specs is None:
-      grads = all_reduce_sum(grads, comm_dtype, DATA)
+      rest = all_reduce_sum({k: g for k, g in grads.items() if k not in summed}, comm_dtype, DATA)
+      grads = {k: g if k in summed else rest[k] for k, g in grads.items()}
     else:
       grads = reduce_gradients(grads, param_specs, comm_dtype, DATA)
     return lax.psum(loss, DATA), grads

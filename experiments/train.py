@@ -24,7 +24,9 @@ on SLURM / Open MPI the three values can be left out), a ``--mesh`` spanning all
 or without ``--fsdp``) an FP4 model without MoE experts trains under ``shard_map``: each data shard differentiates its
 share of the loss with token-sharded FP4 recipes, quantized by the kernels, so the quantized operands stay those of
 one device (:func:`token_sharded_data_parallel`); the gradients are all-reduced in ``--grad-comm-dtype`` (float32,
-or bfloat16 / float8_e4m3fn: ``sharding.all_reduce_sum``). On a model axis (``--mesh model=T``, or
+or bfloat16 / float8_e4m3fn: ``sharding.all_reduce_sum``), each block's inside the backward pass's layer loop as soon
+as the block's backward has made them, for float32 and bfloat16 without ``--fsdp`` (the same sums:
+:func:`per_block_grad_sums`). On a model axis (``--mesh model=T``, or
 ``data=D,model=T``, with or without ``--fsdp``) it runs as T Megatron shards under ``shard_map``, token-sharded
 too beside a data axis (:func:`tensor_parallel_shards`). ``--quantizer-backend xla`` and MoE models keep the plain
 sharded ``jit`` of the global program, with XLA's quantizers.
@@ -209,6 +211,15 @@ def token_sharded_data_parallel(layout: sharding.Layout | None, config: TrainCon
   return has_fp4_blocks(model_config) and model_config.quantizer_backend != "xla" and not model_config.num_experts
 
 
+def per_block_grad_sums(layout: sharding.Layout, config: TrainConfig, model_config) -> tuple[str, ...]:
+  """The layer stacks whose gradients a :func:`token_sharded_data_parallel` step sums inside its backward pass's
+  layer loop (``ModelConfig.grad_sum="per_block"``, ``sharding.block_grad_sum``): every stack, for float32 and
+  bfloat16 gradients without FSDP (which reduce-scatters); none otherwise (the sums after the backward pass)."""
+  if model_config.grad_sum != "per_block" or layout.fsdp or config.grad_comm_dtype not in ("float32", "bfloat16"):
+    return ()
+  return tuple(s.name for s in model_lib.layer_stacks(model_config))
+
+
 def tensor_parallel_shards(layout: sharding.Layout | None, config: TrainConfig, model_config) -> bool:
   """Whether a step on ``layout`` runs the model written out as Megatron shards under ``jax.shard_map`` over the
   model axis (``model.TensorParallel``: FP4 recipes marked with their split, ``fp4jax.sharding.sharded``, so every
@@ -313,8 +324,12 @@ class Trainer:
       sharding.check_layout(layout, self.model_config, config.batch_size, config.seq_len)
     self.mesh = sharding.make_mesh(layout)
     token_sharded = token_sharded_data_parallel(layout, config, self.model_config)
+    summed = per_block_grad_sums(layout, config, self.model_config) if token_sharded else ()
     if token_sharded:
-      loss_share = functools.partial(self._loss, model=sharding.token_sharded_model(self.model))
+      model = self.model
+      if summed:
+        model = model.clone(block_grad_sum=sharding.block_grad_sum(config.grad_comm_dtype))
+      loss_share = functools.partial(self._loss, model=sharding.token_sharded_model(model))
       # evaluation is the plain sharded jit, whose partitioner cannot split a Pallas kernel: XLA's quantizers there
       # (the same bits as the kernels)
       xla_model = model_lib.Llama(dataclasses.replace(self.model_config, quantizer_backend="xla"))
@@ -325,7 +340,9 @@ class Trainer:
     if token_sharded:
       # with --fsdp the parameters enter sharded (all-gathered whole in each shard, gradients reduce-scattered)
       specs = jax.tree.map(lambda s: s.spec, self.state_sharding["params"]) if layout.fsdp else None
-      self.value_and_grad = sharding.data_parallel_value_and_grad(loss_share, self.mesh, config.grad_comm_dtype, specs)
+      self.value_and_grad = sharding.data_parallel_value_and_grad(
+        loss_share, self.mesh, config.grad_comm_dtype, specs, summed
+      )
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     rep = sharding.replicated(self.mesh)
     self.train_step = jax.jit(

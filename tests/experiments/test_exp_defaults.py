@@ -126,6 +126,32 @@ def test_which_steps_run_data_parallel_under_shard_map(model, backend, layout, c
 
 
 @pytest.mark.parametrize(
+  "layout,comm,grad_sum,want",
+  [
+    (sharding.Layout(data=2), "float32", "per_block", ("blocks",)),
+    (sharding.Layout(data=2), "bfloat16", "per_block", ("blocks",)),
+    (sharding.Layout(data=2), "float8_e4m3fn", "per_block", ()),  # a per-tensor scale: one sum per stacked tensor
+    (sharding.Layout(data=2, fsdp=True), "float32", "per_block", ()),  # reduce-scattered after the backward
+    (sharding.Layout(data=2), "float32", "after_backward", ()),
+  ],
+)
+def test_which_data_parallel_steps_sum_gradients_per_block(layout, comm, grad_sum, want):
+  config = train.TrainConfig(
+    model="100K", recipe="nvidia_nvfp4", batch_size=4, seq_len=16, tokens=64, grad_comm_dtype=comm
+  )
+  shape = model_lib.model_config("100K", recipe="nvidia_nvfp4", grad_sum=grad_sum)
+  assert train.per_block_grad_sums(layout, config, shape) == want
+  if grad_sum == "per_block":  # a BF16 first block: its own stack, summed per block too
+    two = dataclasses.replace(shape, bf16_first=1)
+    assert train.per_block_grad_sums(layout, config, two) == (("first_blocks", "blocks") if want else ())
+
+
+def test_grad_sum_must_be_a_known_mode():
+  with pytest.raises(ValueError, match="grad_sum must be 'per_block' or 'after_backward', got 'end'"):
+    model_lib.model_config("100K", grad_sum="end")
+
+
+@pytest.mark.parametrize(
   "model,backend,layout,deterministic,want",
   [
     (FP4, "auto", sharding.Layout(model=2), 0, True),

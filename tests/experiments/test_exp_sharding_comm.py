@@ -345,3 +345,94 @@ def test_fsdp_under_shard_map_gives_data_parallel_bits(corpus):  # noqa: F811
   assert "data" in got["fsdp"]["sharding"] and "data" not in got["dp"]["sharding"], (got["fsdp"], got["dp"])
   assert got["fsdp"]["reduce_scatter_wire"] == ["bf16"] and got["dp"]["reduce_scatter_wire"] == []
   assert "all-gather" in got["fsdp"]["collectives"] and "reduce-scatter" not in got["dp"]["collectives"]
+
+
+PER_BLOCK_SUMS = """
+import json, sys
+import jax, numpy as np
+from fp4jax_experiments import sharding, train
+
+def psums_in_loops(jaxpr, inside=False):
+  # (psums inside a scan's body, psums outside any scan) of a jaxpr and the jaxprs in its equations' parameters
+  counts = [0, 0]
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "psum":
+      counts[0 if inside else 1] += 1
+    for p in eqn.params.values():
+      for sub in p if isinstance(p, (tuple, list)) else [p]:
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          c = psums_in_loops(sub, inside or eqn.primitive.name == "scan")
+          counts = [counts[0] + c[0], counts[1] + c[1]]
+  return counts
+
+def run(grad_sum, dtype, recipe):
+  config = train.TrainConfig(model="100K", recipe=recipe, data=sys.argv[1], batch_size=4, seq_len=32,
+                             tokens=4 * 32 * 2, grad_comm_dtype=dtype)
+  # quantizer_backend "auto" (XLA's quantizers on a CPU): the shard_map step, also for float32
+  overrides = {"n_layers": 2, "d_model": 64, "n_heads": 2, "ffn_hidden": 128, "grad_sum": grad_sum, "bf16_last": 1}
+  trainer = train.Trainer(config, layout=sharding.Layout(data=2), model_overrides=overrides)
+  state = trainer.init_state()
+  tokens, key = trainer.place(trainer.stream.batch(0)), trainer.quant_key(0)
+  psums = psums_in_loops(jax.make_jaxpr(trainer.value_and_grad)(state["params"], tokens, key).jaxpr)
+  loss, grads = jax.jit(trainer.value_and_grad)(state["params"], tokens, key)
+  return {"loss": float(loss), "grads": [np.asarray(g).tolist() for g in jax.tree.leaves(grads)],
+          "paths": [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(grads)],
+          "psums": psums}
+
+out = {}
+for dtype in ("float32", "bfloat16"):
+  out[dtype] = {g: run(g, dtype, "nvidia_nvfp4") for g in ("per_block", "after_backward")}
+print(json.dumps(out))
+"""
+
+
+# slow tier; default representative: test_sum_in_backward_is_the_identity_with_summed_cotangents
+@pytest.mark.slow
+def test_per_block_gradient_sums_are_the_sums_after_the_backward_pass(corpus):  # noqa: F811
+  """data=2 under shard_map, nvidia_nvfp4 with a BF16 last block (two layer stacks): with ``grad_sum="per_block"``
+  (the default) each block's parameter gradients are summed inside the backward pass's layer loops, and only the
+  embedding, final norm and head after it; the gradients equal "after_backward"'s (every leaf summed after the
+  backward pass) bit for bit, in float32 and in bfloat16 on the wire (elementwise roundings), and so does the
+  loss."""
+  got = json.loads(_run(["-c", PER_BLOCK_SUMS, corpus], devices=2).strip().splitlines()[-1])
+  for dtype, runs in got.items():
+    per_block, after = runs["per_block"], runs["after_backward"]
+    assert per_block["paths"] == after["paths"]
+    leaves = len(per_block["paths"])
+    stacked = sum("blocks'" in p for p in per_block["paths"])  # 'blocks' and 'last_blocks' leaves
+    assert 0 < stacked < leaves
+    # per block: the stacks' leaves summed in the loops, the other leaves (and the loss) after; after_backward: all
+    # leaves and the loss after the backward pass, none in a loop
+    assert per_block["psums"][0] >= stacked and per_block["psums"][1] == leaves - stacked + 1, (dtype, per_block)
+    assert after["psums"] == [0, leaves + 1], (dtype, after)
+    assert per_block["grads"] == after["grads"], dtype
+    assert per_block["loss"] == after["loss"]
+    assert any(np.any(np.asarray(g) != 0) for g in per_block["grads"])
+
+
+def test_per_block_sums_refuse_fp8_gradients():
+  with pytest.raises(ValueError, match="per-block gradient sums take float32 or bfloat16 gradients, got 'float8"):
+    sharding.block_grad_sum("float8_e4m3fn")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sum_in_backward_is_the_identity_with_summed_cotangents(dtype):
+  """Forward: the tree itself. Backward: each cotangent leaf summed over the 2 shards of the axis (bound by vmap),
+  as all_reduce_sum specifies; oracle (ml_dtypes): a + b in float32, for bfloat16 of the bf16-rounded a and b,
+  rounded to bf16 again (a sum of two is one rounding in any order)."""
+  x = {"a": jnp.asarray(_grads(2, (5, 4), seed=1)), "b": jnp.asarray(_grads(2, (7,), seed=2))}
+  weights = {"a": _grads(2, (5, 4), seed=3), "b": _grads(2, (7,), seed=4)}
+  loss = lambda t, w: sum(jnp.sum(t[k] * w[k]) for k in t)  # noqa: E731  (gradient: the weights)
+  fn = sharding.block_grad_sum(dtype, "data")
+  y = jax.vmap(fn, axis_name="data")(x)
+  assert all(np.array_equal(y[k], x[k]) for k in x)
+  grads = jax.vmap(jax.grad(lambda t, w: loss(fn(t), w)), axis_name="data")(x, jax.tree.map(jnp.asarray, weights))
+  for k, w in weights.items():
+    if dtype == "bfloat16":
+      w = w.astype(ml_dtypes.bfloat16).astype(np.float32)
+    want = w[0] + w[1]
+    if dtype == "bfloat16":
+      want = want.astype(ml_dtypes.bfloat16).astype(np.float32)
+    for shard in range(2):
+      np.testing.assert_array_equal(np.asarray(grads[k][shard]), want)
