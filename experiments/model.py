@@ -117,6 +117,7 @@ def swiglu_hidden(d_model: int, multiple: int) -> int:
 
 
 Recompute = Literal["auto", "none", "norms", "norms_swiglu"]
+GradSum = Literal["per_block", "after_backward"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +150,7 @@ class ModelConfig:
   # a data-parallel step under shard_map (experiments.train) sums each block's parameter gradients over the devices
   # "per_block", inside the backward pass's layer loop (float32 and bfloat16 gradients: the same sums), or
   # "after_backward", all at once; how, not what; ignored elsewhere
-  grad_sum: Literal["per_block", "after_backward"] = "per_block"
+  grad_sum: GradSum = "per_block"
   # fp4jax.dot_general's quantizer backend for the projections: "xla", "pallas" (the fused kernels) or "auto"
   # (the kernels on a GPU that runs them); every backend gives the same bits.
   quantizer_backend: str = "auto"
@@ -165,8 +166,8 @@ class ModelConfig:
     for name in ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size"):
       if getattr(self, name) <= 0:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-    if self.grad_sum not in ("per_block", "after_backward"):
-      raise ValueError(f"grad_sum must be 'per_block' or 'after_backward', got {self.grad_sum!r}")
+    if self.grad_sum not in get_args(GradSum):
+      raise ValueError(f"grad_sum must be one of {get_args(GradSum)}, got {self.grad_sum!r}")
     if self.recompute not in get_args(Recompute):
       raise ValueError(f"recompute must be one of {get_args(Recompute)}, got {self.recompute!r}")
     unroll = self.scan_unroll

@@ -147,7 +147,7 @@ def test_which_data_parallel_steps_sum_gradients_per_block(layout, comm, grad_su
 
 
 def test_grad_sum_must_be_a_known_mode():
-  with pytest.raises(ValueError, match="grad_sum must be 'per_block' or 'after_backward', got 'end'"):
+  with pytest.raises(ValueError, match=r"grad_sum must be one of \('per_block', 'after_backward'\), got 'end'"):
     model_lib.model_config("100K", grad_sum="end")
 
 
