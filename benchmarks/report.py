@@ -28,6 +28,7 @@ MAX_LINES = 500
 # The order of the sections; a result file of a benchmark not listed here is an error (it would not be reported).
 ORDER = (
   "train_throughput",
+  "compile_profile",
   "loss_curves",
   "linear_trees",
   "cpu_quantizers",
@@ -313,6 +314,37 @@ def _loss_curves(doc: dict) -> list[str]:
   return out
 
 
+COMPILE_ONCE, COMPILE_MANY = 9, 2  # the compile's largest host events shown per variant: run once, run many times
+
+
+def _compile_profile(doc: dict) -> list[str]:
+  st = doc["settings"]
+  out = _title(doc, f"Where the train step's compile time goes, {st['model']} {st['recipe']}") + provenance(doc)
+  out += [
+    "",
+    "The experiments' train step on one device, traced, lowered and compiled once per variant "
+    f"(ModelConfig overrides {json.dumps(st['overrides'])} and the variant's), the compile under the JAX profiler "
+    "(`benchmarks/compile_profile.py`; its seconds include the profiler's overhead). Then the compile's largest "
+    f"host events: the {COMPILE_ONCE} largest that ran once (XLA's passes and the calls around them; nested events "
+    f"count in full) and the {COMPILE_MANY} largest that ran many times (one per kernel module, on parallel compile "
+    "threads: their sum can exceed the compile's wall time).",
+    "",
+    "| variant | trace s | lower s | compile s | optimized HLO lines | custom calls |",
+    "|---|---|---|---|---|---|",
+  ]
+  for label, v in doc["variants"].items():
+    out.append(
+      f"| {label} | {v['trace_s']:.1f} | {v['lower_s']:.1f} | {v['compile_s']:.1f} | {v['optimized_hlo_lines']:,} "
+      f"| {v['custom_calls']} |"
+    )
+  for label, v in doc["variants"].items():
+    once = [e for e in v["host_events"] if e[2] == 1][:COMPILE_ONCE]
+    many = [e for e in v["host_events"] if e[2] > 1][:COMPILE_MANY]
+    out += ["", f"`{label}`, largest host events:", "", "| event | total s | count |", "|---|---|---|"]
+    out += [f"| {name} | {ms / 1e3:.1f} | {n} |" for name, ms, n in once + many]
+  return out
+
+
 def _cpu_quantizers(doc: dict) -> list[str]:
   st = doc["settings"]
   out = _title(doc, f"XLA quantizers on the CPU, this commit against {doc['baseline_commit']}") + provenance(doc)
@@ -334,6 +366,7 @@ def _cpu_quantizers(doc: dict) -> list[str]:
 
 RENDER: dict[str, Callable[[dict], list[str]]] = {
   "train_throughput": _train_throughput,
+  "compile_profile": _compile_profile,
   "linear_trees": _linear_trees,
   "profile_linear": _profile_linear,
   "auto_threshold": _auto_threshold,

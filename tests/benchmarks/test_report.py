@@ -163,3 +163,21 @@ def test_a_note_follows_the_heading_of_its_section():
     "",
   ]
   assert "**Note:**" not in "\n".join(report.RENDER["linear_trees"](_trees_doc()))
+
+
+def test_compile_profile_reports_each_variants_stages_and_its_largest_passes():
+  events = [["ThreadPool", 9000.0, 40], ["backend_compile", 5000.0, 1], ["priority-fusion", 2500.0, 1]]
+  events += [[f"pass{i}", 100.0 - i, 1] for i in range(12)] + [["PTX->CUBIN", 50.0, 7], ["tiny", 1.0, 3]]
+  variant = {"trace_s": 1.25, "lower_s": 0.5, "compile_s": 12.0, "optimized_hlo_lines": 12345, "custom_calls": 7,
+             "host_events": events}  # fmt: skip
+  doc = {"benchmark": "compile_profile", "commit": "aaa", "command": "c", "variants": {"scan": variant},
+         "settings": {"model": "125M", "recipe": "quartet2", "overrides": {"n_layers": 2}}}  # fmt: skip
+  lines = report.RENDER["compile_profile"](doc)
+  text = "\n".join(lines)
+  assert "### Where the train step's compile time goes, 125M quartet2" in text
+  assert "| scan | 1.2 | 0.5 | 12.0 | 12,345 | 7 |" in text and '{"n_layers": 2}' in text
+  rows = [line for line in lines if line.startswith("| ") and line.endswith(" |") and line.count("|") == 4]
+  # the 9 largest events run once (backend_compile, priority-fusion, pass0..pass6), then the 2 largest run many times
+  want = ["| backend_compile | 5.0 | 1 |", "| priority-fusion | 2.5 | 1 |"]
+  want += [f"| pass{i} | 0.1 | 1 |" for i in range(7)] + ["| ThreadPool | 9.0 | 40 |", "| PTX->CUBIN | 0.1 | 7 |"]
+  assert rows[1:] == want, rows
