@@ -148,9 +148,10 @@ class ModelConfig:
   # docstring, stack_unroll); how, not what, the model computes
   scan_unroll: int | Literal["auto"] = "auto"
   # a data-parallel step under shard_map (experiments.train) sums each block's parameter gradients over the devices
-  # "per_block", inside the backward pass's layer loop (float32 and bfloat16 gradients: the same sums), or
-  # "after_backward", all at once; how, not what; ignored elsewhere
-  grad_sum: GradSum = "per_block"
+  # "after_backward", all at once, or "per_block", inside the backward pass's layer loop (float32 and bfloat16
+  # gradients: the same sums; slower on two H100s, benchmarks/results/train_throughput_2gpu_grad_sum.json); how, not
+  # what; ignored elsewhere
+  grad_sum: GradSum = "after_backward"
   # fp4jax.dot_general's quantizer backend for the projections: "xla", "pallas" (the fused kernels) or "auto"
   # (the kernels on a GPU that runs them); every backend gives the same bits.
   quantizer_backend: str = "auto"

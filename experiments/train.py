@@ -24,9 +24,9 @@ on SLURM / Open MPI the three values can be left out), a ``--mesh`` spanning all
 or without ``--fsdp``) an FP4 model without MoE experts trains under ``shard_map``: each data shard differentiates its
 share of the loss with token-sharded FP4 recipes, quantized by the kernels, so the quantized operands stay those of
 one device (:func:`token_sharded_data_parallel`); the gradients are all-reduced in ``--grad-comm-dtype`` (float32,
-or bfloat16 / float8_e4m3fn: ``sharding.all_reduce_sum``), each block's inside the backward pass's layer loop as soon
-as the block's backward has made them, for float32 and bfloat16 without ``--fsdp`` (the same sums:
-:func:`per_block_grad_sums`). On a model axis (``--mesh model=T``, or
+or bfloat16 / float8_e4m3fn: ``sharding.all_reduce_sum``) after the backward pass, or with
+``ModelConfig.grad_sum="per_block"`` each block's inside the layer loop (the same sums: :func:`per_block_grad_sums`).
+On a model axis (``--mesh model=T``, or
 ``data=D,model=T``, with or without ``--fsdp``) it runs as T Megatron shards under ``shard_map``, token-sharded
 too beside a data axis (:func:`tensor_parallel_shards`). ``--quantizer-backend xla`` and MoE models keep the plain
 sharded ``jit`` of the global program, with XLA's quantizers.
