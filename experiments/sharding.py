@@ -307,6 +307,8 @@ _AXIS_FIX = {"M": "larger batch_size x seq_len", "K": "wider model", "N": "wider
 
 # ----------------------------------------------------------------------------------------- gradient communication
 GRAD_COMM_DTYPES = ("float32", "bfloat16", "float8_e4m3fn")
+# the wire dtypes whose sums are elementwise, so a block's slice can be summed where it is made (block_grad_sum)
+PER_BLOCK_SUM_DTYPES = ("float32", "bfloat16")
 
 
 def check_grad_comm(dtype: str, layout: Layout | None) -> None:
@@ -442,7 +444,7 @@ def block_grad_sum(dtype: str, axis_name: str = DATA) -> Callable:
     ValueError: ``dtype`` not float32 or bfloat16 (float8's shared scale is a per-tensor amax: summing each
       block's slice would scale it by that slice's amax instead of the stacked tensor's).
   """
-  if dtype not in ("float32", "bfloat16"):
+  if dtype not in PER_BLOCK_SUM_DTYPES:
     raise ValueError(f"per-block gradient sums take float32 or bfloat16 gradients, got {dtype!r}")
   return functools.partial(sum_in_backward, dtype=dtype, axis_name=axis_name)
 
@@ -499,6 +501,9 @@ def data_parallel_value_and_grad(
 
   ``summed``: the top-level parameter names (layer stacks) whose gradients ``loss_share``'s model already sums over
   "data" in its backward pass (:func:`block_grad_sum`); they are left out of the sum after it. Not with FSDP.
+
+  Raises:
+    ValueError: ``summed`` with ``param_specs``, or (at trace time) naming no top-level parameter.
   """
   if summed and param_specs is not None:
     raise ValueError("summed: per-block gradient sums are all-reduces; with FSDP (param_specs) they reduce-scatter")
@@ -508,6 +513,8 @@ def data_parallel_value_and_grad(
     if param_specs is not None:
       params = gather_params(params, param_specs)
     loss, grads = jax.value_and_grad(loss_share)(params, batch, key, total_rows)
+    if unknown := sorted(set(summed) - grads.keys()):
+      raise ValueError(f"summed names {unknown}, which are not top-level parameters (have {sorted(grads)})")
     if param_specs is None:
       rest = all_reduce_sum({k: g for k, g in grads.items() if k not in summed}, comm_dtype, DATA)
       grads = {k: g if k in summed else rest[k] for k, g in grads.items()}

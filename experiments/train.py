@@ -215,7 +215,7 @@ def per_block_grad_sums(layout: sharding.Layout, config: TrainConfig, model_conf
   """The layer stacks whose gradients a :func:`token_sharded_data_parallel` step sums inside its backward pass's
   layer loop (``ModelConfig.grad_sum="per_block"``, ``sharding.block_grad_sum``): every stack, for float32 and
   bfloat16 gradients without FSDP (which reduce-scatters); none otherwise (the sums after the backward pass)."""
-  if model_config.grad_sum != "per_block" or layout.fsdp or config.grad_comm_dtype not in ("float32", "bfloat16"):
+  if model_config.grad_sum != "per_block" or layout.fsdp or config.grad_comm_dtype not in sharding.PER_BLOCK_SUM_DTYPES:
     return ()
   return tuple(s.name for s in model_lib.layer_stacks(model_config))
 

@@ -416,6 +416,23 @@ def test_per_block_sums_refuse_fp8_gradients():
     sharding.block_grad_sum("float8_e4m3fn")
 
 
+def test_per_block_sums_refuse_fsdp_and_unknown_stacks():
+  """``summed`` is refused with FSDP's reduce-scatters, and a name that is no top-level parameter is an error at
+  trace time (its gradients would otherwise be summed twice or not at all, silently)."""
+  from jax.sharding import PartitionSpec as P
+
+  loss = lambda params, rows, key, total: jnp.sum(params["blocks"] * params["head"]) * rows.sum() / total
+  with pytest.raises(ValueError, match=r"with FSDP \(param_specs\) they reduce-scatter"):
+    sharding.data_parallel_value_and_grad(loss, None, "float32", {"blocks": P(), "head": P()}, summed=("blocks",))
+  mesh = jax.make_mesh((1,), (sharding.DATA,))
+  step = sharding.data_parallel_value_and_grad(loss, mesh, "float32", summed=("block",))
+  params = {"blocks": jnp.ones(3), "head": jnp.ones(3)}
+  want = r"summed names \['block'\], which are not top-level parameters \(have \['blocks', 'head'\]\)"
+  with pytest.raises(ValueError, match=want):
+    put = lambda x, spec: jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+    jax.jit(step)(put(params, P()), put(jnp.ones((2, 4)), P(sharding.DATA, None)), jax.random.key(0))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_sum_in_backward_is_the_identity_with_summed_cotangents(dtype):
   """Forward: the tree itself. Backward: each cotangent leaf summed over the 2 shards of the axis (bound by vmap),
