@@ -48,7 +48,20 @@ def batch_losses(folder: Path, n_batches: int, cache_dir: str | None = None) -> 
 
 def gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
   """Loss gap of every other record to the ``baseline`` recipe's record of the same model, tokens and seed, paired
-  over batches (groups without a baseline run are left out)."""
+  over batches (groups without a baseline run are left out).
+
+  Raises:
+    ValueError: two records of one (model, tokens, recipe, seed), or a pair evaluated on different batches.
+  """
+  seen: dict[tuple, str] = {}
+  for r in records:
+    key = (r["model"], r["tokens"], r["recipe"], train.record_seed(r))
+    if key in seen:
+      raise ValueError(
+        f"records {seen[key]!r} and {r['name']!r} are both {r['recipe']} at {r['model']}, {r['tokens']:,} tokens, "
+        f"seed {key[-1]}: one record per run (a variant needs its own recipe label)"
+      )
+    seen[key] = r["name"]
   base = {(r["model"], r["tokens"], train.record_seed(r)): r for r in records if r["recipe"] == baseline}
   rows = []
   for r in records:

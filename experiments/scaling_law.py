@@ -14,6 +14,12 @@ Any base parameter can be held fixed (e.g. α, β, γ from the published fit whe
 Bootstrap: resample the BF16 runs and the recipe's runs with replacement (multinomial weights; on a seeded grid, whose
 (N, D) cells hold one run per seed, the seeds within each cell), refit both stages from the point estimate (the base
 refits once, shared by every recipe), report the 2.5 / 97.5 percentiles.
+Recipe against recipe: the ratio of two recipes' tied efficiencies, eff_b / eff_a, with a paired bootstrap: both
+recipes are refitted on the same resample of their common (N, D, seed) runs under the same base refit, so what a
+seed does to both (its initialization and data order) cancels in the ratio. Two recipes are told apart where that
+interval excludes 1; a recipe is told from BF16 where its own eff interval excludes 1.
+The loss of a run is its summary's ``val_loss`` (the sweep's in-training evaluation), or with ``--eval-results`` the
+mean of its final evaluation's ``batch_losses`` (``fp4jax-evaluate``, the batches the gap tables use).
 
   fp4jax-scaling-law experiments/results/sweep.jsonl --out experiments/results/fit
 """
@@ -233,6 +239,19 @@ def base_refits(base_runs, law: LossLaw, fixed: dict | None = None, samples: int
   return jnp.where(free_mask, thetas, fixed_theta)
 
 
+def _refit_draws(thetas, runs, weights, eff: tuple[float, float], tied: bool) -> jnp.ndarray:
+  """(log eff_N, log eff_D), or (log eff,) if ``tied``, refitted on each resample: row i under ``thetas[i]`` with
+  run weights ``weights[i]``, from the point estimate ``eff``."""
+  rn, rd, rl = _arrays(*runs)
+
+  def eff_fit(theta, w):
+    start = jnp.log(jnp.array([eff[:1] if tied else eff], jnp.float32))
+    x, _ = _minimize(_eff_objective(theta), start, rn[None], rd[None], rl[None], w[None])
+    return x[0]
+
+  return jax.jit(jax.vmap(eff_fit))(thetas, weights)
+
+
 def bootstrap(
   thetas, base_runs, recipe_runs, eff: tuple[float, float], fixed: dict | None = None, seed: int = 0, tied: bool = False
 ) -> dict[str, tuple[float, float]]:
@@ -245,29 +264,23 @@ def bootstrap(
   out) is dropped; ``"finite_fraction"`` says how many were kept (intervals are NaN if none).
   """
   free_mask, _ = _fixed(fixed)
-  rn, rd, rl = _arrays(*recipe_runs)
   _, w_rec = _resampling_weights(seed, [base_runs[:2], recipe_runs[:2]], thetas.shape[0])
-
-  def eff_fit(theta, weights):
-    objective = _eff_objective(theta)
-    start = jnp.log(jnp.array([eff[:1] if tied else eff], jnp.float32))
-    x, _ = _minimize(objective, start, rn[None], rd[None], rl[None], weights[None])
-    return x[0]
-
-  log_effs = jax.jit(jax.vmap(eff_fit))(thetas, w_rec)
+  log_effs = _refit_draws(thetas, recipe_runs, w_rec, eff, tied)
   with np.errstate(over="ignore"):  # a diverged refit overflows to inf and is dropped below
     draws = {"eff_N": np.exp(log_effs[:, 0]), "eff_D": np.exp(log_effs[:, -1])}
   for i, p in enumerate(PARAMS):
     if bool(free_mask[i]):
       draws[p] = np.exp(thetas[:, i]) if p in LOG_PARAMS else np.asarray(thetas[:, i])
   ok = np.all([np.isfinite(v) for v in draws.values()], axis=0)
-  intervals = {
-    name: (float(np.percentile(v[ok], 2.5)), float(np.percentile(v[ok], 97.5)))
-    if ok.any()
-    else (float("nan"), float("nan"))
-    for name, v in draws.items()
-  }
+  intervals = {name: _interval(v[ok]) for name, v in draws.items()}
   return {**intervals, "finite_fraction": float(ok.mean())}
+
+
+def _interval(draws: np.ndarray) -> tuple[float, float]:
+  """The 2.5 / 97.5 percentiles of the kept draws (NaN, NaN if none was kept)."""
+  if draws.size == 0:
+    return float("nan"), float("nan")
+  return float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))
 
 
 def load_results(paths: Sequence[str | Path]) -> list[dict]:
@@ -275,10 +288,101 @@ def load_results(paths: Sequence[str | Path]) -> list[dict]:
   return [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def with_evaluations(results: list[dict], evaluations: list[dict]) -> list[dict]:
+  """``results`` with each run's ``val_loss`` replaced by the mean of its final evaluation's ``batch_losses``
+  (records of ``fp4jax-evaluate`` / ``fp4jax-sweep --eval-results``, matched by run name and step).
+
+  Raises:
+    ValueError: a run has no evaluation at its final step, or two evaluations.
+  """
+  by_name: dict[str, dict] = {}
+  for e in evaluations:
+    if e["name"] in by_name:
+      raise ValueError(f"evaluations: two records of run {e['name']!r}")
+    by_name[e["name"]] = e
+  missing = [r["name"] for r in results if r["name"] not in by_name or by_name[r["name"]]["step"] != r["step"]]
+  if missing:
+    raise ValueError(f"evaluations: no record at the run's final step for {missing}")
+  return [{**r, "val_loss": float(np.mean(by_name[r["name"]]["batch_losses"]))} for r in results]
+
+
+def _rows(results: list[dict], recipe: str) -> list[dict]:
+  return [r for r in results if r["recipe"] == recipe and not r.get("bf16_first") and not r.get("bf16_last")]
+
+
 def runs_of(results: list[dict], recipe: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(N non-embedding, D tokens, final validation loss) of one recipe's runs (recipes with BF16 blocks excluded)."""
-  rows = [r for r in results if r["recipe"] == recipe and not r.get("bf16_first") and not r.get("bf16_last")]
+  rows = _rows(results, recipe)
   return tuple(np.array([r[k] for r in rows], np.float64) for k in ("non_embedding_params", "tokens", "val_loss"))
+
+
+def _runs_by_key(results: list[dict], recipe: str) -> dict[tuple, float]:
+  """{(N, D, seed): final validation loss} of one recipe's runs; a key twice is refused."""
+  runs: dict[tuple, float] = {}
+  for r in _rows(results, recipe):
+    key = (float(r["non_embedding_params"]), float(r["tokens"]), train.record_seed(r))
+    if key in runs:
+      raise ValueError(f"results: two {recipe} runs with N = {key[0]:g}, D = {key[1]:g}, seed {key[2]}")
+    runs[key] = r["val_loss"]
+  return runs
+
+
+def compare(results: list[dict], thetas, effs: dict[str, float], seed: int = 0) -> list[dict]:
+  """Recipe against recipe: for every pair (a, b) of ``effs``' recipes (sorted by name) whose runs have the same
+  (N, D, seed) keys, the ratio of tied efficiencies eff_b / eff_a with its paired 95% bootstrap interval.
+
+  Both recipes' runs are put in one order (by N, D, seed) and refitted on the same resamples (``_cell_weights``:
+  the seeds within each cell, or the runs of a one-seed grid), each resample under the same base refit
+  ``thetas[i]``; the interval is the 2.5 / 97.5 percentiles of the per-resample ratios (non-finite ones dropped).
+  Pairs whose run keys differ are not compared.
+
+  Args:
+    results: run records (``load_results``), BF16 runs included.
+    thetas: ``base_refits`` of the BF16 runs with the same ``seed``.
+    effs: each recipe's tied efficiency (the point estimate the refits start from).
+    seed: the bootstrap seed.
+
+  Returns:
+    One record per compared pair: recipe (b), against (a), ratio, ratio_ci, runs, finite_fraction.
+  """
+  base = runs_of(results, BF16)
+  keyed = {recipe: _runs_by_key(results, recipe) for recipe in sorted(effs)}
+  draws: dict[str, np.ndarray] = {}
+
+  def eff_draws(recipe: str) -> np.ndarray:
+    if recipe not in draws:
+      keys = sorted(keyed[recipe])
+      n, d, l = (np.array(v, np.float64) for v in zip(*[(k[0], k[1], keyed[recipe][k]) for k in keys]))
+      _, w = _resampling_weights(seed, [base[:2], (n, d)], thetas.shape[0])
+      eff = effs[recipe]
+      with np.errstate(over="ignore"):
+        draws[recipe] = np.exp(np.asarray(_refit_draws(thetas, (n, d, l), w, (eff, eff), tied=True))[:, 0])
+    return draws[recipe]
+
+  comparisons = []
+  for a, b in itertools.combinations(sorted(effs), 2):
+    if keyed[a].keys() != keyed[b].keys():
+      continue
+    with np.errstate(over="ignore", invalid="ignore"):
+      ratios = eff_draws(b) / eff_draws(a)
+    ok = np.isfinite(ratios)
+    ci = _interval(ratios[ok])
+    comparisons.append(
+      {
+        "recipe": b,
+        "against": a,
+        "ratio": effs[b] / effs[a],
+        "ratio_ci": ci,
+        "runs": len(keyed[a]),
+        "finite_fraction": float(ok.mean()),
+      }
+    )
+  return comparisons
+
+
+def excludes_one(ci: tuple[float, float]) -> bool:
+  """Whether a 95% interval (low, high) lies wholly above or below 1 (False if it is NaN)."""
+  return bool(ci[0] > 1 or ci[1] < 1)
 
 
 def analyze(results: list[dict], fixed: dict | None = None, samples: int = 200, seed: int = 0) -> dict:
@@ -286,6 +390,8 @@ def analyze(results: list[dict], fixed: dict | None = None, samples: int = 200, 
   base = runs_of(results, BF16)
   if base[0].size == 0:
     raise ValueError("results: no finished bf16 runs; the base law is fitted on them")
+  for recipe in {r["recipe"] for r in results}:
+    _runs_by_key(results, recipe)  # refuses a run twice
   law = fit_law(*base, fixed=fixed)
   chinchilla = fit_law(*base, fixed={**(fixed or {}), "gamma": 1.0})
   report = {"quartet": dataclasses.asdict(law), "chinchilla": dataclasses.asdict(chinchilla), "recipes": {}}
@@ -308,7 +414,10 @@ def analyze(results: list[dict], fixed: dict | None = None, samples: int = 200, 
       "eff": tied[0],
       "eff_ci": tied_ci["eff_N"],
       "eff_bootstrap_finite": tied_ci["finite_fraction"],
+      "eff_excludes_1": excludes_one(tied_ci["eff_N"]),
     }
+  effs = {recipe: e["eff"] for recipe, e in report["recipes"].items()}
+  report["comparisons"] = compare(results, thetas, effs, seed)
   return report
 
 
@@ -340,15 +449,31 @@ def markdown(report: dict, gaps: list[dict]) -> str:
     )
   lines += [
     "",
-    "| recipe | runs | eff_N (95% CI) | eff_D (95% CI) | refits kept | eff = eff_N = eff_D (95% CI) | refits kept |",
-    "|---|---|---|---|---|---|---|",
+    "| recipe | runs | eff_N (95% CI) | eff_D (95% CI) | refits kept | eff = eff_N = eff_D (95% CI) | refits kept "
+    "| eff told from 1 |",
+    "|---|---|---|---|---|---|---|---|",
   ]
   ci = lambda e, k: f"{e[k]:.3g} ({e[k + '_ci'][0]:.3g}–{e[k + '_ci'][1]:.3g})"  # noqa: E731
+  told = lambda ci: "yes" if excludes_one(ci) else "no"  # noqa: E731
   for recipe, e in report["recipes"].items():
     lines.append(
       f"| {recipe} | {e['runs']} | {ci(e, 'eff_N')} | {ci(e, 'eff_D')} | {e['bootstrap_finite']:.0%} | "
-      f"{ci(e, 'eff')} | {e['eff_bootstrap_finite']:.0%} |"
+      f"{ci(e, 'eff')} | {e['eff_bootstrap_finite']:.0%} | {told(e['eff_ci'])} |"
     )
+  if report.get("comparisons"):
+    lines += [
+      "",
+      "Recipe against recipe: eff_b / eff_a of the tied efficiencies, paired bootstrap over the same runs "
+      "(told apart: the interval excludes 1).",
+      "",
+      "| recipe (b) | against (a) | runs each | eff_b / eff_a (95% CI) | refits kept | told apart |",
+      "|---|---|---|---|---|---|",
+    ]
+    lines += [
+      f"| {c['recipe']} | {c['against']} | {c['runs']} | {c['ratio']:.3g} ({c['ratio_ci'][0]:.3g}–"
+      f"{c['ratio_ci'][1]:.3g}) | {c['finite_fraction']:.0%} | {told(c['ratio_ci'])} |"
+      for c in report["comparisons"]
+    ]
   lines += ["", "| model | tokens | recipe | val loss | gap to bf16 |", "|---|---|---|---|---|"]
   seeded = len({train.record_seed(g) for g in gaps}) > 1  # several seeds: each row names its run's
   label = lambda g: f"{g['recipe']} (seed {train.record_seed(g)})" if seeded else g["recipe"]  # noqa: E731
@@ -375,10 +500,23 @@ def main(argv: list[str] | None = None) -> None:
     help="fit only the runs of these model sizes (e.g. leave out sizes whose curves have phase "
     "transitions that a smooth law cannot follow)",
   )
+  parser.add_argument(
+    "--eval-results",
+    nargs="+",
+    type=Path,
+    default=None,
+    help="fit each run's final evaluation (mean of its batch_losses; JSONL of fp4jax-evaluate or fp4jax-sweep "
+    "--eval-results) instead of its summary's val_loss",
+  )
   parser.add_argument("--bootstrap", type=int, default=200)
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args(argv)
   results = load_results(args.results)
+  if args.eval_results:
+    try:
+      results = with_evaluations(results, load_results(args.eval_results))
+    except ValueError as err:
+      parser.error(f"--eval-results: {err}")
   if args.sizes:
     missing = sorted(set(args.sizes) - {r["model"] for r in results})
     if missing:

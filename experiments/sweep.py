@@ -58,7 +58,8 @@ def plan(
 ) -> list[Run]:
   """Every (size, ratio, recipe) as a :class:`Run`, tokens = ratio · N rounded down to whole steps; with ``seeds``,
   each of them once per seed (``TrainConfig.seed``: initialization, data order and quantization keys), named
-  ``{size}-r{ratio}-{recipe}-s{seed}``; without, ``base.seed`` and no suffix.
+  ``{size}-r{ratio}-{recipe}-s{seed}``; without, ``base.seed`` and no suffix. Under ``base.causal_amax`` the recipe
+  in the name is ``train.recipe_label``'s (``<recipe>:causal``).
 
   Raises:
     ValueError: a ratio is not positive, or ``seeds`` is empty or repeats a seed.
@@ -74,10 +75,11 @@ def plan(
       tokens = int(ratio * n) // base.tokens_per_step * base.tokens_per_step
       for recipe in recipes:
         config = dataclasses.replace(base, model=size, recipe=recipe, tokens=tokens)
+        name = f"{size}-r{ratio:g}-{train.recipe_label(config)}"
         if seeds is None:
-          runs.append(Run(f"{size}-r{ratio:g}-{recipe}", config))
+          runs.append(Run(name, config))
         else:
-          runs += [Run(f"{size}-r{ratio:g}-{recipe}-s{s}", dataclasses.replace(config, seed=s)) for s in seeds]
+          runs += [Run(f"{name}-s{s}", dataclasses.replace(config, seed=s)) for s in seeds]
   return runs
 
 

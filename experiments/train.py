@@ -732,12 +732,19 @@ def record_seed(record: dict) -> int:
   return record.get("seed", 0)
 
 
+def recipe_label(config: TrainConfig) -> str:
+  """The recipe a run's records name: ``config.recipe``, or under ``causal_amax`` the name
+  ``fp4jax.recipes.causal`` gives it (``"<recipe>:causal"``), so that a per-token-amax run is never counted as a
+  seed of the per-tensor one."""
+  return f"{config.recipe}:causal" if config.causal_amax else config.recipe
+
+
 def evaluation_record(name: str, config: TrainConfig, step: int, batch_losses: list[float]) -> dict:
   """The per-batch validation losses of run ``name`` at ``step``, as ``experiments.evaluate`` pairs them."""
   return {
     "name": name,
     "model": config.model,
-    "recipe": config.recipe,
+    "recipe": recipe_label(config),
     "tokens": config.tokens,
     "seed": config.seed,
     "step": step,
@@ -953,7 +960,7 @@ def _train(
     "steps": config.steps,
     "tokens": step * config.tokens_per_step,
     "model": config.model,
-    "recipe": config.recipe,
+    "recipe": recipe_label(config),
     "seed": config.seed,
     "bf16_first": config.bf16_first,
     "bf16_last": config.bf16_last,

@@ -160,3 +160,70 @@ def test_gaps_pair_each_seed_with_the_bf16_run_of_its_seed():
   report = {form: dataclasses.asdict(TRUE) for form in ("quartet", "chinchilla")} | {"recipes": {}}
   assert "| 1M | 10 | quartet (seed 1) | 3.1000 | +0.1000 |" in sl.markdown(report, sl.gaps_to_bf16(results))
   assert "| 1M | 10 | quartet | 2.5000 | +0.5000 |" in sl.markdown(report, sl.gaps_to_bf16(results[::2]))
+
+
+def _seeded_results(recipes: dict[str, float], seed_effect: float = 0.01) -> list[dict]:
+  """Three sizes x two ratios x three seeds from ``TRUE`` at each recipe's tied eff; a seed scales every recipe's
+  loss of its cell by the same factor (its initialization and data order), plus 0.1% noise of each run's own."""
+  rng = np.random.default_rng(3)
+  cells = [(name, n, ratio) for name, n in list(SIZES.items())[:3] for ratio in (25, 100)]
+  shared = {(name, ratio, s): float(np.exp(rng.normal(0, seed_effect))) for name, _, ratio in cells for s in range(3)}
+  rows = []
+  for recipe, eff in recipes.items():
+    for name, n, ratio in cells:
+      for s in range(3):
+        loss = float(TRUE(n, n * ratio, eff, eff)) * shared[name, ratio, s] * float(np.exp(rng.normal(0, 0.001)))
+        rows.append(
+          {"name": f"{name}-r{ratio}-{recipe}-s{s}", "model": name, "recipe": recipe, "seed": s, "step": 10}
+          | {"non_embedding_params": n, "tokens": n * ratio, "val_loss": loss}
+        )
+  return rows
+
+
+def test_recipes_are_compared_by_a_paired_bootstrap_over_the_same_seeds():
+  """A recipe whose runs are another's (file order reversed) has the ratio 1 in every resample, which only a
+  resample pairing the same seeds of both can give; a recipe at 0.6 against 0.8 is told apart near 0.75; one
+  whose runs are not the others' seeds is compared with none."""
+  results = _seeded_results({"bf16": 1.0, "a": 0.8, "c": 0.6})
+  results += [{**r, "recipe": "b"} for r in results if r["recipe"] == "a"][::-1]
+  d = [{**r, "recipe": "d"} for r in results if r["recipe"] == "c"]
+  results += [{**d[0], "seed": 7}] + d[1:]  # as many runs as c, one of them another seed
+  exponents = {"alpha": TRUE.alpha, "beta": TRUE.beta, "gamma": TRUE.gamma}
+  base = sl.runs_of(results, "bf16")
+  thetas = sl.base_refits(base, sl.fit_law(*base, fixed=exponents), exponents, samples=24, seed=0)
+  effs = {"a": 0.8, "b": 0.8, "c": 0.6, "d": 0.6}
+  comparisons = {(c["recipe"], c["against"]): c for c in sl.compare(results, thetas, effs, seed=0)}
+  assert set(comparisons) == {("b", "a"), ("c", "a"), ("c", "b")}  # d's runs are not a's, b's or c's
+  same = comparisons["b", "a"]
+  assert same["ratio_ci"] == (1.0, 1.0) and same["runs"] == 18 and same["finite_fraction"] == 1.0
+  low, high = comparisons["c", "a"]["ratio_ci"]
+  assert 0.70 < low < 0.75 < high < 0.80 and sl.excludes_one((low, high))
+  assert not sl.excludes_one(same["ratio_ci"]) and not sl.excludes_one((float("nan"), float("nan")))
+  report = {form: dataclasses.asdict(TRUE) for form in ("quartet", "chinchilla")} | {"recipes": {}}
+  table = sl.markdown(report | {"comparisons": list(comparisons.values())}, [])
+  assert "| b | a | 18 | 1 (1–1) | 100% | no |" in table
+  assert f"| c | a | 18 | 0.75 ({low:.3g}–{high:.3g}) | 100% | yes |" in table
+  with pytest.raises(ValueError, match="two a runs with N = 3e"):
+    sl.compare(results + [r for r in results if r["recipe"] == "a"][:1], thetas, effs)
+
+
+def test_evaluations_replace_each_runs_loss_by_the_mean_of_its_batches(tmp_path, capsys):
+  rows = [
+    {"name": "1M-bf16", "step": 4, "recipe": "bf16", "val_loss": 2.0},
+    {"name": "1M-quartet", "step": 4, "recipe": "quartet", "val_loss": 2.5},
+  ]
+  evaluations = [
+    {"name": "1M-quartet", "step": 4, "batch_losses": [2.25, 2.75, 2.0]},
+    {"name": "1M-bf16", "step": 4, "batch_losses": [1.5, 2.5]},
+  ]
+  assert [r["val_loss"] for r in sl.with_evaluations(rows, evaluations)] == [2.0, pytest.approx(7 / 3)]
+  with pytest.raises(ValueError, match=r"no record at the run's final step for \['1M-quartet'\]"):
+    sl.with_evaluations(rows, [evaluations[1], {**evaluations[0], "step": 3}])
+  with pytest.raises(ValueError, match="two records of run '1M-bf16'"):
+    sl.with_evaluations(rows, evaluations + evaluations[1:])
+  results, evals = tmp_path / "runs.jsonl", tmp_path / "eval.jsonl"
+  results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  evals.write_text(json.dumps(evaluations[1]) + "\n")
+  with pytest.raises(SystemExit):
+    sl.main([str(results), "--out", str(tmp_path / "fit"), "--eval-results", str(evals)])
+  assert "--eval-results: evaluations: no record at the run's final step for ['1M-quartet']" in capsys.readouterr().err

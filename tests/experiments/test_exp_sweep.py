@@ -293,3 +293,24 @@ def test_seeded_gaps_pair_each_seed_with_its_own_baseline_and_average_over_seeds
   assert one["ci95"] is None and "(one seed)" in evaluate.seeded_gaps_markdown(records[:1] + records[3:4])
   old = [{k: v for k, v in r.items() if k != "seed"} for r in (records[0], records[3])]  # records without a seed
   assert [r["seed"] for r in evaluate.gaps(old)] == [0]
+
+
+def test_causal_amax_runs_are_their_own_recipe_in_names_and_records():
+  """A per-token-amax run is named and recorded as ``<recipe>:causal`` (fp4jax.recipes.causal's name), so that it
+  is neither the per-tensor run's folder nor counted as one of its seeds; two records of one run are refused."""
+  from fp4jax_experiments import evaluate
+
+  causal = dataclasses.replace(BASE, causal_amax=True)
+  runs = sweep.plan(causal, ["1M"], [10], ["nvidia_nvfp4"], seeds=[0, 1])
+  assert [r.name for r in runs] == ["1M-r10-nvidia_nvfp4:causal-s0", "1M-r10-nvidia_nvfp4:causal-s1"]
+  assert [r.config.recipe for r in runs] == ["nvidia_nvfp4"] * 2 and all(r.config.causal_amax for r in runs)
+  assert sweep.plan(BASE, ["1M"], [10], ["nvidia_nvfp4"])[0].name == "1M-r10-nvidia_nvfp4"
+  record = train.evaluation_record("run", runs[1].config, 5, [2.0, 3.0])
+  assert (record["recipe"], record["seed"]) == ("nvidia_nvfp4:causal", 1)
+  assert train.evaluation_record("run", BASE, 5, [2.0])["recipe"] == BASE.recipe
+  rec = lambda name, recipe: {"name": name, "model": "1M", "recipe": recipe, "tokens": 9, "seed": 0, "step": 5,
+                              "steps": 5, "batch_losses": [2.0, 3.0]}  # fmt: skip
+  rows = evaluate.gaps([rec("a", "bf16"), rec("b", "nvidia_nvfp4"), rec("c", "nvidia_nvfp4:causal")])
+  assert [r["recipe"] for r in rows] == ["nvidia_nvfp4", "nvidia_nvfp4:causal"]
+  with pytest.raises(ValueError, match="records 'b' and 'c' are both nvidia_nvfp4 at 1M, 9 tokens, seed 0"):
+    evaluate.gaps([rec("a", "bf16"), rec("b", "nvidia_nvfp4"), rec("c", "nvidia_nvfp4")])
