@@ -3,6 +3,7 @@
   fp4jax-evaluate runs/sweep/*-r10-* --batches 64 --out experiments/results/linux-eval.jsonl
   fp4jax-evaluate --table experiments/results/linux-eval.jsonl     # the gap table, markdown
   fp4jax-evaluate --table experiments/results/linux-eval.jsonl --baseline nvidia_nvfp4
+  fp4jax-evaluate --table experiments/results/linux-seeded-eval.jsonl --orderings  # which orders hold across seeds
 
 For each run folder: restore its newest checkpoint, evaluate ``--batches`` fixed validation batches (the run's
 batch size and sequence length, the first windows of the validation split, the run's fixed evaluation key) and
@@ -135,6 +136,55 @@ def seeded_gaps_markdown(records: Sequence[dict], baseline: str = BF16_RECIPE) -
   return "\n".join(lines) + "\n"
 
 
+def orderings(records: Sequence[dict]) -> list[dict]:
+  """Every two recipes of a (model, tokens) cell run with two or more common seeds, oriented so that ``ahead`` has
+  the lower mean loss: their :func:`seeded_gaps` difference (``ahead`` minus ``behind``, each seed paired with its
+  own), the interval over seeds, in how many seeds ``ahead`` is ahead, and whether the order holds across seeds
+  (``holds``: the interval excludes zero).
+
+  Args:
+    records: evaluation records (``batch_losses`` per run) of several seeds.
+
+  Returns:
+    One record per pair: model, tokens, ahead, behind, seeds, gap (≤ 0), ci95, ahead_in (seeds), holds.
+  """
+  rows = []
+  for behind in sorted({r["recipe"] for r in records}):
+    for g in seeded_gaps(records, baseline=behind):
+      if g["recipe"] <= behind or len(g["seeds"]) < 2:  # each pair once, from its later-named recipe
+        continue
+      sign = 1.0 if g["gap"] <= 0 else -1.0
+      a, b = (g["recipe"], behind) if sign > 0 else (behind, g["recipe"])
+      rows.append(
+        {
+          "model": g["model"],
+          "tokens": g["tokens"],
+          "ahead": a,
+          "behind": b,
+          "seeds": g["seeds"],
+          "gap": sign * g["gap"],
+          "ci95": g["ci95"],
+          "ahead_in": sum(sign * s["gap"] < 0 for s in g["per_seed"]),
+          "holds": bool(abs(g["gap"]) > g["ci95"]),
+        }
+      )
+  return sorted(rows, key=lambda r: (size_rank(r["model"]), r["tokens"], not r["holds"], r["gap"]))
+
+
+def orderings_markdown(records: Sequence[dict]) -> str:
+  """The :func:`orderings` table: per cell, the pairs whose order holds across seeds first, then the others."""
+  lines = [
+    "| model | tokens | ahead | behind | ahead − behind, mean (95% CI over seeds) | ahead in seeds | holds |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  lines += [
+    f"| {r['model']} | {r['tokens'] / 1e6:.1f}M | {r['ahead']} | {r['behind']} | {r['gap']:+.4f} ± {r['ci95']:.4f} "
+    f"| {r['ahead_in']} of {len(r['seeds'])} | {'yes' if r['holds'] else 'no'} |"
+    for r in orderings(records)
+  ]
+  return "\n".join(lines) + "\n"
+
+
 def gaps_markdown(records: Sequence[dict], baseline: str = BF16_RECIPE) -> str:
   """The :func:`gaps` table, by model size, tokens, then gap, unfinished runs marked; records of more than one seed
   get :func:`seeded_gaps_markdown` instead."""
@@ -163,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     "--table", type=Path, default=None, help="print the gap table of a JSONL written by --out, and exit"
   )
   parser.add_argument("--baseline", default=BF16_RECIPE, help="the recipe gaps are taken to")
+  parser.add_argument(
+    "--orderings",
+    action="store_true",
+    help="with --table: every two recipes of a cell compared over their seeds (which order holds), not the gaps",
+  )
   return parser
 
 
@@ -171,8 +226,10 @@ def main(argv: list[str] | None = None) -> None:
   args = parser.parse_args(argv)
   if args.table:
     records = [json.loads(line) for line in args.table.read_text().splitlines() if line.strip()]
-    print(gaps_markdown(records, args.baseline), end="")
+    print(orderings_markdown(records) if args.orderings else gaps_markdown(records, args.baseline), end="")
     return
+  if args.orderings:
+    parser.error("--orderings reads a --table FILE")
   if not args.runs or args.out is None:
     parser.error("give run folders and --out (or --table FILE)")
   if args.batches < 2:

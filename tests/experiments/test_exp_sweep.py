@@ -314,3 +314,38 @@ def test_causal_amax_runs_are_their_own_recipe_in_names_and_records():
   assert [r["recipe"] for r in rows] == ["nvidia_nvfp4", "nvidia_nvfp4:causal"]
   with pytest.raises(ValueError, match="records 'b' and 'c' are both nvidia_nvfp4 at 1M, 9 tokens, seed 0"):
     evaluate.gaps([rec("a", "bf16"), rec("b", "nvidia_nvfp4"), rec("c", "nvidia_nvfp4")])
+
+
+def test_orderings_compare_every_two_recipes_over_their_seeds(tmp_path, capsys):
+  """Hand-built per-seed differences: b − a = 0.1, 0.3, 0.2 (mean 0.2, sd 0.1: t(2)·0.1/√3 = 0.2484 > 0.2, so a is
+  ahead in every seed but the order does not hold), c − a = 0.5, 0.6, 0.7 and c − b = 0.4, 0.3, 0.5 (both hold);
+  a recipe of one seed is in no pair."""
+  from fp4jax_experiments import evaluate
+
+  a = {0: [2.0, 3.0], 1: [2.5, 3.5], 2: [1.0, 2.0]}
+  shift = {"a": (0.0, 0.0, 0.0), "b": (0.1, 0.3, 0.2), "c": (0.5, 0.6, 0.7)}
+  head = {"model": "1M", "tokens": 100, "step": 5, "steps": 5}
+  records = [
+    head | {"name": f"{r}-s{s}", "recipe": r, "seed": s, "batch_losses": [v + shift[r][s] for v in a[s]]}
+    for r in shift
+    for s in a
+  ]
+  records.append({**records[0], "name": "d-s0", "recipe": "d"})
+  rows = evaluate.orderings(records)
+  assert [(r["ahead"], r["behind"], r["holds"], r["ahead_in"]) for r in rows] == [
+    ("a", "c", True, 3),
+    ("b", "c", True, 3),
+    ("a", "b", False, 3),
+  ]
+  np.testing.assert_allclose([r["gap"] for r in rows], [-0.6, -0.4, -0.2])
+  np.testing.assert_allclose([r["ci95"] for r in rows], 4.302653 * 0.1 / np.sqrt(3))  # t(2) 97.5% from tables
+  table = evaluate.orderings_markdown(records)
+  assert "| 1M | 0.0M | a | c | -0.6000 ± 0.2484 | 3 of 3 | yes |" in table
+  assert "| 1M | 0.0M | a | b | -0.2000 ± 0.2484 | 3 of 3 | no |" in table
+  path = tmp_path / "eval.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  evaluate.main(["--table", str(path), "--orderings"])
+  assert capsys.readouterr().out == table
+  with pytest.raises(SystemExit):
+    evaluate.main(["--orderings"])
+  assert "--orderings reads a --table FILE" in capsys.readouterr().err
