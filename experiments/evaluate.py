@@ -4,6 +4,7 @@
   fp4jax-evaluate --table experiments/results/linux-eval.jsonl     # the gap table, markdown
   fp4jax-evaluate --table experiments/results/linux-eval.jsonl --baseline nvidia_nvfp4
   fp4jax-evaluate --table experiments/results/linux-seeded-eval.jsonl --orderings  # which orders hold across seeds
+  fp4jax-evaluate --curves experiments/results/linux-ablations.jsonl --baseline ms_fp4 --at 0.1 0.5 1  # along training
 
 For each run folder: restore its newest checkpoint, evaluate ``--batches`` fixed validation batches (the run's
 batch size and sequence length, the first windows of the validation split, the run's fixed evaluation key) and
@@ -92,6 +93,13 @@ def gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
   return rows
 
 
+def t_interval(values: np.ndarray) -> float | None:
+  """Half-width of the 95% interval of the mean of ``values``: t_{0.975, n−1} · sd / √n (Student's t, sd with n − 1
+  degrees of freedom); None for one value."""
+  n = values.size
+  return float(scipy.stats.t.ppf(0.975, n - 1) * values.std(ddof=1) / math.sqrt(n)) if n > 1 else None
+
+
 def seeded_gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
   """Per (model, tokens, recipe): the :func:`gaps` of its seeds (each paired with the baseline run of the same
   seed), their mean, and ``ci95`` = t_{0.975, n−1} · sd / √n over the n seeds (the run-to-run variance of training;
@@ -103,7 +111,7 @@ def seeded_gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[di
   for (model, tokens, recipe), rows in groups.items():
     rows = sorted(rows, key=lambda row: row["seed"])
     g = np.asarray([row["gap"] for row in rows])
-    ci = float(scipy.stats.t.ppf(0.975, g.size - 1) * g.std(ddof=1) / math.sqrt(g.size)) if g.size > 1 else None
+    ci = t_interval(g)
     out.append(
       {
         "model": model,
@@ -185,6 +193,81 @@ def orderings_markdown(records: Sequence[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def curve_gaps(results: Sequence[dict], baseline: str, fractions: Sequence[float]) -> list[dict]:
+  """Gaps along training: per (model, tokens, recipe) and each fraction f of the token budget, the recipe's
+  in-training validation loss minus the baseline run's of the same seed, at the first evaluation both runs made at
+  or after f · tokens (the same step for both: one schedule per cell), with its mean and Student's t 95% interval
+  over the seeds (:func:`t_interval`). The in-training evaluations are the trainer's few fixed batches
+  (``--eval-batches``), the same batches for every run, so each seed's difference is paired.
+
+  Args:
+    results: sweep result records (``fp4jax-sweep --results``: model, tokens, recipe, seed, val_curve).
+    baseline: the recipe every other recipe of a cell is compared with.
+    fractions: fractions of the token budget, each in (0, 1].
+
+  Returns:
+    One record per (model, tokens, recipe, fraction): model, tokens, recipe, fraction, at (tokens of the
+    evaluation), seeds, gap (mean over seeds), ci95 (None for one seed), per_seed [gap, ...].
+
+  Raises:
+    ValueError: a fraction outside (0, 1], or two records of one (model, tokens, recipe, seed).
+  """
+  for f in fractions:
+    if not 0 < f <= 1:
+      raise ValueError(f"fractions: {f} must be in (0, 1]")
+  runs: dict[tuple, dict] = {}
+  for r in results:
+    key = (r["model"], r["tokens"], r["recipe"], train.record_seed(r))
+    if key in runs:
+      raise ValueError(f"results: two records of model {key[0]}, {key[1]} tokens, recipe {key[2]}, seed {key[3]}")
+    runs[key] = dict(r["val_curve"])
+  out = []
+  for model, tokens, recipe in sorted({k[:3] for k in runs if k[2] != baseline}):
+    seeds = sorted(k[3] for k in runs if k[:3] == (model, tokens, recipe) and (model, tokens, baseline, k[3]) in runs)
+    if not seeds:
+      continue
+    for f in fractions:
+      per_seed, ats = [], set()
+      for seed in seeds:
+        curve, base = runs[(model, tokens, recipe, seed)], runs[(model, tokens, baseline, seed)]
+        at = min((t for t in curve if t in base and t >= f * tokens), default=None)
+        if at is None:
+          raise ValueError(f"{recipe} seed {seed} ({model}, {tokens} tokens): no common evaluation at {f:g} of it")
+        per_seed.append(curve[at] - base[at])
+        ats.add(at)
+      g = np.asarray(per_seed)
+      out.append(
+        {
+          "model": model,
+          "tokens": tokens,
+          "recipe": recipe,
+          "fraction": f,
+          "at": min(ats),
+          "seeds": seeds,
+          "gap": float(g.mean()),
+          "ci95": t_interval(g),
+          "per_seed": [float(x) for x in g],
+        }
+      )
+  return sorted(out, key=lambda r: (size_rank(r["model"]), r["tokens"], r["recipe"], r["fraction"]))
+
+
+def curve_gaps_markdown(results: Sequence[dict], baseline: str, fractions: Sequence[float]) -> str:
+  """The :func:`curve_gaps` table: one row per recipe and fraction of the token budget."""
+  lines = [
+    f"| model | tokens | recipe | at tokens | gap to {baseline}, mean (95% CI over seeds) | per seed |",
+    "|---|---|---|---|---|---|",
+  ]
+  for r in curve_gaps(results, baseline, fractions):
+    ci = f" ± {r['ci95']:.4f}" if r["ci95"] is not None else " (one seed)"
+    per_seed = ", ".join(f"s{s}: {g:+.4f}" for s, g in zip(r["seeds"], r["per_seed"]))
+    lines.append(
+      f"| {r['model']} | {r['tokens'] / 1e6:.1f}M | {r['recipe']} | {r['at'] / 1e6:.1f}M ({r['fraction']:g}) "
+      f"| {r['gap']:+.4f}{ci} | {per_seed} |"
+    )
+  return "\n".join(lines) + "\n"
+
+
 def gaps_markdown(records: Sequence[dict], baseline: str = BF16_RECIPE) -> str:
   """The :func:`gaps` table, by model size, tokens, then gap, unfinished runs marked; records of more than one seed
   get :func:`seeded_gaps_markdown` instead."""
@@ -218,6 +301,19 @@ def build_parser() -> argparse.ArgumentParser:
     action="store_true",
     help="with --table: every two recipes of a cell compared over their seeds (which order holds), not the gaps",
   )
+  parser.add_argument(
+    "--curves",
+    type=Path,
+    default=None,
+    help="print the gaps along training (in-training validation) of a sweep's --results JSONL, and exit",
+  )
+  parser.add_argument(
+    "--at",
+    nargs="+",
+    type=float,
+    default=[0.1, 0.25, 0.5, 1.0],
+    help="with --curves: fractions of the token budget",
+  )
   return parser
 
 
@@ -227,6 +323,13 @@ def main(argv: list[str] | None = None) -> None:
   if args.table:
     records = [json.loads(line) for line in args.table.read_text().splitlines() if line.strip()]
     print(orderings_markdown(records) if args.orderings else gaps_markdown(records, args.baseline), end="")
+    return
+  if args.curves:
+    results = [json.loads(line) for line in args.curves.read_text().splitlines() if line.strip()]
+    try:
+      print(curve_gaps_markdown(results, args.baseline, args.at), end="")
+    except ValueError as err:
+      parser.error(str(err))
     return
   if args.orderings:
     parser.error("--orderings reads a --table FILE")

@@ -349,3 +349,44 @@ def test_orderings_compare_every_two_recipes_over_their_seeds(tmp_path, capsys):
   with pytest.raises(SystemExit):
     evaluate.main(["--orderings"])
   assert "--orderings reads a --table FILE" in capsys.readouterr().err
+
+
+def test_curve_gaps_pair_each_seed_along_training(tmp_path, capsys):
+  """Hand-built curves evaluated at 0, 25, 50, 75 and 100 of 100 tokens. At 0.3 of the budget the first common
+  evaluation is at 50 tokens: the per-seed differences there are -0.1, -0.3, -0.2 (mean -0.2, t(2)·0.1/√3 = 0.2484);
+  at the end 0.05, 0.05, 0.05 (sd 0: interval 0). A recipe with no baseline seed is left out; a fraction outside
+  (0, 1] and a repeated run are refused."""
+  from fp4jax_experiments import evaluate
+
+  steps = [0, 25, 50, 75, 100]
+  base = {0: [5.0, 3.0, 2.0, 1.5, 1.0], 1: [5.0, 3.2, 2.2, 1.6, 1.1], 2: [5.0, 2.9, 2.1, 1.4, 0.9]}
+  delta = {0: [0.0, 0.5, -0.1, 0.0, 0.05], 1: [0.0, 0.5, -0.3, 0.0, 0.05], 2: [0.0, 0.5, -0.2, 0.0, 0.05]}
+
+  def result(recipe, seed, losses):
+    curve = [list(p) for p in zip(steps, losses)]
+    return {"model": "1M", "tokens": 100, "recipe": recipe, "seed": seed, "val_curve": curve}
+
+  results = [result("bf16", s, v) for s, v in base.items()]
+  results += [result("ms_fp4", s, [b + d for b, d in zip(base[s], delta[s])]) for s in base]
+  results.append({**result("quartet", 7, base[0]), "seed": 7})  # its seed has no bf16 run
+  rows = evaluate.curve_gaps(results, "bf16", [0.3, 1.0])
+  assert [(r["recipe"], r["fraction"], r["at"], r["seeds"]) for r in rows] == [
+    ("ms_fp4", 0.3, 50, [0, 1, 2]),
+    ("ms_fp4", 1.0, 100, [0, 1, 2]),
+  ]
+  np.testing.assert_allclose(rows[0]["per_seed"], [-0.1, -0.3, -0.2], atol=1e-12)
+  np.testing.assert_allclose([rows[0]["gap"], rows[0]["ci95"]], [-0.2, 4.302653 * 0.1 / np.sqrt(3)], atol=1e-6)
+  np.testing.assert_allclose([rows[1]["gap"], rows[1]["ci95"]], [0.05, 0.0], atol=1e-9)
+  path = tmp_path / "results.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in results))
+  evaluate.main(["--curves", str(path), "--at", "0.3"])
+  assert "| 1M | 0.0M | ms_fp4 | 0.0M (0.3) | -0.2000 ± 0.2484 | s0: -0.1000, s1: -0.3000, s2: -0.2000 |" in (
+    capsys.readouterr().out
+  )
+  with pytest.raises(ValueError, match=r"fractions: 0 must be in \(0, 1\]"):
+    evaluate.curve_gaps(results, "bf16", [0])
+  with pytest.raises(ValueError, match="two records of model 1M, 100 tokens, recipe bf16, seed 0"):
+    evaluate.curve_gaps(results + results[:1], "bf16", [1.0])
+  with pytest.raises(SystemExit):
+    evaluate.main(["--curves", str(path), "--at", "1.5"])
+  assert "fractions: 1.5 must be in (0, 1]" in capsys.readouterr().err
