@@ -193,12 +193,47 @@ def orderings_markdown(records: Sequence[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def paired_curves(results: Sequence[dict], baseline: str, recipes: Sequence[str] | None = None) -> dict[tuple, dict]:
+  """In-training validation curves paired by seed: per (model, tokens, recipe) with a baseline run of at least one
+  of its seeds, the recipe's validation loss minus the baseline run's of the same seed at every evaluation that all
+  those runs made (one schedule per cell: the same steps). The in-training evaluations are the trainer's few fixed
+  batches (``--eval-batches``), the same batches for every run, so each difference is paired.
+
+  Args:
+    results: sweep result records (``fp4jax-sweep --results``: model, tokens, recipe, seed, val_curve).
+    baseline: the recipe every other recipe of a cell is compared with.
+    recipes: only these (default: every other recipe).
+
+  Returns:
+    {(model, tokens, recipe): {"seeds": [...], "at": [tokens, ...], "diffs": array (seeds, evaluations)}}.
+
+  Raises:
+    ValueError: two records of one (model, tokens, recipe, seed).
+  """
+  runs: dict[tuple, dict] = {}
+  for r in results:
+    key = (r["model"], r["tokens"], r["recipe"], train.record_seed(r))
+    if key in runs:
+      raise ValueError(f"results: two records of model {key[0]}, {key[1]} tokens, recipe {key[2]}, seed {key[3]}")
+    runs[key] = dict(r["val_curve"])
+  out = {}
+  for model, tokens, recipe in sorted(
+    {k[:3] for k in runs if k[2] != baseline and (recipes is None or k[2] in recipes)}
+  ):
+    seeds = sorted(k[3] for k in runs if k[:3] == (model, tokens, recipe) and (model, tokens, baseline, k[3]) in runs)
+    if not seeds:
+      continue
+    pairs = [(runs[(model, tokens, recipe, s)], runs[(model, tokens, baseline, s)]) for s in seeds]
+    at = sorted(set.intersection(*(set(curve) & set(base) for curve, base in pairs)))
+    diffs = np.asarray([[curve[t] - base[t] for t in at] for curve, base in pairs], dtype=np.float64)
+    out[(model, tokens, recipe)] = {"seeds": seeds, "at": at, "diffs": diffs.reshape(len(seeds), len(at))}
+  return out
+
+
 def curve_gaps(results: Sequence[dict], baseline: str, fractions: Sequence[float]) -> list[dict]:
-  """Gaps along training: per (model, tokens, recipe) and each fraction f of the token budget, the recipe's
-  in-training validation loss minus the baseline run's of the same seed, at the first evaluation both runs made at
-  or after f · tokens (the same step for both: one schedule per cell), with its mean and Student's t 95% interval
-  over the seeds (:func:`t_interval`). The in-training evaluations are the trainer's few fixed batches
-  (``--eval-batches``), the same batches for every run, so each seed's difference is paired.
+  """Gaps along training: per (model, tokens, recipe) and each fraction f of the token budget, the
+  :func:`paired_curves` differences at the first common evaluation at or after f · tokens, with their mean and
+  Student's t 95% interval over the seeds (:func:`t_interval`).
 
   Args:
     results: sweep result records (``fp4jax-sweep --results``: model, tokens, recipe, seed, val_curve).
@@ -210,40 +245,28 @@ def curve_gaps(results: Sequence[dict], baseline: str, fractions: Sequence[float
     evaluation), seeds, gap (mean over seeds), ci95 (None for one seed), per_seed [gap, ...].
 
   Raises:
-    ValueError: a fraction outside (0, 1], or two records of one (model, tokens, recipe, seed).
+    ValueError: a fraction outside (0, 1], two records of one (model, tokens, recipe, seed), or no common
+      evaluation at or after a fraction.
   """
   for f in fractions:
     if not 0 < f <= 1:
       raise ValueError(f"fractions: {f} must be in (0, 1]")
-  runs: dict[tuple, dict] = {}
-  for r in results:
-    key = (r["model"], r["tokens"], r["recipe"], train.record_seed(r))
-    if key in runs:
-      raise ValueError(f"results: two records of model {key[0]}, {key[1]} tokens, recipe {key[2]}, seed {key[3]}")
-    runs[key] = dict(r["val_curve"])
   out = []
-  for model, tokens, recipe in sorted({k[:3] for k in runs if k[2] != baseline}):
-    seeds = sorted(k[3] for k in runs if k[:3] == (model, tokens, recipe) and (model, tokens, baseline, k[3]) in runs)
-    if not seeds:
-      continue
+  for (model, tokens, recipe), paired in paired_curves(results, baseline).items():
     for f in fractions:
-      per_seed, ats = [], set()
-      for seed in seeds:
-        curve, base = runs[(model, tokens, recipe, seed)], runs[(model, tokens, baseline, seed)]
-        at = min((t for t in curve if t in base and t >= f * tokens), default=None)
-        if at is None:
-          raise ValueError(f"{recipe} seed {seed} ({model}, {tokens} tokens): no common evaluation at {f:g} of it")
-        per_seed.append(curve[at] - base[at])
-        ats.add(at)
-      g = np.asarray(per_seed)
+      i = next((i for i, t in enumerate(paired["at"]) if t >= f * tokens), None)
+      if i is None:
+        where = f"{recipe} ({model}, {tokens} tokens)"
+        raise ValueError(f"{where}: no evaluation common to its seeds and {baseline} at or after {f:g} of the tokens")
+      g = paired["diffs"][:, i]
       out.append(
         {
           "model": model,
           "tokens": tokens,
           "recipe": recipe,
           "fraction": f,
-          "at": min(ats),
-          "seeds": seeds,
+          "at": paired["at"][i],
+          "seeds": paired["seeds"],
           "gap": float(g.mean()),
           "ci95": t_interval(g),
           "per_seed": [float(x) for x in g],

@@ -96,6 +96,42 @@ def val_curves_by_size_figure(results: Sequence[dict], title: str = "") -> matpl
   return fig
 
 
+def paired_differences(paired: Mapping[tuple, Mapping], baseline: str, path: str | Path, title: str = "") -> Path:
+  """:func:`paired_differences_figure`, saved to ``path``."""
+  return _save(paired_differences_figure(paired, baseline, title), path)
+
+
+def paired_differences_figure(
+  paired: Mapping[tuple, Mapping], baseline: str, title: str = ""
+) -> matplotlib.figure.Figure:
+  """Validation-loss differences to ``baseline`` against tokens, one panel per (model size, token budget), a color
+  per recipe: each seed's difference (thin) and their mean (markers), from ``evaluate.paired_curves(results,
+  baseline)``; below zero the recipe is ahead. The x axis is logarithmic, so the early phase shows."""
+  cells = sorted({key[:2] for key in paired}, key=lambda cell: (cell[1], cell[0]))
+  fig, axes = plt.subplots(1, len(cells), figsize=(4.6 * len(cells), 3.6), squeeze=False)
+  recipes = sorted({key[2] for key in paired})
+  for ax, (model, tokens) in zip(axes[0], cells):
+    for i, recipe in enumerate(recipes):
+      curve = paired.get((model, tokens, recipe))
+      if curve is None:
+        continue
+      at, diffs = np.asarray(curve["at"], float), np.asarray(curve["diffs"])
+      keep = at > 0  # the log axis: the evaluation before training is not shown
+      for row in diffs:
+        ax.plot(at[keep], row[keep], color=f"C{i}", lw=0.7, alpha=0.45)
+      seeds = len(curve["seeds"])
+      label = f"{recipe} ({seeds} seed{'s' if seeds > 1 else ''}; end {diffs[:, -1].mean():+.4f})"
+      ax.plot(at[keep], diffs.mean(axis=0)[keep], "o-", ms=2.5, lw=1.4, color=f"C{i}", label=label)
+    ax.axhline(0.0, color="k", lw=0.8)
+    panel = f"{model}, {tokens / 1e6:.1f}M tokens {title}".strip()
+    ax.set(xscale="log", xlabel="tokens", ylabel="validation loss − baseline's (same seed)", title=panel)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+  fig.suptitle(f"baseline: {baseline}", fontsize=9)
+  fig.tight_layout()
+  return fig
+
+
 def loss_vs_compute(
   results: Sequence[dict], law=None, efficiencies: Mapping | None = None, path: str | Path = "loss_vs_compute.png"
 ) -> Path:

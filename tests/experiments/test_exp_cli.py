@@ -139,3 +139,28 @@ def test_val_curves_show_the_mean_over_seeds_with_a_band():
   (band,) = ax.collections  # one band: quartet2's
   ys = band.get_paths()[0].vertices[:, 1]
   assert min(ys) == pytest.approx(2.0) and max(ys) == pytest.approx(3.4)
+
+
+def test_paired_differences_plot_each_seed_and_their_mean():
+  """Two seeds of ms_fp4 against their own baseline runs (hand-built differences -0.2, -0.1 at 100 tokens and
+  -0.1, 0.15 at 200): a thin line per seed and the mean (-0.15, 0.025); the evaluation at 0 tokens is off the log
+  axis."""
+  from fp4jax_experiments import evaluate
+
+  def run(recipe, seed, losses):
+    curve = [[t, loss] for t, loss in zip((0, 100, 200), losses)]
+    return {"model": "1M", "recipe": recipe, "seed": seed, "tokens": 200, "val_curve": curve}
+
+  results = [run("ste", 0, (5.0, 3.0, 2.0)), run("ste", 1, (5.0, 3.1, 2.2))]
+  results += [run("ms_fp4", 0, (5.0, 2.8, 1.9)), run("ms_fp4", 1, (5.0, 3.0, 2.35))]
+  paired = evaluate.paired_curves(results, "ste")
+  assert list(paired) == [("1M", 200, "ms_fp4")] and paired[("1M", 200, "ms_fp4")]["at"] == [0, 100, 200]
+  ax = plots.paired_differences_figure(paired, "ste").axes[0]
+  lines = ax.get_lines()[:3]  # two seeds, then the mean (the zero line follows)
+  assert [list(line.get_ydata()) for line in lines] == [
+    pytest.approx([-0.2, -0.1]),
+    pytest.approx([-0.1, 0.15]),
+    pytest.approx([-0.15, 0.025]),
+  ]
+  assert all(list(line.get_xdata()) == [100, 200] for line in lines)
+  assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ms_fp4 (2 seeds; end +0.0250)"]
