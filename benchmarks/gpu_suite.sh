@@ -14,6 +14,7 @@
 #   bash benchmarks/gpu_suite.sh tp-cost   # 2 GPUs: what --tensor-shards 2 costs at 125M
 #   bash benchmarks/gpu_suite.sh training  # 1 GPU: XLA vs Pallas quantizers, losses step by step, then the 125M step
 #   bash benchmarks/gpu_suite.sh recompute # 1 GPU: ModelConfig.recompute's loss curves (bf16, 200 steps) and FP4 speed
+#   bash benchmarks/gpu_suite.sh loop-flags  # 1 GPU: the 125M step under XLA flags against the layer loop's copies
 #
 # Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
 set -u -o pipefail
@@ -130,6 +131,21 @@ case "${1:-}" in
     timeout 330 python benchmarks/train_throughput.py --devices 1 --recipes nvidia_nvfp4 --rounds 2 --steps 8 \
       --experiments-variants "$variants" --out "$OUT/train_throughput_recompute.json" \
       > "$OUT/train_throughput_recompute.log" 2>&1
+    ;;
+  loop-flags)
+    # XLA flags against the layer loop's copies (408 memcpy, 5.1 ms of nvidia_nvfp4's 125M step in the profile of
+    # 3f0fa2b): one process per flag set, each timing the anchor beside the models, so "/ anchor" compares across
+    # the processes; profiled (the copy column). About 2.5 minutes per process on an H200.
+    for v in none double_buffering region_analysis; do
+      case $v in
+        none) flags="" ;;
+        double_buffering) flags="--xla_gpu_enable_while_loop_double_buffering=true" ;;
+        region_analysis) flags="--xla_gpu_copy_insertion_use_region_analysis=true" ;;
+      esac
+      XLA_FLAGS="$flags" timeout 190 python benchmarks/train_throughput.py --devices 1 \
+        --recipes bf16,nvidia_nvfp4,quartet2 --rounds 2 --steps 8 --max-compile-s 120 --profile "/tmp/prof_loop_$v" \
+        --out "$OUT/train_throughput_loop_$v.json" > "$OUT/train_throughput_loop_$v.log" 2>&1
+    done
     ;;
   tp)
     # --deterministic 2 --tensor-shards 2 (Megatron shards, ordered sums): the mesh's shards against one GPU running

@@ -446,6 +446,12 @@ def _smoke_setup(args: argparse.Namespace) -> None:
   args.warmup, args.steps, args.rounds, args.matmul_size, args.profile_steps = 1, 2, 1, 256, 1
 
 
+def command_line(argv: list[str], xla_flags: str = "") -> str:
+  """The shell command that reruns this benchmark with ``argv``, ``XLA_FLAGS`` first where the run had any."""
+  prefix = f"XLA_FLAGS={shlex.quote(xla_flags)} " if xla_flags else ""
+  return prefix + shlex.join(["python", "benchmarks/train_throughput.py", *argv])
+
+
 def _write(out: pathlib.Path, doc: dict) -> None:
   """``doc`` as JSON at ``out``: written whole beside it, then renamed over the old document."""
   out.parent.mkdir(parents=True, exist_ok=True)
@@ -457,6 +463,7 @@ def _write(out: pathlib.Path, doc: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
   parser = _parser()
   args = parser.parse_args(argv)
+  xla_flags = os.environ.get("XLA_FLAGS", "")  # the caller's (the smoke run adds its own host devices)
   if args.smoke:
     _smoke_setup(args)
   args.recipes = (args.recipes or (SMOKE_RECIPES if args.smoke else DEFAULT_RECIPES)).split(",")
@@ -485,7 +492,8 @@ def main(argv: list[str] | None = None) -> None:
     "jax_version": jax.__version__,
     "commit": args.commit or commit(REPO),
     "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
-    "command": shlex.join(["python", "benchmarks/train_throughput.py", *(argv if argv is not None else sys.argv[1:])]),
+    "command": command_line(argv if argv is not None else sys.argv[1:], xla_flags),
+    "xla_flags": xla_flags,
     "matmul_size": args.matmul_size,
     "matmul_tflops": rate,
     "settings": {

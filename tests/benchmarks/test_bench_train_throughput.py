@@ -23,6 +23,7 @@ TOP_KEYS = {
   "commit",
   "date",
   "command",
+  "xla_flags",
   "matmul_size",
   "matmul_tflops",
   "settings",
@@ -93,6 +94,7 @@ def test_smoke_writes_every_entry_with_its_metadata(smoke_doc):
   doc, stdout = smoke_doc
   assert TOP_KEYS <= set(doc) and doc["benchmark"] == "train_throughput" and doc["complete"] is True
   assert doc["commit"] == "abc1234" and doc["platform"] == "cpu" and "--smoke" in doc["command"]
+  assert doc["xla_flags"] == "" and doc["command"].startswith("python benchmarks/train_throughput.py ")
   assert [(r["model"], r["recipe"], r["devices"]) for r in doc["rows"]] == [
     ("anchor", "bf16", 1),
     ("experiments", "bf16", 1),
@@ -237,3 +239,12 @@ def test_a_compile_past_the_budget_is_given_up_and_others_are_kept(monkeypatch):
   assert beside.beside_abandoned_compile and not after.beside_abandoned_compile
   with pytest.raises(ValueError, match="bad kernel"):
     train_throughput._compile(_Step(_Lowered(error=ValueError("bad kernel"))), None, [()], max_seconds=600.0)
+
+
+def test_the_command_line_reruns_the_benchmark_under_its_xla_flags():
+  """A run under XLA_FLAGS records them in front of its command, shell-quoted, so the command reruns it as it ran."""
+  argv = ["--devices", "1", "--experiments-variants", '{"a": {}}']
+  plain = "python benchmarks/train_throughput.py --devices 1 --experiments-variants '{\"a\": {}}'"
+  assert train_throughput.command_line(argv) == plain
+  flags = "--xla_gpu_enable_while_loop_double_buffering=true --xla_gpu_autotune_level=0"
+  assert train_throughput.command_line(argv, flags) == f"XLA_FLAGS='{flags}' {plain}"
