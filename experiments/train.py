@@ -7,7 +7,8 @@ Loss: mean next-token cross-entropy ℓ = −(1/BT)·Σ log softmax(logits)[targ
 
 Run folder (``--out``): ``config.json`` (the run's identity; a rerun with another config is refused),
 ``metrics.jsonl`` (records {"kind": "train" | "val" | "quant_error", "step", "tokens", ...}), ``ckpt/`` (orbax: fp32
-params and optimizer state at step s; s is also the data stream's position), ``summary.json`` (once finished).
+params and optimizer state at step s; s is also the data stream's position), ``summary.json`` (once finished: the
+final losses and :func:`provenance`, the commit, device, JAX version and date of the piece that finished it).
 Rerunning the same command resumes from the newest checkpoint, drops metric records after it, and reproduces
 the uninterrupted run bit for bit: batches are a function of the step, the "quant" key of step s is
 fold_in(key(seed), s), and every record of step s is written before the checkpoint of step s.
@@ -50,6 +51,7 @@ import math
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -726,6 +728,28 @@ class RunFolder:
     self.checkpoints.close()
 
 
+def provenance() -> dict:
+  """Where and on what code a run's numbers were made, for its summary: ``commit`` ($FP4JAX_COMMIT, else the
+  checkout's ``git rev-parse --short HEAD`` with ``-dirty`` when tracked files differ from it, else None),
+  ``device`` (the first JAX device's kind), ``jax_version`` and ``date`` (UTC, ISO 8601, to the second)."""
+  commit = os.environ.get("FP4JAX_COMMIT") or None
+  if commit is None:
+    git = ["git", "-C", str(data.REPO_ROOT)]
+    try:
+      head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+      dirty = subprocess.run([*git, "status", "--porcelain", "-uno"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+      head = dirty = None
+    if head is not None and head.returncode == 0 and dirty.returncode == 0:
+      commit = head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+  return {
+    "commit": commit,
+    "device": jax.devices()[0].device_kind,
+    "jax_version": jax.__version__,
+    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+  }
+
+
 def record_seed(record: dict) -> int:
   """The training seed of an evaluation record or run summary (those written before seeds were recorded: 0, the
   default every such run used)."""
@@ -972,6 +996,7 @@ def _train(
     "tokens_per_s": float(np.median([r["tokens_per_s"] for r in train_records])) if train_records else None,
     "wall_s": time.perf_counter() - started,
     "mesh": "1 device" if layout is None else layout.describe(),  # of the last piece (a run may resume elsewhere)
+    **provenance(),  # likewise of the last piece
   }
   if status == "interrupted":
     summary["signal"] = signal.Signals(signals.received).name

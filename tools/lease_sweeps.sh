@@ -12,8 +12,9 @@
 # waits until all sweeps have exited or WAIT_S seconds (default 540) have passed since it began, copying into $OUT
 # every 50 s: results.jsonl and eval.jsonl (every sweep's finished runs), runs.tgz (the run folders without
 # checkpoints), sweeps.log (each sweep's log tail, nvidia-smi) and device.txt (JAX devices, GPUs, COMMIT, plan).
-# A call cut off at its limit still returns the last copy. Later calls of the same lease start nothing; they wait
-# and copy again. A run unfinished when the lease ends is lost (checkpoints stay on the machine).
+# COMMIT=<sha> names the code in every run's summary. A call cut off at its limit still returns the last copy.
+# Later calls of the same lease start nothing; they wait and copy again. A run unfinished when the lease ends is
+# lost (checkpoints stay on the machine).
 #
 # Memory: each training process gets XLA_PYTHON_CLIENT_MEM_FRACTION=$MEMFRAC (default 0.15), so several sweeps can
 # share a GPU; keep the processes per GPU times MEMFRAC under 0.95.
@@ -24,6 +25,7 @@ STATE=/tmp/lease-sweeps
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export FP4JAX_LINUX_DATA=${FP4JAX_LINUX_DATA:-$PWD/data/linux-6.12}
+export FP4JAX_COMMIT=${COMMIT:-}  # each run's summary records it (the machine's copy may hold no .git)
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${MEMFRAC:-0.15}
 [ -n "${SKIP_INSTALL:-}" ] || python -m pip install -q --no-index --no-deps --no-build-isolation -e . \
   > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }

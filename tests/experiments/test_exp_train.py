@@ -1,12 +1,14 @@
 """Training: schedule, loss goes down, exact resume after a kill, config mismatch refused."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -114,7 +116,8 @@ def test_loss_goes_down_and_resume_after_kill_reproduces_the_curve(corpus, tmp_p
   assert _curve(killed) == _curve(tmp_path / "reference")
 
 
-def test_pause_and_resume_in_process_and_config_mismatch(corpus, tmp_path):
+def test_pause_and_resume_in_process_and_config_mismatch(corpus, tmp_path, monkeypatch):
+  monkeypatch.setenv("FP4JAX_COMMIT", "abc1234")  # the summary's commit (the lease scripts set it)
   config = _config(corpus)
   paused = train.train(config, tmp_path / "run", stop_at_step=4, quiet=True)
   assert paused["status"] == "paused" and paused["step"] == 4
@@ -124,6 +127,8 @@ def test_pause_and_resume_in_process_and_config_mismatch(corpus, tmp_path):
   finished = train.train(config, tmp_path / "run", quiet=True)
   assert finished["status"] == "finished" and finished["step"] == 8
   assert json.loads((tmp_path / "run" / "summary.json").read_text())["val_loss"] == finished["val_loss"]
+  assert (finished["commit"], finished["device"], finished["jax_version"]) == ("abc1234", "cpu", jax.__version__)
+  assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", finished["date"]), finished["date"]
   steps = [r["step"] for r in train.read_metrics(tmp_path / "run", "train")]
   assert steps == list(range(1, 9))
 
@@ -168,3 +173,19 @@ def test_cli_refuses_kernel_quantizers_on_a_model_axis(corpus, tmp_path, capsys)
   err = capsys.readouterr().err
   assert "--quantizer-backend: quantizer_backend='pallas' trains on one device" in err and "--deterministic R" in err
   assert "mesh model=2" in err
+
+
+def test_provenance_names_the_checkout_commit_without_the_variable(monkeypatch):
+  """Without $FP4JAX_COMMIT the commit is the checkout's HEAD (git's own answer, here the oracle), -dirty when
+  tracked files differ; where git cannot answer it is None, never a guess."""
+  monkeypatch.delenv("FP4JAX_COMMIT", raising=False)
+  git = ["git", "-C", str(REPO)]
+  head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+  got = train.provenance()["commit"]
+  if head.returncode != 0:
+    assert got is None
+  else:
+    dirty = subprocess.run([*git, "status", "--porcelain", "-uno"], capture_output=True, text=True).stdout.strip()
+    assert got == head.stdout.strip() + ("-dirty" if dirty else "")
+  monkeypatch.setattr(train.data, "REPO_ROOT", Path("/nonexistent-checkout"))
+  assert train.provenance()["commit"] is None
