@@ -15,6 +15,7 @@
 #   bash benchmarks/gpu_suite.sh training  # 1 GPU: XLA vs Pallas quantizers, losses step by step, then the 125M step
 #   bash benchmarks/gpu_suite.sh recompute # 1 GPU: ModelConfig.recompute's loss curves (bf16, 200 steps) and FP4 speed
 #   bash benchmarks/gpu_suite.sh loop-flags  # 1 GPU: the 125M step under XLA flags against the layer loop's copies
+#   bash benchmarks/gpu_suite.sh occ       # 1 GPU: ms_fp4's OCC clamp bounds four ways (benchmarks/occ_bounds.py)
 #
 # Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
 set -u -o pipefail
@@ -146,6 +147,11 @@ case "${1:-}" in
         --recipes bf16,nvidia_nvfp4,quartet2 --rounds 2 --steps 8 --max-compile-s 120 --profile "/tmp/prof_loop_$v" \
         --out "$OUT/train_throughput_loop_$v.json" > "$OUT/train_throughput_loop_$v.log" 2>&1
     done
+    ;;
+  occ)
+    # ms_fp4's OCC bounds: the radix select against a sort and two top-k forms (same bounds checked)
+    timeout 120 python benchmarks/occ_bounds.py --dtypes bfloat16 float32 --out "$OUT/occ_bounds.json" \
+      > "$OUT/occ_bounds.log" 2>&1
     ;;
   tp)
     # --deterministic 2 --tensor-shards 2 (Megatron shards, ordered sums): the mesh's shards against one GPU running

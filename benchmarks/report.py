@@ -32,6 +32,7 @@ ORDER = (
   "loss_curves",
   "linear_trees",
   "cpu_quantizers",
+  "occ_bounds",
   "profile_linear",
   "auto_threshold",
   "quant_error",
@@ -364,6 +365,27 @@ def _cpu_quantizers(doc: dict) -> list[str]:
   return out
 
 
+def _occ_bounds(doc: dict) -> list[str]:
+  st = doc["settings"]
+  methods = list(doc["rows"][0]["ms"]) if doc["rows"] else []
+  out = _title(doc, "OCC clamp bounds (ms_fp4's per-row quantiles), four ways") + provenance(doc)
+  out += [
+    "",
+    f"Each row's order statistics at q = {st['quantile']} (`fp4jax.estimators.occ_bounds`, a radix select) and the "
+    "same bounds by a sort and by two top-k forms (`benchmarks/occ_bounds.py`), each under `jax.jit`, the median ms "
+    f"of {st['repeats']} timed rounds, in one process. Same bounds: equal to the radix select's bit for bit on a "
+    "tensor with outliers, signed zeros, ±Inf and NaNs.",
+    "",
+    "| shape | dtype | " + " | ".join(f"{m} ms" for m in methods) + " | same bounds as radix |",
+    "|---|---|" + "---|" * len(methods) + "---|",
+  ]
+  for r in doc["rows"]:
+    same = ", ".join(f"{m} {'yes' if ok else 'NO'}" for m, ok in r["same_as_radix"].items())
+    times = " | ".join(f"{r['ms'][m]:.3f}" for m in methods)
+    out.append(f"| {r['rows']}x{r['cols']} | {r['dtype']} | {times} | {same} |")
+  return out
+
+
 RENDER: dict[str, Callable[[dict], list[str]]] = {
   "train_throughput": _train_throughput,
   "compile_profile": _compile_profile,
@@ -374,6 +396,7 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
   "recipe_errors": _recipe_errors,
   "loss_curves": _loss_curves,
   "cpu_quantizers": _cpu_quantizers,
+  "occ_bounds": _occ_bounds,
 }
 
 INTRO = [
