@@ -1,18 +1,19 @@
-"""Microsoft FP4's OCC clamp bounds (per-row quantiles) four ways: fp4jax's radix select, a sort, two top-k.
+"""Microsoft FP4's OCC clamp bounds (per-row quantiles) six ways: radix selects, a sort, two top-k.
 
     python benchmarks/occ_bounds.py                       # GPU: the 125M model's X shapes, bfloat16
     python benchmarks/occ_bounds.py --shapes 64x128 --repeats 1   # CPU smoke
 
 ``fp4jax.estimators.occ_bounds(x, q)`` gives each row's order statistics of ranks ``floor((1−q)·n)`` and
-``min(floor(q·n), n−1)`` by a most-significant-digit radix select (16 / 8 counting passes over the row for 32- /
-16-bit floats). In the ms_fp4 profile of the 125M step, XLA reductions take about 15 ms of a 77 ms step, and these
-passes are the candidates. The others give the same values: ``sort`` sorts each row's order-preserving integer keys
-(``estimators._order_keys``: −0 equal to +0, NaN after +Inf) and reads the two ranks; ``top_k`` takes the
-(n − hi)-th largest key and, on the bit-inverted keys, the (lo + 1)-th smallest, with ``jax.lax.top_k`` on int32
-(k = 8 for a row of 768 at q = 0.99); ``top_k_float`` runs ``jax.lax.top_k`` on the floats themselves (NaN counted
-per row and put back where it reaches a rank, −0 returned as +0). Per shape: each method under ``jax.jit``, the
-median ms of ``--repeats`` timed rounds (``benchtools.time_ms``), and whether its bounds equal the radix select's
-bit for bit on the same data (``test_tensor``: outliers, signed zeros, ±Inf, NaNs). Writes
+``min(floor(q·n), n−1)`` by a most-significant-digit radix select (16 / 8 counting passes over the row for 32- / 16-bit
+floats). In the ms_fp4 profile of the 125M step, XLA reductions take about 15 ms of a 77 ms step, and these passes are
+the candidates. ``radix_1bit`` and ``radix_4bit`` are the same select with 1- and 4-bit digits (twice and half the
+passes, 1 and 15 thresholds per rank and pass). The others give the same values: ``sort`` sorts each row's
+order-preserving integer keys (``estimators._order_keys``: −0 equal to +0, NaN after +Inf) and reads the two ranks;
+``top_k`` takes the (n − hi)-th largest key and, on the bit-inverted keys, the (lo + 1)-th smallest, with
+``jax.lax.top_k`` on int32 (k = 8 for a row of 768 at q = 0.99); ``top_k_float`` runs ``jax.lax.top_k`` on the floats
+themselves (NaN counted per row and put back where it reaches a rank, −0 returned as +0). Per shape: each method under
+``jax.jit``, the median ms of ``--repeats`` timed rounds (``benchtools.time_ms``), and whether its bounds equal the
+radix select's bit for bit on the same data (``test_tensor``: outliers, signed zeros, ±Inf, NaNs). Writes
 ``benchmarks/results/occ_bounds.json``.
 """
 
@@ -37,7 +38,8 @@ from benchmarks.linear_trees import commit
 from fp4jax._src import estimators
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-METHODS = ("radix", "sort", "top_k", "top_k_float")
+METHODS = ("radix", "radix_1bit", "radix_4bit", "sort", "top_k", "top_k_float")
+RADIX_BITS = {"radix": 2, "radix_1bit": 1, "radix_4bit": 4}  # "radix" is fp4jax's (estimators.RADIX_BITS)
 DEFAULT_SHAPES = ("16384x768", "16384x2048")  # the 125M step's X of q/k/v and gate/up (d 768), of down (d_ff 2048)
 
 
@@ -64,8 +66,12 @@ def _from_int_keys(keys: jax.Array, dtype) -> jax.Array:
 def bounds(x: jax.Array, quantile: float, method: str) -> tuple[jax.Array, jax.Array]:
   """``(low, high)`` per row of ``x`` (last axis, keepdims) by ``method``, one of ``METHODS``."""
   lo, hi = ranks(x.shape[-1], quantile)
-  if method == "radix":
-    return estimators.occ_bounds(x, quantile)
+  if method in RADIX_BITS:  # the radix select at another digit width: traced with estimators.RADIX_BITS set
+    default, estimators.RADIX_BITS = estimators.RADIX_BITS, RADIX_BITS[method]
+    try:
+      return estimators.occ_bounds(x, quantile)
+    finally:
+      estimators.RADIX_BITS = default
   keys = _int_keys(x)
   if method == "sort":
     s = jnp.sort(keys, axis=-1)

@@ -368,13 +368,13 @@ def _cpu_quantizers(doc: dict) -> list[str]:
 def _occ_bounds(doc: dict) -> list[str]:
   st = doc["settings"]
   methods = list(doc["rows"][0]["ms"]) if doc["rows"] else []
-  out = _title(doc, "OCC clamp bounds (ms_fp4's per-row quantiles), four ways") + provenance(doc)
+  out = _title(doc, "OCC clamp bounds (ms_fp4's per-row quantiles), six ways") + provenance(doc)
   out += [
     "",
     f"Each row's order statistics at q = {st['quantile']} (`fp4jax.estimators.occ_bounds`, a radix select) and the "
-    "same bounds by a sort and by two top-k forms (`benchmarks/occ_bounds.py`), each under `jax.jit`, the median ms "
-    f"of {st['repeats']} timed rounds, in one process. Same bounds: equal to the radix select's bit for bit on a "
-    "tensor with outliers, signed zeros, ±Inf and NaNs.",
+    "same bounds by the radix select at other digit widths, a sort and two top-k forms (`benchmarks/occ_bounds.py`), "
+    f"each under `jax.jit`, the median ms of {st['repeats']} timed rounds, in one process. Same bounds: equal to "
+    "the radix select's bit for bit on a tensor with outliers, signed zeros, ±Inf and NaNs.",
     "",
     "| shape | dtype | " + " | ".join(f"{m} ms" for m in methods) + " | same bounds as radix |",
     "|---|---|" + "---|" * len(methods) + "---|",

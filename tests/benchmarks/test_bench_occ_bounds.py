@@ -46,9 +46,12 @@ def test_command_writes_its_document_and_the_report_renders_it(tmp_path, capsys)
   assert "--shapes 4x64" in doc["command"] and doc["settings"] == {"quantile": 0.99, "repeats": 1}
   (row,) = doc["rows"]
   assert (row["rows"], row["cols"], row["dtype"]) == (4, 64, "bfloat16") and set(row["ms"]) == set(occ_bounds.METHODS)
-  assert row["same_as_radix"] == {"sort": True, "top_k": True, "top_k_float": True}
+  assert row["same_as_radix"] == dict.fromkeys(occ_bounds.METHODS[1:], True)
   section = "\n".join(report._occ_bounds(doc))
-  assert "| 4x64 | bfloat16 |" in section and "sort yes, top_k yes, top_k_float yes" in section
+  assert (
+    "| 4x64 | bfloat16 |" in section
+    and "radix_1bit yes, radix_4bit yes, sort yes, top_k yes, top_k_float yes" in section
+  )
   with pytest.raises(SystemExit):
     occ_bounds.main(["--shapes", "4x1"])
   assert "expected at least 1 row and 2 columns" in capsys.readouterr().err
