@@ -21,7 +21,7 @@
 set -u -o pipefail
 PLAN=$1; MIN=$2; WAIT_S=${3:-540}
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"; OUT=$(realpath "$OUT")
-STATE=/tmp/lease-sweeps
+STATE=${LEASE_STATE:-/tmp/lease-sweeps}  # the sweeps' folders and logs on the machine
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export FP4JAX_LINUX_DATA=${FP4JAX_LINUX_DATA:-$PWD/data/linux-6.12}
