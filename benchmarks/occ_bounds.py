@@ -39,13 +39,8 @@ from fp4jax._src import estimators
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 METHODS = ("radix", "radix_1bit", "radix_4bit", "sort", "top_k", "top_k_float")
-RADIX_BITS = {"radix": 2, "radix_1bit": 1, "radix_4bit": 4}  # "radix" is fp4jax's (estimators.RADIX_BITS)
+RADIX_BITS = {"radix_1bit": 1, "radix_4bit": 4}  # "radix" is fp4jax's occ_bounds (estimators.RADIX_BITS digits)
 DEFAULT_SHAPES = ("16384x768", "16384x2048")  # the 125M step's X of q/k/v and gate/up (d 768), of down (d_ff 2048)
-
-
-def ranks(n: int, quantile: float) -> tuple[int, int]:
-  """``occ_bounds``' two 0-based ascending ranks of a row of length ``n``."""
-  return int((1.0 - quantile) * n), min(int(quantile * n), n - 1)
 
 
 def _int_keys(x: jax.Array) -> jax.Array:
@@ -65,13 +60,11 @@ def _from_int_keys(keys: jax.Array, dtype) -> jax.Array:
 
 def bounds(x: jax.Array, quantile: float, method: str) -> tuple[jax.Array, jax.Array]:
   """``(low, high)`` per row of ``x`` (last axis, keepdims) by ``method``, one of ``METHODS``."""
-  lo, hi = ranks(x.shape[-1], quantile)
-  if method in RADIX_BITS:  # the radix select at another digit width: traced with estimators.RADIX_BITS set
-    default, estimators.RADIX_BITS = estimators.RADIX_BITS, RADIX_BITS[method]
-    try:
-      return estimators.occ_bounds(x, quantile)
-    finally:
-      estimators.RADIX_BITS = default
+  lo, hi = estimators.occ_ranks(x.shape[-1], quantile)
+  if method == "radix":
+    return estimators.occ_bounds(x, quantile)
+  if method in RADIX_BITS:
+    return estimators.select_ranks(x, (lo, hi), radix_bits=RADIX_BITS[method])
   keys = _int_keys(x)
   if method == "sort":
     s = jnp.sort(keys, axis=-1)

@@ -48,6 +48,13 @@ def batch_losses(folder: Path, n_batches: int, cache_dir: str | None = None) -> 
   return train.evaluation_record(folder.name, config, step, trainer.batch_losses(state["params"], n_batches))
 
 
+def t_interval(values: np.ndarray) -> float | None:
+  """Half-width of the 95% interval of the mean of ``values``: t_{0.975, n−1} · sd / √n (Student's t, sd with n − 1
+  degrees of freedom); None for one value."""
+  n = values.size
+  return float(scipy.stats.t.ppf(0.975, n - 1) * values.std(ddof=1) / math.sqrt(n)) if n > 1 else None
+
+
 def gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
   """Loss gap of every other record to the ``baseline`` recipe's record of the same model, tokens and seed, paired
   over batches (groups without a baseline run are left out).
@@ -87,17 +94,10 @@ def gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:
         "loss": float(np.mean(r["batch_losses"])),
         "baseline_loss": float(np.mean(ref["batch_losses"])),
         "gap": float(d.mean()),
-        "ci95": float(scipy.stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)),
+        "ci95": t_interval(d),
       }
     )
   return rows
-
-
-def t_interval(values: np.ndarray) -> float | None:
-  """Half-width of the 95% interval of the mean of ``values``: t_{0.975, n−1} · sd / √n (Student's t, sd with n − 1
-  degrees of freedom); None for one value."""
-  n = values.size
-  return float(scipy.stats.t.ppf(0.975, n - 1) * values.std(ddof=1) / math.sqrt(n)) if n > 1 else None
 
 
 def seeded_gaps(records: Sequence[dict], baseline: str = BF16_RECIPE) -> list[dict]:

@@ -273,3 +273,9 @@ def test_block_operand_is_quantize_unpacked(spec):
   assert op.values.dtype == jnp.bfloat16
   np.testing.assert_array_equal(np.asarray(op.values, np.float32), unit)
   assert float(op.scale) == float(q.global_scale)
+
+
+@pytest.mark.parametrize("radix_bits", [0, 3])
+def test_select_ranks_refuses_a_digit_width_that_does_not_divide_the_keys(radix_bits):
+  with pytest.raises(ValueError, match=f"radix_bits={radix_bits} must divide the 16-bit keys of bfloat16"):
+    estimators.select_ranks(jnp.zeros((2, 8), jnp.bfloat16), (1,), radix_bits=radix_bits)

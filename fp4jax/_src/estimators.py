@@ -92,10 +92,14 @@ def occ_bounds(x: jax.Array, quantile: float, axis: int = -1) -> tuple[jax.Array
   Raises:
     ValueError: a rank falls outside [0, n): an empty row, or ``quantile`` too far outside (0, 1].
   """
-  n = x.shape[axis]
-  ranks = (int((1.0 - quantile) * n), min(int(quantile * n), n - 1))
-  lo, hi = select_ranks(jnp.moveaxis(x, axis, -1), ranks)
+  lo, hi = select_ranks(jnp.moveaxis(x, axis, -1), occ_ranks(x.shape[axis], quantile))
   return jnp.moveaxis(lo, -1, axis), jnp.moveaxis(hi, -1, axis)
+
+
+def occ_ranks(n: int, quantile: float) -> tuple[int, int]:
+  """``occ_bounds``' two 0-based ascending ranks in a row of length ``n``: ``floor((1−q)·n)`` and
+  ``min(floor(q·n), n−1)``."""
+  return int((1.0 - quantile) * n), min(int(quantile * n), n - 1)
 
 
 def _order_keys(x: jax.Array) -> jax.Array:
@@ -118,24 +122,26 @@ def _from_order_keys(key: jax.Array, dtype) -> jax.Array:
 RADIX_BITS = 2  # key bits per counting pass: 2^RADIX_BITS − 1 counts per rank and pass, 8·itemsize/RADIX_BITS passes
 
 
-def select_ranks(x: jax.Array, ranks: tuple[int, ...]) -> tuple[jax.Array, ...]:
+def select_ranks(x: jax.Array, ranks: tuple[int, ...], radix_bits: int | None = None) -> tuple[jax.Array, ...]:
   """For each 0-based ``rank``, the value at that rank of every row of ``x`` sorted ascending along the last axis
   (keepdims), by a most-significant-digit radix select on ``_order_keys``: with the key's higher digits ``p``
   settled, the next digit is the number of ``j ≥ 1`` with ``#{key < p + j·2^s} ≤ rank`` (counts rise with j), so
-  ``8·itemsize / RADIX_BITS`` counting passes over ``x`` give the exact key (a streaming read per pass instead of
-  a sort). Ties and signed zeros as in ``occ_bounds``."""
+  ``8·itemsize / radix_bits`` counting passes over ``x`` give the exact key (a streaming read per pass instead of
+  a sort). ``radix_bits``: the digit width (default ``RADIX_BITS``); every width gives the same values. Ties and
+  signed zeros as in ``occ_bounds``."""
   n = x.shape[-1]
   if not ranks or any(not 0 <= r < n for r in ranks):
     raise ValueError(f"select_ranks: ranks must lie in [0, {n}) for rows of length {n}, got {ranks}")
+  radix_bits = RADIX_BITS if radix_bits is None else radix_bits
   keys = _order_keys(x)
   utype, nbits = keys.dtype, 8 * x.dtype.itemsize
-  if nbits % RADIX_BITS:
-    raise ValueError(f"select_ranks: RADIX_BITS={RADIX_BITS} must divide the {nbits}-bit keys of {x.dtype}")
+  if radix_bits < 1 or nbits % radix_bits:
+    raise ValueError(f"select_ranks: radix_bits={radix_bits} must divide the {nbits}-bit keys of {x.dtype}")
   rank = jnp.asarray(ranks, jnp.int32)[:, None]  # (R, 1): one row of thresholds per rank
-  digits = jnp.arange(1, 2**RADIX_BITS, dtype=utype)  # (J,)
+  digits = jnp.arange(1, 2**radix_bits, dtype=utype)  # (J,)
 
   def settle_digit(step, found):  # found: (..., R, 1), the key's digits above the shift settled
-    shift = (jnp.asarray(nbits - RADIX_BITS, jnp.int32) - RADIX_BITS * step).astype(utype)
+    shift = (jnp.asarray(nbits - radix_bits, jnp.int32) - radix_bits * step).astype(utype)
     thresholds = found + (digits << shift)  # (..., R, J)
     below = jnp.sum(keys[..., None, None, :] < thresholds[..., None], axis=-1, dtype=jnp.int32)  # (..., R, J)
     digit = jnp.sum(below <= rank, axis=-1, keepdims=True, dtype=jnp.int32).astype(utype)
@@ -143,7 +149,7 @@ def select_ranks(x: jax.Array, ranks: tuple[int, ...]) -> tuple[jax.Array, ...]:
 
   # the zero start is computed from the keys so that it varies over the same shard_map axes as the loop's result
   start = (keys[..., None, :1] & utype.type(0)) + jnp.zeros((len(ranks), 1), utype)  # (..., R, 1)
-  found = jax.lax.fori_loop(0, nbits // RADIX_BITS, settle_digit, start)
+  found = jax.lax.fori_loop(0, nbits // radix_bits, settle_digit, start)
   values = _from_order_keys(found, x.dtype)  # (..., R, 1)
   return tuple(values[..., i, :] for i in range(len(ranks)))
 
