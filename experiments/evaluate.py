@@ -348,7 +348,17 @@ def main(argv: list[str] | None = None) -> None:
     print(orderings_markdown(records) if args.orderings else gaps_markdown(records, args.baseline), end="")
     return
   if args.curves:
+    if not args.curves.is_file():
+      parser.error(f"--curves {args.curves}: no such file (expected a sweep's --results JSONL)")
     results = [json.loads(line) for line in args.curves.read_text().splitlines() if line.strip()]
+    lacking = [
+      r.get("name", i) for i, r in enumerate(results) if not {"model", "tokens", "recipe", "val_curve"} <= r.keys()
+    ]
+    if lacking:
+      parser.error(
+        f"--curves {args.curves}: records {lacking} lack model, tokens, recipe or val_curve "
+        "(not a sweep's --results file)"
+      )
     try:
       print(curve_gaps_markdown(results, args.baseline, args.at), end="")
     except ValueError as err:

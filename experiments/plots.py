@@ -107,6 +107,8 @@ def paired_differences_figure(
   """Validation-loss differences to ``baseline`` against tokens, one panel per (model size, token budget), a color
   per recipe: each seed's difference (thin) and their mean (markers), from ``evaluate.paired_curves(results,
   baseline)``; below zero the recipe is ahead. The x axis is logarithmic, so the early phase shows."""
+  if not paired:
+    raise ValueError(f"paired: no recipe has a run paired with a {baseline} run of the same seed; nothing to draw")
   cells = sorted({key[:2] for key in paired}, key=lambda cell: (cell[1], cell[0]))
   fig, axes = plt.subplots(1, len(cells), figsize=(4.6 * len(cells), 3.6), squeeze=False)
   recipes = sorted({key[2] for key in paired})

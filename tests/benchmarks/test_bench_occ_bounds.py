@@ -55,3 +55,17 @@ def test_command_writes_its_document_and_the_report_renders_it(tmp_path, capsys)
   with pytest.raises(SystemExit):
     occ_bounds.main(["--shapes", "4x1"])
   assert "expected at least 1 row and 2 columns" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+  ("args", "match"),
+  [
+    (["--repeats", "0"], "--repeats must be at least 1, got 0"),
+    (["--quantile", "0.4"], "--quantile must be in (0.5, 1], got 0.4"),
+    (["--shapes", "16x"], "expected ROWSxCOLS, e.g. 16384x768, got '16x'"),
+  ],
+)
+def test_bad_arguments_are_refused_naming_the_flag(args, match, capsys):
+  with pytest.raises(SystemExit):
+    occ_bounds.main(args)
+  assert match in capsys.readouterr().err

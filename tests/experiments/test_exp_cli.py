@@ -164,3 +164,8 @@ def test_paired_differences_plot_each_seed_and_their_mean():
   ]
   assert all(list(line.get_xdata()) == [100, 200] for line in lines)
   assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ms_fp4 (2 seeds; end +0.0250)"]
+
+
+def test_paired_differences_refuses_nothing_to_draw():
+  with pytest.raises(ValueError, match="no recipe has a run paired with a bf16 run of the same seed"):
+    plots.paired_differences_figure({}, "bf16")

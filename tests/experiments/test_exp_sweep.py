@@ -390,3 +390,11 @@ def test_curve_gaps_pair_each_seed_along_training(tmp_path, capsys):
   with pytest.raises(SystemExit):
     evaluate.main(["--curves", str(path), "--at", "1.5"])
   assert "fractions: 1.5 must be in (0, 1]" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    evaluate.main(["--curves", str(tmp_path / "none.jsonl")])
+  assert "none.jsonl: no such file (expected a sweep's --results JSONL)" in capsys.readouterr().err
+  evals = tmp_path / "eval.jsonl"  # an evaluation file (batch_losses, no val_curve) given by mistake
+  evals.write_text(json.dumps({"name": "a-s0", "model": "1M", "tokens": 9, "recipe": "bf16", "batch_losses": [1.0]}))
+  with pytest.raises(SystemExit):
+    evaluate.main(["--curves", str(evals)])
+  assert "records ['a-s0'] lack model, tokens, recipe or val_curve" in capsys.readouterr().err

@@ -62,3 +62,23 @@ def test_a_plan_runs_across_calls_and_its_results_come_out(tmp_path):
   assert second.returncode == 0, second.stdout + second.stderr
   assert (out / "device.txt").read_text() == device  # not started again: its start time and lines unchanged
   assert json.loads((out / "results.jsonl").read_text())["name"] == "100K-r0.02-bf16-s3"
+
+
+def test_a_missing_plan_or_a_bad_budget_is_refused_before_anything_starts(tmp_path):
+  plan = tmp_path / "plan.txt"
+  plan.write_text("tiny --sizes 100K --ratios 0.02 --recipes bf16\n")
+  for args, message in (
+    ([str(tmp_path / "none.txt"), "4"], "PLAN '" + str(tmp_path / "none.txt") + "' is not a file"),
+    ([str(plan), "soon"], "MINUTES 'soon' and WAIT_S '540' must be numbers"),
+  ):
+    proc = subprocess.run(
+      ["bash", "tools/lease_sweeps.sh", *args],
+      cwd=REPO,
+      env={**os.environ, "OUT": str(tmp_path / "out"), "LEASE_STATE": str(tmp_path / "state")},
+      capture_output=True,
+      text=True,
+      timeout=60,
+      check=False,
+    )
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "state").exists()
