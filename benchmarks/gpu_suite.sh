@@ -134,9 +134,9 @@ case "${1:-}" in
       > "$OUT/train_throughput_recompute.log" 2>&1
     ;;
   loop-flags)
-    # XLA flags against the layer loop's copies (408 memcpy, 5.1 ms of nvidia_nvfp4's 125M step in the profile of
-    # 3f0fa2b): one process per flag set, each timing the anchor beside the models, so "/ anchor" compares across
-    # the processes; profiled (the copy column). Budgeted at 190 s per process.
+    # XLA flags against the layer loop's copies (the copy column of BENCHMARKS.md's 125M profile): one process per
+    # flag set, each timing the anchor beside the models, so "/ anchor" compares across the processes; profiled.
+    # Budgeted at 190 s per process.
     for v in none double_buffering region_analysis; do
       case $v in
         none) flags="" ;;

@@ -5,16 +5,15 @@
 
 ``fp4jax.estimators.occ_bounds(x, q)`` gives each row's order statistics of ranks ``floor((1−q)·n)`` and
 ``min(floor(q·n), n−1)`` by a most-significant-digit radix select (16 / 8 counting passes over the row for 32- / 16-bit
-floats). In the ms_fp4 profile of the 125M step, XLA reductions take about 15 ms of a 77 ms step, and these passes are
-the candidates. ``radix_1bit`` and ``radix_4bit`` are the same select with 1- and 4-bit digits (twice and half the
-passes, 1 and 15 thresholds per rank and pass). The others give the same values: ``sort`` sorts each row's
-order-preserving integer keys (``estimators._order_keys``: −0 equal to +0, NaN after +Inf) and reads the two ranks;
-``top_k`` takes the (n − hi)-th largest key and, on the bit-inverted keys, the (lo + 1)-th smallest, with
-``jax.lax.top_k`` on int32 (k = 8 for a row of 768 at q = 0.99); ``top_k_float`` runs ``jax.lax.top_k`` on the floats
-themselves (NaN counted per row and put back where it reaches a rank, −0 returned as +0). Per shape: each method under
-``jax.jit``, the median ms of ``--repeats`` timed rounds (``benchtools.time_ms``), and whether its bounds equal the
-radix select's bit for bit on the same data (``test_tensor``: outliers, signed zeros, ±Inf, NaNs). Writes
-``benchmarks/results/occ_bounds.json``.
+floats). These passes are candidates for the XLA reductions that lead ms_fp4's 125M step profile (BENCHMARKS.md).
+``radix_1bit`` and ``radix_4bit`` are the same select with 1- and 4-bit digits (twice and half the passes, 1 and 15
+thresholds per rank and pass). The others give the same values: ``sort`` sorts each row's order-preserving integer keys
+(``estimators._order_keys``: −0 equal to +0, NaN after +Inf) and reads the two ranks; ``top_k`` takes the (n − hi)-th
+largest key and, on the bit-inverted keys, the (lo + 1)-th smallest, with ``jax.lax.top_k`` on int32 (k = 8 for a row of
+768 at q = 0.99); ``top_k_float`` runs ``jax.lax.top_k`` on the floats themselves (NaN counted per row and put back
+where it reaches a rank, −0 returned as +0). Per shape: each method under ``jax.jit``, the median ms of ``--repeats``
+timed rounds (``benchtools.time_ms``), and whether its bounds equal the radix select's bit for bit on the same data
+(``test_tensor``: outliers, signed zeros, ±Inf, NaNs). Writes ``benchmarks/results/occ_bounds.json``.
 """
 
 from __future__ import annotations
