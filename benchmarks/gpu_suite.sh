@@ -23,9 +23,10 @@ OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # The checkout, installed with no network (the machine has the dependencies and setuptools): fp4jax, fp4jax_kernels and
-# fp4jax_experiments import from here, in every process; its commands (fp4jax-train, ...) go on the PATH
-python -m pip install -q --no-index --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 \
-  || { cat "$OUT/install.log"; exit 1; }
+# fp4jax_experiments import from here, in every process; its commands (fp4jax-train, ...) go on the PATH. SKIP_INSTALL=1
+# skips it (another script of the same call installed it already).
+[ -n "${SKIP_INSTALL:-}" ] || python -m pip install -q --no-index --no-deps --no-build-isolation -e . \
+  > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 PATH="$(python -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
 python -c "import jax; print(jax.__version__, jax.devices())" > "$OUT/device.txt" 2>&1
@@ -136,7 +137,7 @@ case "${1:-}" in
   loop-flags)
     # XLA flags against the layer loop's copies (the copy column of BENCHMARKS.md's 125M profile): one process per
     # flag set, each timing the anchor beside the models, so "/ anchor" compares across the processes; profiled.
-    # Budgeted at 190 s per process.
+    # Budgeted at 190 s per process. RECIPES (default bf16,nvidia_nvfp4,quartet2) picks the models.
     for v in none double_buffering region_analysis; do
       case $v in
         none) flags="" ;;
@@ -144,7 +145,8 @@ case "${1:-}" in
         region_analysis) flags="--xla_gpu_copy_insertion_use_region_analysis=true" ;;
       esac
       XLA_FLAGS="$flags" timeout 190 python benchmarks/train_throughput.py --devices 1 \
-        --recipes bf16,nvidia_nvfp4,quartet2 --rounds 2 --steps 8 --max-compile-s 120 --profile "/tmp/prof_loop_$v" \
+        --recipes "${RECIPES:-bf16,nvidia_nvfp4,quartet2}" --rounds 2 --steps 8 --max-compile-s 120 \
+        --profile "/tmp/prof_loop_$v" \
         --out "$OUT/train_throughput_loop_$v.json" > "$OUT/train_throughput_loop_$v.log" 2>&1
     done
     ;;
