@@ -1,13 +1,13 @@
-"""Microsoft FP4's OCC clamp bounds (per-row quantiles) six ways: radix selects, a sort, two top-k.
+"""Microsoft FP4's OCC clamp bounds (per-row quantiles) seven ways: radix selects, a sort, two top-k.
 
     python benchmarks/occ_bounds.py                       # GPU: the 125M model's X shapes, bfloat16
     python benchmarks/occ_bounds.py --shapes 64x128 --repeats 1   # CPU smoke
 
 ``fp4jax.estimators.occ_bounds(x, q)`` gives each row's order statistics of ranks ``floor((1−q)·n)`` and
-``min(floor(q·n), n−1)`` by a most-significant-digit radix select (16 / 8 counting passes over the row for 32- / 16-bit
-floats). These passes are candidates for the XLA reductions that lead ms_fp4's 125M step profile (BENCHMARKS.md).
-``radix_1bit`` and ``radix_4bit`` are the same select with 1- and 4-bit digits (twice and half the passes, 1 and 15
-thresholds per rank and pass). The others give the same values: ``sort`` sorts each row's order-preserving integer keys
+``min(floor(q·n), n−1)`` by a most-significant-digit radix select (``estimators.default_radix_bits``: 2-bit digits for
+32-bit floats, 1-bit for 16-bit ones, 16 counting passes over the row either way). These passes are candidates for the
+XLA reductions that lead ms_fp4's 125M step profile (BENCHMARKS.md). ``radix_1bit``, ``radix_2bit`` and ``radix_4bit``
+are the same select with fixed digits (1, 3 and 15 thresholds per rank and pass). The others give the same values: ``sort`` sorts each row's order-preserving integer keys
 (``estimators._order_keys``: −0 equal to +0, NaN after +Inf) and reads the two ranks; ``top_k`` takes the (n − hi)-th
 largest key and, on the bit-inverted keys, the (lo + 1)-th smallest, with ``jax.lax.top_k`` on int32 (k = 8 for a row of
 768 at q = 0.99); ``top_k_float`` runs ``jax.lax.top_k`` on the floats themselves (NaN counted per row and put back
@@ -37,8 +37,9 @@ from benchmarks.linear_trees import commit
 from fp4jax._src import estimators
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-METHODS = ("radix", "radix_1bit", "radix_4bit", "sort", "top_k", "top_k_float")
-RADIX_BITS = {"radix_1bit": 1, "radix_4bit": 4}  # "radix" is fp4jax's occ_bounds (estimators.RADIX_BITS digits)
+METHODS = ("radix", "radix_1bit", "radix_2bit", "radix_4bit", "sort", "top_k", "top_k_float")
+# "radix" is fp4jax's occ_bounds (estimators.default_radix_bits digits: 1 bit for bfloat16, 2 for float32)
+RADIX_BITS = {"radix_1bit": 1, "radix_2bit": 2, "radix_4bit": 4}
 DEFAULT_SHAPES = ("16384x768", "16384x2048")  # the 125M step's X of q/k/v and gate/up (d 768), of down (d_ff 2048)
 
 

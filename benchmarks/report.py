@@ -368,7 +368,7 @@ def _cpu_quantizers(doc: dict) -> list[str]:
 def _occ_bounds(doc: dict) -> list[str]:
   st = doc["settings"]
   methods = list(doc["rows"][0]["ms"]) if doc["rows"] else []
-  out = _title(doc, "OCC clamp bounds (ms_fp4's per-row quantiles), six ways") + provenance(doc)
+  out = _title(doc, "OCC clamp bounds (ms_fp4's per-row quantiles), several ways") + provenance(doc)
   out += [
     "",
     f"Each row's order statistics at q = {st['quantile']} (`fp4jax.estimators.occ_bounds`, a radix select) and the "

@@ -167,12 +167,16 @@ def test_occ_bounds_are_the_sorted_rows_order_statistics(dtype, n):
 
 
 @pytest.mark.parametrize("radix_bits", [1, 2, 4, 8])
-def test_select_ranks_is_exact_at_every_radix(radix_bits, monkeypatch):
-  monkeypatch.setattr(estimators, "RADIX_BITS", radix_bits)
-  x = jnp.asarray(np.random.default_rng(1).standard_normal((5, 300)), jnp.float32).at[0, :7].set(-0.0)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_select_ranks_is_exact_at_every_radix(radix_bits, dtype):
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((5, 300)), dtype).at[0, :7].set(-0.0)
   ranks = (0, 3, 150, 299)
-  for got, rank in zip(estimators.select_ranks(x, ranks), ranks):
-    np.testing.assert_array_equal(got, _sorted_rank(x, rank, -1))
+  for got, rank in zip(estimators.select_ranks(x, ranks, radix_bits=radix_bits), ranks):
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(_sorted_rank(x, rank, -1), np.float32))
+
+
+def test_select_ranks_default_digit_width_is_one_bit_for_16_bit_keys_and_two_for_32():
+  assert [estimators.default_radix_bits(n) for n in (8, 16, 32, 64)] == [1, 1, 2, 2]
 
 
 def test_select_ranks_checks_its_ranks():

@@ -119,7 +119,11 @@ def _from_order_keys(key: jax.Array, dtype) -> jax.Array:
   return jax.lax.bitcast_convert_type(jnp.where(key >= sign, key ^ sign, ~key), dtype)
 
 
-RADIX_BITS = 2  # key bits per counting pass: 2^RADIX_BITS − 1 counts per rank and pass, 8·itemsize/RADIX_BITS passes
+def default_radix_bits(nbits: int) -> int:
+  """``select_ranks``' digit width (key bits per counting pass: ``2^b − 1`` counts per rank and pass,
+  ``nbits / b`` passes) for ``nbits``-bit keys: 1 for 16-bit keys and narrower, 2 for wider ones, the fastest of
+  1, 2 and 4 bits on the 125M step's row shapes (BENCHMARKS.md, ``benchmarks/occ_bounds.py``)."""
+  return 1 if nbits <= 16 else 2
 
 
 def select_ranks(x: jax.Array, ranks: tuple[int, ...], radix_bits: int | None = None) -> tuple[jax.Array, ...]:
@@ -127,14 +131,14 @@ def select_ranks(x: jax.Array, ranks: tuple[int, ...], radix_bits: int | None = 
   (keepdims), by a most-significant-digit radix select on ``_order_keys``: with the key's higher digits ``p``
   settled, the next digit is the number of ``j ≥ 1`` with ``#{key < p + j·2^s} ≤ rank`` (counts rise with j), so
   ``8·itemsize / radix_bits`` counting passes over ``x`` give the exact key (a streaming read per pass instead of
-  a sort). ``radix_bits``: the digit width (default ``RADIX_BITS``); every width gives the same values. Ties and
+  a sort). ``radix_bits``: the digit width (default ``default_radix_bits``); every width gives the same values. Ties and
   signed zeros as in ``occ_bounds``."""
   n = x.shape[-1]
   if not ranks or any(not 0 <= r < n for r in ranks):
     raise ValueError(f"select_ranks: ranks must lie in [0, {n}) for rows of length {n}, got {ranks}")
-  radix_bits = RADIX_BITS if radix_bits is None else radix_bits
   keys = _order_keys(x)
   utype, nbits = keys.dtype, 8 * x.dtype.itemsize
+  radix_bits = default_radix_bits(nbits) if radix_bits is None else radix_bits
   if radix_bits < 1 or nbits % radix_bits:
     raise ValueError(f"select_ranks: radix_bits={radix_bits} must divide the {nbits}-bit keys of {x.dtype}")
   rank = jnp.asarray(ranks, jnp.int32)[:, None]  # (R, 1): one row of thresholds per rank

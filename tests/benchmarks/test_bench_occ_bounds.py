@@ -50,7 +50,7 @@ def test_command_writes_its_document_and_the_report_renders_it(tmp_path, capsys)
   section = "\n".join(report._occ_bounds(doc))
   assert (
     "| 4x64 | bfloat16 |" in section
-    and "radix_1bit yes, radix_4bit yes, sort yes, top_k yes, top_k_float yes" in section
+    and "radix_1bit yes, radix_2bit yes, radix_4bit yes, sort yes, top_k yes, top_k_float yes" in section
   )
   with pytest.raises(SystemExit):
     occ_bounds.main(["--shapes", "4x1"])

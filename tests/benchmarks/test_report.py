@@ -2,6 +2,7 @@
 ranges, processes and stale results."""
 
 import json
+import re
 
 import pytest
 
@@ -21,7 +22,7 @@ def test_every_committed_result_states_where_it_ran_and_how_to_rerun():
   for doc in report.load():
     where, _, command = report.provenance(doc)
     assert "not recorded" not in where, (doc["benchmark"], where)
-    assert command.startswith("Reproduce: `python ") and "not recorded" not in command
+    assert re.match(r"Reproduce: `(\w+=\S+ )*python ", command) and "not recorded" not in command  # env, then python
 
 
 def _trees_doc(**extra):
