@@ -7,13 +7,14 @@
 ``min(floor(q·n), n−1)`` by a most-significant-digit radix select (``estimators.default_radix_bits``: 2-bit digits for
 32-bit floats, 1-bit for 16-bit ones, 16 counting passes over the row either way). These passes are candidates for the
 XLA reductions that lead ms_fp4's 125M step profile (BENCHMARKS.md). ``radix_1bit``, ``radix_2bit`` and ``radix_4bit``
-are the same select with fixed digits (1, 3 and 15 thresholds per rank and pass). The others give the same values: ``sort`` sorts each row's order-preserving integer keys
-(``estimators._order_keys``: −0 equal to +0, NaN after +Inf) and reads the two ranks; ``top_k`` takes the (n − hi)-th
-largest key and, on the bit-inverted keys, the (lo + 1)-th smallest, with ``jax.lax.top_k`` on int32 (k = 8 for a row of
-768 at q = 0.99); ``top_k_float`` runs ``jax.lax.top_k`` on the floats themselves (NaN counted per row and put back
-where it reaches a rank, −0 returned as +0). Per shape: each method under ``jax.jit``, the median ms of ``--repeats``
-timed rounds (``benchtools.time_ms``), and whether its bounds equal the radix select's bit for bit on the same data
-(``test_tensor``: outliers, signed zeros, ±Inf, NaNs). Writes ``benchmarks/results/occ_bounds.json``.
+are the same select with fixed digits (1, 3 and 15 thresholds per rank and pass). The others give the same values:
+``sort`` sorts each row's order-preserving integer keys (``estimators._order_keys``: −0 equal to +0, NaN after +Inf) and
+reads the two ranks; ``top_k`` takes the (n − hi)-th largest key and, on the bit-inverted keys, the (lo + 1)-th
+smallest, with ``jax.lax.top_k`` on int32 (k = 8 for a row of 768 at q = 0.99); ``top_k_float`` runs ``jax.lax.top_k``
+on the floats themselves (NaN counted per row and put back where it reaches a rank, −0 returned as +0). Per shape: each
+method under ``jax.jit``, the median ms of ``--repeats`` timed rounds (``benchtools.time_ms``), and whether its bounds
+equal the radix select's bit for bit on the same data (``test_tensor``: outliers, signed zeros, ±Inf, NaNs). Writes
+``benchmarks/results/occ_bounds.json``.
 """
 
 from __future__ import annotations
