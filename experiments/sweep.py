@@ -62,10 +62,13 @@ def plan(
   in the name is ``train.recipe_label``'s (``<recipe>:causal``).
 
   Raises:
-    ValueError: a ratio is not positive, or ``seeds`` is empty or repeats a seed.
+    ValueError: a ratio is not positive, ``seeds`` is empty or repeats a seed, or a recipe is unknown
+      (``model.resolve_recipe``: before any run starts, not in each run's process).
   """
   if seeds is not None and (not seeds or len(set(seeds)) != len(seeds)):
     raise ValueError(f"seeds: expected distinct seeds, got {list(seeds)}")
+  for recipe in recipes:
+    model_lib.resolve_recipe(recipe)
   runs = []
   for size in sizes:
     n = model_lib.parameter_count(model_lib.model_config(size))["non_embedding"]

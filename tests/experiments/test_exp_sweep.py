@@ -24,6 +24,16 @@ def test_plan_covers_the_grid_with_tokens_per_parameter():
     sweep.plan(BASE, ["1M"], [0], ["bf16"])
 
 
+def test_an_unknown_recipe_is_refused_before_any_run_starts(tmp_path, capsys):
+  with pytest.raises(ValueError, match="unknown recipe 'quartett'"):
+    sweep.plan(BASE, ["1M"], [10], ["bf16", "quartett"])
+  with pytest.raises(ValueError, match="cannot load 'nope' from module 'fp4jax_experiments.ablations'"):
+    sweep.plan(BASE, ["1M"], [10], ["fp4jax_experiments.ablations:nope"])
+  with pytest.raises(SystemExit):
+    sweep.main(["--out", str(tmp_path / "s"), "--sizes", "1M", "--ratios", "10", "--recipes", "quartett"])
+  assert "unknown recipe 'quartett'" in capsys.readouterr().err and not (tmp_path / "s").exists()
+
+
 def test_seeds_repeat_every_cell_under_its_own_seed():
   runs = sweep.plan(BASE, ["1M"], [10], ["bf16", "quartet2"], seeds=[0, 1, 2])
   assert [r.name for r in runs] == [f"1M-r10-{rc}-s{s}" for rc in ("bf16", "quartet2") for s in (0, 1, 2)]
