@@ -15,6 +15,7 @@
 #   bash benchmarks/gpu_suite.sh training  # 1 GPU: XLA vs Pallas quantizers, losses step by step, then the 125M step
 #   bash benchmarks/gpu_suite.sh recompute # 1 GPU: ModelConfig.recompute's loss curves (bf16, 200 steps) and FP4 speed
 #   bash benchmarks/gpu_suite.sh loop-flags  # 1 GPU: the 125M step under XLA flags against the layer loop's copies
+#   bash benchmarks/gpu_suite.sh loop-copies  # 1 GPU: what the step's layer loops copy (compiled HLO), per flag set
 #   bash benchmarks/gpu_suite.sh occ       # 1 GPU: ms_fp4's OCC clamp bounds several ways (benchmarks/occ_bounds.py)
 #
 # Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
@@ -42,6 +43,18 @@ curves = {r.parent.name: [json.loads(line).get("loss", json.loads(line).get("val
 print(curves)
 print("bit-identical across processes:", len(curves) == int(sys.argv[3]) and len({tuple(c) for c in curves.values()}) == 1)
 PY
+}
+
+# loop_flags NAME: the XLA_FLAGS of a named flag set aimed at the layer loops' copies
+loop_flags() {
+  case $1 in
+    none) echo "" ;;
+    double_buffering) echo "--xla_gpu_enable_while_loop_double_buffering=true" ;;
+    region_analysis) echo "--xla_gpu_copy_insertion_use_region_analysis=true" ;;
+    dynamic_slice_fusion) echo "--xla_gpu_enable_dynamic_slice_fusion=true" ;;  # kernels read/write slots in place
+    *) echo "gpu_suite.sh: unknown flag set '$1' (none double_buffering region_analysis dynamic_slice_fusion)" >&2
+       return 2 ;;
+  esac
 }
 
 case "${1:-}" in
@@ -137,17 +150,25 @@ case "${1:-}" in
   loop-flags)
     # XLA flags against the layer loop's copies (the copy column of BENCHMARKS.md's 125M profile): one process per
     # flag set, each timing the anchor beside the models, so "/ anchor" compares across the processes; profiled.
-    # Budgeted at 190 s per process. RECIPES (default bf16,nvidia_nvfp4,quartet2) picks the models.
-    for v in none double_buffering region_analysis; do
-      case $v in
-        none) flags="" ;;
-        double_buffering) flags="--xla_gpu_enable_while_loop_double_buffering=true" ;;
-        region_analysis) flags="--xla_gpu_copy_insertion_use_region_analysis=true" ;;
-      esac
+    # Budgeted at 190 s per process. RECIPES (default bf16,nvidia_nvfp4,quartet2) picks the models, FLAGSETS (default
+    # all four) the flag sets.
+    for v in ${FLAGSETS:-none double_buffering region_analysis dynamic_slice_fusion}; do
+      flags=$(loop_flags "$v") || exit 2
       XLA_FLAGS="$flags" timeout 190 python benchmarks/train_throughput.py --devices 1 \
         --recipes "${RECIPES:-bf16,nvidia_nvfp4,quartet2}" --rounds 2 --steps 8 --max-compile-s 120 \
         --profile "/tmp/prof_loop_$v" \
         --out "$OUT/train_throughput_loop_$v.json" > "$OUT/train_throughput_loop_$v.log" 2>&1
+    done
+    ;;
+  loop-copies)
+    # What the 125M step's layer loops copy, from its compiled HLO (benchmarks/loop_copies.py), per flag set and
+    # recipe (RECIPES, default nvidia_nvfp4; FLAGSETS, default none and dynamic_slice_fusion); about 40 s a compile.
+    for v in ${FLAGSETS:-none dynamic_slice_fusion}; do
+      flags=$(loop_flags "$v") || exit 2
+      for r in $(echo "${RECIPES:-nvidia_nvfp4}" | tr , ' '); do
+        XLA_FLAGS="$flags" timeout 240 python benchmarks/loop_copies.py --recipe "$r" \
+          --out "$OUT/loop_copies_${r}_$v.json" > "$OUT/loop_copies_${r}_$v.log" 2>&1
+      done
     done
     ;;
   occ)

@@ -29,6 +29,7 @@ MAX_LINES = 500
 ORDER = (
   "train_throughput",
   "compile_profile",
+  "loop_copies",
   "loss_curves",
   "linear_trees",
   "cpu_quantizers",
@@ -386,7 +387,44 @@ def _occ_bounds(doc: dict) -> list[str]:
   return out
 
 
+def _loop_copies(doc: dict) -> list[str]:
+  st = doc["settings"]
+  out = _title(doc, f"What the train step's layer loops move, {st['model']} {st['recipe']}") + provenance(doc)
+  out += [
+    "",
+    "Per `while` loop of the compiled step's HLO (`benchmarks/loop_copies.py`; no step runs): the body's copies, "
+    "slot writes and reads of stacked buffers that only move data, and the reads and writes XLA does in place, per "
+    "iteration, for the six loops that move the most in all their iterations; then the largest groups (kind, "
+    "shape, the JAX op they came from) of the loops of more than one iteration.",
+    "",
+    "| loop | iterations | " + " | ".join(f"{k} (MiB)" for k in _LOOP_KINDS) + " |",
+    "|---|---|" + "---|" * len(_LOOP_KINDS),
+  ]
+  for loop in sorted(doc["loops"], key=_loop_bytes, reverse=True)[:6]:
+    moves = " | ".join(f"{n} ({b / 2**20:.1f})" for n, b in (loop["per_iteration"][k] for k in _LOOP_KINDS))
+    out.append(f"| {loop['op_name'] or loop['body']} | {loop['trip_count'] or '?'} | {moves} |")
+  groups = [(g, loop) for loop in doc["loops"] if (loop["trip_count"] or 0) > 1 for g in loop["groups"]]
+  groups.sort(key=lambda gl: -gl[0]["bytes"] * gl[0]["count"])
+  out += ["", "| loop | kind | shape | count | MiB each | op |", "|---|---|---|---|---|---|"]
+  for g, loop in groups[:8]:
+    op = g["op_name"][-90:]
+    out.append(
+      f"| {loop['op_name'] or loop['body']} | {g['kind']} | {g['shape']} | {g['count']} | "
+      f"{g['bytes'] / 2**20:.1f} | `{op}` |"
+    )
+  return out
+
+
+_LOOP_KINDS = ("copy", "write", "read", "in place")
+
+
+def _loop_bytes(loop: dict) -> float:
+  """Bytes a loop's body moves in all its iterations (an unknown trip count counts once)."""
+  return (loop["trip_count"] or 1) * sum(b for _, b in loop["per_iteration"].values())
+
+
 RENDER: dict[str, Callable[[dict], list[str]]] = {
+  "loop_copies": _loop_copies,
   "train_throughput": _train_throughput,
   "compile_profile": _compile_profile,
   "linear_trees": _linear_trees,

@@ -1,0 +1,209 @@
+"""What the experiments' train step moves into and out of its layer loops' stacked buffers, from the compiled HLO.
+
+  python benchmarks/loop_copies.py --recipe nvidia_nvfp4                       # GPU: the 125M step
+  XLA_FLAGS=--xla_gpu_enable_dynamic_slice_fusion=true python benchmarks/loop_copies.py --recipe nvidia_nvfp4
+  python benchmarks/loop_copies.py --model 100K --batch 2 --seq-len 64 --out /tmp/c.json   # CPU smoke
+
+The FP4 blocks run one per iteration of a device loop (``ModelConfig.scan_unroll``): the forward loop writes each
+activation the backward needs into a stacked buffer (one slot per layer, a ``dynamic-update-slice``) and the
+backward loop reads it back (a ``dynamic-slice``). The GPU profile of the 125M step shows these as ``memcpy`` kernels
+(BENCHMARKS.md's copy column). This census compiles ``fp4jax_experiments.train.Trainer``'s train step once (no
+step runs) and lists, per ``while`` loop of the optimized HLO, the instructions of its body that move a whole
+value: ``copy`` (non-scalar), a fusion that only moves data (parameters, bitcasts, reshapes, scalar index
+arithmetic) whose root is ``dynamic-update-slice`` ("write": bytes of one slot, the buffer's bytes over its leading
+dimension) or that holds a ``dynamic-slice`` ("read": bytes of the fusion's output), and fusions XLA compiled as
+address computations ("in place", ``dynamic_address_computation``: a kernel reading or writing the slot in place, no
+copy), grouped by kind, shape and the JAX op they came from (``op_name`` metadata).
+Writes the JSON to ``--out`` (default benchmarks/results/loop_copies.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import math
+import os
+import pathlib
+import re
+import shlex
+import sys
+
+if __package__ in (None, ""):  # run as a script: the repository root makes ``benchmarks`` importable
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax
+
+from benchmarks.benchtools import header
+from benchmarks.linear_trees import commit
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+KINDS = ("copy", "write", "read", "in place")
+_HEADER = re.compile(r"^(?:ENTRY )?%(\S+) \(")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\S+?)(?:\{[^}]*\})? ([\w-]+)\(")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f4e2m1fn": 0.5, "s4": 0.5, "u4": 0.5}
+
+
+def shape_bytes(shape: str) -> float:
+  """Bytes of an HLO array shape such as ``bf16[16384,768]`` (a tuple or token: 0)."""
+  m = re.fullmatch(r"([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]", shape)
+  if m is None:
+    return 0.0
+  dtype, dims = m.groups()
+  size = _DTYPE_BYTES.get(dtype) or int(re.search(r"\d+", dtype).group()) // 8
+  return size * math.prod(int(d) for d in dims.split(",") if d)
+
+
+def computations(hlo: str) -> dict[str, list[str]]:
+  """The HLO module's computations: name -> the lines of its body."""
+  out, name = {}, None
+  for line in hlo.splitlines():
+    m = _HEADER.match(line)
+    if m and line.rstrip().endswith("{"):
+      name = m.group(1)
+      out[name] = []
+    elif line.startswith("}"):
+      name = None
+    elif name is not None:
+      out[name].append(line)
+  return out
+
+
+def _op_name(line: str) -> str:
+  m = re.search(r'op_name="([^"]*)"', line)
+  return re.sub(r"^jit\([^)]*\)/", "", m.group(1)) if m else ""
+
+
+def census(hlo: str) -> list[dict]:
+  """Per ``while`` loop of an optimized HLO module's text: its ``body``, ``op_name``, ``trip_count`` (XLA's known
+  trip count, else None) and ``groups``: ``{kind, shape, op_name, count, bytes}`` per (kind, shape, op_name) of the
+  body's value moves (``KINDS``; ``bytes`` per instance), most bytes first, with ``per_iteration`` totals
+  ``{kind: [count, bytes]}``."""
+  comps = computations(hlo)
+  roots = {name: next((line for line in lines if "ROOT " in line), "") for name, lines in comps.items()}
+  loops = []
+  for lines in comps.values():
+    for line in lines:
+      if " while(" not in line or "body=%" not in line:
+        continue
+      body = re.search(r"body=%([\w.\-]+)", line).group(1)
+      trip = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', line)
+      groups = collections.Counter()
+      for inst in comps.get(body, []):
+        move = _classify(inst, comps, roots)
+        if move is not None:
+          groups[move] += 1
+      rows = [{"kind": k, "shape": s, "op_name": o, "count": n, "bytes": b} for (k, s, o, b), n in groups.items()]
+      rows.sort(key=lambda r: (-r["bytes"] * r["count"], r["kind"], r["op_name"]))
+      totals = {k: [0, 0.0] for k in KINDS}
+      for r in rows:
+        totals[r["kind"]][0] += r["count"]
+        totals[r["kind"]][1] += r["count"] * r["bytes"]
+      loops.append(
+        {
+          "body": body,
+          "op_name": _op_name(line),
+          "trip_count": int(trip.group(1)) if trip else None,
+          "per_iteration": totals,
+          "groups": rows,
+        }
+      )
+  return loops
+
+
+def _classify(line: str, comps: dict[str, list[str]], roots: dict[str, str]) -> tuple | None:
+  """``(kind, shape, op_name, bytes)`` of a body instruction that moves a whole value, else None."""
+  m = _INSTRUCTION.match(line)
+  if m is None:
+    return None
+  _, shape, opcode = m.groups()
+  if opcode == "copy":
+    return None if shape_bytes(shape) <= 8 else ("copy", shape, _op_name(line), shape_bytes(shape))
+  if opcode != "fusion":
+    return None
+  called = re.search(r"calls=%([\w.\-]+)", line).group(1)
+  if "address_computation" in line:
+    return ("in place", shape, _op_name(line), shape_bytes(shape))
+  body = comps.get(called, [])
+  if not all(_moves_only(inner) for inner in body):
+    return None  # the slice is fused with arithmetic on whole arrays: no separate pass over memory
+  if " dynamic-update-slice(" in roots.get(called, ""):
+    lead = re.search(r"\[(\d+)", shape)
+    slot = shape_bytes(shape) / int(lead.group(1)) if lead and int(lead.group(1)) else 0.0
+    return ("write", shape, _op_name(line), slot)
+  if any(" dynamic-slice(" in inner for inner in body):
+    return ("read", shape, _op_name(line), shape_bytes(shape))
+  return None
+
+
+_MOVE_OPS = {"parameter", "constant", "bitcast", "reshape", "copy", "dynamic-slice", "dynamic-update-slice", "tuple"}
+
+
+def _moves_only(line: str) -> bool:
+  """Whether a fused computation's instruction only moves data or computes a scalar (an index)."""
+  m = _INSTRUCTION.match(line)
+  return m is None or m.group(3) in _MOVE_OPS or "[]" in m.group(2)
+
+
+def compiled_step_hlo(model: str, recipe: str, overrides: dict, seq_len: int, batch: int) -> str:
+  """The optimized HLO text of ``Trainer``'s train step for ``model`` under ``recipe`` on one device."""
+  from fp4jax_experiments import train  # noqa: PLC0415  (the census above needs no model)
+
+  config = train.TrainConfig(
+    model=model, recipe=recipe, data="stdlib", batch_size=batch, seq_len=seq_len, tokens=batch * seq_len * 10
+  )
+  trainer = train.Trainer(config, model_overrides=overrides)
+  state = trainer.init_state()
+  tokens, key = trainer.place(trainer.stream.batch(0)), trainer.quant_key(0)
+  return trainer.train_step.lower(state, tokens, key).compile().as_text() or ""
+
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--model", default="125M")
+  p.add_argument("--recipe", default="nvidia_nvfp4")
+  p.add_argument("--overrides", default="{}", type=json.loads, help="JSON ModelConfig overrides")
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--seq-len", type=int, default=1024)
+  p.add_argument("--top", type=int, default=12, help="groups kept per loop (the most bytes)")
+  p.add_argument("--commit", default=None)
+  p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "loop_copies.json"))
+  args = p.parse_args(argv)
+  if args.top < 1:
+    p.error(f"--top must be >= 1, got {args.top}")
+  loops = census(compiled_step_hlo(args.model, args.recipe, args.overrides, args.seq_len, args.batch))
+  for loop in loops:
+    loop["groups"] = loop["groups"][: args.top]
+    if sum(b for _, b in loop["per_iteration"].values()) < 2**10:
+      continue  # the printout skips the loops that move less than 1 KiB per iteration (the JSON keeps them)
+    moves = ", ".join(f"{k} {n} ({b / 2**20:.1f} MiB)" for k, (n, b) in loop["per_iteration"].items() if n)
+    print(f"{loop['op_name'] or loop['body']} x{loop['trip_count']}: {moves or 'no moves'}", flush=True)
+  device = jax.devices()[0]
+  xla_flags = os.environ.get("XLA_FLAGS", "")
+  command = shlex.join(["python", "benchmarks/loop_copies.py", *(sys.argv[1:] if argv is None else argv)])
+  doc = {
+    "benchmark": "loop_copies",
+    "header": header(),
+    "device_kind": device.device_kind,
+    "platform": device.platform,
+    "jax_version": jax.__version__,
+    "commit": args.commit or commit(REPO),
+    "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    "command": (f"XLA_FLAGS={shlex.quote(xla_flags)} " if xla_flags else "") + command,
+    "xla_flags": xla_flags,
+    "settings": {
+      "model": args.model,
+      "recipe": args.recipe,
+      "overrides": args.overrides,
+      "batch": args.batch,
+      "seq_len": args.seq_len,
+    },  # fmt: skip
+    "loops": loops,
+  }
+  pathlib.Path(args.out).write_text(json.dumps(doc, indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,136 @@
+"""benchmarks/loop_copies.py: the census of a layer loop's value moves, against a hand-written HLO module whose
+moves are known, a compiled scan, and the command on the CPU."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from benchmarks import loop_copies, report
+
+# A while loop of 12 iterations whose body makes each kind of move once, beside what is not a move: a scalar copy,
+# a slot write fused with arithmetic, and an ordinary fusion.
+HLO = """HloModule m
+
+%write_only (p0: bf16[12,16384,768], p1: s32[], p2: bf16[16384,768]) -> bf16[12,16384,768] {
+  %p0 = bf16[12,16384,768]{2,1,0} parameter(0)
+  %p2 = bf16[16384,768]{1,0} parameter(2)
+  %b = bf16[1,16384,768]{2,1,0} bitcast(%p2)
+  %p1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  ROOT %dus = bf16[12,16384,768]{2,1,0} dynamic-update-slice(%p0, %b, %p1, %z, %z)
+}
+
+%write_with_math (p0: f32[12,64], p1: s32[], p2: f32[64]) -> f32[12,64] {
+  %p0 = f32[12,64]{1,0} parameter(0)
+  %p2 = f32[64]{0} parameter(2)
+  %e = f32[64]{0} exponential(%p2)
+  %b = f32[1,64]{1,0} bitcast(%e)
+  %p1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  ROOT %dus = f32[12,64]{1,0} dynamic-update-slice(%p0, %b, %p1, %z)
+}
+
+%read_only (p0: u8[12,16384,384], p1: s32[]) -> u8[16384,384] {
+  %p0 = u8[12,16384,384]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %one = s32[] constant(1)
+  %i = s32[] subtract(%p1, %one)
+  %z = s32[] constant(0)
+  %ds = u8[1,16384,384]{2,1,0} dynamic-slice(%p0, %i, %z, %z), dynamic_slice_sizes={1,16384,384}
+  ROOT %b = u8[16384,384]{1,0} bitcast(%ds)
+}
+
+%in_place (p0: f32[12,8,8]) -> f32[8,8] {
+  %p0 = f32[12,8,8]{2,1,0} parameter(0)
+  ROOT %cc = f32[8,8]{1,0} custom-call(%p0), custom_call_target="x"
+}
+
+%add_one (p0: f32[64]) -> f32[64] {
+  %p0 = f32[64]{0} parameter(0)
+  %c = f32[] constant(1)
+  %bc = f32[64]{0} broadcast(%c), dimensions={}
+  ROOT %a = f32[64]{0} add(%p0, %bc)
+}
+
+%body (t: (s32[], bf16[16384,768])) -> (s32[], bf16[16384,768]) {
+  %t = (s32[], bf16[16384,768]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = bf16[16384,768]{1,0} get-tuple-element(%t), index=1
+  %c1 = bf16[16384,768]{1,0} copy(%x), metadata={op_name="jit(s)/fwd/copy"}
+  %c2 = s32[] copy(%i)
+  %w = bf16[12,16384,768]{2,1,0} fusion(%x, %i, %x), kind=kLoop, calls=%write_only, metadata={op_name="jit(s)/fwd/dus"}
+  %m = f32[12,64]{1,0} fusion(%x, %i, %x), kind=kLoop, calls=%write_with_math
+  %r = u8[16384,384]{1,0} fusion(%x, %i), kind=kLoop, calls=%read_only, metadata={op_name="jit(s)/bwd/ds"}
+  %p = f32[8,8]{1,0} fusion(%x), kind=kCustom, calls=%in_place, backend_config={"name":"dynamic_address_computation"}
+  %o = f32[64]{0} fusion(%x), kind=kLoop, calls=%add_one
+  ROOT %out = (s32[], bf16[16384,768]{1,0}) tuple(%i, %c1)
+}
+
+%cond (t: (s32[], bf16[16384,768])) -> pred[] {
+  %t = (s32[], bf16[16384,768]{1,0}) parameter(0)
+  ROOT %p = pred[] constant(true)
+}
+
+ENTRY %main (a: (s32[], bf16[16384,768])) -> (s32[], bf16[16384,768]) {
+  %a = (s32[], bf16[16384,768]{1,0}) parameter(0)
+  @WHILE@
+}
+"""
+HLO = HLO.replace(  # one line in HLO text: the census reads an instruction from its line
+  "@WHILE@",
+  "ROOT %loop = (s32[], bf16[16384,768]{1,0}) while(%a), condition=%cond, body=%body, "
+  'metadata={op_name="jit(s)/w"}, backend_config={"known_trip_count":{"n":"12"}}',
+)
+
+
+def test_census_counts_each_kind_of_move_and_nothing_else():
+  (loop,) = loop_copies.census(HLO)
+  assert (loop["body"], loop["op_name"], loop["trip_count"]) == ("body", "w", 12)
+  activation = 16384 * 768 * 2  # one bf16 slot of the stacked buffer, hand-computed
+  assert loop["per_iteration"] == {
+    "copy": [1, activation],
+    "write": [1, activation],
+    "read": [1, 16384 * 384],
+    "in place": [1, 8 * 8 * 4],
+  }
+  by_kind = {g["kind"]: g for g in loop["groups"]}
+  assert by_kind["read"]["op_name"] == "bwd/ds"
+  assert by_kind["write"]["shape"] == "bf16[12,16384,768]" and by_kind["copy"]["op_name"] == "fwd/copy"
+  assert [g["kind"] for g in loop["groups"]] == ["copy", "write", "read", "in place"]  # most bytes first, then kind
+
+
+@pytest.mark.parametrize(
+  ("shape", "size"), [("bf16[16384,768]", 16384 * 768 * 2), ("f4e2m1fn[4,6]", 12), ("pred[3]", 3), ("f32[]", 4)]
+)
+def test_shape_bytes(shape, size):
+  assert loop_copies.shape_bytes(shape) == size
+
+
+def test_a_compiled_scan_has_a_forward_and_a_backward_loop_of_its_length():
+  def loss(w, x):
+    h, _ = jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w)
+    return h.sum()
+
+  hlo = jax.jit(jax.grad(loss)).lower(jnp.ones((4, 64, 64)), jnp.ones((32, 64))).compile().as_text()
+  loops = loop_copies.census(hlo)
+  assert [loop["trip_count"] for loop in loops] == [4, 4]
+  for loop in loops:
+    for g in loop["groups"]:
+      whole = loop_copies.shape_bytes(g["shape"])
+      assert g["bytes"] == (whole / int(g["shape"].split("[")[1].split(",")[0]) if g["kind"] == "write" else whole)
+
+
+def test_command_writes_its_document_and_the_report_renders_it(tmp_path):
+  out = tmp_path / "c.json"
+  args = ["--model", "100K", "--recipe", "bf16", "--overrides", '{"scan_unroll": 1}']  # bf16 blocks in a loop
+  args += ["--batch", "2", "--seq-len", "32", "--commit", "abc1234"]
+  assert loop_copies.main([*args, "--top", "3", "--out", str(out)]) == 0
+  doc = json.loads(out.read_text())
+  assert (doc["benchmark"], doc["commit"], doc["settings"]["recipe"]) == ("loop_copies", "abc1234", "bf16")
+  assert doc["loops"] and all(len(loop["groups"]) <= 3 for loop in doc["loops"])
+  section = "\n".join(report.RENDER["loop_copies"](doc))
+  assert "python benchmarks/loop_copies.py --model 100K" in section and "| loop |" in section
+  with pytest.raises(SystemExit):
+    loop_copies.main([*args, "--top", "0", "--out", str(out)])
