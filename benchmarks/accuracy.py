@@ -13,29 +13,20 @@ table, mean and sample standard deviation over ``--keys`` keys) and ``benchmarks
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import pathlib
+import sys
+
+if __package__ in (None, ""):  # run as a script: the repository root makes ``benchmarks`` importable
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax
 
+from benchmarks.benchtools import provenance
 from fp4jax import recipes
 from fp4jax_experiments import quant_error_table, recipe_errors
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-
-
-def provenance(commit: str, command: str) -> dict:
-  """Device, JAX version, commit, date and command of this run."""
-  device = jax.devices()[0]
-  return {
-    "device_kind": device.device_kind,
-    "platform": device.platform,
-    "jax_version": jax.__version__,
-    "commit": commit,
-    "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    "command": command,
-  }
 
 
 def quant_error(rows: int, keys: int, where: dict) -> dict:

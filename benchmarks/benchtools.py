@@ -18,6 +18,20 @@ def header() -> str:
   )
 
 
+def provenance(commit: str, command: str) -> dict:
+  """A result document's where and how: the first JAX device's kind and platform, the JAX version, ``commit``, the
+  date (UTC, to the minute) and ``command``."""
+  device = jax.devices()[0]
+  return {
+    "device_kind": device.device_kind,
+    "platform": device.platform,
+    "jax_version": jax.__version__,
+    "commit": commit,
+    "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    "command": command,
+  }
+
+
 def time_ms(fn, *args, warmup: int = 3, repeats: int = 7, calls: int = 10) -> float:
   """Milliseconds per call of ``fn(*args)`` (jitted by the caller): median over ``repeats`` of ``calls`` back-to-back
   asynchronous calls synchronized once (launch overhead hidden behind the queued device work)."""

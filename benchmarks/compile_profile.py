@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import gzip
 import json
 import pathlib
@@ -29,7 +28,7 @@ if __package__ in (None, ""):  # run as a script: the repository root makes ``be
 
 import jax
 
-from benchmarks.benchtools import header
+from benchmarks.benchtools import header, provenance
 from benchmarks.linear_trees import commit
 from fp4jax_experiments import step_profile, train
 
@@ -119,16 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name, ms, n in r["host_events"][:12]:
       print(f"    {ms / 1e3:8.2f} s {n:6d}  {name[:100]}")
-  device = jax.devices()[0]
+  command = shlex.join(["python", "benchmarks/compile_profile.py", *(sys.argv[1:] if argv is None else argv)])
   doc = {
     "benchmark": "compile_profile",
     "header": header(),
-    "device_kind": device.device_kind,
-    "platform": device.platform,
-    "jax_version": jax.__version__,
-    "commit": args.commit or commit(REPO),
-    "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    "command": shlex.join(["python", "benchmarks/compile_profile.py", *(sys.argv[1:] if argv is None else argv)]),
+    **provenance(args.commit or commit(REPO), command),
     "settings": {"model": args.model, "recipe": args.recipe, "overrides": args.overrides},
     "variants": rows,
   }

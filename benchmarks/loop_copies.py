@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import json
 import math
 import os
@@ -33,9 +32,8 @@ import sys
 if __package__ in (None, ""):  # run as a script: the repository root makes ``benchmarks`` importable
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import jax
 
-from benchmarks.benchtools import header
+from benchmarks.benchtools import header, provenance
 from benchmarks.linear_trees import commit
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -179,18 +177,13 @@ def main(argv: list[str] | None = None) -> int:
       continue  # the printout skips the loops that move less than 1 KiB per iteration (the JSON keeps them)
     moves = ", ".join(f"{k} {n} ({b / 2**20:.1f} MiB)" for k, (n, b) in loop["per_iteration"].items() if n)
     print(f"{loop['op_name'] or loop['body']} x{loop['trip_count']}: {moves or 'no moves'}", flush=True)
-  device = jax.devices()[0]
   xla_flags = os.environ.get("XLA_FLAGS", "")
   command = shlex.join(["python", "benchmarks/loop_copies.py", *(sys.argv[1:] if argv is None else argv)])
+  command = (f"XLA_FLAGS={shlex.quote(xla_flags)} " if xla_flags else "") + command
   doc = {
     "benchmark": "loop_copies",
     "header": header(),
-    "device_kind": device.device_kind,
-    "platform": device.platform,
-    "jax_version": jax.__version__,
-    "commit": args.commit or commit(REPO),
-    "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    "command": (f"XLA_FLAGS={shlex.quote(xla_flags)} " if xla_flags else "") + command,
+    **provenance(args.commit or commit(REPO), command),
     "xla_flags": xla_flags,
     "settings": {
       "model": args.model,

@@ -20,7 +20,6 @@ equal the radix select's bit for bit on the same data (``test_tensor``: outliers
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import pathlib
 import shlex
@@ -33,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.benchtools import time_ms
+from benchmarks.benchtools import provenance, time_ms
 from benchmarks.linear_trees import commit
 from fp4jax._src import estimators
 
@@ -137,15 +136,10 @@ def main(argv: list[str] | None = None) -> None:
     p.error(f"--repeats must be at least 1, got {args.repeats}")
   if not 0.5 < args.quantile <= 1:
     p.error(f"--quantile must be in (0.5, 1], got {args.quantile}")
-  dev = jax.devices()[0]
+  command = shlex.join(["python", "benchmarks/occ_bounds.py", *(argv if argv is not None else sys.argv[1:])])
   doc = {
     "benchmark": "occ_bounds",
-    "device_kind": dev.device_kind,
-    "platform": dev.platform,
-    "jax_version": jax.__version__,
-    "commit": args.commit or commit(REPO),
-    "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
-    "command": shlex.join(["python", "benchmarks/occ_bounds.py", *(argv if argv is not None else sys.argv[1:])]),
+    **provenance(args.commit or commit(REPO), command),
     "settings": {"quantile": args.quantile, "repeats": args.repeats},
     "rows": measure(args.shapes, args.dtypes, args.quantile, args.repeats),
   }

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks import accuracy, report
+from benchmarks import accuracy, benchtools, report
 from fp4jax_experiments import quant_error_table
 
 
@@ -10,7 +10,7 @@ from fp4jax_experiments import quant_error_table
 # committed document's table (test_report.py::test_committed_benchmarks_md_is_what_the_report_generates)
 @pytest.mark.slow
 def test_quant_error_document_has_every_quantizer_and_renders():
-  where = accuracy.provenance("abc1234", "python benchmarks/accuracy.py --commit abc1234")
+  where = benchtools.provenance("abc1234", "python benchmarks/accuracy.py --commit abc1234")
   doc = accuracy.quant_error(rows=64, keys=2, where=where)
   assert [r["name"] for r in doc["rows"]] == list(quant_error_table.PUBLISHED)
   rtn = doc["rows"][0]
