@@ -12,7 +12,11 @@
 # waits until all sweeps have exited or WAIT_S seconds (default 540) have passed since it began, copying into $OUT
 # every 50 s: results.jsonl and eval.jsonl (every sweep's finished runs), runs.tgz (the run folders without
 # checkpoints), sweeps.log (each sweep's log tail, nvidia-smi) and device.txt (JAX devices, GPUs, COMMIT, plan).
-# COMMIT=<sha> names the code in every run's summary. A call cut off at its limit still returns the last copy.
+# A line "NAME ! COMMAND" runs the bash COMMAND instead (a GPU probe, e.g. "CUDA_VISIBLE_DEVICES=3
+# XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 bash benchmarks/gpu_suite.sh loop-copies"), in its own session with OUT set to
+# its folder, LEASE_STATE the state folder below and LEASE_DEADLINE the epoch second at which the first call's
+# MINUTES end; every call packs those folders into $OUT/commands.tgz. COMMIT=<sha> names the code in every run's
+# summary. A call cut off at its limit still returns the last copy.
 # Later calls of the same lease start nothing; they wait and copy again. A run unfinished when the lease ends is
 # lost (checkpoints stay on the machine).
 #
@@ -32,9 +36,12 @@ export FP4JAX_COMMIT=${COMMIT:-}  # each run's summary records it (the machine's
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${MEMFRAC:-0.15}
 [ -n "${SKIP_INSTALL:-}" ] || python -m pip install -q --no-index --no-deps --no-build-isolation -e . \
   > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+export SKIP_INSTALL=1  # installed: a COMMAND line's gpu_suite.sh does not install again
 PATH="$(python -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
+export LEASE_STATE=$STATE
 if [ ! -d "$STATE" ]; then
   mkdir -p "$STATE/runs"
+  python -c "import sys; print(int($T0 + 60 * float(sys.argv[1])))" "$MIN" > "$STATE/deadline"
   {
     python -c "import jax; print(jax.__version__, jax.devices())"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -42,6 +49,15 @@ if [ ! -d "$STATE" ]; then
     python -c "from fp4jax_experiments import data; data.load_corpus('linux')"  # unpack once, before the sweeps
   } > "$STATE/device.txt" 2>&1
   grep -v '^ *#' "$PLAN" | grep . | while read name args; do  # no -r: a line ending in \ continues on the next
+    if [ "${args:0:1}" = "!" ]; then
+      LEASE_DEADLINE=$(cat "$STATE/deadline"); export LEASE_DEADLINE
+      cmd=${args:1}; cmd=${cmd#"${cmd%%[![:space:]]*}"}  # the command, its leading blanks dropped
+      mkdir -p "$STATE/out/$name"
+      OUT="$STATE/out/$name" setsid nohup bash -c "$cmd" > "$STATE/$name.log" 2>&1 < /dev/null &
+      echo $! > "$STATE/$name.pid"
+      echo "started $name: $cmd" >> "$STATE/device.txt"
+      continue
+    fi
     # shellcheck disable=SC2086  # the plan's arguments are split into words on purpose
     setsid nohup fp4jax-sweep $args --out "$STATE/runs/$name" --max-minutes "$MIN" \
       --results "$STATE/$name.results.jsonl" --eval-results "$STATE/$name.eval.jsonl" \
@@ -55,6 +71,9 @@ copy_out() {
   cat "$STATE"/*.eval.jsonl > "$OUT/eval.jsonl" 2>/dev/null
   cp "$STATE/device.txt" "$OUT/device.txt"
   { for f in "$STATE"/*.log; do echo "== $f"; tail -n 40 "$f"; done; date -u; nvidia-smi; } > "$OUT/sweeps.log" 2>&1
+  if [ -d "$STATE/out" ]; then
+    (cd "$STATE" && tar czf "$OUT/commands.tgz.tmp" out && mv "$OUT/commands.tgz.tmp" "$OUT/commands.tgz")
+  fi
   (cd "$STATE" && tar czf "$OUT/runs.tgz.tmp" --exclude=ckpt --exclude=ckpt-rejected --exclude=.jax-cache runs \
     && mv "$OUT/runs.tgz.tmp" "$OUT/runs.tgz")
 }

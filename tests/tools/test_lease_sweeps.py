@@ -1,5 +1,6 @@
-"""tools/lease_sweeps.sh on the CPU: a plan line continued over three lines starts one sweep in its own session, a
-call copies the finished runs out, and a second call on the same machine starts nothing and copies them again."""
+"""tools/lease_sweeps.sh on the CPU: a plan line continued over three lines starts one sweep in its own session (and a
+"!" line a command), a call copies the finished runs and the commands' output out, and a second call on the same
+machine starts nothing and copies them again."""
 
 import json
 import os
@@ -41,6 +42,7 @@ def test_a_plan_runs_across_calls_and_its_results_come_out(tmp_path):
     "tiny --sizes 100K --ratios 0.02 --recipes bf16 --seeds 3 \\\n"
     "  --data stdlib --seq-len 32 --batch-size 4 --eval-every 10 --eval-batches 2 \\\n"
     "  --log-every 10 --ckpt-every 1000 --final-eval-batches 2\n"
+    'probe ! echo "$SKIP_INSTALL $((LEASE_DEADLINE - $(date +%s))) $LEASE_STATE" > "$OUT/probe.txt"\n'  # a command
   )
   out, state, cache = tmp_path / "out", tmp_path / "state", tmp_path / "cache"
   first = _call(plan, out, state, cache)
@@ -57,6 +59,10 @@ def test_a_plan_runs_across_calls_and_its_results_come_out(tmp_path):
   with tarfile.open(out / "runs.tgz") as tar:
     names = tar.getnames()
   assert "runs/tiny/100K-r0.02-bf16-s3/summary.json" in names and not any("/ckpt" in n for n in names)
+  with tarfile.open(out / "commands.tgz") as tar:
+    installed, left, lease_state = tar.extractfile("out/probe/probe.txt").read().decode().split()
+  assert installed == "1" and 0 < int(left) <= 4 * 60 and lease_state == str(state)  # after the install, 4 minutes
+  assert device.count("started probe: echo") == 1
   (out / "results.jsonl").unlink()
   second = _call(plan, out, state, cache)  # the same machine: nothing starts again, the results are copied again
   assert second.returncode == 0, second.stdout + second.stderr

@@ -1,5 +1,6 @@
 """Every committed lease plan (tools/plans/*.txt) is a plan `tools/lease_sweeps.sh` can start: each line a unique
-name and fp4jax-sweep arguments that parse and give runs, so that a typo is found here and not on a lent GPU."""
+name and fp4jax-sweep arguments that parse and give runs (or "!" and a command), so that a typo is found here and not
+on a lent GPU."""
 
 import shlex
 from pathlib import Path
@@ -40,8 +41,41 @@ def test_every_plan_line_is_a_sweep_that_plans_runs(path, tmp_path):
   names = [name for name, _ in lines]
   assert len(set(names)) == len(names), f"{path.name}: repeated names {names}"
   for name, args in lines:
+    if args[0] == "!":  # a command line (a GPU probe): lease_sweeps.sh runs it with bash
+      assert len(args) > 1, f"{path.name}, {name}: an empty command"
+      continue
     reserved = {"--out", "--max-minutes", "--results", "--eval-results"} & set(args)
     assert not reserved, f"{path.name}, {name}: lease_sweeps.sh sets {sorted(reserved)} itself"
     parsed = sweep.build_parser().parse_args([*args, "--out", str(tmp_path / name)])
     runs = sweep.plan(train.config_from_args(parsed), parsed.sizes, parsed.ratios, parsed.recipes, parsed.seeds)
     assert runs, f"{path.name}, {name}: no runs"
+
+
+SCRIPTS = sorted((Path(__file__).resolve().parents[2] / "tools" / "plans").glob("*.sh"))
+
+
+def script_sweeps(text: str) -> list[list[str]]:
+  """The fp4jax-sweep arguments of a plan script, continued lines joined, with the options whose value is a shell
+  expansion (``--out "$LEASE_STATE/..."``) and the redirections dropped."""
+  joined = text.replace("\\\n", " ")
+  sweeps = []
+  for line in joined.splitlines():
+    if not line.lstrip().startswith("fp4jax-sweep "):
+      continue
+    words = shlex.split(line.split(">", 1)[0], posix=True)[1:]
+    keep = []
+    for i, word in enumerate(words):
+      if "$" in word or (word.startswith("--") and i + 1 < len(words) and "$" in words[i + 1]):
+        continue
+      keep.append(word)
+    sweeps.append(keep)
+  return sweeps
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=[p.name for p in SCRIPTS])
+def test_every_sweep_of_a_plan_script_plans_runs(path, tmp_path):
+  sweeps = script_sweeps(path.read_text())
+  assert sweeps, f"{path.name}: no fp4jax-sweep"
+  for args in sweeps:
+    parsed = sweep.build_parser().parse_args([*args, "--out", str(tmp_path / "s")])
+    assert sweep.plan(train.config_from_args(parsed), parsed.sizes, parsed.ratios, parsed.recipes, parsed.seeds)
