@@ -13,7 +13,8 @@ value: ``copy`` (non-scalar), a fusion that only moves data (parameters, bitcast
 arithmetic) whose root is ``dynamic-update-slice`` ("write": bytes of one slot, the buffer's bytes over its leading
 dimension) or that holds a ``dynamic-slice`` ("read": bytes of the fusion's output), and fusions XLA compiled as
 address computations ("in place", ``dynamic_address_computation``: a kernel reading or writing the slot in place, no
-copy), grouped by kind, shape and the JAX op they came from (``op_name`` metadata).
+copy), grouped by kind, shape and the JAX op they came from (``op_name`` metadata); and the body's custom calls by
+kernel name (a tensor quantized once for several GEMMs, its kernel CSE'd by XLA, counts once).
 Writes the JSON to ``--out`` (default benchmarks/results/loop_copies.json).
 """
 
@@ -77,7 +78,8 @@ def census(hlo: str) -> list[dict]:
   """Per ``while`` loop of an optimized HLO module's text: its ``body``, ``op_name``, ``trip_count`` (XLA's known
   trip count, else None) and ``groups``: ``{kind, shape, op_name, count, bytes}`` per (kind, shape, op_name) of the
   body's value moves (``KINDS``; ``bytes`` per instance), most bytes first, with ``per_iteration`` totals
-  ``{kind: [count, bytes]}``."""
+  ``{kind: [count, bytes]}``, and ``custom_calls``: the body's custom calls (Pallas kernels by their name, others by
+  their target) and how many of each, so that a kernel quantizing one tensor for several GEMMs shows once."""
   comps = computations(hlo)
   roots = {name: next((line for line in lines if "ROOT " in line), "") for name, lines in comps.items()}
   loops = []
@@ -88,6 +90,7 @@ def census(hlo: str) -> list[dict]:
       body = re.search(r"body=%([\w.\-]+)", line).group(1)
       trip = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', line)
       groups = collections.Counter()
+      calls = collections.Counter(_call_name(inst) for inst in comps.get(body, []) if " custom-call(" in inst)
       for inst in comps.get(body, []):
         move = _classify(inst, comps, roots)
         if move is not None:
@@ -105,9 +108,16 @@ def census(hlo: str) -> list[dict]:
           "trip_count": int(trip.group(1)) if trip else None,
           "per_iteration": totals,
           "groups": rows,
+          "custom_calls": dict(sorted(calls.items())),
         }
       )
   return loops
+
+
+def _call_name(line: str) -> str:
+  """A custom call's kernel name (a Pallas kernel's ``name`` in its backend config), else its target."""
+  m = re.search(r'\bname\\?"?\s*[:=]\s*\\?"([\w.\-]+)', line) or re.search(r'custom_call_target="([^"]+)"', line)
+  return m.group(1) if m else "?"
 
 
 def _classify(line: str, comps: dict[str, list[str]], roots: dict[str, str]) -> tuple | None:

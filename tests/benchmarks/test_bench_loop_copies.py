@@ -65,6 +65,8 @@ HLO = """HloModule m
   %r = u8[16384,384]{1,0} fusion(%x, %i), kind=kLoop, calls=%read_only, metadata={op_name="jit(s)/bwd/ds"}
   %p = f32[8,8]{1,0} fusion(%x), kind=kCustom, calls=%in_place, backend_config={"name":"dynamic_address_computation"}
   %o = f32[64]{0} fusion(%x), kind=kLoop, calls=%add_one
+  %k = (u8[16384,384]{1,0}, f32[1024]{0}) custom-call(%x), custom_call_target="__gpu$xla.gpu.triton", @CONFIG@
+  %g = bf16[64,64]{1,0} custom-call(%x, %x), custom_call_target="__cublas$gemm"
   ROOT %out = (s32[], bf16[16384,768]{1,0}) tuple(%i, %c1)
 }
 
@@ -78,6 +80,7 @@ ENTRY %main (a: (s32[], bf16[16384,768])) -> (s32[], bf16[16384,768]) {
   @WHILE@
 }
 """
+HLO = HLO.replace("@CONFIG@", 'backend_config={name = "fp4_quantize_pair", num_warps = 4 : i32}')
 HLO = HLO.replace(  # one line in HLO text: the census reads an instruction from its line
   "@WHILE@",
   "ROOT %loop = (s32[], bf16[16384,768]{1,0}) while(%a), condition=%cond, body=%body, "
@@ -99,6 +102,7 @@ def test_census_counts_each_kind_of_move_and_nothing_else():
   assert by_kind["read"]["op_name"] == "bwd/ds"
   assert by_kind["write"]["shape"] == "bf16[12,16384,768]" and by_kind["copy"]["op_name"] == "fwd/copy"
   assert [g["kind"] for g in loop["groups"]] == ["copy", "write", "read", "in place"]  # most bytes first, then kind
+  assert loop["custom_calls"] == {"__cublas$gemm": 1, "fp4_quantize_pair": 1}
 
 
 @pytest.mark.parametrize(
