@@ -136,5 +136,6 @@ def test_command_writes_its_document_and_the_report_renders_it(tmp_path):
   assert doc["loops"] and all(len(loop["groups"]) <= 3 for loop in doc["loops"])
   section = "\n".join(report.RENDER["loop_copies"](doc))
   assert "python benchmarks/loop_copies.py --model 100K" in section and "| loop |" in section
+  assert "Custom calls per iteration of " in section
   with pytest.raises(SystemExit):
     loop_copies.main([*args, "--top", "0", "--out", str(out)])
