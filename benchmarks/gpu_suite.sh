@@ -51,7 +51,8 @@ loop_flags() {
     none) echo "" ;;
     double_buffering) echo "--xla_gpu_enable_while_loop_double_buffering=true" ;;
     region_analysis) echo "--xla_gpu_copy_insertion_use_region_analysis=true" ;;
-    dynamic_slice_fusion) echo "--xla_gpu_enable_dynamic_slice_fusion=true" ;;  # kernels read/write slots in place
+    # XLA reads and writes loop slots in place for cuBLAS GEMMs and registered custom calls (not Triton's)
+    dynamic_slice_fusion) echo "--xla_gpu_enable_dynamic_slice_fusion=true" ;;
     *) echo "gpu_suite.sh: unknown flag set '$1' (none double_buffering region_analysis dynamic_slice_fusion)" >&2
        return 2 ;;
   esac
