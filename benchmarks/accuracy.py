@@ -13,7 +13,6 @@ table, mean and sample standard deviation over ``--keys`` keys) and ``benchmarks
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 
@@ -22,7 +21,7 @@ if __package__ in (None, ""):  # run as a script: the repository root makes ``be
 
 import jax
 
-from benchmarks.benchtools import provenance
+from benchmarks.benchtools import provenance, write_json
 from fp4jax import recipes
 from fp4jax_experiments import quant_error_table, recipe_errors
 
@@ -72,9 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     "quant_error.json": quant_error(a.rows, a.keys, where),
     "recipe_errors.json": recipe_accuracy(a.tokens, a.d, a.hidden, where),
   }
-  a.out.mkdir(parents=True, exist_ok=True)
   for name, doc in docs.items():
-    (a.out / name).write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(a.out / name, doc)
     print(f"wrote {a.out / name}")
 
 

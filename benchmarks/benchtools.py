@@ -1,8 +1,12 @@
-"""Timing helpers shared by the ``bench.py`` scripts: wall-clock medians of synchronized calls, and a header."""
+"""Helpers shared by the benchmark scripts: wall-clock medians of synchronized calls, a result document's header,
+provenance and rerun command, and its atomic write."""
 
 from __future__ import annotations
 
 import datetime
+import json
+import pathlib
+import shlex
 import statistics
 import time
 
@@ -30,6 +34,23 @@ def provenance(commit: str, command: str) -> dict:
     "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     "command": command,
   }
+
+
+def command_line(script: str, argv: list[str], xla_flags: str = "") -> str:
+  """The shell command that reruns ``script`` (e.g. ``benchmarks/loop_copies.py``) with ``argv``, ``XLA_FLAGS``
+  first where the run had any."""
+  prefix = f"XLA_FLAGS={shlex.quote(xla_flags)} " if xla_flags else ""
+  return prefix + shlex.join(["python", script, *argv])
+
+
+def write_json(out: str | pathlib.Path, doc: dict) -> None:
+  """``doc`` as JSON at ``out``: written whole beside it, then renamed over the old document (a run stopped midway
+  leaves the old document, never half of the new one)."""
+  out = pathlib.Path(out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  partial = out.with_name(out.name + ".partial")
+  partial.write_text(json.dumps(doc, indent=1) + "\n")
+  partial.replace(out)
 
 
 def time_ms(fn, *args, warmup: int = 3, repeats: int = 7, calls: int = 10) -> float:

@@ -22,13 +22,14 @@ import shlex
 import sys
 import tempfile
 import time
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: the repository root makes ``benchmarks`` importable
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax
 
-from benchmarks.benchtools import header, provenance
+from benchmarks.benchtools import header, provenance, write_json
 from benchmarks.linear_trees import commit
 from fp4jax_experiments import step_profile, train
 
@@ -51,6 +52,16 @@ def host_events(trace: pathlib.Path, top: int) -> list[list]:
   return [[name, ms, n] for name, (ms, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]]
 
 
+def train_step(model: str, recipe: str, overrides: dict, seq_len: int, batch: int) -> tuple[Any, tuple]:
+  """``Trainer``'s jitted train step for ``model`` under ``recipe`` (``overrides``: ModelConfig fields) on one
+  device, and the arguments of its first step (state, a ``batch`` x ``seq_len`` batch of the stdlib corpus, key)."""
+  config = train.TrainConfig(
+    model=model, recipe=recipe, data="stdlib", batch_size=batch, seq_len=seq_len, tokens=batch * seq_len * 10
+  )
+  trainer = train.Trainer(config, model_overrides=overrides)
+  return trainer.train_step, (trainer.init_state(), trainer.place(trainer.stream.batch(0)), trainer.quant_key(0))
+
+
 def measure(model: str, recipe: str, overrides: dict, seq_len: int, batch: int, top: int) -> dict:
   """Trace, lower and compile the experiments' train step once, timing each stage and profiling the compile.
 
@@ -67,14 +78,9 @@ def measure(model: str, recipe: str, overrides: dict, seq_len: int, batch: int, 
     program's length), ``optimized_hlo_lines`` and ``custom_calls`` (of the compiled HLO text) and ``host_events``
     (the compile's ``top`` profiler host events, ``[name, ms, count]``).
   """
-  config = train.TrainConfig(
-    model=model, recipe=recipe, data="stdlib", batch_size=batch, seq_len=seq_len, tokens=batch * seq_len * 10
-  )
-  trainer = train.Trainer(config, model_overrides=overrides)
-  state = trainer.init_state()
-  tokens, key = trainer.place(trainer.stream.batch(0)), trainer.quant_key(0)
+  step, args = train_step(model, recipe, overrides, seq_len, batch)
   start = time.perf_counter()
-  traced = trainer.train_step.trace(state, tokens, key)
+  traced = step.trace(*args)
   traced_at = time.perf_counter()
   lowered = traced.lower()
   lowered_at = time.perf_counter()
@@ -126,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     "settings": {"model": args.model, "recipe": args.recipe, "overrides": args.overrides},
     "variants": rows,
   }
-  pathlib.Path(args.out).write_text(json.dumps(doc, indent=1))
+  write_json(args.out, doc)
   return 0
 
 

@@ -27,14 +27,14 @@ import math
 import os
 import pathlib
 import re
-import shlex
 import sys
 
 if __package__ in (None, ""):  # run as a script: the repository root makes ``benchmarks`` importable
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 
-from benchmarks.benchtools import header, provenance
+from benchmarks import compile_profile
+from benchmarks.benchtools import command_line, header, provenance, write_json
 from benchmarks.linear_trees import commit
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -154,19 +154,6 @@ def _moves_only(line: str) -> bool:
   return m is None or m.group(3) in _MOVE_OPS or "[]" in m.group(2)
 
 
-def compiled_step_hlo(model: str, recipe: str, overrides: dict, seq_len: int, batch: int) -> str:
-  """The optimized HLO text of ``Trainer``'s train step for ``model`` under ``recipe`` on one device."""
-  from fp4jax_experiments import train  # noqa: PLC0415  (the census above needs no model)
-
-  config = train.TrainConfig(
-    model=model, recipe=recipe, data="stdlib", batch_size=batch, seq_len=seq_len, tokens=batch * seq_len * 10
-  )
-  trainer = train.Trainer(config, model_overrides=overrides)
-  state = trainer.init_state()
-  tokens, key = trainer.place(trainer.stream.batch(0)), trainer.quant_key(0)
-  return trainer.train_step.lower(state, tokens, key).compile().as_text() or ""
-
-
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--model", default="125M")
@@ -180,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
   args = p.parse_args(argv)
   if args.top < 1:
     p.error(f"--top must be >= 1, got {args.top}")
-  loops = census(compiled_step_hlo(args.model, args.recipe, args.overrides, args.seq_len, args.batch))
+  step, step_args = compile_profile.train_step(args.model, args.recipe, args.overrides, args.seq_len, args.batch)
+  loops = census(step.lower(*step_args).compile().as_text() or "")
   for loop in loops:
     loop["groups"] = loop["groups"][: args.top]
     if sum(b for _, b in loop["per_iteration"].values()) < 2**10:
@@ -188,23 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     moves = ", ".join(f"{k} {n} ({b / 2**20:.1f} MiB)" for k, (n, b) in loop["per_iteration"].items() if n)
     print(f"{loop['op_name'] or loop['body']} x{loop['trip_count']}: {moves or 'no moves'}", flush=True)
   xla_flags = os.environ.get("XLA_FLAGS", "")
-  command = shlex.join(["python", "benchmarks/loop_copies.py", *(sys.argv[1:] if argv is None else argv)])
-  command = (f"XLA_FLAGS={shlex.quote(xla_flags)} " if xla_flags else "") + command
+  command = command_line("benchmarks/loop_copies.py", sys.argv[1:] if argv is None else argv, xla_flags)
   doc = {
     "benchmark": "loop_copies",
     "header": header(),
     **provenance(args.commit or commit(REPO), command),
     "xla_flags": xla_flags,
-    "settings": {
-      "model": args.model,
-      "recipe": args.recipe,
-      "overrides": args.overrides,
-      "batch": args.batch,
-      "seq_len": args.seq_len,
-    },  # fmt: skip
+    "settings": {k: getattr(args, k) for k in ("model", "recipe", "overrides", "batch", "seq_len")},
     "loops": loops,
   }
-  pathlib.Path(args.out).write_text(json.dumps(doc, indent=1))
+  write_json(args.out, doc)
   return 0
 
 

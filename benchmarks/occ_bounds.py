@@ -20,7 +20,6 @@ equal the radix select's bit for bit on the same data (``test_tensor``: outliers
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import shlex
 import sys
@@ -32,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.benchtools import provenance, time_ms
+from benchmarks.benchtools import provenance, time_ms, write_json
 from benchmarks.linear_trees import commit
 from fp4jax._src import estimators
 
@@ -143,8 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     "settings": {"quantile": args.quantile, "repeats": args.repeats},
     "rows": measure(args.shapes, args.dtypes, args.quantile, args.repeats),
   }
-  args.out.parent.mkdir(parents=True, exist_ok=True)
-  args.out.write_text(json.dumps(doc, indent=1) + "\n")
+  write_json(args.out, doc)
   for r in doc["rows"]:
     print(f"{r['rows']}x{r['cols']} {r['dtype']}: {r['ms']} same as radix: {r['same_as_radix']}")
 

@@ -400,10 +400,11 @@ def _loop_copies(doc: dict) -> list[str]:
     "| loop | iterations | " + " | ".join(f"{k} (MiB)" for k in _LOOP_KINDS) + " |",
     "|---|---|" + "---|" * len(_LOOP_KINDS),
   ]
-  for loop in sorted(doc["loops"], key=_loop_bytes, reverse=True)[:6]:
+  largest = sorted(doc["loops"], key=_loop_bytes, reverse=True)
+  for loop in largest[:6]:
     moves = " | ".join(f"{n} ({b / 2**20:.1f})" for n, b in (loop["per_iteration"][k] for k in _LOOP_KINDS))
     out.append(f"| {loop['op_name'] or loop['body']} | {loop['trip_count'] or '?'} | {moves} |")
-  for loop in sorted(doc["loops"], key=_loop_bytes, reverse=True)[:2]:
+  for loop in largest[:2]:
     calls = ", ".join(f"{name} ×{n}" for name, n in loop.get("custom_calls", {}).items())
     out += ["", f"Custom calls per iteration of {loop['op_name'] or loop['body']}: {calls or 'none'}."]
   groups = [(g, loop) for loop in doc["loops"] if (loop["trip_count"] or 0) > 1 for g in loop["groups"]]

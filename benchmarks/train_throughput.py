@@ -36,7 +36,6 @@ import json
 import math
 import os
 import pathlib
-import shlex
 import statistics
 import sys
 import threading
@@ -50,7 +49,7 @@ if __package__ in (None, ""):  # run as a script: the repository root makes ``be
 
 import jax
 
-from benchmarks import anchor
+from benchmarks import anchor, benchtools
 from benchmarks.benchtools import header
 from benchmarks.linear_trees import commit
 from fp4jax_experiments import bench_scaling, data, sharding, step_profile, train
@@ -447,17 +446,8 @@ def _smoke_setup(args: argparse.Namespace) -> None:
 
 
 def command_line(argv: list[str], xla_flags: str = "") -> str:
-  """The shell command that reruns this benchmark with ``argv``, ``XLA_FLAGS`` first where the run had any."""
-  prefix = f"XLA_FLAGS={shlex.quote(xla_flags)} " if xla_flags else ""
-  return prefix + shlex.join(["python", "benchmarks/train_throughput.py", *argv])
-
-
-def _write(out: pathlib.Path, doc: dict) -> None:
-  """``doc`` as JSON at ``out``: written whole beside it, then renamed over the old document."""
-  out.parent.mkdir(parents=True, exist_ok=True)
-  partial = out.with_name(out.name + ".partial")
-  partial.write_text(json.dumps(doc, indent=1) + "\n")
-  partial.replace(out)
+  """The shell command that reruns this benchmark with ``argv`` (``benchtools.command_line``)."""
+  return benchtools.command_line("benchmarks/train_throughput.py", argv, xla_flags)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -516,7 +506,7 @@ def main(argv: list[str] | None = None) -> None:
     rows += run_device_count(n, args, variants, rate)
     add_ratios(rows)
     # written after every device count (a run cut short keeps what it measured), marked until the last
-    _write(out, {**doc, "complete": i == len(counts) - 1})
+    benchtools.write_json(out, {**doc, "complete": i == len(counts) - 1})
   print(_table(rows))
   failed = [r for r in rows if "error" in r]
   if failed:
