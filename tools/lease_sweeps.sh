@@ -41,7 +41,7 @@ PATH="$(python -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PAT
 export LEASE_STATE=$STATE
 if [ ! -d "$STATE" ]; then
   mkdir -p "$STATE/runs"
-  python -c "import sys; print(int($T0 + 60 * float(sys.argv[1])))" "$MIN" > "$STATE/deadline"
+  LEASE_DEADLINE=$(python -c "import sys; print(int($T0 + 60 * float(sys.argv[1])))" "$MIN"); export LEASE_DEADLINE
   {
     python -c "import jax; print(jax.__version__, jax.devices())"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -50,7 +50,6 @@ if [ ! -d "$STATE" ]; then
   } > "$STATE/device.txt" 2>&1
   grep -v '^ *#' "$PLAN" | grep . | while read name args; do  # no -r: a line ending in \ continues on the next
     if [ "${args:0:1}" = "!" ]; then
-      LEASE_DEADLINE=$(cat "$STATE/deadline"); export LEASE_DEADLINE
       cmd=${args:1}; cmd=${cmd#"${cmd%%[![:space:]]*}"}  # the command, its leading blanks dropped
       mkdir -p "$STATE/out/$name"
       OUT="$STATE/out/$name" setsid nohup bash -c "$cmd" > "$STATE/$name.log" 2>&1 < /dev/null &
