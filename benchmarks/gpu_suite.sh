@@ -58,6 +58,13 @@ loop_flags() {
   esac
 }
 
+# flag_sets DEFAULT: $FLAGSETS (else DEFAULT), each name checked by loop_flags before any of them runs
+flag_sets() {
+  local v sets=${FLAGSETS:-$1}
+  for v in $sets; do loop_flags "$v" > /dev/null || return 2; done
+  echo "$sets"
+}
+
 case "${1:-}" in
   kernels)
     # 15 workers share the GPU (no preallocation): compiling the kernels (and the CPU references), not running them,
@@ -153,8 +160,9 @@ case "${1:-}" in
     # flag set, each timing the anchor beside the models, so "/ anchor" compares across the processes; profiled.
     # Budgeted at 190 s per process. RECIPES (default bf16,nvidia_nvfp4,quartet2) picks the models, FLAGSETS (default
     # all four) the flag sets.
-    for v in ${FLAGSETS:-none double_buffering region_analysis dynamic_slice_fusion}; do
-      flags=$(loop_flags "$v") || exit 2
+    sets=$(flag_sets "none double_buffering region_analysis dynamic_slice_fusion") || exit 2
+    for v in $sets; do
+      flags=$(loop_flags "$v")
       XLA_FLAGS="$flags" timeout 190 python benchmarks/train_throughput.py --devices 1 \
         --recipes "${RECIPES:-bf16,nvidia_nvfp4,quartet2}" --rounds 2 --steps 8 --max-compile-s 120 \
         --profile "/tmp/prof_loop_$v" \
@@ -164,8 +172,9 @@ case "${1:-}" in
   loop-copies)
     # What the 125M step's layer loops copy, from its compiled HLO (benchmarks/loop_copies.py), per flag set and
     # recipe (RECIPES, default nvidia_nvfp4; FLAGSETS, default none and dynamic_slice_fusion); about 40 s a compile.
-    for v in ${FLAGSETS:-none dynamic_slice_fusion}; do
-      flags=$(loop_flags "$v") || exit 2
+    sets=$(flag_sets "none dynamic_slice_fusion") || exit 2
+    for v in $sets; do
+      flags=$(loop_flags "$v")
       for r in $(echo "${RECIPES:-nvidia_nvfp4}" | tr , ' '); do
         XLA_FLAGS="$flags" timeout 240 python benchmarks/loop_copies.py --recipe "$r" \
           --out "$OUT/loop_copies_${r}_$v.json" > "$OUT/loop_copies_${r}_$v.log" 2>&1

@@ -27,6 +27,8 @@ PLAN=${1:-}; MIN=${2:-}; WAIT_S=${3:-540}
 [ -f "$PLAN" ] || { echo "lease_sweeps.sh: PLAN '$PLAN' is not a file (usage: PLAN MINUTES [WAIT_S])" >&2; exit 2; }
 [[ "$MIN" =~ ^[0-9]+(\.[0-9]+)?$ && "$WAIT_S" =~ ^[0-9]+$ ]] \
   || { echo "lease_sweeps.sh: MINUTES '$MIN' and WAIT_S '$WAIT_S' must be numbers (WAIT_S whole seconds)" >&2; exit 2; }
+empty=$(grep -v '^ *#' "$PLAN" | grep -E '^[^[:space:]]+[[:space:]]+![[:space:]]*$' | head -1)
+[ -z "$empty" ] || { echo "lease_sweeps.sh: PLAN line '$empty' has no command after '!'" >&2; exit 2; }
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"; OUT=$(realpath "$OUT")
 STATE=${LEASE_STATE:-/tmp/lease-sweeps}  # the sweeps' folders and logs on the machine
 T0=$(date +%s)

@@ -73,9 +73,12 @@ def test_a_plan_runs_across_calls_and_its_results_come_out(tmp_path):
 def test_a_missing_plan_or_a_bad_budget_is_refused_before_anything_starts(tmp_path):
   plan = tmp_path / "plan.txt"
   plan.write_text("tiny --sizes 100K --ratios 0.02 --recipes bf16\n")
+  empty = tmp_path / "empty.txt"
+  empty.write_text("tiny --sizes 100K --ratios 0.02 --recipes bf16\nprobe !\n")
   for args, message in (
     ([str(tmp_path / "none.txt"), "4"], "PLAN '" + str(tmp_path / "none.txt") + "' is not a file"),
     ([str(plan), "soon"], "MINUTES 'soon' and WAIT_S '540' must be numbers"),
+    ([str(empty), "4"], "PLAN line 'probe !' has no command after '!'"),
   ):
     proc = subprocess.run(
       ["bash", "tools/lease_sweeps.sh", *args],

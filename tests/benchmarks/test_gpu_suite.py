@@ -1,0 +1,34 @@
+"""benchmarks/gpu_suite.sh on the CPU: an unknown piece or flag set is refused with the names it takes."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _suite(piece: str, tmp_path, **env) -> subprocess.CompletedProcess:
+  return subprocess.run(
+    ["bash", "benchmarks/gpu_suite.sh", piece],
+    cwd=REPO,
+    env={**os.environ, "OUT": str(tmp_path), "SKIP_INSTALL": "1", "JAX_PLATFORMS": "cpu", **env},
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
+
+
+@pytest.mark.parametrize("piece", ["loop-flags", "loop-copies"])
+def test_an_unknown_flag_set_is_refused_before_anything_runs(piece, tmp_path):
+  proc = _suite(piece, tmp_path, FLAGSETS="none bogus")
+  assert proc.returncode == 2
+  assert "unknown flag set 'bogus' (none double_buffering region_analysis dynamic_slice_fusion)" in proc.stderr
+  assert not list(tmp_path.glob("*none*"))  # refused before the first flag set ran: the sets are checked first
+
+
+def test_an_unknown_piece_is_refused(tmp_path):
+  proc = _suite("nope", tmp_path)
+  assert proc.returncode == 2 and "usage: bash benchmarks/gpu_suite.sh PIECE" in proc.stderr
