@@ -468,11 +468,23 @@ def load(results: pathlib.Path = RESULTS) -> list[dict]:
   return [doc for _, doc in sorted(docs, key=lambda nd: (ORDER.index(nd[1]["benchmark"]), nd[0]))]
 
 
+STALE_TABLES = "Tables left out: its numbers are not the current code's (they stay in its result file)."
+
+
+def section(doc: dict) -> list[str]:
+  """``doc``'s section: its renderer's lines, or for a stale result only its heading, reason, note and provenance."""
+  lines = RENDER[doc["benchmark"]](doc)
+  if "stale" not in doc:
+    return lines
+  end = next(i for i, line in enumerate(lines) if line.startswith("Reproduce: "))
+  return lines[: end + 1] + ["", STALE_TABLES]
+
+
 def render(docs: list[dict]) -> str:
   """The whole of BENCHMARKS.md for ``docs``."""
   lines = list(INTRO)
   for doc in docs:
-    lines += [""] + RENDER[doc["benchmark"]](doc)
+    lines += [""] + section(doc)
   return "\n".join(lines) + "\n"
 
 

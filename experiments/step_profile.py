@@ -14,6 +14,7 @@ whose name pattern matches; "other" for none).
 
 from __future__ import annotations
 
+import bisect
 import collections
 import gzip
 import json
@@ -70,10 +71,12 @@ def summarize(trace: str | Path, steps: int, top: int = 15) -> dict:
   """{device name: {"span_ms", "busy_ms", "busy_fraction", "kernels_per_step", "busy_ms_per_step",
   "top": [[kernel, total ms, calls], ...], "most_launched": [[kernel, calls per step, mean µs], ...],
   "short_kernels": {"under_us", "per_step", "ms_per_step"}, "ms_per_step_by_category": {category: kernel ms per
-  step}, "threads": {thread name: [total ms, events]}}} over the devices that ran kernels in ``trace`` (a category's
+  step}, "copy_sources": [[XLA op, calls per step, ms per step], ...], "threads": {thread name: [total ms, events]}}}
+  over the devices that ran kernels in ``trace`` (a category's
   time sums its kernels' durations, so overlapping kernels count in full). ``top`` ranks kernels by total time,
   ``most_launched`` by launches; ``short_kernels`` counts the kernels under ``SHORT_US`` microseconds (where a step
-  pays in launches rather than in work)."""
+  pays in launches rather than in work); ``copy_sources`` names the XLA op behind each kernel of the "copy" category
+  (``copy_source``), ranked by time."""
   if steps < 1:
     raise ValueError(f"steps must be >= 1, got {steps}")
   with gzip.open(trace, "rt") as f:
@@ -109,6 +112,13 @@ def summarize(trace: str | Path, steps: int, top: int = 15) -> dict:
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
     launched = sorted(by_name.items(), key=lambda kv: (-kv[1][1], kv[0]))[:top]
     short = [e["dur"] for e in evs if e["dur"] < SHORT_US]
+    ops = sorted((e["ts"], e["dur"], e["name"]) for key, t in mine.items() if streams and key not in streams for e in t)
+    copies = collections.defaultdict(lambda: [0, 0.0])
+    for e in evs:
+      if category(e["name"]) == "copy":
+        source = copies[copy_source(e, ops)]
+        source[0] += 1
+        source[1] += e["dur"]
     per_category = collections.Counter()
     for name, (total, _) in by_name.items():
       per_category[category(name)] += total / 1e3 / steps
@@ -122,6 +132,27 @@ def summarize(trace: str | Path, steps: int, top: int = 15) -> dict:
       "most_launched": [[name, calls / steps, total / calls] for name, (total, calls) in launched],
       "short_kernels": {"under_us": SHORT_US, "per_step": len(short) / steps, "ms_per_step": sum(short) / 1e3 / steps},
       "ms_per_step_by_category": dict(per_category.most_common()),
+      "copy_sources": [
+        [name, calls / steps, total / 1e3 / steps]
+        for name, (calls, total) in sorted(copies.items(), key=lambda kv: -kv[1][1])[:top]
+      ],
       "threads": {threads.get(key, str(key[1])): [sum(e["dur"] for e in t) / 1e3, len(t)] for key, t in mine.items()},
     }
   return summary
+
+
+OP_WINDOW = 256  # XLA-op events before a kernel's start searched for the one that holds it
+
+
+def copy_source(kernel: dict, ops: list) -> str:
+  """The XLA op a copy kernel belongs to: its ``hlo_op`` argument where the trace records one, else the shortest
+  event of the device's non-stream threads (``XLA Ops``, ...) that holds the kernel's interval, among the
+  ``OP_WINDOW`` that start last before it (``ops``: those events as sorted (ts, dur, name) triples), else
+  "unattributed"."""
+  name = (kernel.get("args") or {}).get("hlo_op")
+  if name:
+    return name
+  start, stop = kernel["ts"], kernel["ts"] + kernel["dur"]
+  i = bisect.bisect_right(ops, (start, float("inf")))
+  held = [op for op in ops[max(0, i - OP_WINDOW) : i] if op[0] + op[1] >= stop]
+  return min(held, key=lambda op: op[1])[2] if held else "unattributed"

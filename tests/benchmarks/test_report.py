@@ -136,6 +136,14 @@ def test_a_stale_result_is_labelled_with_its_reason():
   assert not report.RENDER["linear_trees"](_trees_doc())[0].startswith("### STALE")
 
 
+def test_a_stale_section_keeps_its_provenance_and_drops_its_tables():
+  fresh = report.section(_trees_doc())
+  stale = report.section(_trees_doc() | {"stale": "measured before abc"})
+  assert any(line.startswith("|") for line in fresh)
+  assert not any(line.startswith("|") for line in stale)
+  assert stale[-1] == report.STALE_TABLES and any(line.startswith("Reproduce: ") for line in stale)
+
+
 def test_provenance_falls_back_to_the_header_line():
   doc = {"header": "device: NVIDIA H100 (gpu); jax 0.11.2; date: 2026-11-26 10:33 UTC", "commit": "c0ffee"}
   where = report.provenance(doc)[0]

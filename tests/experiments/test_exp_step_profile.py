@@ -51,7 +51,40 @@ def test_summary_counts_stream_kernels_once_and_measures_idle_time(tmp_path):
   ]
   assert gpu["short_kernels"] == {"under_us": 5.0, "per_step": 1.5, "ms_per_step": pytest.approx(0.003)}
   assert gpu["threads"]["XLA Ops"] == [1.0, 1]
+  assert gpu["copy_sources"] == [["the whole step again", 0.5, 0.05]]  # the one XLA-op event holding the copy
   assert gpu["ms_per_step_by_category"] == pytest.approx({"fusion": 0.25, "gemm": 0.1, "copy": 0.05, "other": 0.003})
+
+
+def test_copy_kernels_are_attributed_to_the_innermost_xla_op(tmp_path):
+  meta = [
+    {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+    {"ph": "M", "pid": 1, "tid": 7, "name": "thread_name", "args": {"name": "Stream #7(Compute)"}},
+    {"ph": "M", "pid": 1, "tid": 9, "name": "thread_name", "args": {"name": "XLA Ops"}},
+  ]
+
+  def event(tid, ts, dur, name, **args):
+    return {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": dur, "name": name, "args": args}
+
+  events = meta + [
+    event(9, 0, 1000, "while.1"),  # the loop holds every kernel; the ops inside it are shorter
+    event(9, 100, 50, "copy.7"),
+    event(9, 300, 40, "dynamic-update-slice.3"),
+    event(7, 110, 30, "memcpy128"),  # inside copy.7 (and while.1): copy.7
+    event(7, 120, 20, "memcpy32_post"),
+    event(7, 305, 30, "memcpy128"),  # inside dynamic-update-slice.3
+    event(7, 320, 30, "memcpy128"),  # ends after dynamic-update-slice.3: the loop
+    event(7, 500, 10, "memcpy128", hlo_op="custom-call.9"),  # the trace names its op
+    event(7, 2000, 10, "memset"),  # after every op
+    event(7, 600, 90, "gemm"),  # not a copy
+  ]
+  gpu = step_profile.summarize(step_profile.find_trace(_trace(tmp_path, events)), steps=1)["/device:GPU:0"]
+  assert gpu["copy_sources"] == [
+    ["copy.7", 2, 0.05],
+    ["dynamic-update-slice.3", 1, 0.03],
+    ["while.1", 1, 0.03],
+    ["custom-call.9", 1, 0.01],
+    ["unattributed", 1, 0.01],
+  ]
 
 
 @pytest.mark.parametrize(
