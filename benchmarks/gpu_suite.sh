@@ -53,7 +53,10 @@ loop_flags() {
     region_analysis) echo "--xla_gpu_copy_insertion_use_region_analysis=true" ;;
     # XLA reads and writes loop slots in place for cuBLAS GEMMs and registered custom calls (not Triton's)
     dynamic_slice_fusion) echo "--xla_gpu_enable_dynamic_slice_fusion=true" ;;
-    *) echo "gpu_suite.sh: unknown flag set '$1' (none double_buffering region_analysis dynamic_slice_fusion)" >&2
+    # no command buffers (CUDA graphs): the loop bodies' instructions stay in the body, copies run as cudaMemcpy
+    no_command_buffer) echo "--xla_gpu_enable_command_buffer=" ;;
+    *) echo "gpu_suite.sh: unknown flag set '$1' (none double_buffering region_analysis dynamic_slice_fusion" \
+         "no_command_buffer)" >&2
        return 2 ;;
   esac
 }
@@ -159,8 +162,8 @@ case "${1:-}" in
     # XLA flags against the layer loop's copies (the copy column of BENCHMARKS.md's 125M profile): one process per
     # flag set, each timing the anchor beside the models, so "/ anchor" compares across the processes; profiled.
     # Budgeted at 190 s per process. RECIPES (default bf16,nvidia_nvfp4,quartet2) picks the models, FLAGSETS (default
-    # all four) the flag sets.
-    sets=$(flag_sets "none double_buffering region_analysis dynamic_slice_fusion") || exit 2
+    # all five) the flag sets.
+    sets=$(flag_sets "none double_buffering region_analysis dynamic_slice_fusion no_command_buffer") || exit 2
     for v in $sets; do
       flags=$(loop_flags "$v")
       XLA_FLAGS="$flags" timeout 190 python benchmarks/train_throughput.py --devices 1 \
@@ -171,8 +174,8 @@ case "${1:-}" in
     ;;
   loop-copies)
     # What the 125M step's layer loops copy, from its compiled HLO (benchmarks/loop_copies.py), per flag set and
-    # recipe (RECIPES, default nvidia_nvfp4; FLAGSETS, default none and dynamic_slice_fusion); about 40 s a compile.
-    sets=$(flag_sets "none dynamic_slice_fusion") || exit 2
+    # recipe (RECIPES, default nvidia_nvfp4; FLAGSETS, default none and no_command_buffer); about 40 s a compile.
+    sets=$(flag_sets "none no_command_buffer") || exit 2
     for v in $sets; do
       flags=$(loop_flags "$v")
       for r in $(echo "${RECIPES:-nvidia_nvfp4}" | tr , ' '); do

@@ -6,15 +6,18 @@
 
 The FP4 blocks run one per iteration of a device loop (``ModelConfig.scan_unroll``): the forward loop writes each
 activation the backward needs into a stacked buffer (one slot per layer, a ``dynamic-update-slice``) and the
-backward loop reads it back (a ``dynamic-slice``). The GPU profile of the 125M step shows these as ``memcpy`` kernels
+backward loop reads it back (a ``dynamic-slice``). The GPU profile of the 125M step shows ``memcpy`` kernels
 (BENCHMARKS.md's copy column). This census compiles ``fp4jax_experiments.train.Trainer``'s train step once (no
-step runs) and lists, per ``while`` loop of the optimized HLO, the instructions of its body that move a whole
-value: ``copy`` (non-scalar), a fusion that only moves data (parameters, bitcasts, reshapes, scalar index
-arithmetic) whose root is ``dynamic-update-slice`` ("write": bytes of one slot, the buffer's bytes over its leading
-dimension) or that holds a ``dynamic-slice`` ("read": bytes of the fusion's output), and fusions XLA compiled as
-address computations ("in place", ``dynamic_address_computation``: a kernel reading or writing the slot in place, no
-copy), grouped by kind, shape and the JAX op they came from (``op_name`` metadata); and the body's custom calls by
-kernel name (a tensor quantized once for several GEMMs, its kernel CSE'd by XLA, counts once).
+step runs) and lists, per ``while`` loop of the optimized HLO, the instructions of its body, and of the computations
+the body calls (``body_instructions``), that move a whole value:
+- ``copy`` (non-scalar);
+- "write": a fusion that only moves data (parameters, bitcasts, reshapes, scalar index arithmetic) whose root is
+  ``dynamic-update-slice`` (bytes of one slot: the buffer's bytes over its leading dimension);
+- "read": such a fusion holding a ``dynamic-slice`` (bytes of the fusion's output);
+- "in place": fusions XLA compiled as address computations (``dynamic_address_computation``: a kernel reading or
+  writing the slot in place, no copy);
+grouped by kind, shape and the JAX op they came from (``op_name`` metadata); and the body's custom calls by kernel
+name (a tensor quantized once for several GEMMs, its kernel CSE'd by XLA, counts once).
 Writes the JSON to ``--out`` (default benchmarks/results/loop_copies.json).
 """
 
@@ -89,9 +92,10 @@ def census(hlo: str) -> list[dict]:
         continue
       body = re.search(r"body=%([\w.\-]+)", line).group(1)
       trip = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', line)
+      insts = body_instructions(body, comps)
       groups = collections.Counter()
-      calls = collections.Counter(_call_name(inst) for inst in comps.get(body, []) if " custom-call(" in inst)
-      for inst in comps.get(body, []):
+      calls = collections.Counter(_call_name(inst) for inst in insts if " custom-call(" in inst)
+      for inst in insts:
         move = _classify(inst, comps, roots)
         if move is not None:
           groups[move] += 1
@@ -112,6 +116,30 @@ def census(hlo: str) -> list[dict]:
         }
       )
   return loops
+
+
+# a call or async start (after its shape, which may be a tuple) and the computation it runs
+_CALLED = re.compile(r"[\]})] (?:call|async-start)\(.*?\b(?:to_apply|calls)=%([\w.\-]+)")
+
+
+def body_instructions(body: str, comps: dict[str, list[str]]) -> list[str]:
+  """The instructions of computation ``body`` and, recursively, of the computations it runs through ``call`` or
+  ``async-start``: XLA:GPU outlines runs of a loop body's instructions into such calls (its command buffers, run as
+  CUDA graphs), so the body's own lines may hold none of its copies. Fusions' computations are not entered (a fusion
+  is one kernel, classified whole), nor nested loops (each loop is reported on its own)."""
+  out, todo, seen = [], [body], set()
+  while todo:
+    name = todo.pop()
+    if name in seen:
+      continue
+    seen.add(name)
+    for line in comps.get(name, []):
+      m = _CALLED.search(line)
+      if m:
+        todo.append(m.group(1))
+      else:
+        out.append(line)
+  return out
 
 
 def _call_name(line: str) -> str:

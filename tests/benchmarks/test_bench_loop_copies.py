@@ -105,6 +105,50 @@ def test_census_counts_each_kind_of_move_and_nothing_else():
   assert loop["custom_calls"] == {"__cublas$gemm": 1, "fp4_quantize_pair": 1}
 
 
+# XLA:GPU outlines runs of a loop body into calls (its command buffers): a copy and a slot write one call away, a copy
+# in an async computation, a custom call left in the body.
+OUTLINED = (
+  HLO[: HLO.index("%body (")]
+  + """%command_buffer (x: bf16[16384,768], i: s32[]) -> bf16[12,16384,768] {
+  %x = bf16[16384,768]{1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %c1 = bf16[16384,768]{1,0} copy(%x), metadata={op_name="jit(s)/fwd/copy"}
+  ROOT %w = bf16[12,16384,768]{2,1,0} fusion(%c1, %i, %c1), kind=kLoop, calls=%write_only
+}
+
+%async_part (y: bf16[16384,768]) -> bf16[16384,768] {
+  %y = bf16[16384,768]{1,0} parameter(0)
+  ROOT %c3 = bf16[16384,768]{1,0} copy(%y), metadata={op_name="jit(s)/async/copy"}
+}
+
+%body (t: (s32[], bf16[16384,768])) -> (s32[], bf16[16384,768]) {
+  %t = (s32[], bf16[16384,768]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = bf16[16384,768]{1,0} get-tuple-element(%t), index=1
+  %cb = bf16[12,16384,768]{2,1,0} call(%x, %i), to_apply=%command_buffer
+  %s = ((bf16[16384,768]{1,0}), bf16[16384,768]{1,0}) async-start(%x), calls=%async_part
+  %g = bf16[64,64]{1,0} custom-call(%x, %x), custom_call_target="__cublas$gemm"
+  ROOT %out = (s32[], bf16[16384,768]{1,0}) tuple(%i, %x)
+}
+
+"""
+  + HLO[HLO.index("%cond (") :]
+)
+
+
+def test_census_enters_the_computations_a_body_calls():
+  (loop,) = loop_copies.census(OUTLINED)
+  activation = 16384 * 768 * 2
+  assert loop["per_iteration"] == {
+    "copy": [2, 2 * activation],
+    "write": [1, activation],
+    "read": [0, 0.0],
+    "in place": [0, 0.0],
+  }
+  assert {g["op_name"] for g in loop["groups"] if g["kind"] == "copy"} == {"fwd/copy", "async/copy"}
+  assert loop["custom_calls"] == {"__cublas$gemm": 1}
+
+
 @pytest.mark.parametrize(
   ("shape", "size"), [("bf16[16384,768]", 16384 * 768 * 2), ("f4e2m1fn[4,6]", 12), ("pred[3]", 3), ("f32[]", 4)]
 )
