@@ -189,7 +189,20 @@ def _step_categories(rows: list[dict], bf16: dict) -> list[str]:
       busy = device["busy_ms_per_step"] - base_device["busy_ms_per_step"]
       kernels = device["kernels_per_step"] - base_device["kernels_per_step"]
       out.append(f"| | Δ bf16 | | {busy:+.1f} | {kernels:+.0f} | | {delta} |")
-  return out
+  return out + _copy_sources(profiled)
+
+
+def _copy_sources(profiled: list[tuple[dict, dict]], top: int = 4) -> list[str]:
+  """Per profiled row whose profile attributes its copy kernels (``copy_sources``), the ``top`` XLA ops behind them."""
+  out = []
+  for r, device in profiled:
+    sources = [s for s in device.get("copy_sources", []) if s[2] >= 0.05][:top]
+    if sources:
+      ops = ", ".join(f"`{name}` ({calls:.0f} per step, {ms:.1f} ms)" for name, calls, ms in sources)
+      out.append(f"- {r['model']} {r['recipe']} on {r['devices']}: {ops}")
+  if not out:
+    return []
+  return ["", f"Copy kernels by XLA op (the {top} largest of at least 0.05 ms per step):", "", *out]
 
 
 def _linear_trees(doc: dict) -> list[str]:

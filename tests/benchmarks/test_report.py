@@ -128,6 +128,14 @@ def test_throughput_report_takes_ratios_to_bf16_and_the_category_differences():
   assert "| experiments | bf16 | 1 | 12.0 | 100 |  | 10.0 |" in text
   assert "| experiments | quartet2 | 1 | 23.5 | 400 | 2,894 (4.5) | 11.0 | 0.0 | 5.0 | 0.0 | 0.0 | 7.5 | 0.0 |" in text
   assert "| | Δ bf16 | | +11.5 | +300 | | +1.0 | +0.0 | +5.0 | +0.0 | +0.0 | +5.5 | +0.0 |" in text
+  assert "Copy kernels by XLA op" not in text  # no profile attributes its copies
+  sources = [["copy.3", 26.0, 3.45], ["call.7", 2.0, 0.4], ["copy.1", 1.0, 0.01]]
+  rows[1]["profile"]["/device:GPU:0"]["copy_sources"] = sources
+  text = "\n".join(report.RENDER["train_throughput"](doc))
+  # ops under 0.05 ms per step left out
+  assert (
+    "- experiments quartet2 on 1: `copy.3` (26 per step, 3.5 ms), `call.7` (2 per step, 0.4 ms)" in text.splitlines()
+  )
 
 
 def test_a_stale_result_is_labelled_with_its_reason():
