@@ -11,15 +11,17 @@ run gets the remaining time as its own ``--max-minutes`` and pauses cleanly, so 
 ``--devices 0,1`` runs one training process per GPU at once (``CUDA_VISIBLE_DEVICES``); ``--gpus-per-run 2`` gives
 each run a group of two of them, data parallel (``--mesh data=2``; the quantized operands are the one-device ones,
 see ``fp4jax.sharding``); ``--runs-per-device 2`` runs two processes per GPU (each with that share of the GPU's
-memory: small models leave a GPU idle during compilation and between kernel launches); without ``--devices``, runs
-go one after another on the default device. Runs start in decreasing order of training compute (N·D), so the
-longest are not left for last. ``--results FILE`` writes one JSON line per finished run (its summary and
-validation curve), the input of ``fp4jax-scaling-law``; it is rewritten each time a run's process ends, so a piece
-stopped from outside keeps the runs that finished (``--eval-results`` likewise). ``--final-eval-batches 32
---eval-results FILE`` has each run evaluate 32 validation batches as it finishes, while its weights are on the
-device, and writes those per-batch losses (``fp4jax-evaluate``'s records, for its gap table) to FILE. Runs share
-JAX's persistent compilation cache in ``OUT/.jax-cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set), so a resumed
-piece does not compile again.
+memory). That pays only for models too small to keep a GPU busy (they leave it idle during compilation and between
+kernel launches); a run that keeps it busy gets a share of its time, so two finish no sooner than one after the
+other (BENCHMARKS.md's sweep-shape sections: 10M and 30M on an H200). Without ``--devices``, runs go one after
+another on the default device; with it, the runs beyond one per slot wait for a free slot. Runs start in decreasing
+order of training compute (N·D), so the longest are not left for last. ``--results FILE`` writes one JSON line per
+finished run (its summary and validation curve), the input of ``fp4jax-scaling-law``; it is rewritten each time a
+run's process ends, so a piece stopped from outside keeps the runs that finished (``--eval-results`` likewise).
+``--final-eval-batches 32 --eval-results FILE`` has each run evaluate 32 validation batches as it finishes, while
+its weights are on the device, and writes those per-batch losses (``fp4jax-evaluate``'s records, for its gap table)
+to FILE. Runs share JAX's persistent compilation cache in ``OUT/.jax-cache`` (unless ``JAX_COMPILATION_CACHE_DIR``
+is set), so a resumed piece does not compile again.
 """
 
 from __future__ import annotations
@@ -249,7 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     default="",
     help="comma-separated GPU ids, one run per GPU at once (default: none, runs one after another)",
   )
-  parser.add_argument("--runs-per-device", type=int, default=1, help="training processes per GPU at once")
+  parser.add_argument(
+    "--runs-per-device",
+    type=int,
+    default=1,
+    help="training processes per GPU at once (more than one pays only for models too small to keep a GPU busy)",
+  )
   parser.add_argument(
     "--gpus-per-run",
     type=int,
