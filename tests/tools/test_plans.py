@@ -51,18 +51,24 @@ def test_every_plan_line_is_a_sweep_that_plans_runs(path, tmp_path):
     assert runs, f"{path.name}, {name}: no runs"
 
 
-SCRIPTS = sorted((Path(__file__).resolve().parents[2] / "tools" / "plans").glob("*.sh"))
+PLAN_DIR = Path(__file__).resolve().parents[2] / "tools" / "plans"
+LIB = PLAN_DIR / "lease_lib.sh"  # sourced by the scripts: its lease_sweep adds the fixed settings
+SCRIPTS = sorted(p for p in PLAN_DIR.glob("*.sh") if p != LIB)
 
 
 def script_sweeps(text: str) -> list[list[str]]:
-  """The fp4jax-sweep arguments of a plan script, continued lines joined, with the options whose value is a shell
-  expansion (``--out "$LEASE_STATE/..."``) and the redirections dropped."""
+  """The sweep arguments of a plan script's ``fp4jax-sweep ARGS`` and ``lease_sweep NAME ARGS`` lines
+  (tools/plans/lease_lib.sh), continued lines joined, with the options whose value is a shell expansion
+  (``--out "$LEASE_STATE/..."``) and the redirections dropped."""
   joined = text.replace("\\\n", " ")
   sweeps = []
   for line in joined.splitlines():
-    if not line.lstrip().startswith("fp4jax-sweep "):
+    head = line.lstrip().split(" ", 1)[0]
+    if head not in ("fp4jax-sweep", "lease_sweep") or line.rstrip().endswith("{"):
       continue
-    words = shlex.split(line.split(">", 1)[0], posix=True)[1:]
+    words = shlex.split(line.split(">", 1)[0], posix=True)[2 if head == "lease_sweep" else 1 :]
+    if head == "lease_sweep":
+      words += lib_settings()
     keep = []
     for i, word in enumerate(words):
       if "$" in word or (word.startswith("--") and i + 1 < len(words) and "$" in words[i + 1]):
@@ -70,6 +76,18 @@ def script_sweeps(text: str) -> list[list[str]]:
       keep.append(word)
     sweeps.append(keep)
   return sweeps
+
+
+def lib_settings() -> list[str]:
+  """The fixed fp4jax-sweep settings that lease_lib.sh's lease_sweep adds to its arguments."""
+  (settings,) = script_sweeps(LIB.read_text())
+  return settings
+
+
+def test_lease_sweep_lines_take_the_libs_settings():
+  assert lib_settings()[:2] == ["--data", "linux"] and "--final-eval-batches" in lib_settings()
+  (args,) = script_sweeps("lease_sweep q --sizes 10M --seeds 2 --devices 0\n")
+  assert args == ["--sizes", "10M", "--seeds", "2", "--devices", "0", *lib_settings()]
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=[p.name for p in SCRIPTS])
