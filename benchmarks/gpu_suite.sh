@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_suite.sh pairs     # 1 GPU: quantize_pair against two quantizes (tile sweep), the layer
 #   bash benchmarks/gpu_suite.sh multi     # 2-4 GPUs: sharded == one device (operands, then losses)
 #   bash benchmarks/gpu_suite.sh scaling   # 2-4 GPUs: data-parallel weak scaling, 125M and 350M
+#   bash benchmarks/gpu_suite.sh overlap   # 2 GPUs: weak scaling with the gradient all-reduce overlapped (XLA flags)
 #   bash benchmarks/gpu_suite.sh deterministic  # 2-4 GPUs: --deterministic, bit-identical losses (one process and
 #                                          # three), then its cost at 125M (one process per program: XLA flags)
 #   bash benchmarks/gpu_suite.sh tp        # 1-4 GPUs: --deterministic --tensor-shards 2, losses against one GPU (one
@@ -114,6 +115,16 @@ case "${1:-}" in
       --per-device-batch 16 --steps 6 --warmup 2 --out "$OUT/scaling125.json" > "$OUT/scaling125.log" 2>&1
     timeout 280 fp4jax-bench-scaling --model 350M --recipes bf16,nvidia_nvfp4 --devices "$counts" \
       --per-device-batch 8 --steps 5 --warmup 2 --out "$OUT/scaling350.json" > "$OUT/scaling350.log" 2>&1
+    ;;
+  overlap)
+    # train_throughput on 1 and 2 GPUs (bf16, nvidia_nvfp4, both grad_sum modes) under XLA's latency-hiding
+    # scheduler and pipelined all-reduce, so that each block's gradient sum can overlap the backward pass; the
+    # anchor runs under the same flags. Against BENCHMARKS' section without flags (5de84e5: 92.2% and 90.2%).
+    variants='{"experiments": {}, "per_block": {"grad_sum": "per_block"}}'
+    flags="--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_pipelined_all_reduce=true"
+    XLA_FLAGS="$flags" timeout 330 python benchmarks/train_throughput.py --devices 1,2 --recipes bf16,nvidia_nvfp4 \
+      --rounds 2 --steps 8 --max-compile-s 120 --experiments-variants "$variants" \
+      --out "$OUT/train_throughput_2gpu_overlap.json" > "$OUT/train_throughput_2gpu_overlap.log" 2>&1
     ;;
   deterministic)
     n=$(nvidia-smi -L | wc -l)
