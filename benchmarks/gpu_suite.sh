@@ -190,7 +190,8 @@ case "${1:-}" in
     for v in $sets; do
       flags=$(loop_flags "$v")
       for r in $(echo "${RECIPES:-nvidia_nvfp4}" | tr , ' '); do
-        XLA_FLAGS="$flags" timeout 240 python benchmarks/loop_copies.py --recipe "$r" \
+        hlo=(); [ "$v" = none ] && hlo=(--hlo-out "$OUT/hlo_${r}.txt.gz")  # the module, to look up profile names
+        XLA_FLAGS="$flags" timeout 240 python benchmarks/loop_copies.py --recipe "$r" ${hlo[@]+"${hlo[@]}"} \
           --out "$OUT/loop_copies_${r}_$v.json" > "$OUT/loop_copies_${r}_$v.log" 2>&1
       done
     done

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import math
 import os
@@ -191,12 +192,17 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--seq-len", type=int, default=1024)
   p.add_argument("--top", type=int, default=12, help="groups kept per loop (the most bytes)")
   p.add_argument("--commit", default=None)
+  p.add_argument("--hlo-out", default=None, help="also write the compiled HLO text here, gzipped (a .gz path)")
   p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "loop_copies.json"))
   args = p.parse_args(argv)
   if args.top < 1:
     p.error(f"--top must be >= 1, got {args.top}")
   step, step_args = compile_profile.train_step(args.model, args.recipe, args.overrides, args.seq_len, args.batch)
-  loops = census(step.lower(*step_args).compile().as_text() or "")
+  hlo = step.lower(*step_args).compile().as_text() or ""
+  if args.hlo_out:
+    with gzip.open(args.hlo_out, "wt") as f:  # the kernels' fusion names in a profile, looked up in their module
+      f.write(hlo)
+  loops = census(hlo)
   for loop in loops:
     loop["groups"] = loop["groups"][: args.top]
     if sum(b for _, b in loop["per_iteration"].values()) < 2**10:

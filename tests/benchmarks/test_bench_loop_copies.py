@@ -1,6 +1,7 @@
 """benchmarks/loop_copies.py: the census of a layer loop's value moves, against a hand-written HLO module whose
 moves are known, a compiled scan, and the command on the CPU."""
 
+import gzip
 import json
 
 import jax
@@ -174,7 +175,10 @@ def test_command_writes_its_document_and_the_report_renders_it(tmp_path):
   out = tmp_path / "c.json"
   args = ["--model", "100K", "--recipe", "bf16", "--overrides", '{"scan_unroll": 1}']  # bf16 blocks in a loop
   args += ["--batch", "2", "--seq-len", "32", "--commit", "abc1234"]
-  assert loop_copies.main([*args, "--top", "3", "--out", str(out)]) == 0
+  hlo = tmp_path / "hlo.txt.gz"
+  assert loop_copies.main([*args, "--top", "3", "--out", str(out), "--hlo-out", str(hlo)]) == 0
+  with gzip.open(hlo, "rt") as f:
+    assert f.read().startswith("HloModule ")  # the compiled module the census read
   doc = json.loads(out.read_text())
   assert (doc["benchmark"], doc["commit"], doc["settings"]["recipe"]) == ("loop_copies", "abc1234", "bf16")
   assert doc["loops"] and all(len(loop["groups"]) <= 3 for loop in doc["loops"])
