@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu_suite.sh multi     # 2-4 GPUs: sharded == one device (operands, then losses)
 #   bash benchmarks/gpu_suite.sh scaling   # 2-4 GPUs: data-parallel weak scaling, 125M and 350M
 #   bash benchmarks/gpu_suite.sh overlap   # 2 GPUs: weak scaling with the gradient all-reduce overlapped (XLA flags)
+#   bash benchmarks/gpu_suite.sh unroll    # 1 GPU: the sweeps' 30M step with its FP4 blocks unrolled against the loop
 #   bash benchmarks/gpu_suite.sh deterministic  # 2-4 GPUs: --deterministic, bit-identical losses (one process and
 #                                          # three), then its cost at 125M (one process per program: XLA flags)
 #   bash benchmarks/gpu_suite.sh tp        # 1-4 GPUs: --deterministic --tensor-shards 2, losses against one GPU (one
@@ -125,6 +126,16 @@ case "${1:-}" in
     XLA_FLAGS="$flags" timeout 330 python benchmarks/train_throughput.py --devices 1,2 --recipes bf16,nvidia_nvfp4 \
       --rounds 2 --steps 8 --max-compile-s 120 --experiments-variants "$variants" \
       --out "$OUT/train_throughput_2gpu_overlap.json" > "$OUT/train_throughput_2gpu_overlap.log" 2>&1
+    ;;
+  unroll)
+    # The 30M sweep shape (64 x 512 tokens), FP4 blocks in a loop (the default) against all six unrolled: the loop's
+    # copies (BENCHMARKS' copy column) against compiling every block's kernels apart. A sweep compiles once per
+    # recipe and cell, so a slower compile can pay for itself over a run. RECIPES (default nvidia_nvfp4,quartet2).
+    variants='{"experiments": {}, "unrolled": {"scan_unroll": 6}}'
+    timeout 560 python benchmarks/train_throughput.py --model 30M --batch 64 --seq-len 512 --devices 1 \
+      --recipes "${RECIPES:-nvidia_nvfp4,quartet2}" --rounds 2 --steps 8 --max-compile-s 300 \
+      --experiments-variants "$variants" --profile /tmp/prof_unroll \
+      --out "$OUT/train_throughput_30M_unroll.json" > "$OUT/train_throughput_30M_unroll.log" 2>&1
     ;;
   deterministic)
     n=$(nvidia-smi -L | wc -l)
