@@ -11,7 +11,8 @@ are the same select with fixed digits (1, 3 and 15 thresholds per rank and pass)
 ``sort`` sorts each row's order-preserving integer keys (``estimators._order_keys``: −0 equal to +0, NaN after +Inf) and
 reads the two ranks; ``top_k`` takes the (n − hi)-th largest key and, on the bit-inverted keys, the (lo + 1)-th
 smallest, with ``jax.lax.top_k`` on int32 (k = 8 for a row of 768 at q = 0.99); ``top_k_float`` runs ``jax.lax.top_k``
-on the floats themselves (NaN counted per row and put back where it reaches a rank, −0 returned as +0). Per shape: each
+on the floats themselves (NaN counted per row and put back where it reaches a rank, −0 returned as +0); ``pallas`` is
+``fp4jax_kernels.contrib.select_ranks`` (bfloat16 rows only), the 1-bit select with each row read once. Per shape: each
 method under ``jax.jit``, the median ms of ``--repeats`` timed rounds (``benchtools.time_ms``), and whether its bounds
 equal the radix select's bit for bit on the same data (``test_tensor``: outliers, signed zeros, ±Inf, NaNs). Writes
 ``benchmarks/results/occ_bounds.json``.
@@ -30,13 +31,14 @@ if __package__ in (None, ""):  # run as a script: the repository root makes ``be
 import jax
 import jax.numpy as jnp
 import numpy as np
+from fp4jax_kernels.contrib import select_ranks
 
 from benchmarks.benchtools import provenance, time_ms, write_json
 from benchmarks.linear_trees import commit
 from fp4jax._src import estimators
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-METHODS = ("radix", "radix_1bit", "radix_2bit", "radix_4bit", "sort", "top_k", "top_k_float")
+METHODS = ("radix", "radix_1bit", "radix_2bit", "radix_4bit", "sort", "top_k", "top_k_float", "pallas")
 # "radix" is fp4jax's occ_bounds (estimators.default_radix_bits digits: 1 bit for bfloat16, 2 for float32)
 RADIX_BITS = {"radix_1bit": 1, "radix_2bit": 2, "radix_4bit": 4}
 DEFAULT_SHAPES = ("16384x768", "16384x2048")  # the 125M step's X of q/k/v and gate/up (d 768), of down (d_ff 2048)
@@ -57,11 +59,18 @@ def _from_int_keys(keys: jax.Array, dtype) -> jax.Array:
   return estimators._from_order_keys(jax.lax.bitcast_convert_type(keys, jnp.uint32) ^ jnp.uint32(1 << 31), dtype)
 
 
+def takes(method: str, dtype) -> bool:
+  """Whether ``method`` runs on rows of ``dtype`` (the Pallas select takes bfloat16 rows only)."""
+  return method != "pallas" or jnp.dtype(dtype) == jnp.bfloat16
+
+
 def bounds(x: jax.Array, quantile: float, method: str) -> tuple[jax.Array, jax.Array]:
   """``(low, high)`` per row of ``x`` (last axis, keepdims) by ``method``, one of ``METHODS``."""
   lo, hi = estimators.occ_ranks(x.shape[-1], quantile)
   if method == "radix":
     return estimators.occ_bounds(x, quantile)
+  if method == "pallas":  # one read of each row (fp4jax_kernels.contrib.select_ranks); interpret mode off the GPU
+    return select_ranks.select_ranks(x, (lo, hi), interpret=jax.default_backend() != "gpu")
   if method in RADIX_BITS:
     return estimators.select_ranks(x, (lo, hi), radix_bits=RADIX_BITS[method])
   keys = _int_keys(x)
@@ -103,11 +112,11 @@ def measure(shapes: list[tuple[int, int]], dtypes: list[str], quantile: float, r
     for dtype in dtypes:
       x = test_tensor(rows, cols, jnp.dtype(dtype))
       got, ms = {}, {}
-      for method in METHODS:
+      for method in (m for m in METHODS if takes(m, dtype)):
         fn = jax.jit(lambda x, method=method: bounds(x, quantile, method))
         got[method] = [np.asarray(b.astype(jnp.float32)) for b in fn(x)]
         ms[method] = time_ms(fn, x, repeats=repeats)
-      same = {m: all(np.array_equal(a, b, equal_nan=True) for a, b in zip(got[m], got["radix"])) for m in METHODS[1:]}
+      same = {m: all(np.array_equal(a, b, equal_nan=True) for a, b in zip(got[m], got["radix"])) for m in list(got)[1:]}
       out.append({"rows": rows, "cols": cols, "dtype": dtype, "ms": ms, "same_as_radix": same})
   return out
 

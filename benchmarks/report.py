@@ -381,12 +381,13 @@ def _cpu_quantizers(doc: dict) -> list[str]:
 
 def _occ_bounds(doc: dict) -> list[str]:
   st = doc["settings"]
-  methods = list(doc["rows"][0]["ms"]) if doc["rows"] else []
+  methods = list(dict.fromkeys(m for r in doc["rows"] for m in r["ms"]))  # a method absent for a dtype shows "—"
   out = _title(doc, "OCC clamp bounds (ms_fp4's per-row quantiles), several ways") + provenance(doc)
   out += [
     "",
     f"Each row's order statistics at q = {st['quantile']} (`fp4jax.estimators.occ_bounds`, a radix select) and the "
-    "same bounds by the radix select at other digit widths, a sort and two top-k forms (`benchmarks/occ_bounds.py`), "
+    "same bounds by the radix select at other digit widths, a sort, two top-k forms and, where measured, a Pallas "
+    "select reading each row once, bfloat16 only (`benchmarks/occ_bounds.py`), "
     f"each under `jax.jit`, the median ms of {st['repeats']} timed rounds, in one process. Same bounds: equal to "
     "the radix select's bit for bit on a tensor with outliers, signed zeros, ±Inf and NaNs.",
     "",
@@ -395,7 +396,7 @@ def _occ_bounds(doc: dict) -> list[str]:
   ]
   for r in doc["rows"]:
     same = ", ".join(f"{m} {'yes' if ok else 'NO'}" for m, ok in r["same_as_radix"].items())
-    times = " | ".join(f"{r['ms'][m]:.3f}" for m in methods)
+    times = " | ".join(f"{r['ms'][m]:.3f}" if m in r["ms"] else "—" for m in methods)
     out.append(f"| {r['rows']}x{r['cols']} | {r['dtype']} | {times} | {same} |")
   return out
 
