@@ -6,8 +6,9 @@
 #   HLO; nvidia_nvfp4 with and without command buffers, quartet without; each module kept for the names in a
 #   profile), then the nvidia_nvfp4 step's profile without command buffers (copy kernels attributed to their XLA
 #   ops); then ms_fp4 at 30M, D/N = 10, seeds 0 and 1 (about 9.5 minutes a run).
-# gpu1: 10M, D/N = 10, quartet and QuEST nearest, three seeds (about 2.5 minutes a run), then the 10M, D/N = 25
-#   quartet seed 0 (about 6 minutes).
+# gpu1: the OCC-bounds benchmark (about 1.5 minutes: the Pallas select against the XLA one), then 10M, D/N = 10,
+#   quartet and QuEST nearest, three seeds (about 2.5 minutes a run), then the 10M, D/N = 25 quartet seed 0 (about
+#   6 minutes).
 # gpu2: 30M, D/N = 25, bf16, three seeds (about 7 minutes a run).
 # gpu3: the 10M, D/N = 25 quartet seed 2 (about 6 minutes), then 30M, D/N = 25, nvidia_nvfp4 seed 0 (about 15).
 set -u -o pipefail
@@ -22,6 +23,7 @@ case ${1:-} in
     lease_sweep m30ms --sizes 30M --ratios 10 --recipes ms_fp4 --seeds 0 1 --devices 0
     ;;
   gpu1)
+    CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_suite.sh occ
     lease_sweep quest10 --sizes 10M --ratios 10 --recipes quartet fp4jax_experiments.ablations:quartet_quest_nearest \
       --seeds 0 1 2 --devices 1
     lease_sweep r25q0 --sizes 10M --ratios 25 --recipes quartet --seeds 0 --devices 1
