@@ -113,9 +113,10 @@ def summarize(trace: str | Path, steps: int, top: int = 15) -> dict:
     launched = sorted(by_name.items(), key=lambda kv: (-kv[1][1], kv[0]))[:top]
     short = [e["dur"] for e in evs if e["dur"] < SHORT_US]
     ops = sorted((e["ts"], e["dur"], e["name"]) for key, t in mine.items() if streams and key not in streams for e in t)
+    copy_names = {name for name in by_name if category(name) == "copy"}  # one pattern match per kernel name
     copies = collections.defaultdict(lambda: [0, 0.0])
     for e in evs:
-      if category(e["name"]) == "copy":
+      if e["name"] in copy_names:
         source = copies[copy_source(e, ops)]
         source[0] += 1
         source[1] += e["dur"]
