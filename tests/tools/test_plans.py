@@ -3,6 +3,7 @@ name and fp4jax-sweep arguments that parse and give runs (or "!" and a command),
 on a lent GPU."""
 
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,9 @@ def test_every_sweep_of_a_plan_script_plans_runs(path, tmp_path):
   for args in sweeps:
     parsed = sweep.build_parser().parse_args([*args, "--out", str(tmp_path / "s")])
     assert sweep.plan(train.config_from_args(parsed), parsed.sizes, parsed.ratios, parsed.recipes, parsed.seeds)
+
+
+def test_a_plan_script_refuses_an_unknown_gpu_share():
+  script = PLAN_DIR / "issue34-b.sh"
+  proc = subprocess.run(["bash", str(script), "gpu9"], cwd=PLAN_DIR.parents[1], capture_output=True, text=True)
+  assert proc.returncode == 2 and "say gpu0, gpu1, gpu2 or gpu3, got 'gpu9'" in proc.stderr
