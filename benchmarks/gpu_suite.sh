@@ -18,7 +18,7 @@
 #   bash benchmarks/gpu_suite.sh recompute # 1 GPU: ModelConfig.recompute's loss curves (bf16, 200 steps) and FP4 speed
 #   bash benchmarks/gpu_suite.sh loop-flags  # 1 GPU: the 125M step under XLA flags against the layer loop's copies
 #   bash benchmarks/gpu_suite.sh loop-copies  # 1 GPU: what the step's layer loops copy (compiled HLO), per flag set
-#   bash benchmarks/gpu_suite.sh occ       # 1 GPU: ms_fp4's OCC clamp bounds several ways (benchmarks/occ_bounds.py)
+#   bash benchmarks/gpu_suite.sh occ       # 1 GPU: ms_fp4's OCC clamp bounds several ways, its step with each select
 #
 # Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
 set -u -o pipefail
@@ -210,9 +210,9 @@ case "${1:-}" in
     ;;
   occ)
     # ms_fp4's OCC bounds: the radix select at three digit widths, a sort, two top-k forms and the Pallas select
-    # (contrib.select_ranks, bfloat16 rows), same bounds checked
-    timeout 180 python benchmarks/occ_bounds.py --dtypes bfloat16 float32 --out "$OUT/occ_bounds.json" \
-      > "$OUT/occ_bounds.log" 2>&1
+    # (fp4jax_kernels.select, bfloat16 rows), same bounds checked; then ms_fp4's 125M step with each select
+    timeout 300 python benchmarks/occ_bounds.py --dtypes bfloat16 float32 --step-model 125M \
+      --out "$OUT/occ_bounds.json" > "$OUT/occ_bounds.log" 2>&1
     ;;
   tp)
     # --deterministic 2 --tensor-shards 2 (Megatron shards, ordered sums): the mesh's shards against one GPU running

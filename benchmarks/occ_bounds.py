@@ -3,7 +3,7 @@
     python benchmarks/occ_bounds.py                       # GPU: the 125M model's X shapes, bfloat16
     python benchmarks/occ_bounds.py --shapes 64x128 --repeats 1   # CPU smoke
 
-``fp4jax.estimators.occ_bounds(x, q)`` gives each row's order statistics of ranks ``floor((1−q)·n)`` and
+``fp4jax.estimators.occ_bounds(x, q, backend="xla")`` gives each row's order statistics of ranks ``floor((1−q)·n)`` and
 ``min(floor(q·n), n−1)`` by a most-significant-digit radix select (``estimators.default_radix_bits``: 2-bit digits for
 32-bit floats, 1-bit for 16-bit ones, 16 counting passes over the row either way). These passes are candidates for the
 XLA reductions that lead ms_fp4's 125M step profile (BENCHMARKS.md). ``radix_1bit``, ``radix_2bit`` and ``radix_4bit``
@@ -12,10 +12,16 @@ are the same select with fixed digits (1, 3 and 15 thresholds per rank and pass)
 reads the two ranks; ``top_k`` takes the (n − hi)-th largest key and, on the bit-inverted keys, the (lo + 1)-th
 smallest, with ``jax.lax.top_k`` on int32 (k = 8 for a row of 768 at q = 0.99); ``top_k_float`` runs ``jax.lax.top_k``
 on the floats themselves (NaN counted per row and put back where it reaches a rank, −0 returned as +0); ``pallas`` is
-``fp4jax_kernels.contrib.select_ranks`` (bfloat16 rows only), the 1-bit select with each row read once. Per shape: each
-method under ``jax.jit``, the median ms of ``--repeats`` timed rounds (``benchtools.time_ms``), and whether its bounds
-equal the radix select's bit for bit on the same data (``test_tensor``: outliers, signed zeros, ±Inf, NaNs). Writes
-``benchmarks/results/occ_bounds.json``.
+``occ_bounds(x, q, backend="pallas")`` (``fp4jax_kernels.select``, bfloat16 rows only, ``"auto"``'s choice on a GPU),
+the 1-bit select with each row read once. Per shape: each method under ``jax.jit``, the median ms of ``--repeats`` timed
+rounds (``benchtools.time_ms``), and whether its bounds equal the radix select's bit for bit on the same data
+(``test_tensor``: outliers, signed zeros, ±Inf, NaNs). Writes ``benchmarks/results/occ_bounds.json``.
+
+``--step-model 125M`` adds ms_fp4's whole training step (``benchmarks/train_throughput.py``'s experiments entry, one
+device, ``--step-batch`` x ``--step-seq-len`` tokens) twice, side by side in one process: as the library runs it
+(``"auto"``: the Pallas select where the GPU runs it) and with the Pallas select unregistered (XLA's select), each
+compiled, warmed up, then timed in ``--step-rounds`` interleaved rounds of ``--step-steps`` steps; each records how many
+OCC selects its trace sent to the Pallas kernel.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import shlex
+import statistics
 import sys
 
 if __package__ in (None, ""):  # run as a script: the repository root makes ``benchmarks`` importable
@@ -31,15 +38,15 @@ if __package__ in (None, ""):  # run as a script: the repository root makes ``be
 import jax
 import jax.numpy as jnp
 import numpy as np
-from fp4jax_kernels.contrib import select_ranks
 
+from benchmarks import train_throughput
 from benchmarks.benchtools import provenance, time_ms, write_json
 from benchmarks.linear_trees import commit
-from fp4jax._src import estimators
+from fp4jax._src import backends, estimators
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 METHODS = ("radix", "radix_1bit", "radix_2bit", "radix_4bit", "sort", "top_k", "top_k_float", "pallas")
-# "radix" is fp4jax's occ_bounds (estimators.default_radix_bits digits: 1 bit for bfloat16, 2 for float32)
+# "radix" is fp4jax's XLA occ_bounds (estimators.default_radix_bits digits: 1 bit for bfloat16, 2 for float32)
 RADIX_BITS = {"radix_1bit": 1, "radix_2bit": 2, "radix_4bit": 4}
 DEFAULT_SHAPES = ("16384x768", "16384x2048")  # the 125M step's X of q/k/v and gate/up (d 768), of down (d_ff 2048)
 
@@ -67,10 +74,8 @@ def takes(method: str, dtype) -> bool:
 def bounds(x: jax.Array, quantile: float, method: str) -> tuple[jax.Array, jax.Array]:
   """``(low, high)`` per row of ``x`` (last axis, keepdims) by ``method``, one of ``METHODS``."""
   lo, hi = estimators.occ_ranks(x.shape[-1], quantile)
-  if method == "radix":
-    return estimators.occ_bounds(x, quantile)
-  if method == "pallas":  # one read of each row (fp4jax_kernels.contrib.select_ranks); interpret mode off the GPU
-    return select_ranks.select_ranks(x, (lo, hi), interpret=jax.default_backend() != "gpu")
+  if method in ("radix", "pallas"):  # pallas: one read of each row, interpret mode off the GPU
+    return estimators.occ_bounds(x, quantile, backend="xla" if method == "radix" else "pallas")
   if method in RADIX_BITS:
     return estimators.select_ranks(x, (lo, hi), radix_bits=RADIX_BITS[method])
   keys = _int_keys(x)
@@ -121,6 +126,51 @@ def measure(shapes: list[tuple[int, int]], dtypes: list[str], quantile: float, r
   return out
 
 
+def step_with_and_without_the_pallas_select(
+  model: str, batch: int, seq_len: int, data: str, warmup: int, steps: int, rounds: int
+) -> list[dict]:
+  """ms_fp4's training step on one device as the library runs it, then with ``SELECT_OP``'s Pallas implementation
+  unregistered; one row each: ms per step (each round's), tokens/s of the median round, and the number of selects
+  its trace gave the Pallas kernel (0 where ``"auto"`` picks XLA, e.g. off a GPU)."""
+  backends.load_plugins()
+  pallas = backends.implementation(estimators.SELECT_OP, "pallas")
+  calls = {"n": 0}
+
+  def counted(*args, **kwargs):  # counts the selects a trace hands the kernel (before it may refuse them)
+    out = pallas(*args, **kwargs)
+    calls["n"] += 1
+    return out
+
+  entries, traced = [], []
+  for label in ("pallas_select", "xla_select"):
+    if label == "pallas_select" and pallas is not None:
+      backends.register(estimators.SELECT_OP, "pallas", counted)
+    else:
+      backends.unregister(estimators.SELECT_OP, "pallas")
+    calls["n"] = 0
+    total = warmup + steps * rounds
+    entries.append(train_throughput.experiments_entry(label, "ms_fp4", model, 1, batch, seq_len, total, data, {}))
+    traced.append(calls["n"])
+  if pallas is not None:
+    backends.register(estimators.SELECT_OP, "pallas", pallas)
+  for entry in entries:
+    entry.advance(warmup)
+  for _ in range(rounds):
+    for entry in entries:
+      entry.step_seconds.append(entry.advance(steps) / steps)
+  return [
+    {
+      "select": e.model,
+      "pallas_selects_traced": n,
+      "ms_per_step_rounds": [1e3 * t for t in e.step_seconds],
+      "tokens_per_s": batch * seq_len / statistics.median(e.step_seconds),
+      "compile_s": e.compile_s,
+      "loss": e.loss,
+    }
+    for e, n in zip(entries, traced)
+  ]
+
+
 def _shape(text: str) -> tuple[int, int]:
   try:
     rows, cols = (int(v) for v in text.lower().split("x"))
@@ -139,6 +189,13 @@ def main(argv: list[str] | None = None) -> None:
   p.add_argument("--repeats", type=int, default=7, help="timed rounds per method")
   p.add_argument("--commit", default=None, help="default: git rev-parse of this checkout")
   p.add_argument("--out", type=pathlib.Path, default=REPO / "benchmarks" / "results" / "occ_bounds.json")
+  p.add_argument("--step-model", default=None, help="also time ms_fp4's training step of this size, both selects")
+  p.add_argument("--step-batch", type=int, default=16)
+  p.add_argument("--step-seq-len", type=int, default=1024)
+  p.add_argument("--step-data", default="stdlib", help="a byte corpus (fp4jax_experiments.data.load_corpus)")
+  p.add_argument("--step-warmup", type=int, default=3)
+  p.add_argument("--step-steps", type=int, default=10)
+  p.add_argument("--step-rounds", type=int, default=3)
   args = p.parse_args(argv)
   if args.repeats < 1:
     p.error(f"--repeats must be at least 1, got {args.repeats}")
@@ -154,6 +211,28 @@ def main(argv: list[str] | None = None) -> None:
   write_json(args.out, doc)
   for r in doc["rows"]:
     print(f"{r['rows']}x{r['cols']} {r['dtype']}: {r['ms']} same as radix: {r['same_as_radix']}")
+  if args.step_model:
+    doc["step"] = {
+      "model": args.step_model,
+      "batch": args.step_batch,
+      "seq_len": args.step_seq_len,
+      "data": args.step_data,
+      "rows": step_with_and_without_the_pallas_select(
+        args.step_model,
+        args.step_batch,
+        args.step_seq_len,
+        args.step_data,
+        args.step_warmup,
+        args.step_steps,
+        args.step_rounds,
+      ),
+    }
+    write_json(args.out, doc)
+    for r in doc["step"]["rows"]:
+      print(
+        f"ms_fp4 {args.step_model} step, {r['select']}: {r['ms_per_step_rounds']} ms, "
+        f"{r['pallas_selects_traced']} Pallas selects traced"
+      )
 
 
 if __name__ == "__main__":

@@ -385,9 +385,10 @@ def _occ_bounds(doc: dict) -> list[str]:
   out = _title(doc, "OCC clamp bounds (ms_fp4's per-row quantiles), several ways") + provenance(doc)
   out += [
     "",
-    f"Each row's order statistics at q = {st['quantile']} (`fp4jax.estimators.occ_bounds`, a radix select) and the "
-    "same bounds by the radix select at other digit widths, a sort, two top-k forms and, where measured, a Pallas "
-    "select reading each row once, bfloat16 only (`benchmarks/occ_bounds.py`), "
+    f"Each row's order statistics at q = {st['quantile']} (`fp4jax.estimators.occ_bounds`: `radix`, XLA's radix "
+    "select) and the same bounds by the radix select at other digit widths, a sort, two top-k forms and, where "
+    'measured, the Pallas select reading each row once, bfloat16 only (`backend="pallas"`, `"auto"`\'s choice '
+    "on a GPU; `benchmarks/occ_bounds.py`), "
     f"each under `jax.jit`, the median ms of {st['repeats']} timed rounds, in one process. Same bounds: equal to "
     "the radix select's bit for bit on a tensor with outliers, signed zeros, ±Inf and NaNs.",
     "",
@@ -398,6 +399,28 @@ def _occ_bounds(doc: dict) -> list[str]:
     same = ", ".join(f"{m} {'yes' if ok else 'NO'}" for m, ok in r["same_as_radix"].items())
     times = " | ".join(f"{r['ms'][m]:.3f}" if m in r["ms"] else "—" for m in methods)
     out.append(f"| {r['rows']}x{r['cols']} | {r['dtype']} | {times} | {same} |")
+  return out + _occ_step(doc["step"]) if "step" in doc else out
+
+
+def _occ_step(step: dict) -> list[str]:
+  """ms_fp4's training step with each OCC select, side by side (``occ_bounds.py --step-model``)."""
+  rows = {r["select"]: r for r in step["rows"]}
+  base = statistics.median(rows["xla_select"]["ms_per_step_rounds"])
+  out = [
+    "",
+    f"ms_fp4's {step['model']} training step, one device, {step['batch']} x {step['seq_len']} tokens "
+    '(`--step-model`), as the library runs it (`pallas_select`: `"auto"` takes the Pallas select) and with the '
+    "Pallas select unregistered (`xla_select`), compiled in one process and timed in interleaved rounds:",
+    "",
+    "| select | Pallas selects traced | ms per step (rounds) | tokens/s | step time / xla_select |",
+    "|---|---|---|---|---|",
+  ]
+  for name, r in rows.items():
+    ms = r["ms_per_step_rounds"]
+    out.append(
+      f"| {name} | {r['pallas_selects_traced']} | {spread(ms, '.1f')} | {r['tokens_per_s']:,.0f} | "
+      f"{statistics.median(ms) / base:.3f} |"
+    )
   return out
 
 

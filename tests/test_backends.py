@@ -147,6 +147,14 @@ def test_a_refusal_falls_back_to_the_next_implementation(fake_op):
   assert fake_op == ["pallas", "xla", "pallas"]
 
 
+def test_implementation_returns_what_was_registered_and_none_after_unregister(fake_op):
+  impl = _impl("pallas", fake_op)
+  backends.register(OP, "pallas", impl)
+  assert backends.implementation(OP, "pallas") is impl and backends.implementation(OP, "xla") is None
+  backends.unregister(OP, "pallas")
+  assert backends.implementation(OP, "pallas") is None
+
+
 def test_an_error_that_is_not_a_refusal_propagates(fake_op):
   backends.register(OP, "pallas", _impl("pallas", fake_op, ValueError("kernel bug")))
   backends.register(OP, "xla", _impl("xla", fake_op))

@@ -162,6 +162,19 @@ def unregister(op: str, backend: str) -> None:
   _REGISTRY.get(op, {}).pop(backend, None)
 
 
+def implementation(op: str, backend: str) -> Callable | None:
+  """``op``'s ``backend`` implementation, None where there is none (does not load plugins).
+
+  Args:
+    op: the op's name.
+    backend: a backend name other than ``"auto"``.
+
+  Returns:
+    The registered callable, or None.
+  """
+  return _REGISTRY.get(op, {}).get(backend)
+
+
 def registered(op: str) -> tuple[str, ...]:
   """The backends with an implementation of ``op``.
 

@@ -18,8 +18,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fp4jax._src import backends
+from fp4jax._src.backends import Backend
 from fp4jax._src.formats import E2M1_MAX
 from fp4jax._src.ieee import widen
+
+# The per-row select of ``occ_bounds`` as an op of ``fp4jax.backends``' registry: ``impl(x, ranks)`` gives
+# ``select_ranks(x, ranks)``'s values (rows along the last axis, any leading dims). XLA: ``select_ranks`` (registered
+# below); Pallas: ``fp4jax_kernels.select`` (bfloat16 rows, each read once).
+SELECT_OP = "select_ranks"
 
 
 def trust_mask(x: jax.Array, scale: jax.Array) -> jax.Array:
@@ -74,25 +81,33 @@ def dge_derivative(x: jax.Array, k: float = 5.0, cap: float = 3.0) -> jax.Array:
   return jnp.where(jnp.isnan(x), widen(x), jnp.minimum(d, cap))
 
 
-def occ_bounds(x: jax.Array, quantile: float, axis: int = -1) -> tuple[jax.Array, jax.Array]:
+def occ_bounds(
+  x: jax.Array, quantile: float, axis: int = -1, *, backend: Backend = "auto"
+) -> tuple[jax.Array, jax.Array]:
   """Per-row ``(low, high)`` clamp bounds along ``axis`` (Microsoft FP4's token-wise quantile clipping).
 
   The order statistics of ranks ``floor((1−q)·n)`` and ``min(floor(q·n), n−1)`` (0-based, ascending) of each row,
-  found by ``select_ranks`` without sorting: the values ``jnp.sort`` would put at those ranks (−0 and +0 equal,
-  returned as +0; NaN after +Inf, so a bound is NaN only when the NaNs reach its rank).
+  found without sorting (``select_ranks``): the values ``jnp.sort`` would put at those ranks (−0 and +0 equal,
+  returned as +0; NaN after +Inf, so a bound is NaN only when the NaNs reach its rank). Every backend gives the same
+  bits. The bounds carry no gradient (an order statistic's is zero almost everywhere; OCC's is straight-through).
 
   Args:
     x: float array; its rows run along ``axis`` (length ``n``).
     quantile: ``q``, the upper quantile, normally in (0.5, 1] (e.g. 0.99).
     axis: the axis along which rows run.
+    backend: ``SELECT_OP``'s implementation (``fp4jax.backends``): ``"auto"`` takes the Pallas select on a GPU that
+      runs it (bfloat16 rows), else XLA's.
 
   Returns:
     ``(low, high)``: two arrays of ``x``'s dtype and shape with ``axis`` of length 1 (keepdims).
 
   Raises:
-    ValueError: a rank falls outside [0, n): an empty row, or ``quantile`` too far outside (0, 1].
+    ValueError: a rank falls outside [0, n): an empty row, or ``quantile`` too far outside (0, 1]; or ``backend``
+      is not a backend name.
   """
-  lo, hi = select_ranks(jnp.moveaxis(x, axis, -1), occ_ranks(x.shape[axis], quantile))
+  backend = backends.check(backend, "fp4jax.estimators.occ_bounds")
+  rows = jax.lax.stop_gradient(jnp.moveaxis(x, axis, -1))
+  lo, hi = backends.run(SELECT_OP, backend, rows, occ_ranks(x.shape[axis], quantile))
   return jnp.moveaxis(lo, -1, axis), jnp.moveaxis(hi, -1, axis)
 
 
@@ -158,7 +173,9 @@ def select_ranks(x: jax.Array, ranks: tuple[int, ...], radix_bits: int | None = 
   return tuple(values[..., i, :] for i in range(len(ranks)))
 
 
-def occ_clamp(x: jax.Array, quantile: float = 0.99, axis: int = -1, rows=None) -> tuple[jax.Array, jax.Array]:
+def occ_clamp(
+  x: jax.Array, quantile: float = 0.99, axis: int = -1, rows=None, *, backend: Backend = "auto"
+) -> tuple[jax.Array, jax.Array]:
   """``(x_c, r)``: ``x`` clamped to its per-row quantile bounds (``occ_bounds``) and the residual ``r = x − x_c``.
 
   ``r`` is non-zero only at the outliers and is added back to ``Q(x_c)`` at high precision (OCC). NaN rows stay NaN.
@@ -169,6 +186,7 @@ def occ_clamp(x: jax.Array, quantile: float = 0.99, axis: int = -1, rows=None) -
     axis: the axis along which rows run.
     rows: the whole rows the bounds are taken from when ``x`` holds a slice of them (default ``x``); the bounds must
       broadcast against ``x``.
+    backend: the bounds' select (``occ_bounds``).
 
   Returns:
     ``(x_c, r)``, both of ``x``'s shape and dtype, with ``x_c + r == x`` up to rounding of the subtraction.
@@ -176,6 +194,9 @@ def occ_clamp(x: jax.Array, quantile: float = 0.99, axis: int = -1, rows=None) -
   Raises:
     ValueError: as ``occ_bounds``.
   """
-  lo, hi = occ_bounds(x if rows is None else rows, quantile, axis)
+  lo, hi = occ_bounds(x if rows is None else rows, quantile, axis, backend=backend)
   xc = jnp.clip(x, lo, hi)
   return xc, x - xc
+
+
+backends.register(SELECT_OP, "xla", select_ranks)

@@ -267,21 +267,23 @@ def _xla_quantize_operand(
   x: jax.Array, spec: OperandSpec, key, signs, shard=None, *, fused_hadamard: bool, transposed: bool, auto: bool
 ) -> tuple[Operand, jax.Array | None]:
   """``QUANTIZE_OP``'s XLA implementation, and with ``shard`` ``SHARDED_QUANTIZE_OP``'s: transpose
-  (``transposed``), rotate (``fused_hadamard`` and ``spec.hadamard``), then ``_quantize``; it takes every case
-  (sharded: every case ``ShardedOperand.check`` lets through)."""
-  del auto
+  (``transposed``), rotate (``fused_hadamard`` and ``spec.hadamard``), then ``_quantize``, whose OCC bounds take
+  the ``"auto"`` select when the quantizer's backend was ``"auto"``; it takes every case (sharded: every case
+  ``ShardedOperand.check`` lets through)."""
   if transposed:
     x = jnp.swapaxes(x, -1, -2)
   if fused_hadamard and spec.hadamard:
     x = rotate(x, spec.hadamard, signs)
-  return _quantize(x, spec, key, shard)
+  return _quantize(x, spec, key, shard, "auto" if auto else "xla")
 
 
-def _quantize(x, spec: OperandSpec, key, shard=None) -> tuple[Operand, jax.Array | None]:
-  """The operand of ``spec`` from ``x`` (already rotated) by the XLA path."""
+def _quantize(x, spec: OperandSpec, key, shard=None, select: Backend = "xla") -> tuple[Operand, jax.Array | None]:
+  """The operand of ``spec`` from ``x`` (already rotated) by the XLA path; OCC's per-row bounds by the ``select``
+  backend (``estimators.occ_bounds``)."""
   residual = None
   if spec.clip == "occ":
-    x, residual = estimators.occ_clamp(x, spec.clip_quantile, axis=-1, rows=shard.whole_rows(x) if shard else None)
+    whole = shard.whole_rows(x) if shard else None
+    x, residual = estimators.occ_clamp(x, spec.clip_quantile, axis=-1, rows=whole, backend=select)
   mask = None
   if spec.fmt is None:
     op = Operand(x, jnp.float32(1.0))

@@ -1,4 +1,4 @@
-"""The one-read per-row select (fp4jax_kernels.contrib.select_ranks) against a NumPy sort and the XLA select."""
+"""The one-read per-row select (fp4jax_kernels.select) against a NumPy sort and the XLA select."""
 
 import jax
 import jax.numpy as jnp
@@ -6,9 +6,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 from fp4jax_kernels import triton_ir
-from fp4jax_kernels.contrib import select_ranks as select
+from fp4jax_kernels.select import api
+from fp4jax_kernels.select import pallas_triton as select
 
-from fp4jax._src import estimators
+import fp4jax
+from fp4jax._src import backends, estimators, operand
 
 
 def _rows(m: int, n: int, seed: int = 0) -> np.ndarray:
@@ -75,3 +77,68 @@ def test_ragged_rows_are_masked_in_triton():
   assert sum("tt.store" in a for a in accesses) == 2 and any("tt.load" in a for a in accesses)
   for access in accesses:  # tt.load %ptr, %mask, %other / tt.store %ptr, %value, %mask
     assert access.split(":")[0].count("%") >= (4 if "tt.load" in access else 3), access
+
+
+# ------------------------------------------------------------------------------------------------ the registered op
+@pytest.mark.parametrize("backend", ["xla", "pallas"])
+def test_occ_bounds_of_every_backend_are_a_numpy_sorts_order_statistics(backend):
+  """One test for every implementation of SELECT_OP: rows with leading dims, along the last axis and a leading one."""
+  x = _rows(24, 640, seed=3).reshape(2, 12, 640)
+  lo_rank, hi_rank = estimators.occ_ranks(640, 0.99)
+  lo, hi = jax.jit(lambda a: estimators.occ_bounds(a, 0.99, backend=backend))(jnp.asarray(x))
+  assert lo.shape == hi.shape == (2, 12, 1) and lo.dtype == jnp.bfloat16
+  _same(lo.reshape(24, 1), _sorted_rank(x.reshape(24, 640), lo_rank))
+  _same(hi.reshape(24, 1), _sorted_rank(x.reshape(24, 640), hi_rank))
+  xt = np.swapaxes(x, 1, 2)  # rows along axis 1
+  lo_t, _ = estimators.occ_bounds(jnp.asarray(xt), 0.99, axis=1, backend=backend)
+  assert lo_t.shape == (2, 1, 12)
+  _same(lo_t.reshape(24, 1), _sorted_rank(x.reshape(24, 640), lo_rank))
+
+
+def test_the_pallas_select_refuses_what_it_cannot_take_and_auto_falls_back():
+  f32 = jnp.asarray(_rows(4, 64).astype(np.float32))
+  with pytest.raises(backends.Unsupported, match="rows of float32"):
+    estimators.occ_bounds(f32, 0.99, backend="pallas")
+  with pytest.raises(backends.Unsupported, match=f"longer than MAX_ROW={api.MAX_ROW}"):
+    api.select_ranks(jnp.zeros((1, api.MAX_ROW + 1), jnp.bfloat16), (0,))
+  with pytest.raises(backends.Unsupported, match="empty"):
+    api.select_ranks(jnp.zeros((0, 8), jnp.bfloat16), (0,))
+  ranks = estimators.occ_ranks(64, 0.99)
+  got = backends.run(estimators.SELECT_OP, "auto", f32, ranks, order=("pallas", "xla"))  # as "auto" on a GPU
+  for g, rank in zip(got, ranks):
+    _same(g, _sorted_rank(np.asarray(f32), rank))
+
+
+@pytest.mark.parametrize("backend", ["xla", "pallas"])
+def test_occ_clamp_gradient_is_one_inside_the_bounds_and_zero_outside(backend):
+  """The bounds carry no gradient: d(sum clip(x, lo, hi))/dx is 1 strictly inside, 0 strictly outside."""
+  x = jnp.asarray(_rows(8, 256, seed=5)[4:])  # rows without NaN or Inf
+  lo, hi = (np.asarray(b, np.float32) for b in estimators.occ_bounds(x, 0.9, backend="xla"))
+  g = jax.grad(lambda a: jnp.sum(estimators.occ_clamp(a, 0.9, backend=backend)[0].astype(jnp.float32)))(x)
+  xf, g = np.asarray(x, np.float32), np.asarray(g, np.float32)
+  inside, outside = (xf > lo) & (xf < hi), (xf < lo) | (xf > hi)
+  assert inside.sum() > 800 and outside.sum() > 50
+  np.testing.assert_array_equal(g[inside], 1.0)
+  np.testing.assert_array_equal(g[outside], 0.0)
+
+
+def test_ms_fp4_takes_the_pallas_select_under_auto_on_a_gpu_and_the_xla_one_when_named(monkeypatch, jaxpr_equations):
+  """ms_fp4's forward X (OCC-clamped NVFP4-style operand) quantizes in XLA; its per-row bounds follow the
+  quantizer's backend: the Pallas select where "auto" offers the kernels, XLA's where "xla" is named. Same bits."""
+  spec = fp4jax.recipes.get("ms_fp4").fwd_lhs
+  assert spec.clip == "occ"
+  x = jnp.asarray(_rows(64, 256, seed=7)[4:])  # finite rows
+  monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)  # as on an H100
+
+  def run(backend):
+    f = jax.jit(lambda a: operand.quantize_operand(a, spec, jax.random.key(0), backend=backend)[0].values)
+    kernels = [
+      str(e.params.get("name_and_src_info", e.params.get("name")))
+      for e in jaxpr_equations(jax.make_jaxpr(f)(x).jaxpr)
+      if e.primitive.name == "pallas_call"
+    ]
+    return f(x), kernels
+
+  (auto, auto_kernels), (xla, xla_kernels) = run("auto"), run("xla")
+  assert any("fp4_select_ranks" in k for k in auto_kernels) and not xla_kernels
+  np.testing.assert_array_equal(np.asarray(auto, np.float32), np.asarray(xla, np.float32))

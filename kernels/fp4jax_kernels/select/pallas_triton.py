@@ -9,8 +9,9 @@ program loads a tile of whole rows once, keeps their 16-bit keys in registers an
 there. Bytes: ``sizeof(x)`` read per element and one int32 key per row and rank written (decoded by XLA); work: ``16 ·
 len(ranks)`` compares and counts per element.
 
-Microsoft FP4's OCC clamp bounds (``estimators.occ_bounds``) are such a select, and its counting passes lead ms_fp4's
-step profile; ``benchmarks/occ_bounds.py`` times this kernel beside the XLA select. The library does not call it.
+Microsoft FP4's OCC clamp bounds (``estimators.occ_bounds``) are such a select; ``fp4jax_kernels.select.api``
+registers this kernel as their ``"pallas"`` implementation. ``benchmarks/occ_bounds.py`` times it beside the XLA
+select.
 """
 
 from __future__ import annotations
