@@ -19,6 +19,8 @@
 #   bash benchmarks/gpu_suite.sh loop-flags  # 1 GPU: the 125M step under XLA flags against the layer loop's copies
 #   bash benchmarks/gpu_suite.sh loop-copies  # 1 GPU: what the step's layer loops copy (compiled HLO), per flag set
 #   bash benchmarks/gpu_suite.sh occ       # 1 GPU: ms_fp4's OCC clamp bounds several ways, its step with each select
+#   bash benchmarks/gpu_suite.sh ablation  # 1 GPU: a recipe's 125M step with and without one op's Pallas
+#                                          # implementation (OP, default inverse_rotate; RECIPE, default quartet)
 #
 # Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
 set -u -o pipefail
@@ -211,8 +213,10 @@ case "${1:-}" in
   occ)
     # ms_fp4's OCC bounds: the radix select at three digit widths, a sort, two top-k forms and the Pallas select
     # (fp4jax_kernels.select, bfloat16 rows), same bounds checked; then ms_fp4's 125M step with each select
-    timeout 300 python benchmarks/occ_bounds.py --dtypes bfloat16 float32 --step-model 125M \
-      --out "$OUT/occ_bounds.json" > "$OUT/occ_bounds.log" 2>&1
+    timeout 180 python benchmarks/occ_bounds.py --dtypes bfloat16 float32 --out "$OUT/occ_bounds.json" \
+      > "$OUT/occ_bounds.log" 2>&1
+    timeout 300 python benchmarks/pallas_ablation.py --op select_ranks --recipe ms_fp4 \
+      --out "$OUT/pallas_ablation_select_ranks_ms_fp4.json" > "$OUT/pallas_ablation_select_ranks_ms_fp4.log" 2>&1
     ;;
   tp)
     # --deterministic 2 --tensor-shards 2 (Megatron shards, ordered sums): the mesh's shards against one GPU running
@@ -233,6 +237,11 @@ case "${1:-}" in
         --tensor-shards 2 ${runs[$i]} --out "$OUT/tp$i" > "$OUT/tp$i.log" 2>&1
     done
     same_curves tp "${#runs[@]}" > "$OUT/tp_cross_process.log"
+    ;;
+  ablation)
+    op=${OP:-inverse_rotate} recipe=${RECIPE:-quartet}
+    timeout 400 python benchmarks/pallas_ablation.py --op "$op" --recipe "$recipe" \
+      --out "$OUT/pallas_ablation_${op}_${recipe}.json" > "$OUT/pallas_ablation_${op}_${recipe}.log" 2>&1
     ;;
   tp-cost)
     # what --deterministic --tensor-shards 2 costs at 125M, on one GPU (vmapped shards) and on model=2

@@ -17,11 +17,6 @@ the 1-bit select with each row read once. Per shape: each method under ``jax.jit
 rounds (``benchtools.time_ms``), and whether its bounds equal the radix select's bit for bit on the same data
 (``test_tensor``: outliers, signed zeros, ±Inf, NaNs). Writes ``benchmarks/results/occ_bounds.json``.
 
-``--step-model 125M`` adds ms_fp4's whole training step (``benchmarks/train_throughput.py``'s experiments entry, one
-device, ``--step-batch`` x ``--step-seq-len`` tokens) twice, side by side in one process: as the library runs it
-(``"auto"``: the Pallas select where the GPU runs it) and with the Pallas select unregistered (XLA's select), each
-compiled, warmed up, then timed in ``--step-rounds`` interleaved rounds of ``--step-steps`` steps; each records how many
-OCC selects its trace sent to the Pallas kernel.
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ from __future__ import annotations
 import argparse
 import pathlib
 import shlex
-import statistics
 import sys
 
 if __package__ in (None, ""):  # run as a script: the repository root makes ``benchmarks`` importable
@@ -39,10 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import train_throughput
 from benchmarks.benchtools import provenance, time_ms, write_json
 from benchmarks.linear_trees import commit
-from fp4jax._src import backends, estimators
+from fp4jax._src import estimators
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 METHODS = ("radix", "radix_1bit", "radix_2bit", "radix_4bit", "sort", "top_k", "top_k_float", "pallas")
@@ -126,51 +119,6 @@ def measure(shapes: list[tuple[int, int]], dtypes: list[str], quantile: float, r
   return out
 
 
-def step_with_and_without_the_pallas_select(
-  model: str, batch: int, seq_len: int, data: str, warmup: int, steps: int, rounds: int
-) -> list[dict]:
-  """ms_fp4's training step on one device as the library runs it, then with ``SELECT_OP``'s Pallas implementation
-  unregistered; one row each: ms per step (each round's), tokens/s of the median round, and the number of selects
-  its trace gave the Pallas kernel (0 where ``"auto"`` picks XLA, e.g. off a GPU)."""
-  backends.load_plugins()
-  pallas = backends.implementation(estimators.SELECT_OP, "pallas")
-  calls = {"n": 0}
-
-  def counted(*args, **kwargs):  # counts the selects a trace hands the kernel (before it may refuse them)
-    out = pallas(*args, **kwargs)
-    calls["n"] += 1
-    return out
-
-  entries, traced = [], []
-  for label in ("pallas_select", "xla_select"):
-    if label == "pallas_select" and pallas is not None:
-      backends.register(estimators.SELECT_OP, "pallas", counted)
-    else:
-      backends.unregister(estimators.SELECT_OP, "pallas")
-    calls["n"] = 0
-    total = warmup + steps * rounds
-    entries.append(train_throughput.experiments_entry(label, "ms_fp4", model, 1, batch, seq_len, total, data, {}))
-    traced.append(calls["n"])
-  if pallas is not None:
-    backends.register(estimators.SELECT_OP, "pallas", pallas)
-  for entry in entries:
-    entry.advance(warmup)
-  for _ in range(rounds):
-    for entry in entries:
-      entry.step_seconds.append(entry.advance(steps) / steps)
-  return [
-    {
-      "select": e.model,
-      "pallas_selects_traced": n,
-      "ms_per_step_rounds": [1e3 * t for t in e.step_seconds],
-      "tokens_per_s": batch * seq_len / statistics.median(e.step_seconds),
-      "compile_s": e.compile_s,
-      "loss": e.loss,
-    }
-    for e, n in zip(entries, traced)
-  ]
-
-
 def _shape(text: str) -> tuple[int, int]:
   try:
     rows, cols = (int(v) for v in text.lower().split("x"))
@@ -189,13 +137,6 @@ def main(argv: list[str] | None = None) -> None:
   p.add_argument("--repeats", type=int, default=7, help="timed rounds per method")
   p.add_argument("--commit", default=None, help="default: git rev-parse of this checkout")
   p.add_argument("--out", type=pathlib.Path, default=REPO / "benchmarks" / "results" / "occ_bounds.json")
-  p.add_argument("--step-model", default=None, help="also time ms_fp4's training step of this size, both selects")
-  p.add_argument("--step-batch", type=int, default=16)
-  p.add_argument("--step-seq-len", type=int, default=1024)
-  p.add_argument("--step-data", default="stdlib", help="a byte corpus (fp4jax_experiments.data.load_corpus)")
-  p.add_argument("--step-warmup", type=int, default=3)
-  p.add_argument("--step-steps", type=int, default=10)
-  p.add_argument("--step-rounds", type=int, default=3)
   args = p.parse_args(argv)
   if args.repeats < 1:
     p.error(f"--repeats must be at least 1, got {args.repeats}")
@@ -211,28 +152,6 @@ def main(argv: list[str] | None = None) -> None:
   write_json(args.out, doc)
   for r in doc["rows"]:
     print(f"{r['rows']}x{r['cols']} {r['dtype']}: {r['ms']} same as radix: {r['same_as_radix']}")
-  if args.step_model:
-    doc["step"] = {
-      "model": args.step_model,
-      "batch": args.step_batch,
-      "seq_len": args.step_seq_len,
-      "data": args.step_data,
-      "rows": step_with_and_without_the_pallas_select(
-        args.step_model,
-        args.step_batch,
-        args.step_seq_len,
-        args.step_data,
-        args.step_warmup,
-        args.step_steps,
-        args.step_rounds,
-      ),
-    }
-    write_json(args.out, doc)
-    for r in doc["step"]["rows"]:
-      print(
-        f"ms_fp4 {args.step_model} step, {r['select']}: {r['ms_per_step_rounds']} ms, "
-        f"{r['pallas_selects_traced']} Pallas selects traced"
-      )
 
 
 if __name__ == "__main__":

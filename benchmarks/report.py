@@ -34,6 +34,7 @@ ORDER = (
   "linear_trees",
   "cpu_quantizers",
   "occ_bounds",
+  "pallas_ablation",
   "profile_linear",
   "auto_threshold",
   "quant_error",
@@ -399,29 +400,37 @@ def _occ_bounds(doc: dict) -> list[str]:
     same = ", ".join(f"{m} {'yes' if ok else 'NO'}" for m, ok in r["same_as_radix"].items())
     times = " | ".join(f"{r['ms'][m]:.3f}" if m in r["ms"] else "—" for m in methods)
     out.append(f"| {r['rows']}x{r['cols']} | {r['dtype']} | {times} | {same} |")
-  return out + _occ_step(doc["step"]) if "step" in doc else out
+  return out
 
 
-def _occ_step(step: dict) -> list[str]:
-  """ms_fp4's training step with each OCC select, side by side (``occ_bounds.py --step-model``)."""
-  rows = {r["select"]: r for r in step["rows"]}
-  base = statistics.median(rows["xla_select"]["ms_per_step_rounds"])
+def _ablation_table(rows: list[dict]) -> list[str]:
+  """A step's variants with and without an op's Pallas implementation: ms per step, tokens/s, time against xla's."""
+  base = statistics.median(next(r for r in rows if r["variant"] == "xla")["ms_per_step_rounds"])
   out = [
-    "",
-    f"ms_fp4's {step['model']} training step, one device, {step['batch']} x {step['seq_len']} tokens "
-    '(`--step-model`), as the library runs it (`pallas_select`: `"auto"` takes the Pallas select) and with the '
-    "Pallas select unregistered (`xla_select`), compiled in one process and timed in interleaved rounds:",
-    "",
-    "| select | Pallas selects traced | ms per step (rounds) | tokens/s | step time / xla_select |",
+    "| variant | Pallas calls traced | ms per step (rounds) | tokens/s | step time / xla |",
     "|---|---|---|---|---|",
   ]
-  for name, r in rows.items():
+  for r in rows:
     ms = r["ms_per_step_rounds"]
     out.append(
-      f"| {name} | {r['pallas_selects_traced']} | {spread(ms, '.1f')} | {r['tokens_per_s']:,.0f} | "
+      f"| {r['variant']} | {r['pallas_calls_traced']} | {spread(ms, '.1f')} | {r['tokens_per_s']:,.0f} | "
       f"{statistics.median(ms) / base:.3f} |"
     )
   return out
+
+
+def _pallas_ablation(doc: dict) -> list[str]:
+  s = doc["settings"]
+  title = f"{s['recipe']}'s {s['model']} step with and without the Pallas {s['op']}"
+  out = _title(doc, title) + provenance(doc)
+  out += [
+    "",
+    f"One device, {s['batch']} x {s['seq_len']} tokens: the training step as the library runs it (`pallas`: "
+    f'`"auto"` takes the op\'s Pallas implementation where it takes the case) and with that implementation '
+    "unregistered (`xla`), compiled in one process and timed in interleaved rounds (`benchmarks/pallas_ablation.py`).",
+    "",
+  ]
+  return out + _ablation_table(doc["rows"])
 
 
 def _loop_copies(doc: dict) -> list[str]:
@@ -476,6 +485,7 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
   "loss_curves": _loss_curves,
   "cpu_quantizers": _cpu_quantizers,
   "occ_bounds": _occ_bounds,
+  "pallas_ablation": _pallas_ablation,
 }
 
 INTRO = [

@@ -4,6 +4,7 @@ Public names of ``fp4jax._src.estimators`` (see there for the specifications).
 """
 
 from fp4jax._src.estimators import (
+  SELECT_OP,
   dge_derivative,
   occ_bounds,
   occ_clamp,
@@ -11,6 +12,7 @@ from fp4jax._src.estimators import (
 )
 
 __all__ = [
+  "SELECT_OP",
   "dge_derivative",
   "occ_bounds",
   "occ_clamp",

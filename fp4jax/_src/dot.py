@@ -266,13 +266,15 @@ def _forward_source(spec, raw, forward: Operand):
   return forward.dequantize()
 
 
-def _to_input(grad, fwd_spec, mask, signs, k: int | None):
-  """Gradient of a forward-quantized operand -> gradient of the layer input: estimator, then inverse rotation, then
-  the ``k`` input features (the chain rule through ``_pad_chunks``: the zero padding's gradient is dropped)."""
-  if fwd_spec.estimator == "trust_mask":
-    grad = jnp.where(mask, grad, 0.0)
+def _to_input(grad, fwd_spec, mask, signs, k: int | None, backend):
+  """Gradient of a forward-quantized operand -> gradient of the layer input: estimator, then inverse rotation (both
+  in one ``inverse_rotate`` on the ``backend``), then the ``k`` input features (the chain rule through
+  ``_pad_chunks``: the zero padding's gradient is dropped)."""
+  mask = mask if fwd_spec.estimator == "trust_mask" else None
   if fwd_spec.hadamard:
-    grad = inverse_rotate(grad, fwd_spec.hadamard, signs)
+    grad = inverse_rotate(grad, fwd_spec.hadamard, signs, mask, backend=backend)
+  elif mask is not None:
+    grad = jnp.where(mask, grad, 0.0)
   return grad[..., :k]
 
 
@@ -333,14 +335,14 @@ def _qdot_bwd(static: _Static, res: _Residuals, dy):
   )
   dx = matmul(a.operand, b.operand, static.precision)
   if r.dgrad_rhs.source == "forward":
-    dx = _to_input(dx, r.fwd_lhs, res.mask_x, res.fwd_signs, static.k)
+    dx = _to_input(dx, r.fwd_lhs, res.mask_x, res.fwd_signs, static.k, static.backend)
   # wgrad: dW (B, N, K) = dYᵀ (B, N, M) . X (B, M, K), contraction over M.
   a, b = _quantize_gemm(
     static, "wgrad", dy_wgrad, _forward_source(r.wgrad_rhs, res.x, res.xq), keys, wgrad_signs, (True, True)
   )
   dw = matmul(a.operand, b.operand, static.precision)
   if r.wgrad_rhs.source == "forward":
-    dw = _to_input(dw, r.fwd_rhs, res.mask_w, res.fwd_signs, static.k)
+    dw = _to_input(dw, r.fwd_rhs, res.mask_w, res.fwd_signs, static.k, static.backend)
   if r.fwd_rhs.estimator == "dge":
     spec = r.fwd_rhs
     scaled = widen(res.w) * channel_scale(res.w, spec.scale_pow2, sharding_lib.operand_shard(r, "fwd_rhs"))

@@ -17,6 +17,10 @@ by the ``backend`` argument; every implementation gives the same bits for the sa
 * ``"auto"`` (the default): the kernels on a GPU that runs them, where they take the operand; ``"xla"`` otherwise
   (on a CPU, ``"xla"`` only: the kernels are neither loaded nor interpreted there).
 
+``inverse_rotate`` (a backward GEMM's gradient out of the rotated domain, trust mask included) is the op
+``INVERSE_ROTATE_OP``, by the same backends: XLA's butterflies, or one Pallas pass over the gradient
+(``fp4jax_kernels.rotate``).
+
 This module never imports ``fp4jax_kernels``; the registry loads it (``fp4jax.backends.load_plugins``).
 
 An ``Operand`` is a pair ``(values, scale)`` with the dequantized operand equal to ``values · scale``, where ``scale``
@@ -69,6 +73,8 @@ PAIR_OP = "quantize_operand_pair"
 # one device's slice of a sharded operand inside shard_map (fp4jax.sharding):
 # impl(x, spec, key, signs, shard, *, fused_hadamard, transposed, auto), as QUANTIZE_OP's with the shard
 SHARDED_QUANTIZE_OP = "quantize_sharded_operand"
+# a backward GEMM's gradient mapped out of the rotated domain: impl(g, d, signs, mask), ``inverse_rotate``'s values
+INVERSE_ROTATE_OP = "inverse_rotate"
 
 
 class Operand(NamedTuple):
@@ -98,8 +104,27 @@ def rotate(x: jax.Array, d: int, signs: jax.Array | None) -> jax.Array:
   return hadamard_lib.rotated(x, d, signs=signs)
 
 
-def inverse_rotate(g: jax.Array, d: int, signs: jax.Array | None) -> jax.Array:
-  """Transpose of ``rotate`` on the last axis (float32): maps a gradient from the rotated domain back."""
+def inverse_rotate(
+  g: jax.Array, d: int, signs: jax.Array | None, mask: jax.Array | None = None, *, backend: Backend = "auto"
+) -> jax.Array:
+  """Transpose of ``rotate`` on the last axis (float32): maps a gradient from the rotated domain back, after zeroing
+  it where ``mask`` (a trust mask of ``g``'s shape) is False: ``fp4jax.hadamard.inverse_hadamard(where(mask, g, 0),
+  d, axis=-1, signs)``, the same bits from every implementation of ``INVERSE_ROTATE_OP``. ``backend``: the dot's;
+  its implementation where it has one that takes the case, else XLA's (as ``rotate_and_quantize_both``: a named
+  kernel backend quantizes, the auxiliary rotation falls back)."""
+  backend = backends.check(backend, "fp4jax.operand.inverse_rotate")
+  wanted = tuple(dict.fromkeys(backends.candidates(backend) + ("xla",)))
+  if wanted != ("xla",):
+    backends.load_plugins()
+  impls = backends.registered(INVERSE_ROTATE_OP)
+  order = tuple(name for name in wanted if name in impls)
+  return backends.run(INVERSE_ROTATE_OP, backend, g, d, signs, mask, order=order)
+
+
+def _xla_inverse_rotate(g: jax.Array, d: int, signs: jax.Array | None, mask: jax.Array | None) -> jax.Array:
+  """``INVERSE_ROTATE_OP``'s XLA implementation: takes every case."""
+  if mask is not None:
+    g = jnp.where(mask, g, jnp.zeros((), g.dtype))
   return hadamard_lib.inverse_hadamard(g, d, axis=-1, signs=signs)
 
 
@@ -365,5 +390,6 @@ def _dot(a: jax.Array, b: jax.Array, precision) -> jax.Array:
 
 
 backends.register(QUANTIZE_OP, "xla", _xla_quantize_operand)
+backends.register(INVERSE_ROTATE_OP, "xla", _xla_inverse_rotate)
 backends.register(PAIR_OP, "xla", _unfused_pair)
 backends.register(SHARDED_QUANTIZE_OP, "xla", _xla_quantize_operand)

@@ -76,25 +76,3 @@ def test_bad_arguments_are_refused_naming_the_flag(args, match, capsys):
   with pytest.raises(SystemExit):
     occ_bounds.main(args)
   assert match in capsys.readouterr().err
-
-
-def test_the_step_rows_use_each_select_and_leave_the_registry_as_it_was(monkeypatch):
-  """--step-model: the first entry traces the Pallas select (on a faked GPU: "auto" offers it), the second none;
-  afterwards the Pallas implementation is registered again. The report gives each median against xla_select's."""
-  from fp4jax._src import backends, estimators
-
-  backends.load_plugins()
-  pallas = backends.implementation(estimators.SELECT_OP, "pallas")
-  monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)  # as on an H100
-  rows = occ_bounds.step_with_and_without_the_pallas_select("100K", 2, 64, "stdlib", 1, 1, 2)
-  assert [r["select"] for r in rows] == ["pallas_select", "xla_select"]
-  assert rows[0]["pallas_selects_traced"] > 0 and rows[1]["pallas_selects_traced"] == 0
-  assert all(len(r["ms_per_step_rounds"]) == 2 and np.isfinite(r["loss"]) for r in rows)
-  assert backends.implementation(estimators.SELECT_OP, "pallas") is pallas
-  step = {"model": "125M", "batch": 16, "seq_len": 1024, "rows": [dict(rows[0]), dict(rows[1])]}
-  step["rows"][0].update(ms_per_step_rounds=[60.0, 64.0, 66.0], tokens_per_s=1000.0)
-  step["rows"][1].update(ms_per_step_rounds=[80.0, 81.0, 79.0], tokens_per_s=800.0)
-  lines = report._occ_step(step)
-  assert any(
-    line.startswith("| pallas_select |") and line.endswith("| 64.0 (60.0–66.0) | 1,000 | 0.800 |") for line in lines
-  ), lines
