@@ -1,10 +1,11 @@
 """The inverse blockwise Hadamard of float32 rows, trust mask first, in one pass: Pallas on the Triton backend.
 
 ``inverse_rotate(g, d, signs, mask)`` gives ``fp4jax.hadamard.inverse_hadamard(where(mask, g, 0), d, axis=-1,
-signs)`` for a 2D float32 ``g``: each program loads a tile of whole ``d``-chunks, zeroes the masked elements, runs
-``fp4jax.hadamard.fwht`` on the chunks (the same constant-geometry butterflies, each ``a ± b`` rounded once, in the same
-order), multiplies by ``float32(1/sqrt(d))`` (rounded once) and then by the signs (exact), and stores the tile: one
-read and one write of ``g`` where XLA's butterflies make a pass per stage (five for d = 32). IEEE float32 as a GPU
+signs)`` for a 2D float32 ``g``: each program loads a tile of whole ``d``-chunks as ``d`` parts (element ``k`` of
+every chunk), zeroes the masked elements, runs ``fp4jax.hadamard.fwht_parts`` (the constant-geometry butterflies of
+``fwht``, each ``a ± b`` rounded once, in the same order), multiplies by ``float32(1/sqrt(d))`` (rounded once) and then
+by the signs (exact), and stores the parts: one read and one write of ``g`` where XLA's butterflies make a pass per
+stage (five for d = 32). IEEE float32 as a GPU
 computes it; in interpret mode (the CPU) XLA's arithmetic, which flushes subnormals.
 """
 
@@ -35,16 +36,21 @@ def tile(m: int, n: int, d: int) -> tuple[int, int]:
   return min(rows, 1 << max(0, (m - 1).bit_length())), cols
 
 
-def _kernel(g_ref, signs_ref, *refs, d: int, shape: tuple[int, int], masked: bool):
+def _kernel(g_ref, signs_ref, *refs, shape: tuple[int, int, int], masked: bool):
+  """One (rows, cols) tile, read as its ``d`` parts (element ``k`` of every chunk: one strided load each, as
+  ``fp4jax_kernels.quantize.pallas_triton.load_rotated``), so that every butterfly is elementwise in registers;
+  each result part is stored where it was read."""
   mask_ref, out_ref = refs if masked else (None, refs[0])
-  i, j = pl.program_id(0), pl.program_id(1)
-  g = load_in_bounds(g_ref, (i, j), shape)
+  d = g_ref.shape[2]
+  index = (pl.program_id(0), pl.program_id(1), 0)
+  part = lambda ref, k: ref.at[:, :, pl.ds(k, 1)]  # (rows, cols / d, 1)
+  parts = [load_in_bounds(part(g_ref, k), index, shape) for k in range(d)]
   if masked:
-    g = jnp.where(load_in_bounds(mask_ref, (i, j), shape) != 0, g, jnp.float32(0))
-  r, c = g.shape
-  y = hadamard_lib.fwht(g.reshape(r, c // d, d), d) * jnp.float32(1.0 / math.sqrt(d))
-  y = y * signs_ref[...].reshape(1, 1, d)
-  store_in_bounds(out_ref, y.reshape(r, c), (i, j), shape)
+    parts = [jnp.where(load_in_bounds(part(mask_ref, k), index, shape), p, jnp.float32(0)) for k, p in enumerate(parts)]
+  norm = jnp.float32(1.0 / math.sqrt(d))
+  parts = [p * norm for p in hadamard_lib.fwht_parts(parts)]
+  for k, p in enumerate(parts):
+    store_in_bounds(part(out_ref, k), p * signs_ref[k], index, shape)
 
 
 @functools.partial(jax.jit, static_argnames=("d", "num_warps", "interpret"))
@@ -86,18 +92,19 @@ def inverse_rotate(
   if mask is not None and mask.shape != g.shape:
     raise ValueError(f"inverse_rotate: mask must have g's shape {g.shape}, got {mask.shape}")
   rows, cols = tile(m, n, d)
-  block = pl.BlockSpec((rows, cols), lambda i, j: (i, j))
-  args, in_specs = [g, signs], [block, pl.BlockSpec((d,), lambda i, j: (0,))]
+  shape = (m, n // d, d)  # the chunk view: element k of every chunk along the last axis
+  block = pl.BlockSpec((rows, cols // d, d), lambda i, j: (i, j, 0))
+  args, in_specs = [g.reshape(shape), signs], [block, pl.BlockSpec((d,), lambda i, j: (0,))]
   if mask is not None:
-    args.append(mask)
+    args.append(mask.reshape(shape))
     in_specs.append(block)
   return pl.pallas_call(
-    functools.partial(_kernel, d=d, shape=(m, n), masked=mask is not None),
+    functools.partial(_kernel, shape=shape, masked=mask is not None),
     grid=(pl.cdiv(m, rows), n // cols),
     in_specs=in_specs,
     out_specs=block,
-    out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+    out_shape=jax.ShapeDtypeStruct(shape, jnp.float32),
     compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
     interpret=interpret,
     name="fp4_inverse_rotate",
-  )(*args)
+  )(*args).reshape(m, n)
