@@ -249,14 +249,14 @@ def _rdot_bwd(static: _RStatic, res: _Residuals, dy):
   b = _experts(s, "dgrad_rhs", w_src, key, dgrad_signs, transposed=True)
   dx = _rows_matmul(a.operand, b.operand, groups, s.precision)
   if r.dgrad_rhs.source == "forward":
-    dx = _to_input(dx, r.fwd_lhs, res.mask_x, res.fwd_signs, s.k)
+    dx = _to_input(dx, r.fwd_lhs, res.mask_x, res.fwd_signs, s.k, s.backend)
   # wgrad: dW_e (n, k) = dY_eᵀ (n, tokens of e) . X_e (tokens of e, k), on the padded token layout.
   a = _quantize_operand(s, "wgrad_lhs", _to_tokens(dy, groups), keys, wgrad_signs, transposed=True)
   x_src = _forward_source(r.wgrad_rhs, _to_tokens(res.x, groups) if res.xq is None else None, _xq_tokens(res, groups))
   b = _quantize_operand(s, "wgrad_rhs", x_src, keys, wgrad_signs, transposed=True)
   dw = _tokens_matmul(a.operand, b.operand, groups, s.precision)
   if r.wgrad_rhs.source == "forward":
-    dw = _to_input(dw, r.fwd_rhs, res.mask_w, res.fwd_signs, s.k)
+    dw = _to_input(dw, r.fwd_rhs, res.mask_w, res.fwd_signs, s.k, s.backend)
   if r.fwd_rhs.estimator == "dge":
     spec = r.fwd_rhs
     dw = dw * estimators.dge_derivative(widen(res.w) * channel_scale(res.w, spec.scale_pow2), spec.dge_k, spec.dge_cap)
