@@ -16,7 +16,6 @@ on the floats themselves (NaN counted per row and put back where it reaches a ra
 the 1-bit select with each row read once. Per shape: each method under ``jax.jit``, the median ms of ``--repeats`` timed
 rounds (``benchtools.time_ms``), and whether its bounds equal the radix select's bit for bit on the same data
 (``test_tensor``: outliers, signed zeros, ±Inf, NaNs). Writes ``benchmarks/results/occ_bounds.json``.
-
 """
 
 from __future__ import annotations

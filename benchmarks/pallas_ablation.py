@@ -51,7 +51,7 @@ def rows(
     calls["n"] += 1
     return pallas(*args, **kwargs)
 
-  entries, traced = [], []
+  entries, traced, total = [], [], warmup + steps * rounds
   try:
     for variant in ("pallas", "xla"):
       if variant == "pallas":
@@ -59,7 +59,6 @@ def rows(
       else:
         backends.unregister(op, "pallas")
       calls["n"] = 0
-      total = warmup + steps * rounds
       entries.append(train_throughput.experiments_entry(variant, recipe, model, 1, batch, seq_len, total, data, {}))
       traced.append(calls["n"])
   finally:

@@ -155,6 +155,19 @@ def test_implementation_returns_what_was_registered_and_none_after_unregister(fa
   assert backends.implementation(OP, "pallas") is None
 
 
+def test_fallback_order_ends_with_xla_and_skips_what_is_not_registered(fake_op, monkeypatch):
+  backends.register(OP, "xla", _impl("xla", fake_op))
+  assert backends.fallback_order(OP, "pallas") == ("xla",)  # no pallas implementation: XLA alone
+  backends.register(OP, "pallas", _impl("pallas", fake_op, Unsupported("tile does not fit")))
+  assert backends.fallback_order(OP, "auto") == backends.fallback_order(OP, "pallas") == ("pallas", "xla")
+  assert backends.run(OP, "pallas", 3, scale=2, order=backends.fallback_order(OP, "pallas")) == 6
+  loads = []
+  monkeypatch.setattr(backends, "load_plugins", lambda: loads.append(1))
+  assert backends.fallback_order(OP, "xla") == ("xla",) and not loads  # XLA alone loads no kernels
+  backends.fallback_order(OP, "native")
+  assert loads == [1]
+
+
 def test_an_error_that_is_not_a_refusal_propagates(fake_op):
   backends.register(OP, "pallas", _impl("pallas", fake_op, ValueError("kernel bug")))
   backends.register(OP, "xla", _impl("xla", fake_op))

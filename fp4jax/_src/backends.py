@@ -175,6 +175,24 @@ def implementation(op: str, backend: str) -> Callable | None:
   return _REGISTRY.get(op, {}).get(backend)
 
 
+def fallback_order(op: str, backend: Backend) -> tuple[str, ...]:
+  """The order in which to try an op whose XLA implementation takes every case: ``candidates(backend)``, then
+  ``"xla"``, those with an implementation of ``op``. A named kernel backend thus falls back to XLA for such an op.
+  Plugins are loaded only when a backend other than ``"xla"`` is among them (``"auto"`` on a CPU loads none).
+
+  Args:
+    op: the op's name.
+    backend: one of ``Backend``'s names.
+
+  Returns:
+    The backend names to pass to ``run`` as ``order``.
+  """
+  wanted = tuple(dict.fromkeys(candidates(backend) + ("xla",)))
+  if wanted != ("xla",):
+    load_plugins()
+  return tuple(name for name in wanted if name in _REGISTRY.get(op, {}))
+
+
 def registered(op: str) -> tuple[str, ...]:
   """The backends with an implementation of ``op``.
 

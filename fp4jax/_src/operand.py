@@ -113,11 +113,7 @@ def inverse_rotate(
   its implementation where it has one that takes the case, else XLA's (as ``rotate_and_quantize_both``: a named
   kernel backend quantizes, the auxiliary rotation falls back)."""
   backend = backends.check(backend, "fp4jax.operand.inverse_rotate")
-  wanted = tuple(dict.fromkeys(backends.candidates(backend) + ("xla",)))
-  if wanted != ("xla",):
-    backends.load_plugins()
-  impls = backends.registered(INVERSE_ROTATE_OP)
-  order = tuple(name for name in wanted if name in impls)
+  order = backends.fallback_order(INVERSE_ROTATE_OP, backend)
   return backends.run(INVERSE_ROTATE_OP, backend, g, d, signs, mask, order=order)
 
 
@@ -224,9 +220,7 @@ def rotate_and_quantize_both(
   for (spec, *_), shard, shape in zip((rows, cols), shards, (x.shape, shape_t)):
     if shard is not None:  # a straddling block or Hadamard chunk is named before any kernel is tried
       shard.check(shape, spec, "fp4jax.operand.rotate_and_quantize_both")
-  backends.load_plugins()
-  impls = backends.registered(PAIR_OP)
-  order = tuple(name for name in dict.fromkeys(backends.candidates(backend) + ("xla",)) if name in impls)
+  order = backends.fallback_order(PAIR_OP, backend)
   return backends.run(PAIR_OP, backend, x, rows, cols, auto=backend == "auto", shards=tuple(shards), order=order)
 
 

@@ -68,3 +68,11 @@ def test_command_writes_its_document_and_the_report_renders_it(tmp_path, monkeyp
   section = "\n".join(report._pallas_ablation(doc))
   assert "### quartet's 125M step with and without the Pallas inverse_rotate" in section
   assert "| pallas | 24 | 64.0 (60.0–66.0) | 1,000 | 0.800 |" in section and "| xla | 0 |" in section
+
+
+@pytest.mark.parametrize("flag", ["--batch", "--seq-len", "--warmup", "--steps", "--rounds"])
+def test_a_count_below_one_is_refused_naming_the_flag(flag, capsys):
+  with pytest.raises(SystemExit):
+    pallas_ablation.main(["--op", "inverse_rotate", "--recipe", "quartet", flag, "0"])
+  err = capsys.readouterr().err
+  assert flag in err and "expected a positive integer, got '0'" in err

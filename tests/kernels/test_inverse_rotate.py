@@ -119,3 +119,8 @@ def test_a_rotated_recipes_backward_takes_the_kernel_under_auto_on_a_gpu(recipe,
   assert sum("fp4_inverse_rotate" in k for k in auto) == 2 and not xla
   for a, b in zip(grads("auto")(x, w, dy), grads("xla")(x, w, dy)):
     _same_bits(a, b)
+
+
+def test_a_bad_backend_name_is_refused_naming_the_entry():
+  with pytest.raises(ValueError, match=r"fp4jax.operand.inverse_rotate: backend must be one of"):
+    operand.inverse_rotate(jnp.zeros((2, 32), jnp.float32), 32, None, backend="gpu")

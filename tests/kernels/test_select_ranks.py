@@ -142,3 +142,8 @@ def test_ms_fp4_takes_the_pallas_select_under_auto_on_a_gpu_and_the_xla_one_when
   (auto, auto_kernels), (xla, xla_kernels) = run("auto"), run("xla")
   assert any("fp4_select_ranks" in k for k in auto_kernels) and not xla_kernels
   np.testing.assert_array_equal(np.asarray(auto, np.float32), np.asarray(xla, np.float32))
+
+
+def test_a_bad_backend_name_is_refused_naming_the_entry():
+  with pytest.raises(ValueError, match=r"fp4jax.estimators.occ_bounds: backend must be one of"):
+    estimators.occ_bounds(jnp.zeros((2, 32), jnp.bfloat16), 0.99, backend="gpu")

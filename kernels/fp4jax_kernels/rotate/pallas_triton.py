@@ -5,8 +5,8 @@ signs)`` for a 2D float32 ``g``: each program loads a tile of whole ``d``-chunks
 every chunk), zeroes the masked elements, runs ``fp4jax.hadamard.fwht_parts`` (the constant-geometry butterflies of
 ``fwht``, each ``a ± b`` rounded once, in the same order), multiplies by ``float32(1/sqrt(d))`` (rounded once) and then
 by the signs (exact), and stores the parts: one read and one write of ``g`` where XLA's butterflies make a pass per
-stage (five for d = 32). IEEE float32 as a GPU
-computes it; in interpret mode (the CPU) XLA's arithmetic, which flushes subnormals.
+stage (five for d = 32). IEEE float32 as a GPU computes it; in interpret mode (the CPU) XLA's arithmetic, which
+flushes subnormals.
 """
 
 from __future__ import annotations
