@@ -20,7 +20,7 @@
 #   bash benchmarks/gpu_suite.sh loop-copies  # 1 GPU: what the step's layer loops copy (compiled HLO), per flag set
 #   bash benchmarks/gpu_suite.sh occ       # 1 GPU: ms_fp4's OCC clamp bounds several ways, its step with each select
 #   bash benchmarks/gpu_suite.sh ablation  # 1 GPU: a recipe's 125M step with and without one op's Pallas
-#                                          # implementation (OP, default inverse_rotate; RECIPE, default quartet)
+#                                          # implementation (OP, default select_ranks; RECIPE, default ms_fp4)
 #
 # Logs and JSON go to $OUT (the device tool's output folder), or ./gpu_out elsewhere. Run from the repository root.
 set -u -o pipefail
@@ -239,7 +239,7 @@ case "${1:-}" in
     same_curves tp "${#runs[@]}" > "$OUT/tp_cross_process.log"
     ;;
   ablation)
-    op=${OP:-inverse_rotate} recipe=${RECIPE:-quartet}
+    op=${OP:-select_ranks} recipe=${RECIPE:-ms_fp4}
     timeout 400 python benchmarks/pallas_ablation.py --op "$op" --recipe "$recipe" \
       --out "$OUT/pallas_ablation_${op}_${recipe}.json" > "$OUT/pallas_ablation_${op}_${recipe}.log" 2>&1
     ;;

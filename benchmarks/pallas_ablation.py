@@ -1,8 +1,9 @@
 """A recipe's training step with and without one op's Pallas implementation, side by side in one process.
 
-    python benchmarks/pallas_ablation.py --op inverse_rotate --recipe quartet        # GPU: the 125M step
-    python benchmarks/pallas_ablation.py --op inverse_rotate --recipe quartet --model 100K --batch 2 --seq-len 64 \\
-      --warmup 1 --steps 1 --rounds 1 --out runs/ablation.json                       # CPU smoke (XLA both times)
+    python benchmarks/pallas_ablation.py --op select_ranks --recipe ms_fp4        # GPU: the 125M step
+    python benchmarks/pallas_ablation.py --op select_ranks --recipe ms_fp4 --model 100K --batch 2 --seq-len 64 \\
+      --warmup 1 --steps 1 --rounds 1 --out runs/ablation.json                     # CPU smoke (XLA both times)
+    python benchmarks/pallas_ablation.py --op inverse_rotate --recipe quartet --contrib inverse_rotate  # unregistered
 
 ``fp4jax_experiments.train.Trainer`` of ``--model`` under ``--recipe`` on one device
 (``benchmarks/train_throughput.py``'s experiments entry), built twice: as the library runs it (``"auto"``: the op's
@@ -10,13 +11,14 @@ Pallas implementation where the GPU runs it and it takes the case; variant ``pal
 unregistered (variant ``xla``). Both are compiled, warmed up with ``--warmup`` steps, then timed in ``--rounds``
 interleaved rounds of ``--steps`` steps. Per variant: ms per step of each round, tokens/s of the median round, compile
 seconds, the last loss, and how many times its trace called the Pallas implementation (0 where ``"auto"`` picks XLA,
-e.g. off a GPU). Ops: the registry's names (``fp4jax.operand.INVERSE_ROTATE_OP``, ``fp4jax.estimators.SELECT_OP``, ...).
+e.g. off a GPU). Ops: the registry's names with a Pallas implementation (``fp4jax.estimators.SELECT_OP``, ...).
 Writes ``benchmarks/results/pallas_ablation_<op>_<recipe>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import pathlib
 import shlex
 import statistics
@@ -44,7 +46,10 @@ def rows(
   backends.load_plugins()
   pallas = backends.implementation(op, "pallas")
   if pallas is None:
-    raise ValueError(f"--op {op!r} has no 'pallas' implementation; ops with one: see fp4jax_kernels.__init__")
+    raise ValueError(
+      f"--op {op!r} has no 'pallas' implementation; ops with one: see fp4jax_kernels.__init__ (an unregistered "
+      "kernel of fp4jax_kernels.contrib: --contrib)"
+    )
   calls = {"n": 0}
 
   def counted(*args, **kwargs):  # counts the cases a trace hands the kernel (before it may refuse them)
@@ -90,7 +95,7 @@ def _positive(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--op", required=True, help="a registry op with a Pallas implementation, e.g. inverse_rotate")
+  p.add_argument("--op", required=True, help="a registry op with a Pallas implementation, e.g. select_ranks")
   p.add_argument("--recipe", required=True)
   p.add_argument("--model", default="125M")
   p.add_argument("--batch", type=_positive, default=16)
@@ -99,9 +104,20 @@ def main(argv: list[str] | None = None) -> None:
   p.add_argument("--warmup", type=_positive, default=3)
   p.add_argument("--steps", type=_positive, default=10)
   p.add_argument("--rounds", type=_positive, default=3)
+  p.add_argument(
+    "--contrib",
+    default=None,
+    help="register fp4jax_kernels.contrib.CONTRIB's implementation first (a kernel the library does not register), "
+    "e.g. inverse_rotate",
+  )
   p.add_argument("--commit", default=None, help="default: git rev-parse of this checkout")
   p.add_argument("--out", type=pathlib.Path, default=None)
   args = p.parse_args(argv)
+  if args.contrib:
+    try:
+      importlib.import_module(f"fp4jax_kernels.contrib.{args.contrib}").register()
+    except ModuleNotFoundError:
+      p.error(f"--contrib {args.contrib!r}: expected a module of fp4jax_kernels.contrib with a register()")
   out = args.out or REPO / "benchmarks" / "results" / f"pallas_ablation_{args.op}_{args.recipe}.json"
   command = shlex.join(["python", "benchmarks/pallas_ablation.py", *(argv if argv is not None else sys.argv[1:])])
   settings = {k: getattr(args, k) for k in ("op", "recipe", "model", "batch", "seq_len", "data")}

@@ -72,12 +72,15 @@ def spread(values: list[float], spec: str) -> str:
   return f"{statistics.median(values):{spec}} ({min(values):{spec}}–{max(values):{spec}})"
 
 
+STALE_TABLES = "Tables left out (they stay in its result file)."
+
+
 def _title(doc: dict, title: str) -> list[str]:
   """The section's heading (STALE and the reason for a file with a ``"stale"`` field), then the file's ``"note"``
   (what a reader needs to read its settings against today's code), if any."""
   note = [f"**Note:** {doc['note']}", ""] if "note" in doc else []
   if "stale" in doc:
-    return [f"### STALE: {title}", "", f"**Stale:** {doc['stale']}", "", *note]
+    return [f"### STALE: {title}", "", f"**Stale:** {doc['stale']} {STALE_TABLES}", "", *note]
   return [f"### {title}", "", *note]
 
 
@@ -515,16 +518,14 @@ def load(results: pathlib.Path = RESULTS) -> list[dict]:
   return [doc for _, doc in sorted(docs, key=lambda nd: (ORDER.index(nd[1]["benchmark"]), nd[0]))]
 
 
-STALE_TABLES = "Tables left out: its numbers are not the current code's (they stay in its result file)."
-
-
 def section(doc: dict) -> list[str]:
-  """``doc``'s section: its renderer's lines, or for a stale result only its heading, reason, note and provenance."""
+  """``doc``'s section: its renderer's lines, or for a stale result only its heading, reason (with
+  ``STALE_TABLES``), note and provenance."""
   lines = RENDER[doc["benchmark"]](doc)
   if "stale" not in doc:
     return lines
   end = next(i for i, line in enumerate(lines) if line.startswith("Reproduce: "))
-  return lines[: end + 1] + ["", STALE_TABLES]
+  return lines[: end + 1]
 
 
 def render(docs: list[dict]) -> str:

@@ -140,7 +140,7 @@ def test_throughput_report_takes_ratios_to_bf16_and_the_category_differences():
 
 def test_a_stale_result_is_labelled_with_its_reason():
   lines = report.RENDER["linear_trees"](_trees_doc() | {"stale": "measured before abc"})
-  assert lines[0].startswith("### STALE: ") and "**Stale:** measured before abc" in lines
+  assert lines[0].startswith("### STALE: ") and f"**Stale:** measured before abc {report.STALE_TABLES}" in lines
   assert not report.RENDER["linear_trees"](_trees_doc())[0].startswith("### STALE")
 
 
@@ -149,7 +149,7 @@ def test_a_stale_section_keeps_its_provenance_and_drops_its_tables():
   stale = report.section(_trees_doc() | {"stale": "measured before abc"})
   assert any(line.startswith("|") for line in fresh)
   assert not any(line.startswith("|") for line in stale)
-  assert stale[-1] == report.STALE_TABLES and any(line.startswith("Reproduce: ") for line in stale)
+  assert stale[-1].startswith("Reproduce: ")
 
 
 def test_provenance_falls_back_to_the_header_line():

@@ -1,6 +1,7 @@
-"""A backward gradient out of the rotated domain (fp4jax.operand.INVERSE_ROTATE_OP): every implementation against a
-NumPy oracle written from fp4jax.hadamard's specification, the Pallas kernel's refusals and fallback, its Triton
-lowering, and which implementation a rotated recipe's dot takes."""
+"""A backward gradient out of the rotated domain (fp4jax._src.operand.INVERSE_ROTATE_OP): every implementation (XLA's,
+and the contrib Pallas kernel registered for the test) against a NumPy oracle written from fp4jax.hadamard's
+specification, the kernel's refusals and fallback, its Triton lowering, and which implementation a rotated recipe's
+dot takes."""
 
 import math
 
@@ -9,13 +10,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from fp4jax_kernels import triton_ir
-from fp4jax_kernels.rotate import api
-from fp4jax_kernels.rotate import pallas_triton as kernel
+from fp4jax_kernels.contrib import inverse_rotate as kernel
 
 import fp4jax
 from fp4jax._src import backends, hadamard, operand
 
 DN = (((1,), (1,)), ((), ()))
+
+
+@pytest.fixture
+def registered():
+  """The contrib kernel as INVERSE_ROTATE_OP's "pallas" implementation for one test (the library registers none)."""
+  backends.load_plugins()
+  assert backends.implementation(operand.INVERSE_ROTATE_OP, "pallas") is None
+  kernel.register()
+  yield
+  backends.unregister(operand.INVERSE_ROTATE_OP, "pallas")
 
 
 def _oracle(g: np.ndarray, d: int, signs: np.ndarray | None, mask: np.ndarray | None) -> np.ndarray:
@@ -52,7 +62,9 @@ def _kernels(jaxpr_equations, f, *args) -> list[str]:
   ("shape", "d", "with_signs", "with_mask"),
   [((2, 37, 768), 32, True, True), ((5, 64), 16, False, False), ((3, 96), 32, False, True)],
 )
-def test_every_implementation_gives_the_oracles_bits(backend, shape, d, with_signs, with_mask, jaxpr_equations):
+def test_every_implementation_gives_the_oracles_bits(
+  backend, shape, d, with_signs, with_mask, jaxpr_equations, registered
+):
   rng = np.random.default_rng(0)
   g = rng.standard_normal(shape).astype(np.float32) * np.float32(3.0)
   g.reshape(-1)[[5, g.size - 7]] = [np.inf, np.nan]  # Inf and NaN spread through their chunks as IEEE says
@@ -65,14 +77,14 @@ def test_every_implementation_gives_the_oracles_bits(backend, shape, d, with_sig
   assert any("fp4_inverse_rotate" in k for k in ran) == (backend == "pallas")
 
 
-def test_the_kernel_refuses_what_it_cannot_take_and_the_op_falls_back_to_xla(jaxpr_equations):
+def test_the_kernel_refuses_what_it_cannot_take_and_the_op_falls_back_to_xla(jaxpr_equations, registered):
   g = jnp.asarray(np.random.default_rng(1).standard_normal((4, 256)), jnp.float32)
   with pytest.raises(backends.Unsupported, match="bfloat16 gradient"):
-    api.inverse_rotate(g.astype(jnp.bfloat16), 32, None, None)
-  with pytest.raises(backends.Unsupported, match=f"d=128 > MAX_D={api.MAX_D}"):
-    api.inverse_rotate(g, 128, None, None)
+    kernel.op_impl(g.astype(jnp.bfloat16), 32, None, None)
+  with pytest.raises(backends.Unsupported, match=f"d=128 > MAX_D={kernel.MAX_D}"):
+    kernel.op_impl(g, 128, None, None)
   with pytest.raises(backends.Unsupported, match="does not divide the row length 40"):
-    api.inverse_rotate(g[:, :40], 16, None, None)
+    kernel.op_impl(g[:, :40], 16, None, None)
   f = lambda g: operand.inverse_rotate(g, 128, None, None, backend="pallas")  # MS-EDEN's size: XLA's butterflies
   _same_bits(f(g), _oracle(np.asarray(g), 128, None, None))
   assert not _kernels(jaxpr_equations, f, g)
@@ -102,19 +114,35 @@ def test_ragged_rows_are_masked_in_triton():
     assert access.split(":")[0].count("%") >= (4 if "tt.load" in access else 3), access
 
 
-@pytest.mark.parametrize("recipe", ["quartet"])
-def test_a_rotated_recipes_backward_takes_the_kernel_under_auto_on_a_gpu(recipe, monkeypatch, jaxpr_equations):
-  """quartet's dX and dW leave the rotated domain through the kernel where "auto" offers the kernels, through XLA
-  under "xla"; the same bits either way."""
+def _quartet_grads(backend):
+  f = lambda x, w: fp4jax.dot_general(x, w, DN, recipe="quartet", key=jax.random.key(5), backend=backend)
+  return jax.jit(lambda x, w, dy: jax.vjp(f, x, w)[1](dy))
+
+
+def _quartet_args():
   x = jax.random.normal(jax.random.key(2), (64, 256), jnp.float32)
   w = jax.random.normal(jax.random.key(3), (128, 256), jnp.float32)
-  dy = jax.random.normal(jax.random.key(4), (64, 128), jnp.float32)
+  return x, w, jax.random.normal(jax.random.key(4), (64, 128), jnp.float32)
+
+
+def test_the_library_registers_no_inverse_rotation_kernel(monkeypatch, jaxpr_equations):
+  """The kernel made quartet's step slower (contrib README): "auto" on a GPU that runs the kernels takes XLA's
+  butterflies for quartet's dX and dW."""
   monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)  # as on an H100
+  backends.load_plugins()
+  assert backends.registered(operand.INVERSE_ROTATE_OP) == ("xla",)
+  ran = _kernels(jaxpr_equations, _quartet_grads("auto"), *_quartet_args())
+  assert not any("fp4_inverse_rotate" in k for k in ran)
 
-  def grads(backend):
-    f = lambda x, w: fp4jax.dot_general(x, w, DN, recipe=recipe, key=jax.random.key(5), backend=backend)
-    return jax.jit(lambda x, w, dy: jax.vjp(f, x, w)[1](dy))
 
+def test_a_rotated_recipes_backward_takes_the_registered_kernel_under_auto_on_a_gpu(
+  monkeypatch, jaxpr_equations, registered
+):
+  """Registered, the kernel takes quartet's dX and dW out of the rotated domain where "auto" offers the kernels,
+  XLA under "xla"; the same bits either way."""
+  x, w, dy = _quartet_args()
+  monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)  # as on an H100
+  grads = _quartet_grads
   auto, xla = _kernels(jaxpr_equations, grads("auto"), x, w, dy), _kernels(jaxpr_equations, grads("xla"), x, w, dy)
   assert sum("fp4_inverse_rotate" in k for k in auto) == 2 and not xla
   for a, b in zip(grads("auto")(x, w, dy), grads("xla")(x, w, dy)):
