@@ -8,7 +8,7 @@
 #   bash benchmarks/gpu_suite.sh multi     # 2-4 GPUs: sharded == one device (operands, then losses)
 #   bash benchmarks/gpu_suite.sh scaling   # 2-4 GPUs: data-parallel weak scaling, 125M and 350M
 #   bash benchmarks/gpu_suite.sh overlap   # 2 GPUs: weak scaling with the gradient all-reduce overlapped (XLA flags)
-#   bash benchmarks/gpu_suite.sh unroll    # 1 GPU: the sweeps' 30M step with its FP4 blocks unrolled against the loop
+#   bash benchmarks/gpu_suite.sh unroll    # 1 GPU: a step with its FP4 blocks unrolled against the loop (MODEL: 30M, 125M)
 #   bash benchmarks/gpu_suite.sh deterministic  # 2-4 GPUs: --deterministic, bit-identical losses (one process and
 #                                          # three), then its cost at 125M (one process per program: XLA flags)
 #   bash benchmarks/gpu_suite.sh tp        # 1-4 GPUs: --deterministic --tensor-shards 2, losses against one GPU (one
@@ -130,15 +130,22 @@ case "${1:-}" in
       --out "$OUT/train_throughput_2gpu_overlap.json" > "$OUT/train_throughput_2gpu_overlap.log" 2>&1
     ;;
   unroll)
-    # The 30M sweep shape (64 x 512 tokens), FP4 blocks in a loop (the default) against all six unrolled: the loop's
-    # copies (BENCHMARKS' copy column) against compiling every block's kernels apart. A sweep compiles once per
-    # recipe and cell, so a slower compile can pay for itself over a run. RECIPES (default nvidia_nvfp4: an unrolled
-    # FP4 stack compiles every block's kernels apart, minutes for quartet2).
-    variants='{"experiments": {}, "unrolled": {"scan_unroll": 6}}'
-    timeout 560 python benchmarks/train_throughput.py --model 30M --batch 64 --seq-len 512 --devices 1 \
+    # FP4 blocks in the layer loop (the default) against unrolled: the loop's residual stacks (their zero fill,
+    # memcpys and slice fusions in BENCHMARKS' profiles) against compiling every block's kernels apart. MODEL=125M
+    # (issue 31's shape: 16 x 1024 tokens, 12 blocks; compile target 60 s) or 30M (the default: the sweeps' 64 x 512
+    # tokens, 6 blocks; a sweep compiles once per recipe and cell, so a slower compile can pay for itself over a run).
+    # RECIPES (default nvidia_nvfp4: an unrolled FP4 stack compiles every block's kernels apart, minutes for quartet2).
+    case ${MODEL:-30M} in
+      30M) shape="--model 30M --batch 64 --seq-len 512" blocks=6 ;;
+      125M) shape="--model 125M" blocks=12 ;;
+      *) echo "gpu_suite.sh unroll: MODEL must be 30M or 125M, got '$MODEL'" >&2; exit 2 ;;
+    esac
+    variants="{\"experiments\": {}, \"unrolled\": {\"scan_unroll\": $blocks}}"
+    # shellcheck disable=SC2086  # $shape is several flags
+    timeout 560 python benchmarks/train_throughput.py $shape --devices 1 \
       --recipes "${RECIPES:-nvidia_nvfp4}" --rounds 2 --steps 8 --max-compile-s 300 \
-      --experiments-variants "$variants" --profile /tmp/prof_unroll \
-      --out "$OUT/train_throughput_30M_unroll.json" > "$OUT/train_throughput_30M_unroll.log" 2>&1
+      --experiments-variants "$variants" --profile "/tmp/prof_unroll_${MODEL:-30M}" \
+      --out "$OUT/train_throughput_${MODEL:-30M}_unroll.json" > "$OUT/train_throughput_${MODEL:-30M}_unroll.log" 2>&1
     ;;
   deterministic)
     n=$(nvidia-smi -L | wc -l)

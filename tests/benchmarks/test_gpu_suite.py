@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.sh on the CPU: an unknown piece or flag set is refused with the names it takes."""
+"""benchmarks/gpu_suite.sh on the CPU: an unknown piece, flag set or model is refused with the names it takes."""
 
 import os
 import subprocess
@@ -33,3 +33,9 @@ def test_an_unknown_flag_set_is_refused_before_anything_runs(piece, tmp_path):
 def test_an_unknown_piece_is_refused(tmp_path):
   proc = _suite("nope", tmp_path)
   assert proc.returncode == 2 and "usage: bash benchmarks/gpu_suite.sh PIECE" in proc.stderr
+
+
+def test_the_unroll_piece_refuses_an_unknown_model_before_anything_runs(tmp_path):
+  proc = _suite("unroll", tmp_path, MODEL="50M")
+  assert proc.returncode == 2 and "gpu_suite.sh unroll: MODEL must be 30M or 125M, got '50M'" in proc.stderr
+  assert not list(tmp_path.glob("train_throughput*"))

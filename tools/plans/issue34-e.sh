@@ -3,8 +3,9 @@
 # bash tools/plans/issue34-e.sh gpuN (lease_sweeps.sh sets OUT, LEASE_STATE and LEASE_DEADLINE). One process on a GPU
 # at a time. Minutes are the 30M, D/N = 25 runs' steps alone on an H200 (762M tokens at train_throughput_sweep_30M's
 # tokens/s; ms_fp4 at the 30M, D/N = 10 seeds' 695k tokens/s) plus about a minute of compile and evaluations.
-# gpu0: nvidia_nvfp4 seed 0 (about 16 minutes), then issue 31's unroll probe: the 30M sweep step with its FP4 blocks
-#   in the layer loop against unrolled (step time, compile time, profile; at most 9 minutes, cut by the lease's end).
+# gpu0: issue 31's unroll probe at 125M (nvidia_nvfp4's step with its FP4 blocks in the layer loop against unrolled:
+#   step time, compile time, profile; about 4 minutes), nvidia_nvfp4 seed 0 (about 16 minutes), then the same probe
+#   at the 30M sweep shape (cut by the lease's end if it runs late).
 # gpu1: quartet2 seed 0 (about 22 minutes).
 # gpu2: ms_fp4 seed 0 (about 19 minutes).
 # gpu3: bf16 seeds 1 and 2 (about 8 minutes each).
@@ -12,8 +13,9 @@ set -u -o pipefail
 source tools/plans/lease_lib.sh
 case ${1:-} in
   gpu0)
+    CUDA_VISIBLE_DEVICES=0 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 MODEL=125M bash benchmarks/gpu_suite.sh unroll
     lease_sweep nv30r25a --sizes 30M --ratios 25 --recipes nvidia_nvfp4 --seeds 0 --devices 0
-    CUDA_VISIBLE_DEVICES=0 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 bash benchmarks/gpu_suite.sh unroll
+    CUDA_VISIBLE_DEVICES=0 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 MODEL=30M bash benchmarks/gpu_suite.sh unroll
     ;;
   gpu1) lease_sweep q230r25a --sizes 30M --ratios 25 --recipes quartet2 --seeds 0 --devices 1 ;;
   gpu2) lease_sweep ms30r25a --sizes 30M --ratios 25 --recipes ms_fp4 --seeds 0 --devices 2 ;;
