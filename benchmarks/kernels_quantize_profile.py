@@ -2,7 +2,7 @@
 
     python benchmarks/kernels_quantize_profile.py            # GPU: stage timings vs a copy
     python benchmarks/kernels_quantize_profile.py --ir       # any machine: Triton IR op counts
-    python benchmarks/kernels_quantize_profile.py --ptx      # any machine: PTX, SASS counts
+    python benchmarks/kernels_quantize_profile.py --ptx      # any machine: PTX, SASS counts (and the pair kernels')
 
 Stages (each a Pallas kernel over the same bf16 tensor and tile, timed next to XLA's copy):
 ``copy`` (load, store bf16: Pallas's own ceiling), ``block_amax`` (+ per-16-block max|x|, stored as fp32),
@@ -14,6 +14,12 @@ stored), ``transpose`` (load, transpose in registers, store), then the full kern
 arithmetic, per element of the tile) and the layout operations (reshape, transpose, split, join, broadcast):
 the per-element instruction budget a memory-bound kernel must stay under is roughly
 (ALU rate / copy bandwidth) · bytes per element.
+
+``--ptx`` then counts the pair kernels as a training step runs them (``PAIRS``: one tensor quantized for two GEMMs,
+``fp4jax.operand.rotate_and_quantize_both`` under ``"auto"`` as on a GPU that runs the kernels, at the 125M step's
+16384 x 2048 shape): SASS instructions per element of each launch (grid programs x warps x 32 threads x its
+straight-line instructions / elements), and ``issue_us``, the least time they take at one warp instruction per
+scheduler per cycle on an H200 (132 SMs x 4 schedulers at 1.98 GHz).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import math
 import re
 
 import jax
@@ -34,6 +41,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 import fp4jax
+from fp4jax._src import backends, operand
 from fp4jax._src import bits as bits_lib
 
 LAYOUT_OPS = ("tt.reshape", "tt.trans", "tt.split", "tt.join", "tt.broadcast", "tt.expand_dims", "tt.reduce")
@@ -98,6 +106,11 @@ FULL = {  # the kernels themselves as (spec, output), tensor amax given (no pre-
   "nvfp4_rtn_cols": bench.make_case(fp4jax.NVFP4, along="cols"),
 }
 TILES = (((16, 256), 4), ((64, 256), 8))
+PAIRS = {  # (recipe, rows operand, cols operand): the pairs of nvidia_nvfp4's step (X; dY, both SR)
+  "nvidia_nvfp4_x_pair": ("nvidia_nvfp4", "fwd_lhs", "wgrad_rhs"),
+  "nvidia_nvfp4_dy_pair": ("nvidia_nvfp4", "dgrad_lhs", "wgrad_lhs"),
+}
+H200_ISSUE_RATE = 132 * 4 * 1.98e9  # warp instructions per second: SMs x schedulers x clock
 
 
 def timings(x: jax.Array, tiles=TILES) -> None:
@@ -180,6 +193,51 @@ def ptx_counts(case: tuple, shape=(256, 1024), tile=None, num_warps: int | None 
   }
 
 
+def pair_sass_counts(recipe: str, rows: str, cols: str, shape=(16384, 2048)) -> dict[str, dict]:
+  """Per kernel launch of the pair of ``recipe``'s operands ``rows`` and ``cols`` (``PAIRS``) on a bf16 ``shape``:
+  SASS instructions per element and the issue-bound µs (module docstring)."""
+  r = fp4jax.recipes.get(recipe)
+  (spec_r, spec_c), keys = (getattr(r, rows), getattr(r, cols)), jax.random.split(jax.random.key(0), 4)
+  pair = lambda x: operand.rotate_and_quantize_both(  # noqa: E731
+    x, (spec_r, keys[0], spec_r.sign_vector(keys[1])), (spec_c, keys[2], spec_c.sign_vector(keys[3]))
+  )
+  x = jnp.ones(shape, jnp.bfloat16)
+  backends.load_plugins()
+  saved = backends.has_pallas_triton, backends.pallas_interpret
+  backends.has_pallas_triton, backends.pallas_interpret = (lambda device=None: True), (lambda device=None: False)
+  try:
+    jaxpr = jax.make_jaxpr(pair)(x).jaxpr
+    modules = triton_ir.triton_modules(pair, x)
+  finally:
+    backends.has_pallas_triton, backends.pallas_interpret = saved
+  calls = [e for e in _equations(jaxpr) if e.primitive.name == "pallas_call"]
+  if [e.params["name"] for e in calls] != [re.search(r"tt\.func public @(\w+)", m).group(1) for m in modules]:
+    raise RuntimeError(f"{recipe} {rows}/{cols}: the traced kernels and the lowered modules differ")
+  out = {}
+  for eqn, module in zip(calls, modules):
+    warps = eqn.params["compiler_params"].num_warps
+    per_thread = sum(triton_ir.sass_histogram(triton_ir.compile_sm90(module, warps)).values())
+    warp_instructions = math.prod(eqn.params["grid_mapping"].grid) * warps * per_thread
+    out[eqn.params["name"]] = {
+      "sass_per_element": round(32 * warp_instructions / math.prod(shape), 1),
+      "issue_us": round(1e6 * warp_instructions / H200_ISSUE_RATE, 1),
+    }
+  return out
+
+
+def _equations(jaxpr) -> list:
+  """The equations of ``jaxpr`` and, depth first, of the jaxprs in its equations' parameters."""
+  found = []
+  for eqn in jaxpr.eqns:
+    found.append(eqn)
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (list, tuple)) else (param,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          found += _equations(inner)
+  return found
+
+
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--rows", type=int, default=16384)
@@ -191,6 +249,9 @@ def main():
   if args.ir or args.ptx:
     for name, case in FULL.items():
       print(f"{name:24s} {ptx_counts(case) if args.ptx else ir_counts(case)}", flush=True)
+    if args.ptx:
+      for name, pair in PAIRS.items():
+        print(f"{name:24s} {pair_sass_counts(*pair)}", flush=True)
     return
   print(header())
   x = jax.random.normal(jax.random.key(0), (args.rows, args.cols), jnp.float32).astype(jnp.bfloat16)

@@ -666,6 +666,21 @@ def test_ptx_counts_of_the_kernels():
   assert rtn["shared_bytes"] >= 0 and rtn["convert_layout"] >= 0
 
 
+def test_pair_sass_counts_of_a_steps_pairs():
+  """The pair kernels as "auto" takes them on a GPU (PyPI's Triton, where installed): a pre-pass and a quantize
+  kernel per pair, nvidia_nvfp4's dY pair (SR both ways, RHT16 on one) costlier per element than its X pair (RTN),
+  and issue_us the per-element count at the H200's issue rate."""
+  pytest.importorskip("triton")
+  shape = (4096, 2048)  # 2^23 elements: the smallest that "auto" sends to the kernels
+  x_pair = profile.pair_sass_counts(*profile.PAIRS["nvidia_nvfp4_x_pair"], shape=shape)
+  dy_pair = profile.pair_sass_counts(*profile.PAIRS["nvidia_nvfp4_dy_pair"], shape=shape)
+  assert set(x_pair) == set(dy_pair) == {"fp4_pair_amax", "fp4_quantize_pair"}
+  assert 0 < x_pair["fp4_quantize_pair"]["sass_per_element"] < dy_pair["fp4_quantize_pair"]["sass_per_element"]
+  for counts in (*x_pair.values(), *dy_pair.values()):
+    want = counts["sass_per_element"] * shape[0] * shape[1] / 32 / profile.H200_ISSUE_RATE * 1e6
+    assert counts["issue_us"] == pytest.approx(want, rel=0.01)
+
+
 @pytest.mark.skipif(
   jax.default_backend() != "gpu", reason="randomized larger shapes: GPU only (interpret mode is slow)"
 )
