@@ -19,6 +19,7 @@
 #   bash benchmarks/gpu_suite.sh loop-flags  # 1 GPU: the 125M step under XLA flags against the layer loop's copies
 #   bash benchmarks/gpu_suite.sh loop-copies  # 1 GPU: what the step's layer loops copy (compiled HLO), per flag set
 #   bash benchmarks/gpu_suite.sh occ       # 1 GPU: ms_fp4's OCC clamp bounds several ways, its step with each select
+#   bash benchmarks/gpu_suite.sh prepass   # 1 GPU: MS-EDEN's staging pre-pass per tile and warps (quartet2)
 #   bash benchmarks/gpu_suite.sh ablation  # 1 GPU: a recipe's 125M step with and without one op's Pallas
 #                                          # implementation (OP, default select_ranks; RECIPE, default ms_fp4)
 #
@@ -244,6 +245,12 @@ case "${1:-}" in
         --tensor-shards 2 ${runs[$i]} --out "$OUT/tp$i" > "$OUT/tp$i.log" 2>&1
     done
     same_curves tp "${#runs[@]}" > "$OUT/tp_cross_process.log"
+    ;;
+  prepass)
+    # quartet2's 128-point staging pre-pass (16.5 ms of its 125M step, 4-5x its bytes' time) per tile and warps,
+    # each launch checked to stage the default's bits; about 3 minutes
+    timeout 400 python benchmarks/kernels_quantize_profile.py --prepass-sweep --out "$OUT/prepass_sweep.json" \
+      > "$OUT/prepass_sweep.log" 2>&1
     ;;
   ablation)
     op=${OP:-select_ranks} recipe=${RECIPE:-ms_fp4}

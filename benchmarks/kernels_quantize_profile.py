@@ -3,6 +3,7 @@
     python benchmarks/kernels_quantize_profile.py            # GPU: stage timings vs a copy
     python benchmarks/kernels_quantize_profile.py --ir       # any machine: Triton IR op counts
     python benchmarks/kernels_quantize_profile.py --ptx      # any machine: PTX, SASS counts (and the pair kernels')
+    python benchmarks/kernels_quantize_profile.py --prepass-sweep --out prepass.json  # GPU: the pre-pass's tiles
 
 Stages (each a Pallas kernel over the same bf16 tensor and tile, timed next to XLA's copy):
 ``copy`` (load, store bf16: Pallas's own ceiling), ``block_amax`` (+ per-16-block max|x|, stored as fp32),
@@ -20,6 +21,11 @@ the per-element instruction budget a memory-bound kernel must stay under is roug
 16384 x 2048 shape): SASS instructions per element of each launch (grid programs x warps x 32 threads x its
 straight-line instructions / elements), and ``issue_us``, the least time they take at one warp instruction per
 scheduler per cycle on an H200 (132 SMs x 4 schedulers at 1.98 GHz).
+
+``--prepass-sweep`` times MS-EDEN's staging pre-pass (``pallas_triton.stage_and_amax``: quartet2's 128-point
+rotation, both directions) on the 125M step's bf16 shapes for each ``PREPASS_CONFIGS`` tile and warp count, each
+checked to stage the default launch's bits, beside XLA's copy of the same tensor; ``--out`` writes the rows as JSON
+(``benchmarks/report.py`` section ``prepass_sweep``).
 """
 
 from __future__ import annotations
@@ -28,12 +34,16 @@ import argparse
 import collections
 import functools
 import math
+import pathlib
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
 import kernels_quantize as bench  # benchmarks/ is on sys.path when this script runs
-from benchtools import header, time_ms
+import linear_trees
+import numpy as np
+from benchtools import command_line, header, provenance, time_ms, write_json
 from fp4jax_kernels import triton_ir
 from fp4jax_kernels.quantize import pallas_triton
 from jax import lax
@@ -110,7 +120,13 @@ PAIRS = {  # (recipe, rows operand, cols operand): the pairs of nvidia_nvfp4's s
   "nvidia_nvfp4_x_pair": ("nvidia_nvfp4", "fwd_lhs", "wgrad_rhs"),
   "nvidia_nvfp4_dy_pair": ("nvidia_nvfp4", "dgrad_lhs", "wgrad_lhs"),
 }
-H200_ISSUE_RATE = 132 * 4 * 1.98e9  # warp instructions per second: SMs x schedulers x clock
+PREPASS_SHAPES = ((16384, 2048), (16384, 768))  # the 125M step's dY / SwiGLU product and X / dY of q, k, v, o
+PREPASS_CONFIGS = {  # direction: (tile of x, warps) to try; the first is the default (prepass_tile, 4 warps)
+  "rows": [(t, w) for t in ((16, 256), (32, 256), (16, 512), (32, 128), (64, 128)) for w in (4, 8)],
+  "rows_of_transpose": [(t, w) for t in ((256, 32), (128, 32), (128, 64), (256, 16), (512, 16)) for w in (4, 8)],
+}
+H200_ISSUE_RATE = 132 * 4 * 1.98e9
+REPO = pathlib.Path(__file__).resolve().parents[1]  # warp instructions per second: SMs x schedulers x clock
 
 
 def timings(x: jax.Array, tiles=TILES) -> None:
@@ -225,6 +241,50 @@ def pair_sass_counts(recipe: str, rows: str, cols: str, shape=(16384, 2048)) -> 
   return out
 
 
+def prepass_sweep() -> list[dict]:
+  """One row per shape, direction and ``PREPASS_CONFIGS`` launch of MS-EDEN's staging pre-pass (module docstring):
+  ms per call, its bytes' GB/s (read x, write the staged tensor), the ratio to the default launch, and whether it
+  staged the default's bits (a launch that fails to compile is reported with its error)."""
+  signs = fp4jax.hadamard.random_signs(jax.random.key(1), 128)
+  rows = []
+  for shape in PREPASS_SHAPES:
+    x = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(jnp.bfloat16)
+    copy_ms, _ = bench.copy_bandwidth(x)
+    for along, configs in PREPASS_CONFIGS.items():
+      spec, output = bench.make_case(fp4jax.NVFP4, rounding="eden", hadamard=128, signs="random", along=along)
+      default = None
+      for tile, warps in configs:
+        row = {"shape": list(shape), "along": along, "tile": list(tile), "warps": warps, "copy_ms": copy_ms}
+        f = jax.jit(
+          functools.partial(
+            pallas_triton.stage_and_amax,
+            spec=spec,
+            output=output,
+            signs=signs,
+            tile=tile,
+            num_warps=warps,
+            interpret=backends.pallas_interpret(),
+          )
+        )
+        try:
+          got = jax.block_until_ready(f(x))
+          row["ms"] = time_ms(f, x)
+        except Exception as e:  # noqa: BLE001  a launch that fails to compile is reported, not fatal
+          rows.append(row | {"error": f"{type(e).__name__}: {str(e)[:200]}"})
+          continue
+        default = default or (got, row["ms"])
+        row["same_bits"] = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, default[0]))
+        row["gb_s"] = 2 * x.size * x.dtype.itemsize / row["ms"] / 1e6
+        row["vs_default"] = row["ms"] / default[1]
+        rows.append(row)
+        print(
+          f"{shape} {along:18s} {tile} w{warps}: {row['ms']:.3f} ms, {row['gb_s']:.0f} GB/s, "
+          f"{row['vs_default']:.2f} of the default, same bits {row['same_bits']}",
+          flush=True,
+        )
+  return rows
+
+
 def _equations(jaxpr) -> list:
   """The equations of ``jaxpr`` and, depth first, of the jaxprs in its equations' parameters."""
   found = []
@@ -245,7 +305,20 @@ def main():
   p.add_argument("--ir", action="store_true", help="Triton IR operation counts per spec (no GPU needed)")
   p.add_argument("--ptx", action="store_true", help="PTX counts from PyPI's Triton, a proxy (no GPU needed)")
   p.add_argument("--quick", action="store_true", help="only the first tile configuration")
+  p.add_argument("--prepass-sweep", action="store_true", help="GPU: MS-EDEN's staging pre-pass per tile and warps")
+  p.add_argument("--out", default=None, help="--prepass-sweep: the JSON to write")
+  p.add_argument("--commit", default=None, help="--prepass-sweep: default git rev-parse of this checkout")
   args = p.parse_args()
+  if args.prepass_sweep:
+    command = command_line("benchmarks/kernels_quantize_profile.py", sys.argv[1:])
+    doc = {
+      "benchmark": "prepass_sweep",
+      **provenance(args.commit or linear_trees.commit(REPO), command),
+      "rows": prepass_sweep(),
+    }
+    if args.out:
+      write_json(args.out, doc)
+    return
   if args.ir or args.ptx:
     for name, case in FULL.items():
       print(f"{name:24s} {ptx_counts(case) if args.ptx else ir_counts(case)}", flush=True)

@@ -35,6 +35,7 @@ ORDER = (
   "cpu_quantizers",
   "occ_bounds",
   "pallas_ablation",
+  "prepass_sweep",
   "profile_linear",
   "auto_threshold",
   "quant_error",
@@ -436,6 +437,39 @@ def _pallas_ablation(doc: dict) -> list[str]:
   return out + _ablation_table(doc["rows"])
 
 
+def _prepass_sweep(doc: dict) -> list[str]:
+  out = _title(doc, "MS-EDEN's staging pre-pass per tile and warps (quartet2's 128-point rotation)") + provenance(doc)
+  out += [
+    "",
+    "`pallas_triton.stage_and_amax` on bf16 tensors of the 125M step, both directions (`rows_of_transpose`: staged "
+    "transposed): per shape and direction the default launch (tile of x, warps), the fastest launch that staged "
+    "the default's bits, and how many launches ran, failed to compile or staged other bits; GB/s of the launch's "
+    "bytes (read x, write the staged tensor), XLA's copy of the tensor for scale "
+    "(`benchmarks/kernels_quantize_profile.py --prepass-sweep`).",
+    "",
+    "| shape | direction | default: tile, warps, ms, GB/s | fastest same-bits: tile, warps, ms, GB/s | / default | "
+    "ran / failed / other bits | XLA copy ms |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  groups: dict[tuple, list[dict]] = {}
+  for r in doc["rows"]:
+    groups.setdefault(("x".join(map(str, r["shape"])), r["along"]), []).append(r)
+  launch = lambda r: f"{'x'.join(map(str, r['tile']))}, {r['warps']}, {r['ms']:.3f}, {r['gb_s']:,.0f}"  # noqa: E731
+  for (shape, along), rows in groups.items():
+    ran = [r for r in rows if "error" not in r]
+    same = [r for r in ran if r["same_bits"]]
+    if not same:
+      out.append(f"| {shape} | {along} | no launch ran | | | 0 / {len(rows)} / 0 | |")
+      continue
+    best = min(same, key=lambda r: r["ms"])
+    counts = f"{len(ran)} / {len(rows) - len(ran)} / {len(ran) - len(same)}"
+    out.append(
+      f"| {shape} | {along} | {launch(same[0])} | {launch(best)} | {best['vs_default']:.2f} | {counts} | "
+      f"{best['copy_ms']:.3f} |"
+    )
+  return out
+
+
 def _loop_copies(doc: dict) -> list[str]:
   st = doc["settings"]
   out = _title(doc, f"What the train step's layer loops move, {st['model']} {st['recipe']}") + provenance(doc)
@@ -489,6 +523,7 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
   "cpu_quantizers": _cpu_quantizers,
   "occ_bounds": _occ_bounds,
   "pallas_ablation": _pallas_ablation,
+  "prepass_sweep": _prepass_sweep,
 }
 
 INTRO = [

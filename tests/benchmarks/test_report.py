@@ -198,3 +198,22 @@ def test_compile_profile_reports_each_variants_stages_and_its_largest_passes():
   want = ["| backend_compile | 5.0 | 1 |", "| priority-fusion | 2.5 | 1 |"]
   want += [f"| pass{i} | 0.1 | 1 |" for i in range(7)] + ["| ThreadPool | 9.0 | 40 |", "| PTX->CUBIN | 0.1 | 7 |"]
   assert rows[1:] == want, rows
+
+
+def test_prepass_sweep_reports_the_default_and_the_fastest_launch_with_the_same_bits():
+  row = {"shape": [16384, 2048], "along": "rows", "tile": [16, 256], "warps": 4, "copy_ms": 0.05}
+  doc = {
+    "benchmark": "prepass_sweep",
+    "command": "python benchmarks/kernels_quantize_profile.py --prepass-sweep",
+    "rows": [
+      row | {"ms": 0.1, "gb_s": 1342.2, "vs_default": 1.0, "same_bits": True},
+      row | {"tile": [32, 128], "warps": 8, "ms": 0.04, "gb_s": 3355.4, "vs_default": 0.4, "same_bits": False},
+      row | {"tile": [32, 256], "warps": 8, "ms": 0.08, "gb_s": 1677.7, "vs_default": 0.8, "same_bits": True},
+      row | {"tile": [128, 24], "error": "ValueError: bad tile"},
+      row | {"along": "rows_of_transpose", "error": "ValueError: bad tile"},
+    ],
+  }
+  text = "\n".join(report.RENDER["prepass_sweep"](doc))
+  # the faster launch with other bits (0.04 ms) is not the one reported
+  assert "| 16384x2048 | rows | 16x256, 4, 0.100, 1,342 | 32x256, 8, 0.080, 1,678 | 0.80 | 3 / 1 / 1 | 0.050 |" in text
+  assert "| 16384x2048 | rows_of_transpose | no launch ran | | | 0 / 1 / 0 | |" in text

@@ -385,6 +385,30 @@ def test_prepass_stages_the_rotated_input_and_the_amax(along, dtype, hadamard, i
   np.testing.assert_array_equal(np.asarray(amax), np.asarray(want_amax))
 
 
+@pytest.mark.parametrize(("along", "tile", "num_warps"), [("rows", (32, 128), 8), ("rows_of_transpose", (128, 16), 2)])
+def test_prepass_tile_and_warps_change_the_launch_not_the_values(along, tile, num_warps, interpret, jaxpr_equations):
+  """A tuned pre-pass launch (``stage_and_amax(tile=, num_warps=)``, the sweep's knobs) stages the oracle's rotated
+  tensor and amax too, on a shape ragged along both axes; a tile that splits a Hadamard chunk, or is not made of
+  powers of two, is refused naming it."""
+  spec = _k(N, rounding="eden", hadamard=128, signs="random", along=along)
+  signs = fp4jax.hadamard.random_signs(jax.random.key(4), 128)
+  x = _input((80, 384) if along == "rows" else (384, 80), jnp.bfloat16)
+  staged, amax = pallas_triton.stage_and_amax(x, *spec, signs, tile=tile, num_warps=num_warps, interpret=interpret)
+  x_rows = x.T if spec[1].transposed else x
+  want = fp4jax.hadamard.rotated(x_rows, 128, axis=-1, signs=signs)
+  np.testing.assert_array_equal(np.asarray(staged, np.float32), np.asarray(want, np.float32))
+  np.testing.assert_array_equal(np.asarray(amax), np.max(np.abs(np.asarray(want, np.float32))))
+  f = lambda x: pallas_triton.stage_and_amax(x, *spec, signs, tile=tile, num_warps=num_warps, interpret=True)
+  (call,) = [e for e in jaxpr_equations(jax.make_jaxpr(f)(x).jaxpr) if e.primitive.name == "pallas_call"]
+  assert call.params["grid_mapping"].grid == (-(-x.shape[0] // tile[0]), -(-x.shape[1] // tile[1]))
+  assert call.params["compiler_params"].num_warps == num_warps
+  bad = (tile[0], 64) if along == "rows" else (64, tile[1])
+  with pytest.raises(ValueError, match=rf"tile \({bad[0]}, {bad[1]}\) must be two powers of two holding whole 128"):
+    pallas_triton.stage_and_amax(x, *spec, signs, tile=bad, interpret=True)
+  with pytest.raises(ValueError, match=r"tile \(24, 128\) must be two powers of two"):
+    pallas_triton.stage_and_amax(x, *spec, signs, tile=(24, 128), interpret=True)
+
+
 def test_prepass_stages_the_transpose(interpret):
   spec = _k(N, along="rows_of_transpose")
   x = _input((48, 200), jnp.bfloat16)
@@ -664,6 +688,36 @@ def test_ptx_counts_of_the_kernels():
   assert 0 < rtn["ptx_per_element"] < sr["ptx_per_element"]
   assert 0 < rtn["sass_per_element"] < sr["sass_per_element"]
   assert rtn["shared_bytes"] >= 0 and rtn["convert_layout"] >= 0
+
+
+def test_prepass_sweep_rows_check_every_launch_against_the_default(monkeypatch):
+  """The sweep (interpret mode off a GPU, small shapes): a row per shape, direction and launch, each compared with
+  the default launch's staged bits; a launch that cannot run is a row with its error, not a crash."""
+  monkeypatch.setattr(profile, "PREPASS_SHAPES", ((48, 256),))
+  configs = {"rows": [((16, 256), 4), ((16, 128), 8)], "rows_of_transpose": [((256, 16), 4), ((128, 16), 2)]}
+  monkeypatch.setattr(
+    profile, "PREPASS_CONFIGS", configs | {"rows_of_transpose": [*configs["rows_of_transpose"], ((128, 24), 4)]}
+  )
+  monkeypatch.setattr(profile.bench, "copy_bandwidth", lambda x: (1.0, 1.0))
+  monkeypatch.setattr(profile, "time_ms", lambda f, *a: 2.0)
+  stage = pallas_triton.stage_and_amax
+
+  def planted(x, **kw):  # a launch that stages other bits must be reported as such
+    staged, amax = stage(x, **kw)
+    return (staged + 1 if kw["tile"] == (128, 16) else staged), amax
+
+  monkeypatch.setattr(profile.pallas_triton, "stage_and_amax", planted)
+  rows = profile.prepass_sweep()
+  assert [(r["along"], tuple(r["tile"]), r["warps"]) for r in rows] == [
+    ("rows", (16, 256), 4),
+    ("rows", (16, 128), 8),
+    ("rows_of_transpose", (256, 16), 4),
+    ("rows_of_transpose", (128, 16), 2),
+    ("rows_of_transpose", (128, 24), 4),
+  ]
+  assert [r["same_bits"] for r in rows[:4]] == [True, True, True, False]
+  assert all(r["vs_default"] == 1.0 for r in rows[:4])
+  assert "must be two powers of two" in rows[4]["error"] and "ms" not in rows[4]
 
 
 def test_pair_sass_counts_of_a_steps_pairs():

@@ -362,12 +362,14 @@ def _amax_plan(x: jax.Array, spec: QuantizeSpec, output: KernelOutput, signs, st
   return _Call(body, grid, tuple(args), tuple(in_specs), tuple(out_shape), tuple(out_specs))
 
 
-def _amax_call(x: jax.Array, spec: QuantizeSpec, output: KernelOutput, signs, interpret: bool, stage: bool):
-  """The pre-pass kernel over ``x`` in ``prepass_tile(spec, output)`` tiles: (tensor amax, the staged input or
-  None)."""
+def _amax_call(
+  x: jax.Array, spec: QuantizeSpec, output: KernelOutput, signs, interpret: bool, stage: bool, tile=None, num_warps=4
+):
+  """The pre-pass kernel over ``x`` in ``tile`` tiles (default ``prepass_tile(spec, output)``) on ``num_warps``
+  warps: (tensor amax, the staged input or None)."""
   (outs,) = _launch(
-    [_amax_plan(x, spec, output, signs, stage, prepass_tile(spec, output))],
-    4,
+    [_amax_plan(x, spec, output, signs, stage, tile or prepass_tile(spec, output))],
+    num_warps,
     interpret,
     "fp4_staging_amax" if stage else "fp4_rotated_amax",
   )
@@ -397,14 +399,32 @@ def tensor_amax(
   return _amax_call(x, spec, output, signs, interpret, stage=False)[0]
 
 
-def stage_and_amax(x: jax.Array, spec: QuantizeSpec, output: KernelOutput, signs, *, interpret: bool = False):
+def stage_and_amax(
+  x: jax.Array,
+  spec: QuantizeSpec,
+  output: KernelOutput,
+  signs,
+  *,
+  tile: tuple[int, int] | None = None,
+  num_warps: int = 4,
+  interpret: bool = False,
+):
   """``(staged, tensor_amax)`` in one pass over ``x``, for a transposed or rotating NVFP4 quantize: the pre-pass
   kernel reads each tile once, transposes (``output.transposed``) and rotates (``spec.hadamard``) it as the quantize
   kernel would, reduces it and writes it: ``staged`` is ``xᵀ`` / ``x``, rotated by ``spec``'s Hadamard with
-  ``signs`` and rounded to ``x.dtype`` as ``fp4jax.hadamard.rotated`` does."""
+  ``signs`` and rounded to ``x.dtype`` as ``fp4jax.hadamard.rotated`` does. ``tile`` (of ``x``; default
+  ``prepass_tile``) and ``num_warps`` change the launch, not the values (the tuning sweep:
+  ``benchmarks/kernels_quantize_profile.py --prepass-sweep``)."""
   if not (output.transposed or spec.hadamard):
     raise ValueError(f"stage_and_amax: {spec}, {output} has nothing to stage (neither transposed nor rotated)")
-  amax, staged = _amax_call(x, spec, output, signs, interpret, stage=True)
+  if tile is not None:
+    rotated = tile[0] if output.transposed else tile[1]  # x's axis the Hadamard chunks lie along
+    if any(t < 1 or t & (t - 1) for t in tile) or (spec.hadamard and rotated % spec.hadamard):
+      raise ValueError(
+        f"stage_and_amax: tile {tile} must be two powers of two holding whole {spec.hadamard}-point chunks along "
+        f"x's axis {0 if output.transposed else 1} (the rotated one)"
+      )
+  amax, staged = _amax_call(x, spec, output, signs, interpret, stage=True, tile=tile, num_warps=num_warps)
   return staged, amax
 
 
