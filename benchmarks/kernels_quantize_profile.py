@@ -16,11 +16,12 @@ arithmetic, per element of the tile) and the layout operations (reshape, transpo
 the per-element instruction budget a memory-bound kernel must stay under is roughly
 (ALU rate / copy bandwidth) · bytes per element.
 
-``--ptx`` then counts the pair kernels as a training step runs them (``PAIRS``: one tensor quantized for two GEMMs,
-``fp4jax.operand.rotate_and_quantize_both`` under ``"auto"`` as on a GPU that runs the kernels, at the 125M step's
-16384 x 2048 shape): SASS instructions per element of each launch (grid programs x warps x 32 threads x its
-straight-line instructions / elements), and ``issue_us``, the least time they take at one warp instruction per
-scheduler per cycle on an H200 (132 SMs x 4 schedulers at 1.98 GHz).
+``--ptx`` then counts the kernels as a training step launches them, at the 125M step's 16384 x 2048 shape: the pair
+kernels (``PAIRS``: one tensor quantized for two GEMMs, ``fp4jax.operand.rotate_and_quantize_both`` under ``"auto"``
+as on a GPU that runs the kernels) and MS-EDEN's staging pre-pass (quartet2's 128-point rotation, both directions):
+SASS instructions per element of each launch (grid programs x warps x 32 threads x its straight-line instructions /
+elements), barriers per thread, and ``issue_us``, the least time they take at one warp instruction per scheduler per
+cycle on an H200 (132 SMs x 4 schedulers at 1.98 GHz).
 
 ``--prepass-sweep`` times MS-EDEN's staging pre-pass (``pallas_triton.stage_and_amax``: quartet2's 128-point
 rotation, both directions) on the 125M step's bf16 shapes for each ``PREPASS_CONFIGS`` tile and warp count, each
@@ -217,25 +218,45 @@ def pair_sass_counts(recipe: str, rows: str, cols: str, shape=(16384, 2048)) -> 
   pair = lambda x: operand.rotate_and_quantize_both(  # noqa: E731
     x, (spec_r, keys[0], spec_r.sign_vector(keys[1])), (spec_c, keys[2], spec_c.sign_vector(keys[3]))
   )
-  x = jnp.ones(shape, jnp.bfloat16)
+  return launch_sass_counts(pair, jnp.ones(shape, jnp.bfloat16))
+
+
+def prepass_sass_counts(along: str, shape=(16384, 2048)) -> dict[str, dict]:
+  """``launch_sass_counts`` of MS-EDEN's staging pre-pass (``stage_and_amax``, default launch) on a bf16 ``shape``,
+  ``along`` ``"rows"`` or ``"rows_of_transpose"``, with its barriers per thread."""
+  spec, output = bench.make_case(fp4jax.NVFP4, rounding="eden", hadamard=128, signs="random", along=along)
+  signs = jnp.ones((128,), jnp.float32)
+  stage = lambda x: pallas_triton.stage_and_amax(x, spec, output, signs)  # noqa: E731
+  return launch_sass_counts(stage, jnp.ones(shape, jnp.bfloat16))
+
+
+def launch_sass_counts(fn, x: jax.Array) -> dict[str, dict]:
+  """Per Pallas kernel that ``fn(x)`` launches as on a GPU that runs the kernels, compiled for sm_90: SASS
+  instructions per element of ``x`` (grid programs x warps x 32 threads x its straight-line instructions /
+  elements), barriers per thread, and ``issue_us`` at ``H200_ISSUE_RATE``.
+
+  Raises:
+    RuntimeError: the traced kernels and the lowered modules do not match one to one (name and order).
+  """
   backends.load_plugins()
   saved = backends.has_pallas_triton, backends.pallas_interpret
   backends.has_pallas_triton, backends.pallas_interpret = (lambda device=None: True), (lambda device=None: False)
   try:
-    jaxpr = jax.make_jaxpr(pair)(x).jaxpr
-    modules = triton_ir.triton_modules(pair, x)
+    jaxpr = jax.make_jaxpr(fn)(x).jaxpr
+    modules = triton_ir.triton_modules(fn, x)
   finally:
     backends.has_pallas_triton, backends.pallas_interpret = saved
   calls = [e for e in _equations(jaxpr) if e.primitive.name == "pallas_call"]
   if [e.params["name"] for e in calls] != [re.search(r"tt\.func public @(\w+)", m).group(1) for m in modules]:
-    raise RuntimeError(f"{recipe} {rows}/{cols}: the traced kernels and the lowered modules differ")
+    raise RuntimeError("the traced kernels and the lowered modules differ")
   out = {}
   for eqn, module in zip(calls, modules):
     warps = eqn.params["compiler_params"].num_warps
-    per_thread = sum(triton_ir.sass_histogram(triton_ir.compile_sm90(module, warps)).values())
-    warp_instructions = math.prod(eqn.params["grid_mapping"].grid) * warps * per_thread
+    sass = triton_ir.sass_histogram(triton_ir.compile_sm90(module, warps))
+    warp_instructions = math.prod(eqn.params["grid_mapping"].grid) * warps * sum(sass.values())
     out[eqn.params["name"]] = {
-      "sass_per_element": round(32 * warp_instructions / math.prod(shape), 1),
+      "sass_per_element": round(32 * warp_instructions / x.size, 1),
+      "barriers_per_thread": sass.get("BAR", 0),
       "issue_us": round(1e6 * warp_instructions / H200_ISSUE_RATE, 1),
     }
   return out
@@ -325,6 +346,8 @@ def main():
     if args.ptx:
       for name, pair in PAIRS.items():
         print(f"{name:24s} {pair_sass_counts(*pair)}", flush=True)
+      for along in ("rows", "rows_of_transpose"):
+        print(f"{'ms_eden_prepass_' + along:24s} {prepass_sass_counts(along)}", flush=True)
     return
   print(header())
   x = jax.random.normal(jax.random.key(0), (args.rows, args.cols), jnp.float32).astype(jnp.bfloat16)

@@ -733,6 +733,8 @@ def test_pair_sass_counts_of_a_steps_pairs():
   for counts in (*x_pair.values(), *dy_pair.values()):
     want = counts["sass_per_element"] * shape[0] * shape[1] / 32 / profile.H200_ISSUE_RATE * 1e6
     assert counts["issue_us"] == pytest.approx(want, rel=0.01)
+  (staging,) = profile.prepass_sass_counts("rows", shape=shape).items()  # MS-EDEN's 128 points cross threads
+  assert staging[0] == "fp4_staging_amax" and staging[1]["barriers_per_thread"] > 0 < staging[1]["sass_per_element"]
 
 
 @pytest.mark.skipif(
