@@ -246,7 +246,7 @@ def launch_sass_counts(fn, x: jax.Array) -> dict[str, dict]:
     modules = triton_ir.triton_modules(fn, x)
   finally:
     backends.has_pallas_triton, backends.pallas_interpret = saved
-  calls = [e for e in _equations(jaxpr) if e.primitive.name == "pallas_call"]
+  calls = [e for e in triton_ir.jaxpr_equations(jaxpr) if e.primitive.name == "pallas_call"]
   if [e.params["name"] for e in calls] != [re.search(r"tt\.func public @(\w+)", m).group(1) for m in modules]:
     raise RuntimeError("the traced kernels and the lowered modules differ")
   out = {}
@@ -304,19 +304,6 @@ def prepass_sweep() -> list[dict]:
           flush=True,
         )
   return rows
-
-
-def _equations(jaxpr) -> list:
-  """The equations of ``jaxpr`` and, depth first, of the jaxprs in its equations' parameters."""
-  found = []
-  for eqn in jaxpr.eqns:
-    found.append(eqn)
-    for param in eqn.params.values():
-      for sub in param if isinstance(param, (list, tuple)) else (param,):
-        inner = getattr(sub, "jaxpr", sub)
-        if hasattr(inner, "eqns"):
-          found += _equations(inner)
-  return found
 
 
 def main():

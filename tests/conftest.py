@@ -77,21 +77,13 @@ def _release_compiled_programs():
   gc.collect()
 
 
-def _equations(jaxpr):
-  for eqn in jaxpr.eqns:
-    yield eqn
-    for param in eqn.params.values():
-      for sub in param if isinstance(param, (tuple, list)) else (param,):
-        inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr, or a Jaxpr
-        if hasattr(inner, "eqns"):
-          yield from _equations(inner)
-
-
 @pytest.fixture(scope="session")
 def jaxpr_equations():
   """``jaxpr_equations(jaxpr)``: every equation of a ``Jaxpr`` and, depth first, of the jaxprs in its equations'
   parameters (jit, custom_vjp, pallas_call, ...)."""
-  return _equations
+  from fp4jax_kernels import triton_ir  # noqa: PLC0415  (the kernels package: only where a test asks for it)
+
+  return triton_ir.jaxpr_equations
 
 
 def _run_script(script: Path, xla_flags: str, timeout: float, args: tuple[str, ...]) -> str:

@@ -1,6 +1,7 @@
 """The Triton IR of Pallas kernels, compiled offline for Hopper (sm_90) to count instructions: a developer's proxy.
 
-``triton_modules`` captures the Triton IR that lowering a jitted function for CUDA produces (on any machine, no GPU);
+``triton_modules`` captures the Triton IR that lowering a jitted function for CUDA produces (on any machine, no GPU),
+``jaxpr_equations`` finds the ``pallas_call`` equations (grid, warps) of its trace;
 ``compile_sm90`` compiles one module with the ``triton`` package from PyPI (``pip install 'fp4jax[ptx]'``) into PTX
 and a cubin; ``sass_histogram`` disassembles the cubin (``cuobjdump``, bundled with that package) and counts the
 machine instructions by opcode. jaxlib compiles with its own bundled Triton, whose layout choices can differ, so
@@ -35,6 +36,18 @@ def triton_modules(fn, *args) -> list[str]:
   finally:
     lowering.lower_jaxpr_to_triton_module = original
   return modules
+
+
+def jaxpr_equations(jaxpr):
+  """Every equation of a ``Jaxpr`` and, depth first, of the jaxprs in its equations' parameters (jit, custom_vjp,
+  pallas_call, ...): where a traced function's ``pallas_call`` equations are found, with their grid and warps."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr, or a Jaxpr
+        if hasattr(inner, "eqns"):
+          yield from jaxpr_equations(inner)
 
 
 def _triton():
