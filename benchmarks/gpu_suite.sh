@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu_suite.sh scaling   # 2-4 GPUs: data-parallel weak scaling, 125M and 350M
 #   bash benchmarks/gpu_suite.sh overlap   # 2 GPUs: weak scaling with the gradient all-reduce overlapped (XLA flags)
 #   bash benchmarks/gpu_suite.sh unroll    # 1 GPU: a step with its FP4 blocks unrolled against the loop (MODEL: 30M, 125M)
+#   bash benchmarks/gpu_suite.sh compile   # 1 GPU: where the 125M step's compile time goes, FP4 blocks in the loop and
+#                                          # unrolled (RECIPE, default nvidia_nvfp4)
 #   bash benchmarks/gpu_suite.sh deterministic  # 2-4 GPUs: --deterministic, bit-identical losses (one process and
 #                                          # three), then its cost at 125M (one process per program: XLA flags)
 #   bash benchmarks/gpu_suite.sh tp        # 1-4 GPUs: --deterministic --tensor-shards 2, losses against one GPU (one
@@ -147,6 +149,14 @@ case "${1:-}" in
       --recipes "${RECIPES:-nvidia_nvfp4}" --rounds 2 --steps 8 --max-compile-s 300 \
       --experiments-variants "$variants" --profile "/tmp/prof_unroll_${MODEL:-30M}" \
       --out "$OUT/train_throughput_${MODEL:-30M}_unroll.json" > "$OUT/train_throughput_${MODEL:-30M}_unroll.log" 2>&1
+    ;;
+  compile)
+    # XLA's passes and kernel-module compiles, by host time, for the step with its 12 FP4 blocks in the layer loop and
+    # unrolled (BENCHMARKS' train_throughput_125M_unroll section: unrolled runs faster and compiles for minutes)
+    recipe=${RECIPE:-nvidia_nvfp4}
+    timeout 560 python benchmarks/compile_profile.py --recipe "$recipe" --top 80 \
+      --variants '{"scan": {}, "unrolled": {"scan_unroll": 12}}' \
+      --out "$OUT/compile_profile_${recipe}_unroll.json" > "$OUT/compile_profile_${recipe}_unroll.log" 2>&1
     ;;
   deterministic)
     n=$(nvidia-smi -L | wc -l)

@@ -4,9 +4,9 @@
 Importing the package registers its implementations in ``fp4jax.backends``' registry: of ``fp4jax.operand``'s
 quantizer ops as backend ``"pallas"`` (``fp4jax_kernels.operand``), of ``fp4jax.estimators.SELECT_OP`` (OCC's
 per-row select) as ``"pallas"`` (``fp4jax_kernels.select.api``) and of ``fp4jax.matmul.PACKED_MATMUL_OP`` as
-``"pallas"`` and ``"native"`` (``fp4jax_kernels.gemm.api``). ``fp4jax`` never imports this package: its registry imports it
-through the ``"fp4jax.backends"`` entry point (``pyproject.toml``) on the first call that asks for a backend it has
-nothing registered for (a named kernel backend, or ``"auto"`` on a GPU that runs the kernels).
+``"pallas"`` and ``"native"`` (``fp4jax_kernels.gemm.api``). ``fp4jax`` never imports this package: its registry
+imports it through the ``"fp4jax.backends"`` entry point (``pyproject.toml``) on the first call that asks for a backend
+it has nothing registered for (a named kernel backend, or ``"auto"`` on a GPU that runs the kernels).
 ``fp4jax_kernels.contrib`` holds measured, experimental kernels that the library does not call (the inverse rotation
 of ``fp4jax._src.operand.INVERSE_ROTATE_OP`` among them: it has XLA's implementation alone).
 """
