@@ -45,6 +45,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 KINDS = ("copy", "write", "read", "in place")
 _HEADER = re.compile(r"^(?:ENTRY )?%(\S+) \(")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\S+?)(?:\{[^}]*\})? ([\w-]+)\(")
+_LAUNCH = re.compile(r"^\s*(?:ROOT )?%\S+ = (.*?) (fusion|custom-call|copy)\(")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f4e2m1fn": 0.5, "s4": 0.5, "u4": 0.5}
 
 
@@ -82,8 +83,10 @@ def census(hlo: str) -> list[dict]:
   """Per ``while`` loop of an optimized HLO module's text: its ``body``, ``op_name``, ``trip_count`` (XLA's known
   trip count, else None) and ``groups``: ``{kind, shape, op_name, count, bytes}`` per (kind, shape, op_name) of the
   body's value moves (``KINDS``; ``bytes`` per instance), most bytes first, with ``per_iteration`` totals
-  ``{kind: [count, bytes]}``, and ``custom_calls``: the body's custom calls (Pallas kernels by their name, others by
-  their target) and how many of each, so that a kernel quantizing one tensor for several GEMMs shows once."""
+  ``{kind: [count, bytes]}``, ``custom_calls``: the body's custom calls (Pallas kernels by their name, others by
+  their target) and how many of each, so that a kernel quantizing one tensor for several GEMMs shows once, and
+  ``kernels``: the body's kernel launches per iteration (fusions, custom calls, non-scalar copies) as
+  ``{opcode, op, count}`` per JAX op they came from (``op_source``), most first."""
   comps = computations(hlo)
   roots = {name: next((line for line in lines if "ROOT " in line), "") for name, lines in comps.items()}
   loops = []
@@ -100,6 +103,7 @@ def census(hlo: str) -> list[dict]:
         move = _classify(inst, comps, roots)
         if move is not None:
           groups[move] += 1
+      kernels = collections.Counter(k for k in map(_kernel, insts) if k is not None)
       rows = [{"kind": k, "shape": s, "op_name": o, "count": n, "bytes": b} for (k, s, o, b), n in groups.items()]
       rows.sort(key=lambda r: (-r["bytes"] * r["count"], r["kind"], r["op_name"]))
       totals = {k: [0, 0.0] for k in KINDS}
@@ -114,6 +118,7 @@ def census(hlo: str) -> list[dict]:
           "per_iteration": totals,
           "groups": rows,
           "custom_calls": dict(sorted(calls.items())),
+          "kernels": [{"opcode": c, "op": o, "count": n} for (c, o), n in kernels.most_common()],
         }
       )
   return loops
@@ -141,6 +146,24 @@ def body_instructions(body: str, comps: dict[str, list[str]]) -> list[str]:
       else:
         out.append(line)
   return out
+
+
+def op_source(op_name: str) -> str:
+  """The JAX op an instruction came from, the same for every layer and projection: ``op_name`` without the path to
+  the loop body (``.../while/body/``, ``eval_jaxpr/``), and a module path ending in a ``DotGeneral_N`` (one
+  projection's quantized dot, e.g. ``blocks/attn/q/DotGeneral_0``) as ``<dot>``."""
+  op = re.sub(r"^.*/while/body/", "", op_name)
+  op = re.sub(r"^eval_jaxpr/", "", op)
+  return re.sub(r"(?:(?<=/)|^)(?:[\w.\-]+/)*DotGeneral_\d+(?=/|$)", "<dot>", op)
+
+
+def _kernel(line: str) -> tuple[str, str] | None:
+  """``(opcode, op_source)`` of a body instruction that launches a kernel of its own (a fusion, a custom call, a
+  copy of more than a scalar), else None."""
+  m = _LAUNCH.match(line)  # the shape may be a tuple (a multi-output fusion, a Pallas call's outputs)
+  if m is None or (m.group(2) == "copy" and shape_bytes(re.sub(r"\{[^}]*\}$", "", m.group(1))) <= 8):
+    return None
+  return m.group(2), op_source(_op_name(line))
 
 
 def _call_name(line: str) -> str:

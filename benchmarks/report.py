@@ -13,6 +13,7 @@ is in CHANGELOG.md and the commit messages, not here.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import pathlib
 import re
@@ -490,6 +491,17 @@ def _loop_copies(doc: dict) -> list[str]:
   for loop in largest[:2]:
     calls = ", ".join(f"{name} ×{n}" for name, n in loop.get("custom_calls", {}).items())
     out += ["", f"Custom calls per iteration of {loop['op_name'] or loop['body']}: {calls or 'none'}."]
+    if "kernels" in loop:  # files written before the census counted kernels have none
+      by_opcode = collections.Counter()
+      for k in loop["kernels"]:
+        by_opcode[k["opcode"]] += k["count"]
+      most = ", ".join(f"`{k['op'] or '?'}` ×{k['count']}" for k in loop["kernels"][:8])
+      out += [
+        "",
+        f"Kernels per iteration of {loop['op_name'] or loop['body']}: {sum(by_opcode.values())} "
+        f"({', '.join(f'{c} {n}' for c, n in sorted(by_opcode.items()))}; by JAX op, `<dot>` any projection's "
+        f"quantized dot): {most}.",
+      ]
   groups = [(g, loop) for loop in doc["loops"] if (loop["trip_count"] or 0) > 1 for g in loop["groups"]]
   groups.sort(key=lambda gl: -gl[0]["bytes"] * gl[0]["count"])
   out += ["", "| loop | kind | shape | count | MiB each | op |", "|---|---|---|---|---|---|"]

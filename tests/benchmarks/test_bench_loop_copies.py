@@ -104,6 +104,33 @@ def test_census_counts_each_kind_of_move_and_nothing_else():
   assert by_kind["write"]["shape"] == "bf16[12,16384,768]" and by_kind["copy"]["op_name"] == "fwd/copy"
   assert [g["kind"] for g in loop["groups"]] == ["copy", "write", "read", "in place"]  # most bytes first, then kind
   assert loop["custom_calls"] == {"__cublas$gemm": 1, "fp4_quantize_pair": 1}
+  # kernel launches: five fusions, two custom calls (one with a tuple shape), the activation's copy, not the scalar's
+  kernels = {(k["opcode"], k["op"]): k["count"] for k in loop["kernels"]}
+  assert kernels == {
+    ("fusion", ""): 3,
+    ("fusion", "fwd/dus"): 1,
+    ("fusion", "bwd/ds"): 1,
+    ("custom-call", ""): 2,
+    ("copy", "fwd/copy"): 1,
+  }
+  assert loop["kernels"][0] == {"opcode": "fusion", "op": "", "count": 3}  # most first
+
+
+@pytest.mark.parametrize(
+  ("op_name", "source"),
+  [
+    (
+      "transpose(jvp(Llama))/while/body/eval_jaxpr/blocks/attn/q/DotGeneral_0/jit(quantize_pair)/xor",
+      "<dot>/jit(quantize_pair)/xor",
+    ),
+    ("jvp(Llama)/while/body/blocks/mlp/down/DotGeneral_12/reduce_max", "<dot>/reduce_max"),
+    ("jvp(Llama)/while/body/blocks/attn_norm/rsqrt", "blocks/attn_norm/rsqrt"),
+    ("blocks/mlp/gate/DotGeneral_3", "<dot>"),
+    ("fwd/copy", "fwd/copy"),
+  ],
+)
+def test_op_source_names_every_projection_s_op_alike(op_name, source):
+  assert loop_copies.op_source(op_name) == source
 
 
 # XLA:GPU outlines runs of a loop body into calls (its command buffers): a copy and a slot write one call away, a copy
