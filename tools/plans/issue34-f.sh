@@ -13,11 +13,11 @@ gpus=$(nvidia-smi -L | wc -l)
 devices=$(seq -s, 0 $((gpus - 1)))
 case ${1:-} in
   runs)
-    for run in "quartet2 0" "ms_fp4 0" "nvidia_nvfp4 0" "bf16 1" "bf16 2"; do
-      set -- $run
-      lease_sweep "30r25-$1-s$2" --sizes 30M --ratios 25 --recipes "$1" --seeds "$2" --devices "$devices" \
-        --gpus-per-run "$gpus"
-    done
+    all=(--devices "$devices" --gpus-per-run "$gpus")
+    lease_sweep q2-s0 --sizes 30M --ratios 25 --recipes quartet2 --seeds 0 "${all[@]}"
+    lease_sweep ms-s0 --sizes 30M --ratios 25 --recipes ms_fp4 --seeds 0 "${all[@]}"
+    lease_sweep nv-s0 --sizes 30M --ratios 25 --recipes nvidia_nvfp4 --seeds 0 "${all[@]}"
+    lease_sweep bf-s12 --sizes 30M --ratios 25 --recipes bf16 --seeds 1 2 "${all[@]}"
     ;;
   probe) CUDA_VISIBLE_DEVICES=0 XLA_PYTHON_CLIENT_MEM_FRACTION=0.15 bash benchmarks/gpu_suite.sh compile ;;
   *) echo "issue34-f.sh: say runs or probe, got '${1:-}'" >&2; exit 2 ;;
