@@ -77,6 +77,18 @@ def _release_compiled_programs():
   gc.collect()
 
 
+@pytest.fixture
+def published_recipes_only():
+  """After the test, the recipe registry holds the published recipes alone again: a recipe registered by the test,
+  or by a "module:name" it resolved (an ablation, a composed recipe), would otherwise stay for the later tests of the
+  same worker (tests/test_compose.py expects the published ones)."""
+  from fp4jax import recipes  # noqa: PLC0415
+
+  yield
+  for name in recipes.names()[len(recipes.PUBLISHED) :]:
+    recipes.unregister(name)
+
+
 @pytest.fixture(scope="session")
 def jaxpr_equations():
   """``jaxpr_equations(jaxpr)``: every equation of a ``Jaxpr`` and, depth first, of the jaxprs in its equations'

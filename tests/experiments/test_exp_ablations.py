@@ -36,11 +36,7 @@ def test_an_ablation_changes_one_choice_of_its_base(attr, base, changed):
     assert got == want, operand  # nothing else differs
 
 
-def test_ablations_load_as_module_attr_recipes():
-  try:
-    for attr in ("ms_fp4_ste", "quartet_quest_nearest"):
-      name = model_lib.resolve_recipe(f"fp4jax_experiments.ablations:{attr}")
-      assert recipes.get(name) == dataclasses.replace(getattr(ablations, attr)(), name=name)  # registered as named
-  finally:
-    for name in recipes.names()[len(recipes.PUBLISHED) :]:
-      recipes.unregister(name)
+def test_ablations_load_as_module_attr_recipes(published_recipes_only):
+  for attr in ("ms_fp4_ste", "quartet_quest_nearest"):
+    name = model_lib.resolve_recipe(f"fp4jax_experiments.ablations:{attr}")
+    assert recipes.get(name) == dataclasses.replace(getattr(ablations, attr)(), name=name)  # registered as named

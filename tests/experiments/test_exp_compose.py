@@ -22,12 +22,10 @@ NOT_A_RECIPE = 3
 
 
 @pytest.fixture
-def recipe_module(tmp_path, monkeypatch):
+def recipe_module(tmp_path, monkeypatch, published_recipes_only):
   (tmp_path / "my_fp4_recipes.py").write_text(RECIPE_MODULE)
   monkeypatch.syspath_prepend(str(tmp_path))
-  yield "my_fp4_recipes"
-  for name in recipes.names()[len(recipes.PUBLISHED) :]:
-    recipes.unregister(name)
+  return "my_fp4_recipes"
 
 
 # slow tier; default representative: an FP4 training run; its parts: test_a_recipe_that_does_not_load_names_why (the

@@ -8,20 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from fp4jax import recipes
 from fp4jax_experiments import sweep, train
 
+pytestmark = pytest.mark.usefixtures("published_recipes_only")  # planning an ablation plan registers its recipes
+
 PLANS = sorted((Path(__file__).resolve().parents[2] / "tools" / "plans").glob("*.txt"))
-
-
-@pytest.fixture(autouse=True)
-def _recipe_registry_as_it_was():
-  """Planning a sweep of an ablation recipe ("module:name") registers it; later tests in the same process expect the
-  published recipes alone (tests/test_compose.py)."""
-  before = set(recipes.names())
-  yield
-  for name in set(recipes.names()) - before:
-    recipes.unregister(name)
 
 
 def plan_lines(text: str) -> list[tuple[str, list[str]]]:
