@@ -45,7 +45,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 KINDS = ("copy", "write", "read", "in place")
 _HEADER = re.compile(r"^(?:ENTRY )?%(\S+) \(")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\S+?)(?:\{[^}]*\})? ([\w-]+)\(")
-_LAUNCH = re.compile(r"^\s*(?:ROOT )?%\S+ = (.*?) (fusion|custom-call|copy)\(")
+_LAUNCH = re.compile(r"^\s*(?:ROOT )?%\S+ = .*? (fusion|custom-call|copy)\(")  # any shape, a tuple's too
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f4e2m1fn": 0.5, "s4": 0.5, "u4": 0.5}
 
 
@@ -160,10 +160,10 @@ def op_source(op_name: str) -> str:
 def _kernel(line: str) -> tuple[str, str] | None:
   """``(opcode, op_source)`` of a body instruction that launches a kernel of its own (a fusion, a custom call, a
   copy of more than a scalar), else None."""
-  m = _LAUNCH.match(line)  # the shape may be a tuple (a multi-output fusion, a Pallas call's outputs)
-  if m is None or (m.group(2) == "copy" and shape_bytes(re.sub(r"\{[^}]*\}$", "", m.group(1))) <= 8):
+  m = _LAUNCH.match(line)  # a multi-output fusion or a Pallas call has a tuple shape, which _INSTRUCTION skips
+  if m is None or (m.group(1) == "copy" and shape_bytes(_INSTRUCTION.match(line).group(2)) <= 8):
     return None
-  return m.group(2), op_source(_op_name(line))
+  return m.group(1), op_source(_op_name(line))
 
 
 def _call_name(line: str) -> str:
