@@ -138,17 +138,26 @@ case "${1:-}" in
     # (issue 31's shape: 16 x 1024 tokens, 12 blocks; compile target 60 s) or 30M (the default: the sweeps' 64 x 512
     # tokens, 6 blocks; a sweep compiles once per recipe and cell, so a slower compile can pay for itself over a run).
     # RECIPES (default nvidia_nvfp4: an unrolled FP4 stack compiles every block's kernels apart, minutes for quartet2).
+    # UNROLLS="2 3 4": blocks per loop iteration to measure beside the loop (default: the whole stack, "unrolled").
     case ${MODEL:-30M} in
       30M) shape="--model 30M --batch 64 --seq-len 512" blocks=6 ;;
       125M) shape="--model 125M" blocks=12 ;;
       *) echo "gpu_suite.sh unroll: MODEL must be 30M or 125M, got '$MODEL'" >&2; exit 2 ;;
     esac
-    variants="{\"experiments\": {}, \"unrolled\": {\"scan_unroll\": $blocks}}"
+    variants='{"experiments": {}' tag=""
+    for k in ${UNROLLS:-$blocks}; do
+      [[ "$k" =~ ^[1-9][0-9]*$ ]] \
+        || { echo "gpu_suite.sh unroll: UNROLLS must be positive integers, got '$k'" >&2; exit 2; }
+      if [ "$k" -ge "$blocks" ]; then variants+=", \"unrolled\": {\"scan_unroll\": $blocks}"
+      else variants+=", \"unroll_$k\": {\"scan_unroll\": $k}" tag=_partial; fi
+    done
+    variants+="}"
     # shellcheck disable=SC2086  # $shape is several flags
     timeout 560 python benchmarks/train_throughput.py $shape --devices 1 \
       --recipes "${RECIPES:-nvidia_nvfp4}" --rounds 2 --steps 8 --max-compile-s 300 \
       --experiments-variants "$variants" --profile "/tmp/prof_unroll_${MODEL:-30M}" \
-      --out "$OUT/train_throughput_${MODEL:-30M}_unroll.json" > "$OUT/train_throughput_${MODEL:-30M}_unroll.log" 2>&1
+      --out "$OUT/train_throughput_${MODEL:-30M}_unroll$tag.json" \
+      > "$OUT/train_throughput_${MODEL:-30M}_unroll$tag.log" 2>&1
     ;;
   compile)
     # XLA's passes and kernel-module compiles, by host time, for the step with its 12 FP4 blocks in the layer loop and

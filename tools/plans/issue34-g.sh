@@ -1,0 +1,28 @@
+#!/bin/bash
+# One GPU's share of tools/plans/issue34-g.txt (four H200s): bash tools/plans/issue34-g.sh gpuN (lease_sweeps.sh
+# sets OUT, LEASE_STATE and LEASE_DEADLINE). One run per GPU at a time: a 30M step at 16 x 512 tokens per device
+# scales poorly (quartet2 on four GPUs, data parallel: 783k tokens/s in the lease of 2026-11-28, about 1.25x one
+# GPU's 629k in train_throughput_sweep_30M), so each run has a GPU of its own and all of them need the lease's three
+# calls on one machine. Minutes are the 30M, D/N = 25 runs alone on an H200 (762M tokens) with about a minute of
+# compile and evaluations.
+# gpu0: quartet2 seed 0 (about 22 minutes).
+# gpu1: ms_fp4 seed 0 (about 19 minutes).
+# gpu2: nvidia_nvfp4 seed 0 (about 16 minutes), then issue 31's 30M unroll probe (the sweeps' shape, 6 blocks).
+# gpu3: issue 31's partial-unroll probe (nvidia_nvfp4's 125M step at 2, 3 and 4 blocks per loop iteration beside the
+#   loop: step and compile time, about 6 minutes), then bf16 seeds 1 and 2 (about 8 minutes each).
+set -u -o pipefail
+source tools/plans/lease_lib.sh
+case ${1:-} in
+  gpu0) lease_sweep q230r25 --sizes 30M --ratios 25 --recipes quartet2 --seeds 0 --devices 0 ;;
+  gpu1) lease_sweep ms30r25 --sizes 30M --ratios 25 --recipes ms_fp4 --seeds 0 --devices 1 ;;
+  gpu2)
+    lease_sweep nv30r25 --sizes 30M --ratios 25 --recipes nvidia_nvfp4 --seeds 0 --devices 2
+    CUDA_VISIBLE_DEVICES=2 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 MODEL=30M bash benchmarks/gpu_suite.sh unroll
+    ;;
+  gpu3)
+    CUDA_VISIBLE_DEVICES=3 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 MODEL=125M UNROLLS="2 3 4" \
+      bash benchmarks/gpu_suite.sh unroll
+    lease_sweep bf30r25 --sizes 30M --ratios 25 --recipes bf16 --seeds 1 2 --devices 3
+    ;;
+  *) echo "issue34-g.sh: say gpu0, gpu1, gpu2 or gpu3, got '${1:-}'" >&2; exit 2 ;;
+esac
