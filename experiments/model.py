@@ -43,6 +43,12 @@ last bits where XLA fuses the recomputation differently (on a GPU it can also ke
 intermediates rounded). ``"auto"`` (the default) recomputes both in the FP4 blocks, whose layer loop
 zero-fills, writes and reads back a stacked buffer for every saved activation, and nothing in the BF16 blocks
 (unrolled) or the final norm: a BF16 model computes the same program as with ``"none"``.
+
+``prequantize_weights`` (how, not what): each FP4 stack quantizes its seven projection weights for all of its layers
+before the layer loop (``fp4jax.prequantize_weight`` under ``jax.vmap``, one batched quantizer per weight kind
+instead of one per layer) and the loop reads each layer's slice; the same bits, where ``fp4jax.prequantize_refusal``
+accepts the recipe (weights quantized without random bits); elsewhere (and with tensor parallelism or experts) the
+projections quantize their weights in the loop as by default.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+import fp4jax
 import fp4jax.recipes
 import fp4jax.sharding
 from fp4jax import Backend
@@ -157,6 +164,9 @@ class ModelConfig:
   quantizer_backend: str = "auto"
   # the projections run fp4jax.recipes.causal(recipe): per-token amax of X, a strictly causal forward
   causal_amax: bool = False
+  # FP4 stacks quantize their projection weights for all layers before the layer loop (module docstring); how, not
+  # what
+  prequantize_weights: bool = False
   # Mixture of experts: num_experts E > 0 replaces each block's SwiGLU by E SwiGLU experts of width expert_hidden
   # (0: ffn_hidden), top_k of them per token (module docstring); 0 is the dense model.
   num_experts: int = 0
@@ -384,23 +394,35 @@ def resolve_recipe(recipe: str) -> str:
   return recipe
 
 
-def projection_dot_cls(
-  recipe: str, backend: str = "xla", tp: TensorParallel | None = None, split: str = "", causal: bool = False
-):
-  """The ``dot_general_cls`` for a projection under ``recipe`` (``resolve_recipe``: a registered name or
-  ``"module:attr"``): None (flax's plain dot) for BF16, else fp4jax's with quantizer ``backend``; ``causal``:
-  ``fp4jax.recipes.causal(recipe)`` (per-token amax); with ``tp``, the recipe marked ``fp4jax.sharding.sharded``
-  along ``split`` ("outputs" or "inputs") over ``tp.axis`` (after the tokens over ``tp.tokens``, if it names an
-  axis)."""
-  if recipe == BF16_RECIPE:
-    return None
+def projection_recipe(recipe: str, tp: TensorParallel | None = None, split: str = "", causal: bool = False):
+  """The recipe a projection's dot runs under FP4 ``recipe`` (``resolve_recipe``: a registered name or
+  ``"module:attr"``): ``causal``: ``fp4jax.recipes.causal(recipe)`` (per-token amax); with ``tp``, marked
+  ``fp4jax.sharding.sharded`` along ``split`` ("outputs" or "inputs") over ``tp.axis`` (after the tokens over
+  ``tp.tokens``, if it names an axis)."""
   resolve_recipe(recipe)
   marked = fp4jax.recipes.causal(recipe) if causal else recipe
   if tp is not None and tp.tokens is not None:
     marked = fp4jax.sharding.token_sharded(marked, tp.tokens)
   if tp is not None:
     marked = fp4jax.sharding.sharded(marked, tp.axis, split)
-  return functools.partial(DotGeneral, recipe=marked, backend=backend)
+  return marked
+
+
+def projection_dot_cls(
+  recipe: str,
+  backend: str = "xla",
+  tp: TensorParallel | None = None,
+  split: str = "",
+  causal: bool = False,
+  prequantized: fp4jax.PrequantizedWeight | None = None,
+):
+  """The ``dot_general_cls`` for a projection under ``recipe``: None (flax's plain dot) for BF16, else fp4jax's
+  under ``projection_recipe(recipe, tp, split, causal)`` with quantizer ``backend`` and the kernel's
+  ``prequantized`` operands (``fp4jax.prequantize_weight``; None: the dot quantizes it)."""
+  if recipe == BF16_RECIPE:
+    return None
+  marked = projection_recipe(recipe, tp, split, causal)
+  return functools.partial(DotGeneral, recipe=marked, backend=backend, rhs_prequantized=prequantized)
 
 
 def expert_recipe(recipe: str, causal: bool = False):
@@ -434,14 +456,17 @@ def _projection(
   init_std: float = INIT_STD,
   tp: TensorParallel | None = None,
   split: str = "",
+  prequantized: dict | None = None,
 ) -> nn.Dense:
+  """A projection ``name``; ``prequantized``: its layer's ``PROJECTIONS`` operands (``Llama.prequantized``)."""
+  pre = None if prequantized is None else prequantized[name]
   return nn.Dense(
     features,
     use_bias=False,
     dtype=config.dtype,
     param_dtype=config.param_dtype,
     kernel_init=nn.initializers.normal(init_std),
-    dot_general_cls=projection_dot_cls(recipe, config.quantizer_backend, tp, split, config.causal_amax),
+    dot_general_cls=projection_dot_cls(recipe, config.quantizer_backend, tp, split, config.causal_amax, pre),
     name=name,
   )
 
@@ -479,20 +504,21 @@ class Attention(nn.Module):
   tp: TensorParallel | None = None
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    cfg, tp = self.config, self.tp
+  def __call__(self, x: jax.Array, prequantized: dict | None = None) -> jax.Array:
+    cfg, tp, pre = self.config, self.tp, prequantized
     shards = tp.shards if tp else 1
     batch, seq, _ = x.shape
     width = cfg.d_model // shards
     heads = (batch, seq, cfg.n_heads // shards, cfg.head_dim)
     x = tp.enter(x) if tp else x
-    q = _projection(cfg, self.recipe, width, "q", tp=tp, split="outputs")(x).reshape(heads)
-    k = _projection(cfg, self.recipe, width, "k", tp=tp, split="outputs")(x).reshape(heads)
-    v = _projection(cfg, self.recipe, width, "v", tp=tp, split="outputs")(x).reshape(heads)
+    q = _projection(cfg, self.recipe, width, "q", tp=tp, split="outputs", prequantized=pre)(x).reshape(heads)
+    k = _projection(cfg, self.recipe, width, "k", tp=tp, split="outputs", prequantized=pre)(x).reshape(heads)
+    v = _projection(cfg, self.recipe, width, "v", tp=tp, split="outputs", prequantized=pre)(x).reshape(heads)
     q, k = apply_rope(q, cfg.rope_theta), apply_rope(k, cfg.rope_theta)
     y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=attention_implementation(cfg))
     out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-    out = _projection(cfg, self.recipe, cfg.d_model, "o", out_std, tp, "inputs")(y.reshape(batch, seq, width))
+    o = _projection(cfg, self.recipe, cfg.d_model, "o", out_std, tp, "inputs", prequantized=pre)
+    out = o(y.reshape(batch, seq, width))
     return tp.exit(out) if tp else out
 
 
@@ -505,16 +531,17 @@ class SwiGLU(nn.Module):
   tp: TensorParallel | None = None
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    cfg, tp = self.config, self.tp
+  def __call__(self, x: jax.Array, prequantized: dict | None = None) -> jax.Array:
+    cfg, tp, pre = self.config, self.tp, prequantized
     hidden = cfg.ffn_hidden // (tp.shards if tp else 1)
     x = tp.enter(x) if tp else x
-    gate = _projection(cfg, self.recipe, hidden, "gate", tp=tp, split="outputs")(x)
-    up = _projection(cfg, self.recipe, hidden, "up", tp=tp, split="outputs")(x)
+    gate = _projection(cfg, self.recipe, hidden, "gate", tp=tp, split="outputs", prequantized=pre)(x)
+    up = _projection(cfg, self.recipe, hidden, "up", tp=tp, split="outputs", prequantized=pre)(x)
     out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
     swiglu = cfg.block_recompute(self.recipe) == "norms_swiglu"
     product = jax.checkpoint(_swiglu_product, prevent_cse=False) if swiglu else _swiglu_product
-    out = _projection(cfg, self.recipe, cfg.d_model, "down", out_std, tp, "inputs")(product(gate, up))
+    down = _projection(cfg, self.recipe, cfg.d_model, "down", out_std, tp, "inputs", prequantized=pre)
+    out = down(product(gate, up))
     return tp.exit(out) if tp else out
 
 
@@ -550,7 +577,7 @@ def _mlp(config: ModelConfig, recipe: str, tp: TensorParallel | None) -> nn.Modu
 class Block(nn.Module):
   """Pre-norm transformer block: h + Attn(RMSNorm(h)), then h + SwiGLU(RMSNorm(h)) (or MoE, ``num_experts`` > 0).
 
-  A scan body: carry h -> (new h, no per-layer output).
+  A scan body: carry h and the layer's slice of ``Llama.prequantized`` (or None) -> (new h, no per-layer output).
   """
 
   config: ModelConfig
@@ -558,14 +585,18 @@ class Block(nn.Module):
   tp: TensorParallel | None = None
 
   @nn.compact
-  def __call__(self, h: jax.Array, _=None) -> tuple[jax.Array, None]:
-    if self.config.num_experts and self.tp is not None:
+  def __call__(self, h: jax.Array, prequantized: dict | None = None) -> tuple[jax.Array, None]:
+    cfg, pre = self.config, prequantized or {}
+    if cfg.num_experts and self.tp is not None:
       raise ValueError(
-        f"num_experts={self.config.num_experts}: tensor parallelism (TensorParallel, --tensor-shards) is not "
+        f"num_experts={cfg.num_experts}: tensor parallelism (TensorParallel, --tensor-shards) is not "
         "supported for mixture-of-experts blocks; use a dense model or data parallelism"
       )
-    h = h + Attention(self.config, self.recipe, self.tp, name="attn")(_norm(self.config, self.recipe, "attn_norm")(h))
-    return h + _mlp(self.config, self.recipe, self.tp)(_norm(self.config, self.recipe, "mlp_norm")(h)), None
+    attn = Attention(cfg, self.recipe, self.tp, name="attn")
+    h = h + attn(_norm(cfg, self.recipe, "attn_norm")(h), pre.get("attn"))
+    mlp_in = _norm(cfg, self.recipe, "mlp_norm")(h)
+    mlp = _mlp(cfg, self.recipe, self.tp)
+    return h + (mlp(mlp_in, pre["mlp"]) if "mlp" in pre else mlp(mlp_in)), None
 
 
 def scanned_blocks(
@@ -574,7 +605,8 @@ def scanned_blocks(
   """``stack.length`` blocks as one ``nn.scan``: parameters (and sown "intermediates") stacked on a leading layer
   axis, the "params" and "quant" streams split per layer; each block under ``nn.remat`` if ``config.remat``;
   ``config.stack_unroll(stack)`` blocks per loop iteration. ``grad_sum`` (see :class:`Llama`) takes each block's
-  own parameters (``{"params": ...}``, one layer's slice) inside the loop."""
+  own parameters (``{"params": ...}``, one layer's slice) inside the loop. Called as ``(h, prequantized)``: the
+  stack's ``Llama.prequantized`` (sliced per layer) or None."""
   block = nn.remat(Block, prevent_cse=False) if config.remat else Block  # scan already keeps remat's CSE apart
   if grad_sum is not None:
     block = nn.map_variables(block, "params", trans_in_fn=grad_sum, init=True)
@@ -636,7 +668,7 @@ class Llama(nn.Module):
       raise ValueError(f"tokens must have shape (batch, seq), got {tokens.shape}")
     h = TokenEmbedding(cfg, name="embed")(tokens)
     for stack in layer_stacks(cfg):
-      h, _ = scanned_blocks(cfg, stack, self.tp, self.block_grad_sum)(h)
+      h, _ = scanned_blocks(cfg, stack, self.tp, self.block_grad_sum)(h, self.prequantized(stack))
     h = _norm(cfg, BF16_RECIPE, "final_norm")(h)  # the final norm and the head run in BF16 under every recipe
     logits = nn.Dense(
       cfg.vocab_size,
@@ -647,6 +679,32 @@ class Llama(nn.Module):
       name="lm_head",
     )(h)
     return logits.astype(jnp.float32)
+
+  def prequantized(self, stack: LayerStack) -> dict | None:
+    """``stack``'s projection weights quantized for all of its layers before its loop, ``{"attn": {"q": ...},
+    "mlp": {...}}`` (``PROJECTIONS``; each a ``fp4jax.PrequantizedWeight`` with a leading layer axis: each kernel
+    promoted to ``config.dtype`` as ``nn.Dense`` promotes it, quantized under ``jax.vmap``), where
+    ``config.prequantize_weights`` asks for it and the stack can: an FP4 recipe that
+    ``fp4jax.prequantize_refusal`` accepts, dense blocks, no tensor parallelism, parameters already made (not in
+    ``init``). Else None: the projections quantize their weights in the loop."""
+    cfg = self.config
+    if not cfg.prequantize_weights or stack.recipe == BF16_RECIPE or self.tp is not None or cfg.num_experts:
+      return None
+    recipe = projection_recipe(stack.recipe, causal=cfg.causal_amax)
+    if self.is_initializing() or fp4jax.prequantize_refusal(recipe) is not None:
+      return None
+    params = self.variables["params"][stack.name]
+    dense = (((2,), (0,)), ((), ()))  # nn.Dense's dimension_numbers on (batch, seq, features) inputs
+
+    def one_layer(kernel):
+      return fp4jax.prequantize_weight(kernel.astype(cfg.dtype), dense, recipe=recipe, backend=cfg.quantizer_backend)
+
+    quantize = jax.vmap(one_layer)
+    return {part: {name: quantize(params[part][name]["kernel"]) for name in names} for part, names in PROJECTIONS}
+
+
+# each block's projections by submodule: those ``Llama.prequantized`` quantizes ahead of the layer loop
+PROJECTIONS = (("attn", ("q", "k", "v", "o")), ("mlp", ("gate", "up", "down")))
 
 
 def init_params(config: ModelConfig, key: jax.Array, seq_len: int = 8):

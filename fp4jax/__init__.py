@@ -19,7 +19,7 @@ from fp4jax import (
   sharding,
 )
 from fp4jax._src.backends import Backend
-from fp4jax._src.dot import dot_general, einsum
+from fp4jax._src.dot import PrequantizedWeight, dot_general, einsum, prequantize_refusal, prequantize_weight
 from fp4jax._src.formats import (
   E2M1_CHANNEL,
   E4M3,
@@ -65,6 +65,7 @@ __all__ = [
   "MXFP4Format",
   "MXFP8Format",
   "NVFP4Format",
+  "PrequantizedWeight",
   "QTensor",
   "QuantizeSpec",
   "backends",
@@ -78,6 +79,8 @@ __all__ = [
   "hadamard",
   "metrics",
   "packed_matmul",
+  "prequantize_refusal",
+  "prequantize_weight",
   "quantize",
   "ragged_dot",
   "recipes",

@@ -25,6 +25,12 @@ On a Pallas backend, X (forward and wgrad), W (forward and dgrad, where the dgra
 (``fp4jax.operand.rotate_and_quantize_both``); X's wgrad and W's dgrad operand are then quantized in the forward
 and kept instead of X and W. Same bits as quantizing each operand in its own GEMM.
 
+A weight quantized once for many calls (``prequantize_weight``: a layer loop's stacked weights quantized for all
+layers before the loop, under ``jax.vmap``) is passed as ``dot_general(..., rhs_prequantized=...)``: the GEMMs read
+its operands instead of quantizing W, the same bits, and W's gradient is unchanged (the weight-gradient GEMM does
+not read W). Only recipes whose W operands are drawn without randomness or sums can be prequantized
+(``prequantize_refusal``).
+
 Randomness: one ``key`` per call, split by ``jax.random.fold_in`` with a fixed id per operand (and one per signs
 draw: the forward GEMM's, and one shared by the two backward GEMMs); the same key gives the same result.
 """
@@ -85,7 +91,8 @@ class _Canonical:
   dims: dict  # recipes.DIMS name -> ("lhs" or "rhs", the user's dims making up M, N or K)
 
 
-def _canonicalize(lhs_shape, rhs_shape, dimension_numbers) -> _Canonical:
+def _unpack(dimension_numbers) -> tuple:
+  """``(lhs_contracting, rhs_contracting, lhs_batch, rhs_batch)`` of ``dimension_numbers``, or a ValueError."""
   try:
     (lc, rc), (lb, rb) = dimension_numbers
   except (TypeError, ValueError):
@@ -93,6 +100,11 @@ def _canonicalize(lhs_shape, rhs_shape, dimension_numbers) -> _Canonical:
       "dimension_numbers must be ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)), "
       f"got {dimension_numbers!r}"
     ) from None
+  return lc, rc, lb, rb
+
+
+def _canonicalize(lhs_shape, rhs_shape, dimension_numbers) -> _Canonical:
+  lc, rc, lb, rb = _unpack(dimension_numbers)
   norm = lambda dims, nd, what: tuple(_axis(d, nd, what) for d in dims)
   lc, lb = norm(lc, len(lhs_shape), "lhs"), norm(lb, len(lhs_shape), "lhs")
   rc, rb = norm(rc, len(rhs_shape), "rhs"), norm(rb, len(rhs_shape), "rhs")
@@ -195,6 +207,124 @@ class _Static:
   k: int | None = None  # K of the canonical X (B, M, K) and W (B, N, K), to crop ``_pad_chunks``; None: no crop
 
 
+@functools.partial(jax.tree_util.register_dataclass, data_fields=("fwd", "dgrad"), meta_fields=("recipe", "specs"))
+@dataclasses.dataclass(frozen=True)
+class PrequantizedWeight:
+  """A weight-like ``rhs`` quantized ahead of the ``dot_general`` calls that use it (``prequantize_weight``).
+
+  A pytree: ``jax.vmap`` of ``prequantize_weight`` over stacked weights gives one with a leading axis on every
+  array, which ``jax.lax.scan`` slices per layer.
+
+  Attributes:
+    fwd: W (B, N, K) quantized for the forward GEMM (``recipe.fwd_rhs``).
+    dgrad: Wᵀ quantized for the data-gradient GEMM (``recipe.dgrad_rhs``, quantized from the input), or None where
+      that GEMM reuses ``fwd`` (``source="forward"``).
+    recipe: the name of the recipe it was quantized for (messages only).
+    specs: ``(recipe.fwd_rhs, recipe.dgrad_rhs)``: a dot whose recipe quantizes W otherwise refuses it.
+  """
+
+  fwd: Operand
+  dgrad: Operand | None
+  recipe: str
+  specs: tuple
+
+
+def prequantize_refusal(recipe: str | Recipe) -> str | None:
+  """Why ``recipe``'s W operands cannot be quantized ahead of the GEMMs (``prequantize_weight``), or None.
+
+  Prequantized W must be the bits each call would draw, whatever key it gets and however the weights are batched:
+  W quantized in the forward (and, from the input, in the data-gradient GEMM) by round-to-nearest with one tensor
+  amax, no Hadamard and no clipping (no random bits; the quantizers' sums, such as Four Over Six's block errors, are
+  in an order fp4jax fixes, which ``jax.vmap`` does not change), a straight-through W gradient (the trust mask and
+  DGE read more of W), and one device's tensor (not ``fp4jax.sharding``'s slices, whose amax is a collective). A
+  backward GEMM that re-quantizes the forward-quantized W (``source="forward"``) does so in the call, with its key.
+
+  Args:
+    recipe: a ``Recipe`` or registered name.
+
+  Returns:
+    None where ``prequantize_weight`` takes ``recipe``, else the reason it refuses it (naming the operand and field).
+  """
+  r = recipes_lib.get(recipe)
+  if isinstance(r, sharding_lib.ShardedRecipe):
+    return "a sharded recipe quantizes W's slices with a collective amax"
+  if r.fwd_rhs.fmt is None:
+    return "its forward GEMM does not quantize W"
+  if r.fwd_rhs.estimator != "ste":
+    return f"W's estimator is {r.fwd_rhs.estimator!r} (it reads more of W than its quantized values)"
+  specs = [("fwd_rhs", r.fwd_rhs)] + ([("dgrad_rhs", r.dgrad_rhs)] if r.dgrad_rhs.source == "input" else [])
+  for name, spec in specs:
+    if spec.fmt is None:
+      return f"{name} uses W unquantized"
+    why = [
+      f"rounding={spec.rounding!r}" * (spec.rounding != "rtn"),
+      f"hadamard={spec.hadamard}" * bool(spec.hadamard),
+      f"clip={spec.clip!r}" * (spec.clip != "none"),
+      f"amax={spec.amax!r}" * (spec.amax != "tensor"),
+    ]
+    if any(why):
+      return (
+        f"{name} quantizes W with {', '.join(w for w in why if w)} (prequantized W needs rtn, no Hadamard, no clip)"
+      )
+  return None
+
+
+def _rhs_canonical(rhs_shape, dimension_numbers) -> tuple[tuple[int, ...], tuple[int, int, int]]:
+  """rhs's permutation and canonical shape (B, N, K) under ``dimension_numbers`` (as ``_canonicalize``)."""
+  _, rc, _, rb = _unpack(dimension_numbers)
+  rc, rb = (tuple(_axis(d, len(rhs_shape), "rhs") for d in dims) for dims in (rc, rb))
+  if len(set(rc + rb)) != len(rc + rb):
+    raise ValueError(f"dimension_numbers repeat a rhs dimension: {dimension_numbers!r}")
+  rf = tuple(d for d in range(len(rhs_shape)) if d not in rc + rb)
+  size = lambda dims: math.prod(rhs_shape[d] for d in dims)
+  return rb + rf + rc, (size(rb), size(rf), size(rc))
+
+
+def prequantize_weight(
+  rhs: jax.Array, dimension_numbers, *, recipe: str | Recipe, backend: Backend = "auto"
+) -> PrequantizedWeight:
+  """``rhs`` quantized as every ``dot_general(lhs, rhs, dimension_numbers, recipe=recipe)`` would quantize it, once.
+
+  Pass the result as ``dot_general(..., rhs_prequantized=...)`` with the same ``rhs`` (its gradient is still
+  ``rhs``'s): the GEMMs read the same bits and skip W's quantizers. Under ``jax.vmap`` over a stack of weights
+  (a layer loop's), one batched quantization replaces one per layer. Not differentiated: ``rhs`` is read under
+  ``jax.lax.stop_gradient``.
+
+  Args:
+    rhs: the weight-like operand, in the dtype the dots receive it (e.g. a Flax ``Dense``'s kernel after its
+      promotion to the layer's ``dtype``).
+    dimension_numbers: those of the ``dot_general`` calls (only rhs's dims are read).
+    recipe: a ``Recipe`` or registered name that ``prequantize_refusal`` accepts.
+    backend: the quantizer implementation, as ``dot_general``'s.
+
+  Returns:
+    A ``PrequantizedWeight``.
+
+  Raises:
+    ValueError: a recipe ``prequantize_refusal`` refuses (naming why), malformed ``dimension_numbers``, an empty
+      ``rhs``.
+    TypeError: ``rhs`` not floating point.
+  """
+  fn = "fp4jax.prequantize_weight"
+  r = recipes_lib.get(recipe)
+  backend = backends_lib.check(backend, fn)
+  why = prequantize_refusal(r)
+  if why:
+    raise ValueError(f"{fn}(recipe={r.name!r}): W cannot be quantized ahead of the GEMMs: {why}")
+  rhs = jax.lax.stop_gradient(jnp.asarray(rhs))
+  checks.floating(fn, rhs=rhs)
+  if rhs.size == 0:
+    raise ValueError(f"{fn}: rhs of shape {rhs.shape} is empty; quantizing needs at least one element")
+  perm, bnk = _rhs_canonical(rhs.shape, dimension_numbers)
+  w = jnp.transpose(rhs, perm).reshape(bnk)
+  static = _Static(r, None, backend, rhs.dtype, rhs.dtype, rhs.dtype, bnk[2])
+  fwd = _quantize_operand(static, "fwd_rhs", w, None, None).operand
+  dgrad = None
+  if r.dgrad_rhs.source == "input":
+    dgrad = _quantize_operand(static, "dgrad_rhs", w, None, None, transposed=True).operand
+  return PrequantizedWeight(fwd, dgrad, r.name, (r.fwd_rhs, r.dgrad_rhs))
+
+
 def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, keys, signs, transposed=(False, False)) -> list[_Quantized]:
   """Rotate (if the GEMM has a Hadamard) and quantize both operands; an ``Operand`` argument is used as given.
 
@@ -279,14 +409,17 @@ def _to_input(grad, fwd_spec, mask, signs, k: int | None, backend):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _qdot(static: _Static, x, w, key):
-  return _qdot_fwd(static, x, w, key, for_backward=False)[0]
+def _qdot(static: _Static, x, w, key, pre: PrequantizedWeight | None = None):
+  return _qdot_fwd(static, x, w, key, pre, for_backward=False)[0]
 
 
-def _qdot_fwd(static: _Static, x, w, key, for_backward: bool = True) -> tuple[jax.Array, _Residuals]:
+def _qdot_fwd(
+  static: _Static, x, w, key, pre: PrequantizedWeight | None = None, for_backward: bool = True
+) -> tuple[jax.Array, _Residuals]:
   """Y and the backward's residuals. ``for_backward``: where one kernel pass quantizes X for the forward and the
   weight-gradient GEMM (W: the forward and the data-gradient GEMM; ``_quantize_both``), the backward's operand is
-  made here and kept instead of X (W)."""
+  made here and kept instead of X (W). ``pre``: W's operands quantized ahead (``prequantize_weight``), used as
+  given."""
   r = static.recipe
   keys = _derive_keys(key)
   signs = r.fwd_lhs.sign_vector(_fold(keys, _SIGNS_IDS["fwd"]))
@@ -296,7 +429,9 @@ def _qdot_fwd(static: _Static, x, w, key, for_backward: bool = True) -> tuple[ja
   x_both = w_both = None
   if for_backward and keep_x:
     x_both = _quantize_both(static, x, keys, "fwd_lhs", "wgrad_rhs", signs, r.wgrad_lhs.sign_vector(bwd_key))
-  if for_backward and r.dgrad_rhs.source == "input" and r.fwd_rhs.estimator != "dge":  # DGE's backward reads W
+  if pre is not None:  # prequantize_refusal: the forward operand's estimator is ste, so W is kept only for dgrad
+    w_both = _Both(_Quantized(pre.fwd, None), _Quantized(pre.dgrad, None))
+  elif for_backward and r.dgrad_rhs.source == "input" and r.fwd_rhs.estimator != "dge":  # DGE's backward reads W
     w_both = _quantize_both(static, w, keys, "fwd_rhs", "dgrad_rhs", signs, r.dgrad_lhs.sign_vector(bwd_key))
   fx, fw = _quantize_gemm(
     static,
@@ -347,7 +482,7 @@ def _qdot_bwd(static: _Static, res: _Residuals, dy):
     spec = r.fwd_rhs
     scaled = widen(res.w) * channel_scale(res.w, spec.scale_pow2, sharding_lib.operand_shard(r, "fwd_rhs"))
     dw = dw * estimators.dge_derivative(scaled, spec.dge_k, spec.dge_cap)
-  return dx.astype(static.lhs_dtype), dw.astype(static.rhs_dtype), None
+  return dx.astype(static.lhs_dtype), dw.astype(static.rhs_dtype), None, None  # pre: quantized without gradient
 
 
 _qdot.defvjp(_qdot_fwd, _qdot_bwd)
@@ -364,6 +499,7 @@ def dot_general(
   precision=None,
   preferred_element_type=None,
   backend: Backend = "auto",
+  rhs_prequantized: PrequantizedWeight | None = None,
 ) -> jax.Array:
   """``jax.lax.dot_general`` whose forward and backward GEMMs are quantized by ``recipe``.
 
@@ -386,17 +522,22 @@ def dot_general(
       quantizer implementation (a ValueError when the first operand is quantized). The same key gives the same
       bits on every backend; see ``fp4jax.operand``. The GEMMs themselves are XLA dots of the exact bf16 values on
       every backend.
+    rhs_prequantized: ``prequantize_weight(rhs, dimension_numbers, recipe=...)`` of this ``rhs``: the GEMMs read
+      its operands instead of quantizing ``rhs`` (the same bits; ``rhs`` still receives the weight gradient).
 
   Returns:
     An array of ``lax.dot_general``'s shape: batch dims, then lhs free dims, then rhs free dims.
 
   Raises:
     TypeError: ``lhs`` or ``rhs`` not floating point, ``preferred_element_type`` not a floating dtype, ``key`` not a
-      PRNG key.
+      PRNG key, ``rhs_prequantized`` not a ``PrequantizedWeight``.
     ValueError: an unknown recipe or backend, malformed ``dimension_numbers`` or mismatched dims, an empty operand,
-      a batch of keys, a random recipe without ``key``, a sharded dim that splits a block or Hadamard chunk.
+      a batch of keys, a random recipe without ``key``, a sharded dim that splits a block or Hadamard chunk, a
+      ``rhs_prequantized`` of another shape or quantized for other W operands than ``recipe``'s.
   """
-  return _dot_general(lhs, rhs, dimension_numbers, recipe, key, precision, preferred_element_type, backend)
+  return _dot_general(
+    lhs, rhs, dimension_numbers, recipe, key, precision, preferred_element_type, backend, pre=rhs_prequantized
+  )
 
 
 def _dot_general(
@@ -410,6 +551,7 @@ def _dot_general(
   backend,
   fn: str = "fp4jax.dot_general",
   labels: tuple[str, str] | None = None,
+  pre: PrequantizedWeight | None = None,
 ) -> jax.Array:
   """``dot_general``; errors name ``fn`` and the user's dims (einsum letters where ``labels`` are given)."""
   recipe = recipes_lib.get(recipe)
@@ -431,11 +573,30 @@ def _dot_general(
   _check_shapes(recipe, lhs, rhs, canon, fn, labels)
   out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
   static = _Static(recipe, precision, backend, out_dtype, lhs.dtype, rhs.dtype, canon.bmk[2])
+  if pre is not None:
+    _check_prequantized(pre, recipe, canon.bnk, fn)
   x = jnp.transpose(lhs, canon.lhs_perm).reshape(canon.bmk)
   w = jnp.transpose(rhs, canon.rhs_perm).reshape(canon.bnk)
-  if backend == "pallas":
+  if backend == "pallas" and pre is None:
     _check_backward_runs(static, x, w, key, fn)
-  return _qdot(static, x, w, key).reshape(canon.out_shape)
+  return _qdot(static, x, w, key, pre).reshape(canon.out_shape)
+
+
+def _check_prequantized(pre, recipe: Recipe, bnk: tuple[int, int, int], fn: str) -> None:
+  """``rhs_prequantized`` is a ``PrequantizedWeight`` of this dot's W: its canonical shape and W specs."""
+  if not isinstance(pre, PrequantizedWeight):
+    raise TypeError(f"{fn}: rhs_prequantized must be a PrequantizedWeight (prequantize_weight), got {type(pre)}")
+  if pre.specs != (recipe.fwd_rhs, recipe.dgrad_rhs):
+    raise ValueError(
+      f"{fn}(recipe={recipe.name!r}): rhs_prequantized was quantized for recipe {pre.recipe!r}, whose W operands "
+      "differ from this recipe's; prequantize with this dot's recipe"
+    )
+  if pre.fwd.values.shape != bnk:
+    raise ValueError(
+      f"{fn}: rhs_prequantized holds W as (batch, out, in) = {pre.fwd.values.shape}, this dot's rhs is {bnk}; "
+      "prequantize this rhs with these dimension_numbers (a stacked PrequantizedWeight is sliced per call, e.g. by "
+      "jax.lax.scan)"
+    )
 
 
 def _check_backward_runs(static: _Static, x, w, key, fn: str) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
+import fp4jax
 from fp4jax_experiments import model as m
 
 QUARTET_SIZES = {"30M": 30e6, "50M": 50e6, "100M": 100e6, "200M": 200e6}
@@ -325,3 +326,75 @@ def test_projection_quant_errors_name_every_fp4_layer():
   projections = ("attn/q", "attn/k", "attn/v", "attn/o", "mlp/gate", "mlp/up", "mlp/down")
   assert set(errors) == {f"block_{layer}/{p}" for layer in (1, 2) for p in projections}
   assert all(0 < e < 0.1 for e in errors.values()), errors  # NVFP4 relative MSE of Gaussian-like data: ~1e-2
+
+
+def _dots_given_prequantized_weights(config, params, tokens) -> list[bool]:
+  """Per traced fp4jax DotGeneral call of the forward (nn.scan traces its block more than once; a block has seven):
+  whether it received its kernel's prequantized operands."""
+  from fp4jax._src.flax.linen import DotGeneral
+
+  seen = []
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, DotGeneral) and context.method_name == "__call__":
+      seen.append(context.module.rhs_prequantized is not None)
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(record):
+    jax.eval_shape(lambda p: m.Llama(config).apply({"params": p}, tokens, rngs={"quant": jax.random.key(2)}), params)
+  return seen
+
+
+def test_prequantized_weights_are_each_layers_dense_kernel_as_its_dot_receives_it():
+  """``prequantize_weights``: the FP4 stack's seven projections receive prequantized operands, and those of layer
+  l are ``fp4jax.prequantize_weight`` of layer l's kernel promoted to the model's dtype, as ``nn.Dense`` passes it
+  to its dot (fp4jax's tests: such operands are the bits the dot would draw)."""
+  pytest.importorskip("fp4jax.flax.linen")
+  config = m.model_config("100K", vocab_size=64, recipe="nvidia_nvfp4", n_layers=3, bf16_first=1)
+  params = m.init_params(config, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
+  ahead = dataclasses.replace(config, prequantize_weights=True)
+  given, own = (_dots_given_prequantized_weights(c, params, tokens) for c in (ahead, config))
+  assert len(given) % 7 == 0 and all(given) and len(own) == len(given) and not any(own)
+  first, blocks = m.layer_stacks(ahead)
+  assert m.Llama(ahead).apply({"params": params}, first, method=m.Llama.prequantized) is None  # BF16
+  pre = jax.jit(lambda p: m.Llama(ahead).apply({"params": p}, blocks, method=m.Llama.prequantized))(params)
+  dense = (((2,), (0,)), ((), ()))
+  for part, names in m.PROJECTIONS:
+    for name in names:
+      kernels = params["blocks"][part][name]["kernel"]
+      for layer in range(blocks.length):
+        want = fp4jax.prequantize_weight(kernels[layer].astype(jnp.bfloat16), dense, recipe="nvidia_nvfp4")
+        got = jax.tree.map(lambda a: a[layer], pre[part][name])
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+          np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+# slow tier; default representatives: test_prequantized_weights_are_each_layers_dense_kernel_as_its_dot_receives_it
+# and tests/test_prequantize.py (prequantized operands are the dot's own bits)
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["nvidia_nvfp4", "quartet2"])
+def test_prequantized_weights_change_how_not_what(recipe):
+  """``prequantize_weights``: the loss and every gradient are the same bits as the projections quantizing their
+  weights in the loop."""
+  pytest.importorskip("fp4jax.flax.linen")
+  config = m.model_config("100K", vocab_size=64, recipe=recipe, n_layers=3, bf16_first=1)
+  params = m.init_params(config, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
+  ahead = dataclasses.replace(config, prequantize_weights=True)
+
+  def value_and_grads(config):
+    loss = lambda p: jnp.mean(m.Llama(config).apply({"params": p}, tokens, rngs={"quant": jax.random.key(2)}) ** 2)
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+  for a, b in zip(jax.tree.leaves(value_and_grads(config)), jax.tree.leaves(value_and_grads(ahead))):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_prequantize_weights_leaves_a_recipe_it_refuses_in_the_loop():
+  pytest.importorskip("fp4jax.flax.linen")
+  config = m.model_config("100K", vocab_size=64, recipe="ms_fp4", n_layers=2, prequantize_weights=True)
+  params = m.init_params(config, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
+  seen = _dots_given_prequantized_weights(config, params, tokens)
+  assert len(seen) % 7 == 0 and seen and not any(seen)  # DGE reads W in the backward

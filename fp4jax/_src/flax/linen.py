@@ -58,11 +58,14 @@ class DotGeneral(nn.Module):
     recipe: a name from ``fp4jax.recipes.names()`` or a ``fp4jax.recipes.Recipe``.
     deterministic: evaluation mode; runs ``fp4jax.recipes.deterministic(recipe)`` and needs no "quant" stream.
     backend: quantizer implementation, ``fp4jax.dot_general``'s ``backend`` (default ``"auto"``; ``fp4jax.backends``).
+    rhs_prequantized: ``fp4jax.prequantize_weight`` of the kernel this dot receives (e.g. a layer loop's slice of
+      weights quantized for all layers before the loop), passed to ``fp4jax.dot_general``; None quantizes it here.
   """
 
   recipe: Any
   deterministic: bool = False
   backend: Backend = "auto"
+  rhs_prequantized: Any = None
 
   def __post_init__(self):
     ops.check_backend(self.backend, f"fp4jax.flax.linen.{type(self).__name__}")
@@ -80,6 +83,7 @@ class DotGeneral(nn.Module):
       precision=precision,
       preferred_element_type=preferred_element_type,
       backend=self.backend,
+      rhs_prequantized=self.rhs_prequantized,
     )
 
 

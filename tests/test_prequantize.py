@@ -1,0 +1,122 @@
+"""fp4jax.prequantize_weight: W quantized ahead of the dots that read it, the bits each dot would draw."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fp4jax
+from fp4jax._src import recipes
+from tests import numpy_reference as ref
+
+KEY = jax.random.key(0)
+DENSE = (((1,), (0,)), ((), ()))  # flax nn.Dense: x (tokens, in) . kernel (in, out)
+ACCEPTED = [n for n in recipes.names() if fp4jax.prequantize_refusal(n) is None]
+
+
+def _stack(layers: int, k: int, n: int) -> jax.Array:
+  return (jax.random.normal(jax.random.key(1), (layers, k, n)) / np.sqrt(k)).astype(jnp.bfloat16)
+
+
+def _value_and_grads(recipe, x, kernel, pre):
+  def loss(x, kernel):
+    y = fp4jax.dot_general(x, kernel, DENSE, recipe=recipe, key=KEY, rhs_prequantized=pre)
+    return jnp.sum(jnp.square(y.astype(jnp.float32)))
+
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, kernel)
+
+
+def test_the_accepted_recipes_are_those_whose_w_needs_no_key():
+  assert {"nvidia_nvfp4", "nvfp4_rtn", "quartet2"} <= set(ACCEPTED)
+  assert {"bf16", "ms_fp4", "quartet"}.isdisjoint(ACCEPTED)
+
+
+DEFAULT_TIER = ("nvidia_nvfp4", "nvfp4_rtn")  # W once, its 2D tiles reused by dgrad; W and Wᵀ each from the input
+
+
+@pytest.mark.parametrize(  # slow tier; default representatives: DEFAULT_TIER
+  "name", [n if n in DEFAULT_TIER else pytest.param(n, marks=pytest.mark.slow) for n in ACCEPTED]
+)
+def test_a_stack_prequantized_under_vmap_gives_each_layer_the_dots_own_bits(name):
+  """Each layer's slice of the vmapped prequantization: the same forward value and the same gradients of x and W,
+  bit for bit, as the dot quantizing that W itself (with the same key: the recipe's random operands are
+  unchanged)."""
+  m, k, n = (128, 128, 128) if name == "quartet2" else (32, 64, 48)  # Quartet II's backward RHT-128
+  kernels = _stack(3, k, n)
+  x = jax.random.normal(jax.random.key(2), (m, k)).astype(jnp.bfloat16)
+  stacked = jax.jit(jax.vmap(lambda w: fp4jax.prequantize_weight(w, DENSE, recipe=name)))(kernels)
+  assert stacked.fwd.values.shape == (3, 1, n, k)  # W as (batch, out, in), one per layer
+  for layer in (0, 2):
+    pre = jax.tree.map(lambda a: a[layer], stacked)
+    own = _value_and_grads(name, x, kernels[layer], None)
+    given = _value_and_grads(name, x, kernels[layer], pre)
+    for a, b in zip(jax.tree.leaves(own), jax.tree.leaves(given)):
+      np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_nvfp4_rtn_prequantizes_w_along_k_and_wt_along_n_as_the_numpy_reference():
+  """The oracle: TE-order NVFP4 1x16 (tests/numpy_reference.py) of W (out, in) for the forward and of Wᵀ (in, out)
+  for the data-gradient GEMM, each with its own tensor scale."""
+  kernel = _stack(1, 64, 48)[0]  # (in, out)
+  pre = fp4jax.prequantize_weight(kernel, DENSE, recipe="nvfp4_rtn")
+  w = np.asarray(kernel, np.float32).T  # (out, in)
+  np.testing.assert_array_equal(np.asarray(pre.fwd.dequantize())[0], ref.nvfp4_reference(w)[3])
+  np.testing.assert_array_equal(np.asarray(pre.dgrad.dequantize())[0], ref.nvfp4_reference(w.T)[3])  # (in, out)
+
+
+def test_nvidia_prequantizes_w_once_its_dgrad_reuses_the_forward_tiles():
+  pre = fp4jax.prequantize_weight(_stack(1, 64, 48)[0], DENSE, recipe="nvidia_nvfp4")
+  assert pre.dgrad is None and pre.recipe == "nvidia_nvfp4"
+
+
+def test_the_prequantized_w_is_not_differentiated():
+  kernel = _stack(1, 32, 32)[0]
+  grad = jax.grad(lambda w: jnp.sum(fp4jax.prequantize_weight(w, DENSE, recipe="nvfp4_rtn").fwd.dequantize()))(kernel)
+  np.testing.assert_array_equal(grad, np.zeros(kernel.shape))
+
+
+@pytest.mark.parametrize(
+  "recipe, why",
+  [
+    ("bf16", "does not quantize W"),
+    ("ms_fp4", "estimator is 'dge'"),
+    ("quartet", "estimator is 'trust_mask'"),
+    (
+      dataclasses.replace(
+        recipes.get("nvidia_nvfp4"), name="w_sr", fwd_rhs=recipes.OperandSpec(fmt=fp4jax.NVFP4, rounding="sr")
+      ),
+      "fwd_rhs quantizes W with rounding='sr'",
+    ),
+    (
+      dataclasses.replace(
+        recipes.get("nvfp4_rtn"),
+        name="wt_rht",
+        dgrad_lhs=recipes.OperandSpec(fmt=fp4jax.NVFP4, hadamard=16, signs="te"),
+        dgrad_rhs=recipes.OperandSpec(fmt=fp4jax.NVFP4, hadamard=16, signs="te"),
+      ),
+      "dgrad_rhs quantizes W with hadamard=16",
+    ),
+    (fp4jax.sharding.sharded("nvidia_nvfp4", "model", "outputs"), "sharded recipe"),
+  ],
+)
+def test_a_recipe_whose_w_needs_a_key_or_more_than_its_bits_is_refused_with_the_reason(recipe, why):
+  assert why in fp4jax.prequantize_refusal(recipe)
+  with pytest.raises(ValueError, match=f"fp4jax.prequantize_weight.*W cannot be quantized ahead.*{why}"):
+    fp4jax.prequantize_weight(jnp.ones((32, 32)), DENSE, recipe=recipe)
+
+
+def test_a_prequantized_w_of_another_shape_or_recipe_or_type_is_refused():
+  kernels = _stack(2, 32, 32)
+  x = jnp.ones((16, 32), jnp.bfloat16)
+  stacked = jax.vmap(lambda w: fp4jax.prequantize_weight(w, DENSE, recipe="nvidia_nvfp4"))(kernels)
+  with pytest.raises(ValueError, match=r"rhs_prequantized holds W as \(batch, out, in\) = \(2, 1, 32, 32\)"):
+    fp4jax.dot_general(x, kernels[0], DENSE, recipe="nvidia_nvfp4", key=KEY, rhs_prequantized=stacked)
+  rtn = fp4jax.prequantize_weight(kernels[0], DENSE, recipe="nvfp4_rtn")
+  with pytest.raises(ValueError, match="quantized for recipe 'nvfp4_rtn'"):
+    fp4jax.dot_general(x, kernels[0], DENSE, recipe="nvidia_nvfp4", key=KEY, rhs_prequantized=rtn)
+  with pytest.raises(TypeError, match="rhs_prequantized must be a PrequantizedWeight"):
+    fp4jax.dot_general(x, kernels[0], DENSE, recipe="nvidia_nvfp4", key=KEY, rhs_prequantized=rtn.fwd)
