@@ -1141,6 +1141,12 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     "none in BF16 blocks",
   )
   parser.add_argument(
+    "--prequantize-weights",
+    action="store_true",
+    help="FP4 blocks quantize their projection weights for all layers before the layer loop (same bits; recipes "
+    "whose weights need no random bits: nvidia_nvfp4, nvfp4_rtn, quartet2, FP8)",
+  )
+  parser.add_argument(
     "--quantizer-backend",
     default="auto",
     choices=list(model_lib.QUANTIZER_BACKENDS),
@@ -1169,12 +1175,16 @@ def execution_overrides(args: argparse.Namespace) -> dict:
     "scan_unroll": args.scan_unroll,
     "recompute": args.recompute,
     "quantizer_backend": args.quantizer_backend,
+    "prequantize_weights": args.prequantize_weights,
   }
 
 
 def execution_to_args(overrides: dict) -> list[str]:
   """The flags that :func:`execution_overrides` turns back into ``overrides``."""
-  return (["--remat"] if overrides.get("remat") else []) + [
+  flags = ["--remat"] * bool(overrides.get("remat")) + ["--prequantize-weights"] * bool(
+    overrides.get("prequantize_weights")
+  )
+  return flags + [
     "--scan-unroll",
     str(overrides.get("scan_unroll", "auto")),
     "--recompute",

@@ -164,14 +164,26 @@ def test_biggest_runs_start_first_and_share_a_device(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
   "overrides",
   [
-    {"remat": True, "scan_unroll": 6, "recompute": "norms", "quantizer_backend": "pallas"},
-    {"remat": False, "scan_unroll": 1, "recompute": "norms_swiglu", "quantizer_backend": "xla"},
-    {"remat": False, "scan_unroll": "auto", "recompute": "none", "quantizer_backend": "auto"},
+    {"remat": True, "scan_unroll": 6, "recompute": "norms", "quantizer_backend": "pallas", "prequantize_weights": True},
+    {
+      "remat": False,
+      "scan_unroll": 1,
+      "recompute": "norms_swiglu",
+      "quantizer_backend": "xla",
+      "prequantize_weights": False,
+    },
+    {
+      "remat": False,
+      "scan_unroll": "auto",
+      "recompute": "none",
+      "quantizer_backend": "auto",
+      "prequantize_weights": True,
+    },
   ],
 )
 def test_execution_flags_reach_the_training_command(tmp_path, overrides):
-  """The sweep's --remat/--scan-unroll/--recompute/--quantizer-backend reach each run's `experiments.train` command
-  intact."""
+  """The sweep's --remat/--scan-unroll/--recompute/--quantizer-backend/--prequantize-weights reach each run's
+  `experiments.train` command intact."""
   run = sweep.plan(BASE, ["100K"], [10], ["bf16"])[0]
   command = sweep.train_command(run, tmp_path, 3.0, None, execution=overrides, final_eval_batches=32)
   parser = argparse.ArgumentParser()
