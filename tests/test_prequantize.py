@@ -120,3 +120,19 @@ def test_a_prequantized_w_of_another_shape_or_recipe_or_type_is_refused():
     fp4jax.dot_general(x, kernels[0], DENSE, recipe="nvidia_nvfp4", key=KEY, rhs_prequantized=rtn)
   with pytest.raises(TypeError, match="rhs_prequantized must be a PrequantizedWeight"):
     fp4jax.dot_general(x, kernels[0], DENSE, recipe="nvidia_nvfp4", key=KEY, rhs_prequantized=rtn.fwd)
+
+
+@pytest.mark.parametrize("name", ["nvidia_nvfp4", "nvfp4_rtn"])
+def test_the_kernels_prequantize_a_stack_under_vmap_with_xlas_bits(name):
+  """``backend="pallas"`` (Pallas interpret mode off a GPU): the quantize kernel batched by ``jax.vmap`` over the
+  layers, the bits of XLA's quantizers (16x16 tiles for nvidia_nvfp4; W and Wᵀ 1x16 for nvfp4_rtn)."""
+  pytest.importorskip("fp4jax_kernels")
+  kernels = _stack(2, 128, 64)
+  by = {
+    backend: jax.jit(jax.vmap(lambda w, b=backend: fp4jax.prequantize_weight(w, DENSE, recipe=name, backend=b)))(
+      kernels
+    )
+    for backend in ("xla", "pallas")
+  }
+  for a, b in zip(jax.tree.leaves(by["xla"]), jax.tree.leaves(by["pallas"])):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
