@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu_suite.sh overlap   # 2 GPUs: weak scaling with the gradient all-reduce overlapped (XLA flags)
 #   bash benchmarks/gpu_suite.sh unroll    # 1 GPU: a step with its FP4 blocks unrolled against the loop (MODEL: 30M, 125M)
 #   bash benchmarks/gpu_suite.sh prequantize  # 1 GPU: ModelConfig.prequantize_weights: the same bits, the 125M step
+#                                          # (RECIPES, UNROLLED=1: also unrolled, BITS=0: no bit check)
 #   bash benchmarks/gpu_suite.sh compile   # 1 GPU: where the 125M step's compile time goes, FP4 blocks in the loop and
 #                                          # unrolled (RECIPE, default nvidia_nvfp4)
 #   bash benchmarks/gpu_suite.sh deterministic  # 2-4 GPUs: --deterministic, bit-identical losses (one process and
@@ -162,14 +163,22 @@ case "${1:-}" in
     ;;
   prequantize)
     # The FP4 stacks' projection weights quantized for all layers before the layer loop (ModelConfig.
-    # prequantize_weights) against in the loop: the same loss and gradients bit for bit with the kernels on (the slow
-    # model test, on this GPU), then the 125M step of nvidia_nvfp4 and quartet2 side by side, profiled
-    timeout 240 python -m pytest -q -m "slow or not slow" -p no:cacheprovider tests/experiments/test_exp_model.py \
-      -k change_how_not_what > "$OUT/prequantize_bits.log" 2>&1
-    timeout 420 python benchmarks/train_throughput.py --model 125M --devices 1 --recipes nvidia_nvfp4,quartet2 \
-      --rounds 2 --steps 8 --max-compile-s 120 --profile /tmp/prof_prequantize \
-      --experiments-variants '{"experiments": {}, "prequantized": {"prequantize_weights": true}}' \
-      --out "$OUT/train_throughput_125M_prequantized.json" > "$OUT/train_throughput_125M_prequantized.log" 2>&1
+    # prequantize_weights) against in the loop, 125M: the same loss and gradients bit for bit with the kernels on (the
+    # slow model test on this GPU; BITS=0 skips it), then the step side by side for RECIPES (default nvidia_nvfp4),
+    # with UNROLLED=1 also prequantized and unrolled (the weights' XLA quantizers are most of an FP4 block's ops: does
+    # the unrolled step then compile in time?)
+    if [ "${BITS:-1}" != 0 ]; then
+      timeout 240 python -m pytest -q -m "slow or not slow" -p no:cacheprovider tests/experiments/test_exp_model.py \
+        -k change_how_not_what > "$OUT/prequantize_bits.log" 2>&1
+    fi
+    recipes=${RECIPES:-nvidia_nvfp4}
+    variants='{"experiments": {}, "prequantized": {"prequantize_weights": true}'
+    [ "${UNROLLED:-0}" = 0 ] || variants+=', "prequantized_unrolled": {"prequantize_weights": true, "scan_unroll": 12}'
+    variants+="}"
+    name="train_throughput_125M_prequantized_${recipes//,/_}"
+    timeout 420 python benchmarks/train_throughput.py --model 125M --devices 1 --recipes "$recipes" --rounds 2 \
+      --steps 8 --max-compile-s 240 --profile "/tmp/prof_$name" --experiments-variants "$variants" \
+      --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
     ;;
   compile)
     # XLA's passes and kernel-module compiles, by host time, for the step with its 12 FP4 blocks in the layer loop and

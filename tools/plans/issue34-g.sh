@@ -7,11 +7,11 @@
 # compile and evaluations.
 # gpu0: quartet2 seed 0 (about 22 minutes).
 # gpu1: ms_fp4 seed 0 (about 19 minutes).
-# gpu2: nvidia_nvfp4 seed 0 (about 16 minutes), then issue 31's prequantize probe (the projection weights quantized
-#   for all layers before the loop: the same bits on the GPU, then the 125M step of nvidia_nvfp4 and quartet2 side by
-#   side; about 6 minutes).
-# gpu3: issue 31's partial-unroll probe (nvidia_nvfp4's 125M step at 2, 3 and 4 blocks per loop iteration beside the
-#   loop: step and compile time, about 6 minutes), then bf16 seeds 1 and 2 (about 8 minutes each).
+# gpu2: nvidia_nvfp4 seed 0 (about 16 minutes), then issue 31's prequantize probe: the same bits on the GPU, then
+#   nvidia_nvfp4's 125M step with its projection weights quantized in the loop, before it, and before it unrolled
+#   (compile time: the weights' XLA quantizers are most of an FP4 block's ops; about 6 minutes).
+# gpu3: issue 31's probes: quartet2's 125M step with prequantized weights (about 3 minutes) and nvidia_nvfp4's at 2 and
+#   4 blocks per loop iteration beside the loop (about 4 minutes); then bf16 seeds 1 and 2 (about 8 minutes each).
 set -u -o pipefail
 source tools/plans/lease_lib.sh
 case ${1:-} in
@@ -19,10 +19,12 @@ case ${1:-} in
   gpu1) lease_sweep ms30r25 --sizes 30M --ratios 25 --recipes ms_fp4 --seeds 0 --devices 1 ;;
   gpu2)
     lease_sweep nv30r25 --sizes 30M --ratios 25 --recipes nvidia_nvfp4 --seeds 0 --devices 2
-    CUDA_VISIBLE_DEVICES=2 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 bash benchmarks/gpu_suite.sh prequantize
+    CUDA_VISIBLE_DEVICES=2 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 UNROLLED=1 bash benchmarks/gpu_suite.sh prequantize
     ;;
   gpu3)
-    CUDA_VISIBLE_DEVICES=3 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 MODEL=125M UNROLLS="2 3 4" \
+    CUDA_VISIBLE_DEVICES=3 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 RECIPES=quartet2 BITS=0 \
+      bash benchmarks/gpu_suite.sh prequantize
+    CUDA_VISIBLE_DEVICES=3 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 MODEL=125M UNROLLS="2 4" \
       bash benchmarks/gpu_suite.sh unroll
     lease_sweep bf30r25 --sizes 30M --ratios 25 --recipes bf16 --seeds 1 2 --devices 3
     ;;
