@@ -109,7 +109,7 @@ def test_a_recipe_whose_w_needs_a_key_or_more_than_its_bits_is_refused_with_the_
     fp4jax.prequantize_weight(jnp.ones((32, 32)), DENSE, recipe=recipe)
 
 
-def test_a_prequantized_w_of_another_shape_or_recipe_or_type_is_refused():
+def test_a_prequantized_w_of_another_shape_recipe_dtype_or_type_is_refused():
   kernels = _stack(2, 32, 32)
   x = jnp.ones((16, 32), jnp.bfloat16)
   stacked = jax.vmap(lambda w: fp4jax.prequantize_weight(w, DENSE, recipe="nvidia_nvfp4"))(kernels)
@@ -118,6 +118,8 @@ def test_a_prequantized_w_of_another_shape_or_recipe_or_type_is_refused():
   rtn = fp4jax.prequantize_weight(kernels[0], DENSE, recipe="nvfp4_rtn")
   with pytest.raises(ValueError, match="quantized for recipe 'nvfp4_rtn'"):
     fp4jax.dot_general(x, kernels[0], DENSE, recipe="nvidia_nvfp4", key=KEY, rhs_prequantized=rtn)
+  with pytest.raises(ValueError, match="quantized from a bfloat16 rhs, this dot's rhs is float32"):
+    fp4jax.dot_general(x, kernels[0].astype(jnp.float32), DENSE, recipe="nvfp4_rtn", key=KEY, rhs_prequantized=rtn)
   with pytest.raises(TypeError, match="rhs_prequantized must be a PrequantizedWeight"):
     fp4jax.dot_general(x, kernels[0], DENSE, recipe="nvidia_nvfp4", key=KEY, rhs_prequantized=rtn.fwd)
 

@@ -207,7 +207,9 @@ class _Static:
   k: int | None = None  # K of the canonical X (B, M, K) and W (B, N, K), to crop ``_pad_chunks``; None: no crop
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=("fwd", "dgrad"), meta_fields=("recipe", "specs"))
+@functools.partial(
+  jax.tree_util.register_dataclass, data_fields=("fwd", "dgrad"), meta_fields=("recipe", "specs", "dtype")
+)
 @dataclasses.dataclass(frozen=True)
 class PrequantizedWeight:
   """A weight-like ``rhs`` quantized ahead of the ``dot_general`` calls that use it (``prequantize_weight``).
@@ -221,12 +223,15 @@ class PrequantizedWeight:
       that GEMM reuses ``fwd`` (``source="forward"``).
     recipe: the name of the recipe it was quantized for (messages only).
     specs: ``(recipe.fwd_rhs, recipe.dgrad_rhs)``: a dot whose recipe quantizes W otherwise refuses it.
+    dtype: the dtype of the ``rhs`` it was quantized from: a dot receiving ``rhs`` in another dtype (whose
+      quantization could round differently) refuses it.
   """
 
   fwd: Operand
   dgrad: Operand | None
   recipe: str
   specs: tuple
+  dtype: str
 
 
 def prequantize_refusal(recipe: str | Recipe) -> str | None:
@@ -322,7 +327,7 @@ def prequantize_weight(
   dgrad = None
   if r.dgrad_rhs.source == "input":
     dgrad = _quantize_operand(static, "dgrad_rhs", w, None, None, transposed=True).operand
-  return PrequantizedWeight(fwd, dgrad, r.name, (r.fwd_rhs, r.dgrad_rhs))
+  return PrequantizedWeight(fwd, dgrad, r.name, (r.fwd_rhs, r.dgrad_rhs), jnp.dtype(rhs.dtype).name)
 
 
 def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, keys, signs, transposed=(False, False)) -> list[_Quantized]:
@@ -574,7 +579,7 @@ def _dot_general(
   out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
   static = _Static(recipe, precision, backend, out_dtype, lhs.dtype, rhs.dtype, canon.bmk[2])
   if pre is not None:
-    _check_prequantized(pre, recipe, canon.bnk, fn)
+    _check_prequantized(pre, recipe, canon.bnk, rhs.dtype, fn)
   x = jnp.transpose(lhs, canon.lhs_perm).reshape(canon.bmk)
   w = jnp.transpose(rhs, canon.rhs_perm).reshape(canon.bnk)
   if backend == "pallas" and pre is None:
@@ -582,14 +587,19 @@ def _dot_general(
   return _qdot(static, x, w, key, pre).reshape(canon.out_shape)
 
 
-def _check_prequantized(pre, recipe: Recipe, bnk: tuple[int, int, int], fn: str) -> None:
-  """``rhs_prequantized`` is a ``PrequantizedWeight`` of this dot's W: its canonical shape and W specs."""
+def _check_prequantized(pre, recipe: Recipe, bnk: tuple[int, int, int], dtype, fn: str) -> None:
+  """``rhs_prequantized`` is a ``PrequantizedWeight`` of this dot's W: its canonical shape, dtype and W specs."""
   if not isinstance(pre, PrequantizedWeight):
     raise TypeError(f"{fn}: rhs_prequantized must be a PrequantizedWeight (prequantize_weight), got {type(pre)}")
   if pre.specs != (recipe.fwd_rhs, recipe.dgrad_rhs):
     raise ValueError(
       f"{fn}(recipe={recipe.name!r}): rhs_prequantized was quantized for recipe {pre.recipe!r}, whose W operands "
       "differ from this recipe's; prequantize with this dot's recipe"
+    )
+  if pre.dtype != jnp.dtype(dtype).name:
+    raise ValueError(
+      f"{fn}: rhs_prequantized was quantized from a {pre.dtype} rhs, this dot's rhs is {jnp.dtype(dtype).name}; "
+      "prequantize the rhs in the dtype the dot receives (e.g. a Flax Dense's kernel after its promotion to dtype)"
     )
   if pre.fwd.values.shape != bnk:
     raise ValueError(
