@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -31,11 +32,12 @@ def _value_and_grads(recipe, x, kernel, pre):
 
 
 def test_the_accepted_recipes_are_those_whose_w_needs_no_key():
-  assert {"nvidia_nvfp4", "nvfp4_rtn", "quartet2"} <= set(ACCEPTED)
-  assert {"bf16", "ms_fp4", "quartet"}.isdisjoint(ACCEPTED)
+  assert {"nvidia_nvfp4", "nvfp4_rtn", "quartet", "quartet2"} <= set(ACCEPTED)
+  assert {"bf16", "ms_fp4"}.isdisjoint(ACCEPTED)
 
 
-DEFAULT_TIER = ("nvidia_nvfp4", "nvfp4_rtn")  # W once, its 2D tiles reused by dgrad; W and Wᵀ each from the input
+# W once, its 2D tiles reused by dgrad; W and Wᵀ each from the input; W rotated, with QuEST's trust mask
+DEFAULT_TIER = ("nvidia_nvfp4", "nvfp4_rtn", "quartet")
 
 
 @pytest.mark.parametrize(  # slow tier; default representatives: DEFAULT_TIER
@@ -45,11 +47,13 @@ def test_a_stack_prequantized_under_vmap_gives_each_layer_the_dots_own_bits(name
   """Each layer's slice of the vmapped prequantization: the same forward value and the same gradients of x and W,
   bit for bit, as the dot quantizing that W itself (with the same key: the recipe's random operands are
   unchanged)."""
-  m, k, n = (128, 128, 128) if name == "quartet2" else (32, 64, 48)  # Quartet II's backward RHT-128
+  # Quartet II's backward RHT-128; quartet: K = 80 is zero-padded to three 32-point Hadamard chunks
+  m, k, n = {"quartet2": (128, 128, 128), "quartet": (64, 80, 64)}.get(name, (32, 64, 48))
   kernels = _stack(3, k, n)
   x = jax.random.normal(jax.random.key(2), (m, k)).astype(jnp.bfloat16)
   stacked = jax.jit(jax.vmap(lambda w: fp4jax.prequantize_weight(w, DENSE, recipe=name)))(kernels)
-  assert stacked.fwd.values.shape == (3, 1, n, k)  # W as (batch, out, in), one per layer
+  padded = k + -k % (recipes.get(name).fwd_rhs.hadamard or 1)
+  assert stacked.fwd.values.shape == (3, 1, n, padded)  # W as (batch, out, in), one per layer
   for layer in (0, 2):
     pre = jax.tree.map(lambda a: a[layer], stacked)
     own = _value_and_grads(name, x, kernels[layer], None)
@@ -83,8 +87,7 @@ def test_the_prequantized_w_is_not_differentiated():
   "recipe, why",
   [
     ("bf16", "does not quantize W"),
-    ("ms_fp4", "estimator is 'dge'"),
-    ("quartet", "estimator is 'trust_mask'"),
+    ("ms_fp4", "estimator is 'dge' (its backward reads W itself)"),
     (
       dataclasses.replace(
         recipes.get("nvidia_nvfp4"), name="w_sr", fwd_rhs=recipes.OperandSpec(fmt=fp4jax.NVFP4, rounding="sr")
@@ -94,18 +97,18 @@ def test_the_prequantized_w_is_not_differentiated():
     (
       dataclasses.replace(
         recipes.get("nvfp4_rtn"),
-        name="wt_rht",
-        dgrad_lhs=recipes.OperandSpec(fmt=fp4jax.NVFP4, hadamard=16, signs="te"),
-        dgrad_rhs=recipes.OperandSpec(fmt=fp4jax.NVFP4, hadamard=16, signs="te"),
+        name="w_random_signs",
+        fwd_lhs=recipes.OperandSpec(fmt=fp4jax.NVFP4, hadamard=16, signs="random"),
+        fwd_rhs=recipes.OperandSpec(fmt=fp4jax.NVFP4, hadamard=16, signs="random"),
       ),
-      "dgrad_rhs quantizes W with hadamard=16",
+      "fwd_rhs quantizes W with signs='random'",
     ),
     (fp4jax.sharding.sharded("nvidia_nvfp4", "model", "outputs"), "sharded recipe"),
   ],
 )
 def test_a_recipe_whose_w_needs_a_key_or_more_than_its_bits_is_refused_with_the_reason(recipe, why):
   assert why in fp4jax.prequantize_refusal(recipe)
-  with pytest.raises(ValueError, match=f"fp4jax.prequantize_weight.*W cannot be quantized ahead.*{why}"):
+  with pytest.raises(ValueError, match=f"fp4jax.prequantize_weight.*W cannot be quantized ahead.*{re.escape(why)}"):
     fp4jax.prequantize_weight(jnp.ones((32, 32)), DENSE, recipe=recipe)
 
 
@@ -137,4 +140,17 @@ def test_the_kernels_prequantize_a_stack_under_vmap_with_xlas_bits(name):
     for backend in ("xla", "pallas")
   }
   for a, b in zip(jax.tree.leaves(by["xla"]), jax.tree.leaves(by["pallas"])):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+@pytest.mark.parametrize("signs", ["te", pytest.param("fixed", marks=pytest.mark.slow)])  # slow tier: default [te]
+def test_a_w_rotated_with_signs_that_are_not_drawn_is_prequantized_with_them(signs):
+  """A forward Hadamard with TE's or the fixed sign vector: W prequantized with the signs its dot applies."""
+  rotated = recipes.OperandSpec(fmt=fp4jax.NVFP4, hadamard=16, signs=signs)
+  recipe = dataclasses.replace(recipes.get("nvfp4_rtn"), name=f"w_rht_{signs}", fwd_lhs=rotated, fwd_rhs=rotated)
+  kernel = _stack(1, 64, 48)[0]
+  x = jax.random.normal(jax.random.key(2), (32, 64)).astype(jnp.bfloat16)
+  pre = fp4jax.prequantize_weight(kernel, DENSE, recipe=recipe)
+  own, given = (_value_and_grads(recipe, x, kernel, p) for p in (None, pre))
+  for a, b in zip(jax.tree.leaves(own), jax.tree.leaves(given)):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))

@@ -208,7 +208,7 @@ class _Static:
 
 
 @functools.partial(
-  jax.tree_util.register_dataclass, data_fields=("fwd", "dgrad"), meta_fields=("recipe", "specs", "dtype")
+  jax.tree_util.register_dataclass, data_fields=("fwd", "mask", "dgrad"), meta_fields=("recipe", "specs", "dtype")
 )
 @dataclasses.dataclass(frozen=True)
 class PrequantizedWeight:
@@ -218,7 +218,8 @@ class PrequantizedWeight:
   array, which ``jax.lax.scan`` slices per layer.
 
   Attributes:
-    fwd: W (B, N, K) quantized for the forward GEMM (``recipe.fwd_rhs``).
+    fwd: W (B, N, K) quantized for the forward GEMM (``recipe.fwd_rhs``; K zero-padded to whole Hadamard chunks).
+    mask: its trust mask (``estimator="trust_mask"``, QuEST), else None.
     dgrad: Wᵀ quantized for the data-gradient GEMM (``recipe.dgrad_rhs``, quantized from the input), or None where
       that GEMM reuses ``fwd`` (``source="forward"``).
     recipe: the name of the recipe it was quantized for (messages only).
@@ -228,6 +229,7 @@ class PrequantizedWeight:
   """
 
   fwd: Operand
+  mask: jax.Array | None
   dgrad: Operand | None
   recipe: str
   specs: tuple
@@ -239,10 +241,11 @@ def prequantize_refusal(recipe: str | Recipe) -> str | None:
 
   Prequantized W must be the bits each call would draw, whatever key it gets and however the weights are batched:
   W quantized in the forward (and, from the input, in the data-gradient GEMM) by round-to-nearest with one tensor
-  amax, no Hadamard and no clipping (no random bits; the quantizers' sums, such as Four Over Six's block errors, are
-  in an order fp4jax fixes, which ``jax.vmap`` does not change), a straight-through W gradient (the trust mask and
-  DGE read more of W), and one device's tensor (not ``fp4jax.sharding``'s slices, whose amax is a collective). A
-  backward GEMM that re-quantizes the forward-quantized W (``source="forward"``) does so in the call, with its key.
+  amax, Hadamard signs that are not drawn (none, TE's or the fixed vector) and no clipping (no random bits; the
+  quantizers' sums, such as Four Over Six's block errors or QuEST's block deviations, are in an order fp4jax fixes,
+  which ``jax.vmap`` does not change), a straight-through or trust-mask W gradient (DGE reads W itself in the
+  backward), and one device's tensor (not ``fp4jax.sharding``'s slices, whose amax is a collective). A backward GEMM
+  that re-quantizes the forward-quantized W (``source="forward"``) does so in the call, with its key.
 
   Args:
     recipe: a ``Recipe`` or registered name.
@@ -255,22 +258,21 @@ def prequantize_refusal(recipe: str | Recipe) -> str | None:
     return "a sharded recipe quantizes W's slices with a collective amax"
   if r.fwd_rhs.fmt is None:
     return "its forward GEMM does not quantize W"
-  if r.fwd_rhs.estimator != "ste":
-    return f"W's estimator is {r.fwd_rhs.estimator!r} (it reads more of W than its quantized values)"
+  if r.fwd_rhs.estimator == "dge":
+    return "W's estimator is 'dge' (its backward reads W itself)"
   specs = [("fwd_rhs", r.fwd_rhs)] + ([("dgrad_rhs", r.dgrad_rhs)] if r.dgrad_rhs.source == "input" else [])
   for name, spec in specs:
     if spec.fmt is None:
       return f"{name} uses W unquantized"
     why = [
       f"rounding={spec.rounding!r}" * (spec.rounding != "rtn"),
-      f"hadamard={spec.hadamard}" * bool(spec.hadamard),
+      f"signs={spec.signs!r}" * (bool(spec.hadamard) and spec.signs == "random"),
       f"clip={spec.clip!r}" * (spec.clip != "none"),
       f"amax={spec.amax!r}" * (spec.amax != "tensor"),
     ]
     if any(why):
-      return (
-        f"{name} quantizes W with {', '.join(w for w in why if w)} (prequantized W needs rtn, no Hadamard, no clip)"
-      )
+      reason = ", ".join(w for w in why if w)
+      return f"{name} quantizes W with {reason} (prequantized W needs rtn, signs not drawn, no clip, a tensor amax)"
   return None
 
 
@@ -323,11 +325,11 @@ def prequantize_weight(
   perm, bnk = _rhs_canonical(rhs.shape, dimension_numbers)
   w = jnp.transpose(rhs, perm).reshape(bnk)
   static = _Static(r, None, backend, rhs.dtype, rhs.dtype, rhs.dtype, bnk[2])
-  fwd = _quantize_operand(static, "fwd_rhs", w, None, None).operand
+  fwd, mask = _quantize_operand(static, "fwd_rhs", w, None, r.fwd_lhs.sign_vector(None))  # signs not drawn
   dgrad = None
   if r.dgrad_rhs.source == "input":
-    dgrad = _quantize_operand(static, "dgrad_rhs", w, None, None, transposed=True).operand
-  return PrequantizedWeight(fwd, dgrad, r.name, (r.fwd_rhs, r.dgrad_rhs), jnp.dtype(rhs.dtype).name)
+    dgrad = _quantize_operand(static, "dgrad_rhs", w, None, r.dgrad_lhs.sign_vector(None), transposed=True).operand
+  return PrequantizedWeight(fwd, mask, dgrad, r.name, (r.fwd_rhs, r.dgrad_rhs), jnp.dtype(rhs.dtype).name)
 
 
 def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, keys, signs, transposed=(False, False)) -> list[_Quantized]:
@@ -434,8 +436,8 @@ def _qdot_fwd(
   x_both = w_both = None
   if for_backward and keep_x:
     x_both = _quantize_both(static, x, keys, "fwd_lhs", "wgrad_rhs", signs, r.wgrad_lhs.sign_vector(bwd_key))
-  if pre is not None:  # prequantize_refusal: the forward operand's estimator is ste, so W is kept only for dgrad
-    w_both = _Both(_Quantized(pre.fwd, None), _Quantized(pre.dgrad, None))
+  if pre is not None:  # prequantize_refusal: the forward estimator is not DGE, so W is kept only for dgrad
+    w_both = _Both(_Quantized(pre.fwd, pre.mask), _Quantized(pre.dgrad, None))
   elif for_backward and r.dgrad_rhs.source == "input" and r.fwd_rhs.estimator != "dge":  # DGE's backward reads W
     w_both = _quantize_both(static, w, keys, "fwd_rhs", "dgrad_rhs", signs, r.dgrad_lhs.sign_vector(bwd_key))
   fx, fw = _quantize_gemm(
@@ -601,9 +603,11 @@ def _check_prequantized(pre, recipe: Recipe, bnk: tuple[int, int, int], dtype, f
       f"{fn}: rhs_prequantized was quantized from a {pre.dtype} rhs, this dot's rhs is {jnp.dtype(dtype).name}; "
       "prequantize the rhs in the dtype the dot receives (e.g. a Flax Dense's kernel after its promotion to dtype)"
     )
-  if pre.fwd.values.shape != bnk:
+  d = recipe.fwd_rhs.hadamard
+  padded = (*bnk[:2], bnk[2] + (-bnk[2] % d if d else 0))  # _pad_chunks: K to whole Hadamard chunks
+  if pre.fwd.values.shape != padded:
     raise ValueError(
-      f"{fn}: rhs_prequantized holds W as (batch, out, in) = {pre.fwd.values.shape}, this dot's rhs is {bnk}; "
+      f"{fn}: rhs_prequantized holds W as (batch, out, in) = {pre.fwd.values.shape}, this dot's rhs is {padded}; "
       "prequantize this rhs with these dimension_numbers (a stacked PrequantizedWeight is sliced per call, e.g. by "
       "jax.lax.scan)"
     )

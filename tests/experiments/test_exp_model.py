@@ -373,7 +373,7 @@ def test_prequantized_weights_are_each_layers_dense_kernel_as_its_dot_receives_i
 # slow tier; default representatives: test_prequantized_weights_are_each_layers_dense_kernel_as_its_dot_receives_it
 # and tests/test_prequantize.py (prequantized operands are the dot's own bits)
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["nvidia_nvfp4", "quartet2"])
+@pytest.mark.parametrize("recipe", ["nvidia_nvfp4", "quartet", "quartet2"])
 def test_prequantized_weights_change_how_not_what(recipe):
   """``prequantize_weights``: the loss and every gradient are the same bits as the projections quantizing their
   weights in the loop."""
