@@ -7,11 +7,12 @@
 # compile and evaluations.
 # gpu0: quartet2 seed 0 (about 22 minutes).
 # gpu1: ms_fp4 seed 0 (about 19 minutes).
-# gpu2: nvidia_nvfp4 seed 0 (about 16 minutes), then issue 31's prequantize probe: the same bits on the GPU, then
-#   nvidia_nvfp4's 125M step with its projection weights quantized in the loop, before it, and before it unrolled
-#   (compile time: the weights' XLA quantizers are most of an FP4 block's ops; about 6 minutes).
-# gpu3: issue 31's probes: quartet2's 125M step with prequantized weights (about 3 minutes) and nvidia_nvfp4's at 2 and
-#   4 blocks per loop iteration beside the loop (about 4 minutes); then bf16 seeds 1 and 2 (about 8 minutes each).
+# gpu2: nvidia_nvfp4 seed 0 (about 16 minutes), then issue 31's prequantize probe: nvidia_nvfp4's 125M step with its
+#   projection weights quantized in the loop, before it, and before it unrolled (compile time: the weights' XLA
+#   quantizers are most of an FP4 block's ops; about 6 minutes).
+# gpu3: issue 31's checks first: prequantized weights give the same loss and gradients on the GPU (the slow model test:
+#   nvidia_nvfp4, quartet, quartet2; about 4 minutes), quartet2's and quartet's 125M step with them (about 5 minutes);
+#   then bf16 seeds 1 and 2 (about 8 minutes each; the lease's end may cut seed 2).
 set -u -o pipefail
 source tools/plans/lease_lib.sh
 case ${1:-} in
@@ -19,13 +20,12 @@ case ${1:-} in
   gpu1) lease_sweep ms30r25 --sizes 30M --ratios 25 --recipes ms_fp4 --seeds 0 --devices 1 ;;
   gpu2)
     lease_sweep nv30r25 --sizes 30M --ratios 25 --recipes nvidia_nvfp4 --seeds 0 --devices 2
-    CUDA_VISIBLE_DEVICES=2 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 UNROLLED=1 bash benchmarks/gpu_suite.sh prequantize
+    CUDA_VISIBLE_DEVICES=2 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 UNROLLED=1 BITS=0 \
+      bash benchmarks/gpu_suite.sh prequantize
     ;;
   gpu3)
-    CUDA_VISIBLE_DEVICES=3 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 RECIPES=quartet2 BITS=0 \
+    CUDA_VISIBLE_DEVICES=3 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 RECIPES=quartet2,quartet \
       bash benchmarks/gpu_suite.sh prequantize
-    CUDA_VISIBLE_DEVICES=3 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 MODEL=125M UNROLLS="2 4" \
-      bash benchmarks/gpu_suite.sh unroll
     lease_sweep bf30r25 --sizes 30M --ratios 25 --recipes bf16 --seeds 1 2 --devices 3
     ;;
   *) echo "issue34-g.sh: say gpu0, gpu1, gpu2 or gpu3, got '${1:-}'" >&2; exit 2 ;;
