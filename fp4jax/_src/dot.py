@@ -221,7 +221,8 @@ class PrequantizedWeight:
     fwd: W (B, N, K) quantized for the forward GEMM (``recipe.fwd_rhs``; K zero-padded to whole Hadamard chunks).
     mask: its trust mask (``estimator="trust_mask"``, QuEST), else None.
     dgrad: Wᵀ quantized for the data-gradient GEMM (``recipe.dgrad_rhs``, quantized from the input), or None where
-      that GEMM reuses ``fwd`` (``source="forward"``).
+      that GEMM reuses ``fwd`` (``source="forward"``) or W's estimator is DGE (whose backward reads W itself, as the
+      dot receives it).
     recipe: the name of the recipe it was quantized for (messages only).
     specs: ``(recipe.fwd_rhs, recipe.dgrad_rhs)``: a dot whose recipe quantizes W otherwise refuses it.
     dtype: the dtype of the ``rhs`` it was quantized from: a dot receiving ``rhs`` in another dtype (whose
@@ -243,9 +244,9 @@ def prequantize_refusal(recipe: str | Recipe) -> str | None:
   W quantized in the forward (and, from the input, in the data-gradient GEMM) by round-to-nearest with one tensor
   amax, Hadamard signs that are not drawn (none, TE's or the fixed vector) and no clipping (no random bits; the
   quantizers' sums, such as Four Over Six's block errors or QuEST's block deviations, are in an order fp4jax fixes,
-  which ``jax.vmap`` does not change), a straight-through or trust-mask W gradient (DGE reads W itself in the
-  backward), and one device's tensor (not ``fp4jax.sharding``'s slices, whose amax is a collective). A backward GEMM
-  that re-quantizes the forward-quantized W (``source="forward"``) does so in the call, with its key.
+  which ``jax.vmap`` does not change), and one device's tensor (not ``fp4jax.sharding``'s slices, whose amax is a
+  collective). A backward GEMM that re-quantizes the forward-quantized W (``source="forward"``) does so in the call,
+  with its key; DGE's backward reads W itself, as the dot receives it.
 
   Args:
     recipe: a ``Recipe`` or registered name.
@@ -258,8 +259,6 @@ def prequantize_refusal(recipe: str | Recipe) -> str | None:
     return "a sharded recipe quantizes W's slices with a collective amax"
   if r.fwd_rhs.fmt is None:
     return "its forward GEMM does not quantize W"
-  if r.fwd_rhs.estimator == "dge":
-    return "W's estimator is 'dge' (its backward reads W itself)"
   specs = [("fwd_rhs", r.fwd_rhs)] + ([("dgrad_rhs", r.dgrad_rhs)] if r.dgrad_rhs.source == "input" else [])
   for name, spec in specs:
     if spec.fmt is None:
@@ -327,7 +326,7 @@ def prequantize_weight(
   static = _Static(r, None, backend, rhs.dtype, rhs.dtype, rhs.dtype, bnk[2])
   fwd, mask = _quantize_operand(static, "fwd_rhs", w, None, r.fwd_lhs.sign_vector(None))  # signs not drawn
   dgrad = None
-  if r.dgrad_rhs.source == "input":
+  if r.dgrad_rhs.source == "input" and r.fwd_rhs.estimator != "dge":  # DGE's dot keeps W and quantizes it there
     dgrad = _quantize_operand(static, "dgrad_rhs", w, None, r.dgrad_lhs.sign_vector(None), transposed=True).operand
   return PrequantizedWeight(fwd, mask, dgrad, r.name, (r.fwd_rhs, r.dgrad_rhs), jnp.dtype(rhs.dtype).name)
 
@@ -436,7 +435,7 @@ def _qdot_fwd(
   x_both = w_both = None
   if for_backward and keep_x:
     x_both = _quantize_both(static, x, keys, "fwd_lhs", "wgrad_rhs", signs, r.wgrad_lhs.sign_vector(bwd_key))
-  if pre is not None:  # prequantize_refusal: the forward estimator is not DGE, so W is kept only for dgrad
+  if pre is not None:  # DGE's backward reads W itself (the residual below), not these
     w_both = _Both(_Quantized(pre.fwd, pre.mask), _Quantized(pre.dgrad, None))
   elif for_backward and r.dgrad_rhs.source == "input" and r.fwd_rhs.estimator != "dge":  # DGE's backward reads W
     w_both = _quantize_both(static, w, keys, "fwd_rhs", "dgrad_rhs", signs, r.dgrad_lhs.sign_vector(bwd_key))
@@ -453,7 +452,7 @@ def _qdot_fwd(
   y = matmul(fx.operand, fw.operand, static.precision).astype(static.out_dtype)
   res = _Residuals(
     x=(x if x_both is None else x_both.cols.operand) if keep_x else None,
-    w=(w if w_both is None else w_both.cols.operand) if keep_w else None,
+    w=(w if w_both is None or r.fwd_rhs.estimator == "dge" else w_both.cols.operand) if keep_w else None,
     xq=None if keep_x else fx.operand,
     wq=fw.operand if r.dgrad_rhs.source == "forward" else None,
     mask_x=mask_x,

@@ -373,7 +373,7 @@ def test_prequantized_weights_are_each_layers_dense_kernel_as_its_dot_receives_i
 # slow tier; default representatives: test_prequantized_weights_are_each_layers_dense_kernel_as_its_dot_receives_it
 # and tests/test_prequantize.py (prequantized operands are the dot's own bits)
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["nvidia_nvfp4", "quartet", "quartet2"])
+@pytest.mark.parametrize("recipe", ["nvidia_nvfp4", "quartet", "quartet2", "ms_fp4"])
 def test_prequantized_weights_change_how_not_what(recipe):
   """``prequantize_weights``: the loss and every gradient are the same bits as the projections quantizing their
   weights in the loop."""
@@ -391,10 +391,15 @@ def test_prequantized_weights_change_how_not_what(recipe):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.usefixtures("published_recipes_only")
 def test_prequantize_weights_leaves_a_recipe_it_refuses_in_the_loop():
   pytest.importorskip("fp4jax.flax.linen")
-  config = m.model_config("100K", vocab_size=64, recipe="ms_fp4", n_layers=2, prequantize_weights=True)
+  rotated = fp4jax.recipes.OperandSpec(fmt=fp4jax.NVFP4, hadamard=16, signs="random")  # drawn per call
+  fp4jax.recipes.register(
+    dataclasses.replace(fp4jax.recipes.get("nvfp4_rtn"), name="w_signs_drawn", fwd_lhs=rotated, fwd_rhs=rotated)
+  )
+  config = m.model_config("100K", vocab_size=64, recipe="w_signs_drawn", n_layers=2, prequantize_weights=True)
   params = m.init_params(config, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
   seen = _dots_given_prequantized_weights(config, params, tokens)
-  assert len(seen) % 7 == 0 and seen and not any(seen)  # DGE reads W in the backward
+  assert len(seen) % 7 == 0 and seen and not any(seen)
