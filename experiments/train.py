@@ -1144,7 +1144,7 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     "--prequantize-weights",
     action="store_true",
     help="FP4 blocks quantize their projection weights for all layers before the layer loop (same bits; recipes "
-    "whose weights need no random bits: all but ms_fp4)",
+    "whose weights need no random bits: every published one)",
   )
   parser.add_argument(
     "--quantizer-backend",
