@@ -168,7 +168,7 @@ case "${1:-}" in
     # with UNROLLED=1 also prequantized and unrolled (the weights' XLA quantizers are most of an FP4 block's ops: does
     # the unrolled step then compile in time?)
     if [ "${BITS:-1}" != 0 ]; then
-      timeout 300 python -m pytest -q -m "slow or not slow" -p no:cacheprovider tests/experiments/test_exp_model.py \
+      timeout 360 python -m pytest -v -m "slow or not slow" -p no:cacheprovider tests/experiments/test_exp_model.py \
         -k change_how_not_what > "$OUT/prequantize_bits.log" 2>&1
     fi
     recipes=${RECIPES:-nvidia_nvfp4}

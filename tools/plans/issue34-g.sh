@@ -9,10 +9,10 @@
 # gpu1: ms_fp4 seed 0 (about 19 minutes).
 # gpu2: nvidia_nvfp4 seed 0 (about 16 minutes), then issue 31's prequantize probe: nvidia_nvfp4's 125M step with its
 #   projection weights quantized in the loop, before it, and before it unrolled (compile time: the weights' XLA
-#   quantizers are most of an FP4 block's ops; about 6 minutes).
-# gpu3: issue 31's checks first: prequantized weights give the same loss and gradients on the GPU (the slow model test:
-#   nvidia_nvfp4, quartet, quartet2; about 4 minutes), quartet2's and quartet's 125M step with them (about 5 minutes);
-#   then bf16 seeds 1 and 2 (about 8 minutes each; the lease's end may cut seed 2).
+#   quantizers are most of an FP4 block's ops; about 6 minutes), then ms_fp4's in the loop and before it (2 minutes).
+# gpu3: issue 31's checks first: prequantized weights give the same loss and gradients on the GPU (the slow model
+#   test: nvidia_nvfp4, quartet, quartet2, ms_fp4; about 5 minutes), quartet2's and quartet's 125M step with them
+#   (about 5 minutes); then bf16 seeds 1 and 2 (about 8 minutes each; the lease's end may cut seed 2).
 set -u -o pipefail
 source tools/plans/lease_lib.sh
 case ${1:-} in
@@ -21,6 +21,8 @@ case ${1:-} in
   gpu2)
     lease_sweep nv30r25 --sizes 30M --ratios 25 --recipes nvidia_nvfp4 --seeds 0 --devices 2
     CUDA_VISIBLE_DEVICES=2 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 UNROLLED=1 BITS=0 \
+      bash benchmarks/gpu_suite.sh prequantize
+    CUDA_VISIBLE_DEVICES=2 XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 RECIPES=ms_fp4 BITS=0 \
       bash benchmarks/gpu_suite.sh prequantize
     ;;
   gpu3)
