@@ -395,3 +395,25 @@ def test_dimension_numbers_accept_every_dim_from_minus_rank():
   for bad in (-3, 2):
     with pytest.raises(ValueError, match=f"lhs dimension {bad} out of range for rank 2"):
       fp4jax.dot_general(x, w, (((bad,), (1,)), ((), ())), recipe="nvfp4_rtn")
+
+
+@pytest.mark.parametrize(  # slow tier; default representatives: ms_fp4 (W re-quantized to FP8 for dgrad), nvidia_nvfp4
+  "name",
+  [n if n in ("ms_fp4", "nvidia_nvfp4") else pytest.param(n, marks=pytest.mark.slow) for n in recipes.names()],
+)
+def test_a_weight_closed_over_by_jit_gives_the_bits_of_a_weight_passed_in(name):
+  """Parameters closed over by ``jax.jit`` are constants XLA may fold: the output and dX are those of the same W
+  passed as an argument (ms_fp4's dgrad re-quantization of W was folded off the E4M3 grid on the CPU)."""
+  d = 128
+  w = (_normal(1, (d, d)) / 8).astype(jnp.bfloat16)
+  x = _normal(2, (d, d)).astype(jnp.bfloat16)
+  dn = (((1,), (0,)), ((), ()))
+
+  def loss(x, w):
+    y = fp4jax.dot_general(x, w, dn, recipe=name, key=KEY)
+    return jnp.sum(jnp.square(y.astype(jnp.float32))), y
+
+  passed = jax.jit(jax.grad(loss, has_aux=True))(x, w)
+  closed = jax.jit(jax.grad(lambda x: loss(x, w), has_aux=True))(x)
+  for a, b in zip(passed, closed):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))

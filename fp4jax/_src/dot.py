@@ -471,9 +471,13 @@ def _qdot_bwd(static: _Static, res: _Residuals, dy):
   both = _quantize_both(static, dy, keys, "dgrad_lhs", "wgrad_lhs", dgrad_signs, wgrad_signs)
   dy_dgrad, dy_wgrad = (dy, dy) if both is None else (both.rows.operand, both.cols.operand)
   # dgrad: dX (B, M, K) = dY (B, M, N) . W (B, N, K), contraction over N.
-  a, b = _quantize_gemm(
-    static, "dgrad", dy_dgrad, _forward_source(r.dgrad_rhs, res.w, res.wq), keys, dgrad_signs, (False, True)
-  )
+  w_dgrad = _forward_source(r.dgrad_rhs, res.w, res.wq)
+  if r.dgrad_rhs.source == "forward" and not r.dgrad_rhs.is_identity:
+    # W re-quantized from its forward quantization: when W is a constant of the jitted function (parameters closed
+    # over), XLA's constant folder evaluated this chain (dequantize, transpose, FP8 rounding: ms_fp4) off the grid on
+    # the CPU (JAX 0.10.2); the barrier keeps it in the compiled program. W-sized, so it costs next to nothing.
+    w_dgrad = jax.lax.optimization_barrier(w_dgrad)
+  a, b = _quantize_gemm(static, "dgrad", dy_dgrad, w_dgrad, keys, dgrad_signs, (False, True))
   dx = matmul(a.operand, b.operand, static.precision)
   if r.dgrad_rhs.source == "forward":
     dx = _to_input(dx, r.fwd_lhs, res.mask_x, res.fwd_signs, static.k, static.backend)
