@@ -1181,10 +1181,8 @@ def execution_overrides(args: argparse.Namespace) -> dict:
 
 def execution_to_args(overrides: dict) -> list[str]:
   """The flags that :func:`execution_overrides` turns back into ``overrides``."""
-  flags = ["--remat"] * bool(overrides.get("remat")) + ["--prequantize-weights"] * bool(
-    overrides.get("prequantize_weights")
-  )
-  return flags + [
+  switches = {"remat": "--remat", "prequantize_weights": "--prequantize-weights"}
+  return [flag for name, flag in switches.items() if overrides.get(name)] + [
     "--scan-unroll",
     str(overrides.get("scan_unroll", "auto")),
     "--recompute",

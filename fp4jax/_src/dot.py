@@ -103,23 +103,31 @@ def _unpack(dimension_numbers) -> tuple:
   return lc, rc, lb, rb
 
 
+def _side_dims(shape, dimension_numbers, side: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+  """Operand ``side``'s (``"lhs"`` or ``"rhs"``) ``(contracting, batch, free)`` dims, non-negative, or a
+  ValueError."""
+  lc, rc, lb, rb = _unpack(dimension_numbers)
+  contracting, batch = (lc, lb) if side == "lhs" else (rc, rb)
+  contracting, batch = (tuple(_axis(d, len(shape), side) for d in dims) for dims in (contracting, batch))
+  if len(set(contracting + batch)) != len(contracting + batch):
+    raise ValueError(f"dimension_numbers repeat a {side} dimension: {dimension_numbers!r}")
+  return contracting, batch, tuple(d for d in range(len(shape)) if d not in contracting + batch)
+
+
+def _size(shape, dims) -> int:
+  return math.prod(shape[d] for d in dims)
+
+
 def _canonicalize(lhs_shape, rhs_shape, dimension_numbers) -> _Canonical:
   lc, rc, lb, rb = _unpack(dimension_numbers)
-  norm = lambda dims, nd, what: tuple(_axis(d, nd, what) for d in dims)
-  lc, lb = norm(lc, len(lhs_shape), "lhs"), norm(lb, len(lhs_shape), "lhs")
-  rc, rb = norm(rc, len(rhs_shape), "rhs"), norm(rb, len(rhs_shape), "rhs")
   if len(lc) != len(rc) or len(lb) != len(rb):
     raise ValueError(f"dimension_numbers pair unequal numbers of lhs/rhs dims: {dimension_numbers!r}")
-  for name, dims in (("lhs", lc + lb), ("rhs", rc + rb)):
-    if len(set(dims)) != len(dims):
-      raise ValueError(f"dimension_numbers repeat a {name} dimension: {dimension_numbers!r}")
+  lc, lb, lf = _side_dims(lhs_shape, dimension_numbers, "lhs")
+  rc, rb, rf = _side_dims(rhs_shape, dimension_numbers, "rhs")
   for l, r in zip(lc + lb, rc + rb):
     if lhs_shape[l] != rhs_shape[r]:
       raise ValueError(f"lhs dim {l} (size {lhs_shape[l]}) and rhs dim {r} (size {rhs_shape[r]}) must match")
-  lf = tuple(d for d in range(len(lhs_shape)) if d not in lc + lb)
-  rf = tuple(d for d in range(len(rhs_shape)) if d not in rc + rb)
-  size = lambda shape, dims: math.prod(shape[d] for d in dims)
-  b, m, n, k = size(lhs_shape, lb), size(lhs_shape, lf), size(rhs_shape, rf), size(lhs_shape, lc)
+  b, m, n, k = _size(lhs_shape, lb), _size(lhs_shape, lf), _size(rhs_shape, rf), _size(lhs_shape, lc)
   out_shape = tuple(lhs_shape[d] for d in lb + lf) + tuple(rhs_shape[d] for d in rf)
   dims = {"tokens": ("lhs", lf), "outputs": ("rhs", rf), "inputs": ("lhs", lc)}
   return _Canonical(lb + lf + lc, rb + rf + rc, (b, m, k), (b, n, k), out_shape, ((lc, rc), (lb, rb)), dims)
@@ -275,17 +283,6 @@ def prequantize_refusal(recipe: str | Recipe) -> str | None:
   return None
 
 
-def _rhs_canonical(rhs_shape, dimension_numbers) -> tuple[tuple[int, ...], tuple[int, int, int]]:
-  """rhs's permutation and canonical shape (B, N, K) under ``dimension_numbers`` (as ``_canonicalize``)."""
-  _, rc, _, rb = _unpack(dimension_numbers)
-  rc, rb = (tuple(_axis(d, len(rhs_shape), "rhs") for d in dims) for dims in (rc, rb))
-  if len(set(rc + rb)) != len(rc + rb):
-    raise ValueError(f"dimension_numbers repeat a rhs dimension: {dimension_numbers!r}")
-  rf = tuple(d for d in range(len(rhs_shape)) if d not in rc + rb)
-  size = lambda dims: math.prod(rhs_shape[d] for d in dims)
-  return rb + rf + rc, (size(rb), size(rf), size(rc))
-
-
 def prequantize_weight(
   rhs: jax.Array, dimension_numbers, *, recipe: str | Recipe, backend: Backend = "auto"
 ) -> PrequantizedWeight:
@@ -321,8 +318,9 @@ def prequantize_weight(
   checks.floating(fn, rhs=rhs)
   if rhs.size == 0:
     raise ValueError(f"{fn}: rhs of shape {rhs.shape} is empty; quantizing needs at least one element")
-  perm, bnk = _rhs_canonical(rhs.shape, dimension_numbers)
-  w = jnp.transpose(rhs, perm).reshape(bnk)
+  rc, rb, rf = _side_dims(rhs.shape, dimension_numbers, "rhs")  # rhs's part of _canonicalize
+  bnk = (_size(rhs.shape, rb), _size(rhs.shape, rf), _size(rhs.shape, rc))
+  w = jnp.transpose(rhs, rb + rf + rc).reshape(bnk)
   static = _Static(r, None, backend, rhs.dtype, rhs.dtype, rhs.dtype, bnk[2])
   fwd, mask = _quantize_operand(static, "fwd_rhs", w, None, r.fwd_lhs.sign_vector(None))  # signs not drawn
   dgrad = None
@@ -587,8 +585,8 @@ def _dot_general(
     _check_prequantized(pre, recipe, canon.bnk, rhs.dtype, fn)
   x = jnp.transpose(lhs, canon.lhs_perm).reshape(canon.bmk)
   w = jnp.transpose(rhs, canon.rhs_perm).reshape(canon.bnk)
-  if backend == "pallas" and pre is None:
-    _check_backward_runs(static, x, w, key, fn)
+  if backend == "pallas":
+    _check_backward_runs(static, x, w, key, fn, pre)
   return _qdot(static, x, w, key, pre).reshape(canon.out_shape)
 
 
@@ -616,7 +614,7 @@ def _check_prequantized(pre, recipe: Recipe, bnk: tuple[int, int, int], dtype, f
     )
 
 
-def _check_backward_runs(static: _Static, x, w, key, fn: str) -> None:
+def _check_backward_runs(static: _Static, x, w, key, fn: str, pre: PrequantizedWeight | None = None) -> None:
   """With an explicit ``backend="pallas"``, an operand of the backward's GEMMs that the kernels refuse fails when the
   forward is traced (abstractly: ``jax.eval_shape`` of the layer's VJP), not only once the layer is differentiated.
 
@@ -625,7 +623,7 @@ def _check_backward_runs(static: _Static, x, w, key, fn: str) -> None:
   """
 
   def vjp(x, w, key):
-    y, pullback = jax.vjp(lambda a, b: _qdot(static, a, b, key), x, w)
+    y, pullback = jax.vjp(lambda a, b: _qdot(static, a, b, key, pre), x, w)
     return pullback(jnp.zeros(y.shape, y.dtype))
 
   try:  # the arguments themselves: their types carry shard_map's varying axes, which a bare ShapeDtypeStruct lacks
