@@ -157,3 +157,14 @@ def test_a_w_rotated_with_signs_that_are_not_drawn_is_prequantized_with_them(sig
   own, given = (_value_and_grads(recipe, x, kernel, p) for p in (None, pre))
   for a, b in zip(jax.tree.leaves(own), jax.tree.leaves(given)):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_bad_rhs_or_dimension_numbers_are_refused_naming_the_argument():
+  with pytest.raises(ValueError, match=r"fp4jax.prequantize_weight: rhs of shape \(0, 32\) is empty"):
+    fp4jax.prequantize_weight(jnp.ones((0, 32)), DENSE, recipe="nvidia_nvfp4")
+  with pytest.raises(TypeError, match="fp4jax.prequantize_weight.*rhs"):
+    fp4jax.prequantize_weight(jnp.ones((32, 32), jnp.int32), DENSE, recipe="nvidia_nvfp4")
+  with pytest.raises(ValueError, match="dimension_numbers must be"):
+    fp4jax.prequantize_weight(jnp.ones((32, 32)), (0,), recipe="nvidia_nvfp4")
+  with pytest.raises(ValueError, match="rhs dimension 2 out of range"):
+    fp4jax.prequantize_weight(jnp.ones((32, 32)), (((1,), (2,)), ((), ())), recipe="nvidia_nvfp4")

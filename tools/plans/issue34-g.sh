@@ -1,8 +1,8 @@
 #!/bin/bash
 # One GPU's share of tools/plans/issue34-g.txt (four H200s): bash tools/plans/issue34-g.sh gpuN (lease_sweeps.sh
 # sets OUT, LEASE_STATE and LEASE_DEADLINE). One run per GPU at a time: a 30M step at 16 x 512 tokens per device
-# scales poorly (quartet2 on four GPUs, data parallel: 783k tokens/s in the lease of 2026-11-28, about 1.25x one
-# GPU's 629k in train_throughput_sweep_30M), so each run has a GPU of its own and all of them need the lease's three
+# scales poorly (quartet2 on four GPUs, data parallel, logged 783k tokens/s in the lease of 2026-11-28; one GPU
+# did 629k in train_throughput_sweep_30M, another run and commit), so each run has a GPU of its own and all of them need the lease's three
 # calls on one machine. Minutes are the 30M, D/N = 25 runs alone on an H200 (762M tokens) with about a minute of
 # compile and evaluations.
 # gpu0: quartet2 seed 0 (about 22 minutes).
