@@ -10,7 +10,9 @@
 #   bash benchmarks/gpu_suite.sh overlap   # 2 GPUs: weak scaling with the gradient all-reduce overlapped (XLA flags)
 #   bash benchmarks/gpu_suite.sh unroll    # 1 GPU: a step with its FP4 blocks unrolled against the loop (MODEL: 30M, 125M)
 #   bash benchmarks/gpu_suite.sh prequantize  # 1 GPU: ModelConfig.prequantize_weights: the same bits, the 125M step
-#                                          # (RECIPES, UNROLLED=1: also unrolled, BITS=0: no bit check)
+#                                          # (RECIPES, UNROLLED=1: also unrolled, XLA=1: also both with XLA's
+#                                          # quantizers, whose losses say whether a difference is the kernels', BITS=0:
+#                                          # no bit check, STEP=0: the bit check only)
 #   bash benchmarks/gpu_suite.sh compile   # 1 GPU: where the 125M step's compile time goes, FP4 blocks in the loop and
 #                                          # unrolled (RECIPE, default nvidia_nvfp4)
 #   bash benchmarks/gpu_suite.sh deterministic  # 2-4 GPUs: --deterministic, bit-identical losses (one process and
@@ -168,12 +170,15 @@ case "${1:-}" in
     # with UNROLLED=1 also prequantized and unrolled (the weights' XLA quantizers are most of an FP4 block's ops: does
     # the unrolled step then compile in time?)
     if [ "${BITS:-1}" != 0 ]; then
-      timeout 360 python -m pytest -v -m "slow or not slow" -p no:cacheprovider tests/experiments/test_exp_model.py \
+      timeout 720 python -m pytest -v -m "slow or not slow" -p no:cacheprovider tests/experiments/test_exp_model.py \
         -k change_how_not_what > "$OUT/prequantize_bits.log" 2>&1
     fi
+    [ "${STEP:-1}" != 0 ] || exit 0
     recipes=${RECIPES:-nvidia_nvfp4}
     variants='{"experiments": {}, "prequantized": {"prequantize_weights": true}'
     [ "${UNROLLED:-0}" = 0 ] || variants+=', "prequantized_unrolled": {"prequantize_weights": true, "scan_unroll": 12}'
+    [ "${XLA:-0}" = 0 ] || variants+=', "xla": {"quantizer_backend": "xla"},
+      "xla_prequantized": {"quantizer_backend": "xla", "prequantize_weights": true}'
     variants+="}"
     name="train_throughput_125M_prequantized_${recipes//,/_}"
     timeout 420 python benchmarks/train_throughput.py --model 125M --devices 1 --recipes "$recipes" --rounds 2 \
@@ -182,7 +187,7 @@ case "${1:-}" in
     ;;
   compile)
     # XLA's passes and kernel-module compiles, by host time, for the step with its 12 FP4 blocks in the layer loop and
-    # unrolled (BENCHMARKS' train_throughput_125M_unroll section: unrolled runs faster and compiles for minutes)
+    # unrolled (BENCHMARKS: unrolled runs faster and compiles for minutes)
     recipe=${RECIPE:-nvidia_nvfp4}
     timeout 560 python benchmarks/compile_profile.py --recipe "$recipe" --top 80 \
       --variants '{"scan": {}, "unrolled": {"scan_unroll": 12}}' \
