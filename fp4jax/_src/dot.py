@@ -272,13 +272,17 @@ def prequantize_refusal(recipe: str | Recipe) -> str | None:
     if spec.fmt is None:
       return f"{name} uses W unquantized"
     why = [
-      f"rounding={spec.rounding!r}" * (spec.rounding != "rtn"),
-      f"signs={spec.signs!r}" * (bool(spec.hadamard) and spec.signs == "random"),
-      f"clip={spec.clip!r}" * (spec.clip != "none"),
-      f"amax={spec.amax!r}" * (spec.amax != "tensor"),
+      field
+      for field, refused in (
+        (f"rounding={spec.rounding!r}", spec.rounding != "rtn"),
+        (f"signs={spec.signs!r}", bool(spec.hadamard) and spec.signs == "random"),
+        (f"clip={spec.clip!r}", spec.clip != "none"),
+        (f"amax={spec.amax!r}", spec.amax != "tensor"),
+      )
+      if refused
     ]
-    if any(why):
-      reason = ", ".join(w for w in why if w)
+    if why:
+      reason = ", ".join(why)
       return f"{name} quantizes W with {reason} (prequantized W needs rtn, signs not drawn, no clip, a tensor amax)"
   return None
 
