@@ -1143,8 +1143,8 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--prequantize-weights",
     action="store_true",
-    help="FP4 blocks quantize their projection weights for all layers before the layer loop (same bits; recipes "
-    "whose weights need no random bits: every published one)",
+    help="FP4 blocks quantize their projection weights for all layers before the layer loop (same bits in the "
+    "tests; quartet2 on a GPU: open, see BENCHMARKS; recipes whose weights need no random bits: every published one)",
   )
   parser.add_argument(
     "--quantizer-backend",
