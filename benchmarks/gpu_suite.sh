@@ -9,10 +9,10 @@
 #   bash benchmarks/gpu_suite.sh scaling   # 2-4 GPUs: data-parallel weak scaling, 125M and 350M
 #   bash benchmarks/gpu_suite.sh overlap   # 2 GPUs: weak scaling with the gradient all-reduce overlapped (XLA flags)
 #   bash benchmarks/gpu_suite.sh unroll    # 1 GPU: a step with its FP4 blocks unrolled against the loop (MODEL: 30M, 125M)
-#   bash benchmarks/gpu_suite.sh prequantize  # 1 GPU: ModelConfig.prequantize_weights: the same bits, the 125M step
-#                                          # (RECIPES, UNROLLED=1: also unrolled, XLA=1: also both with XLA's
-#                                          # quantizers, whose losses say whether a difference is the kernels', BITS=0:
-#                                          # no bit check, STEP=0: the bit check only)
+#   bash benchmarks/gpu_suite.sh prequantize  # 1 GPU: ModelConfig.prequantize_weights (the default) against the
+#                                          # layer loop: the same bits, the 125M step's reproducibility with each,
+#                                          # the step side by side (RECIPES, UNROLLED=1: also unrolled, BITS=0: no
+#                                          # bit check, STEP=0: the bit check only)
 #   bash benchmarks/gpu_suite.sh compile   # 1 GPU: where the 125M step's compile time goes, FP4 blocks in the loop and
 #                                          # unrolled (RECIPE, default nvidia_nvfp4)
 #   bash benchmarks/gpu_suite.sh deterministic  # 2-4 GPUs: --deterministic, bit-identical losses (one process and
@@ -165,20 +165,20 @@ case "${1:-}" in
     ;;
   prequantize)
     # The FP4 stacks' projection weights quantized for all layers before the layer loop (ModelConfig.
-    # prequantize_weights) against in the loop, 125M: the same loss and gradients bit for bit with the kernels on (the
-    # slow model test on this GPU; BITS=0 skips it), then the step side by side for RECIPES (default nvidia_nvfp4),
-    # with UNROLLED=1 also prequantized and unrolled (the weights' XLA quantizers are most of an FP4 block's ops: does
-    # the unrolled step then compile in time?)
+    # prequantize_weights, the default) against in the loop, 125M: the same loss and gradients bit for bit with the
+    # kernels on (the slow model test on this GPU; BITS=0 skips it); whether one compiled step reproduces its own
+    # losses, and the loop's against prequantized (tools/probe_step_bits.py, the first recipe); then the step side by
+    # side for RECIPES (default nvidia_nvfp4), with UNROLLED=1 also unrolled (does it compile in time?)
     if [ "${BITS:-1}" != 0 ]; then
       timeout 720 python -m pytest -v -m "slow or not slow" -p no:cacheprovider tests/experiments/test_exp_model.py \
         -k change_how_not_what > "$OUT/prequantize_bits.log" 2>&1
+      recipe=${RECIPES:-nvidia_nvfp4}
+      timeout 300 python tools/probe_step_bits.py --recipe "${recipe%%,*}" > "$OUT/prequantize_step_bits.log" 2>&1
     fi
     [ "${STEP:-1}" != 0 ] || exit 0
     recipes=${RECIPES:-nvidia_nvfp4}
-    variants='{"experiments": {}, "prequantized": {"prequantize_weights": true}'
-    [ "${UNROLLED:-0}" = 0 ] || variants+=', "prequantized_unrolled": {"prequantize_weights": true, "scan_unroll": 12}'
-    [ "${XLA:-0}" = 0 ] || variants+=', "xla": {"quantizer_backend": "xla"},
-      "xla_prequantized": {"quantizer_backend": "xla", "prequantize_weights": true}'
+    variants='{"experiments": {}, "loop": {"prequantize_weights": false}'
+    [ "${UNROLLED:-0}" = 0 ] || variants+=', "unrolled": {"scan_unroll": 12}'
     variants+="}"
     name="train_throughput_125M_prequantized_${recipes//,/_}"
     timeout 420 python benchmarks/train_throughput.py --model 125M --devices 1 --recipes "$recipes" --rounds 2 \

@@ -44,13 +44,14 @@ intermediates rounded). ``"auto"`` (the default) recomputes both in the FP4 bloc
 zero-fills, writes and reads back a stacked buffer for every saved activation, and nothing in the BF16 blocks
 (unrolled) or the final norm: a BF16 model computes the same program as with ``"none"``.
 
-``prequantize_weights`` (how, not what): each FP4 stack quantizes its seven projection weights for all of its layers
-before the layer loop (``fp4jax.prequantize_weight`` under ``jax.vmap``, one batched quantizer per weight kind
-instead of one per layer) and the loop reads each layer's slice; the same bits, where ``fp4jax.prequantize_refusal``
-accepts the recipe (weights quantized without random bits); elsewhere (and with tensor parallelism or experts) the
-projections quantize their weights in the loop as by default. Off by default: the same bits in the tests (the CPU,
-and one dot on a GPU), but quartet2's 125M losses after a few steps on a GPU differed with it, not yet explained
-(BENCHMARKS, train_throughput_125M_prequantized_quartet2_ms_fp4).
+``prequantize_weights`` (how, not what; on by default): each FP4 stack quantizes its seven projection weights for all
+of its layers before the layer loop (``fp4jax.prequantize_weight`` under ``jax.vmap``, one batched quantizer per
+weight kind instead of one per layer) and the loop reads each layer's slice; the same bits, where
+``fp4jax.prequantize_refusal`` accepts the recipe (weights quantized without random bits: every published recipe);
+elsewhere (and with tensor parallelism or experts) the projections quantize their weights in the loop, as with
+``prequantize_weights=False``. The loss and gradients are the same bits either way in the tests (the CPU, and a GPU
+with the kernels on); a 125M step on a GPU is not reproducible run to run by default (one compiled step gives
+different losses from its second step on; ``tools/probe_step_bits.py``), so losses there agree only within that noise.
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ class ModelConfig:
   causal_amax: bool = False
   # FP4 stacks quantize their projection weights for all layers before the layer loop (module docstring); how, not
   # what
-  prequantize_weights: bool = False
+  prequantize_weights: bool = True
   # Mixture of experts: num_experts E > 0 replaces each block's SwiGLU by E SwiGLU experts of width expert_hidden
   # (0: ffn_hidden), top_k of them per token (module docstring); 0 is the dense model.
   num_experts: int = 0

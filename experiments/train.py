@@ -1142,9 +1142,11 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
   )
   parser.add_argument(
     "--prequantize-weights",
-    action="store_true",
-    help="FP4 blocks quantize their projection weights for all layers before the layer loop (same bits in the "
-    "tests; quartet2 on a GPU: open, see BENCHMARKS; recipes whose weights need no random bits: every published one)",
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help="FP4 blocks quantize their projection weights for all layers before the layer loop, where the recipe's "
+    "weights need no random bits (every published recipe); --no-prequantize-weights: each layer in the loop (the "
+    "same bits, a slower step)",
   )
   parser.add_argument(
     "--quantizer-backend",
@@ -1181,8 +1183,8 @@ def execution_overrides(args: argparse.Namespace) -> dict:
 
 def execution_to_args(overrides: dict) -> list[str]:
   """The flags that :func:`execution_overrides` turns back into ``overrides``."""
-  switches = {"remat": "--remat", "prequantize_weights": "--prequantize-weights"}
-  return [flag for name, flag in switches.items() if overrides.get(name)] + [
+  return ["--remat"] * bool(overrides.get("remat")) + [
+    "--prequantize-weights" if overrides.get("prequantize_weights", True) else "--no-prequantize-weights",
     "--scan-unroll",
     str(overrides.get("scan_unroll", "auto")),
     "--recompute",

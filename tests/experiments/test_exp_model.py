@@ -353,8 +353,8 @@ def test_prequantized_weights_are_each_layers_dense_kernel_as_its_dot_receives_i
   config = m.model_config("100K", vocab_size=64, recipe="nvidia_nvfp4", n_layers=3, bf16_first=1)
   params = m.init_params(config, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
-  ahead = dataclasses.replace(config, prequantize_weights=True)
-  given, own = (_dots_given_prequantized_weights(c, params, tokens) for c in (ahead, config))
+  ahead, in_loop = config, dataclasses.replace(config, prequantize_weights=False)  # the default: prequantized
+  given, own = (_dots_given_prequantized_weights(c, params, tokens) for c in (ahead, in_loop))
   assert len(given) % 7 == 0 and all(given) and len(own) == len(given) and not any(own)
   first, blocks = m.layer_stacks(ahead)
   assert m.Llama(ahead).apply({"params": params}, first, method=m.Llama.prequantized) is None  # BF16
@@ -381,13 +381,13 @@ def test_prequantized_weights_change_how_not_what(recipe):
   config = m.model_config("100K", vocab_size=64, recipe=recipe, n_layers=3, bf16_first=1)
   params = m.init_params(config, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
-  ahead = dataclasses.replace(config, prequantize_weights=True)
+  in_loop = dataclasses.replace(config, prequantize_weights=False)
 
   def value_and_grads(config):
     loss = lambda p: jnp.mean(m.Llama(config).apply({"params": p}, tokens, rngs={"quant": jax.random.key(2)}) ** 2)
     return jax.jit(jax.value_and_grad(loss))(params)
 
-  for a, b in zip(jax.tree.leaves(value_and_grads(config)), jax.tree.leaves(value_and_grads(ahead))):
+  for a, b in zip(jax.tree.leaves(value_and_grads(in_loop)), jax.tree.leaves(value_and_grads(config))):
     np.testing.assert_array_equal(a, b)
 
 
@@ -398,7 +398,7 @@ def test_prequantize_weights_leaves_a_recipe_it_refuses_in_the_loop():
   fp4jax.recipes.register(
     dataclasses.replace(fp4jax.recipes.get("nvfp4_rtn"), name="w_signs_drawn", fwd_lhs=rotated, fwd_rhs=rotated)
   )
-  config = m.model_config("100K", vocab_size=64, recipe="w_signs_drawn", n_layers=2, prequantize_weights=True)
+  config = m.model_config("100K", vocab_size=64, recipe="w_signs_drawn", n_layers=2)  # prequantize_weights: default
   params = m.init_params(config, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
   seen = _dots_given_prequantized_weights(config, params, tokens)
