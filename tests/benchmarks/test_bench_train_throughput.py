@@ -248,3 +248,46 @@ def test_the_command_line_reruns_the_benchmark_under_its_xla_flags():
   assert train_throughput.command_line(argv) == plain
   flags = "--xla_gpu_enable_while_loop_double_buffering=true --xla_gpu_autotune_level=0"
   assert train_throughput.command_line(argv, flags) == f"XLA_FLAGS='{flags}' {plain}"
+
+
+def test_a_variants_jax_config_is_in_force_while_its_step_is_lowered_and_restored_after():
+  """``jax_flags``: under ``jax_threefry_gpu_kernel_lowering`` a GPU lowering (done here on the CPU) draws the PRNG's
+  threefry as one custom call, without it as its unrolled rounds; the option's value is restored after the block."""
+  import jax
+
+  key = jax.random.key(0)
+  lower = lambda: jax.jit(lambda k: jax.random.bits(k, (4,))).trace(key).lower(lowering_platforms=("cuda",)).as_text()
+  rounds = lower()
+  assert "@cu_threefry2x32" not in rounds and rounds.count("stablehlo.xor") >= 20  # 20 rounds, an xor each
+  with train_throughput.jax_flags({"jax_threefry_gpu_kernel_lowering": True}):
+    assert jax.config.jax_threefry_gpu_kernel_lowering
+    kernel = lower()
+  assert "custom_call @cu_threefry2x32" in kernel and kernel.count("stablehlo.xor") < 20
+  assert not jax.config.jax_threefry_gpu_kernel_lowering
+  with pytest.raises(ValueError, match="'jax_bogus' is not a JAX config option"):
+    with train_throughput.jax_flags({"jax_bogus": True}):
+      pass
+
+
+def test_an_experiments_entry_lowers_under_its_jax_config_and_builds_without_it(monkeypatch):
+  """The variant's ``"jax_config"`` is not passed to ModelConfig: the entry builds, and its step is lowered while
+  the option holds the variant's value."""
+  import jax
+
+  seen = []
+
+  def fake_compile(step, state, inputs, max_seconds):
+    seen.append(jax.config.jax_threefry_gpu_kernel_lowering)
+    return (lambda state, tokens, key: (state, {"loss": jnp.float32(0)})), 0.0
+
+  monkeypatch.setattr(train_throughput, "_compile", fake_compile)
+  overrides = {"jax_config": {"jax_threefry_gpu_kernel_lowering": True}}
+  entry = train_throughput.experiments_entry("tk", "bf16", "100K", 1, 2, 64, 2, "stdlib", overrides)
+  assert seen == [True] and entry.model == "tk" and not jax.config.jax_threefry_gpu_kernel_lowering
+  assert overrides == {"jax_config": {"jax_threefry_gpu_kernel_lowering": True}}  # the caller's dict untouched
+
+
+def test_a_jax_config_that_is_not_a_map_of_options_is_refused(capsys):
+  with pytest.raises(SystemExit):
+    train_throughput.main(["--smoke", "--experiments-variants", '{"a": {"jax_config": {"jax_bogus": 1}}}'])
+  assert "'a': jax_config must map JAX config options to values, got {'jax_bogus': 1}" in capsys.readouterr().err
