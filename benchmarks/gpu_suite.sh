@@ -13,8 +13,8 @@
 #                                          # layer loop: the same bits, the 125M step's reproducibility with each,
 #                                          # the step side by side (RECIPES, UNROLLED=1: also unrolled, BITS=0: no
 #                                          # bit check, STEP=0: the bit check only)
-#   bash benchmarks/gpu_suite.sh threefry  # 1 GPU: the 125M step (loop and unrolled) with JAX's threefry as one kernel
-#                                          # per call against its unrolled rounds in the HLO (RECIPES)
+#   bash benchmarks/gpu_suite.sh threefry  # 1 GPU: the 125M step with JAX's threefry as one kernel per call against
+#                                          # its unrolled rounds in the HLO (RECIPES; nvidia_nvfp4 also unrolled)
 #   bash benchmarks/gpu_suite.sh compile   # 1 GPU: where the 125M step's compile time goes, FP4 blocks in the loop and
 #                                          # unrolled (RECIPE, default nvidia_nvfp4)
 #   bash benchmarks/gpu_suite.sh deterministic  # 2-4 GPUs: --deterministic, bit-identical losses (one process and
@@ -191,15 +191,19 @@ case "${1:-}" in
     # jax_threefry_gpu_kernel_lowering (the same bits): on a GPU, JAX lowers each threefry call (fp4jax's key
     # derivations and seeds, about 40 per FP4 block) as 20 unrolled rounds, 82% of the unrolled 125M nvidia_nvfp4
     # step's StableHLO (108k operations, 22k with the kernel; counted on the CPU, lowered for CUDA). Does the kernel
-    # bring the unrolled step's compile under the 60 s target, and what do its launches cost in the loop?
-    recipes=${RECIPES:-nvidia_nvfp4}
+    # bring the unrolled step's compile (nvidia_nvfp4 only: the others' unrolled steps compile for minutes) and
+    # quartet2's in the loop (about 60 s) under the 60 s target, and what do its launches cost? RECIPES, one
+    # process each (default "nvidia_nvfp4 quartet2").
     tk='"jax_config": {"jax_threefry_gpu_kernel_lowering": true}'
-    variants="{\"experiments\": {}, \"threefry_kernel\": {$tk}, \"unrolled\": {\"scan_unroll\": 12},
-      \"unrolled_threefry_kernel\": {\"scan_unroll\": 12, $tk}}"
-    name="train_throughput_125M_threefry_${recipes//,/_}"
-    timeout 560 python benchmarks/train_throughput.py --model 125M --devices 1 --recipes "$recipes" --rounds 2 \
-      --steps 8 --max-compile-s 240 --profile "/tmp/prof_$name" --experiments-variants "$variants" \
-      --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+    for recipe in ${RECIPES:-nvidia_nvfp4 quartet2}; do
+      variants="{\"experiments\": {}, \"threefry_kernel\": {$tk}"
+      [ "$recipe" != nvidia_nvfp4 ] \
+        || variants+=", \"unrolled\": {\"scan_unroll\": 12}, \"unrolled_threefry_kernel\": {\"scan_unroll\": 12, $tk}"
+      name="train_throughput_125M_threefry_$recipe"
+      timeout 480 python benchmarks/train_throughput.py --model 125M --devices 1 --recipes "$recipe" --rounds 2 \
+        --steps 8 --max-compile-s 240 --profile "/tmp/prof_$name" --experiments-variants "$variants}" \
+        --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+    done
     ;;
   compile)
     # XLA's passes and kernel-module compiles, by host time, for the step with its 12 FP4 blocks in the layer loop and
