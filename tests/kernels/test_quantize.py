@@ -299,6 +299,42 @@ def test_pair_matches_two_quantizes_bit_for_bit(name, interpret):
   assert got[1].dequantized.shape == shape[::-1]
 
 
+@pytest.mark.parametrize("name", sorted(PAIR_CASES))
+def test_pair_draws_are_each_directions_own_draws(name):
+  """``_pair_draws`` (both directions' key splits and seed draws batched under ``jax.vmap``): each direction's signs
+  and seeds are those ``_signs_and_seeds`` draws for it alone, given signs or drawn, keyed or (RTN) not."""
+  (rows, rows_output), (cols, cols_output), _, _, given = PAIR_CASES[name]
+  signs = [
+    fp4jax.hadamard.random_signs(jax.random.key(9 + i), s.hadamard) if g else None
+    for i, (s, g) in enumerate(zip((rows, cols), given))
+  ]
+  directions = [
+    ("rows", rows, rows_output, jax.random.key(7), signs[0]),
+    ("cols", cols, cols_output, jax.random.key(8), signs[1]),
+  ]
+  draws = jax.jit(lambda: pallas_triton._pair_draws(directions))()
+  for direction, spec, _, key, given_signs in directions:
+    want = pallas_triton._signs_and_seeds(spec, spec.hadamard, key, given_signs)
+    for got_part, want_part in zip(draws[direction], want):
+      assert (got_part is None) == (want_part is None)
+      if want_part is not None:
+        np.testing.assert_array_equal(np.asarray(got_part), np.asarray(want_part))
+
+
+def test_a_pair_draws_its_keys_with_one_threefry_per_stage():
+  """nvidia_nvfp4's dY pair (SR both ways): one batched key split and one batched seed draw (each one threefry call
+  when lowered) where one direction at a time made two of each; a direction that needs a key and has none is
+  refused by name."""
+  (rows, rows_output), (cols, cols_output), shape, _, _ = PAIR_CASES["nvidia_dy"]
+  pair = lambda x, k1, k2: pallas_triton.quantize_pair(  # noqa: E731
+    x, rows, cols, k1, k2, rows_output=rows_output, cols_output=cols_output, interpret=True
+  )
+  jaxpr = jax.make_jaxpr(pair)(jnp.ones(shape, jnp.bfloat16), jax.random.key(1), jax.random.key(2))
+  assert str(jaxpr).count("random_split[") == 1 and str(jaxpr).count("random_bits[") == 1
+  with pytest.raises(ValueError, match="key is required for rounding='sr'"):
+    pair(jnp.ones(shape, jnp.bfloat16), jax.random.key(1), None)
+
+
 def _pair(rows, cols) -> tuple:
   """``(rows spec, cols spec, rows output, cols output)``, ``pair_refusal``'s and ``pair_pays``' arguments."""
   return rows[0], cols[0], rows[1], cols[1]

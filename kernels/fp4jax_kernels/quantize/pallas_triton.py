@@ -43,6 +43,7 @@ from fp4jax._src.quantize import (
   block_dims,
   check_quantize_input,
   decode_blocks,
+  needs_quantize_key,
   quantize_blocks,
   split_quantize_key,
 )
@@ -498,6 +499,42 @@ def _signs_and_seeds(spec: QuantizeSpec, hadamard: int, key, signs):
   return signs, eseed, sseed
 
 
+def _pair_draws(directions) -> dict[str, tuple]:
+  """``_signs_and_seeds`` of each direction ``(name, spec, output, key, signs)`` of a pair, by name, each stage
+  batched over the directions (``jax.vmap``, exact: the same keys and bits as one direction at a time): one key split
+  and one seed draw for the pair instead of one of each per direction. On a GPU JAX lowers every threefry call as its
+  20 rounds unrolled in the HLO (unless ``jax_threefry_gpu_kernel_lowering``), and a pair in every layer's backward
+  pass made four such calls."""
+  keyed = []  # (name, key) of the directions that draw
+  for name, spec, _, key, signs in directions:
+    mode = spec.signs if signs is None else "none"
+    if needs_quantize_key(spec.rounding, spec.hadamard, mode):
+      if key is None:
+        split_quantize_key(None, spec.rounding, spec.hadamard, mode)  # raises: the key is required
+      keyed.append((name, key))
+  splits = {}  # name: (signs key, element-bits key, scale-bits key)
+  if keyed:
+    split = jax.vmap(lambda k: jax.random.split(k, 3))(jnp.stack([key for _, key in keyed]))
+    splits = {name: tuple(split[i, j] for j in range(3)) for i, (name, _) in enumerate(keyed)}
+  wanted = [
+    (name, 1 if spec.rounding == "sr" else 2) for name, spec, *_ in directions if spec.rounding in ("sr", "eden")
+  ]
+  seeds = {}  # (name, 1): element-bits seed, (name, 2): scale-bits seed
+  if wanted:
+    drawn = jax.vmap(bits_lib.seed_from_key)(jnp.stack([splits[name][j] for name, j in wanted]))
+    seeds = dict(zip(wanted, drawn))
+  zero_seed = jnp.zeros((2,), jnp.uint32)
+  draws = {}
+  for name, spec, _, _, signs in directions:
+    if signs is None:
+      signs = spec.sign_vector(splits[name][0] if name in splits else None)
+    else:
+      output_lib.check_signs(spec, signs)
+      signs = jnp.asarray(signs, jnp.float32)
+    draws[name] = (signs, seeds.get((name, 1), zero_seed), seeds.get((name, 2), zero_seed))
+  return draws
+
+
 ROUTES = ("xla", "prepass", "kernel")
 
 
@@ -696,6 +733,7 @@ def quantize_pair(
   )
   for _, spec, output, _, _ in directions:
     _check(x, spec, output, tile)
+  draws = _pair_draws(directions)
   nvfp4 = [d for d in directions if d[1].fmt.has_tensor_scale]
   amaxes = {}
   if nvfp4 and not any(spec.hadamard for _, spec, *_ in nvfp4):
@@ -704,10 +742,9 @@ def quantize_pair(
     amaxes = {name: amax for name, *_ in nvfp4}
   elif nvfp4:
     plans = []
-    for _, spec, output, key, signs in nvfp4:
-      drawn, _, _ = _signs_and_seeds(spec, spec.hadamard, key, signs)
+    for name, spec, output, _, _ in nvfp4:
       amax_output = output if spec.hadamard else KernelOutput()  # a max needs no transpose
-      plans.append(_amax_plan(x, spec, amax_output, drawn, False, tile))
+      plans.append(_amax_plan(x, spec, amax_output, draws[name][0], False, tile))
     partials = _launch(plans, num_warps, interpret, "fp4_pair_amax")
     amaxes = {name: jnp.max(partial) for (name, *_), (partial,) in zip(nvfp4, partials)}
   origin = logical = None
@@ -717,7 +754,22 @@ def quantize_pair(
     origin = jnp.stack([jnp.asarray(o, jnp.int32) for o in offsets])
   calls, finishes = zip(
     *(
-      _plan(x, spec, output, key, signs, tile, num_warps, interpret, amaxes.get(name), origin, logical, "kernel", None)
+      _plan(
+        x,
+        spec,
+        output,
+        key,
+        signs,
+        tile,
+        num_warps,
+        interpret,
+        amaxes.get(name),
+        origin,
+        logical,
+        "kernel",
+        None,
+        draws[name],
+      )
       for name, spec, output, key, signs in directions
     )
   )
@@ -739,9 +791,11 @@ def _plan(
   logical_shape,
   route,
   staged,
+  draws: tuple | None = None,
 ) -> tuple[_Call, Callable]:
   """``quantize``'s kernel for ``spec`` and ``output`` (its NVFP4 pre-pass run unless ``amax`` is given), and the
-  function that turns the kernel's outputs into ``Quantized``."""
+  function that turns the kernel's outputs into ``Quantized``. ``draws``: ``_signs_and_seeds(spec, ..., key, signs)``
+  drawn already (``_pair_draws``)."""
   if staged is not None:
     if amax is None or not (output.transposed or spec.hadamard):
       raise ValueError("staged: the pre-pass's output for a transposed or rotated spec, passed with the amax")
@@ -756,7 +810,7 @@ def _plan(
   bm, bk = tile
   check_quantize_input(x, spec, output.axis)
   block, hadamard = block_dims(spec), spec.hadamard
-  signs, eseed, sseed = _signs_and_seeds(spec, hadamard, key, signs)
+  signs, eseed, sseed = draws or _signs_and_seeds(spec, hadamard, key, signs)
   pre_transposed = output.transposed and route != "kernel"
   x_tile = (bk, bm) if pre_transposed else (bm, bk)  # the tile of what the kernel reads
   rotate = bool(spec.hadamard) and route != "prepass"
