@@ -189,7 +189,7 @@ case "${1:-}" in
     ;;
   threefry)
     # jax_threefry_gpu_kernel_lowering (the same bits): on a GPU, JAX lowers each threefry call (Flax's and fp4jax's
-    # key derivations and seeds, 28 per nvidia_nvfp4 block) as 20 unrolled rounds, 75% of the unrolled 125M
+    # key derivations and seeds, 28 per nvidia_nvfp4 block) as 20 unrolled rounds, 76% of the unrolled 125M
     # nvidia_nvfp4 step's StableHLO (79k operations, 20k with the kernel; counted on the CPU, lowered for CUDA). Does
     # the kernel bring the unrolled step's compile (nvidia_nvfp4 only: the others' unrolled steps compile for
     # minutes) and quartet2's in the loop (about 60 s) under the 60 s target, and what do its launches cost?

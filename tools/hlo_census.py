@@ -1,0 +1,96 @@
+"""Census (any machine): how many StableHLO operations the experiments' train step has when lowered for a GPU, and how
+many of them are JAX's threefry PRNG.
+
+    python tools/hlo_census.py [--model 125M] [--recipe nvidia_nvfp4] [--scan-unroll 1] [--threefry-kernel]
+
+The step (``fp4jax_experiments.train.Trainer``, 2 x 128 tokens: the operation counts do not depend on the batch) is
+traced and lowered for CUDA on this machine (``lowering_platforms=("cuda",)``, the Pallas kernels as their Triton
+custom calls, as on a GPU that runs them; no GPU needed), then every private function is inlined at its call sites
+by counting: the operations (constants aside) XLA's passes start from. On a GPU JAX lowers each threefry call as its
+20 rounds unrolled, unless ``--threefry-kernel`` (``jax_threefry_gpu_kernel_lowering``: one custom call each, the
+same bits). Prints the inlined count, the threefry calls and their share, and the threefry calls by the function that
+makes them (the callers' names, as lowered).
+"""
+
+import argparse
+import collections
+import functools
+import re
+
+import jax
+
+from fp4jax._src import backends
+from fp4jax_experiments import train
+
+FUNC = re.compile(r"\s*func\.func (?:public |private )?@([\w.$-]+)")
+CALL = re.compile(r"(?:func\.)?call @([\w.$-]+)")
+OP = re.compile(r'= "?([a-z_]+\.[a-z_0-9]+)')
+
+
+def functions(text: str) -> dict[str, dict]:
+  """Per function of the StableHLO module ``text``: its own operations (constants aside) and the functions it calls
+  (custom calls are operations)."""
+  funcs, current = {}, None
+  for line in text.splitlines():
+    if m := FUNC.match(line):
+      current = funcs[m.group(1)] = {"ops": 0, "calls": collections.Counter()}
+    elif current is not None:
+      if (c := CALL.search(line)) and "custom_call" not in line:
+        current["calls"][c.group(1)] += 1
+      elif (o := OP.search(line)) and "constant" not in o.group(1):
+        current["ops"] += 1
+  return funcs
+
+
+def census(text: str) -> dict:
+  """``main``'s operations with every call inlined, and its threefry calls (each function named ``threefry2x32*``)
+  by caller."""
+  funcs = functions(text)
+
+  @functools.cache
+  def inlined(name: str) -> int:
+    return funcs[name]["ops"] + sum(n * inlined(callee) for callee, n in funcs[name]["calls"].items())
+
+  by_caller, ops = collections.Counter(), collections.Counter()
+
+  def walk(name: str, times: int) -> None:
+    for callee, n in funcs[name]["calls"].items():
+      if callee.startswith("threefry2x32"):
+        by_caller[re.sub(r"_\d+$", "", name)] += times * n
+        ops[callee] += times * n * inlined(callee)
+      else:
+        walk(callee, times * n)
+
+  walk("main", 1)
+  return {"inlined_ops": inlined("main"), "threefry_calls": by_caller, "threefry_ops": sum(ops.values())}
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--model", default="125M")
+  p.add_argument("--recipe", default="nvidia_nvfp4")
+  p.add_argument("--scan-unroll", type=int, default=1)
+  p.add_argument("--threefry-kernel", action="store_true")
+  args = p.parse_args()
+  jax.config.update("jax_threefry_gpu_kernel_lowering", args.threefry_kernel)
+  # a GPU that runs the Pallas kernels, as far as the dispatch asks
+  backends.compute_capability = lambda device=None: (9, 0)
+  backends.has_pallas_triton = lambda device=None: True
+  backends.pallas_interpret = lambda device=None: False
+  config = train.TrainConfig(
+    model=args.model, recipe=args.recipe, data="stdlib", batch_size=2, seq_len=128, tokens=2 * 128 * 4
+  )
+  trainer = train.Trainer(config, model_overrides={"scan_unroll": args.scan_unroll, "quantizer_backend": "pallas"})
+  state = trainer.init_state()
+  lowered = trainer.train_step.trace(state, trainer.place(trainer.stream.batch(0)), trainer.quant_key(0))
+  result = census(lowered.lower(lowering_platforms=("cuda",)).as_text())
+  calls = sum(result["threefry_calls"].values())
+  share = result["threefry_ops"] / result["inlined_ops"]
+  print(f"{args.model} {args.recipe}, scan_unroll {args.scan_unroll}, threefry kernel {args.threefry_kernel}")
+  print(f"inlined operations {result['inlined_ops']:,}; threefry calls {calls}, {share:.0%} of the operations")
+  for caller, n in result["threefry_calls"].most_common():
+    print(f"  {n:5d} from {caller}")
+
+
+if __name__ == "__main__":
+  main()
