@@ -15,6 +15,7 @@ from fp4jax_kernels.quantize import api, pallas_triton, reference
 from fp4jax_kernels.quantize.output import KernelOutput
 
 import fp4jax
+from fp4jax._src.quantize import split_quantize_key
 from tests import oracles
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the kernel profiler is a benchmark script
@@ -299,10 +300,24 @@ def test_pair_matches_two_quantizes_bit_for_bit(name, interpret):
   assert got[1].dequantized.shape == shape[::-1]
 
 
+def _own_draws(spec, key, signs) -> tuple:
+  """One direction's signs and seeds as the XLA reference derives them: ``split(key, 3)`` into signs / element-bits /
+  scale-bits keys (where anything is random), ``jax.random.bits(k, (2,), uint32)`` seeds, zeros where unused."""
+  mode = "none" if signs is not None else spec.signs
+  k_signs, k_elems, k_scales = split_quantize_key(key, spec.rounding, spec.hadamard, mode)
+  draw = lambda k: jax.random.bits(k, (2,), jnp.uint32)  # noqa: E731
+  zero = jnp.zeros((2,), jnp.uint32)
+  return (
+    spec.sign_vector(k_signs) if signs is None else signs,
+    draw(k_elems) if spec.rounding == "sr" else zero,
+    draw(k_scales) if spec.rounding == "eden" else zero,
+  )
+
+
 @pytest.mark.parametrize("name", sorted(PAIR_CASES))
 def test_pair_draws_are_each_directions_own_draws(name):
-  """``_pair_draws`` (both directions' key splits and seed draws batched under ``jax.vmap``): each direction's signs
-  and seeds are those ``_signs_and_seeds`` draws for it alone, given signs or drawn, keyed or (RTN) not."""
+  """``_draws`` of a pair (both directions' key splits and seed draws batched under ``jax.vmap``): each direction's
+  signs and seeds are those the reference draws for it alone, given signs or drawn, keyed or (RTN) not."""
   (rows, rows_output), (cols, cols_output), _, _, given = PAIR_CASES[name]
   signs = [
     fp4jax.hadamard.random_signs(jax.random.key(9 + i), s.hadamard) if g else None
@@ -312,13 +327,12 @@ def test_pair_draws_are_each_directions_own_draws(name):
     ("rows", rows, rows_output, jax.random.key(7), signs[0]),
     ("cols", cols, cols_output, jax.random.key(8), signs[1]),
   ]
-  draws = jax.jit(lambda: pallas_triton._pair_draws(directions))()
+  draws = jax.jit(lambda: pallas_triton._draws(directions))()
   for direction, spec, _, key, given_signs in directions:
-    want = pallas_triton._signs_and_seeds(spec, spec.hadamard, key, given_signs)
-    for got_part, want_part in zip(draws[direction], want):
-      assert (got_part is None) == (want_part is None)
-      if want_part is not None:
-        np.testing.assert_array_equal(np.asarray(got_part), np.asarray(want_part))
+    for got, want in zip(draws[direction], _own_draws(spec, key, given_signs)):
+      assert (got is None) == (want is None)
+      if want is not None:
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_a_pair_draws_its_keys_with_one_threefry_per_stage():

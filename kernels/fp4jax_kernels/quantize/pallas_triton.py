@@ -483,28 +483,14 @@ def _check_shard(x, spec: QuantizeSpec, output: KernelOutput, amax, logical_shap
     raise ValueError(f"logical_shape {logical_shape}: the quantized axis must be a multiple of {spec.fmt.block_size}")
 
 
-def _signs_and_seeds(spec: QuantizeSpec, hadamard: int, key, signs):
-  """(sign vector or None, element-bits seed, scale-bits seed): the reference's key split and draws; an explicit
-  ``signs`` replaces the draw of random signs (and then needs no key unless the rounding is random)."""
-  if signs is None:
-    k_signs, k_elems, k_scales = split_quantize_key(key, spec.rounding, hadamard, spec.signs)
-    signs = spec.sign_vector(k_signs)
-  else:
-    output_lib.check_signs(spec, signs)
-    signs = jnp.asarray(signs, jnp.float32)
-    _, k_elems, k_scales = split_quantize_key(key, spec.rounding, hadamard, "none")
-  zero_seed = jnp.zeros((2,), jnp.uint32)
-  eseed = bits_lib.seed_from_key(k_elems) if spec.rounding == "sr" else zero_seed
-  sseed = bits_lib.seed_from_key(k_scales) if spec.rounding == "eden" else zero_seed
-  return signs, eseed, sseed
-
-
-def _pair_draws(directions) -> dict[str, tuple]:
-  """``_signs_and_seeds`` of each direction ``(name, spec, output, key, signs)`` of a pair, by name, each stage
-  batched over the directions (``jax.vmap``, exact: the same keys and bits as one direction at a time): one key split
-  and one seed draw for the pair instead of one of each per direction. On a GPU JAX lowers every threefry call as its
-  20 rounds unrolled in the HLO (unless ``jax_threefry_gpu_kernel_lowering``), and a pair in every layer's backward
-  pass made four such calls."""
+def _draws(directions) -> dict:
+  """Per direction ``(name, spec, output, key, signs)``, by name: ``(sign vector or None, element-bits seed,
+  scale-bits seed)``, the reference's key split (``split_quantize_key``) and draws (``fp4jax.bits.seed_from_key``);
+  an explicit ``signs`` replaces the draw of random signs (and then needs no key unless the rounding is random).
+  Each stage is batched over the directions (``jax.vmap``, exact: the same keys and bits as one direction at a
+  time): one key split and one seed draw for a pair instead of one of each per direction. On a GPU JAX lowers every
+  threefry call as its 20 rounds unrolled in the HLO (unless ``jax_threefry_gpu_kernel_lowering``), and a pair in
+  every layer's backward pass made four such calls."""
   keyed = []  # (name, key) of the directions that draw
   for name, spec, _, key, signs in directions:
     mode = spec.signs if signs is None else "none"
@@ -733,7 +719,7 @@ def quantize_pair(
   )
   for _, spec, output, _, _ in directions:
     _check(x, spec, output, tile)
-  draws = _pair_draws(directions)
+  draws = _draws(directions)
   nvfp4 = [d for d in directions if d[1].fmt.has_tensor_scale]
   amaxes = {}
   if nvfp4 and not any(spec.hadamard for _, spec, *_ in nvfp4):
@@ -794,8 +780,8 @@ def _plan(
   draws: tuple | None = None,
 ) -> tuple[_Call, Callable]:
   """``quantize``'s kernel for ``spec`` and ``output`` (its NVFP4 pre-pass run unless ``amax`` is given), and the
-  function that turns the kernel's outputs into ``Quantized``. ``draws``: ``_signs_and_seeds(spec, ..., key, signs)``
-  drawn already (``_pair_draws``)."""
+  function that turns the kernel's outputs into ``Quantized``. ``draws``: ``_draws``' signs and seeds of this
+  direction, drawn already (else drawn here from ``key`` and ``signs``)."""
   if staged is not None:
     if amax is None or not (output.transposed or spec.hadamard):
       raise ValueError("staged: the pre-pass's output for a transposed or rotated spec, passed with the amax")
@@ -810,7 +796,7 @@ def _plan(
   bm, bk = tile
   check_quantize_input(x, spec, output.axis)
   block, hadamard = block_dims(spec), spec.hadamard
-  signs, eseed, sseed = draws or _signs_and_seeds(spec, hadamard, key, signs)
+  signs, eseed, sseed = draws or _draws([(None, spec, output, key, signs)])[None]
   pre_transposed = output.transposed and route != "kernel"
   x_tile = (bk, bm) if pre_transposed else (bm, bk)  # the tile of what the kernel reads
   rotate = bool(spec.hadamard) and route != "prepass"
