@@ -368,6 +368,26 @@ def test_random_operands_draw_with_the_documented_folded_keys(backend):
   assert np.abs(other - qx @ qw.T).max() > 1e-3 * np.abs(qx @ qw.T).max()
 
 
+def test_the_backward_draws_one_sign_vector_where_both_gemms_rotate_alike(jaxpr_equations):
+  """dY's sign vectors for the data and the weight gradient come from one folded key (module docstring): quartet2's
+  (both 128-point, random) are one draw in the backward pass, each draw a threefry call in a GPU's HLO; where the
+  two rotate differently each is drawn at its own size. Draws counted per call site (a jitted function's equations
+  once per call)."""
+  x, w = jnp.ones((64, 256), jnp.bfloat16), jnp.ones((128, 256), jnp.bfloat16)
+
+  def backward_draws(recipe):
+    _, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(x, w, DN, recipe=recipe, key=jax.random.key(0)), x, w)
+    eqns = jaxpr_equations(jax.make_jaxpr(vjp)(jnp.ones((64, 128), jnp.bfloat16)).jaxpr)
+    return sorted(e.params["shape"][0] for e in eqns if e.primitive.name == "random_bits")
+
+  assert backward_draws("quartet2") == [2, 2, 2, 2, 128]  # four operands' seeds, one sign vector
+  rotated = lambda d: OperandSpec(fmt=fp4jax.NVFP4, rounding="sr", hadamard=d, signs="random")  # noqa: E731
+  mixed = Recipe(
+    "signs_16_32", dgrad_lhs=rotated(16), dgrad_rhs=rotated(16), wgrad_lhs=rotated(32), wgrad_rhs=rotated(32)
+  )
+  assert backward_draws(mixed) == [2, 2, 2, 2, 16, 32]
+
+
 def test_stochastic_forward_operands_of_one_tensor_round_independently():
   """dot_general(x, x) with stochastic rounding on both forward operands: Q1(x)·Q2(x)ᵀ is symmetric only if both
   drew the same bits (the same folded key)."""

@@ -79,6 +79,16 @@ def _fold(keys, idx: int):
   return None if keys is None else keys[idx - 1]
 
 
+def _bwd_signs(r: Recipe, keys) -> tuple:
+  """The backward GEMMs' sign vectors (dY's for the data gradient, for the weight gradient), both drawn from the key
+  ``fold_in(key, _SIGNS_IDS["bwd"])``: drawn once where the two rotate alike (the same vector either way; each draw
+  is a threefry call, 20 rounds unrolled in a GPU's HLO)."""
+  bwd_key = _fold(keys, _SIGNS_IDS["bwd"])
+  dgrad = r.dgrad_lhs.sign_vector(bwd_key)
+  alike = (r.wgrad_lhs.hadamard, r.wgrad_lhs.signs) == (r.dgrad_lhs.hadamard, r.dgrad_lhs.signs)
+  return dgrad, dgrad if alike else r.wgrad_lhs.sign_vector(bwd_key)
+
+
 # ------------------------------------------------------------------------------------------------ canonical form
 @dataclasses.dataclass(frozen=True)
 class _Canonical:
@@ -431,16 +441,16 @@ def _qdot_fwd(
   r = static.recipe
   keys = _derive_keys(key)
   signs = r.fwd_lhs.sign_vector(_fold(keys, _SIGNS_IDS["fwd"]))
-  bwd_key = _fold(keys, _SIGNS_IDS["bwd"])
+  bwd_signs = functools.cache(lambda: _bwd_signs(r, keys))  # drawn here only for an operand kept for the backward
   keep_x = r.wgrad_rhs.source == "input"
   keep_w = r.dgrad_rhs.source == "input" or r.fwd_rhs.estimator == "dge"
   x_both = w_both = None
   if for_backward and keep_x:
-    x_both = _quantize_both(static, x, keys, "fwd_lhs", "wgrad_rhs", signs, r.wgrad_lhs.sign_vector(bwd_key))
+    x_both = _quantize_both(static, x, keys, "fwd_lhs", "wgrad_rhs", signs, bwd_signs()[1])
   if pre is not None:  # DGE's backward reads W itself (the residual below), not these
     w_both = _Both(_Quantized(pre.fwd, pre.mask), _Quantized(pre.dgrad, None))
   elif for_backward and r.dgrad_rhs.source == "input" and r.fwd_rhs.estimator != "dge":  # DGE's backward reads W
-    w_both = _quantize_both(static, w, keys, "fwd_rhs", "dgrad_rhs", signs, r.dgrad_lhs.sign_vector(bwd_key))
+    w_both = _quantize_both(static, w, keys, "fwd_rhs", "dgrad_rhs", signs, bwd_signs()[0])
   fx, fw = _quantize_gemm(
     static,
     "fwd",
@@ -468,8 +478,7 @@ def _qdot_fwd(
 def _qdot_bwd(static: _Static, res: _Residuals, dy):
   keys = res.keys
   r = static.recipe
-  bwd_key = _fold(keys, _SIGNS_IDS["bwd"])
-  dgrad_signs, wgrad_signs = r.dgrad_lhs.sign_vector(bwd_key), r.wgrad_lhs.sign_vector(bwd_key)
+  dgrad_signs, wgrad_signs = _bwd_signs(r, keys)
   both = _quantize_both(static, dy, keys, "dgrad_lhs", "wgrad_lhs", dgrad_signs, wgrad_signs)
   dy_dgrad, dy_wgrad = (dy, dy) if both is None else (both.rows.operand, both.cols.operand)
   # dgrad: dX (B, M, K) = dY (B, M, N) . W (B, N, K), contraction over N.

@@ -59,6 +59,7 @@ from fp4jax._src import sharding as sharding_lib
 from fp4jax._src.backends import Backend
 from fp4jax._src.dot import (
   _SIGNS_IDS,
+  _bwd_signs,
   _derive_keys,
   _fold,
   _forward_source,
@@ -241,8 +242,7 @@ def _rdot_bwd(static: _RStatic, res: _Residuals, dy):
   groups = _groups(res.group_sizes, dy.shape[0], static.unit)
   dy = jnp.where((groups.gid < g)[:, None], dy, jnp.zeros((), dy.dtype))
   keys = _derive_keys(key)
-  bwd_key = _fold(keys, _SIGNS_IDS["bwd"])
-  dgrad_signs, wgrad_signs = r.dgrad_lhs.sign_vector(bwd_key), r.wgrad_lhs.sign_vector(bwd_key)
+  dgrad_signs, wgrad_signs = _bwd_signs(r, keys)
   # dgrad: dX (m, k), row r = dY[r] (n) . W_e (n, k), contraction over n.
   a = _quantize_operand(s, "dgrad_lhs", dy, keys, dgrad_signs)
   w_src = jax.vmap(functools.partial(_forward_source, r.dgrad_rhs))(res.w, res.wq)
