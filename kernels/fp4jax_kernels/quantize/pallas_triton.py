@@ -483,6 +483,15 @@ def _check_shard(x, spec: QuantizeSpec, output: KernelOutput, amax, logical_shap
     raise ValueError(f"logical_shape {logical_shape}: the quantized axis must be a multiple of {spec.fmt.block_size}")
 
 
+def _each(fn, keys: list) -> list:
+  """``[fn(k) for k in keys]``, one call for one key and one call batched under ``jax.vmap`` for more (the same
+  values: ``fn`` draws from its key alone)."""
+  if len(keys) < 2:
+    return [fn(k) for k in keys]
+  out = jax.vmap(fn)(jnp.stack(keys))
+  return [out[i] for i in range(len(keys))]
+
+
 def _draws(directions) -> dict:
   """Per direction ``(name, spec, output, key, signs)``, by name: ``(sign vector or None, element-bits seed,
   scale-bits seed)``, the reference's key split (``split_quantize_key``) and draws (``fp4jax.bits.seed_from_key``);
@@ -498,17 +507,14 @@ def _draws(directions) -> dict:
       if key is None:
         split_quantize_key(None, spec.rounding, spec.hadamard, mode)  # raises: the key is required
       keyed.append((name, key))
-  splits = {}  # name: (signs key, element-bits key, scale-bits key)
-  if keyed:
-    split = jax.vmap(lambda k: jax.random.split(k, 3))(jnp.stack([key for _, key in keyed]))
-    splits = {name: tuple(split[i, j] for j in range(3)) for i, (name, _) in enumerate(keyed)}
+  split3 = lambda k: jax.random.split(k, 3)  # noqa: E731
+  # name: (signs key, element-bits key, scale-bits key)
+  splits = {name: tuple(keys) for (name, _), keys in zip(keyed, _each(split3, [key for _, key in keyed]))}
   wanted = [
     (name, 1 if spec.rounding == "sr" else 2) for name, spec, *_ in directions if spec.rounding in ("sr", "eden")
   ]
-  seeds = {}  # (name, 1): element-bits seed, (name, 2): scale-bits seed
-  if wanted:
-    drawn = jax.vmap(bits_lib.seed_from_key)(jnp.stack([splits[name][j] for name, j in wanted]))
-    seeds = dict(zip(wanted, drawn))
+  # (name, 1): element-bits seed, (name, 2): scale-bits seed
+  seeds = dict(zip(wanted, _each(bits_lib.seed_from_key, [splits[name][j] for name, j in wanted])))
   zero_seed = jnp.zeros((2,), jnp.uint32)
   draws = {}
   for name, spec, _, _, signs in directions:
