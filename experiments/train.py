@@ -1183,7 +1183,8 @@ def execution_overrides(args: argparse.Namespace) -> dict:
 
 def execution_to_args(overrides: dict) -> list[str]:
   """The flags that :func:`execution_overrides` turns back into ``overrides``."""
-  return ["--remat"] * bool(overrides.get("remat")) + [
+  remat = ["--remat"] if overrides.get("remat") else []
+  return remat + [
     "--prequantize-weights" if overrides.get("prequantize_weights", True) else "--no-prequantize-weights",
     "--scan-unroll",
     str(overrides.get("scan_unroll", "auto")),

@@ -355,18 +355,20 @@ def block_dims(spec: QuantizeSpec) -> tuple[int, ...]:
   return (spec.fmt.block_size,) if spec.block_shape is None else spec.block_shape
 
 
-def needs_quantize_key(rounding, hadamard, hadamard_signs) -> bool:
-  """Whether a quantization draws random bits or signs (``split_quantize_key`` then needs a key)."""
-  return rounding in ("sr", "eden") or bool(hadamard and hadamard_signs == "random")
+def needs_quantize_key(key, rounding, hadamard, hadamard_signs) -> bool:
+  """Whether a quantization draws random bits or signs; errors if it does and ``key`` is missing."""
+  if not (rounding in ("sr", "eden") or (hadamard and hadamard_signs == "random")):
+    return False
+  if key is None:
+    what = f"rounding={rounding!r}" if rounding != "rtn" else f"hadamard={hadamard} with random signs"
+    raise ValueError(f"key is required for {what}: pass key=jax.random.key(...)")
+  return True
 
 
 def split_quantize_key(key, rounding, hadamard, hadamard_signs):
   """(signs key, element-bits key, scale-bits key), or Nones when nothing is random; errors if ``key`` is missing."""
-  if not needs_quantize_key(rounding, hadamard, hadamard_signs):
+  if not needs_quantize_key(key, rounding, hadamard, hadamard_signs):
     return None, None, None
-  if key is None:
-    what = f"rounding={rounding!r}" if rounding != "rtn" else f"hadamard={hadamard} with random signs"
-    raise ValueError(f"key is required for {what}: pass key=jax.random.key(...)")
   return tuple(jax.random.split(key, 3))
 
 

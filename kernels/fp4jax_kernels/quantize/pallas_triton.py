@@ -45,7 +45,6 @@ from fp4jax._src.quantize import (
   decode_blocks,
   needs_quantize_key,
   quantize_blocks,
-  split_quantize_key,
 )
 from fp4jax._src.rounding import rtn_bf16
 from fp4jax._src.spec import QuantizeSpec
@@ -500,13 +499,11 @@ def _draws(directions) -> dict:
   time): one key split and one seed draw for a pair instead of one of each per direction. On a GPU JAX lowers every
   threefry call as its 20 rounds unrolled in the HLO (unless ``jax_threefry_gpu_kernel_lowering``), and a pair in
   every layer's backward pass made four such calls."""
-  keyed = []  # (name, key) of the directions that draw
-  for name, spec, _, key, signs in directions:
-    mode = spec.signs if signs is None else "none"
-    if needs_quantize_key(spec.rounding, spec.hadamard, mode):
-      if key is None:
-        split_quantize_key(None, spec.rounding, spec.hadamard, mode)  # raises: the key is required
-      keyed.append((name, key))
+  keyed = [  # (name, key) of the directions that draw
+    (name, key)
+    for name, spec, _, key, signs in directions
+    if needs_quantize_key(key, spec.rounding, spec.hadamard, spec.signs if signs is None else "none")
+  ]
   split3 = lambda k: jax.random.split(k, 3)  # noqa: E731
   # name: (signs key, element-bits key, scale-bits key)
   splits = {name: tuple(keys) for (name, _), keys in zip(keyed, _each(split3, [key for _, key in keyed]))}
