@@ -168,14 +168,15 @@ case "${1:-}" in
   prequantize)
     # The FP4 stacks' projection weights quantized for all layers before the layer loop (ModelConfig.
     # prequantize_weights, the default) against in the loop, 125M: the same loss and gradients bit for bit with the
-    # kernels on (the slow model test on this GPU; BITS=0 skips it); whether one compiled step reproduces its own
-    # losses, and the loop's against prequantized (tools/probe_step_bits.py, the first recipe); then the step side by
-    # side for RECIPES (default nvidia_nvfp4), with UNROLLED=1 also unrolled (does it compile in time?)
+    # kernels on (the slow model test on this GPU), and whether one compiled step reproduces its own losses and the
+    # loop's against prequantized (benchmarks/step_bits.py, the first recipe; BITS=0 skips both); then the step side
+    # by side for RECIPES (default nvidia_nvfp4), with UNROLLED=1 also unrolled (does it compile in time?)
     if [ "${BITS:-1}" != 0 ]; then
       timeout 720 python -m pytest -v -m "slow or not slow" -p no:cacheprovider tests/experiments/test_exp_model.py \
         -k change_how_not_what > "$OUT/prequantize_bits.log" 2>&1
       recipe=${RECIPES:-nvidia_nvfp4}
-      timeout 300 python tools/probe_step_bits.py --recipe "${recipe%%,*}" > "$OUT/prequantize_step_bits.log" 2>&1
+      timeout 300 python benchmarks/step_bits.py --recipe "${recipe%%,*}" \
+        --out "$OUT/step_bits_125M_${recipe%%,*}.json" > "$OUT/prequantize_step_bits.log" 2>&1
     fi
     [ "${STEP:-1}" != 0 ] || exit 0
     recipes=${RECIPES:-nvidia_nvfp4}

@@ -32,6 +32,7 @@ ORDER = (
   "compile_profile",
   "loop_copies",
   "loss_curves",
+  "step_bits",
   "linear_trees",
   "cpu_quantizers",
   "occ_bounds",
@@ -438,6 +439,25 @@ def _pallas_ablation(doc: dict) -> list[str]:
   return out + _ablation_table(doc["rows"])
 
 
+def _step_bits(doc: dict) -> list[str]:
+  s = doc["settings"]
+  title = f"Does one compiled step reproduce its losses? {s['recipe']}, {s['model']}"
+  out = _title(doc, title) + provenance(doc)
+  out += [
+    "",
+    f"One device, {s['batch']} x {s['seq_len']} tokens, {s['steps']} steps from the same state "
+    "(`benchmarks/step_bits.py`): the first step at which two runs' losses differ (none: the same bits throughout), "
+    "and their last losses.",
+    "",
+    "| runs | first differing step | last losses |",
+    "|---|---|---|",
+  ]
+  for pair, first in doc["first_difference"].items():
+    last = ", ".join(f"{float.fromhex(doc['losses'][name][-1]):.4f}" for name in pair.split(" / "))
+    out.append(f"| {pair} | {'none' if first is None else first} | {last} |")
+  return out
+
+
 def _prepass_sweep(doc: dict) -> list[str]:
   out = _title(doc, "MS-EDEN's staging pre-pass per tile and warps (quartet2's 128-point rotation)") + provenance(doc)
   out += [
@@ -536,6 +556,7 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
   "occ_bounds": _occ_bounds,
   "pallas_ablation": _pallas_ablation,
   "prepass_sweep": _prepass_sweep,
+  "step_bits": _step_bits,
 }
 
 INTRO = [

@@ -51,7 +51,7 @@ weight kind instead of one per layer) and the loop reads each layer's slice; the
 elsewhere (and with tensor parallelism or experts) the projections quantize their weights in the loop, as with
 ``prequantize_weights=False``. The loss and gradients are the same bits either way in the tests (the CPU, and a GPU
 with the kernels on); a 125M step on a GPU is not reproducible run to run by default (one compiled step gives
-different losses from its second step on; ``tools/probe_step_bits.py``), so losses there agree only within that noise.
+different losses from its second step on; ``benchmarks/step_bits.py``), so losses there agree only within that noise.
 """
 
 from __future__ import annotations
