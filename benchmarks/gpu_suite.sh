@@ -14,7 +14,7 @@
 #                                          # the step side by side (RECIPES, UNROLLED=1: also unrolled, BITS=0: no
 #                                          # bit check, STEP=0: the bit check only)
 #   bash benchmarks/gpu_suite.sh threefry  # 1 GPU: the 125M step with JAX's threefry as one kernel per call against
-#                                          # its unrolled rounds in the HLO (RECIPES; nvidia_nvfp4 also unrolled)
+#                                          # its unrolled rounds in the HLO (RECIPES; nvidia_nvfp4 also in the loop)
 #   bash benchmarks/gpu_suite.sh compile   # 1 GPU: where the 125M step's compile time goes, FP4 blocks in the loop and
 #                                          # unrolled (RECIPE, default nvidia_nvfp4)
 #   bash benchmarks/gpu_suite.sh deterministic  # 2-4 GPUs: --deterministic, bit-identical losses (one process and
@@ -189,17 +189,15 @@ case "${1:-}" in
       --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
     ;;
   threefry)
-    # jax_threefry_gpu_kernel_lowering (the same bits): on a GPU, JAX lowers each threefry call (Flax's and fp4jax's
-    # key derivations and seeds, 28 per nvidia_nvfp4 block) as 20 unrolled rounds, 76% of the unrolled 125M
-    # nvidia_nvfp4 step's StableHLO (79k operations, 20k with the kernel; counted on the CPU, lowered for CUDA). Does
-    # the kernel bring the unrolled step's compile (nvidia_nvfp4 only: the others' unrolled steps compile for
-    # minutes) and quartet2's in the loop (about 60 s) under the 60 s target, and what do its launches cost?
-    # RECIPES, one process each (default "nvidia_nvfp4 quartet2").
-    tk='"jax_config": {"jax_threefry_gpu_kernel_lowering": true}'
+    # ModelConfig.threefry_kernel (jax_threefry_gpu_kernel_lowering, the same bits): on a GPU, JAX lowers each
+    # threefry call (Flax's and fp4jax's key derivations and seeds) as 20 unrolled rounds, most of an FP4 step's
+    # StableHLO (tools/hlo_census.py). The default ("auto") lowers it as kernels where an FP4 stack is unrolled
+    # (nvidia_nvfp4's, model.UNROLLED_RECIPES): the step against the loop and the unrolled rounds, each way; for the
+    # other RECIPES (default "nvidia_nvfp4 quartet2"; one process each) the loop with and without the kernels.
     for recipe in ${RECIPES:-nvidia_nvfp4 quartet2}; do
-      variants="{\"experiments\": {}, \"threefry_kernel\": {$tk}"
-      [ "$recipe" != nvidia_nvfp4 ] \
-        || variants+=", \"unrolled\": {\"scan_unroll\": 12}, \"unrolled_threefry_kernel\": {\"scan_unroll\": 12, $tk}"
+      variants='{"experiments": {}, "threefry_kernel": {"threefry_kernel": true}'
+      [ "$recipe" != nvidia_nvfp4 ] || variants='{"experiments": {}, "unrolled_rounds": {"threefry_kernel": false},
+        "loop": {"scan_unroll": 1}, "loop_threefry_kernel": {"scan_unroll": 1, "threefry_kernel": true}'
       name="train_throughput_125M_threefry_$recipe"
       timeout 480 python benchmarks/train_throughput.py --model 125M --devices 1 --recipes "$recipe" --rounds 2 \
         --steps 8 --max-compile-s 240 --profile "/tmp/prof_$name" --experiments-variants "$variants}" \

@@ -4,7 +4,8 @@
   XLA_FLAGS=--xla_gpu_enable_dynamic_slice_fusion=true python benchmarks/loop_copies.py --recipe nvidia_nvfp4
   python benchmarks/loop_copies.py --model 100K --batch 2 --seq-len 64 --out /tmp/c.json   # CPU smoke
 
-The FP4 blocks run one per iteration of a device loop (``ModelConfig.scan_unroll``): the forward loop writes each
+The FP4 blocks run one per iteration of a device loop (``--overrides``' default ``{"scan_unroll": 1}``: without it
+nvidia_nvfp4's stack is unrolled, ``ModelConfig.scan_unroll="auto"``): the forward loop writes each
 activation the backward needs into a stacked buffer (one slot per layer, a ``dynamic-update-slice``) and the
 backward loop reads it back (a ``dynamic-slice``). The GPU profile of the 125M step shows ``memcpy`` kernels
 (BENCHMARKS.md's copy column). This census compiles ``fp4jax_experiments.train.Trainer``'s train step once (no
@@ -210,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--model", default="125M")
   p.add_argument("--recipe", default="nvidia_nvfp4")
-  p.add_argument("--overrides", default="{}", type=json.loads, help="JSON ModelConfig overrides")
+  p.add_argument(
+    "--overrides", default='{"scan_unroll": 1}', type=json.loads, help="JSON ModelConfig overrides (default: the loop)"
+  )
   p.add_argument("--batch", type=int, default=16)
   p.add_argument("--seq-len", type=int, default=1024)
   p.add_argument("--top", type=int, default=12, help="groups kept per loop (the most bytes)")

@@ -22,7 +22,6 @@ import sys
 if __package__ in (None, ""):  # run as a script: the repository root makes ``benchmarks`` importable
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import jax
 import numpy as np
 
 from benchmarks.benchtools import header
@@ -46,7 +45,7 @@ def curve(model: str, recipe: str, batch: int, seq_len: int, steps: int, overrid
   )
   trainer = train.Trainer(config, model_overrides=overrides)
   state = trainer.init_state()
-  step = jax.jit(trainer.train_step)
+  step = trainer.train_step
   losses = []
   for s in range(steps):
     state, metrics = step(state, trainer.place(trainer.stream.batch(s)), trainer.quant_key(s))

@@ -30,7 +30,6 @@ the JSON. Such a compile goes on in the background: each row records whether it 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import json
@@ -104,29 +103,6 @@ class Entry:
 def abandoned_compile_running() -> bool:
   """Whether a compile given up by ``_compile`` still runs in its thread (it takes CPU from what is timed)."""
   return any(worker.is_alive() for worker in ABANDONED)
-
-
-@contextlib.contextmanager
-def jax_flags(flags: dict):
-  """JAX config values (``jax.config.update``) for the block, restored after it: an experiments variant's
-  ``"jax_config"``, in force while its step is traced and lowered (e.g. ``jax_threefry_gpu_kernel_lowering``: the
-  PRNG's threefry as one kernel per call instead of its unrolled rounds in the HLO; the same bits).
-
-  Raises:
-    ValueError: a name that is not a JAX config option (the message names it).
-  """
-  saved = {}
-  try:
-    for name, value in flags.items():
-      try:
-        saved[name] = getattr(jax.config, name)
-      except AttributeError:
-        raise ValueError(f"jax_config: {name!r} is not a JAX config option") from None
-      jax.config.update(name, value)
-    yield
-  finally:
-    for name, value in saved.items():
-      jax.config.update(name, value)
 
 
 class CompileTimeout(Exception):
@@ -217,11 +193,7 @@ def experiments_entry(
 ) -> Entry:
   """``fp4jax_experiments.train.Trainer`` of ``size`` under ``recipe`` on ``bench_scaling``'s data mesh of n, with
   the ModelConfig ``overrides``, its data-parallel gradients all-reduced in ``grad_comm_dtype`` when n > 1 (one
-  device communicates none: float32 there); recorded as model ``label``. An ``overrides`` key ``"jax_config"``
-  (``{option: value}``) is not a ModelConfig field: the step is traced and lowered under those JAX config values
-  (``jax_flags``)."""
-  overrides = dict(overrides)
-  flags = overrides.pop("jax_config", {})
+  device communicates none: float32 there); recorded as model ``label``."""
   batch = per_device_batch * n
   config = train.TrainConfig(
     model=size,
@@ -242,8 +214,7 @@ def experiments_entry(
     )
   state = trainer.init_state()
   inputs = [(trainer.place(trainer.stream.batch(s)), trainer.quant_key(s)) for s in range(PLACED_BATCHES)]
-  with jax_flags(flags):
-    compiled, seconds = _compile(trainer.train_step, state, inputs, max_compile_s)
+  compiled, seconds = _compile(trainer.train_step, state, inputs, max_compile_s)
 
   def step(state, tokens, key):
     state, metrics = compiled(state, tokens, key)
@@ -434,8 +405,7 @@ def _parser() -> argparse.ArgumentParser:
     default=None,
     type=json.loads,
     help="JSON object {label: ModelConfig overrides}: several experiments models side by side, each recorded under "
-    'its label (e.g. \'{"experiments": {}, "scan": {"scan_unroll": 1}}\'); replaces --experiments-overrides. A '
-    'key "jax_config" maps JAX config options to the values its step is traced and lowered under',
+    'its label (e.g. \'{"experiments": {}, "scan": {"scan_unroll": 1}}\'); replaces --experiments-overrides.',
   )
   p.add_argument(
     "--grad-comm-dtype",
@@ -497,10 +467,6 @@ def main(argv: list[str] | None = None) -> None:
   variants = args.experiments_variants or {"experiments": args.experiments_overrides}
   if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()) or "anchor" in variants:
     parser.error(f"--experiments-variants must map labels other than 'anchor' to JSON objects, got {variants!r}")
-  for label, overrides in variants.items():
-    flags = overrides.get("jax_config", {})
-    if not isinstance(flags, dict) or not all(hasattr(jax.config, name) for name in flags):
-      parser.error(f"--experiments-variants {label!r}: jax_config must map JAX config options to values, got {flags!r}")
   counts = [int(n) for n in args.devices.split(",")]
   if min(counts) < 1 or max(counts) > len(jax.devices()):
     parser.error(f"--devices {args.devices}: {len(jax.devices())} devices are visible")

@@ -32,17 +32,24 @@ split per layer. ``remat=True`` recomputes each block's activations in the backw
 k blocks per loop iteration. A device loop over the blocks copies every block's saved activations into (and out of)
 the stacked buffers of the backward pass; unrolled, the blocks are straight-line code without those copies, but
 XLA then compiles every block's kernels apart, and an FP4 block has many more kernels than a BF16 block (its
-quantizers' fusions beside the Pallas kernels). ``scan_unroll="auto"`` (the default) unrolls the BF16 stacks whole
-and runs the FP4 stacks one block per iteration (``ModelConfig.stack_unroll``).
+quantizers' fusions beside the Pallas kernels). ``scan_unroll="auto"`` (the default) unrolls the BF16 stacks whole,
+and the stacks of the FP4 recipes in :data:`UNROLLED_RECIPES` (dense models), and runs the other FP4 stacks one
+block per iteration (``ModelConfig.stack_unroll``).
+
+``threefry_kernel`` (how, not what): on a GPU, JAX lowers each threefry PRNG call (Flax's ``make_rng``, fp4jax's
+key derivations and SR seeds: hundreds per FP4 step) as its 20 rounds unrolled in the HLO, most of an FP4 step's
+operations; ``jax_threefry_gpu_kernel_lowering`` makes each call one kernel (the same bits), which shortens the
+compile and adds a launch per call. ``"auto"`` (the default) turns it on where an FP4 stack is unrolled
+(``ModelConfig.jax_config``; the Trainer lowers its steps under it).
 
 ``recompute`` (how, not what): the backward pass recomputes each RMSNorm (``"norms"``), and also the SwiGLU product
 ``silu(gate) ⊙ up`` of a dense block (``"norms_swiglu"``), from their bf16 inputs instead of saving their
 intermediates (per block six float32 activations of the norms, three bf16 of the SiLU): fewer activations written,
 and copied through a layer loop's stacked buffers. The forward values are the same bits; the gradients differ in
 last bits where XLA fuses the recomputation differently (on a GPU it can also keep in float32 what the saved bf16
-intermediates rounded). ``"auto"`` (the default) recomputes both in the FP4 blocks, whose layer loop
-zero-fills, writes and reads back a stacked buffer for every saved activation, and nothing in the BF16 blocks
-(unrolled) or the final norm: a BF16 model computes the same program as with ``"none"``.
+intermediates rounded). ``"auto"`` (the default) recomputes both in the FP4 blocks (a layer loop zero-fills,
+writes and reads back a stacked buffer for every saved activation; the unrolled FP4 stacks were measured with it),
+and nothing in the BF16 blocks or the final norm: a BF16 model computes the same program as with ``"none"``.
 
 ``prequantize_weights`` (how, not what; on by default): each FP4 stack quantizes its seven projection weights for all
 of its layers before the layer loop (``fp4jax.prequantize_weight`` under ``jax.vmap``, one batched quantizer per
@@ -77,6 +84,11 @@ QUANTIZER_BACKENDS = get_args(Backend)  # fp4jax.dot_general's backend vocabular
 
 ATTENTION_IMPLS = (None, "auto", "xla", "cudnn")
 BF16_RECIPE = "bf16"
+# FP4 recipes whose stacks scan_unroll="auto" unrolls (dense models), under the threefry kernel lowering: the 125M
+# step measured faster unrolled and compiling in under 60 s on an H200
+# (benchmarks/results/train_throughput_125M_threefry_nvidia_nvfp4.json). quartet2's unrolled step still compiled for
+# more than 150 s with the kernel lowering; the others are not measured.
+UNROLLED_RECIPES = frozenset({"nvidia_nvfp4"})
 INIT_STD = 0.02
 
 
@@ -154,9 +166,12 @@ class ModelConfig:
   # "none", "norms" (RMSNorm), "norms_swiglu" (and silu(gate) ⊙ up), or "auto": "norms_swiglu" in FP4 blocks and
   # "none" in BF16 blocks (module docstring, block_recompute)
   recompute: Recompute = "auto"
-  # blocks per scan iteration, or "auto": BF16 stacks unrolled whole, FP4 stacks one block per iteration (module
-  # docstring, stack_unroll); how, not what, the model computes
+  # blocks per scan iteration, or "auto": BF16 stacks and UNROLLED_RECIPES' stacks unrolled whole, other FP4 stacks
+  # one block per iteration (module docstring, stack_unroll); how, not what, the model computes
   scan_unroll: int | Literal["auto"] = "auto"
+  # lower the steps under jax_threefry_gpu_kernel_lowering (True/False), or "auto": where an FP4 stack is unrolled
+  # (module docstring, jax_config); how, not what
+  threefry_kernel: bool | Literal["auto"] = "auto"
   # a data-parallel step under shard_map (experiments.train) sums each block's parameter gradients over the devices
   # "after_backward", all at once, or "per_block", inside the backward pass's layer loop (float32 and bfloat16
   # gradients: the same sums; slower on two H100s, benchmarks/results/train_throughput_2gpu_grad_sum.json); how, not
@@ -187,6 +202,8 @@ class ModelConfig:
     unroll = self.scan_unroll
     if unroll != "auto" and (isinstance(unroll, bool) or not (isinstance(unroll, int) and unroll > 0)):
       raise ValueError(f"scan_unroll must be 'auto' or a positive int (not a bool), got {unroll!r}")
+    if not (self.threefry_kernel == "auto" or isinstance(self.threefry_kernel, bool)):
+      raise ValueError(f"threefry_kernel must be 'auto', True or False, got {self.threefry_kernel!r}")
     if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
       raise ValueError(
         f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even width (RoPE rotates pairs)"
@@ -238,12 +255,25 @@ class ModelConfig:
       stack: one of ``layer_stacks(self)``.
 
     Returns:
-      ``scan_unroll`` capped at ``stack.length``; for ``"auto"`` the whole stack if it is BF16 and 1 otherwise (see
-      the module docstring).
+      ``scan_unroll`` capped at ``stack.length``; for ``"auto"`` the whole stack if it is BF16, or if its recipe is
+      in :data:`UNROLLED_RECIPES` and the model is dense, and 1 otherwise (see the module docstring).
     """
     if self.scan_unroll == "auto":
-      return stack.length if stack.recipe == BF16_RECIPE else 1
+      unrolled = stack.recipe == BF16_RECIPE or (stack.recipe in UNROLLED_RECIPES and not self.num_experts)
+      return stack.length if unrolled else 1
     return min(self.scan_unroll, stack.length)
+
+  def jax_config(self) -> dict[str, bool]:
+    """The JAX config values the model's steps are lowered under (``experiments.lowering.scoped``).
+
+    Returns:
+      ``{"jax_threefry_gpu_kernel_lowering": value}``: ``threefry_kernel``; for ``"auto"`` whether a stack under an
+      FP4 recipe runs more than one block per loop iteration (see the module docstring).
+    """
+    value = self.threefry_kernel
+    if value == "auto":
+      value = any(s.recipe != BF16_RECIPE and self.stack_unroll(s) > 1 for s in layer_stacks(self))
+    return {"jax_threefry_gpu_kernel_lowering": value}
 
   def block_recompute(self, recipe: str) -> Literal["none", "norms", "norms_swiglu"]:
     """What a block under ``recipe`` recomputes in its backward pass.

@@ -66,7 +66,7 @@ import orbax.checkpoint as ocp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from fp4jax_experiments import cli, data, deterministic, diagnostics, optimizer, sharding
+from fp4jax_experiments import cli, data, deterministic, diagnostics, lowering, optimizer, sharding
 from fp4jax_experiments import model as model_lib
 
 QUANT_KEY_SALT = 1
@@ -321,7 +321,16 @@ class Trainer:
     if layout is None:
       self.train_step = jax.jit(self._train_step, donate_argnums=0)
       self.eval_loss = jax.jit(self.eval_fn)
-      return
+    else:
+      self._sharded_steps(layout)
+    # lowered under the model's JAX config values (the threefry kernel lowering), at every call: they key jit's cache
+    flags = self.model_config.jax_config()
+    self.train_step = lowering.Scoped(self.train_step, flags)
+    self.eval_loss = lowering.Scoped(self.eval_loss, flags)
+
+  def _sharded_steps(self, layout: sharding.Layout) -> None:
+    """The jitted steps of a run on ``layout``'s mesh (data parallel, FSDP, tensor parallel)."""
+    config = self.config
     if not config.deterministic:
       sharding.check_layout(layout, self.model_config, config.batch_size, config.seq_len)
     self.mesh = sharding.make_mesh(layout)
@@ -1127,10 +1136,18 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--remat", action="store_true", help="recompute block activations in the backward pass")
   parser.add_argument(
     "--scan-unroll",
-    type=_scan_unroll,
+    type=parse_scan_unroll,
     default="auto",
     help="blocks per scan iteration (>= the layer count: no device loop, faster steps, longer compiles), or auto: "
     "BF16 blocks unrolled, FP4 blocks one per iteration",
+  )
+  parser.add_argument(
+    "--threefry-kernel",
+    default="auto",
+    choices=list(THREEFRY_KERNEL),
+    help="lower the steps under jax_threefry_gpu_kernel_lowering (a GPU's threefry PRNG calls as kernels, not their "
+    "rounds in the HLO: the same bits, shorter compiles, a launch per call): on, off, or auto: where FP4 blocks are "
+    "unrolled",
   )
   parser.add_argument(
     "--recompute",
@@ -1157,7 +1174,11 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
   )
 
 
-def _scan_unroll(text: str) -> int | str:
+# --threefry-kernel's values: ModelConfig.threefry_kernel's
+THREEFRY_KERNEL = {"auto": "auto", "on": True, "off": False}
+
+
+def parse_scan_unroll(text: str) -> int | str:
   """--scan-unroll's value: "auto" or a positive int."""
   if text == "auto":
     return text
@@ -1175,6 +1196,7 @@ def execution_overrides(args: argparse.Namespace) -> dict:
   return {
     "remat": args.remat,
     "scan_unroll": args.scan_unroll,
+    "threefry_kernel": THREEFRY_KERNEL[args.threefry_kernel],
     "recompute": args.recompute,
     "quantizer_backend": args.quantizer_backend,
     "prequantize_weights": args.prequantize_weights,
@@ -1188,6 +1210,8 @@ def execution_to_args(overrides: dict) -> list[str]:
     "--prequantize-weights" if overrides.get("prequantize_weights", True) else "--no-prequantize-weights",
     "--scan-unroll",
     str(overrides.get("scan_unroll", "auto")),
+    "--threefry-kernel",
+    next(k for k, v in THREEFRY_KERNEL.items() if v == overrides.get("threefry_kernel", "auto")),
     "--recompute",
     overrides.get("recompute", "auto"),
     "--quantizer-backend",

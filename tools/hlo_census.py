@@ -1,23 +1,22 @@
 """Census (any machine): how many StableHLO operations the experiments' train step has when lowered for a GPU, and how
 many of them are JAX's threefry PRNG.
 
-    python tools/hlo_census.py [--model 125M] [--recipe nvidia_nvfp4] [--scan-unroll 1] [--threefry-kernel]
+    python tools/hlo_census.py [--model 125M] [--recipe nvidia_nvfp4] [--scan-unroll auto] [--threefry-kernel auto]
 
 The step (``fp4jax_experiments.train.Trainer``, 2 x 128 tokens: the operation counts do not depend on the batch) is
 traced and lowered for CUDA on this machine (``lowering_platforms=("cuda",)``, the Pallas kernels as their Triton
 custom calls, as on a GPU that runs them; no GPU needed), then every private function is inlined at its call sites
 by counting: the operations (constants aside) XLA's passes start from. On a GPU JAX lowers each threefry call as its
-20 rounds unrolled, unless ``--threefry-kernel`` (``jax_threefry_gpu_kernel_lowering``: one custom call each, the
-same bits). Prints the inlined count, the threefry calls and their share, and the threefry calls by the function that
-makes them (the callers' names, as lowered).
+20 rounds unrolled, unless ``--threefry-kernel on`` (``ModelConfig.threefry_kernel``:
+``jax_threefry_gpu_kernel_lowering``, one custom call each, the same bits; ``auto``, the default, where an FP4
+stack is unrolled). Prints the inlined count, the threefry calls and their share, and the threefry calls by the
+function that makes them (the callers' names, as lowered).
 """
 
 import argparse
 import collections
 import functools
 import re
-
-import jax
 
 from fp4jax._src import backends
 from fp4jax_experiments import train
@@ -69,10 +68,9 @@ def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--model", default="125M")
   p.add_argument("--recipe", default="nvidia_nvfp4")
-  p.add_argument("--scan-unroll", type=int, default=1)
-  p.add_argument("--threefry-kernel", action="store_true")
+  p.add_argument("--scan-unroll", type=train.parse_scan_unroll, default="auto")
+  p.add_argument("--threefry-kernel", default="auto", choices=list(train.THREEFRY_KERNEL))
   args = p.parse_args()
-  jax.config.update("jax_threefry_gpu_kernel_lowering", args.threefry_kernel)
   # a GPU that runs the Pallas kernels, as far as the dispatch asks
   backends.compute_capability = lambda device=None: (9, 0)
   backends.has_pallas_triton = lambda device=None: True
@@ -80,7 +78,12 @@ def main() -> None:
   config = train.TrainConfig(
     model=args.model, recipe=args.recipe, data="stdlib", batch_size=2, seq_len=128, tokens=2 * 128 * 4
   )
-  trainer = train.Trainer(config, model_overrides={"scan_unroll": args.scan_unroll, "quantizer_backend": "pallas"})
+  overrides = {
+    "scan_unroll": args.scan_unroll,
+    "threefry_kernel": train.THREEFRY_KERNEL[args.threefry_kernel],
+    "quantizer_backend": "pallas",
+  }
+  trainer = train.Trainer(config, model_overrides=overrides)
   state = trainer.init_state()
   lowered = trainer.train_step.trace(state, trainer.place(trainer.stream.batch(0)), trainer.quant_key(0))
   result = census(lowered.lower(lowering_platforms=("cuda",)).as_text())

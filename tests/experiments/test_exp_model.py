@@ -221,19 +221,41 @@ def test_scan_unroll_must_be_auto_or_positive(bad):
     m.model_config("100K", scan_unroll=bad)
 
 
-# slow tier; default representative: test_scanned_stacks_equal_blocks_applied_one_by_one (the stacks as "auto" runs
-# them) and test_layer_stacks_follow_the_bf16_policy (the stacks it unrolls or loops over)
+def test_auto_unroll_unrolls_bf16_and_listed_fp4_stacks_and_the_threefry_kernel_follows():
+  """scan_unroll="auto": the BF16 stacks (first, last, or a BF16 model's) and a dense model's nvidia_nvfp4 stack
+  (model.UNROLLED_RECIPES) run whole; quartet2's stack and an MoE model's FP4 stack one block per iteration; an
+  explicit k is capped by the stack's length. threefry_kernel="auto" is on exactly where an FP4 stack runs more than
+  one block per iteration."""
+  config = m.model_config("100K", n_layers=6, recipe="quartet2", bf16_first=1, bf16_last=2)
+  unroll = lambda c: {s.name: c.stack_unroll(s) for s in m.layer_stacks(c)}
+  kernel = lambda c: c.jax_config()["jax_threefry_gpu_kernel_lowering"]
+  assert unroll(config) == {"first_blocks": 1, "blocks": 1, "last_blocks": 2} and not kernel(config)
+  nvidia = dataclasses.replace(config, recipe="nvidia_nvfp4")
+  assert unroll(nvidia) == {"first_blocks": 1, "blocks": 3, "last_blocks": 2} and kernel(nvidia)
+  assert unroll(dataclasses.replace(config, scan_unroll=2)) == {"first_blocks": 1, "blocks": 2, "last_blocks": 2}
+  assert kernel(dataclasses.replace(config, scan_unroll=2))  # quartet2 unrolled by 2: the kernels
+  assert not kernel(dataclasses.replace(nvidia, scan_unroll=1))  # nvidia_nvfp4 in the loop: the rounds
+  moe = m.model_config("1M-moe", recipe="nvidia_nvfp4")
+  assert set(unroll(moe).values()) == {1} and not kernel(moe)
+  bf16 = m.model_config("100K", n_layers=3)
+  assert unroll(bf16) == {"blocks": 3} and not kernel(bf16)
+  assert kernel(dataclasses.replace(bf16, threefry_kernel=True)) and not kernel(
+    dataclasses.replace(nvidia, threefry_kernel=False)
+  )
+
+
+@pytest.mark.parametrize("bad", [1, 0, "on", None])
+def test_threefry_kernel_must_be_auto_or_a_bool(bad):
+  with pytest.raises(ValueError, match=f"threefry_kernel must be 'auto', True or False, got {bad!r}"):
+    m.model_config("100K", threefry_kernel=bad)
+
+
+# slow tier; default representative: test_auto_unroll_unrolls_bf16_and_listed_fp4_stacks_and_the_threefry_kernel_follows
+# (the stacks' unroll) and test_scanned_stacks_equal_blocks_applied_one_by_one (the stacks as "auto" runs them)
 @pytest.mark.slow
-def test_auto_unroll_unrolls_the_bf16_stacks_and_loops_over_the_fp4_blocks():
-  """scan_unroll="auto": the BF16 stacks (first, last, or a BF16 model's) are straight-line code, the FP4 stack is a
-  device loop of one block per iteration; an explicit k is capped by the stack's length."""
-  config = m.model_config("100K", n_layers=6, recipe="nvidia_nvfp4", bf16_first=1, bf16_last=2)
-  assert {s.name: config.stack_unroll(s) for s in m.layer_stacks(config)} == {
-    "first_blocks": 1,
-    "blocks": 1,
-    "last_blocks": 2,
-  }
-  assert [dataclasses.replace(config, scan_unroll=2).stack_unroll(s) for s in m.layer_stacks(config)] == [1, 2, 2]
+def test_auto_unroll_lowers_unrolled_stacks_without_a_device_loop():
+  """The lowered forward pass: a BF16 model and a dense nvidia_nvfp4 model have no loop over their blocks under
+  "auto", quartet2's blocks run in one."""
   tokens = jnp.zeros((1, 8), jnp.int32)
 
   def loops(config):  # while loops in the lowered forward pass
@@ -243,8 +265,10 @@ def test_auto_unroll_unrolls_the_bf16_stacks_and_loops_over_the_fp4_blocks():
 
   assert loops(m.model_config("100K", n_layers=3)) == 0
   assert loops(m.model_config("100K", n_layers=3, scan_unroll=1)) == 1
-  fp4 = m.model_config("100K", n_layers=3, recipe="nvidia_nvfp4")  # its quantizers have loops of their own
-  assert loops(fp4) == loops(dataclasses.replace(fp4, scan_unroll=1)) != loops(dataclasses.replace(fp4, scan_unroll=3))
+  for recipe, auto in (("quartet2", 1), ("nvidia_nvfp4", 3)):  # their quantizers have loops of their own
+    fp4 = m.model_config("100K", n_layers=3, recipe=recipe)
+    assert loops(fp4) == loops(dataclasses.replace(fp4, scan_unroll=auto))
+    assert loops(fp4) != loops(dataclasses.replace(fp4, scan_unroll=4 - auto))
 
 
 # slow tier; default representative: test_scanned_stacks_equal_blocks_applied_one_by_one (the stacks' blocks in order)

@@ -164,10 +164,18 @@ def test_biggest_runs_start_first_and_share_a_device(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
   "overrides",
   [
-    {"remat": True, "scan_unroll": 6, "recompute": "norms", "quantizer_backend": "pallas", "prequantize_weights": True},
+    {
+      "remat": True,
+      "scan_unroll": 6,
+      "threefry_kernel": False,
+      "recompute": "norms",
+      "quantizer_backend": "pallas",
+      "prequantize_weights": True,
+    },
     {
       "remat": False,
       "scan_unroll": 1,
+      "threefry_kernel": True,
       "recompute": "norms_swiglu",
       "quantizer_backend": "xla",
       "prequantize_weights": False,
@@ -175,6 +183,7 @@ def test_biggest_runs_start_first_and_share_a_device(tmp_path, monkeypatch):
     {
       "remat": False,
       "scan_unroll": "auto",
+      "threefry_kernel": "auto",
       "recompute": "none",
       "quantizer_backend": "auto",
       "prequantize_weights": True,
@@ -182,8 +191,8 @@ def test_biggest_runs_start_first_and_share_a_device(tmp_path, monkeypatch):
   ],
 )
 def test_execution_flags_reach_the_training_command(tmp_path, overrides):
-  """The sweep's --remat/--scan-unroll/--recompute/--quantizer-backend/--prequantize-weights reach each run's
-  `experiments.train` command intact."""
+  """The sweep's --remat/--scan-unroll/--threefry-kernel/--recompute/--quantizer-backend/--prequantize-weights reach
+  each run's `experiments.train` command intact."""
   run = sweep.plan(BASE, ["100K"], [10], ["bf16"])[0]
   command = sweep.train_command(run, tmp_path, 3.0, None, execution=overrides, final_eval_batches=32)
   parser = argparse.ArgumentParser()
