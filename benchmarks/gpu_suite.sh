@@ -13,6 +13,7 @@
 #                                          # layer loop: the same bits, the 125M step's reproducibility with each,
 #                                          # the step side by side (RECIPES, UNROLLED=1: also unrolled, BITS=0: no
 #                                          # bit check, STEP=0: the bit check only)
+#   bash benchmarks/gpu_suite.sh defaults  # 1 GPU: the 125M step of every recipe with the defaults, beside the anchor
 #   bash benchmarks/gpu_suite.sh threefry  # 1 GPU: the 125M step with JAX's threefry as one kernel per call against
 #                                          # its unrolled rounds in the HLO (RECIPES; nvidia_nvfp4 also in the loop)
 #   bash benchmarks/gpu_suite.sh compile   # 1 GPU: where the 125M step's compile time goes, FP4 blocks in the loop and
@@ -187,6 +188,15 @@ case "${1:-}" in
     timeout 420 python benchmarks/train_throughput.py --model 125M --devices 1 --recipes "$recipes" --rounds 2 \
       --steps 8 --max-compile-s 240 --profile "/tmp/prof_$name" --experiments-variants "$variants" \
       --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+    ;;
+  defaults)
+    # The 125M step of every recipe with this commit's defaults (the kernels, prequantized weights, nvidia_nvfp4's
+    # stack unrolled under the threefry kernel lowering) beside the anchor, one process: the headline ratios of issue
+    # 31 (RECIPES, default bf16,nvidia_nvfp4,quartet2,ms_fp4,quartet); about 5 minutes.
+    timeout 450 python benchmarks/train_throughput.py --model 125M --devices 1 \
+      --recipes "${RECIPES:-bf16,nvidia_nvfp4,quartet2,ms_fp4,quartet}" --rounds 2 --steps 8 --max-compile-s 150 \
+      --profile /tmp/prof_defaults --out "$OUT/train_throughput_125M_defaults.json" \
+      > "$OUT/train_throughput_125M_defaults.log" 2>&1
     ;;
   threefry)
     # ModelConfig.threefry_kernel (jax_threefry_gpu_kernel_lowering, the same bits): on a GPU, JAX lowers each

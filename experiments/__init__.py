@@ -10,6 +10,7 @@ Modules (one concept each):
   optimizer    AdamW with clipping and the warmup + cosine schedule
   diagnostics  per-layer quantization error of the FP4 projections
   train        the training loop and its command line
+  lowering     JAX config values a jitted step is lowered under (the GPU's threefry as kernels)
   compare      the main job: tiny model, several recipes, one plot and one table
   sweep        grids of runs (sizes x tokens-per-parameter x recipes), resumable, several GPUs
   scaling_law  Quartet and Chinchilla loss laws, Huber fit on log residuals, bootstrap intervals

@@ -1,0 +1,10 @@
+#!/bin/bash
+# GPU 0's share of tools/plans/issue34-k.txt (one H200), issue34-x2-f.txt and issue34-x4-f.txt (lease_sweeps.sh sets
+# OUT, LEASE_STATE and LEASE_DEADLINE), one thing at a time on that GPU:
+#   1. nvidia_nvfp4 30M, D/N = 25 seed 1 (issue 34; its stack unrolled by default since b7acecc: about 14 minutes);
+#   2. issue 31: the 125M step of every recipe with the defaults beside the anchor (gpu_suite.sh defaults, about 5
+#      minutes).
+set -u -o pipefail
+source tools/plans/lease_lib.sh
+lease_sweep nv30r25s1 --sizes 30M --ratios 25 --recipes nvidia_nvfp4 --seeds 1 --devices 0
+CUDA_VISIBLE_DEVICES=0 SKIP_INSTALL=1 bash benchmarks/gpu_suite.sh defaults
