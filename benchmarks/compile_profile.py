@@ -84,6 +84,7 @@ def measure(model: str, recipe: str, overrides: dict, seq_len: int, batch: int, 
   traced_at = time.perf_counter()
   lowered = traced.lower()
   lowered_at = time.perf_counter()
+  print(f"  traced in {traced_at - start:.1f} s, lowered in {lowered_at - traced_at:.1f} s; compiling", flush=True)
   with tempfile.TemporaryDirectory() as folder:
     with jax.profiler.trace(folder, create_perfetto_trace=True):
       compiled = lowered.compile()
