@@ -33,8 +33,9 @@ k blocks per loop iteration. A device loop over the blocks copies every block's 
 the stacked buffers of the backward pass; unrolled, the blocks are straight-line code without those copies, but
 XLA then compiles every block's kernels apart, and an FP4 block has many more kernels than a BF16 block (its
 quantizers' fusions beside the Pallas kernels). ``scan_unroll="auto"`` (the default) unrolls the BF16 stacks whole,
-and the stacks of the FP4 recipes in :data:`UNROLLED_RECIPES` (dense models), and runs the other FP4 stacks one
-block per iteration (``ModelConfig.stack_unroll``).
+and the stacks of the FP4 recipes in :data:`UNROLLED_RECIPES` where the GPU kernels quantize (dense models; with
+XLA's quantizers, on a CPU, an unrolled FP4 stack compiles much longer), and runs the other FP4 stacks one block per
+iteration (``ModelConfig.stack_unroll``).
 
 ``threefry_kernel`` (how, not what): on a GPU, JAX lowers each threefry PRNG call (Flax's ``make_rng``, fp4jax's
 key derivations and SR seeds: hundreds per FP4 step) as its 20 rounds unrolled in the HLO, most of an FP4 step's
@@ -75,6 +76,7 @@ import jax
 import jax.numpy as jnp
 
 import fp4jax
+import fp4jax.backends
 import fp4jax.recipes
 import fp4jax.sharding
 from fp4jax import Backend
@@ -84,8 +86,8 @@ QUANTIZER_BACKENDS = get_args(Backend)  # fp4jax.dot_general's backend vocabular
 
 ATTENTION_IMPLS = (None, "auto", "xla", "cudnn")
 BF16_RECIPE = "bf16"
-# FP4 recipes whose stacks scan_unroll="auto" unrolls (dense models), under the threefry kernel lowering: the 125M
-# step measured faster unrolled and compiling in under 60 s on an H200
+# FP4 recipes whose stacks scan_unroll="auto" unrolls (dense models, the GPU kernels quantizing), under the threefry
+# kernel lowering: the 125M step measured faster unrolled and compiling in under 60 s on an H200
 # (benchmarks/results/train_throughput_125M_threefry_nvidia_nvfp4.json). quartet2's unrolled step still compiled for
 # more than 150 s with the kernel lowering; the others are not measured.
 UNROLLED_RECIPES = frozenset({"nvidia_nvfp4"})
@@ -256,11 +258,15 @@ class ModelConfig:
 
     Returns:
       ``scan_unroll`` capped at ``stack.length``; for ``"auto"`` the whole stack if it is BF16, or if its recipe is
-      in :data:`UNROLLED_RECIPES` and the model is dense, and 1 otherwise (see the module docstring).
+      in :data:`UNROLLED_RECIPES`, the model is dense and its quantizers are GPU kernels (``quantizer_backend``
+      not "xla" on a device where ``fp4jax.backends.has_pallas_triton``), and 1 otherwise (see the module
+      docstring).
     """
     if self.scan_unroll == "auto":
-      unrolled = stack.recipe == BF16_RECIPE or (stack.recipe in UNROLLED_RECIPES and not self.num_experts)
-      return stack.length if unrolled else 1
+      if stack.recipe == BF16_RECIPE:
+        return stack.length
+      kernels = self.quantizer_backend != "xla" and fp4jax.backends.has_pallas_triton()
+      return stack.length if stack.recipe in UNROLLED_RECIPES and not self.num_experts and kernels else 1
     return min(self.scan_unroll, stack.length)
 
   def jax_config(self) -> dict[str, bool]:

@@ -18,6 +18,7 @@ import collections
 import functools
 import re
 
+import fp4jax.backends
 from fp4jax._src import backends
 from fp4jax_experiments import train
 
@@ -75,6 +76,7 @@ def main() -> None:
   backends.compute_capability = lambda device=None: (9, 0)
   backends.has_pallas_triton = lambda device=None: True
   backends.pallas_interpret = lambda device=None: False
+  fp4jax.backends.has_pallas_triton = backends.has_pallas_triton  # the experiments' unroll policy asks here
   config = train.TrainConfig(
     model=args.model, recipe=args.recipe, data="stdlib", batch_size=2, seq_len=128, tokens=2 * 128 * 4
   )

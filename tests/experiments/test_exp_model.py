@@ -12,6 +12,7 @@ import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
 import fp4jax
+import fp4jax.backends
 from fp4jax_experiments import model as m
 
 QUARTET_SIZES = {"30M": 30e6, "50M": 50e6, "100M": 100e6, "200M": 200e6}
@@ -221,17 +222,23 @@ def test_scan_unroll_must_be_auto_or_positive(bad):
     m.model_config("100K", scan_unroll=bad)
 
 
-def test_auto_unroll_unrolls_bf16_and_listed_fp4_stacks_and_the_threefry_kernel_follows():
-  """scan_unroll="auto": the BF16 stacks (first, last, or a BF16 model's) and a dense model's nvidia_nvfp4 stack
-  (model.UNROLLED_RECIPES) run whole; quartet2's stack and an MoE model's FP4 stack one block per iteration; an
+def test_auto_unroll_unrolls_bf16_and_listed_fp4_stacks_and_the_threefry_kernel_follows(monkeypatch):
+  """scan_unroll="auto": the BF16 stacks (first, last, or a BF16 model's) run whole, and so does a dense model's
+  nvidia_nvfp4 stack (model.UNROLLED_RECIPES) where GPU kernels quantize; quartet2's stack, an MoE model's FP4 stack,
+  and any FP4 stack with XLA's quantizers or on a device without the kernels (this CPU) one block per iteration; an
   explicit k is capped by the stack's length. threefry_kernel="auto" is on exactly where an FP4 stack runs more than
   one block per iteration."""
-  config = m.model_config("100K", n_layers=6, recipe="quartet2", bf16_first=1, bf16_last=2)
   unroll = lambda c: {s.name: c.stack_unroll(s) for s in m.layer_stacks(c)}
   kernel = lambda c: c.jax_config()["jax_threefry_gpu_kernel_lowering"]
-  assert unroll(config) == {"first_blocks": 1, "blocks": 1, "last_blocks": 2} and not kernel(config)
+  config = m.model_config("100K", n_layers=6, recipe="quartet2", bf16_first=1, bf16_last=2)
   nvidia = dataclasses.replace(config, recipe="nvidia_nvfp4")
+  cpu = {"first_blocks": 1, "blocks": 1, "last_blocks": 2}
+  assert unroll(nvidia) == cpu and not kernel(nvidia)  # no kernels here: XLA's quantizers, the loop
+  monkeypatch.setattr(fp4jax.backends, "has_pallas_triton", lambda device=None: True)  # a GPU with the kernels
+  assert unroll(config) == cpu and not kernel(config)
   assert unroll(nvidia) == {"first_blocks": 1, "blocks": 3, "last_blocks": 2} and kernel(nvidia)
+  xla = dataclasses.replace(nvidia, quantizer_backend="xla")
+  assert unroll(xla) == cpu and not kernel(xla)
   assert unroll(dataclasses.replace(config, scan_unroll=2)) == {"first_blocks": 1, "blocks": 2, "last_blocks": 2}
   assert kernel(dataclasses.replace(config, scan_unroll=2))  # quartet2 unrolled by 2: the kernels
   assert not kernel(dataclasses.replace(nvidia, scan_unroll=1))  # nvidia_nvfp4 in the loop: the rounds
@@ -239,9 +246,8 @@ def test_auto_unroll_unrolls_bf16_and_listed_fp4_stacks_and_the_threefry_kernel_
   assert set(unroll(moe).values()) == {1} and not kernel(moe)
   bf16 = m.model_config("100K", n_layers=3)
   assert unroll(bf16) == {"blocks": 3} and not kernel(bf16)
-  assert kernel(dataclasses.replace(bf16, threefry_kernel=True)) and not kernel(
-    dataclasses.replace(nvidia, threefry_kernel=False)
-  )
+  assert kernel(dataclasses.replace(bf16, threefry_kernel=True))
+  assert not kernel(dataclasses.replace(nvidia, threefry_kernel=False))
 
 
 @pytest.mark.parametrize("bad", [1, 0, "on", None])
@@ -253,9 +259,10 @@ def test_threefry_kernel_must_be_auto_or_a_bool(bad):
 # slow tier; default representative: test_auto_unroll_unrolls_bf16_and_listed_fp4_stacks_and_the_threefry_kernel_follows
 # (the stacks' unroll) and test_scanned_stacks_equal_blocks_applied_one_by_one (the stacks as "auto" runs them)
 @pytest.mark.slow
-def test_auto_unroll_lowers_unrolled_stacks_without_a_device_loop():
-  """The lowered forward pass: a BF16 model and a dense nvidia_nvfp4 model have no loop over their blocks under
-  "auto", quartet2's blocks run in one."""
+def test_auto_unroll_lowers_unrolled_stacks_without_a_device_loop(monkeypatch):
+  """The lowered forward pass: a BF16 model and (where the kernels run: emulated, the quantizers here are XLA's) a
+  dense nvidia_nvfp4 model have no loop over their blocks under "auto", quartet2's blocks run in one."""
+  monkeypatch.setattr(fp4jax.backends, "has_pallas_triton", lambda device=None: True)
   tokens = jnp.zeros((1, 8), jnp.int32)
 
   def loops(config):  # while loops in the lowered forward pass
