@@ -1139,7 +1139,7 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
     type=parse_scan_unroll,
     default="auto",
     help="blocks per scan iteration (>= the layer count: no device loop, faster steps, longer compiles), or auto: "
-    "BF16 blocks unrolled, FP4 blocks one per iteration",
+    "BF16 blocks unrolled, and nvidia_nvfp4's where the GPU kernels quantize; other FP4 blocks one per iteration",
   )
   parser.add_argument(
     "--threefry-kernel",
