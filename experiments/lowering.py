@@ -66,4 +66,6 @@ class Scoped:
       return Scoped(self.fn.trace(*args, **kwargs), self.flags)
 
   def __getattr__(self, name: str):
+    if name == "fn":  # not set yet (an instance made without __init__, as copy makes it): no recursion
+      raise AttributeError(name)
     return getattr(self.fn, name)

@@ -2,6 +2,8 @@
 the CPU, ``lowering_platforms=("cuda",)``) draws JAX's threefry as one custom call per call under
 ``jax_threefry_gpu_kernel_lowering``, as its 20 unrolled rounds (an xor each) without it."""
 
+import copy
+
 import jax
 import pytest
 
@@ -52,7 +54,8 @@ def test_a_scoped_function_is_called_traced_and_lowered_under_its_options():
   assert (step(key) == bits(key)).all()  # the same bits
   assert KERNEL in cuda_text(step.trace(key))  # the traced program lowers under the option too
   assert seen and all(seen) and not getattr(jax.config, FLAG)
-  assert step.fn.__wrapped__ is f  # other attributes are the jitted function's
+  assert step.__wrapped__ is f  # other attributes are the jitted function's
+  assert copy.copy(step).flags == {FLAG: True}
 
 
 @pytest.mark.parametrize(
