@@ -34,7 +34,8 @@ the stacked buffers of the backward pass; unrolled, the blocks are straight-line
 XLA then compiles every block's kernels apart, and an FP4 block has many more kernels than a BF16 block (its
 quantizers' fusions beside the Pallas kernels). ``scan_unroll="auto"`` (the default) unrolls the BF16 stacks whole,
 and the stacks of the FP4 recipes in :data:`UNROLLED_RECIPES` where the GPU kernels quantize (dense models; with
-XLA's quantizers, on a CPU, an unrolled FP4 stack compiles much longer), and runs the other FP4 stacks one block per
+XLA's quantizers an unrolled FP4 stack compiles longer:
+benchmarks/results/compile_profile_nvidia_nvfp4_cpu_unroll.json), and runs the other FP4 stacks one block per
 iteration (``ModelConfig.stack_unroll``).
 
 ``threefry_kernel`` (how, not what): on a GPU, JAX lowers each threefry PRNG call (Flax's ``make_rng``, fp4jax's
