@@ -8,7 +8,7 @@ For each variant (ModelConfig overrides over ``--overrides``): ``fp4jax_experime
 under ``--recipe`` on one device, its train step traced and lowered (seconds), then compiled under
 ``jax.profiler.trace``; the host-side events of that trace (XLA's passes, Triton and PTX compiles, as TraceMe
 events) summed by name, the ``--top`` largest (nested events count in full, so a pass and its sub-passes both
-appear). Writes the JSON to ``--out`` (default benchmarks/results/compile_profile.json).
+appear). Writes the JSON to ``--out`` (default benchmarks/results/compile_profile.json) after each variant.
 """
 
 from __future__ import annotations
@@ -114,9 +114,18 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--commit", default=None)
   p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "compile_profile.json"))
   args = p.parse_args(argv)
+  command = shlex.join(["python", "benchmarks/compile_profile.py", *(sys.argv[1:] if argv is None else argv)])
   rows = {}
+  doc = {
+    "benchmark": "compile_profile",
+    "header": header(),
+    **provenance(args.commit or commit(REPO), command),
+    "settings": {"model": args.model, "recipe": args.recipe, "overrides": args.overrides},
+    "variants": rows,
+  }
   for label, overrides in args.variants.items():
     rows[label] = measure(args.model, args.recipe, {**args.overrides, **overrides}, args.seq_len, args.batch, args.top)
+    write_json(args.out, doc)  # after every variant: a later one cut off by a timeout keeps the earlier ones
     r = rows[label]
     print(
       f"{label}: trace {r['trace_s']:.1f} s, lower {r['lower_s']:.1f} s, compile {r['compile_s']:.1f} s, "
@@ -125,15 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name, ms, n in r["host_events"][:12]:
       print(f"    {ms / 1e3:8.2f} s {n:6d}  {name[:100]}")
-  command = shlex.join(["python", "benchmarks/compile_profile.py", *(sys.argv[1:] if argv is None else argv)])
-  doc = {
-    "benchmark": "compile_profile",
-    "header": header(),
-    **provenance(args.commit or commit(REPO), command),
-    "settings": {"model": args.model, "recipe": args.recipe, "overrides": args.overrides},
-    "variants": rows,
-  }
-  write_json(args.out, doc)
   return 0
 
 
