@@ -2,6 +2,7 @@
 name and fp4jax-sweep arguments that parse and give runs (or "!" and a command), so that a typo is found here and not
 on a lent GPU."""
 
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -93,10 +94,28 @@ def test_lease_sweep_lines_take_the_libs_settings():
   assert args == ["--sizes", "10M", "--seeds", "2", "--devices", "0", *lib_settings()]
 
 
+SUITE = PLAN_DIR.parents[1] / "benchmarks" / "gpu_suite.sh"
+
+
+def suite_pieces(text: str) -> list[str]:
+  """The ``benchmarks/gpu_suite.sh PIECE`` calls of a plan script."""
+  return re.findall(r"gpu_suite\.sh\s+([\w-]+)", text)
+
+
+def test_suite_pieces_are_found_in_a_script():
+  assert suite_pieces("X=1 bash benchmarks/gpu_suite.sh defaults\nbash benchmarks/gpu_suite.sh loop-copies &&") == [
+    "defaults",
+    "loop-copies",
+  ]
+
+
 @pytest.mark.parametrize("path", SCRIPTS, ids=[p.name for p in SCRIPTS])
-def test_every_sweep_of_a_plan_script_plans_runs(path, tmp_path):
-  sweeps = script_sweeps(path.read_text())
-  assert sweeps, f"{path.name}: no fp4jax-sweep"
+def test_every_sweep_and_suite_piece_of_a_plan_script_exists(path, tmp_path):
+  text = path.read_text()
+  sweeps, pieces = script_sweeps(text), suite_pieces(text)
+  assert sweeps or pieces, f"{path.name}: no fp4jax-sweep and no gpu_suite.sh piece"
+  labels = set(re.findall(r"^  ([\w-]+)\)$", SUITE.read_text(), re.MULTILINE))
+  assert set(pieces) <= labels, f"{path.name}: gpu_suite.sh has no piece {sorted(set(pieces) - labels)}"
   for args in sweeps:
     parsed = sweep.build_parser().parse_args([*args, "--out", str(tmp_path / "s")])
     assert sweep.plan(train.config_from_args(parsed), parsed.sizes, parsed.ratios, parsed.recipes, parsed.seeds)
