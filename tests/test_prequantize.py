@@ -130,10 +130,11 @@ def test_a_prequantized_w_of_another_shape_recipe_dtype_or_type_is_refused():
     fp4jax.dot_general(x, kernels[0], DENSE, recipe="nvidia_nvfp4", key=KEY, rhs_prequantized=rtn.fwd)
 
 
-@pytest.mark.parametrize("name", ["nvidia_nvfp4", "nvfp4_rtn"])
+@pytest.mark.parametrize("name", ["nvidia_nvfp4", "nvfp4_rtn", "quartet2"])
 def test_the_kernels_prequantize_a_stack_under_vmap_with_xlas_bits(name):
   """``backend="pallas"`` (Pallas interpret mode off a GPU): the quantize kernel batched by ``jax.vmap`` over the
-  layers, the bits of XLA's quantizers (16x16 tiles for nvidia_nvfp4; W and Wᵀ 1x16 for nvfp4_rtn)."""
+  layers, the bits of XLA's quantizers (16x16 tiles for nvidia_nvfp4; W and Wᵀ 1x16 for nvfp4_rtn; quartet2's
+  4/6 block targets): what ``"auto"`` runs on a GPU at any size."""
   pytest.importorskip("fp4jax_kernels")
   kernels = _stack(2, 128, 64)
   by = {

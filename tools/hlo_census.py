@@ -2,10 +2,12 @@
 many of them are JAX's threefry PRNG.
 
     python tools/hlo_census.py [--model 125M] [--recipe nvidia_nvfp4] [--scan-unroll auto] [--threefry-kernel auto]
+        [--quantizer-backend auto] [--batch 16] [--seq-len 1024]
 
-The step (``fp4jax_experiments.train.Trainer``, 2 x 128 tokens: the operation counts do not depend on the batch) is
-traced and lowered for CUDA on this machine (``lowering_platforms=("cuda",)``, the Pallas kernels as their Triton
-custom calls, as on a GPU that runs them; no GPU needed), then every private function is inlined at its call sites
+The step (``fp4jax_experiments.train.Trainer``, ``--batch`` x ``--seq-len`` tokens: under ``--quantizer-backend
+auto`` the batch decides which activations reach the kernels' size threshold) is traced and lowered for CUDA on
+this machine (``lowering_platforms=("cuda",)``, the Pallas kernels as their Triton custom calls, as on a GPU that
+runs them; no GPU needed), then every private function is inlined at its call sites
 by counting: the operations (constants aside) XLA's passes start from. On a GPU JAX lowers each threefry call as its
 20 rounds unrolled, unless ``--threefry-kernel on`` (``ModelConfig.threefry_kernel``:
 ``jax_threefry_gpu_kernel_lowering``, one custom call each, the same bits; ``auto``, the default, where an FP4
@@ -71,6 +73,9 @@ def main() -> None:
   p.add_argument("--recipe", default="nvidia_nvfp4")
   p.add_argument("--scan-unroll", type=train.parse_scan_unroll, default="auto")
   p.add_argument("--threefry-kernel", default="auto", choices=list(train.THREEFRY_KERNEL))
+  p.add_argument("--quantizer-backend", default="auto", choices=["auto", "xla", "pallas"])
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--seq-len", type=int, default=1024)
   args = p.parse_args()
   # a GPU that runs the Pallas kernels, as far as the dispatch asks
   backends.compute_capability = lambda device=None: (9, 0)
@@ -78,12 +83,17 @@ def main() -> None:
   backends.pallas_interpret = lambda device=None: False
   fp4jax.backends.has_pallas_triton = backends.has_pallas_triton  # the experiments' unroll policy asks here
   config = train.TrainConfig(
-    model=args.model, recipe=args.recipe, data="stdlib", batch_size=2, seq_len=128, tokens=2 * 128 * 4
+    model=args.model,
+    recipe=args.recipe,
+    data="stdlib",
+    batch_size=args.batch,
+    seq_len=args.seq_len,
+    tokens=args.batch * args.seq_len * 4,
   )
   overrides = {
     "scan_unroll": args.scan_unroll,
     "threefry_kernel": train.THREEFRY_KERNEL[args.threefry_kernel],
-    "quantizer_backend": "pallas",
+    "quantizer_backend": args.quantizer_backend,
   }
   trainer = train.Trainer(config, model_overrides=overrides)
   state = trainer.init_state()
@@ -91,7 +101,10 @@ def main() -> None:
   result = census(lowered.lower(lowering_platforms=("cuda",)).as_text())
   calls = sum(result["threefry_calls"].values())
   share = result["threefry_ops"] / result["inlined_ops"]
-  print(f"{args.model} {args.recipe}, scan_unroll {args.scan_unroll}, threefry kernel {args.threefry_kernel}")
+  print(
+    f"{args.model} {args.recipe}, scan_unroll {args.scan_unroll}, threefry kernel {args.threefry_kernel}, "
+    f"quantizer backend {args.quantizer_backend}"
+  )
   print(f"inlined operations {result['inlined_ops']:,}; threefry calls {calls}, {share:.0%} of the operations")
   for caller, n in result["threefry_calls"].most_common():
     print(f"  {n:5d} from {caller}")

@@ -223,6 +223,8 @@ class _Static:
   lhs_dtype: Any
   rhs_dtype: Any
   k: int | None = None  # K of the canonical X (B, M, K) and W (B, N, K), to crop ``_pad_chunks``; None: no crop
+  # W is a layer stack's weight (prequantized): its quantizations take the kernels at any size under "auto"
+  w_any_size: bool = False
 
 
 @functools.partial(
@@ -312,7 +314,10 @@ def prequantize_weight(
       promotion to the layer's ``dtype``).
     dimension_numbers: those of the ``dot_general`` calls (only rhs's dims are read).
     recipe: a ``Recipe`` or registered name that ``prequantize_refusal`` accepts.
-    backend: the quantizer implementation, as ``dot_general``'s.
+    backend: the quantizer implementation, as ``dot_general``'s, except that ``"auto"`` gives the kernels W at any
+      size (where they take its spec; else XLA's quantizers): it is quantized once per step, and XLA's quantizer
+      code makes the program several times larger (quartet2's 125M step lowered for a GPU: 56,919 StableHLO
+      operations with the weights' XLA quantizers, 17,257 with the kernels).
 
   Returns:
     A ``PrequantizedWeight``.
@@ -335,7 +340,7 @@ def prequantize_weight(
   rc, rb, rf = _side_dims(rhs.shape, dimension_numbers, "rhs")  # rhs's part of _canonicalize
   bnk = (_size(rhs.shape, rb), _size(rhs.shape, rf), _size(rhs.shape, rc))
   w = jnp.transpose(rhs, rb + rf + rc).reshape(bnk)
-  static = _Static(r, None, backend, rhs.dtype, rhs.dtype, rhs.dtype, bnk[2])
+  static = _Static(r, None, backend, rhs.dtype, rhs.dtype, rhs.dtype, bnk[2], w_any_size=True)
   fwd, mask = _quantize_operand(static, "fwd_rhs", w, None, r.fwd_lhs.sign_vector(None))  # signs not drawn
   dgrad = None
   if r.dgrad_rhs.source == "input" and r.fwd_rhs.estimator != "dge":  # DGE's dot keeps W and quantizes it there
@@ -358,7 +363,8 @@ def _quantize_gemm(static: _Static, gemm: str, lhs, rhs, keys, signs, transposed
 def _quantize_operand(static: _Static, name: str, x, keys, signs, transposed: bool = False) -> _Quantized:
   """Operand ``name`` (e.g. ``"fwd_lhs"``) of ``_quantize_gemm``: ``x`` rotated and quantized along its contraction
   axis (the second-to-last when ``transposed``) with the key ``fold_in(key, _KEY_IDS[name])``, taken from ``keys``
-  (the call's ``_derive_keys``); an ``Operand`` is used as given."""
+  (the call's ``_derive_keys``); an ``Operand`` is used as given. W's operands take ``rotate_and_quantize``'s
+  ``any_size`` where ``static.w_any_size``."""
   if isinstance(x, Operand):
     return _Quantized(x, None)
   spec = getattr(static.recipe, name)
@@ -366,7 +372,19 @@ def _quantize_operand(static: _Static, name: str, x, keys, signs, transposed: bo
   if shard is None:
     x = _pad_chunks(x, spec.hadamard, -2 if transposed else -1)
   k = _fold(keys, _KEY_IDS[name])
-  return _Quantized(*rotate_and_quantize(x, spec, k, signs, backend=static.backend, transposed=transposed, shard=shard))
+  quantized = rotate_and_quantize(
+    x, spec, k, signs, backend=static.backend, transposed=transposed, shard=shard, any_size=_w_any_size(static, name)
+  )
+  return _Quantized(*quantized)
+
+
+def _w_any_size(static: _Static, name: str) -> bool:
+  """Whether operand ``name`` takes the kernels at any size under ``"auto"``: W's (``"fwd_rhs"``, ``"dgrad_rhs"``)
+  where W is a layer stack's weight, quantized ahead (``prequantize_weight``, which also quantizes W at any size):
+  small, once per layer and step, where XLA's quantizer code would grow every layer's program (quartet2's W,
+  re-quantized from its forward tiles by MS-EDEN for the data gradient, is 14,000 StableHLO operations of the
+  125M step's loop body in XLA)."""
+  return static.w_any_size and name in ("fwd_rhs", "dgrad_rhs")
 
 
 def _pad_chunks(x, d: int, axis: int):
@@ -544,7 +562,9 @@ def dot_general(
       bits on every backend; see ``fp4jax.operand``. The GEMMs themselves are XLA dots of the exact bf16 values on
       every backend.
     rhs_prequantized: ``prequantize_weight(rhs, dimension_numbers, recipe=...)`` of this ``rhs``: the GEMMs read
-      its operands instead of quantizing ``rhs`` (the same bits; ``rhs`` still receives the weight gradient).
+      its operands instead of quantizing ``rhs`` (the same bits; ``rhs`` still receives the weight gradient). W's
+      other quantizations (a data gradient's W re-quantized from the forward's) then take the kernels at any size
+      under ``backend="auto"``, as ``prequantize_weight`` does.
 
   Returns:
     An array of ``lax.dot_general``'s shape: batch dims, then lhs free dims, then rhs free dims.
@@ -593,7 +613,7 @@ def _dot_general(
     )
   _check_shapes(recipe, lhs, rhs, canon, fn, labels)
   out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
-  static = _Static(recipe, precision, backend, out_dtype, lhs.dtype, rhs.dtype, canon.bmk[2])
+  static = _Static(recipe, precision, backend, out_dtype, lhs.dtype, rhs.dtype, canon.bmk[2], pre is not None)
   if pre is not None:
     _check_prequantized(pre, recipe, canon.bnk, rhs.dtype, fn)
   x = jnp.transpose(lhs, canon.lhs_perm).reshape(canon.bmk)

@@ -71,7 +71,7 @@ from fp4jax._src.rounding import rtn_bf16, rtn_e2m1
 QUANTIZE_OP = "quantize_operand"
 PAIR_OP = "quantize_operand_pair"
 # one device's slice of a sharded operand inside shard_map (fp4jax.sharding):
-# impl(x, spec, key, signs, shard, *, fused_hadamard, transposed, auto), as QUANTIZE_OP's with the shard
+# impl(x, spec, key, signs, shard, *, fused_hadamard, transposed, auto, any_size), as QUANTIZE_OP's with the shard
 SHARDED_QUANTIZE_OP = "quantize_sharded_operand"
 # a backward GEMM's gradient mapped out of the rotated domain: impl(g, d, signs, mask), ``inverse_rotate``'s values
 INVERSE_ROTATE_OP = "inverse_rotate"
@@ -263,6 +263,7 @@ def rotate_and_quantize(
   backend: Backend = "auto",
   transposed: bool = False,
   shard=None,
+  any_size: bool = False,
 ) -> tuple[Operand, jax.Array | None]:
   """``quantize_operand(rotate(xt, spec.hadamard, signs), spec, key)`` with ``xt = swapaxes(x, -1, -2)`` when
   ``transposed`` (a backward GEMM's Wᵀ, dYᵀ or Xᵀ), else ``x``; no rotation when ``spec.hadamard`` is 0.
@@ -270,7 +271,11 @@ def rotate_and_quantize(
   With the Pallas backend one kernel pass does it all: rotation (same butterflies, same bf16 rounding), transpose
   (read ``x``, write the K-major operand; the random bits are ``xt``'s), quantization and the bf16 values; the
   same bits as XLA (QuEST's trust mask too). ``shard``: see ``quantize_operand`` (of the transposed operand when
-  ``transposed``); the per-shard kernel also transposes and rotates the slice in its pass.
+  ``transposed``); the per-shard kernel also transposes and rotates the slice in its pass. ``any_size``: under
+  ``"auto"``, the kernels also take operands below their size threshold (where a layer's quantizers are
+  launch-bound), still falling back to XLA where they refuse the case: for a quantization that runs once per step
+  over a stack of weights under ``jax.vmap`` (``fp4jax.prequantize_weight``), where XLA's quantizer code would
+  make the program larger and its compile longer than the kernel launches cost.
   """
   backend = _resolve(backend, spec, "fp4jax.operand.rotate_and_quantize")
   if shard is not None:  # checked before rotating, so a straddling Hadamard chunk is named as such
@@ -278,17 +283,37 @@ def rotate_and_quantize(
     shard.check(shape, spec, "fp4jax.operand.rotate_and_quantize")
   op, sharded = (QUANTIZE_OP, ()) if shard is None else (SHARDED_QUANTIZE_OP, (shard,))
   return backends.run(
-    op, backend, x, spec, key, signs, *sharded, fused_hadamard=True, transposed=transposed, auto=backend == "auto"
+    op,
+    backend,
+    x,
+    spec,
+    key,
+    signs,
+    *sharded,
+    fused_hadamard=True,
+    transposed=transposed,
+    auto=backend == "auto",
+    any_size=any_size,
   )
 
 
 def _xla_quantize_operand(
-  x: jax.Array, spec: OperandSpec, key, signs, shard=None, *, fused_hadamard: bool, transposed: bool, auto: bool
+  x: jax.Array,
+  spec: OperandSpec,
+  key,
+  signs,
+  shard=None,
+  *,
+  fused_hadamard: bool,
+  transposed: bool,
+  auto: bool,
+  any_size: bool = False,
 ) -> tuple[Operand, jax.Array | None]:
   """``QUANTIZE_OP``'s XLA implementation, and with ``shard`` ``SHARDED_QUANTIZE_OP``'s: transpose
   (``transposed``), rotate (``fused_hadamard`` and ``spec.hadamard``), then ``_quantize``, whose OCC bounds take
   the ``"auto"`` select when the quantizer's backend was ``"auto"``; it takes every case (sharded: every case
-  ``ShardedOperand.check`` lets through)."""
+  ``ShardedOperand.check`` lets through; ``any_size``, a kernel's option, changes nothing here)."""
+  del any_size
   if transposed:
     x = jnp.swapaxes(x, -1, -2)
   if fused_hadamard and spec.hadamard:

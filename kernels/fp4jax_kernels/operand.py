@@ -67,7 +67,8 @@ def refusal(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bo
 
 def check(shape: tuple[int, ...], dtype, spec: OperandSpec, fused_hadamard: bool, auto: bool) -> None:
   """``Unsupported`` naming ``shape`` and ``spec`` where ``refusal`` says why, or where ``auto`` picks XLA for
-  an operand of fewer than ``AUTO_MIN_ELEMENTS`` elements."""
+  an operand of fewer than ``AUTO_MIN_ELEMENTS`` elements (the callers pass ``auto`` false for an ``any_size``
+  operand: ``fp4jax.operand.rotate_and_quantize``)."""
   why = refusal(shape, dtype, spec, fused_hadamard)
   if why is None and auto and math.prod(shape) < AUTO_MIN_ELEMENTS:
     why = f"{math.prod(shape)} elements, fewer than AUTO_MIN_ELEMENTS={AUTO_MIN_ELEMENTS} (XLA is as fast there)"
@@ -125,13 +126,22 @@ def _signs(qspec: QuantizeSpec, signs):
 
 
 def quantize_operand(
-  x: jax.Array, spec: OperandSpec, key, signs, *, fused_hadamard: bool, transposed: bool, auto: bool
+  x: jax.Array,
+  spec: OperandSpec,
+  key,
+  signs,
+  *,
+  fused_hadamard: bool,
+  transposed: bool,
+  auto: bool,
+  any_size: bool = False,
 ) -> tuple[Operand, jax.Array | None]:
   """``QUANTIZE_OP`` by one pass of the fused kernel on ``x`` folded to 2D: ``fp4jax.operand``'s XLA result of
   ``rotate(xt, spec.hadamard, signs)`` (``xt``: ``swapaxes(x, -1, -2)`` if ``transposed``; no rotation unless
-  ``fused_hadamard``), the same bits. Raises ``Unsupported`` (``check``) where the kernel does not take it."""
+  ``fused_hadamard``), the same bits. Raises ``Unsupported`` (``check``) where the kernel does not take it (under
+  ``auto``, unless ``any_size``, an operand below ``AUTO_MIN_ELEMENTS`` too)."""
   out_shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
-  check(out_shape, x.dtype, spec, fused_hadamard, auto)
+  check(out_shape, x.dtype, spec, fused_hadamard, auto and not any_size)
   check_invarying(x)
   if transposed and math.prod(x.shape[:-2]) > 1:  # the kernel is 2D: a batch of transposes goes through XLA
     x, transposed = jnp.swapaxes(x, -1, -2), False
@@ -214,7 +224,16 @@ def quantize_operand_pair(x: jax.Array, rows, cols, *, auto: bool, shards=(None,
 
 
 def quantize_sharded_operand(
-  x: jax.Array, spec: OperandSpec, key, signs, shard, *, fused_hadamard: bool, transposed: bool, auto: bool
+  x: jax.Array,
+  spec: OperandSpec,
+  key,
+  signs,
+  shard,
+  *,
+  fused_hadamard: bool,
+  transposed: bool,
+  auto: bool,
+  any_size: bool = False,
 ):
   """``SHARDED_QUANTIZE_OP`` by the fused kernel on this device's slice ``x`` of an operand split as ``shard``
   inside ``shard_map`` (with ``check_vma=False``) or ``jax.vmap``: as ``quantize_operand``, the slice transposed
@@ -234,6 +253,7 @@ def quantize_sharded_operand(
     fused_hadamard: rotate the slice by ``spec.hadamard`` (else it comes rotated).
     transposed: quantize ``swapaxes(x, -1, -2)`` (a backward GEMM's Xᵀ or dYᵀ).
     auto: called under ``backend="auto"`` (operands below ``AUTO_MIN_ELEMENTS`` are refused: XLA is as fast).
+    any_size: under ``auto``, take operands below ``AUTO_MIN_ELEMENTS`` too.
 
   Returns:
     ``(Operand, mask)``: the slice's quantized operand (bf16 values, the logical tensor's scale) and QuEST's trust
@@ -247,7 +267,7 @@ def quantize_sharded_operand(
       ``"auto"`` then runs XLA; an explicit ``backend="pallas"`` raises it (a ``ValueError``) naming the reason.
   """
   out_shape = x.shape[:-2] + (x.shape[-1], x.shape[-2]) if transposed else x.shape
-  check(out_shape, x.dtype, spec, fused_hadamard, auto)
+  check(out_shape, x.dtype, spec, fused_hadamard, auto and not any_size)
   check_invarying(x)
   if transposed and math.prod(x.shape[:-2]) > 1:  # the kernel is 2D: a batch of transposes goes through XLA
     x, transposed = jnp.swapaxes(x, -1, -2), False

@@ -197,6 +197,38 @@ def test_auto_is_xla_off_gpu_and_pallas_where_a_gpu_takes_the_operand(monkeypatc
   )  # each GEMM quantizes its own operand
 
 
+def test_a_prequantized_w_takes_the_kernels_at_any_size_under_auto(monkeypatch, pallas_kernels):
+  """A layer stack's W (``fp4jax.prequantize_weight``, then ``rhs_prequantized``) is quantized by the kernels under
+  ``"auto"`` whatever its size, on a GPU that runs them: its forward tiles, and quartet2's data-gradient W
+  re-quantized by MS-EDEN from them; X and dY of the same small layer, and a W that is not prequantized, stay on
+  XLA (below ``AUTO_MIN_ELEMENTS``)."""
+  monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)  # as on an H100 (traced, not run)
+  x, w, dy = _inputs(128, 128, 128)
+  pre = fp4jax.prequantize_weight(w, DN, recipe="quartet2")  # on the CPU: XLA's bits, the same as the kernels'
+
+  def kernels(fn, *args):
+    return pallas_kernels(jax.make_jaxpr(fn)(*args).jaxpr)
+
+  assert kernels(lambda w: fp4jax.prequantize_weight(w, DN, recipe="quartet2"), w)
+  assert not kernels(lambda w: fp4jax.prequantize_weight(w, DN, recipe="quartet2", backend="xla"), w)
+
+  def fwd_bwd(pre):
+    def run(x, w, dy):
+      f = lambda a, b: fp4jax.dot_general(a, b, DN, recipe="quartet2", key=KEY, rhs_prequantized=pre)
+      y, vjp = jax.vjp(f, x, w)
+      return (y, *vjp(dy))
+
+    return run
+
+  assert not kernels(fwd_bwd(None), x, w, dy)  # nothing prequantized: every operand below the threshold is XLA's
+  with_pre = kernels(fwd_bwd(pre), x, w, dy)
+  assert with_pre  # the data gradient's W, re-quantized from the forward tiles (MS-EDEN, RHT-128)
+  alone = kernels(
+    lambda w: operand.rotate_and_quantize(w, recipes.get("quartet2").dgrad_rhs, KEY, None, backend="pallas"), w
+  )
+  assert sorted(with_pre) == sorted(alone)  # that quantization alone: X, dY and the GEMMs stay XLA's
+
+
 def test_sharded_operands_take_the_global_amax_where_auto_offers_the_kernels(monkeypatch, pallas_kernels):
   """A token-sharded nvfp4_rtn dot under ``backend="auto"`` where the kernels are on offer (as on an H100, at any
   size): X and dY, split over the devices, are quantized by the per-shard kernel with the logical tensor's amax
