@@ -201,7 +201,7 @@ case "${1:-}" in
   threefry)
     # ModelConfig.threefry_kernel (jax_threefry_gpu_kernel_lowering, the same bits): on a GPU, JAX lowers each
     # threefry call (Flax's and fp4jax's key derivations and seeds) as 20 unrolled rounds, most of an FP4 step's
-    # StableHLO (tools/hlo_census.py). The default ("auto") lowers it as kernels where an FP4 stack is unrolled
+    # StableHLO (benchmarks/hlo_census.py). The default ("auto") lowers it as kernels where an FP4 stack is unrolled
     # (nvidia_nvfp4's, model.UNROLLED_RECIPES): the step against the loop and the unrolled rounds, each way; for the
     # other RECIPES (default "nvidia_nvfp4 quartet2"; one process each) the loop with and without the kernels.
     for recipe in ${RECIPES:-nvidia_nvfp4 quartet2}; do

@@ -30,6 +30,7 @@ MAX_LINES = 500
 ORDER = (
   "train_throughput",
   "compile_profile",
+  "hlo_census",
   "loop_copies",
   "loss_curves",
   "step_bits",
@@ -336,7 +337,7 @@ def _loss_curves(doc: dict) -> list[str]:
   return out
 
 
-COMPILE_ONCE, COMPILE_MANY = 9, 2  # the compile's largest host events shown per variant: run once, run many times
+COMPILE_ONCE, COMPILE_MANY = 6, 2  # the compile's largest host events shown per variant: run once, run many times
 
 
 def _compile_profile(doc: dict) -> list[str]:
@@ -364,6 +365,30 @@ def _compile_profile(doc: dict) -> list[str]:
     many = [e for e in v["host_events"] if e[2] > 1][:COMPILE_MANY]
     out += ["", f"`{label}`, largest host events:", "", "| event | total s | count |", "|---|---|---|"]
     out += [f"| {name} | {ms / 1e3:.1f} | {n} |" for name, ms, n in once + many]
+  return out
+
+
+def _hlo_census(doc: dict) -> list[str]:
+  st = doc["settings"]
+  out = _title(doc, f"How large the train step is lowered for a GPU, {st['model']}") + provenance(doc)
+  out += [
+    "",
+    f"The experiments' train step at {st['batch']} x {st['seq_len']} tokens, traced and lowered for CUDA on the "
+    "CPU with the dispatch answering as on a GPU that runs the kernels (`benchmarks/hlo_census.py`; no step runs): "
+    "StableHLO operations with every call inlined (what XLA's passes start from), JAX's threefry calls and their "
+    "share of the operations, the operand quantizations traced as XLA code (a loop body's once) and the Triton "
+    "kernel calls of the lowered text. Variants (ModelConfig overrides): "
+    + "; ".join(f"`{label}`: {json.dumps(v)}" for label, v in st["variants"].items())
+    + ".",
+    "",
+    "| variant | recipe | operations | threefry calls | threefry share | XLA quantizers | Triton calls |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for r in doc["rows"]:
+    out.append(
+      f"| {r['variant']} | {r['recipe']} | {r['inlined_ops']:,} | {r['threefry_calls']} | {r['threefry_share']:.0%} "
+      f"| {r['xla_quantizers']} | {r['triton_calls']} |"
+    )
   return out
 
 
@@ -546,6 +571,7 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
   "loop_copies": _loop_copies,
   "train_throughput": _train_throughput,
   "compile_profile": _compile_profile,
+  "hlo_census": _hlo_census,
   "linear_trees": _linear_trees,
   "profile_linear": _profile_linear,
   "auto_threshold": _auto_threshold,

@@ -316,8 +316,7 @@ def prequantize_weight(
     recipe: a ``Recipe`` or registered name that ``prequantize_refusal`` accepts.
     backend: the quantizer implementation, as ``dot_general``'s, except that ``"auto"`` gives the kernels W at any
       size (where they take its spec; else XLA's quantizers): it is quantized once per step, and XLA's quantizer
-      code makes the program several times larger (quartet2's 125M step lowered for a GPU: 56,919 StableHLO
-      operations with the weights' XLA quantizers, 17,257 with the kernels).
+      code would make the program several times larger (BENCHMARKS, ``hlo_census``).
 
   Returns:
     A ``PrequantizedWeight``.
@@ -382,8 +381,7 @@ def _w_any_size(static: _Static, name: str) -> bool:
   """Whether operand ``name`` takes the kernels at any size under ``"auto"``: W's (``"fwd_rhs"``, ``"dgrad_rhs"``)
   where W is a layer stack's weight, quantized ahead (``prequantize_weight``, which also quantizes W at any size):
   small, once per layer and step, where XLA's quantizer code would grow every layer's program (quartet2's W,
-  re-quantized from its forward tiles by MS-EDEN for the data gradient, is 14,000 StableHLO operations of the
-  125M step's loop body in XLA)."""
+  re-quantized from its forward tiles by MS-EDEN for the data gradient: BENCHMARKS, ``hlo_census``)."""
   return static.w_any_size and name in ("fwd_rhs", "dgrad_rhs")
 
 
