@@ -89,8 +89,10 @@ ATTENTION_IMPLS = (None, "auto", "xla", "cudnn")
 BF16_RECIPE = "bf16"
 # FP4 recipes whose stacks scan_unroll="auto" unrolls (dense models, the GPU kernels quantizing), under the threefry
 # kernel lowering: the 125M step measured faster unrolled and compiling in under 60 s on an H200
-# (benchmarks/results/train_throughput_125M_threefry_nvidia_nvfp4.json). quartet2's unrolled step still compiled for
-# more than 150 s with the kernel lowering; the others are not measured.
+# (benchmarks/results/train_throughput_125M_threefry_nvidia_nvfp4.json). quartet2's unrolled step compiled for more
+# than 150 s with the kernel lowering, when its weights' quantizers were XLA code in every layer (since bbcc75e they
+# are the kernels': benchmarks/results/hlo_census_125M.json), not measured since; ms_fp4's quantizers are all XLA
+# code, so unrolled its program is 9x its loop's.
 UNROLLED_RECIPES = frozenset({"nvidia_nvfp4"})
 INIT_STD = 0.02
 
