@@ -1,6 +1,8 @@
 #!/bin/bash
 # What tools/plans/issue31-m.txt runs on one H200 (lease_sweeps.sh sets OUT, LEASE_STATE and LEASE_DEADLINE), issue
 # 31 only, one thing at a time:
+#   0. the prequantize tests on the GPU (about 2 minutes): the vmapped kernels that now quantize every prequantized
+#      W under "auto" compiled by Triton, with XLA's bits, and each layer's dot given them equal to the dot's own;
 #   1. the 125M step of every recipe with the defaults beside the anchor (gpu_suite.sh defaults, about 5 minutes;
 #      at 4f5c6bc quartet2's default step compiled in 65 s, over the 60 s target; since bbcc75e its prequantized W
 #      takes the kernels, a 3.3x smaller program);
@@ -11,6 +13,8 @@
 #   3. in the time left (at least 3 minutes): where quartet2's 125M compile goes, its default first, then unrolled
 #      (benchmarks/compile_profile.py writes its document after each variant).
 set -u -o pipefail
+CUDA_VISIBLE_DEVICES=0 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 240 python -m pytest -q -n 8 -o addopts= \
+  -m "slow or not slow" -p no:cacheprovider tests/test_prequantize.py > "$OUT/gpu_prequantize_tests.log" 2>&1
 CUDA_VISIBLE_DEVICES=0 SKIP_INSTALL=1 bash benchmarks/gpu_suite.sh defaults
 variants='{"experiments": {}, "threefry_kernel": {"threefry_kernel": true}, "unrolled": {"scan_unroll": 12}}'
 CUDA_VISIBLE_DEVICES=0 timeout 560 python benchmarks/train_throughput.py --model 125M --devices 1 \
