@@ -99,11 +99,11 @@ def measure(model: str, recipe: str, overrides: dict, batch: int, seq_len: int) 
   )
   trainer = train.Trainer(config, model_overrides=overrides)
   state = trainer.init_state()
-  backends._REGISTRY[operand.QUANTIZE_OP]["xla"] = counted
+  backends.register(operand.QUANTIZE_OP, "xla", counted)
   try:
     traced = trainer.train_step.trace(state, trainer.place(trainer.stream.batch(0)), trainer.quant_key(0))
   finally:
-    backends._REGISTRY[operand.QUANTIZE_OP]["xla"] = xla_impl
+    backends.register(operand.QUANTIZE_OP, "xla", xla_impl)
   text = traced.lower(lowering_platforms=("cuda",)).as_text()
   result = census(text)
   calls = sum(result["threefry_calls"].values())

@@ -611,7 +611,9 @@ def _dot_general(
     )
   _check_shapes(recipe, lhs, rhs, canon, fn, labels)
   out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
-  static = _Static(recipe, precision, backend, out_dtype, lhs.dtype, rhs.dtype, canon.bmk[2], pre is not None)
+  static = _Static(
+    recipe, precision, backend, out_dtype, lhs.dtype, rhs.dtype, canon.bmk[2], w_any_size=pre is not None
+  )
   if pre is not None:
     _check_prequantized(pre, recipe, canon.bnk, rhs.dtype, fn)
   x = jnp.transpose(lhs, canon.lhs_perm).reshape(canon.bmk)
