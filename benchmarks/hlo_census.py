@@ -135,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--commit", default=None)
   p.add_argument("--out", default=None, help="write the rows as JSON here")
   args = p.parse_args(argv)
+  for name in ("batch", "seq_len"):
+    if getattr(args, name) < 1:
+      p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+  if not isinstance(args.variants, dict) or not all(isinstance(v, dict) for v in args.variants.values()):
+    p.error(f"--variants must map labels to JSON objects of ModelConfig overrides, got {args.variants!r}")
   as_gpu()
   rows = []
   for recipe in args.recipes.split(","):

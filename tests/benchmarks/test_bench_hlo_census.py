@@ -95,3 +95,18 @@ def test_the_command_writes_one_row_per_recipe_and_variant(as_gpu, tmp_path):
   assert bf16["xla_quantizers"] == bf16["triton_calls"] == 0  # BF16 quantizes nothing
   loop, unrolled = doc["rows"][2:]
   assert unrolled["inlined_ops"] > loop["inlined_ops"]  # two blocks' code against one loop body
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (["--batch", "0"], "--batch must be >= 1, got 0"),
+    (["--seq-len", "-4"], "--seq-len must be >= 1, got -4"),
+    (["--variants", '{"loop": 1}'], "--variants must map labels to JSON objects"),
+    (["--variants", "[1]"], "--variants must map labels to JSON objects"),
+  ],
+)
+def test_bad_arguments_are_refused_naming_the_option(argv, message, capsys):
+  with pytest.raises(SystemExit):
+    hlo_census.main(argv)
+  assert message in capsys.readouterr().err
