@@ -88,12 +88,11 @@ QUANTIZER_BACKENDS = get_args(Backend)  # fp4jax.dot_general's backend vocabular
 ATTENTION_IMPLS = (None, "auto", "xla", "cudnn")
 BF16_RECIPE = "bf16"
 # FP4 recipes whose stacks scan_unroll="auto" unrolls (dense models, the GPU kernels quantizing), under the threefry
-# kernel lowering: the 125M step measured faster unrolled and compiling in under 60 s on an H200
-# (benchmarks/results/train_throughput_125M_threefry_nvidia_nvfp4.json). quartet2's unrolled step compiled for more
-# than 150 s with the kernel lowering, when its weights' quantizers were XLA code in every layer (since bbcc75e they
-# are the kernels': benchmarks/results/hlo_census_125M.json), not measured since; ms_fp4's quantizers are all XLA
-# code, so unrolled its program is 9x its loop's.
-UNROLLED_RECIPES = frozenset({"nvidia_nvfp4"})
+# kernel lowering: their 125M steps measured faster unrolled than in the loop, each compiling in under 60 s on an H200
+# (benchmarks/results/train_throughput_125M_threefry_nvidia_nvfp4.json, train_throughput_125M_variants.json).
+# ms_fp4's quantizers are all XLA code, so unrolled its program is 9x its loop's
+# (benchmarks/results/hlo_census_125M.json).
+UNROLLED_RECIPES = frozenset({"nvidia_nvfp4", "quartet", "quartet2"})
 INIT_STD = 0.02
 
 
@@ -179,8 +178,8 @@ class ModelConfig:
   threefry_kernel: bool | Literal["auto"] = "auto"
   # a data-parallel step under shard_map (experiments.train) sums each block's parameter gradients over the devices
   # "after_backward", all at once, or "per_block", inside the backward pass's layer loop (float32 and bfloat16
-  # gradients: the same sums; slower on two H100s, benchmarks/results/train_throughput_2gpu_grad_sum.json); how, not
-  # what; ignored elsewhere
+  # gradients: the same sums; slower on two H100s, benchmarks/results/train_throughput_2gpu_grad_sum.json of
+  # 1f5f705); how, not what; ignored elsewhere
   grad_sum: GradSum = "after_backward"
   # fp4jax.dot_general's quantizer backend for the projections: "xla", "pallas" (the fused kernels) or "auto"
   # (the kernels on a GPU that runs them); every backend gives the same bits.

@@ -224,23 +224,25 @@ def test_scan_unroll_must_be_auto_or_positive(bad):
 
 def test_auto_unroll_unrolls_bf16_and_listed_fp4_stacks_and_the_threefry_kernel_follows(monkeypatch):
   """scan_unroll="auto": the BF16 stacks (first, last, or a BF16 model's) run whole, and so does a dense model's
-  nvidia_nvfp4 stack (model.UNROLLED_RECIPES) where GPU kernels quantize; quartet2's stack, an MoE model's FP4 stack,
-  and any FP4 stack with XLA's quantizers or on a device without the kernels (this CPU) one block per iteration; an
-  explicit k is capped by the stack's length. threefry_kernel="auto" is on exactly where an FP4 stack runs more than
-  one block per iteration."""
+  nvidia_nvfp4 or quartet2 stack (model.UNROLLED_RECIPES) where GPU kernels quantize; ms_fp4's stack, an MoE
+  model's FP4 stack, and any FP4 stack with XLA's quantizers or on a device without the kernels (this CPU) one block
+  per iteration; an explicit k is capped by the stack's length. threefry_kernel="auto" is on exactly where an FP4
+  stack runs more than one block per iteration."""
   unroll = lambda c: {s.name: c.stack_unroll(s) for s in m.layer_stacks(c)}
   kernel = lambda c: c.jax_config()["jax_threefry_gpu_kernel_lowering"]
-  config = m.model_config("100K", n_layers=6, recipe="quartet2", bf16_first=1, bf16_last=2)
+  config = m.model_config("100K", n_layers=6, recipe="ms_fp4", bf16_first=1, bf16_last=2)
   nvidia = dataclasses.replace(config, recipe="nvidia_nvfp4")
+  quartet2 = dataclasses.replace(config, recipe="quartet2")
   cpu = {"first_blocks": 1, "blocks": 1, "last_blocks": 2}
   assert unroll(nvidia) == cpu and not kernel(nvidia)  # no kernels here: XLA's quantizers, the loop
   monkeypatch.setattr(fp4jax.backends, "has_pallas_triton", lambda device=None: True)  # a GPU with the kernels
   assert unroll(config) == cpu and not kernel(config)
   assert unroll(nvidia) == {"first_blocks": 1, "blocks": 3, "last_blocks": 2} and kernel(nvidia)
+  assert unroll(quartet2) == unroll(nvidia) and kernel(quartet2)
   xla = dataclasses.replace(nvidia, quantizer_backend="xla")
   assert unroll(xla) == cpu and not kernel(xla)
   assert unroll(dataclasses.replace(config, scan_unroll=2)) == {"first_blocks": 1, "blocks": 2, "last_blocks": 2}
-  assert kernel(dataclasses.replace(config, scan_unroll=2))  # quartet2 unrolled by 2: the kernels
+  assert kernel(dataclasses.replace(config, scan_unroll=2))  # ms_fp4 unrolled by 2: the kernels
   assert not kernel(dataclasses.replace(nvidia, scan_unroll=1))  # nvidia_nvfp4 in the loop: the rounds
   moe = m.model_config("1M-moe", recipe="nvidia_nvfp4")
   assert set(unroll(moe).values()) == {1} and not kernel(moe)
@@ -261,7 +263,7 @@ def test_threefry_kernel_must_be_auto_or_a_bool(bad):
 @pytest.mark.slow
 def test_auto_unroll_lowers_unrolled_stacks_without_a_device_loop(monkeypatch):
   """The lowered forward pass: a BF16 model and (where the kernels run: emulated, the quantizers here are XLA's) a
-  dense nvidia_nvfp4 model have no loop over their blocks under "auto", quartet2's blocks run in one."""
+  dense nvidia_nvfp4 or quartet2 model have no loop over their blocks under "auto", ms_fp4's blocks run in one."""
   monkeypatch.setattr(fp4jax.backends, "has_pallas_triton", lambda device=None: True)
   tokens = jnp.zeros((1, 8), jnp.int32)
 
@@ -272,7 +274,7 @@ def test_auto_unroll_lowers_unrolled_stacks_without_a_device_loop(monkeypatch):
 
   assert loops(m.model_config("100K", n_layers=3)) == 0
   assert loops(m.model_config("100K", n_layers=3, scan_unroll=1)) == 1
-  for recipe, auto in (("quartet2", 1), ("nvidia_nvfp4", 3)):  # their quantizers have loops of their own
+  for recipe, auto in (("ms_fp4", 1), ("quartet2", 3), ("nvidia_nvfp4", 3)):  # their quantizers have loops of their own
     fp4 = m.model_config("100K", n_layers=3, recipe=recipe)
     assert loops(fp4) == loops(dataclasses.replace(fp4, scan_unroll=auto))
     assert loops(fp4) != loops(dataclasses.replace(fp4, scan_unroll=4 - auto))
