@@ -13,6 +13,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+from fp4jax_experiments.train import source_commit
+
 
 def header() -> str:
   dev = jax.devices()[0]
@@ -20,6 +22,12 @@ def header() -> str:
     f"device: {dev.device_kind} ({dev.platform}); jax {jax.__version__}; "
     f"date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
   )
+
+
+def commit() -> str:
+  """This code's commit for a result document: ``fp4jax_experiments.train.source_commit()`` ($FP4JAX_COMMIT, else
+  git's HEAD, ``-dirty`` where tracked files differ from it), or "unknown"."""
+  return source_commit() or "unknown"
 
 
 def provenance(commit: str, command: str) -> dict:

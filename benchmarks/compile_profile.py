@@ -29,8 +29,7 @@ if __package__ in (None, ""):  # run as a script: the repository root makes ``be
 
 import jax
 
-from benchmarks.benchtools import header, provenance, write_json
-from benchmarks.linear_trees import commit
+from benchmarks.benchtools import commit, header, provenance, write_json
 from fp4jax_experiments import step_profile, train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -119,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
   doc = {
     "benchmark": "compile_profile",
     "header": header(),
-    **provenance(args.commit or commit(REPO), command),
+    **provenance(args.commit or commit(), command),
     "settings": {"model": args.model, "recipe": args.recipe, "overrides": args.overrides},
     "variants": rows,
   }

@@ -108,8 +108,7 @@ def main(argv=None):
   if args.baseline is None or not (pathlib.Path(args.baseline) / "fp4jax" / "_src" / "operand.py").is_file():
     p.error(f"--baseline {args.baseline}: expected a folder holding another commit's fp4jax/ and kernels/")
   sys.path.insert(0, str(REPO))  # the driver's own imports (the workers import each tree's fp4jax)
-  from benchmarks.benchtools import header
-  from benchmarks.linear_trees import commit
+  from benchmarks.benchtools import commit, header
   from fp4jax_experiments import train
 
   trees = {"this": REPO, "baseline": pathlib.Path(args.baseline).resolve()}
@@ -120,7 +119,7 @@ def main(argv=None):
     doc = {
       "benchmark": "cpu_quantizers",
       "header": header(),
-      "commit": args.commit or commit(REPO),
+      "commit": args.commit or commit(),
       "baseline_commit": args.baseline_commit,
       "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
       "command": " ".join(["python", "benchmarks/cpu_quantizers.py", *(argv if argv is not None else sys.argv[1:])]),

@@ -31,8 +31,7 @@ if __package__ in (None, ""):  # run as a script: the repository root makes ``be
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import fp4jax.backends
-from benchmarks.benchtools import header, provenance, write_json
-from benchmarks.linear_trees import commit
+from benchmarks.benchtools import commit, header, provenance, write_json
 from fp4jax._src import backends, operand
 from fp4jax_experiments import train
 
@@ -156,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
       "benchmark": "hlo_census",
       "header": header(),
-      **provenance(args.commit or commit(REPO), command),
+      **provenance(args.commit or commit(), command),
       "settings": {"model": args.model, "batch": args.batch, "seq_len": args.seq_len, "variants": args.variants},
       "rows": rows,
     }

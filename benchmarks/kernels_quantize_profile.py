@@ -42,9 +42,8 @@ import sys
 import jax
 import jax.numpy as jnp
 import kernels_quantize as bench  # benchmarks/ is on sys.path when this script runs
-import linear_trees
 import numpy as np
-from benchtools import command_line, header, provenance, time_ms, write_json
+from benchtools import command_line, commit, header, provenance, time_ms, write_json
 from fp4jax_kernels import triton_ir
 from fp4jax_kernels.quantize import pallas_triton
 from jax import lax
@@ -321,7 +320,7 @@ def main():
     command = command_line("benchmarks/kernels_quantize_profile.py", sys.argv[1:])
     doc = {
       "benchmark": "prepass_sweep",
-      **provenance(args.commit or linear_trees.commit(REPO), command),
+      **provenance(args.commit or commit(), command),
       "rows": prepass_sweep(),
     }
     if args.out:

@@ -43,11 +43,6 @@ def run_tree(root: pathlib.Path, python_path: str, extra: list[str]) -> dict:
     return json.loads(pathlib.Path(out.name).read_text())
 
 
-def commit(root: pathlib.Path) -> str:
-  out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-  return out.stdout.strip() or "unknown"
-
-
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--baseline", required=True, help="folder with the other commit's fp4jax/, kernels/, benchmarks/")
@@ -104,7 +99,7 @@ def write(args, argv, header, ms, rounds: int) -> list[dict]:
   doc = {
     "benchmark": "linear_trees",
     "header": header,
-    "commit": args.commit or commit(REPO),
+    "commit": args.commit or train.source_commit() or "unknown",
     "baseline_commit": args.baseline_commit,
     "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
     "command": " ".join(["python", "benchmarks/linear_trees.py", *(argv if argv is not None else sys.argv[1:])]),

@@ -39,8 +39,7 @@ if __package__ in (None, ""):  # run as a script: the repository root makes ``be
 
 
 from benchmarks import compile_profile
-from benchmarks.benchtools import command_line, header, provenance, write_json
-from benchmarks.linear_trees import commit
+from benchmarks.benchtools import command_line, commit, header, provenance, write_json
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 KINDS = ("copy", "write", "read", "in place")
@@ -240,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
   doc = {
     "benchmark": "loop_copies",
     "header": header(),
-    **provenance(args.commit or commit(REPO), command),
+    **provenance(args.commit or commit(), command),
     "xla_flags": xla_flags,
     "settings": {k: getattr(args, k) for k in ("model", "recipe", "overrides", "batch", "seq_len")},
     "loops": loops,

@@ -24,8 +24,7 @@ if __package__ in (None, ""):  # run as a script: the repository root makes ``be
 
 import numpy as np
 
-from benchmarks.benchtools import header
-from benchmarks.linear_trees import commit
+from benchmarks.benchtools import commit, header
 from fp4jax_experiments import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -84,7 +83,7 @@ def main(argv=None):
   doc = {
     "benchmark": "loss_curves",
     "header": header(),
-    "commit": args.commit or commit(REPO),
+    "commit": args.commit or commit(),
     "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
     "command": " ".join(["python", "benchmarks/loss_curves.py", *(argv if argv is not None else sys.argv[1:])]),
     "settings": {k: getattr(args, k) for k in ("model", "recipe", "batch", "seq_len", "steps", "rounds", "variants")},

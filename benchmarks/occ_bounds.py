@@ -32,8 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.benchtools import provenance, time_ms, write_json
-from benchmarks.linear_trees import commit
+from benchmarks.benchtools import commit, provenance, time_ms, write_json
 from fp4jax._src import estimators
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -144,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
   command = shlex.join(["python", "benchmarks/occ_bounds.py", *(argv if argv is not None else sys.argv[1:])])
   doc = {
     "benchmark": "occ_bounds",
-    **provenance(args.commit or commit(REPO), command),
+    **provenance(args.commit or commit(), command),
     "settings": {"quantile": args.quantile, "repeats": args.repeats},
     "rows": measure(args.shapes, args.dtypes, args.quantile, args.repeats),
   }

@@ -28,8 +28,7 @@ if __package__ in (None, ""):  # run as a script: the repository root makes ``be
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import train_throughput
-from benchmarks.benchtools import provenance, write_json
-from benchmarks.linear_trees import commit
+from benchmarks.benchtools import commit, provenance, write_json
 from fp4jax._src import backends
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -123,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
   settings = {k: getattr(args, k) for k in ("op", "recipe", "model", "batch", "seq_len", "data")}
   doc = {
     "benchmark": "pallas_ablation",
-    **provenance(args.commit or commit(REPO), command),
+    **provenance(args.commit or commit(), command),
     "settings": settings,
     "rows": rows(**settings, warmup=args.warmup, steps=args.steps, rounds=args.rounds),
   }

@@ -26,8 +26,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: the repository root makes ``benchmarks`` importable
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.benchtools import command_line, provenance, write_json
-from benchmarks.linear_trees import commit
+from benchmarks.benchtools import command_line, commit, provenance, write_json
 from fp4jax_experiments import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -89,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"first differing step, {pair}: {first}")
   doc = {
     "benchmark": "step_bits",
-    **provenance(args.commit or commit(REPO), command_line("benchmarks/step_bits.py", argv or sys.argv[1:])),
+    **provenance(args.commit or commit(), command_line("benchmarks/step_bits.py", argv or sys.argv[1:])),
     "settings": {
       "model": args.model,
       "recipe": args.recipe,

@@ -51,7 +51,6 @@ import jax
 
 from benchmarks import anchor, benchtools
 from benchmarks.benchtools import header
-from benchmarks.linear_trees import commit
 from fp4jax_experiments import bench_scaling, data, sharding, step_profile, train
 from fp4jax_experiments import model as model_lib
 
@@ -480,7 +479,7 @@ def main(argv: list[str] | None = None) -> None:
     "device_kind": dev.device_kind,
     "platform": dev.platform,
     "jax_version": jax.__version__,
-    "commit": args.commit or commit(REPO),
+    "commit": args.commit or benchtools.commit(),
     "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
     "command": command_line(argv if argv is not None else sys.argv[1:], xla_flags),
     "xla_flags": xla_flags,

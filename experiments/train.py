@@ -737,10 +737,9 @@ class RunFolder:
     self.checkpoints.close()
 
 
-def provenance() -> dict:
-  """Where and on what code a run's numbers were made, for its summary: ``commit`` ($FP4JAX_COMMIT, else the
-  checkout's ``git rev-parse --short HEAD`` with ``-dirty`` when tracked files differ from it, else None),
-  ``device`` (the first JAX device's kind), ``jax_version`` and ``date`` (UTC, ISO 8601, to the second)."""
+def source_commit() -> str | None:
+  """The commit of the code that runs: $FP4JAX_COMMIT, else the checkout's ``git rev-parse --short HEAD`` with
+  ``-dirty`` when tracked files differ from it (so a copied tree under a stale ``.git`` says so), else None."""
   commit = os.environ.get("FP4JAX_COMMIT") or None
   if commit is None:
     git = ["git", "-C", str(data.REPO_ROOT)]
@@ -751,8 +750,14 @@ def provenance() -> dict:
       head = dirty = None
     if head is not None and head.returncode == 0 and dirty.returncode == 0:
       commit = head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+  return commit
+
+
+def provenance() -> dict:
+  """Where and on what code a run's numbers were made, for its summary: ``commit`` (``source_commit()``),
+  ``device`` (the first JAX device's kind), ``jax_version`` and ``date`` (UTC, ISO 8601, to the second)."""
   return {
-    "commit": commit,
+    "commit": source_commit(),
     "device": jax.devices()[0].device_kind,
     "jax_version": jax.__version__,
     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
