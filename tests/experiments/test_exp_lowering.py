@@ -60,11 +60,11 @@ def test_a_scoped_function_is_called_traced_and_lowered_under_its_options():
 
 @pytest.mark.parametrize(
   "recipe, threefry_kernel, kernels",
-  [("nvidia_nvfp4", "auto", True), ("nvidia_nvfp4", False, False), ("quartet2", "auto", False)],
+  [("nvidia_nvfp4", "auto", True), ("nvidia_nvfp4", False, False), ("ms_fp4", "auto", False)],
 )
 def test_the_trainers_steps_lower_threefry_as_their_model_config_says(recipe, threefry_kernel, kernels, monkeypatch):
   """Where the GPU kernels quantize (emulated: the unroll policy asks fp4jax.backends), nvidia_nvfp4's stack is
-  unrolled by default: its steps' threefry calls are kernels on a GPU; quartet2 runs its blocks in a loop: their
+  unrolled by default: its steps' threefry calls are kernels on a GPU; ms_fp4 runs its blocks in a loop: their
   rounds."""
   monkeypatch.setattr(fp4jax.backends, "has_pallas_triton", lambda device=None: True)
   config = train.TrainConfig(model="100K", recipe=recipe, data="stdlib", batch_size=1, seq_len=16, tokens=16 * 4)
