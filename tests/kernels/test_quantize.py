@@ -581,12 +581,16 @@ def test_ragged_edge_blocks_are_masked_in_triton(name):
 )
 def test_ragged_staging_prepass_is_masked_in_triton(name):
   """The pre-pass that writes ``xᵀ`` or the rotated ``x`` (rotated: loaded in parts, ``load_rotated``, up to 32
-  points; MS-EDEN's 128 by the tile load) on a ragged shape: its tiles stick out of ``x`` (and of what it writes)."""
+  points; MS-EDEN's 128 along the rows in 16 vector parts, ``rotate_vector_parts``, each stored on its own) on a
+  ragged shape: its tiles stick out of ``x`` (and of what it writes)."""
   (spec, output), shape, tile = CASES[name]
   quantize = lambda x: pallas_triton.quantize(x, spec, jax.random.key(0), output=output, tile=tile, route="prepass")
   prepass, main = triton_ir.triton_modules(quantize, jnp.ones(shape, jnp.float32))
   assert "fp4_staging_amax" in prepass
-  _assert_masked(prepass, stores=1)  # xᵀ (the partial max is a (1, 1) block)
+  vectors = pallas_triton.rotates_in_vector_parts(spec, output)
+  assert vectors == (name == "nvfp4_ms_eden")
+  # the staged xᵀ or rotated x, whole or by part (the partial max is a (1, 1) block)
+  _assert_masked(prepass, stores=spec.hadamard // pallas_triton.VECTOR_PART if vectors else 1)
 
 
 def test_quest_std_uses_the_ieee_square_root_in_triton():
@@ -687,7 +691,8 @@ def test_load_unit_falls_back_to_plain_tile_loads():
 
 def test_rotations_up_to_32_points_load_their_chunks_in_parts():
   """``load_rotated`` takes 16- and 32-point Hadamards (the pre-pass in both directions, the kernel's transposed
-  tiles); MS-EDEN's 128 keeps the tile load. The transposing pre-pass takes wider tiles."""
+  tiles); MS-EDEN's 128 keeps the tile load, but for the pre-pass along the rows, which loads it in vector parts
+  (``rotate_vector_parts``) on (64, 256) tiles. The transposing pre-pass takes wider tiles."""
   in_parts = lambda name: pallas_triton.rotates_in_parts(CASES[name][0][0])
   assert in_parts("nvfp4_xt_rht16_sr_values") and in_parts("nvfp4_cols_rht16_sr") and in_parts("nvfp4_rht16_te_sr")
   assert in_parts("mxfp4_headroom_sr")
@@ -697,6 +702,9 @@ def test_rotations_up_to_32_points_load_their_chunks_in_parts():
   assert pallas_triton.prepass_tile(*CASES["nvfp4_rht16_te_sr"][0]) == pallas_triton.default_tile(
     *CASES["nvfp4_rht16_te_sr"][0]
   )
+  vectors = lambda name: pallas_triton.rotates_in_vector_parts(*CASES[name][0])
+  assert vectors("nvfp4_ms_eden") and not vectors("nvfp4_xt_ms_eden_values") and not vectors("nvfp4_rht16_te_sr")
+  assert pallas_triton.prepass_tile(*CASES["nvfp4_ms_eden"][0]) == (64, 256)
 
 
 def test_default_route_follows_the_hadamard():
@@ -738,6 +746,14 @@ def test_ptx_counts_of_the_kernels():
   assert 0 < rtn["ptx_per_element"] < sr["ptx_per_element"]
   assert 0 < rtn["sass_per_element"] < sr["sass_per_element"]
   assert rtn["shared_bytes"] >= 0 and rtn["convert_layout"] >= 0
+
+
+def test_prepass_sweep_tries_the_default_launch_first():
+  """The sweep's ratios are to its first launch of each direction: the pre-pass's default (``prepass_tile``, 4 warps,
+  as ``stage_and_amax`` launches it)."""
+  for along, configs in profile.PREPASS_CONFIGS.items():
+    spec, output = profile.bench.make_case(fp4jax.NVFP4, rounding="eden", hadamard=128, signs="random", along=along)
+    assert configs[0] == (pallas_triton.prepass_tile(spec, output), 4)
 
 
 def test_prepass_sweep_rows_check_every_launch_against_the_default(monkeypatch):
@@ -952,3 +968,37 @@ def test_quantizer_fields_are_validated_by_the_core_spec():
     fp4jax.QuantizeSpec(M, block_shape=(16, 16))
   job = _k(N, rounding="sr", along="cols", dequantize=D)  # both hashable: static arguments under jit
   assert hash(job) == hash(_k(N, rounding="sr", along="cols", dequantize=D))
+
+
+def _np_rotation(x: np.ndarray, signs: np.ndarray, d: int, high_bit_first: bool) -> np.ndarray:
+  """NumPy's float32 Walsh-Hadamard butterflies of every d-chunk of ``x``'s rows, in place (Sylvester order), one
+  index bit per stage: the highest bit first (``fwht``'s order) or the lowest first; then the 1/sqrt(d) scaling."""
+  y = x.astype(np.float32).reshape(-1, d) * signs.astype(np.float32)
+  stages = range(d.bit_length() - 2, -1, -1) if high_bit_first else range(d.bit_length() - 1)
+  for b in stages:
+    y = y.reshape(-1, d >> (b + 1), 2, 1 << b)
+    a, c = y[:, :, 0, :], y[:, :, 1, :]
+    y = np.stack([a + c, a - c], axis=2)
+  return (y.reshape(x.shape) * np.float32(1 / np.sqrt(d))).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype, shape", [(jnp.bfloat16, (100, 384)), (jnp.float32, (64, 256))])
+def test_vector_parts_prepass_adds_in_the_butterflys_order(dtype, shape):
+  """MS-EDEN's 128-point pre-pass along the rows (``rotate_vector_parts``, on a ragged shape too) stages the bits
+  of NumPy's float32 butterfly taken highest index bit first, rounded to ``x``'s dtype, and reduces their max|.|;
+  the data spans 2^±20, so the other order gives other bits (checked: the test sees the order); a NaN makes the
+  amax +Inf (the tensor scale then NaN)."""
+  spec, output = CASES["nvfp4_ms_eden"][0]
+  rng = np.random.default_rng(3)
+  x = (rng.standard_normal(shape) * np.exp2(rng.integers(-20, 21, shape))).astype(np.float32)
+  x = np.array(jnp.asarray(x, dtype).astype(jnp.float32))  # the values x holds (a writable copy)
+  signs = rng.choice([-1.0, 1.0], 128).astype(np.float32)
+  staged, amax = pallas_triton.stage_and_amax(jnp.asarray(x, dtype), spec, output, jnp.asarray(signs), interpret=True)
+  want = np.asarray(jnp.asarray(_np_rotation(x, signs, 128, True), dtype).astype(jnp.float32))
+  other = np.asarray(jnp.asarray(_np_rotation(x, signs, 128, False), dtype).astype(jnp.float32))
+  assert (want != other).any()
+  np.testing.assert_array_equal(np.asarray(staged.astype(jnp.float32)), want)
+  assert float(amax) == np.abs(want).max()
+  x[shape[0] - 1, 5] = np.nan
+  _, amax = pallas_triton.stage_and_amax(jnp.asarray(x, dtype), spec, output, jnp.asarray(signs), interpret=True)
+  assert float(amax) == np.inf

@@ -1,6 +1,10 @@
 #!/bin/bash
 # GPU 0's share of tools/plans/issue34-l.txt (one H200), issue34-x2-g.txt and issue34-x4-g.txt (lease_sweeps.sh sets
 # OUT, LEASE_STATE and LEASE_DEADLINE), one thing at a time on that GPU:
+#   0. issue 31, first (about 7 minutes): MS-EDEN's pre-pass along the rows now rotates in vector parts
+#      (rotate_vector_parts; its bits checked in interpret mode only): the kernel tests of MS-EDEN and the pre-pass
+#      and tests/test_prequantize.py compiled by Triton (if they fail, the quartet2 runs of this lease are void), the
+#      pre-pass sweep (gpu_suite.sh prepass) and quartet2's 125M step beside bf16 and the anchor;
 #   1. nvidia_nvfp4 30M, D/N = 25 seed 2 (issue 34; seed 1 took 13.3 minutes on one H200 at 4f5c6bc);
 #   2. with at least 10 minutes left: BF16 50M, D/N = 10, seed 0 (500M tokens; about 7.5 minutes at the 1.1M tokens/s
 #      that 30M's 1.86M and 50M's 1.7x the FLOPs per token predict), the first run of the 50M row;
@@ -10,6 +14,13 @@
 #      traced to their JAX ops here, without a GPU.
 set -u -o pipefail
 source tools/plans/lease_lib.sh
+CUDA_VISIBLE_DEVICES=0 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 240 python -m pytest -q -n 8 -o addopts= \
+  -m "slow or not slow" -p no:cacheprovider tests/test_prequantize.py tests/kernels/test_quantize.py \
+  -k "eden or prepass or prequantize or quartet2" > "$OUT/gpu_prepass_tests.log" 2>&1
+CUDA_VISIBLE_DEVICES=0 SKIP_INSTALL=1 bash benchmarks/gpu_suite.sh prepass
+CUDA_VISIBLE_DEVICES=0 timeout 300 python benchmarks/train_throughput.py --model 125M --devices 1 \
+  --recipes bf16,quartet2 --rounds 2 --steps 8 --max-compile-s 120 --profile /tmp/prof_prepass \
+  --out "$OUT/train_throughput_125M_prepass_quartet2.json" > "$OUT/train_throughput_125M_prepass_quartet2.log" 2>&1
 lease_sweep nv30r25s2 --sizes 30M --ratios 25 --recipes nvidia_nvfp4 --seeds 2 --devices 0
 left=$(( LEASE_DEADLINE - $(date +%s) ))
 if [ "$left" -ge 600 ]; then

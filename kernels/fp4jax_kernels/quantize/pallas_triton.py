@@ -8,7 +8,8 @@ logical index: the reference's bits) and the block numerics, which are the found
 evaluated in the kernel, so every rounding and scale rule of ``fp4jax.quantize`` holds bit for bit. Transposed
 directions write K-major; ``route`` says where the transposition and rotation happen (in the kernel, by XLA's
 transpose, or in the amax pre-pass). Each thread holds whole blocks (or Hadamard chunks of up to 32 elements) in
-registers (``load_units``, ``load_rotated``). NVFP4's tensor amax is a separate reduction before the kernel
+registers (``load_units``, ``load_rotated``; the pre-pass's larger chunks along the rows, ``rotate_vector_parts``,
+in parts of 8 contiguous elements). NVFP4's tensor amax is a separate reduction before the kernel
 (``tensor_amax``): current scaling must see every element before the first code is final. The kernel takes that
 amax, computes the tensor scales from it in every program (``fmt.tensor_scales``: two divisions, PTX ``div.rn.f32``)
 and writes the decode scale for the GEMM, so XLA runs none of the exact division's integer arithmetic around it.
@@ -70,9 +71,59 @@ MAX_UNIT = 32  # MS-EDEN's 128-point chunks in one thread would spill registers
 
 def rotates_in_parts(spec: QuantizeSpec) -> bool:
   """Whether ``spec``'s Hadamard runs on ``load_rotated``'s parts (in the pre-pass, and in the kernel for the
-  transposed directions): up to ``MAX_UNIT`` points. Larger Hadamards use the tile load: 128 scalar parts compile
-  slowly and vector parts gain nothing over it."""
+  transposed directions): up to ``MAX_UNIT`` points. Larger Hadamards use the tile load (128 scalar parts compile
+  slowly), but for the pre-pass along the rows, which loads them in vector parts (``rotates_in_vector_parts``)."""
   return 0 < spec.hadamard <= MAX_UNIT
+
+
+VECTOR_PART = 8  # a chunk's contiguous elements that rotate_vector_parts loads as one part (16 bytes of bf16)
+
+
+def rotates_in_vector_parts(spec: QuantizeSpec, output: KernelOutput) -> bool:
+  """Whether the pre-pass rotates ``spec``'s Hadamard in contiguous parts of ``VECTOR_PART`` elements
+  (``rotate_vector_parts``): one of more than ``MAX_UNIT`` points along the rows. Along the rows of the transpose
+  each part would need its own transpose; the tile load is no slower there."""
+  return spec.hadamard > MAX_UNIT and not output.transposed
+
+
+def vector_shape(shape: tuple[int, int], d: int) -> tuple[int, int, int, int]:
+  """(m, k) as (m, k/d, d/VECTOR_PART, VECTOR_PART): part ``p`` (axis 2) holds elements
+  ``[p·VECTOR_PART, (p+1)·VECTOR_PART)`` of every d-chunk along the rows."""
+  m, k = shape
+  return (m, k // d, d // VECTOR_PART, VECTOR_PART)
+
+
+def vector_view(x: jax.Array, d: int) -> jax.Array:
+  """``x`` reshaped to ``vector_shape`` (free): the input of ``rotate_vector_parts``."""
+  return x.reshape(vector_shape(x.shape, d))
+
+
+def vector_block_spec(tile: tuple[int, int], d: int) -> pl.BlockSpec:
+  """The (r, c) tiles of ``x`` as blocks of ``vector_view(x, d)``, on a 2D grid over ``x``'s tiles."""
+  return pl.BlockSpec((tile[0], tile[1] // d, d // VECTOR_PART, VECTOR_PART), lambda i, j: (i, j, 0, 0))
+
+
+def rotate_vector_parts(x_ref, tile_index, full_shape, signs_ref, round_bf16: bool) -> list[jax.Array]:
+  """``rotate_rows`` of the (r, c) tile ``tile_index`` of ``x`` (d-point chunks along the rows) as its
+  ``d/VECTOR_PART`` parts, each (r, c/d, VECTOR_PART): part ``p`` is elements ``[p·VECTOR_PART, (p+1)·VECTOR_PART)``
+  of every rotated chunk, read from the block of ``vector_view(x, d)`` (``full_shape``: the view's). Each part is
+  one contiguous load per chunk. The butterflies over the chunk index's high bits (part ``p``) run first, as
+  ``fwht_parts`` between whole parts, elementwise; those over its low bits (within a part) follow, as ``fwht`` of the
+  part's last axis. Both are ``fwht``'s stages in its order (highest index bit first, ``(a + b, a - b)`` with ``a``
+  the element whose bit is 0), so every sum is the same float sum: the same bits as ``rotate_rows``. The caller
+  stores or reduces the parts as they are (no join: a join into the tile would move data between threads)."""
+  r, c, n_parts, v = x_ref.shape
+  d = n_parts * v
+  block_index = (*tile_index, 0, 0)
+  view_shape = (*full_shape[:2], 1, v)
+  parts = []
+  for p in range(n_parts):
+    part = load_in_bounds(x_ref.at[:, :, pl.ds(p, 1), :], block_index, view_shape).reshape(r, c, v)
+    part = part.astype(jnp.float32)
+    parts.append(part if signs_ref is None else part * signs_ref[pl.ds(p * v, v)].reshape(1, 1, v))
+  norm = jnp.float32(1.0 / math.sqrt(d))
+  parts = [hadamard_lib.fwht(part, v) * norm for part in hadamard_lib.fwht_parts(parts)]
+  return [rtn_bf16(part) for part in parts] if round_bf16 else parts
 
 
 def chunk_shape(shape: tuple[int, int], d: int, transposed: bool) -> tuple[int, int, int]:
@@ -261,6 +312,17 @@ def _amax_kernel(
   o_ref = next(it)
   i, j = pl.program_id(0), pl.program_id(1)
   out_index, out_shape = ((j, i), shape[::-1]) if output.transposed else ((i, j), shape)
+  if rotates_in_vector_parts(spec, output):  # x_ref and the staged output: blocks of vector_view
+    view_shape = vector_shape(shape, spec.hadamard)
+    parts = rotate_vector_parts(x_ref, (i, j), view_shape, signs_ref, bf16_input)
+    if stage:
+      staged_ref = next(it)
+      for p, part in enumerate(parts):
+        value = part.astype(x_ref.dtype).reshape(*part.shape[:2], 1, part.shape[2])
+        store_in_bounds(staged_ref.at[:, :, pl.ds(p, 1), :], value, (i, j, 0, 0), (*view_shape[:2], 1, view_shape[3]))
+    magnitudes = [lax.bitcast_convert_type(part, jnp.int32) & 0x7FFFFFFF for part in parts]
+    o_ref[...] = _amax_of_bits(functools.reduce(jnp.maximum, magnitudes)).reshape(1, 1)  # one reduction
+    return
   if rotates_in_parts(spec):  # x_ref holds a block of chunk_view(x)
     x = load_rotated(
       x_ref, (i, j), chunk_shape(shape, spec.hadamard, output.transposed), signs_ref, bf16_input, output.transposed
@@ -275,11 +337,15 @@ def _amax_kernel(
       x = rotate_rows(x, spec.hadamard, None if signs_ref is None else signs_ref[...], bf16_input)
   if stage and spec.hadamard:
     store_in_bounds(next(it), x.astype(x_ref.dtype), out_index, out_shape)
-  # one integer max of the magnitude bits: max|x| for finite tiles, and NaN's bits exceed +Inf's (one reduction,
-  # where a float max would need a second one to see NaN)
-  amax_bits = jnp.max(lax.bitcast_convert_type(x, jnp.int32) & 0x7FFFFFFF)
-  amax = jnp.where(amax_bits >= F32_INF_BITS, jnp.float32(jnp.inf), lax.bitcast_convert_type(amax_bits, jnp.float32))
-  o_ref[...] = amax.reshape(1, 1)
+  o_ref[...] = _amax_of_bits(lax.bitcast_convert_type(x, jnp.int32) & 0x7FFFFFFF).reshape(1, 1)
+
+
+def _amax_of_bits(magnitudes: jax.Array) -> jax.Array:
+  """max|x| from the int32 magnitude bits of float32 ``x``: one integer max, max|x| for finite values, and +Inf
+  where any is Inf or NaN (NaN's bits exceed +Inf's; one reduction, where a float max would need a second one to
+  see NaN)."""
+  amax_bits = jnp.max(magnitudes)
+  return jnp.where(amax_bits >= F32_INF_BITS, jnp.float32(jnp.inf), lax.bitcast_convert_type(amax_bits, jnp.float32))
 
 
 class _Call(NamedTuple):
@@ -334,7 +400,10 @@ def _amax_plan(x: jax.Array, spec: QuantizeSpec, output: KernelOutput, signs, st
   """The pre-pass kernel over ``x`` in ``tile`` tiles: outputs (partial max per tile, [the staged input])."""
   m, k = x.shape
   grid = (pl.cdiv(m, tile[0]), pl.cdiv(k, tile[1]))
-  if rotates_in_parts(spec):
+  vectors = rotates_in_vector_parts(spec, output)
+  if vectors:
+    args, in_specs = [vector_view(x, spec.hadamard)], [vector_block_spec(tile, spec.hadamard)]
+  elif rotates_in_parts(spec):
     args = [chunk_view(x, spec.hadamard, output.transposed)]
     in_specs = [chunk_block_spec(tile, spec.hadamard, output.transposed)]
   else:
@@ -344,7 +413,10 @@ def _amax_plan(x: jax.Array, spec: QuantizeSpec, output: KernelOutput, signs, st
     in_specs.append(pl.BlockSpec((spec.hadamard,), lambda i, j: (0,)))
   out_shape, out_specs = [jax.ShapeDtypeStruct(grid, jnp.float32)], [pl.BlockSpec((1, 1), lambda i, j: (i, j))]
   if stage:
-    if output.transposed:
+    if vectors:  # in the vector view, reshaped back by _amax_call
+      out_shape.append(jax.ShapeDtypeStruct(args[0].shape, x.dtype))
+      out_specs.append(vector_block_spec(tile, spec.hadamard))
+    elif output.transposed:
       out_shape.append(jax.ShapeDtypeStruct((k, m), x.dtype))
       out_specs.append(pl.BlockSpec(tile[::-1], lambda i, j: (j, i)))
     else:
@@ -373,7 +445,7 @@ def _amax_call(
     interpret,
     "fp4_staging_amax" if stage else "fp4_rotated_amax",
   )
-  return jnp.max(outs[0]), (outs[1] if stage else None)
+  return jnp.max(outs[0]), (outs[1].reshape(x.shape[::-1] if output.transposed else x.shape) if stage else None)
 
 
 def tensor_amax(
@@ -463,8 +535,13 @@ def default_tile(spec: QuantizeSpec, output: KernelOutput) -> tuple[int, int]:
 
 def prepass_tile(spec: QuantizeSpec, output: KernelOutput) -> tuple[int, int]:
   """The amax pre-pass's tile of ``x``: (256, 64) where it transposes and rotates in parts (``rotates_in_parts``),
-  else ``default_tile(spec, output)``."""
-  return (256, 64) if rotates_in_parts(spec) and output.transposed else default_tile(spec, output)
+  (64, max(256, d)) where it rotates in vector parts (``rotates_in_vector_parts``: each part then holds a few
+  elements per thread, so its butterflies stay in registers), else ``default_tile(spec, output)``."""
+  if rotates_in_parts(spec) and output.transposed:
+    return (256, 64)
+  if rotates_in_vector_parts(spec, output):
+    return (64, max(256, spec.hadamard))
+  return default_tile(spec, output)
 
 
 def default_num_warps(spec: QuantizeSpec) -> int:
