@@ -82,7 +82,7 @@ VECTOR_PART = 8  # a chunk's contiguous elements that rotate_vector_parts loads 
 def rotates_in_vector_parts(spec: QuantizeSpec, output: KernelOutput) -> bool:
   """Whether the pre-pass rotates ``spec``'s Hadamard in contiguous parts of ``VECTOR_PART`` elements
   (``rotate_vector_parts``): one of more than ``MAX_UNIT`` points along the rows. Along the rows of the transpose
-  each part would need its own transpose; the tile load is no slower there."""
+  each part would need its own transpose in registers, so that direction keeps the tile load."""
   return spec.hadamard > MAX_UNIT and not output.transposed
 
 
