@@ -122,7 +122,7 @@ PAIRS = {  # (recipe, rows operand, cols operand): the pairs of nvidia_nvfp4's s
 }
 PREPASS_SHAPES = ((16384, 2048), (16384, 768))  # the 125M step's dY / SwiGLU product and X / dY of q, k, v, o
 PREPASS_CONFIGS = {  # direction: (tile of x, warps) to try; the first is the default (prepass_tile, 4 warps)
-  "rows": [(t, w) for t in ((64, 256), (32, 256), (128, 256), (64, 512), (16, 256)) for w in (4, 8)],
+  "rows": [(t, w) for t in ((16, 256), (32, 256), (64, 256), (128, 256), (16, 512)) for w in (4, 8)],
   "rows_of_transpose": [(t, w) for t in ((256, 32), (128, 32), (128, 64), (256, 16), (512, 16)) for w in (4, 8)],
 }
 H200_ISSUE_RATE = 132 * 4 * 1.98e9

@@ -48,6 +48,21 @@ def test_fwht_of_parts_adds_the_same_floats_in_the_same_order(d):
   np.testing.assert_array_equal(np.stack(parts, axis=-1), np.asarray(H.fwht(x, d)))
 
 
+@pytest.mark.parametrize("n_parts", [2, 4])
+def test_fwht_of_vector_parts_then_within_each_part_is_fwht(n_parts):
+  """A 32-point chunk as ``n_parts`` parts of contiguous elements (the kernels' vector parts): ``fwht_parts`` over
+  the parts, then ``fwht`` within each, gives ``fwht``'s bits on data spread over 60 binades; a part count that is
+  not a power of two is refused."""
+  key1, key2 = jax.random.split(jax.random.key(n_parts))
+  binades = jax.random.randint(key2, (64, 3, 32), -30, 30).astype(jnp.float32)
+  x = jax.random.normal(key1, (64, 3, 32)) * jnp.exp2(binades)
+  v = 32 // n_parts
+  parts = H.fwht_parts([x[..., p * v : (p + 1) * v] for p in range(n_parts)])
+  np.testing.assert_array_equal(np.concatenate([H.fwht(p, v) for p in parts], axis=-1), np.asarray(H.fwht(x, 32)))
+  with pytest.raises(ValueError, match="power of two, got 3"):
+    H.fwht_parts([x] * 3)
+
+
 def test_sylvester_recursion():
   h4 = np.sign(H.hadamard_matrix(32))
   h2 = np.sign(H.hadamard_matrix(16))

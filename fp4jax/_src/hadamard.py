@@ -116,9 +116,15 @@ def fwht_parts(parts: list[jnp.ndarray]) -> list[jnp.ndarray]:
   """``fwht`` of chunks held as ``d`` arrays, ``parts[i]`` being element ``i`` of every chunk: the same stages,
   each pairing part ``i`` with part ``i + d/2`` into parts ``(2i, 2i + 1)``, so the same floats are added in the
   same order. Every stage is elementwise between whole arrays: a kernel that loads the parts with one layout
-  (strided rows of a tile) rotates without moving data between threads."""
+  (strided rows of a tile) rotates without moving data between threads. ``d`` is any power of two: with parts of
+  several contiguous elements each (``fp4jax_kernels.quantize.pallas_triton.rotate_vector_parts``) these are a
+  chunk's first stages, over its index's high bits, and ``fwht`` within each part completes it.
+
+  Raises:
+    ValueError: ``len(parts)`` is not a power of two."""
   d = len(parts)
-  check_size(d, "len(parts)")
+  if d < 1 or d & (d - 1):
+    raise ValueError(f"fwht_parts: the number of parts must be a power of two, got {d}")
   for _ in range(int(math.log2(d))):
     pairs = zip(parts[: d // 2], parts[d // 2 :])
     parts = [y for a, b in pairs for y in (a + b, a - b)]

@@ -692,7 +692,7 @@ def test_load_unit_falls_back_to_plain_tile_loads():
 def test_rotations_up_to_32_points_load_their_chunks_in_parts():
   """``load_rotated`` takes 16- and 32-point Hadamards (the pre-pass in both directions, the kernel's transposed
   tiles); MS-EDEN's 128 keeps the tile load, but for the pre-pass along the rows, which loads it in vector parts
-  (``rotate_vector_parts``) on (64, 256) tiles. The transposing pre-pass takes wider tiles."""
+  (``rotate_vector_parts``) on (16, 256) tiles. The transposing pre-pass takes wider tiles."""
   in_parts = lambda name: pallas_triton.rotates_in_parts(CASES[name][0][0])
   assert in_parts("nvfp4_xt_rht16_sr_values") and in_parts("nvfp4_cols_rht16_sr") and in_parts("nvfp4_rht16_te_sr")
   assert in_parts("mxfp4_headroom_sr")
@@ -704,7 +704,7 @@ def test_rotations_up_to_32_points_load_their_chunks_in_parts():
   )
   vectors = lambda name: pallas_triton.rotates_in_vector_parts(*CASES[name][0])
   assert vectors("nvfp4_ms_eden") and not vectors("nvfp4_xt_ms_eden_values") and not vectors("nvfp4_rht16_te_sr")
-  assert pallas_triton.prepass_tile(*CASES["nvfp4_ms_eden"][0]) == (64, 256)
+  assert pallas_triton.prepass_tile(*CASES["nvfp4_ms_eden"][0]) == (16, 256)
 
 
 def test_default_route_follows_the_hadamard():

@@ -2,12 +2,12 @@
 Experimental: slower than XLA's butterflies in a training step, so no backend registers it (``README.md``).
 
 ``inverse_rotate(g, d, signs, mask)`` gives ``fp4jax.hadamard.inverse_hadamard(where(mask, g, 0), d, axis=-1,
-signs)`` for a 2D float32 ``g``: each program loads a tile of whole ``d``-chunks as ``d`` parts (element ``k`` of
-every chunk), zeroes the masked elements, runs ``fp4jax.hadamard.fwht_parts`` (the constant-geometry butterflies of
-``fwht``, each ``a ± b`` rounded once, in the same order), multiplies by ``float32(1/sqrt(d))`` (rounded once) and then
-by the signs (exact), and stores the parts: one read and one write of ``g`` where XLA's butterflies make a pass per
-stage (five for d = 32). IEEE float32 as a GPU computes it; in interpret mode (the CPU) XLA's arithmetic, which
-flushes subnormals.
+signs)`` for a 2D float32 ``g``: each program loads a tile of whole ``d``-chunks as ``d/VECTOR_PART`` vector parts
+(``VECTOR_PART`` contiguous elements of every chunk), zeroes the masked elements, runs the constant-geometry
+butterflies of ``fp4jax.hadamard.fwht`` (each ``a ± b`` rounded once, in the same order: ``fwht_parts`` between the
+parts, then ``fwht`` within each), multiplies by ``float32(1/sqrt(d))`` (rounded once) and then by the signs (exact),
+and stores the parts: one read and one write of ``g`` where XLA's butterflies make a pass per stage (five for
+d = 32). IEEE float32 as a GPU computes it; in interpret mode (the CPU) XLA's arithmetic, which flushes subnormals.
 
 ``op_impl`` is the kernel as an implementation of ``fp4jax._src.operand.INVERSE_ROTATE_OP`` (any leading dims, with its
 limits); ``register()`` puts it in the registry as ``"pallas"``, where ``"auto"`` then takes it on a GPU.
@@ -28,6 +28,7 @@ from fp4jax._src import hadamard as hadamard_lib
 from fp4jax._src.operand import INVERSE_ROTATE_OP
 from fp4jax_kernels.edge_blocks import load_in_bounds, store_in_bounds
 from fp4jax_kernels.operand import check_invarying
+from fp4jax_kernels.quantize.pallas_triton import VECTOR_PART, vector_shape
 
 MAX_D = 32  # a chunk's butterflies run in one thread's registers: MS-EDEN's 128 points would spill
 TILE_ELEMENTS = 8192  # float32 elements per program
@@ -44,21 +45,25 @@ def tile(m: int, n: int, d: int) -> tuple[int, int]:
   return min(rows, 1 << max(0, (m - 1).bit_length())), cols
 
 
-def _kernel(g_ref, signs_ref, *refs, shape: tuple[int, int, int], masked: bool):
-  """One (rows, cols) tile, read as its ``d`` parts (element ``k`` of every chunk: one strided load each, as
-  ``fp4jax_kernels.quantize.pallas_triton.load_rotated``), so that every butterfly is elementwise in registers;
-  each result part is stored where it was read."""
+def _kernel(g_ref, signs_ref, *refs, shape: tuple[int, int, int, int], masked: bool):
+  """One (rows, cols) tile, read as its ``d/VECTOR_PART`` vector parts (``VECTOR_PART`` contiguous elements of every
+  chunk: one load each, as ``fp4jax_kernels.quantize.pallas_triton.rotate_vector_parts``): the butterflies over a
+  chunk index's high bits run between whole parts (``fwht_parts``), those over its low bits within a part (``fwht``),
+  in ``fwht``'s order, so every sum is ``inverse_hadamard``'s; each result part is stored where it was read."""
   mask_ref, out_ref = refs if masked else (None, refs[0])
-  d = g_ref.shape[2]
-  index = (pl.program_id(0), pl.program_id(1), 0)
-  part = lambda ref, k: ref.at[:, :, pl.ds(k, 1)]  # (rows, cols / d, 1)
-  parts = [load_in_bounds(part(g_ref, k), index, shape) for k in range(d)]
+  rows, cols, n_parts, v = g_ref.shape
+  index = (pl.program_id(0), pl.program_id(1), 0, 0)
+  part_shape = (*shape[:2], 1, v)  # the bounds of one part's slice of the vector view
+  part = lambda ref, p: ref.at[:, :, pl.ds(p, 1), :]  # (rows, cols / d, 1, v)
+  load = lambda ref, p: load_in_bounds(part(ref, p), index, part_shape).reshape(rows, cols, v)
+  parts = [load(g_ref, p) for p in range(n_parts)]
   if masked:
-    parts = [jnp.where(load_in_bounds(part(mask_ref, k), index, shape), p, jnp.float32(0)) for k, p in enumerate(parts)]
-  norm = jnp.float32(1.0 / math.sqrt(d))
-  parts = [p * norm for p in hadamard_lib.fwht_parts(parts)]
-  for k, p in enumerate(parts):
-    store_in_bounds(part(out_ref, k), p * signs_ref[k], index, shape)
+    parts = [jnp.where(load(mask_ref, p), x, jnp.float32(0)) for p, x in enumerate(parts)]
+  norm = jnp.float32(1.0 / math.sqrt(n_parts * v))
+  parts = [hadamard_lib.fwht(x, v) * norm for x in hadamard_lib.fwht_parts(parts)]
+  for p, x in enumerate(parts):
+    signed = x * signs_ref[pl.ds(p * v, v)].reshape(1, 1, v)
+    store_in_bounds(part(out_ref, p), signed.reshape(rows, cols, 1, v), index, part_shape)
 
 
 @functools.partial(jax.jit, static_argnames=("d", "num_warps", "interpret"))
@@ -100,8 +105,8 @@ def inverse_rotate(
   if mask is not None and mask.shape != g.shape:
     raise ValueError(f"inverse_rotate: mask must have g's shape {g.shape}, got {mask.shape}")
   rows, cols = tile(m, n, d)
-  shape = (m, n // d, d)  # the chunk view: element k of every chunk along the last axis
-  block = pl.BlockSpec((rows, cols // d, d), lambda i, j: (i, j, 0))
+  shape = vector_shape((m, n), d)  # part p (axis 2): elements [p·VECTOR_PART, (p+1)·VECTOR_PART) of every chunk
+  block = pl.BlockSpec((rows, cols // d, d // VECTOR_PART, VECTOR_PART), lambda i, j: (i, j, 0, 0))
   args, in_specs = [g.reshape(shape), signs], [block, pl.BlockSpec((d,), lambda i, j: (0,))]
   if mask is not None:
     args.append(mask.reshape(shape))

@@ -535,12 +535,12 @@ def default_tile(spec: QuantizeSpec, output: KernelOutput) -> tuple[int, int]:
 
 def prepass_tile(spec: QuantizeSpec, output: KernelOutput) -> tuple[int, int]:
   """The amax pre-pass's tile of ``x``: (256, 64) where it transposes and rotates in parts (``rotates_in_parts``),
-  (64, max(256, d)) where it rotates in vector parts (``rotates_in_vector_parts``: each part then holds a few
+  (16, max(256, d)) where it rotates in vector parts (``rotates_in_vector_parts``: each part then holds a few
   elements per thread, so its butterflies stay in registers), else ``default_tile(spec, output)``."""
   if rotates_in_parts(spec) and output.transposed:
     return (256, 64)
   if rotates_in_vector_parts(spec, output):
-    return (64, max(256, spec.hadamard))
+    return (16, max(256, spec.hadamard))
   return default_tile(spec, output)
 
 
