@@ -3,7 +3,7 @@
     python benchmarks/pallas_ablation.py --op select_ranks --recipe ms_fp4        # GPU: the 125M step
     python benchmarks/pallas_ablation.py --op select_ranks --recipe ms_fp4 --model 100K --batch 2 --seq-len 64 \\
       --warmup 1 --steps 1 --rounds 1 --out runs/ablation.json                     # CPU smoke (XLA both times)
-    python benchmarks/pallas_ablation.py --op inverse_rotate --recipe quartet --contrib inverse_rotate  # unregistered
+    python benchmarks/pallas_ablation.py --op inverse_rotate --recipe quartet
 
 ``fp4jax_experiments.train.Trainer`` of ``--model`` under ``--recipe`` on one device
 (``benchmarks/train_throughput.py``'s experiments entry), built twice: as the library runs it (``"auto"``: the op's
@@ -18,7 +18,6 @@ Writes ``benchmarks/results/pallas_ablation_<op>_<recipe>.json``.
 from __future__ import annotations
 
 import argparse
-import importlib
 import pathlib
 import shlex
 import statistics
@@ -45,10 +44,7 @@ def rows(
   backends.load_plugins()
   pallas = backends.implementation(op, "pallas")
   if pallas is None:
-    raise ValueError(
-      f"--op {op!r} has no 'pallas' implementation; ops with one: see fp4jax_kernels.__init__ (an unregistered "
-      "kernel of fp4jax_kernels.contrib: --contrib)"
-    )
+    raise ValueError(f"--op {op!r} has no 'pallas' implementation; ops with one: see fp4jax_kernels.__init__")
   calls = {"n": 0}
 
   def counted(*args, **kwargs):  # counts the cases a trace hands the kernel (before it may refuse them)
@@ -103,20 +99,9 @@ def main(argv: list[str] | None = None) -> None:
   p.add_argument("--warmup", type=_positive, default=3)
   p.add_argument("--steps", type=_positive, default=10)
   p.add_argument("--rounds", type=_positive, default=3)
-  p.add_argument(
-    "--contrib",
-    default=None,
-    help="register fp4jax_kernels.contrib.CONTRIB's implementation first (a kernel the library does not register), "
-    "e.g. inverse_rotate",
-  )
   p.add_argument("--commit", default=None, help="default: git rev-parse of this checkout")
   p.add_argument("--out", type=pathlib.Path, default=None)
   args = p.parse_args(argv)
-  if args.contrib:
-    try:
-      importlib.import_module(f"fp4jax_kernels.contrib.{args.contrib}").register()
-    except ModuleNotFoundError:
-      p.error(f"--contrib {args.contrib!r}: expected a module of fp4jax_kernels.contrib with a register()")
   out = args.out or REPO / "benchmarks" / "results" / f"pallas_ablation_{args.op}_{args.recipe}.json"
   command = shlex.join(["python", "benchmarks/pallas_ablation.py", *(argv if argv is not None else sys.argv[1:])])
   settings = {k: getattr(args, k) for k in ("op", "recipe", "model", "batch", "seq_len", "data")}

@@ -55,7 +55,9 @@ def _header_fields(doc: dict) -> dict[str, str]:
 
 
 def provenance(doc: dict) -> list[str]:
-  """The lines saying where and how a result was measured: device, JAX version, commit, date; the command."""
+  """The lines saying where and how a result was measured: device, JAX version, commit, date; the command (a
+  ``"reproduce"`` field where the run's own command no longer runs as it was, e.g. a flag since removed: its note
+  then gives the run's own)."""
   head = _header_fields(doc)
   device = doc.get("device_kind") or head.get("device", "not recorded")
   if "device_kind" in doc and "platform" in doc:
@@ -65,7 +67,7 @@ def provenance(doc: dict) -> list[str]:
   return [
     f"Device: {device}; JAX {jax_version}; commit {doc.get('commit', 'not recorded')}; date {date}.",
     "",
-    f"Reproduce: `{doc.get('command', 'not recorded')}`",
+    f"Reproduce: `{doc.get('reproduce', doc.get('command', 'not recorded'))}`",
   ]
 
 

@@ -18,8 +18,8 @@ by the ``backend`` argument; every implementation gives the same bits for the sa
   (on a CPU, ``"xla"`` only: the kernels are neither loaded nor interpreted there).
 
 ``inverse_rotate`` (a backward GEMM's gradient out of the rotated domain, trust mask included) is the op
-``INVERSE_ROTATE_OP``, by the same backends; XLA's butterflies are its one registered implementation (a one-pass
-Pallas kernel, slower in a training step, is ``fp4jax_kernels.contrib.inverse_rotate``).
+``INVERSE_ROTATE_OP``, by the same backends: XLA's butterflies, and a one-pass Pallas kernel
+(``fp4jax_kernels.rotate``) for transforms of up to 32 points.
 
 This module never imports ``fp4jax_kernels``; the registry loads it (``fp4jax.backends.load_plugins``).
 

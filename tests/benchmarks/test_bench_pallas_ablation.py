@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks import pallas_ablation, report
-from fp4jax._src import backends, estimators, operand
+from fp4jax._src import backends, estimators
 
 
 def test_the_variants_trace_the_kernel_or_not_and_leave_the_registry_as_it_was(monkeypatch):
@@ -76,34 +76,3 @@ def test_a_count_below_one_is_refused_naming_the_flag(flag, capsys):
     pallas_ablation.main(["--op", "inverse_rotate", "--recipe", "quartet", flag, "0"])
   err = capsys.readouterr().err
   assert flag in err and "expected a positive integer, got '0'" in err
-
-
-def test_contrib_registers_an_unregistered_kernel_before_the_rows_and_an_unknown_one_is_refused(
-  tmp_path, monkeypatch, capsys
-):
-  from fp4jax_kernels.contrib import inverse_rotate
-
-  seen = []
-  fake = lambda **kw: seen.append(backends.implementation(operand.INVERSE_ROTATE_OP, "pallas")) or []
-  monkeypatch.setattr(pallas_ablation, "rows", fake)
-  try:
-    pallas_ablation.main(
-      [
-        "--op",
-        "inverse_rotate",
-        "--recipe",
-        "quartet",
-        "--contrib",
-        "inverse_rotate",
-        "--commit",
-        "abc1234",
-        "--out",
-        str(tmp_path / "a.json"),
-      ]
-    )
-  finally:
-    backends.unregister(operand.INVERSE_ROTATE_OP, "pallas")
-  assert seen == [inverse_rotate.op_impl]
-  with pytest.raises(SystemExit):
-    pallas_ablation.main(["--op", "inverse_rotate", "--recipe", "quartet", "--contrib", "no_such_kernel"])
-  assert "--contrib 'no_such_kernel': expected a module of fp4jax_kernels.contrib" in capsys.readouterr().err

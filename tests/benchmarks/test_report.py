@@ -158,6 +158,12 @@ def test_provenance_falls_back_to_the_header_line():
   assert where == "Device: NVIDIA H100 (gpu); JAX 0.11.2; commit c0ffee; date 2026-11-26 10:33 UTC."
 
 
+def test_reproduce_gives_a_runnable_command_where_the_runs_own_no_longer_runs():
+  doc = {"commit": "c0ffee", "command": "python b.py --gone 1"}
+  assert report.provenance(doc)[-1] == "Reproduce: `python b.py --gone 1`"
+  assert report.provenance(doc | {"reproduce": "python b.py"})[-1] == "Reproduce: `python b.py`"
+
+
 def test_a_result_file_of_an_unknown_benchmark_is_refused(tmp_path):
   (tmp_path / "x.json").write_text(json.dumps({"benchmark": "mystery"}))
   with pytest.raises(ValueError, match=r"no renderer for \['x.json'\]"):

@@ -1,7 +1,6 @@
-"""A backward gradient out of the rotated domain (fp4jax._src.operand.INVERSE_ROTATE_OP): every implementation (XLA's,
-and the contrib Pallas kernel registered for the test) against a NumPy oracle written from fp4jax.hadamard's
-specification, the kernel's refusals and fallback, its Triton lowering, and which implementation a rotated recipe's
-dot takes."""
+"""A backward gradient out of the rotated domain (fp4jax._src.operand.INVERSE_ROTATE_OP): every implementation (XLA's
+and the Pallas kernel's) against a NumPy oracle written from fp4jax.hadamard's specification, the kernel's refusals
+and fallback, its Triton lowering, and which implementation a rotated recipe's dot takes."""
 
 import math
 
@@ -10,22 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from fp4jax_kernels import triton_ir
-from fp4jax_kernels.contrib import inverse_rotate as kernel
+from fp4jax_kernels.rotate import api, pallas_triton
 
 import fp4jax
 from fp4jax._src import backends, hadamard, operand
 
 DN = (((1,), (1,)), ((), ()))
-
-
-@pytest.fixture
-def registered():
-  """The contrib kernel as INVERSE_ROTATE_OP's "pallas" implementation for one test (the library registers none)."""
-  backends.load_plugins()
-  assert backends.implementation(operand.INVERSE_ROTATE_OP, "pallas") is None
-  kernel.register()
-  yield
-  backends.unregister(operand.INVERSE_ROTATE_OP, "pallas")
 
 
 def _oracle(g: np.ndarray, d: int, signs: np.ndarray | None, mask: np.ndarray | None) -> np.ndarray:
@@ -62,9 +51,7 @@ def _kernels(jaxpr_equations, f, *args) -> list[str]:
   ("shape", "d", "with_signs", "with_mask"),
   [((2, 37, 768), 32, True, True), ((5, 64), 16, False, False), ((3, 96), 32, False, True)],
 )
-def test_every_implementation_gives_the_oracles_bits(
-  backend, shape, d, with_signs, with_mask, jaxpr_equations, registered
-):
+def test_every_implementation_gives_the_oracles_bits(backend, shape, d, with_signs, with_mask, jaxpr_equations):
   rng = np.random.default_rng(0)
   g = rng.standard_normal(shape).astype(np.float32) * np.float32(3.0)
   g.reshape(-1)[[5, g.size - 7]] = [np.inf, np.nan]  # Inf and NaN spread through their chunks as IEEE says
@@ -77,14 +64,14 @@ def test_every_implementation_gives_the_oracles_bits(
   assert any("fp4_inverse_rotate" in k for k in ran) == (backend == "pallas")
 
 
-def test_the_kernel_refuses_what_it_cannot_take_and_the_op_falls_back_to_xla(jaxpr_equations, registered):
+def test_the_kernel_refuses_what_it_cannot_take_and_the_op_falls_back_to_xla(jaxpr_equations):
   g = jnp.asarray(np.random.default_rng(1).standard_normal((4, 256)), jnp.float32)
   with pytest.raises(backends.Unsupported, match="bfloat16 gradient"):
-    kernel.op_impl(g.astype(jnp.bfloat16), 32, None, None)
-  with pytest.raises(backends.Unsupported, match=f"d=128 > MAX_D={kernel.MAX_D}"):
-    kernel.op_impl(g, 128, None, None)
+    api.inverse_rotate(g.astype(jnp.bfloat16), 32, None, None)
+  with pytest.raises(backends.Unsupported, match=f"d=128 > MAX_D={api.MAX_D}"):
+    api.inverse_rotate(g, 128, None, None)
   with pytest.raises(backends.Unsupported, match="does not divide the row length 40"):
-    kernel.op_impl(g[:, :40], 16, None, None)
+    api.inverse_rotate(g[:, :40], 16, None, None)
   f = lambda g: operand.inverse_rotate(g, 128, None, None, backend="pallas")  # MS-EDEN's size: XLA's butterflies
   _same_bits(f(g), _oracle(np.asarray(g), 128, None, None))
   assert not _kernels(jaxpr_equations, f, g)
@@ -95,11 +82,11 @@ def test_the_kernel_refuses_what_it_cannot_take_and_the_op_falls_back_to_xla(jax
 def test_bad_kernel_arguments_are_refused_naming_them():
   g = jnp.zeros((4, 64), jnp.float32)
   with pytest.raises(ValueError, match="must be 2D float32"):
-    kernel.inverse_rotate(g[None], 32, interpret=True)
+    pallas_triton.inverse_rotate(g[None], 32, interpret=True)
   with pytest.raises(ValueError, match=r"signs must have shape \(32,\)"):
-    kernel.inverse_rotate(g, 32, jnp.ones((16,)), interpret=True)
+    pallas_triton.inverse_rotate(g, 32, jnp.ones((16,)), interpret=True)
   with pytest.raises(ValueError, match=r"mask must have g's shape \(4, 64\)"):
-    kernel.inverse_rotate(g, 32, None, jnp.ones((4, 32), bool), interpret=True)
+    pallas_triton.inverse_rotate(g, 32, None, jnp.ones((4, 32), bool), interpret=True)
 
 
 def test_ragged_rows_are_masked_in_triton():
@@ -107,7 +94,7 @@ def test_ragged_rows_are_masked_in_triton():
   each 32-point chunk): every load (gradient and mask parts) and store of the last tile is masked, or the GPU reads
   and writes past the arrays."""
   g, mask = jnp.ones((37, 768), jnp.float32), jnp.ones((37, 768), bool)
-  (module,) = triton_ir.triton_modules(lambda g, m: kernel.inverse_rotate(g, 32, None, m), g, mask)
+  (module,) = triton_ir.triton_modules(lambda g, m: pallas_triton.inverse_rotate(g, 32, None, m), g, mask)
   parts = [line for line in module.splitlines() if "tensor<32x8x1x8x!tt.ptr" in line]
   loads, stores = [p for p in parts if "tt.load" in p], [p for p in parts if "tt.store" in p]
   assert sum("ptr<i8>" in a for a in loads) == 4 and len(loads) >= 8 and len(stores) == 4  # mask, gradient, result
@@ -126,21 +113,11 @@ def _quartet_args():
   return x, w, jax.random.normal(jax.random.key(4), (64, 128), jnp.float32)
 
 
-def test_the_library_registers_no_inverse_rotation_kernel(monkeypatch, jaxpr_equations):
-  """The kernel made quartet's step slower (contrib README): "auto" on a GPU that runs the kernels takes XLA's
-  butterflies for quartet's dX and dW."""
-  monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)  # as on an H100
+def test_a_rotated_recipes_backward_takes_the_registered_kernel_under_auto_on_a_gpu(monkeypatch, jaxpr_equations):
+  """The library registers the kernel: it takes quartet's dX and dW out of the rotated domain where "auto" offers
+  the kernels, XLA under "xla"; the same bits either way."""
   backends.load_plugins()
-  assert backends.registered(operand.INVERSE_ROTATE_OP) == ("xla",)
-  ran = _kernels(jaxpr_equations, _quartet_grads("auto"), *_quartet_args())
-  assert not any("fp4_inverse_rotate" in k for k in ran)
-
-
-def test_a_rotated_recipes_backward_takes_the_registered_kernel_under_auto_on_a_gpu(
-  monkeypatch, jaxpr_equations, registered
-):
-  """Registered, the kernel takes quartet's dX and dW out of the rotated domain where "auto" offers the kernels,
-  XLA under "xla"; the same bits either way."""
+  assert backends.registered(operand.INVERSE_ROTATE_OP) == ("pallas", "xla")
   x, w, dy = _quartet_args()
   monkeypatch.setattr(backends, "has_pallas_triton", lambda device=None: True)  # as on an H100
   grads = _quartet_grads

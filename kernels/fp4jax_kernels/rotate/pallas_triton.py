@@ -1,5 +1,4 @@
 """The inverse blockwise Hadamard of float32 rows, trust mask first, in one pass: Pallas on the Triton backend.
-Experimental: slower than XLA's butterflies in a training step, so no backend registers it (``README.md``).
 
 ``inverse_rotate(g, d, signs, mask)`` gives ``fp4jax.hadamard.inverse_hadamard(where(mask, g, 0), d, axis=-1,
 signs)`` for a 2D float32 ``g``: each program loads a tile of whole ``d``-chunks as ``d/VECTOR_PART`` vector parts
@@ -8,9 +7,6 @@ butterflies of ``fp4jax.hadamard.fwht`` (each ``a ± b`` rounded once, in the sa
 parts, then ``fwht`` within each), multiplies by ``float32(1/sqrt(d))`` (rounded once) and then by the signs (exact),
 and stores the parts: one read and one write of ``g`` where XLA's butterflies make a pass per stage (five for
 d = 32). IEEE float32 as a GPU computes it; in interpret mode (the CPU) XLA's arithmetic, which flushes subnormals.
-
-``op_impl`` is the kernel as an implementation of ``fp4jax._src.operand.INVERSE_ROTATE_OP`` (any leading dims, with its
-limits); ``register()`` puts it in the registry as ``"pallas"``, where ``"auto"`` then takes it on a GPU.
 """
 
 from __future__ import annotations
@@ -23,14 +19,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from fp4jax._src import backends
 from fp4jax._src import hadamard as hadamard_lib
-from fp4jax._src.operand import INVERSE_ROTATE_OP
 from fp4jax_kernels.edge_blocks import load_in_bounds, store_in_bounds
-from fp4jax_kernels.operand import check_invarying
 from fp4jax_kernels.quantize.pallas_triton import VECTOR_PART, vector_shape
 
-MAX_D = 32  # a chunk's butterflies run in one thread's registers: MS-EDEN's 128 points would spill
 TILE_ELEMENTS = 8192  # float32 elements per program
 MAX_COLS = 1024  # the widest tile (a power of two dividing the row)
 
@@ -121,45 +113,3 @@ def inverse_rotate(
     interpret=interpret,
     name="fp4_inverse_rotate",
   )(*args).reshape(m, n)
-
-
-def op_impl(g: jax.Array, d: int, signs: jax.Array | None, mask: jax.Array | None) -> jax.Array:
-  """``fp4jax._src.operand.inverse_rotate``'s values, bit for bit: ``inverse_rotate`` on the rows of any leading dims.
-
-  Args:
-    g: float32 gradient, rows along the last axis, any leading dims.
-    d: the transform size.
-    signs: the forward transform's ±1 vector of length ``d``, or None.
-    mask: None, or a trust mask (bool) of ``g``'s shape.
-
-  Returns:
-    float32 array of ``g``'s shape.
-
-  Raises:
-    fp4jax.backends.Unsupported: a gradient that is not float32, ``d > MAX_D``, a row length ``d`` does not divide
-      (XLA's path then raises the error naming it), an empty or scalar array, a gradient varying over mesh axes
-      under ``shard_map(check_vma=True)``; ``fp4jax._src.operand.inverse_rotate`` then runs XLA's butterflies.
-  """
-  why = None
-  if g.dtype != jnp.float32:
-    why = f"a {g.dtype} gradient (it rotates float32)"
-  elif d > MAX_D:
-    why = f"d={d} > MAX_D={MAX_D}"
-  elif g.ndim == 0 or g.size == 0:
-    why = "an empty or scalar gradient"
-  elif g.shape[-1] % d:
-    why = f"d={d} does not divide the row length {g.shape[-1]}"
-  if why:
-    raise backends.Unsupported(f"the Pallas inverse rotation cannot take g of shape {g.shape}: {why}")
-  check_invarying(g)
-  n = g.shape[-1]
-  m = math.prod(g.shape[:-1])
-  flat_mask = None if mask is None else jnp.broadcast_to(mask, g.shape).reshape(m, n)
-  y = inverse_rotate(g.reshape(m, n), d, signs, flat_mask, interpret=backends.pallas_interpret())
-  return y.reshape(g.shape)
-
-
-def register() -> None:
-  """Puts ``op_impl`` in ``fp4jax.backends``' registry as ``INVERSE_ROTATE_OP``'s ``"pallas"`` implementation (undo:
-  ``fp4jax.backends.unregister(INVERSE_ROTATE_OP, "pallas")``)."""
-  backends.register(INVERSE_ROTATE_OP, "pallas", op_impl)
