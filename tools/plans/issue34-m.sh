@@ -1,0 +1,20 @@
+#!/bin/bash
+# GPU 0's share of tools/plans/issue34-m.txt (one H200) and issue34-x2-h.txt (two; lease_sweeps.sh sets OUT,
+# LEASE_STATE and LEASE_DEADLINE), one thing at a time on that GPU:
+#   0. issue 31 (about 5 minutes): every recipe's 125M step with this commit's defaults beside bf16 and the anchor
+#      (gpu_suite.sh defaults). New since train_throughput_125M_defaults.json (4a309d5): quartet's backward inverse
+#      Hadamard as a Pallas kernel (1.096x quartet's step beside XLA's butterflies at e73d584) and MS-EDEN's pre-pass
+#      along the rows in vector parts on (16, 256) tiles (quartet2; its step not yet timed with them);
+#   1. issue 34: BF16 50M, D/N = 10, seed 0 (500M tokens; about 7.5 minutes at the 1.1M tokens/s that 30M's 1.86M and
+#      50M's 1.7x the FLOPs per token predict), the first run of the 50M row;
+#   2. seed 1 of the same, where at least 9 minutes are left.
+set -u -o pipefail
+source tools/plans/lease_lib.sh
+CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_suite.sh defaults
+lease_sweep bf50r10s0 --sizes 50M --ratios 10 --recipes bf16 --seeds 0 --devices 0
+left=$(( LEASE_DEADLINE - $(date +%s) ))
+if [ "$left" -ge 540 ]; then
+  lease_sweep bf50r10s1 --sizes 50M --ratios 10 --recipes bf16 --seeds 1 --devices 0
+else
+  echo "issue34-m: ${left} s left, no BF16 50M seed 1"
+fi
