@@ -43,11 +43,11 @@ def _kernel(g_ref, signs_ref, *refs, shape: tuple[int, int, int, int], masked: b
   chunk index's high bits run between whole parts (``fwht_parts``), those over its low bits within a part (``fwht``),
   in ``fwht``'s order, so every sum is ``inverse_hadamard``'s; each result part is stored where it was read."""
   mask_ref, out_ref = refs if masked else (None, refs[0])
-  rows, cols, n_parts, v = g_ref.shape
+  rows, chunks, n_parts, v = g_ref.shape
   index = (pl.program_id(0), pl.program_id(1), 0, 0)
   part_shape = (*shape[:2], 1, v)  # the bounds of one part's slice of the vector view
-  part = lambda ref, p: ref.at[:, :, pl.ds(p, 1), :]  # (rows, cols / d, 1, v)
-  load = lambda ref, p: load_in_bounds(part(ref, p), index, part_shape).reshape(rows, cols, v)
+  part = lambda ref, p: ref.at[:, :, pl.ds(p, 1), :]  # (rows, chunks, 1, v)
+  load = lambda ref, p: load_in_bounds(part(ref, p), index, part_shape).reshape(rows, chunks, v)
   parts = [load(g_ref, p) for p in range(n_parts)]
   if masked:
     parts = [jnp.where(load(mask_ref, p), x, jnp.float32(0)) for p, x in enumerate(parts)]
@@ -55,7 +55,7 @@ def _kernel(g_ref, signs_ref, *refs, shape: tuple[int, int, int, int], masked: b
   parts = [hadamard_lib.fwht(x, v) * norm for x in hadamard_lib.fwht_parts(parts)]
   for p, x in enumerate(parts):
     signed = x * signs_ref[pl.ds(p * v, v)].reshape(1, 1, v)
-    store_in_bounds(part(out_ref, p), signed.reshape(rows, cols, 1, v), index, part_shape)
+    store_in_bounds(part(out_ref, p), signed.reshape(rows, chunks, 1, v), index, part_shape)
 
 
 @functools.partial(jax.jit, static_argnames=("d", "num_warps", "interpret"))
