@@ -12,9 +12,4 @@ set -u -o pipefail
 source tools/plans/lease_lib.sh
 CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_suite.sh defaults
 lease_sweep bf50r10s0 --sizes 50M --ratios 10 --recipes bf16 --seeds 0 --devices 0
-left=$(( LEASE_DEADLINE - $(date +%s) ))
-if [ "$left" -ge 540 ]; then
-  lease_sweep bf50r10s1 --sizes 50M --ratios 10 --recipes bf16 --seeds 1 --devices 0
-else
-  echo "issue34-m: ${left} s left, no BF16 50M seed 1"
-fi
+lease_sweep_if_time 540 bf50r10s1 --sizes 50M --ratios 10 --recipes bf16 --seeds 1 --devices 0

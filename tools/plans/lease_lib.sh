@@ -15,3 +15,15 @@ lease_sweep() {
     --results "$LEASE_STATE/$name.results.jsonl" --eval-results "$LEASE_STATE/$name.eval.jsonl" \
     > "$LEASE_STATE/$name.log" 2>&1
 }
+
+# lease_sweep_if_time SECONDS NAME ARGS...: lease_sweep NAME ARGS... where at least SECONDS of the lease are left.
+lease_sweep_if_time() {
+  local need=$1 left
+  shift
+  left=$(( LEASE_DEADLINE - $(date +%s) ))
+  if [ "$left" -ge "$need" ]; then
+    lease_sweep "$@"
+  else
+    echo "$1: ${left} s left (needs ${need}), not started"
+  fi
+}
