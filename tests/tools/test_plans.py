@@ -61,17 +61,19 @@ SCRIPTS = sorted(p for p in PLAN_DIR.glob("*.sh") if p != LIB)
 
 
 def script_sweeps(text: str) -> list[list[str]]:
-  """The sweep arguments of a plan script's ``fp4jax-sweep ARGS`` and ``lease_sweep NAME ARGS`` lines
-  (tools/plans/lease_lib.sh), continued lines joined, with the options whose value is a shell expansion
-  (``--out "$LEASE_STATE/..."``) and the redirections dropped."""
+  """The sweep arguments of a plan script's ``fp4jax-sweep ARGS``, ``lease_sweep NAME ARGS`` and
+  ``lease_sweep_if_time SECONDS NAME ARGS`` lines (tools/plans/lease_lib.sh), continued lines joined, with the
+  options whose value is a shell expansion (``--out "$LEASE_STATE/..."``) and the redirections dropped; a
+  ``lease_sweep`` call passing its function's own arguments on (``"$@"``, in lease_lib.sh) is none."""
   joined = text.replace("\\\n", " ")
   sweeps = []
+  skip = {"fp4jax-sweep": 1, "lease_sweep": 2, "lease_sweep_if_time": 3}
   for line in joined.splitlines():
     head = line.lstrip().split(" ", 1)[0]
-    if head not in ("fp4jax-sweep", "lease_sweep") or line.rstrip().endswith("{"):
+    if head not in skip or line.rstrip().endswith("{") or (head != "fp4jax-sweep" and '"$@"' in line):
       continue
-    words = shlex.split(line.split(">", 1)[0], posix=True)[2 if head == "lease_sweep" else 1 :]
-    if head == "lease_sweep":
+    words = shlex.split(line.split(">", 1)[0], posix=True)[skip[head] :]
+    if head != "fp4jax-sweep":
       words += lib_settings()
     keep = []
     for i, word in enumerate(words):
@@ -92,6 +94,8 @@ def test_lease_sweep_lines_take_the_libs_settings():
   assert lib_settings()[:2] == ["--data", "linux"] and "--final-eval-batches" in lib_settings()
   (args,) = script_sweeps("lease_sweep q --sizes 10M --seeds 2 --devices 0\n")
   assert args == ["--sizes", "10M", "--seeds", "2", "--devices", "0", *lib_settings()]
+  (args,) = script_sweeps("lease_sweep_if_time 540 q --sizes 50M --seeds 1\n")
+  assert args == ["--sizes", "50M", "--seeds", "1", *lib_settings()]
 
 
 SUITE = PLAN_DIR.parents[1] / "benchmarks" / "gpu_suite.sh"
