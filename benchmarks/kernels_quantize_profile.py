@@ -121,9 +121,9 @@ PAIRS = {  # (recipe, rows operand, cols operand): the pairs of nvidia_nvfp4's s
   "nvidia_nvfp4_dy_pair": ("nvidia_nvfp4", "dgrad_lhs", "wgrad_lhs"),
 }
 PREPASS_SHAPES = ((16384, 2048), (16384, 768))  # the 125M step's dY / SwiGLU product and X / dY of q, k, v, o
-PREPASS_CONFIGS = {  # direction: (tile of x, warps) to try; the first is the default (prepass_tile, 4 warps)
+PREPASS_CONFIGS = {  # direction: (tile of x, warps) to try; the first is the default (prepass_tile, prepass_num_warps)
   "rows": [(t, w) for t in ((16, 256), (32, 256), (64, 256), (128, 256), (16, 512)) for w in (4, 8)],
-  "rows_of_transpose": [(t, w) for t in ((256, 32), (128, 32), (128, 64), (256, 16), (512, 16)) for w in (4, 8)],
+  "rows_of_transpose": [(t, w) for t in ((128, 32), (256, 32), (128, 64), (256, 16), (512, 16)) for w in (8, 4)],
 }
 H200_ISSUE_RATE = 132 * 4 * 1.98e9
 REPO = pathlib.Path(__file__).resolve().parents[1]  # warp instructions per second: SMs x schedulers x clock

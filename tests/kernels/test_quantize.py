@@ -749,11 +749,15 @@ def test_ptx_counts_of_the_kernels():
 
 
 def test_prepass_sweep_tries_the_default_launch_first():
-  """The sweep's ratios are to its first launch of each direction: the pre-pass's default (``prepass_tile``, 4 warps,
-  as ``stage_and_amax`` launches it)."""
+  """The sweep's ratios are to its first launch of each direction: the pre-pass's default (``prepass_tile``,
+  ``prepass_num_warps``, as ``stage_and_amax`` launches it): (16, 256) on 4 warps along the rows, (128, 32) on 8
+  along the rows of the transpose."""
+  defaults = {}
   for along, configs in profile.PREPASS_CONFIGS.items():
     spec, output = profile.bench.make_case(fp4jax.NVFP4, rounding="eden", hadamard=128, signs="random", along=along)
-    assert configs[0] == (pallas_triton.prepass_tile(spec, output), 4)
+    defaults[along] = (pallas_triton.prepass_tile(spec, output), pallas_triton.prepass_num_warps(spec, output))
+    assert configs[0] == defaults[along]
+  assert defaults == {"rows": ((16, 256), 4), "rows_of_transpose": ((128, 32), 8)}
 
 
 def test_prepass_sweep_rows_check_every_launch_against_the_default(monkeypatch):

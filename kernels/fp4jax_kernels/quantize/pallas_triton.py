@@ -435,13 +435,13 @@ def _amax_plan(x: jax.Array, spec: QuantizeSpec, output: KernelOutput, signs, st
 
 
 def _amax_call(
-  x: jax.Array, spec: QuantizeSpec, output: KernelOutput, signs, interpret: bool, stage: bool, tile=None, num_warps=4
+  x: jax.Array, spec: QuantizeSpec, output: KernelOutput, signs, interpret: bool, stage: bool, tile=None, num_warps=None
 ):
   """The pre-pass kernel over ``x`` in ``tile`` tiles (default ``prepass_tile(spec, output)``) on ``num_warps``
-  warps: (tensor amax, the staged input or None)."""
+  warps (default ``prepass_num_warps(spec, output)``): (tensor amax, the staged input or None)."""
   (outs,) = _launch(
     [_amax_plan(x, spec, output, signs, stage, tile or prepass_tile(spec, output))],
-    num_warps,
+    num_warps or prepass_num_warps(spec, output),
     interpret,
     "fp4_staging_amax" if stage else "fp4_rotated_amax",
   )
@@ -478,15 +478,15 @@ def stage_and_amax(
   signs,
   *,
   tile: tuple[int, int] | None = None,
-  num_warps: int = 4,
+  num_warps: int | None = None,
   interpret: bool = False,
 ):
   """``(staged, tensor_amax)`` in one pass over ``x``, for a transposed or rotating NVFP4 quantize: the pre-pass
   kernel reads each tile once, transposes (``output.transposed``) and rotates (``spec.hadamard``) it as the quantize
   kernel would, reduces it and writes it: ``staged`` is ``xᵀ`` / ``x``, rotated by ``spec``'s Hadamard with
   ``signs`` and rounded to ``x.dtype`` as ``fp4jax.hadamard.rotated`` does. ``tile`` (of ``x``; default
-  ``prepass_tile``) and ``num_warps`` change the launch, not the values (the tuning sweep:
-  ``benchmarks/kernels_quantize_profile.py --prepass-sweep``)."""
+  ``prepass_tile``) and ``num_warps`` (default ``prepass_num_warps``) change the launch, not the values (the tuning
+  sweep: ``benchmarks/kernels_quantize_profile.py --prepass-sweep``)."""
   if not (output.transposed or spec.hadamard):
     raise ValueError(f"stage_and_amax: {spec}, {output} has nothing to stage (neither transposed nor rotated)")
   if tile is not None:
@@ -536,12 +536,28 @@ def default_tile(spec: QuantizeSpec, output: KernelOutput) -> tuple[int, int]:
 def prepass_tile(spec: QuantizeSpec, output: KernelOutput) -> tuple[int, int]:
   """The amax pre-pass's tile of ``x``: (256, 64) where it transposes and rotates in parts (``rotates_in_parts``),
   (16, max(256, d)) where it rotates in vector parts (``rotates_in_vector_parts``: each part then holds a few
-  elements per thread, so its butterflies stay in registers), else ``default_tile(spec, output)``."""
+  elements per thread, so its butterflies stay in registers), (max(128, d), 32) where it transposes chunks of more
+  than ``MAX_UNIT`` points with a tile load (``transposes_wide_chunks``), else ``default_tile(spec, output)``."""
   if rotates_in_parts(spec) and output.transposed:
     return (256, 64)
   if rotates_in_vector_parts(spec, output):
     return (16, max(256, spec.hadamard))
+  if transposes_wide_chunks(spec, output):
+    return (max(128, spec.hadamard), 32)
   return default_tile(spec, output)
+
+
+def transposes_wide_chunks(spec: QuantizeSpec, output: KernelOutput) -> bool:
+  """Whether the pre-pass transposes a tile and rotates chunks of more than ``MAX_UNIT`` points in it (MS-EDEN's
+  128 along the rows of the transpose), as a tile load: the one pre-pass that takes 8 warps
+  (``prepass_num_warps``)."""
+  return output.transposed and spec.hadamard > MAX_UNIT
+
+
+def prepass_num_warps(spec: QuantizeSpec, output: KernelOutput) -> int:
+  """The amax pre-pass's warps: 8 on ``transposes_wide_chunks``' (128, 32) tiles, else 4 (the pre-pass sweep's
+  choices, ``benchmarks/kernels_quantize_profile.py --prepass-sweep``)."""
+  return 8 if transposes_wide_chunks(spec, output) else 4
 
 
 def default_num_warps(spec: QuantizeSpec) -> int:
