@@ -4,7 +4,8 @@
 #   0. issue 31 (about 5 minutes): every recipe's 125M step with this commit's defaults beside bf16 and the anchor
 #      (gpu_suite.sh defaults). New since train_throughput_125M_defaults.json (4a309d5): quartet's backward inverse
 #      Hadamard as a Pallas kernel (1.096x quartet's step beside XLA's butterflies at e73d584) and MS-EDEN's pre-pass
-#      along the rows in vector parts on (16, 256) tiles (quartet2; its step not yet timed with them);
+#      launches (quartet2: along the rows in vector parts on (16, 256) tiles, along the rows of the transpose on
+#      (128, 32) tiles and 8 warps; its step not yet timed with them);
 #   1. issue 31 (about 5 minutes): ms_fp4's 125M step in the layer loop (its default), 4 blocks per iteration and
 #      unrolled, side by side: the loop's copies are 4.2 ms of its 62.4 ms (train_throughput_125M_defaults.json) and
 #      its unrolled program is 9x the loop's (hlo_census_125M.json), so the compile time decides; a variant compiling
