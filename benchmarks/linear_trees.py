@@ -21,6 +21,10 @@ import subprocess
 import sys
 import tempfile
 
+if __package__ in (None, ""):  # run as a script: the repository root makes ``benchmarks`` importable
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import benchtools
 from fp4jax_experiments import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -99,7 +103,7 @@ def write(args, argv, header, ms, rounds: int) -> list[dict]:
   doc = {
     "benchmark": "linear_trees",
     "header": header,
-    "commit": args.commit or train.source_commit() or "unknown",
+    "commit": args.commit or benchtools.commit(),
     "baseline_commit": args.baseline_commit,
     "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
     "command": " ".join(["python", "benchmarks/linear_trees.py", *(argv if argv is not None else sys.argv[1:])]),

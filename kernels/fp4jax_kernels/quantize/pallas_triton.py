@@ -103,26 +103,43 @@ def vector_block_spec(tile: tuple[int, int], d: int) -> pl.BlockSpec:
   return pl.BlockSpec((tile[0], tile[1] // d, d // VECTOR_PART, VECTOR_PART), lambda i, j: (i, j, 0, 0))
 
 
+def load_vector_parts(ref, tile_index, full_shape) -> list[jax.Array]:
+  """The ``d/VECTOR_PART`` parts of the block ``tile_index`` of ``ref``, a ``vector_view`` (``full_shape``: the
+  view's), each (r, c/d, VECTOR_PART) in ``ref``'s dtype: part ``p`` is elements ``[p·VECTOR_PART,
+  (p+1)·VECTOR_PART)`` of every chunk, one contiguous load per chunk, masked at the array's edges."""
+  r, c, n_parts, v = ref.shape
+  index, part_shape = (*tile_index, 0, 0), (*full_shape[:2], 1, v)
+  return [load_in_bounds(ref.at[:, :, pl.ds(p, 1), :], index, part_shape).reshape(r, c, v) for p in range(n_parts)]
+
+
+def store_vector_parts(ref, parts: list[jax.Array], tile_index, full_shape) -> None:
+  """``load_vector_parts``' inverse: each (r, c/d, VECTOR_PART) part stored where it was read."""
+  index, part_shape = (*tile_index, 0, 0), (*full_shape[:2], 1, ref.shape[3])
+  for p, part in enumerate(parts):
+    value = part.astype(ref.dtype).reshape(*part.shape[:2], 1, part.shape[2])
+    store_in_bounds(ref.at[:, :, pl.ds(p, 1), :], value, index, part_shape)
+
+
+def fwht_vector_parts(parts: list[jax.Array]) -> list[jax.Array]:
+  """``fwht`` of chunks held as ``load_vector_parts``' parts, times ``float32(1/sqrt(d))``: the butterflies over the
+  chunk index's high bits (part ``p``) first, as ``fwht_parts`` between whole parts, elementwise; those over its low
+  bits (within a part) follow, as ``fwht`` of the part's last axis. Both are ``fwht``'s stages in its order (highest
+  index bit first, ``(a + b, a - b)`` with ``a`` the element whose bit is 0), so every sum is the same float sum."""
+  v = parts[0].shape[-1]
+  norm = jnp.float32(1.0 / math.sqrt(len(parts) * v))
+  return [hadamard_lib.fwht(part, v) * norm for part in hadamard_lib.fwht_parts(parts)]
+
+
 def rotate_vector_parts(x_ref, tile_index, full_shape, signs_ref, round_bf16: bool) -> list[jax.Array]:
   """``rotate_rows`` of the (r, c) tile ``tile_index`` of ``x`` (d-point chunks along the rows) as its
-  ``d/VECTOR_PART`` parts, each (r, c/d, VECTOR_PART): part ``p`` is elements ``[p·VECTOR_PART, (p+1)·VECTOR_PART)``
-  of every rotated chunk, read from the block of ``vector_view(x, d)`` (``full_shape``: the view's). Each part is
-  one contiguous load per chunk. The butterflies over the chunk index's high bits (part ``p``) run first, as
-  ``fwht_parts`` between whole parts, elementwise; those over its low bits (within a part) follow, as ``fwht`` of the
-  part's last axis. Both are ``fwht``'s stages in its order (highest index bit first, ``(a + b, a - b)`` with ``a``
-  the element whose bit is 0), so every sum is the same float sum: the same bits as ``rotate_rows``. The caller
-  stores or reduces the parts as they are (no join: a join into the tile would move data between threads)."""
-  r, c, n_parts, v = x_ref.shape
-  d = n_parts * v
-  block_index = (*tile_index, 0, 0)
-  view_shape = (*full_shape[:2], 1, v)
-  parts = []
-  for p in range(n_parts):
-    part = load_in_bounds(x_ref.at[:, :, pl.ds(p, 1), :], block_index, view_shape).reshape(r, c, v)
-    part = part.astype(jnp.float32)
-    parts.append(part if signs_ref is None else part * signs_ref[pl.ds(p * v, v)].reshape(1, 1, v))
-  norm = jnp.float32(1.0 / math.sqrt(d))
-  parts = [hadamard_lib.fwht(part, v) * norm for part in hadamard_lib.fwht_parts(parts)]
+  ``d/VECTOR_PART`` parts (``load_vector_parts``), signs first, then ``fwht_vector_parts``: the same bits as
+  ``rotate_rows``. The caller stores or reduces the parts as they are (no join: a join into the tile would move data
+  between threads)."""
+  parts = [part.astype(jnp.float32) for part in load_vector_parts(x_ref, tile_index, full_shape)]
+  if signs_ref is not None:
+    v = parts[0].shape[-1]
+    parts = [part * signs_ref[pl.ds(p * v, v)].reshape(1, 1, v) for p, part in enumerate(parts)]
+  parts = fwht_vector_parts(parts)
   return [rtn_bf16(part) for part in parts] if round_bf16 else parts
 
 
@@ -316,10 +333,7 @@ def _amax_kernel(
     view_shape = vector_shape(shape, spec.hadamard)
     parts = rotate_vector_parts(x_ref, (i, j), view_shape, signs_ref, bf16_input)
     if stage:
-      staged_ref = next(it)
-      for p, part in enumerate(parts):
-        value = part.astype(x_ref.dtype).reshape(*part.shape[:2], 1, part.shape[2])
-        store_in_bounds(staged_ref.at[:, :, pl.ds(p, 1), :], value, (i, j, 0, 0), (*view_shape[:2], 1, view_shape[3]))
+      store_vector_parts(next(it), parts, (i, j), view_shape)
     magnitudes = [lax.bitcast_convert_type(part, jnp.int32) & 0x7FFFFFFF for part in parts]
     o_ref[...] = _amax_of_bits(functools.reduce(jnp.maximum, magnitudes)).reshape(1, 1)  # one reduction
     return
@@ -441,7 +455,7 @@ def _amax_call(
   warps (default ``prepass_num_warps(spec, output)``): (tensor amax, the staged input or None)."""
   (outs,) = _launch(
     [_amax_plan(x, spec, output, signs, stage, tile or prepass_tile(spec, output))],
-    num_warps or prepass_num_warps(spec, output),
+    prepass_num_warps(spec, output) if num_warps is None else num_warps,
     interpret,
     "fp4_staging_amax" if stage else "fp4_rotated_amax",
   )

@@ -12,7 +12,6 @@ d = 32). IEEE float32 as a GPU computes it; in interpret mode (the CPU) XLA's ar
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +19,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from fp4jax._src import hadamard as hadamard_lib
-from fp4jax_kernels.edge_blocks import load_in_bounds, store_in_bounds
-from fp4jax_kernels.quantize.pallas_triton import VECTOR_PART, vector_shape
+from fp4jax_kernels.quantize.pallas_triton import (
+  VECTOR_PART,
+  fwht_vector_parts,
+  load_vector_parts,
+  store_vector_parts,
+  vector_shape,
+)
 
 TILE_ELEMENTS = 8192  # float32 elements per program
 MAX_COLS = 1024  # the widest tile (a power of two dividing the row)
@@ -38,24 +42,17 @@ def tile(m: int, n: int, d: int) -> tuple[int, int]:
 
 
 def _kernel(g_ref, signs_ref, *refs, shape: tuple[int, int, int, int], masked: bool):
-  """One (rows, cols) tile, read as its ``d/VECTOR_PART`` vector parts (``VECTOR_PART`` contiguous elements of every
-  chunk: one load each, as ``fp4jax_kernels.quantize.pallas_triton.rotate_vector_parts``): the butterflies over a
-  chunk index's high bits run between whole parts (``fwht_parts``), those over its low bits within a part (``fwht``),
-  in ``fwht``'s order, so every sum is ``inverse_hadamard``'s; each result part is stored where it was read."""
+  """One (rows, cols) tile, read as its ``d/VECTOR_PART`` vector parts (``load_vector_parts``: ``VECTOR_PART``
+  contiguous elements of every chunk, one load each), masked, rotated by ``fwht_vector_parts`` (``fwht``'s sums in its
+  order, so ``inverse_hadamard``'s), signed, and each part stored where it was read."""
   mask_ref, out_ref = refs if masked else (None, refs[0])
-  rows, chunks, n_parts, v = g_ref.shape
-  index = (pl.program_id(0), pl.program_id(1), 0, 0)
-  part_shape = (*shape[:2], 1, v)  # the bounds of one part's slice of the vector view
-  part = lambda ref, p: ref.at[:, :, pl.ds(p, 1), :]  # (rows, chunks, 1, v)
-  load = lambda ref, p: load_in_bounds(part(ref, p), index, part_shape).reshape(rows, chunks, v)
-  parts = [load(g_ref, p) for p in range(n_parts)]
+  index = (pl.program_id(0), pl.program_id(1))
+  parts = load_vector_parts(g_ref, index, shape)
   if masked:
-    parts = [jnp.where(load(mask_ref, p), x, jnp.float32(0)) for p, x in enumerate(parts)]
-  norm = jnp.float32(1.0 / math.sqrt(n_parts * v))
-  parts = [hadamard_lib.fwht(x, v) * norm for x in hadamard_lib.fwht_parts(parts)]
-  for p, x in enumerate(parts):
-    signed = x * signs_ref[pl.ds(p * v, v)].reshape(1, 1, v)
-    store_in_bounds(part(out_ref, p), signed.reshape(rows, chunks, 1, v), index, part_shape)
+    parts = [jnp.where(m, x, jnp.float32(0)) for m, x in zip(load_vector_parts(mask_ref, index, shape), parts)]
+  v = parts[0].shape[-1]
+  parts = [x * signs_ref[pl.ds(p * v, v)].reshape(1, 1, v) for p, x in enumerate(fwht_vector_parts(parts))]
+  store_vector_parts(out_ref, parts, index, shape)
 
 
 @functools.partial(jax.jit, static_argnames=("d", "num_warps", "interpret"))
