@@ -253,6 +253,22 @@ def test_div_rn_under_jit_on_the_gpu_is_the_ieee_quotient():
   np.testing.assert_array_equal(const, want_const)
 
 
+def test_div_rn_on_the_gpu_keeps_ieee_zeros_infinities_and_nans():
+  """``div_rn``'s float64 path on the GPU for every pair of zeros, infinities, NaN, subnormal and normal operands:
+  NumPy's IEEE quotient (signed zeros and infinities), NaN where it gives NaN."""
+  from fp4jax._src.ieee import div_rn  # noqa: PLC0415
+
+  v = np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -3.0, 1e-45, -2.5e-40, 3e38])
+  a, b = np.repeat(v, v.size), np.tile(v, v.size)
+  with np.errstate(all="ignore"):
+    want = (a.astype(np.float64) / b).astype(np.float32)
+  with jax.default_device(GPU[0]):
+    got = np.asarray(jax.jit(div_rn)(a, b))
+  np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+  ok = ~np.isnan(want)
+  np.testing.assert_array_equal(got[ok].view(np.uint32), want[ok].view(np.uint32))
+
+
 @pytest.mark.parametrize("inverse", [False, True])
 @pytest.mark.parametrize("d", [32, 128])
 def test_rotation_keeps_its_normalization_rounding_before_a_constant_multiply(d, inverse):

@@ -1,6 +1,7 @@
 """Correctly rounded float32 division (``fp4jax.ieee.div_rn``) against float64 NumPy rounded once to float32."""
 
 import re
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -229,6 +230,63 @@ def test_mul_unflushed_takes_the_float_product_only_on_gpus(platform, integer):
   x = jnp.ones((4,), jnp.float32)
   text = ieee.mul_unflushed.trace(x, x).lower(lowering_platforms=(platform,)).as_text()
   assert bool(re.search(r"stablehlo\.multiply .*tensor<4xui32>", text)) == integer
+
+
+@pytest.mark.parametrize("platform, float64", [("cpu", False), ("cuda", True), ("rocm", False), ("tpu", False)])
+def test_div_rn_divides_in_float64_only_on_cuda(platform, float64):
+  """``div_rn`` lowered for each platform: on CUDA one float64 division and no integer work (no leading-zero count,
+  no uint32 arithmetic); elsewhere the integer path, with no float64 in the program."""
+  x = jnp.ones((4,), jnp.float32)
+  text = div_rn.trace(x, x).lower(lowering_platforms=(platform,)).as_text()
+  assert bool(re.search(r"stablehlo\.divide .*tensor<4xf64>", text)) == float64
+  assert ("count_leading_zeros" in text) != float64
+  assert ("f64" in text) == float64
+
+
+def _rn32(q: Fraction) -> float:
+  """The float32 nearest to the exact rational ``q > 0`` (ties to even), subnormals included, by integer arithmetic
+  on the exact value: q = n · 2^e with 2^23 <= n < 2^24 (e >= -149)."""
+  e = max(q.numerator.bit_length() - q.denominator.bit_length() - 24, -149)
+  while q / Fraction(2) ** e >= 2**24:
+    e += 1
+  while e > -149 and q / Fraction(2) ** e < 2**23:
+    e -= 1
+  scaled = q / Fraction(2) ** e
+  n, rem = divmod(scaled.numerator, scaled.denominator)
+  if 2 * rem > scaled.denominator or (2 * rem == scaled.denominator and n % 2):
+    n += 1
+  return float(Fraction(n) * Fraction(2) ** e)
+
+
+def _near_midpoints(rng, count: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+  """Operands whose quotient lies within a few float32 ulps of a midpoint between two float32 values: a = fl(m·b)
+  for a random midpoint m, the hard cases for a double rounding."""
+  q = (rng.uniform(1, 2, count) * np.exp2(rng.randint(lo, hi, count))).astype(np.float32)
+  m = q.astype(np.float64) + np.spacing(q).astype(np.float64) / 2
+  b = (rng.uniform(1, 2, count) * np.exp2(rng.randint(-20, 20, count))).astype(np.float32)
+  return (m * b).astype(np.float32), b
+
+
+def test_float64_quotient_rounded_to_float32_is_the_exact_quotient_correctly_rounded():
+  """``_div_float64`` (``div_rn`` on CUDA GPUs) against an exact rational oracle on quotients within a few ulps of a
+  float32 midpoint (where a second rounding could go wrong) and on random ones. On the CPU, whose XLA flushes
+  float32 subnormals, for normal operands and quotients; with NumPy's own float64 division (which does not flush) for
+  subnormal quotients too, the same formula, so that the double rounding is checked across gradual underflow."""
+  rng = np.random.RandomState(7)
+  a, b = _near_midpoints(rng, 3000, -60, 60)
+  a2 = (rng.randn(2000) * np.exp2(rng.uniform(-60, 60, 2000))).astype(np.float32)
+  b2 = (rng.randn(2000) * np.exp2(rng.uniform(-60, 60, 2000))).astype(np.float32)
+  a, b = np.concatenate([a, a2]), np.concatenate([b, b2])
+  want = np.float32([np.sign(x / y) * _rn32(abs(Fraction(float(x)) / Fraction(float(y)))) for x, y in zip(a, b)])
+  got = np.asarray(jax.jit(ieee._div_float64)(a, b))
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+  np.testing.assert_array_equal(np.asarray(jax.jit(div_rn)(a, b)).view(np.uint32), want.view(np.uint32))
+  # subnormal quotients: the same formula in NumPy against the oracle
+  m = (rng.randint(1, 1 << 23, 3000) + 0.5) * 2.0**-149  # midpoints between two subnormal float32 values
+  b = (rng.uniform(1, 2, 3000) * np.exp2(rng.randint(30, 100, 3000))).astype(np.float32)
+  a = (m * b).astype(np.float32)  # a normal float32: a / b = m (1 + δ), |δ| <= 2^-24, far less than half an ulp
+  want = np.float32([np.sign(x / y) * _rn32(abs(Fraction(float(x)) / Fraction(float(y)))) for x, y in zip(a, b)])
+  np.testing.assert_array_equal((a.astype(np.float64) / b).astype(np.float32).view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])

@@ -14,7 +14,9 @@ A, B (hidden bit set) and s = 23 (A >= B) or 24 (A < B), the significand quotien
 Only integer operations decide the result, so no backend can reassociate or contract them. Subnormal operands are
 normalized first and quotients that are subnormal or overflow are rounded by ``round_pack`` (IEEE gradual underflow,
 overflow to Inf), so the result never depends on a backend flushing subnormals; zeros, infinities and NaNs fall
-back to the backend's own division.
+back to the backend's own division. On CUDA GPUs ``div_rn`` instead divides the operands widened to float64 and
+rounds the quotient once to float32: the same IEEE quotient (double rounding from 53 bits to 24 is innocuous for
+division), in a few operations.
 
 The same integer rounding gives exact products: ``mul_rn`` (any two float32 values, times a power of two),
 ``mul_pow2_rn`` (``x·num·2^k``, num 1 or 3: the MX element scaling; ``mul_pow2_rn_f32`` where ``2^k`` is a float32),
@@ -350,9 +352,31 @@ def add_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
 def div_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
   """``a / b`` in float32, correctly rounded (nearest, ties to even) for finite nonzero operands, subnormal operands
   and quotients included (IEEE: gradual underflow, Inf on overflow); zeros, Inf and NaN use the backend's division.
-  Integer arithmetic on every backend, the CPU included (no ``_cpu_native_or`` float path: XLA:CPU's float quotient
-  is not relied on to be IEEE inside fused code)."""
+
+  Per backend (``lax.platform_dependent``): on CUDA GPUs the float64 quotient of the exactly widened operands,
+  rounded once to float32 (``_div_float64``); elsewhere, the CPU included, integer arithmetic (``_div_integer``; no
+  ``_cpu_native_or`` float path: XLA:CPU flushes float32 subnormals, also in conversions, and its float quotient is
+  not relied on to be IEEE inside fused code). Both give the IEEE quotient, so the same bits; the GPU's is a handful
+  of operations where the integer one is about 180, which a train step calling it for every scale (ms_fp4's unrolled
+  125M step: 952 calls) makes most of the program XLA compiles."""
   a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+  return lax.platform_dependent(a, b, cuda=_div_float64, default=_div_integer)
+
+
+def _div_float64(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+  """``div_rn`` on a CUDA GPU: ``f32(f64(a) / f64(b))``. The widening is exact (subnormals included: XLA:GPU does not
+  flush float32 by default), the float64 division is IEEE (PTX ``div.rn.f64``), and rounding that quotient again to
+  float32 gives the correctly rounded float32 quotient: a second rounding to p = 24 bits after one to 53 >= 2p + 2
+  is innocuous for division (S. A. Figueroa, "When is double rounding innocuous?", SIGNUM Newsletter 30(3), 1995),
+  gradual underflow included (a subnormal float32 quotient has fewer than 24 bits). The float64 operations are traced
+  under ``jax.enable_x64`` (the program's other types are unchanged)."""
+  with jax.enable_x64(True):
+    q = lax.div(lax.convert_element_type(a, np.float64), lax.convert_element_type(b, np.float64))
+    return lax.convert_element_type(q, np.float32)
+
+
+def _div_integer(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+  """``div_rn`` by integer arithmetic on every backend (the module docstring's steps 1-3)."""
   sa, ma, la = significand(a)
   sb, mb, lb = significand(b)
   small = ma < mb
