@@ -1,6 +1,6 @@
 #!/bin/bash
 # GPU 0's share of tools/plans/issue34-n.txt (one H200; lease_sweeps.sh sets OUT, LEASE_STATE and LEASE_DEADLINE),
-# one thing at a time:
+# one thing at a time (with --probes-only, steps 0 and 1 alone):
 #   0. issue 31 (about 2 minutes): fp4jax.ieee.div_rn's float64 path (new: on CUDA the float64 quotient rounded once
 #      to float32) against NumPy's IEEE quotient on the GPU, zeros, infinities, NaN and subnormals included, and the
 #      kernels' parity tests that call it;
@@ -18,6 +18,7 @@ CUDA_VISIBLE_DEVICES=0 timeout 360 python benchmarks/train_throughput.py --model
   --rounds 2 --steps 8 --max-compile-s 150 --profile /tmp/prof_unroll_ms_fp4 \
   --experiments-variants '{"experiments": {}, "unrolled": {"scan_unroll": 12}}' \
   --out "$OUT/train_throughput_125M_unroll_ms_fp4.json" > "$OUT/train_throughput_125M_unroll_ms_fp4.log" 2>&1
+[ "${1:-}" != --probes-only ] || exit 0  # tools/plans/issue34-x2-i.sh: its own runs follow
 if [ $(( LEASE_DEADLINE - $(date +%s) )) -ge 1140 ]; then
   lease_sweep q2m30r25s0 --sizes 30M --ratios 25 --recipes quartet2 --seeds 0 --devices 0
 else
