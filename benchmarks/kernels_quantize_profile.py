@@ -232,33 +232,79 @@ def prepass_sass_counts(along: str, shape=(16384, 2048)) -> dict[str, dict]:
 def launch_sass_counts(fn, x: jax.Array) -> dict[str, dict]:
   """Per Pallas kernel that ``fn(x)`` launches as on a GPU that runs the kernels, compiled for sm_90: SASS
   instructions per element of ``x`` (grid programs x warps x 32 threads x its straight-line instructions /
-  elements), barriers per thread, and ``issue_us`` at ``H200_ISSUE_RATE``.
+  elements), barriers per thread, and ``issue_us`` at ``H200_ISSUE_RATE``."""
+  out = {}
+  for r in launch_records(fn, x):
+    out[r["name"]] = {
+      "sass_per_element": round(32 * r["warp_instructions"] / x.size, 1),
+      "barriers_per_thread": r["barriers_per_thread"],
+      "issue_us": round(1e6 * r["warp_instructions"] / H200_ISSUE_RATE, 1),
+    }
+  return out
+
+
+def _pallas_launches(jaxpr, times: int = 1):
+  """``(pallas_call equation, launches per run of jaxpr)``, depth first; a scan's body runs ``length`` times."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      yield eqn, times
+      continue
+    inner_times = times * eqn.params["length"] if eqn.primitive.name == "scan" else times
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr, or a Jaxpr
+        if hasattr(inner, "eqns"):
+          yield from _pallas_launches(inner, inner_times)
+
+
+def _bind(eqn, *xs):
+  return eqn.primitive.bind(*xs, **eqn.params)
+
+
+def _structs(variables) -> list[jax.ShapeDtypeStruct]:
+  return [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in variables]
+
+
+def launch_records(fn, *args) -> list[dict]:
+  """One record per Pallas kernel call in ``fn(*args)`` traced and lowered for CUDA as on a GPU that runs the kernels
+  (its module compiled for sm_90, each distinct module once): ``name``, ``times`` (launches per run of ``fn``: a layer
+  loop's body runs once per iteration), ``warp_instructions`` of one launch (grid programs x warps x straight-line
+  SASS instructions), ``sass_per_thread``, ``barriers_per_thread`` and ``bytes`` (every input and output once).
 
   Raises:
-    RuntimeError: the traced kernels and the lowered modules do not match one to one (name and order).
+    RuntimeError: a kernel call lowered as a module of another name.
   """
   backends.load_plugins()
   saved = backends.has_pallas_triton, backends.pallas_interpret
   backends.has_pallas_triton, backends.pallas_interpret = (lambda device=None: True), (lambda device=None: False)
   try:
-    jaxpr = jax.make_jaxpr(fn)(x).jaxpr
-    modules = triton_ir.triton_modules(fn, x)
+    calls = list(_pallas_launches(jax.make_jaxpr(fn)(*args).jaxpr))
+    # each call lowered alone (lowering a whole program lowers identical kernels once)
+    modules = [triton_ir.triton_modules(functools.partial(_bind, eqn), *_structs(eqn.invars)) for eqn, _ in calls]
   finally:
     backends.has_pallas_triton, backends.pallas_interpret = saved
-  calls = [e for e in triton_ir.jaxpr_equations(jaxpr) if e.primitive.name == "pallas_call"]
-  if [e.params["name"] for e in calls] != [re.search(r"tt\.func public @(\w+)", m).group(1) for m in modules]:
-    raise RuntimeError("the traced kernels and the lowered modules differ")
-  out = {}
-  for eqn, module in zip(calls, modules):
+  compiled: dict[tuple[str, int], collections.Counter] = {}
+  records = []
+  for (eqn, times), found in zip(calls, modules):
+    (module,) = found
+    if re.search(r"tt\.func public @(\w+)", module).group(1) != eqn.params["name"]:
+      raise RuntimeError(f"the kernel {eqn.params['name']} lowered as another module")
     warps = eqn.params["compiler_params"].num_warps
-    sass = triton_ir.sass_histogram(triton_ir.compile_sm90(module, warps))
-    warp_instructions = math.prod(eqn.params["grid_mapping"].grid) * warps * sum(sass.values())
-    out[eqn.params["name"]] = {
-      "sass_per_element": round(32 * warp_instructions / x.size, 1),
-      "barriers_per_thread": sass.get("BAR", 0),
-      "issue_us": round(1e6 * warp_instructions / H200_ISSUE_RATE, 1),
-    }
-  return out
+    if (module, warps) not in compiled:
+      compiled[module, warps] = triton_ir.sass_histogram(triton_ir.compile_sm90(module, warps))
+    sass = compiled[module, warps]
+    avals = [v.aval for v in (*eqn.invars, *eqn.outvars)]
+    records.append(
+      {
+        "name": eqn.params["name"],
+        "times": times,
+        "warp_instructions": math.prod(eqn.params["grid_mapping"].grid) * warps * sum(sass.values()),
+        "sass_per_thread": sum(sass.values()),
+        "barriers_per_thread": sass.get("BAR", 0),
+        "bytes": sum(a.size * a.dtype.itemsize for a in avals),
+      }
+    )
+  return records
 
 
 def prepass_sweep() -> list[dict]:
