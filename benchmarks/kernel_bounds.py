@@ -1,5 +1,5 @@
-"""How far each FP4 recipe's Pallas kernels in the 125M train step run from their own limits (any machine; a GPU
-profile supplies the measured side).
+"""How far each FP4 recipe's Pallas kernels in the 125M train step run from two limits of the GPU (any machine;
+a GPU profile supplies the measured side).
 
     python benchmarks/kernel_bounds.py --recipes nvidia_nvfp4,quartet2,quartet,ms_fp4 \
         --out benchmarks/results/kernel_bounds_125M.json
@@ -9,15 +9,17 @@ configuration as on a GPU that runs the kernels: ``hlo_census.as_gpu``) is trace
 machine; every Pallas kernel it launches (a layer loop's once per iteration) is compiled for sm_90 by PyPI's Triton
 (``kernels_quantize_profile.launch_records``). Per kernel, summed over the launches of one step:
 
-* ``issue_ms``: the least time at one warp instruction per scheduler per cycle on an H200 (grid programs x warps x
-  the kernel's straight-line SASS instructions / ``H200_ISSUE_RATE``): a kernel near it is instruction-bound;
+* ``issue_ms``: the time to issue the compiled kernel's instructions at one warp instruction per scheduler per cycle
+  on an H200 (grid programs x warps x the kernel's SASS instructions / ``H200_ISSUE_RATE``). An estimate, not a
+  bound: every instruction counts once per thread, so a slow path or tail that most threads skip counts fully (the
+  estimate is then high) and a loop's body once (then low);
 * ``memory_ms``: the least time to read each input once and write each output once at the H200's peak memory
-  bandwidth (``H200_PEAK_BYTES_PER_S``, NVIDIA's 4.8 TB/s): a kernel near it is memory-bound;
+  bandwidth (``H200_PEAK_BYTES_PER_S``, NVIDIA's 4.8 TB/s), a bound;
 * ``measured_ms``: its GPU time per step in ``--profile-from``'s profile of the same recipe (a
   ``train_throughput.py`` result; None where the kernel is not among the profile's 30 longest).
 
-Both bounds ignore latency, occupancy and the tail of the grid; straight-line SASS counts a loop's body once (the
-kernels here have none: BRA counts the branches of their tails and slow paths).
+A kernel whose measured time is near the larger of the two is at that limit; one far above both loses its time
+elsewhere (barriers, latency, occupancy).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def kernel_rows(recipe: str, model: str, batch: int, seq_len: int, profile_doc) 
         "sass_per_thread": sorted(t["sass"]),
         "issue_ms": issue_ms,
         "memory_ms": memory_ms,
-        "bound": "issue" if issue_ms >= memory_ms else "memory",
+        "limit": "issue" if issue_ms >= memory_ms else "memory",
         "measured_ms": got.get(name),
       }
     )

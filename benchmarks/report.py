@@ -31,6 +31,7 @@ ORDER = (
   "train_throughput",
   "compile_profile",
   "hlo_census",
+  "kernel_bounds",
   "loop_copies",
   "loss_curves",
   "step_bits",
@@ -394,6 +395,37 @@ def _hlo_census(doc: dict) -> list[str]:
   return out
 
 
+def _kernel_bounds(doc: dict) -> list[str]:
+  st = doc["settings"]
+  src = st["profile_from"]
+  out = _title(doc, f"The train step's Pallas kernels against the GPU's limits, {st['model']}") + provenance(doc)
+  out += [
+    "",
+    f"Every Pallas kernel of each FP4 recipe's step at {st['batch']} x {st['seq_len']} tokens, compiled for sm_90 on "
+    "the CPU (`benchmarks/kernel_bounds.py`), per step: launches, the time to issue its SASS instructions at one "
+    "warp instruction per scheduler per cycle on an H200 (an estimate: every instruction once per thread), the time "
+    f"to move its inputs and outputs once at {st['peak_bytes_per_s'] / 1e12:.1f} TB/s (the H200's peak, a bound), "
+    + (
+      "and its GPU time in the profile of "
+      f"`{src['file']}` ({src['commit']}, {src['device']}; - where not among the profile's 30 longest kernels)."
+      if src
+      else "(no profile given)."
+    ),
+    "",
+    "| recipe | kernel | launches | SASS per thread | issue ms | memory ms | measured ms | measured / larger |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for r in doc["rows"]:
+    larger = max(r["issue_ms"], r["memory_ms"])
+    got = r["measured_ms"]
+    sass = "–".join(str(n) for n in (r["sass_per_thread"][0], r["sass_per_thread"][-1])[: len(r["sass_per_thread"])])
+    out.append(
+      f"| {r['recipe']} | `{r['kernel']}` | {r['launches']} | {sass} | {r['issue_ms']:.2f} | {r['memory_ms']:.2f} | "
+      + ("- | - |" if got is None else f"{got:.2f} | {got / larger:.2f} |")
+    )
+  return out
+
+
 def _cpu_quantizers(doc: dict) -> list[str]:
   st = doc["settings"]
   out = _title(doc, f"XLA quantizers on the CPU, this commit against {doc['baseline_commit']}") + provenance(doc)
@@ -574,6 +606,7 @@ RENDER: dict[str, Callable[[dict], list[str]]] = {
   "train_throughput": _train_throughput,
   "compile_profile": _compile_profile,
   "hlo_census": _hlo_census,
+  "kernel_bounds": _kernel_bounds,
   "linear_trees": _linear_trees,
   "profile_linear": _profile_linear,
   "auto_threshold": _auto_threshold,

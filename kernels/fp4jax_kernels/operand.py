@@ -32,7 +32,7 @@ from fp4jax_kernels.quantize.output import KernelOutput
 
 KERNEL_DTYPES = (jnp.float32, jnp.bfloat16)
 # "auto" takes the kernel for operands of at least this many elements (2^23): below it a layer's quantizers are
-# launch-bound and XLA's fusions were as fast or faster (benchmarks/results/auto_threshold_*.json).
+# launch-bound and XLA's fusions were as fast or faster (CHANGELOG.md, 2026-11-26: quantizer backends at three shapes).
 AUTO_MIN_ELEMENTS = 1 << 23
 
 
