@@ -42,8 +42,6 @@ from benchmarks import hlo_census
 from fp4jax_experiments import train
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-
-
 H200_PEAK_BYTES_PER_S = 4.8e12  # HBM3e, NVIDIA's H200 datasheet
 
 
