@@ -79,6 +79,16 @@ def census(text: str) -> dict:
   return {"inlined_ops": inlined("main"), "threefry_calls": by_caller, "threefry_ops": sum(ops.values())}
 
 
+def step_and_args(model: str, recipe: str, overrides: dict, batch: int, seq_len: int) -> tuple:
+  """``(train_step, its arguments)``: the experiments' jitted step of ``recipe``'s ``model`` under ``overrides``
+  (ModelConfig) at ``batch`` x ``seq_len`` tokens, on its first batch (synthetic data), ready to trace."""
+  config = train.TrainConfig(
+    model=model, recipe=recipe, data="stdlib", batch_size=batch, seq_len=seq_len, tokens=batch * seq_len * 4
+  )
+  trainer = train.Trainer(config, model_overrides=overrides)
+  return trainer.train_step, (trainer.init_state(), trainer.place(trainer.stream.batch(0)), trainer.quant_key(0))
+
+
 def measure(model: str, recipe: str, overrides: dict, batch: int, seq_len: int) -> dict:
   """One row of the census: ``recipe``'s ``model`` step under ``overrides``, lowered for CUDA (module docstring).
 
@@ -93,14 +103,10 @@ def measure(model: str, recipe: str, overrides: dict, batch: int, seq_len: int) 
     xla_calls.append(1)
     return xla_impl(*args, **kwargs)
 
-  config = train.TrainConfig(
-    model=model, recipe=recipe, data="stdlib", batch_size=batch, seq_len=seq_len, tokens=batch * seq_len * 4
-  )
-  trainer = train.Trainer(config, model_overrides=overrides)
-  state = trainer.init_state()
+  step, args = step_and_args(model, recipe, overrides, batch, seq_len)
   backends.register(operand.QUANTIZE_OP, "xla", counted)
   try:
-    traced = trainer.train_step.trace(state, trainer.place(trainer.stream.batch(0)), trainer.quant_key(0))
+    traced = step.trace(*args)
   finally:
     backends.register(operand.QUANTIZE_OP, "xla", xla_impl)
   text = traced.lower(lowering_platforms=("cuda",)).as_text()

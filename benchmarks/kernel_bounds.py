@@ -38,8 +38,8 @@ if __package__ in (None, ""):  # run as a script: benchmarks/ and the repository
 from benchtools import command_line, commit, provenance, write_json
 from kernels_quantize_profile import H200_ISSUE_RATE, launch_records
 
+import fp4jax
 from benchmarks import hlo_census
-from fp4jax_experiments import train
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 H200_PEAK_BYTES_PER_S = 4.8e12  # HBM3e, NVIDIA's H200 datasheet
@@ -63,12 +63,8 @@ def measured(profile_doc: dict | None, recipe: str) -> dict[str, float]:
 
 def kernel_rows(recipe: str, model: str, batch: int, seq_len: int, profile_doc) -> list[dict]:
   """One row per Pallas kernel of ``recipe``'s step (module docstring)."""
-  config = train.TrainConfig(
-    model=model, recipe=recipe, data="stdlib", batch_size=batch, seq_len=seq_len, tokens=batch * seq_len * 4
-  )
-  trainer = train.Trainer(config)
-  state = trainer.init_state()
-  records = launch_records(trainer.train_step, state, trainer.place(trainer.stream.batch(0)), trainer.quant_key(0))
+  step, args = hlo_census.step_and_args(model, recipe, {}, batch, seq_len)
+  records = launch_records(step, *args)
   totals: dict[str, dict] = {}
   for r in records:
     t = totals.setdefault(r["name"], {"launches": 0, "warp_instructions": 0, "bytes": 0, "sass": set()})
@@ -101,15 +97,25 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--model", default="125M")
   p.add_argument("--batch", type=int, default=16)
   p.add_argument("--seq-len", type=int, default=1024)
-  p.add_argument("--profile-from", default=str(RESULTS / "train_throughput_125M_defaults.json"))
+  p.add_argument(
+    "--profile-from",
+    default=str(RESULTS / "train_throughput_125M_defaults.json"),
+    help="a train_throughput.py result whose profile gives the measured times ('' for none)",
+  )
   p.add_argument("--commit", default=None)
   p.add_argument("--out", default=None, help="write the rows as JSON here")
   args = p.parse_args(argv)
-  profile_path = pathlib.Path(args.profile_from)
-  profile_doc = json.loads(profile_path.read_text()) if profile_path.exists() else None
+  recipes = args.recipes.split(",")
+  unknown = [r for r in recipes if r not in fp4jax.recipes.names()]
+  if unknown:
+    p.error(f"--recipes: unknown recipe(s) {unknown}; known: {', '.join(fp4jax.recipes.names())}")
+  profile_path = pathlib.Path(args.profile_from) if args.profile_from else None
+  if profile_path is not None and not profile_path.is_file():
+    p.error(f"--profile-from: no file {profile_path} (a train_throughput.py result; '' for none)")
+  profile_doc = json.loads(profile_path.read_text()) if profile_path else None
   hlo_census.as_gpu()
   rows = []
-  for recipe in args.recipes.split(","):
+  for recipe in recipes:
     got = kernel_rows(recipe, args.model, args.batch, args.seq_len, profile_doc)
     for r in got:
       measured_ms = "-" if r["measured_ms"] is None else f"{r['measured_ms']:.2f}"

@@ -243,18 +243,9 @@ def launch_sass_counts(fn, x: jax.Array) -> dict[str, dict]:
   return out
 
 
-def _pallas_launches(jaxpr, times: int = 1):
-  """``(pallas_call equation, launches per run of jaxpr)``, depth first; a scan's body runs ``length`` times."""
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "pallas_call":
-      yield eqn, times
-      continue
-    inner_times = times * eqn.params["length"] if eqn.primitive.name == "scan" else times
-    for param in eqn.params.values():
-      for sub in param if isinstance(param, (tuple, list)) else (param,):
-        inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr, or a Jaxpr
-        if hasattr(inner, "eqns"):
-          yield from _pallas_launches(inner, inner_times)
+def _pallas_launches(jaxpr) -> list[tuple]:
+  """``(pallas_call equation, launches per run of jaxpr)`` (``triton_ir.counted_equations``)."""
+  return [(eqn, n) for eqn, n in triton_ir.counted_equations(jaxpr) if eqn.primitive.name == "pallas_call"]
 
 
 def _bind(eqn, *xs):
@@ -278,7 +269,7 @@ def launch_records(fn, *args) -> list[dict]:
   saved = backends.has_pallas_triton, backends.pallas_interpret
   backends.has_pallas_triton, backends.pallas_interpret = (lambda device=None: True), (lambda device=None: False)
   try:
-    calls = list(_pallas_launches(jax.make_jaxpr(fn)(*args).jaxpr))
+    calls = _pallas_launches(jax.make_jaxpr(fn)(*args).jaxpr)
     # each call lowered alone (lowering a whole program lowers identical kernels once)
     modules = [triton_ir.triton_modules(functools.partial(_bind, eqn), *_structs(eqn.invars)) for eqn, _ in calls]
   finally:

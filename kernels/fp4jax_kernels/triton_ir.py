@@ -41,13 +41,21 @@ def triton_modules(fn, *args) -> list[str]:
 def jaxpr_equations(jaxpr):
   """Every equation of a ``Jaxpr`` and, depth first, of the jaxprs in its equations' parameters (jit, custom_vjp,
   pallas_call, ...): where a traced function's ``pallas_call`` equations are found, with their grid and warps."""
-  for eqn in jaxpr.eqns:
+  for eqn, _ in counted_equations(jaxpr):
     yield eqn
+
+
+def counted_equations(jaxpr, times: int = 1):
+  """``(equation, runs per run of jaxpr)`` for ``jaxpr_equations``' equations: a scan's body runs ``length`` times
+  (a layer loop's kernels launch once per iteration)."""
+  for eqn in jaxpr.eqns:
+    yield eqn, times
+    inner_times = times * eqn.params["length"] if eqn.primitive.name == "scan" else times
     for param in eqn.params.values():
       for sub in param if isinstance(param, (tuple, list)) else (param,):
         inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr, or a Jaxpr
         if hasattr(inner, "eqns"):
-          yield from jaxpr_equations(inner)
+          yield from counted_equations(inner, inner_times)
 
 
 def _triton():

@@ -59,24 +59,7 @@ def test_each_kernel_gets_its_issue_time_memory_time_and_larger_limit(kernel_bou
     {"name": "b", "times": 2, "warp_instructions": 10, "sass_per_thread": 5, "bytes": 48_000_000},
   ]
   monkeypatch.setattr(kernel_bounds, "launch_records", lambda *args: records)
-
-  class FakeTrainer:
-    def __init__(self, config):
-      self.train_step, self.stream = None, self
-
-    def init_state(self):
-      return None
-
-    def place(self, batch):
-      return batch
-
-    def batch(self, i):
-      return i
-
-    def quant_key(self, i):
-      return i
-
-  monkeypatch.setattr(kernel_bounds.train, "Trainer", FakeTrainer)
+  monkeypatch.setattr(kernel_bounds.hlo_census, "step_and_args", lambda *args: (None, ()))
   rows = kernel_bounds.kernel_rows("r", "125M", 16, 1024, None)
   a, b = sorted(rows, key=lambda r: r["kernel"])
   rate, peak = kernel_bounds.H200_ISSUE_RATE, kernel_bounds.H200_PEAK_BYTES_PER_S
@@ -110,3 +93,16 @@ def test_report_gives_each_kernel_its_limits_and_the_measured_ratio():
   assert "| r | `k` | 3 | 10–20 | 2.00 | 1.00 | 3.00 | 1.50 |" in text  # 3.0 / max(2.0, 1.0)
   assert "| r | `q` | 1 | 7 | 0.50 | 1.00 | - | - |" in text
   assert "4.8 TB/s" in text and "`t.json` (abc, NVIDIA H200" in text
+
+
+@pytest.mark.parametrize(
+  "argv, flag",
+  [
+    (["--recipes", "nvidia_nvfp4,nvfp9"], "--recipes: unknown recipe(s) ['nvfp9']"),
+    (["--profile-from", "no.json"], "--profile-from: no file no.json"),
+  ],
+)
+def test_bad_arguments_are_refused_naming_the_flag(kernel_bounds, argv, flag, capsys):
+  with pytest.raises(SystemExit):
+    kernel_bounds.main(argv)
+  assert flag in capsys.readouterr().err
