@@ -356,9 +356,8 @@ def div_rn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
   Per backend (``lax.platform_dependent``): on CUDA GPUs the float64 quotient of the exactly widened operands,
   rounded once to float32 (``_div_float64``); elsewhere, the CPU included, integer arithmetic (``_div_integer``; no
   ``_cpu_native_or`` float path: XLA:CPU flushes float32 subnormals, also in conversions, and its float quotient is
-  not relied on to be IEEE inside fused code). Both give the IEEE quotient, so the same bits; the GPU's is a handful
-  of operations where the integer one is about 180, which a train step calling it for every scale (ms_fp4's unrolled
-  125M step: 952 calls) makes most of the program XLA compiles."""
+  not relied on to be IEEE inside fused code). Both give the IEEE quotient, so the same bits; the GPU's is four
+  operations where the integer path is a long sequence, which matters where a program divides for every scale."""
   a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
   return lax.platform_dependent(a, b, cuda=_div_float64, default=_div_integer)
 
